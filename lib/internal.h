@@ -1,0 +1,275 @@
+/* internal.h — the structures shared by libtern's layers (IR, operator registry, planner).
+ * Not installed: tools use tern.h only. */
+#ifndef TERN_INTERNAL_H
+#define TERN_INTERNAL_H
+
+#include "onnx.pb-c.h"
+#include "tern.h"
+#include "tern_config.h"
+
+#include <stdbool.h>
+#include <string.h>
+
+#define TERN_ALIGN 64
+#define TERN_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
+
+/* ---------------------------------------------------------------- core helpers */
+
+void *tern_xmalloc(size_t n);  /* NULL on failure; callers report TERN_EOS */
+void *tern_aligned_alloc(size_t n); /* 64-byte aligned, zeroed; free with free() */
+char *tern_strdup(const char *s);
+/* Growable array: *items of *count with capacity *cap; returns false when out of memory. */
+bool tern_grow(void **items, size_t *cap, size_t need, size_t item_size);
+double tern_now_us(void);
+
+/* Tensor <-> TensorProto. base_dir resolves external data; `what` names the tensor in messages. */
+tern_status tern_tensor_from_proto(const Onnx__TensorProto *tp, const char *base_dir, const char *what,
+                                   tern_tensor *out);
+/* Fills a freshly initialised TensorProto (raw_data encoding) from t. Allocations are malloc'd so
+ * that onnx__tensor_proto__free_unpacked can free them. */
+tern_status tern_tensor_to_proto(const tern_tensor *t, Onnx__TensorProto *tp);
+
+/* ---------------------------------------------------------------- IR */
+
+/* Type of a value: dtype and shape. rank -1 = unknown rank; dims[i] -1 = unknown (dim_param may
+ * name it). */
+typedef struct tern_type {
+	int dtype;
+	int rank;
+	int64_t dims[TERN_MAX_RANK];
+	const char *dim_param[TERN_MAX_RANK]; /* points into the proto; may be NULL */
+} tern_type;
+
+enum tern_value_flags {
+	TERN_VALUE_INPUT = 1 << 0,       /* a graph input the caller provides */
+	TERN_VALUE_INITIALIZER = 1 << 1, /* constant data in the graph */
+	TERN_VALUE_OUTPUT = 1 << 2,      /* a graph output */
+	TERN_VALUE_OUTER = 1 << 3,       /* defined in an enclosing graph (subgraph reference) */
+};
+
+struct tern_value {
+	char *name; /* owned */
+	tern_type type;
+	unsigned flags;
+	tern_node *producer; /* NULL for inputs, initializers, outer values */
+	int producer_output;
+	tern_node **consumers;
+	size_t n_consumers, cap_consumers;
+	Onnx__TensorProto *initializer; /* points into the proto when TERN_VALUE_INITIALIZER */
+	tern_value *outer;              /* the enclosing graph's value when TERN_VALUE_OUTER */
+	int index;                      /* dense index within its graph */
+};
+
+struct tern_node {
+	Onnx__NodeProto *proto; /* the node as stored; attributes and unknown fields stay here */
+	const char *name;       /* proto->name, or "" */
+	const char *op_type;
+	const char *domain;     /* "" for the default domain */
+	tern_graph *graph;
+	tern_value **inputs; /* NULL entries for omitted optional inputs */
+	size_t n_inputs;
+	tern_value **outputs; /* NULL entries for omitted optional outputs */
+	size_t n_outputs;
+	tern_graph **subgraphs; /* graph attributes, in attribute order */
+	size_t n_subgraphs;
+	/* Values of this graph (or enclosing ones) that the node's subgraphs read: dependencies too. */
+	tern_value **implicit;
+	size_t n_implicit, cap_implicit;
+	const struct tern_op *op; /* resolved registry entry, NULL until resolved */
+	int64_t opset;            /* version of the node's domain in this model */
+	int index;                /* position in graph->nodes */
+	int removed;
+};
+
+enum tern_graph_kind { TERN_GRAPH_MAIN, TERN_GRAPH_SUBGRAPH, TERN_GRAPH_FUNCTION, TERN_GRAPH_TRAINING };
+
+struct tern_graph {
+	enum tern_graph_kind kind;
+	Onnx__GraphProto *proto;    /* for MAIN and SUBGRAPH */
+	Onnx__FunctionProto *fproto; /* for FUNCTION */
+	tern_model *model;
+	tern_graph *parent; /* enclosing graph of a subgraph */
+	tern_node *owner;   /* node whose attribute holds this subgraph */
+	const char *name;
+	tern_node **nodes;
+	size_t n_nodes, cap_nodes;
+	tern_value **values; /* every value, dense by index */
+	size_t n_values, cap_values;
+	/* open-addressing hash of values by name */
+	tern_value **table;
+	size_t table_cap;
+	tern_value **inputs; /* graph inputs in order (initializers included when the file lists them) */
+	size_t n_inputs;
+	tern_value **outputs;
+	size_t n_outputs;
+};
+
+struct tern_model {
+	Onnx__ModelProto *proto; /* owns every proto message */
+	tern_graph *graph;
+	tern_graph **functions;
+	size_t n_functions;
+	char *source;   /* display name for messages */
+	char *base_dir; /* for external data */
+};
+
+/* Builds the IR of a model from its proto (graph, subgraphs, functions). */
+tern_status tern_model_build_ir(tern_model *model);
+/* Writes IR changes (node order, added and removed nodes, value types) back into the proto. */
+tern_status tern_model_sync(tern_model *model);
+
+tern_value *tern_graph_find(const tern_graph *g, const char *name);
+/* Looks a name up in g and then its enclosing graphs. */
+tern_value *tern_graph_lookup(const tern_graph *g, const char *name);
+/* Finds or creates the value called name in g. */
+tern_value *tern_graph_value(tern_graph *g, const char *name);
+/* A name not yet used in the model, from a stem ("conv1_fused" -> "conv1_fused", "conv1_fused_1"). */
+char *tern_graph_unique_name(tern_graph *g, const char *stem);
+
+/* Nodes in topological order (a new array, *out malloc'd); TERN_EDATA naming a node on a cycle. */
+tern_status tern_graph_toposort(tern_graph *g, tern_node ***out, size_t *n);
+
+/* Graph editing, for passes. Added nodes get a fresh NodeProto; their inputs and outputs are
+ * resolved or created by name. */
+tern_node *tern_graph_add_node(tern_graph *g, const char *op_type, const char *domain, const char *name,
+                               const char *const *inputs, size_t n_inputs, const char *const *outputs,
+                               size_t n_outputs);
+void tern_graph_remove_node(tern_graph *g, tern_node *node);
+void tern_node_set_input(tern_node *node, size_t i, tern_value *v);
+/* Every use of old (node inputs and graph outputs) now reads new. */
+void tern_value_replace_uses(tern_graph *g, tern_value *old_value, tern_value *new_value);
+/* Attributes appended to a node created by tern_graph_add_node. */
+tern_status tern_node_add_attr_int(tern_node *node, const char *name, int64_t v);
+tern_status tern_node_add_attr_float(tern_node *node, const char *name, float v);
+tern_status tern_node_add_attr_ints(tern_node *node, const char *name, const int64_t *v, size_t n);
+tern_status tern_node_add_attr_floats(tern_node *node, const char *name, const float *v, size_t n);
+tern_status tern_node_add_attr_string(tern_node *node, const char *name, const char *v);
+tern_status tern_node_add_attr_tensor(tern_node *node, const char *name, const tern_tensor *t);
+/* Adds an initializer to the main graph (copying t). */
+tern_value *tern_graph_add_initializer(tern_graph *g, const char *name, const tern_tensor *t);
+
+/* Attribute access. The getters return the default when the attribute is absent. */
+const Onnx__AttributeProto *tern_attr(const tern_node *node, const char *name);
+int64_t tern_attr_int(const tern_node *node, const char *name, int64_t dflt);
+float tern_attr_float(const tern_node *node, const char *name, float dflt);
+/* NUL-terminated copy is not made: returns the bytes and their length; dflt when absent. */
+const char *tern_attr_string(const tern_node *node, const char *name, const char *dflt);
+const int64_t *tern_attr_ints(const tern_node *node, const char *name, size_t *n);
+const float *tern_attr_floats(const tern_node *node, const char *name, size_t *n);
+const Onnx__TensorProto *tern_attr_tensor(const tern_node *node, const char *name);
+tern_graph *tern_attr_graph(const tern_node *node, const char *name);
+
+/* "node 'conv1' (Conv)" into buf, for messages. */
+const char *tern_node_desc(const tern_node *node, char *buf, size_t size);
+/* Sets an error that names the model source and the node: "SRC: node 'x' (Op): message". */
+tern_status tern_node_errorf(const tern_node *node, tern_status status, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+
+/* Type of a value from a ValueInfoProto / TypeProto. */
+void tern_type_from_proto(const Onnx__TypeProto *tp, tern_type *out);
+void tern_type_unknown(tern_type *t);
+
+/* Text syntax (lib/graph/text.c). */
+tern_status tern_text_parse_model(const char *text, size_t len, const char *source, Onnx__ModelProto **out);
+tern_status tern_text_print_model(const Onnx__ModelProto *model, int with_weights, char **out, size_t *size);
+
+/* ---------------------------------------------------------------- threads */
+
+/* Calls fn(ctx, i) for i in [0, n) spread over the pool; returns when all are done. fn must not
+ * call tern_parallel_for on the same pool. A NULL pool runs serially. */
+void tern_parallel_for(tern_threadpool *pool, int64_t n, void (*fn)(void *ctx, int64_t i), void *ctx);
+
+/* ---------------------------------------------------------------- operators */
+
+/* What a kernel sees: inputs and outputs bound to storage, parameters decided when planning. */
+typedef struct tern_kernel_args {
+	const tern_node *node;
+	tern_tensor **in; /* NULL for omitted optional inputs */
+	int n_in;
+	tern_tensor **out; /* NULL for omitted optional outputs */
+	int n_out;
+	void *params;  /* op-private, from prepare */
+	void *scratch; /* scratch_bytes of per-run scratch, aligned */
+	tern_threadpool *pool;
+	struct tern_exec *exec; /* for operators that run subgraphs */
+} tern_kernel_args;
+
+typedef tern_status (*tern_kernel_fn)(const tern_kernel_args *a);
+
+/* What prepare sees and decides. Inputs have dtype and shape set; data is non-NULL only for values
+ * known while planning (initializers, folded constants). prepare sets every present output's dtype
+ * and shape, the kernel, and optionally params (freed with free_params) and scratch_bytes.
+ * Returning TERN_EAGAIN-like `defer` (set p->defer = 1 and return TERN_OK) means an input value is
+ * needed that only exists at run time: the planner then prepares this node when it runs, and its
+ * outputs' storage is allocated then. */
+typedef struct tern_prepare_args {
+	const tern_node *node;
+	tern_tensor **in; /* shapes set; data may be NULL */
+	int n_in;
+	tern_tensor **out; /* to fill: dtype, rank, dims (data not yet bound) */
+	int n_out;
+	tern_kernel_fn kernel;
+	void *params;
+	void (*free_params)(void *params);
+	size_t scratch_bytes;
+	int defer;
+	/* The kernel's output shapes depend on input values (NonZero, Unique, Loop): the kernel allocates
+	 * its outputs itself with tern_tensor_alloc. */
+	int dynamic_output;
+	/* The kernel may write output i into input i's storage (elementwise ops, Reshape). */
+	int inplace_ok;
+	/* Output 0 aliases input 0's storage (Reshape, Squeeze, Flatten, Identity): no kernel runs. */
+	int alias_input0;
+	struct tern_exec *exec; /* for operators that plan subgraphs */
+	tern_threadpool *pool;
+} tern_prepare_args;
+
+typedef struct tern_op {
+	const char *domain;  /* "" for ai.onnx */
+	const char *op_type;
+	int since_version;   /* first opset this entry handles */
+	int until_version;   /* last opset it handles (0: up to the newest) */
+	tern_status (*prepare)(tern_prepare_args *p);
+	/* Dtypes the kernel accepts for input 0, as a bit mask (1u << dtype); 0 = prepare checks. */
+	uint32_t dtypes;
+	const char *family; /* source family, for the operator table */
+} tern_op;
+
+#define TERN_DT(x) (1u << TERN_##x)
+#define TERN_DT_FLOATS (TERN_DT(FLOAT) | TERN_DT(DOUBLE) | TERN_DT(FLOAT16) | TERN_DT(BFLOAT16))
+#define TERN_DT_INTS                                                                               \
+	(TERN_DT(INT8) | TERN_DT(INT16) | TERN_DT(INT32) | TERN_DT(INT64) | TERN_DT(UINT8) | TERN_DT(UINT16) | \
+	 TERN_DT(UINT32) | TERN_DT(UINT64))
+#define TERN_DT_NUMERIC (TERN_DT_FLOATS | TERN_DT_INTS)
+#define TERN_DT_ALL (TERN_DT_NUMERIC | TERN_DT(BOOL) | TERN_DT(STRING))
+
+/* Each family file defines one table, listed in lib/ops/registry.c. */
+typedef struct tern_op_table {
+	const tern_op *ops;
+	size_t n_ops;
+} tern_op_table;
+
+/* The entry for (domain, op_type) at opset version; NULL when unsupported. */
+const tern_op *tern_op_find(const char *domain, const char *op_type, int64_t opset);
+/* Whether any entry has this name (to tell "unsupported opset" from "unknown operator"). */
+bool tern_op_known(const char *domain, const char *op_type);
+/* Every entry, for the operator table. */
+size_t tern_op_count(void);
+const tern_op *tern_op_at(size_t i);
+
+/* Helpers for prepare functions. */
+/* Numpy-style broadcast of shapes; TERN_EDATA (naming the node) when incompatible. */
+tern_status tern_broadcast_shape(const tern_node *node, int ra, const int64_t *da, int rb, const int64_t *db,
+                                 int *rank, int64_t *dims);
+/* Set output i to (dtype, rank, dims). */
+void tern_set_shape(tern_tensor *t, int dtype, int rank, const int64_t *dims);
+/* Convert one element of a numeric tensor to double / int64 (for shape inputs, scalars). */
+double tern_tensor_get_f64(const tern_tensor *t, int64_t i);
+int64_t tern_tensor_get_i64(const tern_tensor *t, int64_t i);
+/* float16/bfloat16 conversions. */
+float tern_f16_to_f32(uint16_t h);
+uint16_t tern_f32_to_f16(float f);
+float tern_bf16_to_f32(uint16_t h);
+uint16_t tern_f32_to_bf16(float f);
+
+#endif

@@ -1,0 +1,202 @@
+/* tern.h — the public interface of libtern: graph files, tensors, plans and runs.
+ * Every function returns a tern_status; on failure tern_error() holds a one-line message that names
+ * the file, the node and the offending value. The library never prints and never exits. */
+#ifndef TERN_H
+#define TERN_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Status codes are the sysexits(3) values, so a tool can exit with the status it got. */
+typedef enum tern_status {
+	TERN_OK = 0,
+	TERN_EUSAGE = 64,       /* bad call: wrong arguments, unknown option value */
+	TERN_EDATA = 65,        /* bad graph or tensor data, unsupported operator */
+	TERN_ENOINPUT = 66,     /* a file cannot be opened */
+	TERN_EUNAVAILABLE = 69, /* a backend or service is not available */
+	TERN_EINTERNAL = 70,    /* a bug in tern */
+	TERN_EOS = 71,          /* out of memory, a system call failed */
+	TERN_EIO = 74,          /* read or write failed */
+} tern_status;
+
+/* The message of the last failure in this thread ("" when none). */
+const char *tern_error(void);
+/* Sets the message from a format and returns status; for use by the library and its tools. */
+tern_status tern_errorf(tern_status status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Prefixes the current message with "prefix: " (a file name, say). Returns status. */
+tern_status tern_error_prefix(tern_status status, const char *prefix);
+void tern_error_clear(void);
+
+/* ---------------------------------------------------------------- tensors */
+
+/* Element types use ONNX's TensorProto.DataType numbers. */
+typedef enum tern_dtype {
+	TERN_UNDEFINED = 0,
+	TERN_FLOAT = 1,
+	TERN_UINT8 = 2,
+	TERN_INT8 = 3,
+	TERN_UINT16 = 4,
+	TERN_INT16 = 5,
+	TERN_INT32 = 6,
+	TERN_INT64 = 7,
+	TERN_STRING = 8,
+	TERN_BOOL = 9,
+	TERN_FLOAT16 = 10,
+	TERN_DOUBLE = 11,
+	TERN_UINT32 = 12,
+	TERN_UINT64 = 13,
+	TERN_COMPLEX64 = 14,
+	TERN_COMPLEX128 = 15,
+	TERN_BFLOAT16 = 16,
+	TERN_FLOAT8E4M3FN = 17,
+	TERN_FLOAT8E4M3FNUZ = 18,
+	TERN_FLOAT8E5M2 = 19,
+	TERN_FLOAT8E5M2FNUZ = 20,
+	TERN_DTYPE_COUNT
+} tern_dtype;
+
+#define TERN_MAX_RANK 8
+
+/* Bytes per element (0 for STRING and unknown types). */
+size_t tern_dtype_size(int dtype);
+/* The name the ONNX text syntax uses ("float", "int64", "bool", ...); "?" when unknown. */
+const char *tern_dtype_name(int dtype);
+/* The inverse of tern_dtype_name; TERN_UNDEFINED when unknown. */
+int tern_dtype_from_name(const char *name);
+
+/* A dense tensor, row-major. For STRING tensors data holds numel char* (owned when owns_data). */
+typedef struct tern_tensor {
+	int dtype;
+	int rank;
+	int64_t dims[TERN_MAX_RANK];
+	void *data;
+	size_t nbytes;
+	int owns_data;
+	char *name; /* optional, owned */
+} tern_tensor;
+
+int64_t tern_numel(int rank, const int64_t *dims);
+static inline int64_t tern_tensor_numel(const tern_tensor *t) { return tern_numel(t->rank, t->dims); }
+/* Sets dtype/shape and allocates zeroed, 64-byte aligned storage. */
+tern_status tern_tensor_alloc(tern_tensor *t, int dtype, int rank, const int64_t *dims);
+/* Frees what the tensor owns and zeroes it. */
+void tern_tensor_free(tern_tensor *t);
+/* A deep copy (data and name). */
+tern_status tern_tensor_copy(tern_tensor *dst, const tern_tensor *src);
+/* Formats "float[2,3]" into buf. */
+const char *tern_shape_str(int dtype, int rank, const int64_t *dims, char *buf, size_t size);
+
+/* Tensor files: .npy (NumPy) or .pb (ONNX TensorProto), chosen by the file's content on read and by
+ * the path's extension on write. */
+tern_status tern_tensor_read_file(const char *path, tern_tensor *out);
+tern_status tern_tensor_write_file(const char *path, const tern_tensor *t);
+tern_status tern_tensor_read_npy(const void *bytes, size_t size, const char *what, tern_tensor *out);
+tern_status tern_tensor_write_npy(FILE *f, const tern_tensor *t);
+tern_status tern_tensor_read_pb(const void *bytes, size_t size, const char *what, tern_tensor *out);
+tern_status tern_tensor_write_pb(FILE *f, const tern_tensor *t);
+
+/* ---------------------------------------------------------------- models */
+
+typedef struct tern_model tern_model;
+typedef struct tern_graph tern_graph;
+typedef struct tern_node tern_node;
+typedef struct tern_value tern_value;
+
+/* Loads a model from bytes: binary ONNX or the ONNX text syntax, detected from the content.
+ * `source` names the data in messages; `base_dir` is where external tensor data lives (may be NULL). */
+tern_status tern_model_load_bytes(const void *bytes, size_t size, const char *source, const char *base_dir,
+                                  tern_model **out);
+/* Loads from a path, or from standard input when path is NULL or "-". */
+tern_status tern_model_load(const char *path, tern_model **out);
+void tern_model_free(tern_model *model);
+
+/* Serialises to binary ONNX; *out is malloc'd. */
+tern_status tern_model_save_bytes(tern_model *model, void **out, size_t *size);
+/* The ONNX text syntax; *out is malloc'd and NUL-terminated. With weights, initializer values are
+ * written in full (so the text round trip is lossless); without, large ones are elided. */
+tern_status tern_model_save_text(tern_model *model, int with_weights, char **out, size_t *size);
+/* Graphviz DOT through cgraph. */
+typedef struct tern_dot_options {
+	/* Colouring hook: a group number per node (a stream, a rank), or -1 for none. */
+	int (*node_group)(const tern_node *node, void *user);
+	void *user;
+	int show_weights; /* draw initializers as their own nodes */
+} tern_dot_options;
+tern_status tern_model_save_dot(tern_model *model, const tern_dot_options *opts, char **out, size_t *size);
+/* Statistics as text (op counts, parameters, opsets, inputs and outputs). */
+tern_status tern_model_stats(tern_model *model, char **out, size_t *size);
+
+/* Checks the model: every node names the faulty place. Runs on subgraphs and functions too. */
+tern_status tern_model_validate(tern_model *model);
+
+/* The main graph and the model's metadata. */
+tern_graph *tern_model_graph(tern_model *model);
+const char *tern_model_source(const tern_model *model);
+/* metadata_props: NULL when absent. Setting NULL removes the key. */
+const char *tern_model_meta(const tern_model *model, const char *key);
+tern_status tern_model_set_meta(tern_model *model, const char *key, const char *value);
+/* Removes every metadata key that starts with prefix; returns how many were removed. */
+int tern_model_drop_meta_prefix(tern_model *model, const char *prefix);
+/* The opset version imported for a domain ("" or "ai.onnx" for the default), or -1. */
+int64_t tern_model_opset(const tern_model *model, const char *domain);
+
+/* ---------------------------------------------------------------- running */
+
+typedef struct tern_plan tern_plan;
+typedef struct tern_threadpool tern_threadpool;
+
+/* A pool of n-1 persistent workers plus the calling thread. */
+tern_status tern_threadpool_create(int n_threads, tern_threadpool **out);
+void tern_threadpool_free(tern_threadpool *pool);
+int tern_threadpool_size(const tern_threadpool *pool);
+
+typedef struct tern_plan_options {
+	int n_threads;          /* intra-operator threads (>= 1) */
+	const char **dim_names; /* symbolic dimension values (--dim NAME=N) */
+	const int64_t *dim_values;
+	int n_dims;
+	int single_stream; /* ignore a schedule in the file */
+} tern_plan_options;
+
+/* Plans the main graph for the given input tensors (shape and dtype matter, values do not):
+ * shapes, kernels, memory, launch order. n_inputs must equal the number of graph inputs that are not
+ * initializers, in graph order. */
+tern_status tern_plan_create(tern_model *model, const tern_plan_options *opts, const tern_tensor *inputs,
+                             int n_inputs, tern_plan **out);
+void tern_plan_free(tern_plan *plan);
+/* Runs once. Inputs must have the shapes the plan was made for (re-plan otherwise). Outputs are
+ * written into outputs[0..n_outputs), which the plan owns until the next run or free. */
+tern_status tern_plan_run(tern_plan *plan, const tern_tensor *inputs, int n_inputs);
+int tern_plan_num_outputs(const tern_plan *plan);
+const tern_tensor *tern_plan_output(const tern_plan *plan, int index);
+const char *tern_plan_output_name(const tern_plan *plan, int index);
+/* The graph inputs the caller supplies (non-initializer inputs), in order. */
+int tern_model_num_inputs(tern_model *model);
+const char *tern_model_input_name(tern_model *model, int index);
+/* Declared dtype and shape of input `index`; dims of -1 are symbolic, named by dim_params[i]. */
+tern_status tern_model_input_type(tern_model *model, int index, int *dtype, int *rank, int64_t *dims,
+                                  const char **dim_params);
+/* Bytes of the plan's activation arena (a planning figure, for -v and tests). */
+size_t tern_plan_arena_bytes(const tern_plan *plan);
+
+/* Profiling: when enabled, each run records one event per executed node. */
+typedef struct tern_profile_event {
+	const char *name;
+	const char *op_type;
+	int stream;
+	int thread;
+	double start_us;
+	double dur_us;
+} tern_profile_event;
+void tern_plan_enable_profile(tern_plan *plan, int enable);
+const tern_profile_event *tern_plan_profile(const tern_plan *plan, int *count);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,35 @@
+#!/bin/sh
+# setup.sh — installs everything tern needs on a Debian machine, idempotently:
+# Debian packages with apt-get, Python packages into the project-local virtual environment .venv
+# (never into the system Python). Usage: scripts/setup.sh [--no-python]
+set -eu
+cd "$(dirname "$0")/.."
+
+apt_packages="meson ninja-build pkg-config gcc clang protobuf-c-compiler libprotobuf-c-dev libonnx-dev
+ libgraphviz-dev graphviz libopenblas-dev mpich libmpich-dev python3 python3-venv python3-pip
+ python3-numpy python3-torch python3-torchvision libclang-rt-14-dev valgrind"
+
+missing=""
+for p in $apt_packages; do
+	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
+done
+if [ -n "$missing" ]; then
+	echo "setup: installing Debian packages:$missing" >&2
+	SUDO=""
+	[ "$(id -u)" = 0 ] || SUDO=sudo
+	$SUDO apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq $missing >/dev/null
+fi
+
+[ "${1:-}" = "--no-python" ] && exit 0
+
+# The virtual environment sees Debian's torch and numpy (system site packages) and adds the pinned
+# ONNX tools from PyPI. The pins live in scripts/requirements.txt.
+if [ ! -x .venv/bin/python ]; then
+	/usr/bin/python3 -m venv --system-site-packages .venv
+fi
+if ! .venv/bin/python -c 'import onnx, onnxruntime' 2>/dev/null ||
+   ! cmp -s scripts/requirements.txt .venv/.requirements 2>/dev/null; then
+	.venv/bin/python -m pip install -q --disable-pip-version-check -r scripts/requirements.txt
+	cp scripts/requirements.txt .venv/.requirements
+fi

@@ -1,0 +1,2 @@
+#include "tern.h"
+int main(void) { return 0; }
