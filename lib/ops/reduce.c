@@ -1,1 +1,872 @@
-/* placeholder */
+/* reduce.c — reductions (Reduce*, ArgMax, ArgMin), running sums (CumSum), TopK and Det.
+ * Reductions fold into float, double or int64 accumulators; other element types convert at the edges. */
+#include "internal.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+/* ---------------------------------------------------------------- element conversion */
+
+static bool is_int_dtype(int dt)
+{
+	return dt != TERN_FLOAT && dt != TERN_DOUBLE && dt != TERN_FLOAT16 && dt != TERN_BFLOAT16;
+}
+
+static void store_f64(int dt, void *d, int64_t i, double v)
+{
+	switch (dt) {
+	case TERN_FLOAT: ((float *)d)[i] = (float)v; break;
+	case TERN_DOUBLE: ((double *)d)[i] = v; break;
+	case TERN_FLOAT16: ((uint16_t *)d)[i] = tern_f32_to_f16((float)v); break;
+	case TERN_BFLOAT16: ((uint16_t *)d)[i] = tern_f32_to_bf16((float)v); break;
+	case TERN_BOOL: ((uint8_t *)d)[i] = v != 0; break;
+	case TERN_INT8: ((int8_t *)d)[i] = (int8_t)v; break;
+	case TERN_INT16: ((int16_t *)d)[i] = (int16_t)v; break;
+	case TERN_INT32: ((int32_t *)d)[i] = (int32_t)v; break;
+	case TERN_INT64: ((int64_t *)d)[i] = (int64_t)v; break;
+	case TERN_UINT8: ((uint8_t *)d)[i] = (uint8_t)v; break;
+	case TERN_UINT16: ((uint16_t *)d)[i] = (uint16_t)v; break;
+	case TERN_UINT32: ((uint32_t *)d)[i] = (uint32_t)v; break;
+	case TERN_UINT64: ((uint64_t *)d)[i] = (uint64_t)v; break;
+	default: break;
+	}
+}
+
+/* Integers wrap to the destination width as a C conversion through uint64 does. */
+static void store_i64(int dt, void *d, int64_t i, int64_t v)
+{
+	switch (dt) {
+	case TERN_BOOL: ((uint8_t *)d)[i] = v != 0; break;
+	case TERN_INT8: case TERN_UINT8: ((uint8_t *)d)[i] = (uint8_t)v; break;
+	case TERN_INT16: case TERN_UINT16: ((uint16_t *)d)[i] = (uint16_t)v; break;
+	case TERN_INT32: case TERN_UINT32: ((uint32_t *)d)[i] = (uint32_t)v; break;
+	case TERN_INT64: case TERN_UINT64: ((int64_t *)d)[i] = v; break;
+	default: store_f64(dt, d, i, (double)v); break;
+	}
+}
+
+/* dst[i] = src[i] between numeric dtypes; integer to integer stays exact through int64. */
+static void convert(int sdt, const void *src, int ddt, void *dst, int64_t n)
+{
+	tern_tensor s = {.dtype = sdt, .data = (void *)src};
+	if (is_int_dtype(sdt) && is_int_dtype(ddt))
+		for (int64_t i = 0; i < n; i++)
+			store_i64(ddt, dst, i, tern_tensor_get_i64(&s, i));
+	else
+		for (int64_t i = 0; i < n; i++)
+			store_f64(ddt, dst, i, tern_tensor_get_f64(&s, i));
+}
+
+static int64_t int_dtype_min(int dt)
+{
+	switch (dt) {
+	case TERN_INT8: return INT8_MIN;
+	case TERN_INT16: return INT16_MIN;
+	case TERN_INT32: return INT32_MIN;
+	case TERN_INT64: return INT64_MIN;
+	case TERN_UINT64: return INT64_MIN; /* uint64 is compared sign-flipped */
+	default: return 0;
+	}
+}
+
+static int64_t int_dtype_max(int dt)
+{
+	switch (dt) {
+	case TERN_BOOL: return 1;
+	case TERN_INT8: return INT8_MAX;
+	case TERN_UINT8: return UINT8_MAX;
+	case TERN_INT16: return INT16_MAX;
+	case TERN_UINT16: return UINT16_MAX;
+	case TERN_INT32: return INT32_MAX;
+	case TERN_UINT32: return UINT32_MAX;
+	default: return INT64_MAX;
+	}
+}
+
+/* Reads axis values from an int tensor, normalised to [0, rank); names the input in errors. */
+static tern_status read_axis(const tern_node *node, const char *what, int64_t v, int rank, int *out)
+{
+	if (v < -rank || v >= (rank ? rank : 1))
+		return tern_node_errorf(node, TERN_EDATA, "%s %lld is out of range for input of rank %d", what,
+		                        (long long)v, rank);
+	*out = (int)(v < 0 ? v + rank : v);
+	return TERN_OK;
+}
+
+/* The input seen as [outer, n, inner] around one axis. */
+static void split_at_axis(const tern_tensor *x, int axis, int64_t *outer, int64_t *n, int64_t *inner)
+{
+	*outer = tern_numel(axis, x->dims);
+	*n = x->rank ? x->dims[axis] : 1;
+	*inner = x->rank ? tern_numel(x->rank - axis - 1, x->dims + axis + 1) : 1;
+}
+
+/* ---------------------------------------------------------------- Reduce* */
+
+enum reduce_kind {
+	R_SUM, R_MEAN, R_MAX, R_MIN, R_PROD, R_L1, R_L2, R_LOGSUM, R_LOGSUMEXP, R_SUMSQUARE,
+};
+
+/* What each pass folds: the map applied to each element and how mapped values combine. */
+enum fold { F_SUM, F_SUMSQ, F_ABS, F_PROD, F_MAX, F_MIN, F_MAXFINITE, F_EXPSUM };
+
+static const struct reduce_def {
+	const char *op_type;
+	enum reduce_kind kind;
+	int axes_input_since; /* opset from which axes is an input, not an attribute */
+	enum fold fold;
+	bool int_in_double; /* integer inputs accumulate in double (the result is not a sum) */
+} reduce_defs[] = {
+	{"ReduceSum", R_SUM, 13, F_SUM, false},
+	{"ReduceMean", R_MEAN, 18, F_SUM, true},
+	{"ReduceMax", R_MAX, 18, F_MAX, false},
+	{"ReduceMin", R_MIN, 18, F_MIN, false},
+	{"ReduceProd", R_PROD, 18, F_PROD, false},
+	{"ReduceL1", R_L1, 18, F_ABS, false},
+	{"ReduceL2", R_L2, 18, F_SUMSQ, true},
+	{"ReduceLogSum", R_LOGSUM, 18, F_SUM, true},
+	{"ReduceLogSumExp", R_LOGSUMEXP, 18, F_MAXFINITE, true},
+	{"ReduceSumSquare", R_SUMSQUARE, 18, F_SUMSQ, false},
+};
+
+/* The input shape with size-1 dimensions dropped and neighbours of the same kind merged. */
+typedef struct reduce_params {
+	const struct reduce_def *def;
+	int acc_dtype; /* TERN_FLOAT, TERN_DOUBLE or TERN_INT64 */
+	int rank;      /* >= 1 */
+	int64_t dims[TERN_MAX_RANK];
+	bool reduced[TERN_MAX_RANK];
+	int64_t out_strides[TERN_MAX_RANK]; /* 0 for reduced dimensions */
+	int64_t numel_in, numel_out, group; /* group: input elements per output */
+	bool flip_sign;                     /* uint64 max/min compare as sign-flipped int64 */
+} reduce_params;
+
+/* Folds `in` into `out` (already holding the identity or a partial result). Walks the input in memory
+ * order: when the last merged dimension is reduced, each row folds into one output through eight
+ * lanes (so the loop vectorises); when it is kept, a row folds elementwise into a row of outputs. */
+#define DEFINE_FOLD(NAME, T, MAP, COMBINE)                                                           \
+	static void NAME(const reduce_params *p, const T *restrict in, T *restrict out, const T *restrict sh) \
+	{                                                                                              \
+		if (p->numel_in == 0)                                                                      \
+			return;                                                                                \
+		int last = p->rank - 1;                                                                    \
+		int64_t len = p->dims[last], rows = p->numel_in / len;                                     \
+		int64_t idx[TERN_MAX_RANK] = {0}, o = 0;                                                   \
+		for (int64_t r = 0; r < rows; r++) {                                                       \
+			const T *x = in + r * len;                                                             \
+			if (p->reduced[last]) {                                                                \
+				T lane[8], acc = out[o], s = sh ? sh[o] : 0;                                       \
+				int64_t j = 0;                                                                     \
+				(void)s;                                                                           \
+				if (len >= 16) {                                                                   \
+					for (int l = 0; l < 8; l++)                                                    \
+						lane[l] = MAP(x[l], s);                                                    \
+					for (j = 8; j + 8 <= len; j += 8)                                              \
+						for (int l = 0; l < 8; l++)                                                \
+							lane[l] = COMBINE(lane[l], MAP(x[j + l], s));                          \
+					for (int l = 0; l < 8; l++)                                                    \
+						acc = COMBINE(acc, lane[l]);                                               \
+				}                                                                                  \
+				for (; j < len; j++)                                                               \
+					acc = COMBINE(acc, MAP(x[j], s));                                              \
+				out[o] = acc;                                                                      \
+			} else {                                                                               \
+				T *restrict y = out + o;                                                           \
+				for (int64_t j = 0; j < len; j++)                                                  \
+					y[j] = COMBINE(y[j], MAP(x[j], sh[o + j]));                                    \
+			}                                                                                      \
+			for (int d = last - 1; d >= 0; d--) {                                                  \
+				o += p->out_strides[d];                                                            \
+				if (++idx[d] < p->dims[d])                                                         \
+					break;                                                                         \
+				o -= idx[d] * p->out_strides[d];                                                   \
+				idx[d] = 0;                                                                        \
+			}                                                                                      \
+		}                                                                                          \
+	}
+
+#define MAP_ID(x, s) (x)
+#define MAP_SQ(x, s) ((x) * (x))
+#define ADD(a, b) ((a) + (b))
+#define MUL(a, b) ((a) * (b))
+#define MAXOF(a, b) ((b) > (a) ? (b) : (a))
+#define MINOF(a, b) ((b) < (a) ? (b) : (a))
+/* Integer sums and products wrap instead of overflowing. */
+#define IADD(a, b) ((int64_t)((uint64_t)(a) + (uint64_t)(b)))
+#define IMUL(a, b) ((int64_t)((uint64_t)(a) * (uint64_t)(b)))
+#define IABS(x, s) ((x) < 0 ? (int64_t)(0 - (uint64_t)(x)) : (x))
+#define ISQ(x, s) IMUL(x, x)
+
+/* Infinities do not shift LogSumExp: the largest finite value does. */
+#define MAP_FINITE(x, s) (isinf(x) ? -INFINITY : (x))
+
+#define DEFINE_FLOAT_FOLDS(T, SFX, FABS, EXP)                                                         \
+	DEFINE_FOLD(fold_sum_##SFX, T, MAP_ID, ADD)                                                    \
+	DEFINE_FOLD(fold_sumsq_##SFX, T, MAP_SQ, ADD)                                                  \
+	DEFINE_FOLD(fold_abs_##SFX, T, FABS, ADD)                                                      \
+	DEFINE_FOLD(fold_prod_##SFX, T, MAP_ID, MUL)                                                   \
+	DEFINE_FOLD(fold_max_##SFX, T, MAP_ID, MAXOF)                                                  \
+	DEFINE_FOLD(fold_min_##SFX, T, MAP_ID, MINOF)                                                  \
+	DEFINE_FOLD(fold_maxfinite_##SFX, T, MAP_FINITE, MAXOF)                                        \
+	DEFINE_FOLD(fold_expsum_##SFX, T, EXP, ADD)
+
+#define MAP_FABSF(x, s) fabsf(x)
+#define MAP_FABS(x, s) fabs(x)
+#define MAP_EXPF(x, s) expf((x) - (s))
+#define MAP_EXP(x, s) exp((x) - (s))
+DEFINE_FLOAT_FOLDS(float, f32, MAP_FABSF, MAP_EXPF)
+DEFINE_FLOAT_FOLDS(double, f64, MAP_FABS, MAP_EXP)
+DEFINE_FOLD(fold_sum_i64, int64_t, MAP_ID, IADD)
+DEFINE_FOLD(fold_sumsq_i64, int64_t, ISQ, IADD)
+DEFINE_FOLD(fold_abs_i64, int64_t, IABS, IADD)
+DEFINE_FOLD(fold_prod_i64, int64_t, MAP_ID, IMUL)
+DEFINE_FOLD(fold_max_i64, int64_t, MAP_ID, MAXOF)
+DEFINE_FOLD(fold_min_i64, int64_t, MAP_ID, MINOF)
+
+typedef void (*fold_f32_fn)(const reduce_params *, const float *, float *, const float *);
+typedef void (*fold_f64_fn)(const reduce_params *, const double *, double *, const double *);
+typedef void (*fold_i64_fn)(const reduce_params *, const int64_t *, int64_t *, const int64_t *);
+
+static const fold_f32_fn folds_f32[] = {fold_sum_f32, fold_sumsq_f32, fold_abs_f32, fold_prod_f32,
+                                        fold_max_f32, fold_min_f32, fold_maxfinite_f32, fold_expsum_f32};
+static const fold_f64_fn folds_f64[] = {fold_sum_f64, fold_sumsq_f64, fold_abs_f64, fold_prod_f64,
+                                        fold_max_f64, fold_min_f64, fold_maxfinite_f64, fold_expsum_f64};
+static const fold_i64_fn folds_i64[] = {fold_sum_i64, fold_sumsq_i64, fold_abs_i64,
+                                        fold_prod_i64, fold_max_i64, fold_min_i64};
+
+static double fold_identity(enum fold f)
+{
+	switch (f) {
+	case F_PROD: return 1;
+	case F_MAX: case F_MAXFINITE: return -INFINITY;
+	case F_MIN: return INFINITY;
+	default: return 0;
+	}
+}
+
+/* The result from the folded value (and the LogSumExp shift). */
+static double finish(enum reduce_kind k, double v, double shift, int64_t group)
+{
+	switch (k) {
+	case R_MEAN: return v / (double)group;
+	case R_L2: return sqrt(v);
+	case R_LOGSUM: return log(v);
+	case R_LOGSUMEXP: return log(v) + shift;
+	default: return v;
+	}
+}
+
+static void reduce_float(const reduce_params *p, const void *in, void *out, void *shift)
+{
+	enum fold f = p->def->fold;
+	int64_t n = p->numel_out;
+	if (p->acc_dtype == TERN_FLOAT) {
+		float *y = out, *s = shift;
+		for (int64_t i = 0; i < n; i++)
+			y[i] = (float)fold_identity(f);
+		folds_f32[f](p, in, y, s);
+		if (f == F_MAXFINITE) {
+			for (int64_t i = 0; i < n; i++) {
+				s[i] = isinf(y[i]) ? 0 : y[i];
+				y[i] = 0;
+			}
+			folds_f32[F_EXPSUM](p, in, y, s);
+		}
+		if (p->def->kind == R_MEAN || p->def->kind == R_L2 || p->def->kind == R_LOGSUM || f == F_MAXFINITE)
+			for (int64_t i = 0; i < n; i++)
+				y[i] = (float)finish(p->def->kind, y[i], s ? s[i] : 0, p->group);
+	} else {
+		double *y = out, *s = shift;
+		for (int64_t i = 0; i < n; i++)
+			y[i] = fold_identity(f);
+		folds_f64[f](p, in, y, s);
+		if (f == F_MAXFINITE) {
+			for (int64_t i = 0; i < n; i++) {
+				s[i] = isinf(y[i]) ? 0 : y[i];
+				y[i] = 0;
+			}
+			folds_f64[F_EXPSUM](p, in, y, s);
+		}
+		for (int64_t i = 0; i < n; i++)
+			y[i] = finish(p->def->kind, y[i], s ? s[i] : 0, p->group);
+	}
+}
+
+static tern_status reduce_kernel(const tern_kernel_args *a)
+{
+	const reduce_params *p = a->params;
+	const tern_tensor *x = a->in[0];
+	tern_tensor *y = a->out[0];
+	size_t es = tern_dtype_size(p->acc_dtype);
+	char *scratch = a->scratch;
+	const void *in = x->data;
+	if (x->dtype != p->acc_dtype) {
+		convert(x->dtype, x->data, p->acc_dtype, scratch, p->numel_in);
+		in = scratch;
+		scratch += (size_t)p->numel_in * es;
+	}
+	void *out = y->dtype == p->acc_dtype ? y->data : scratch;
+	if (out == scratch)
+		scratch += (size_t)p->numel_out * es;
+	if (p->acc_dtype == TERN_INT64) {
+		int64_t *yi = out, init;
+		enum fold f = p->def->fold;
+		init = f == F_PROD ? 1 : f == F_MAX ? int_dtype_min(x->dtype) : f == F_MIN ? int_dtype_max(x->dtype) : 0;
+		for (int64_t i = 0; i < p->numel_out; i++)
+			yi[i] = init;
+		if (p->flip_sign)
+			for (int64_t i = 0; i < p->numel_in; i++)
+				((int64_t *)in)[i] ^= INT64_MIN;
+		folds_i64[f](p, in, yi, NULL);
+		if (p->flip_sign)
+			for (int64_t i = 0; i < p->numel_out; i++)
+				yi[i] ^= INT64_MIN;
+	} else {
+		reduce_float(p, in, out, p->def->fold == F_MAXFINITE ? scratch : NULL);
+	}
+	if (out != y->data)
+		convert(p->acc_dtype, out, y->dtype, y->data, p->numel_out);
+	return TERN_OK;
+}
+
+/* Fills the merged shape of p from the input shape and the reduced-axes mask. */
+static void reduce_merge_shape(reduce_params *p, const tern_tensor *x, const bool *mask)
+{
+	p->rank = 0;
+	for (int d = 0; d < x->rank; d++) {
+		if (x->dims[d] == 1)
+			continue;
+		if (p->rank && p->reduced[p->rank - 1] == mask[d]) {
+			p->dims[p->rank - 1] *= x->dims[d];
+			continue;
+		}
+		p->dims[p->rank] = x->dims[d];
+		p->reduced[p->rank++] = mask[d];
+	}
+	if (!p->rank) {
+		p->dims[0] = 1;
+		p->reduced[0] = false;
+		p->rank = 1;
+	}
+	int64_t stride = 1;
+	for (int d = p->rank - 1; d >= 0; d--) {
+		p->out_strides[d] = p->reduced[d] ? 0 : stride;
+		if (!p->reduced[d])
+			stride *= p->dims[d];
+	}
+}
+
+/* The reduced axes from the `axes` input (newer opsets) or attribute; *n = 0 when none are given. */
+static tern_status reduce_axes(tern_prepare_args *p, const struct reduce_def *def, int64_t *axes, int *n,
+                               bool *known)
+{
+	*n = 0;
+	*known = true;
+	if (p->node->opset >= def->axes_input_since) {
+		const tern_tensor *t = p->n_in > 1 ? p->in[1] : NULL;
+		if (!t)
+			return TERN_OK;
+		if (!t->data) {
+			*known = false;
+			return TERN_OK;
+		}
+		int64_t count = tern_tensor_numel(t);
+		if (count > TERN_MAX_RANK)
+			return tern_node_errorf(p->node, TERN_EDATA, "input 1 'axes' has %lld values, more than the rank",
+			                        (long long)count);
+		for (int64_t i = 0; i < count; i++)
+			axes[i] = tern_tensor_get_i64(t, i);
+		*n = (int)count;
+		return TERN_OK;
+	}
+	size_t count = 0;
+	const int64_t *v = tern_attr_ints(p->node, "axes", &count);
+	if (count > TERN_MAX_RANK)
+		return tern_node_errorf(p->node, TERN_EDATA, "attribute 'axes' has %zu values, more than the rank", count);
+	for (size_t i = 0; i < count; i++)
+		axes[i] = v[i];
+	*n = (int)count;
+	return TERN_OK;
+}
+
+static tern_status reduce_prepare(tern_prepare_args *p)
+{
+	const struct reduce_def *def = NULL;
+	for (size_t i = 0; i < TERN_ARRAY_LEN(reduce_defs); i++)
+		if (strcmp(reduce_defs[i].op_type, p->node->op_type) == 0)
+			def = &reduce_defs[i];
+	if (!def)
+		return tern_node_errorf(p->node, TERN_EINTERNAL, "no reduction is registered under this name");
+	const tern_tensor *x = p->in[0];
+	int64_t axes[TERN_MAX_RANK];
+	int n_axes;
+	bool known;
+	tern_status st = reduce_axes(p, def, axes, &n_axes, &known);
+	if (st)
+		return st;
+	if (!known) {
+		p->defer = 1;
+		return TERN_OK;
+	}
+	bool keepdims = tern_attr_int(p->node, "keepdims", 1) != 0;
+	if (n_axes == 0 && tern_attr_int(p->node, "noop_with_empty_axes", 0)) {
+		tern_set_shape(p->out[0], x->dtype, x->rank, x->dims);
+		p->alias_input0 = 1;
+		return TERN_OK;
+	}
+	bool mask[TERN_MAX_RANK] = {false};
+	for (int i = 0; i < n_axes; i++) {
+		int ax = 0;
+		if ((st = read_axis(p->node, "axis", axes[i], x->rank, &ax)))
+			return st;
+		if (x->rank)
+			mask[ax] = true;
+	}
+	if (n_axes == 0)
+		for (int d = 0; d < x->rank; d++)
+			mask[d] = true;
+	int64_t dims[TERN_MAX_RANK];
+	int rank = 0;
+	for (int d = 0; d < x->rank; d++)
+		if (!mask[d])
+			dims[rank++] = x->dims[d];
+		else if (keepdims)
+			dims[rank++] = 1;
+	tern_set_shape(p->out[0], x->dtype, rank, dims);
+
+	reduce_params *rp = calloc(1, sizeof *rp);
+	if (!rp)
+		return tern_errorf(TERN_EOS, "out of memory");
+	rp->def = def;
+	rp->numel_in = tern_tensor_numel(x);
+	rp->numel_out = tern_numel(rank, dims);
+	rp->group = 1;
+	for (int d = 0; d < x->rank; d++)
+		if (mask[d])
+			rp->group *= x->dims[d];
+	reduce_merge_shape(rp, x, mask);
+	if (x->dtype == TERN_DOUBLE || (is_int_dtype(x->dtype) && def->int_in_double))
+		rp->acc_dtype = TERN_DOUBLE;
+	else if (is_int_dtype(x->dtype))
+		rp->acc_dtype = TERN_INT64;
+	else
+		rp->acc_dtype = TERN_FLOAT;
+	rp->flip_sign = x->dtype == TERN_UINT64 && (def->fold == F_MAX || def->fold == F_MIN);
+	size_t es = tern_dtype_size(rp->acc_dtype);
+	/* A converted (or sign-flipped) input, a converted output and the LogSumExp shifts. */
+	if (x->dtype != rp->acc_dtype || rp->flip_sign)
+		p->scratch_bytes += (size_t)rp->numel_in * es;
+	if (x->dtype != rp->acc_dtype)
+		p->scratch_bytes += (size_t)rp->numel_out * es;
+	if (def->fold == F_MAXFINITE)
+		p->scratch_bytes += (size_t)rp->numel_out * es;
+	p->params = rp;
+	p->free_params = free;
+	p->kernel = reduce_kernel;
+	return TERN_OK;
+}
+
+/* ---------------------------------------------------------------- ArgMax, ArgMin */
+
+typedef struct axis_params {
+	int64_t outer, n, inner;
+	bool is_max, last;      /* ArgMax/ArgMin: which extreme, and which index among ties */
+	bool exclusive, reverse; /* CumSum */
+} axis_params;
+
+#define ARG_LOOP(T, X)                                                                              \
+	do {                                                                                           \
+		const T *x = (const T *)(X);                                                               \
+		for (int64_t o = 0; o < p->outer; o++)                                                     \
+			for (int64_t i = 0; i < p->inner; i++) {                                               \
+				const T *v = x + o * p->n * p->inner + i;                                          \
+				T best = v[0];                                                                     \
+				int64_t at = 0;                                                                    \
+				for (int64_t k = 1; k < p->n; k++) {                                               \
+					T c = v[k * p->inner];                                                         \
+					if (p->is_max ? (p->last ? c >= best : c > best) : (p->last ? c <= best : c < best)) { \
+						best = c;                                                                  \
+						at = k;                                                                    \
+					}                                                                              \
+				}                                                                                  \
+				y[o * p->inner + i] = at;                                                          \
+			}                                                                                      \
+	} while (0)
+
+static tern_status arg_kernel(const tern_kernel_args *a)
+{
+	const axis_params *p = a->params;
+	const tern_tensor *t = a->in[0];
+	int64_t *y = a->out[0]->data;
+	if (p->outer * p->inner == 0)
+		return TERN_OK;
+	switch (t->dtype) {
+	case TERN_FLOAT: ARG_LOOP(float, t->data); break;
+	case TERN_DOUBLE: ARG_LOOP(double, t->data); break;
+	case TERN_FLOAT16:
+	case TERN_BFLOAT16:
+		convert(t->dtype, t->data, TERN_FLOAT, a->scratch, tern_tensor_numel(t));
+		ARG_LOOP(float, a->scratch);
+		break;
+	case TERN_INT8: ARG_LOOP(int8_t, t->data); break;
+	case TERN_INT16: ARG_LOOP(int16_t, t->data); break;
+	case TERN_INT32: ARG_LOOP(int32_t, t->data); break;
+	case TERN_INT64: ARG_LOOP(int64_t, t->data); break;
+	case TERN_UINT8: ARG_LOOP(uint8_t, t->data); break;
+	case TERN_UINT16: ARG_LOOP(uint16_t, t->data); break;
+	case TERN_UINT32: ARG_LOOP(uint32_t, t->data); break;
+	case TERN_UINT64: ARG_LOOP(uint64_t, t->data); break;
+	default: return tern_node_errorf(a->node, TERN_EDATA, "input 0 has unsupported type %s", tern_dtype_name(t->dtype));
+	}
+	return TERN_OK;
+}
+
+/* Fills the [outer, n, inner] split of an axis parameter; "axis" is an attribute (ArgMax, TopK). */
+static tern_status axis_params_new(tern_prepare_args *p, int64_t axis, axis_params **out, int *ax)
+{
+	const tern_tensor *x = p->in[0];
+	tern_status st = read_axis(p->node, "axis", axis, x->rank, ax);
+	if (st)
+		return st;
+	axis_params *ap = calloc(1, sizeof *ap);
+	if (!ap)
+		return tern_errorf(TERN_EOS, "out of memory");
+	split_at_axis(x, *ax, &ap->outer, &ap->n, &ap->inner);
+	p->params = ap;
+	p->free_params = free;
+	*out = ap;
+	return TERN_OK;
+}
+
+static tern_status arg_prepare(tern_prepare_args *p)
+{
+	const tern_tensor *x = p->in[0];
+	axis_params *ap = NULL;
+	int ax = 0;
+	tern_status st = axis_params_new(p, tern_attr_int(p->node, "axis", 0), &ap, &ax);
+	if (st)
+		return st;
+	ap->is_max = strcmp(p->node->op_type, "ArgMax") == 0;
+	ap->last = tern_attr_int(p->node, "select_last_index", 0) != 0;
+	if (ap->n == 0 && ap->outer * ap->inner != 0)
+		return tern_node_errorf(p->node, TERN_EDATA, "axis %d of input 0 is empty: there is no extreme to find", ax);
+	int64_t dims[TERN_MAX_RANK];
+	int rank = 0;
+	bool keepdims = tern_attr_int(p->node, "keepdims", 1) != 0;
+	for (int d = 0; d < x->rank; d++)
+		if (d != ax)
+			dims[rank++] = x->dims[d];
+		else if (keepdims)
+			dims[rank++] = 1;
+	tern_set_shape(p->out[0], TERN_INT64, rank, dims);
+	if (x->dtype == TERN_FLOAT16 || x->dtype == TERN_BFLOAT16)
+		p->scratch_bytes = (size_t)tern_tensor_numel(x) * sizeof(float);
+	p->kernel = arg_kernel;
+	return TERN_OK;
+}
+
+/* ---------------------------------------------------------------- CumSum */
+
+/* Each step along the axis adds a row of `inner` elements to the previous row of sums. */
+#define CUMSUM_LOOP(T, X, Y)                                                                        \
+	do {                                                                                           \
+		const T *x = (const T *)(X);                                                               \
+		T *y = (T *)(Y);                                                                           \
+		for (int64_t o = 0; o < p->outer; o++) {                                                   \
+			const T *xs = x + o * p->n * p->inner;                                                 \
+			T *ys = y + o * p->n * p->inner;                                                       \
+			for (int64_t s = 0; s < p->n; s++) {                                                   \
+				int64_t k = p->reverse ? p->n - 1 - s : s, prev = p->reverse ? k + 1 : k - 1;      \
+				T *restrict yk = ys + k * p->inner;                                                \
+				const T *xk = xs + k * p->inner;                                                   \
+				if (s == 0) {                                                                      \
+					for (int64_t i = 0; i < p->inner; i++)                                         \
+						yk[i] = p->exclusive ? 0 : xk[i];                                          \
+					continue;                                                                      \
+				}                                                                                  \
+				const T *restrict yp = ys + prev * p->inner;                                       \
+				const T *restrict xp = p->exclusive ? xs + prev * p->inner : xk;                   \
+				for (int64_t i = 0; i < p->inner; i++)                                             \
+					yk[i] = yp[i] + xp[i];                                                         \
+			}                                                                                      \
+		}                                                                                          \
+	} while (0)
+
+static tern_status cumsum_kernel(const tern_kernel_args *a)
+{
+	const tern_tensor *t = a->in[0];
+	int ax = 0;
+	tern_status st = read_axis(a->node, "input 1 'axis'", tern_tensor_get_i64(a->in[1], 0), t->rank, &ax);
+	if (st)
+		return st;
+	axis_params q = *(const axis_params *)a->params, *p = &q;
+	split_at_axis(t, ax, &q.outer, &q.n, &q.inner);
+	int64_t n = tern_tensor_numel(t);
+	switch (t->dtype) {
+	case TERN_FLOAT: CUMSUM_LOOP(float, t->data, a->out[0]->data); break;
+	case TERN_DOUBLE: CUMSUM_LOOP(double, t->data, a->out[0]->data); break;
+	/* Two's complement sums wrap the same signed or unsigned. */
+	case TERN_INT32: case TERN_UINT32: CUMSUM_LOOP(uint32_t, t->data, a->out[0]->data); break;
+	case TERN_INT64: case TERN_UINT64: CUMSUM_LOOP(uint64_t, t->data, a->out[0]->data); break;
+	case TERN_FLOAT16:
+	case TERN_BFLOAT16: {
+		float *fx = a->scratch, *fy = fx + n;
+		convert(t->dtype, t->data, TERN_FLOAT, fx, n);
+		CUMSUM_LOOP(float, fx, fy);
+		convert(TERN_FLOAT, fy, t->dtype, a->out[0]->data, n);
+		break;
+	}
+	default: return tern_node_errorf(a->node, TERN_EDATA, "input 0 has unsupported type %s", tern_dtype_name(t->dtype));
+	}
+	return TERN_OK;
+}
+
+static tern_status cumsum_prepare(tern_prepare_args *p)
+{
+	const tern_tensor *x = p->in[0], *axis = p->in[1];
+	if (!axis || tern_tensor_numel(axis) != 1)
+		return tern_node_errorf(p->node, TERN_EDATA, "input 1 'axis' must hold one integer");
+	axis_params *ap = calloc(1, sizeof *ap);
+	if (!ap)
+		return tern_errorf(TERN_EOS, "out of memory");
+	ap->exclusive = tern_attr_int(p->node, "exclusive", 0) != 0;
+	ap->reverse = tern_attr_int(p->node, "reverse", 0) != 0;
+	p->params = ap;
+	p->free_params = free;
+	int ax = 0;
+	tern_status st;
+	if (axis->data && (st = read_axis(p->node, "input 1 'axis'", tern_tensor_get_i64(axis, 0), x->rank, &ax)))
+		return st;
+	tern_set_shape(p->out[0], x->dtype, x->rank, x->dims);
+	if (x->dtype == TERN_FLOAT16 || x->dtype == TERN_BFLOAT16)
+		p->scratch_bytes = 2 * (size_t)tern_tensor_numel(x) * sizeof(float);
+	p->kernel = cumsum_kernel;
+	return TERN_OK;
+}
+
+/* ---------------------------------------------------------------- TopK */
+
+/* Elements ranked by an unsigned key whose order is the wanted order (larger first), ties broken by the
+ * lower index, so one comparison serves every dtype and both directions. */
+typedef struct ranked {
+	uint64_t key;
+	int64_t idx;
+} ranked;
+
+static bool ranks_before(ranked a, ranked b) { return a.key > b.key || (a.key == b.key && a.idx < b.idx); }
+
+static uint64_t rank_key(const tern_tensor *t, int64_t i, bool largest)
+{
+	uint64_t k;
+	if (t->dtype == TERN_UINT64) {
+		k = ((const uint64_t *)t->data)[i];
+	} else if (is_int_dtype(t->dtype)) {
+		k = (uint64_t)tern_tensor_get_i64(t, i) ^ ((uint64_t)1 << 63);
+	} else {
+		/* IEEE order as unsigned order; NaN ranks above +inf, as numpy sorts it last. */
+		double d = tern_tensor_get_f64(t, i);
+		if (isnan(d))
+			d = NAN;
+		memcpy(&k, &d, sizeof k);
+		k = k >> 63 ? ~k : k | ((uint64_t)1 << 63);
+	}
+	return largest ? k : ~k;
+}
+
+/* A heap whose root ranks last, so it holds the best `size` seen so far. */
+static void sift_down(ranked *h, int64_t size, int64_t i)
+{
+	for (;;) {
+		int64_t c = 2 * i + 1;
+		if (c >= size)
+			return;
+		if (c + 1 < size && ranks_before(h[c], h[c + 1]))
+			c++;
+		if (!ranks_before(h[i], h[c]))
+			return;
+		ranked tmp = h[i];
+		h[i] = h[c];
+		h[c] = tmp;
+		i = c;
+	}
+}
+
+typedef struct topk_params {
+	int64_t outer, n, inner, k;
+	bool largest;
+} topk_params;
+
+static tern_status topk_kernel(const tern_kernel_args *a)
+{
+	const topk_params *p = a->params;
+	const tern_tensor *x = a->in[0];
+	const char *xd = x->data;
+	char *vd = a->out[0] ? a->out[0]->data : NULL;
+	int64_t *id = a->out[1] ? a->out[1]->data : NULL;
+	size_t es = tern_dtype_size(x->dtype);
+	ranked *h = a->scratch;
+	if (p->k == 0)
+		return TERN_OK;
+	for (int64_t o = 0; o < p->outer; o++)
+		for (int64_t i = 0; i < p->inner; i++) {
+			int64_t base = o * p->n * p->inner + i, size = 0;
+			for (int64_t j = 0; j < p->n; j++) {
+				ranked e = {rank_key(x, base + j * p->inner, p->largest), j};
+				if (size < p->k) {
+					/* Sift the new entry up towards the root while it ranks after its parent. */
+					int64_t c = size++;
+					h[c] = e;
+					while (c && ranks_before(h[(c - 1) / 2], h[c])) {
+						ranked tmp = h[c];
+						h[c] = h[(c - 1) / 2];
+						h[(c - 1) / 2] = tmp;
+						c = (c - 1) / 2;
+					}
+				} else if (ranks_before(e, h[0])) {
+					h[0] = e;
+					sift_down(h, size, 0);
+				}
+			}
+			/* Heap sort: the last-ranked goes to the end, leaving h in rank order. */
+			for (int64_t end = size - 1; end > 0; end--) {
+				ranked tmp = h[0];
+				h[0] = h[end];
+				h[end] = tmp;
+				sift_down(h, end, 0);
+			}
+			int64_t obase = o * p->k * p->inner + i;
+			for (int64_t j = 0; j < p->k; j++) {
+				int64_t dst = obase + j * p->inner;
+				if (vd)
+					memcpy(vd + dst * es, xd + (base + h[j].idx * p->inner) * es, es);
+				if (id)
+					id[dst] = h[j].idx;
+			}
+		}
+	return TERN_OK;
+}
+
+static tern_status topk_prepare(tern_prepare_args *p)
+{
+	const tern_tensor *x = p->in[0];
+	int64_t k;
+	if (p->node->opset < 10) {
+		k = tern_attr_int(p->node, "k", -1);
+	} else {
+		const tern_tensor *kt = p->n_in > 1 ? p->in[1] : NULL;
+		if (!kt || tern_tensor_numel(kt) != 1)
+			return tern_node_errorf(p->node, TERN_EDATA, "input 1 'K' must hold one integer");
+		if (!kt->data) {
+			p->defer = 1;
+			return TERN_OK;
+		}
+		k = tern_tensor_get_i64(kt, 0);
+	}
+	if (x->rank == 0)
+		return tern_node_errorf(p->node, TERN_EDATA, "input 0 is a scalar: there is no axis to select along");
+	int ax = 0;
+	tern_status st = read_axis(p->node, "axis", tern_attr_int(p->node, "axis", -1), x->rank, &ax);
+	if (st)
+		return st;
+	if (k < 0 || k > x->dims[ax])
+		return tern_node_errorf(p->node, TERN_EDATA, "k = %lld is outside [0, %lld], the size of axis %d",
+		                        (long long)k, (long long)x->dims[ax], ax);
+	if (x->dtype == TERN_STRING || x->dtype == TERN_BOOL || tern_dtype_size(x->dtype) == 0)
+		return tern_node_errorf(p->node, TERN_EDATA, "input 0 has unsupported type %s", tern_dtype_name(x->dtype));
+	topk_params *tp = calloc(1, sizeof *tp);
+	if (!tp)
+		return tern_errorf(TERN_EOS, "out of memory");
+	split_at_axis(x, ax, &tp->outer, &tp->n, &tp->inner);
+	tp->k = k;
+	tp->largest = tern_attr_int(p->node, "largest", 1) != 0;
+	int64_t dims[TERN_MAX_RANK];
+	memcpy(dims, x->dims, sizeof dims);
+	dims[ax] = k;
+	if (p->out[0])
+		tern_set_shape(p->out[0], x->dtype, x->rank, dims);
+	if (p->n_out > 1 && p->out[1])
+		tern_set_shape(p->out[1], TERN_INT64, x->rank, dims);
+	p->params = tp;
+	p->free_params = free;
+	p->scratch_bytes = (size_t)k * sizeof(ranked);
+	p->kernel = topk_kernel;
+	return TERN_OK;
+}
+
+/* ---------------------------------------------------------------- Det */
+
+/* LU factorisation with partial pivoting, in double whatever the element type. */
+static tern_status det_kernel(const tern_kernel_args *a)
+{
+	const tern_tensor *x = a->in[0];
+	int64_t m = x->dims[x->rank - 1], mm = m * m, batch = tern_tensor_numel(a->out[0]);
+	double *lu = a->scratch;
+	for (int64_t b = 0; b < batch; b++) {
+		for (int64_t i = 0; i < mm; i++)
+			lu[i] = tern_tensor_get_f64(x, b * mm + i);
+		double det = 1;
+		for (int64_t c = 0; c < m && det != 0; c++) {
+			int64_t piv = c;
+			for (int64_t r = c + 1; r < m; r++)
+				if (fabs(lu[r * m + c]) > fabs(lu[piv * m + c]))
+					piv = r;
+			if (lu[piv * m + c] == 0) {
+				det = 0;
+				break;
+			}
+			if (piv != c) {
+				for (int64_t j = 0; j < m; j++) {
+					double t = lu[c * m + j];
+					lu[c * m + j] = lu[piv * m + j];
+					lu[piv * m + j] = t;
+				}
+				det = -det;
+			}
+			double d = lu[c * m + c];
+			det *= d;
+			for (int64_t r = c + 1; r < m; r++) {
+				double f = lu[r * m + c] / d;
+				for (int64_t j = c + 1; j < m; j++)
+					lu[r * m + j] -= f * lu[c * m + j];
+			}
+		}
+		store_f64(a->out[0]->dtype, a->out[0]->data, b, det);
+	}
+	return TERN_OK;
+}
+
+static tern_status det_prepare(tern_prepare_args *p)
+{
+	const tern_tensor *x = p->in[0];
+	if (x->rank < 2 || x->dims[x->rank - 1] != x->dims[x->rank - 2])
+		return tern_node_errorf(p->node, TERN_EDATA, "input 0 must be square matrices [..., M, M], not rank %d", x->rank);
+	tern_set_shape(p->out[0], x->dtype, x->rank - 2, x->dims);
+	p->scratch_bytes = (size_t)(x->dims[x->rank - 1] * x->dims[x->rank - 1]) * sizeof(double);
+	p->kernel = det_kernel;
+	return TERN_OK;
+}
+
+/* ---------------------------------------------------------------- table */
+
+#define REDUCE_DTYPES (TERN_DT_NUMERIC | TERN_DT(BOOL))
+
+static const tern_op ops[] = {
+	{"", "ReduceSum", 1, 0, reduce_prepare, TERN_DT_NUMERIC, "reduce"},
+	{"", "ReduceMean", 1, 0, reduce_prepare, TERN_DT_NUMERIC, "reduce"},
+	{"", "ReduceMax", 1, 0, reduce_prepare, REDUCE_DTYPES, "reduce"},
+	{"", "ReduceMin", 1, 0, reduce_prepare, REDUCE_DTYPES, "reduce"},
+	{"", "ReduceProd", 1, 0, reduce_prepare, TERN_DT_NUMERIC, "reduce"},
+	{"", "ReduceL1", 1, 0, reduce_prepare, TERN_DT_NUMERIC, "reduce"},
+	{"", "ReduceL2", 1, 0, reduce_prepare, TERN_DT_NUMERIC, "reduce"},
+	{"", "ReduceLogSum", 1, 0, reduce_prepare, TERN_DT_NUMERIC, "reduce"},
+	{"", "ReduceLogSumExp", 1, 0, reduce_prepare, TERN_DT_NUMERIC, "reduce"},
+	{"", "ReduceSumSquare", 1, 0, reduce_prepare, TERN_DT_NUMERIC, "reduce"},
+	{"", "ArgMax", 1, 0, arg_prepare, TERN_DT_NUMERIC, "reduce"},
+	{"", "ArgMin", 1, 0, arg_prepare, TERN_DT_NUMERIC, "reduce"},
+	{"", "CumSum", 11, 0, cumsum_prepare,
+	 TERN_DT_FLOATS | TERN_DT(INT32) | TERN_DT(INT64) | TERN_DT(UINT32) | TERN_DT(UINT64), "reduce"},
+	{"", "TopK", 1, 0, topk_prepare, TERN_DT_NUMERIC, "reduce"},
+	{"", "Det", 11, 0, det_prepare, TERN_DT_FLOATS, "reduce"},
+};
+
+const tern_op_table tern_ops_reduce = {ops, TERN_ARRAY_LEN(ops)};
