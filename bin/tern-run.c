@@ -1,1 +1,769 @@
-int main(void) { return 0; }
+/* tern-run — runs a graph on inputs from tensor files or random ones: writes, prints, times and
+ * profiles its outputs. Plans once, then runs the plan as often as asked. */
+#include "cli.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+struct run {
+	const char **input_args; /* -i values as given, resolved once the graph is read */
+	int n_input_args;
+	const char **dim_names; /* --dim, then dimensions learnt from input files */
+	int64_t *dim_values;
+	int n_dims;
+	int random;
+	uint64_t seed;
+	const char *out_dir;
+	int out_pb;
+	int print;
+	int json;
+	int iters;
+	int warmup;
+	int threads;
+	const char *profile;
+	int single_stream;
+};
+
+enum {
+	OPT_RANDOM = 256,
+	OPT_SEED,
+	OPT_DIM,
+	OPT_OUTPUT_FORMAT,
+	OPT_PRINT,
+	OPT_ITERS,
+	OPT_WARMUP,
+	OPT_JSON,
+	OPT_THREADS,
+	OPT_PROFILE,
+	OPT_SINGLE_STREAM,
+};
+
+static const struct argp_option options[] = {
+	{NULL, 0, NULL, 0, "Inputs:", 1},
+	{"input", 'i', "[NAME=]FILE", 0, "a graph input from a .npy or .pb file; without NAME, the next input in graph order", 1},
+	{"random", OPT_RANDOM, NULL, 0, "fill inputs not given with -i with random values", 1},
+	{"seed", OPT_SEED, "S", 0, "seed of --random (default 0)", 1},
+	{"dim", OPT_DIM, "NAME=N", 0, "the value of symbolic dimension NAME", 1},
+	{NULL, 0, NULL, 0, "Outputs:", 2},
+	{"output-dir", 'O', "DIR", 0, "write each output to DIR/NAME.npy", 2},
+	{"output-format", OPT_OUTPUT_FORMAT, "FMT", 0, "npy (the default) or pb, for -O", 2},
+	{"print", OPT_PRINT, NULL, 0, "print each output's name, type, first values and checksums (the default without -O and --json)", 2},
+	{"json", OPT_JSON, NULL, 0, "print timings, memory and output checksums as one JSON object", 2},
+	{"profile", OPT_PROFILE, "FILE", 0, "write a Chrome trace of the timed runs to FILE", 2},
+	{NULL, 0, NULL, 0, "Running:", 3},
+	{"iters", OPT_ITERS, "N", 0, "timed runs (default 1)", 3},
+	{"warmup", OPT_WARMUP, "W", 0, "untimed runs before them (default 0)", 3},
+	{"threads", OPT_THREADS, "N", 0, "threads per operator (default 1; 0: one per CPU)", 3},
+	{"single-stream", OPT_SINGLE_STREAM, NULL, 0, "run nodes one after another, ignoring a schedule in the graph", 3},
+	{0},
+};
+
+static int64_t parse_count(struct argp_state *state, const char *what, const char *arg, int64_t min, int64_t max)
+{
+	char *end;
+	errno = 0;
+	long long v = strtoll(arg, &end, 10);
+	if (errno || end == arg || *end || v < min || v > max)
+		argp_error(state, "%s must be an integer from %" PRId64 " to %" PRId64 ", not '%s'", what, min, max, arg);
+	return v;
+}
+
+static void *grow_or_fail(void *items, size_t n, size_t size)
+{
+	void *p = realloc(items, n * size);
+	if (!p)
+		tern_cli_fail(TERN_EOS, "out of memory");
+	return p;
+}
+
+static void add_dim(struct run *run, const char *name, int64_t value)
+{
+	run->dim_names = grow_or_fail(run->dim_names, (size_t)run->n_dims + 1, sizeof *run->dim_names);
+	run->dim_values = grow_or_fail(run->dim_values, (size_t)run->n_dims + 1, sizeof *run->dim_values);
+	run->dim_names[run->n_dims] = name;
+	run->dim_values[run->n_dims++] = value;
+}
+
+static const int64_t *find_dim(const struct run *run, const char *name)
+{
+	for (int i = 0; i < run->n_dims; i++)
+		if (strcmp(run->dim_names[i], name) == 0)
+			return &run->dim_values[i];
+	return NULL;
+}
+
+static error_t parse_option(int key, char *arg, struct argp_state *state)
+{
+	struct run *run = state->input;
+	switch (key) {
+	case 'i':
+		run->input_args = grow_or_fail(run->input_args, (size_t)run->n_input_args + 1, sizeof *run->input_args);
+		run->input_args[run->n_input_args++] = arg;
+		return 0;
+	case OPT_RANDOM:
+		run->random = 1;
+		return 0;
+	case OPT_SEED:
+		run->seed = (uint64_t)parse_count(state, "--seed", arg, 0, INT64_MAX);
+		return 0;
+	case OPT_DIM: {
+		char *eq = strchr(arg, '=');
+		if (!eq || eq == arg)
+			argp_error(state, "--dim takes NAME=N, not '%s'", arg);
+		*eq = '\0';
+		if (find_dim(run, arg))
+			argp_error(state, "--dim %s is given twice", arg);
+		add_dim(run, arg, parse_count(state, "--dim value", eq + 1, 0, INT64_MAX));
+		return 0;
+	}
+	case 'O':
+		run->out_dir = arg;
+		return 0;
+	case OPT_OUTPUT_FORMAT:
+		if (strcmp(arg, "npy") && strcmp(arg, "pb"))
+			argp_error(state, "unknown output format '%s' (npy or pb)", arg);
+		run->out_pb = strcmp(arg, "pb") == 0;
+		return 0;
+	case OPT_PRINT:
+		run->print = 1;
+		return 0;
+	case OPT_JSON:
+		run->json = 1;
+		return 0;
+	case OPT_PROFILE:
+		run->profile = arg;
+		return 0;
+	case OPT_ITERS:
+		run->iters = (int)parse_count(state, "--iters", arg, 1, 1000000000);
+		return 0;
+	case OPT_WARMUP:
+		run->warmup = (int)parse_count(state, "--warmup", arg, 0, 1000000000);
+		return 0;
+	case OPT_THREADS:
+		run->threads = (int)parse_count(state, "--threads", arg, 0, 4096);
+		return 0;
+	case OPT_SINGLE_STREAM:
+		run->single_stream = 1;
+		return 0;
+	default:
+		return ARGP_ERR_UNKNOWN;
+	}
+}
+
+/* ---------------------------------------------------------------- inputs */
+
+/* The declared type of input i, as "float[N,3]" with symbolic names ("?" when unknown). */
+struct declared {
+	int dtype;
+	int rank;
+	int64_t dims[TERN_MAX_RANK];
+	const char *params[TERN_MAX_RANK];
+	char text[160];
+};
+
+static void declared_type(tern_model *model, int i, struct declared *d)
+{
+	memset(d, 0, sizeof *d);
+	tern_cli_check(tern_model_input_type(model, i, &d->dtype, &d->rank, d->dims, d->params));
+	size_t n = (size_t)snprintf(d->text, sizeof d->text, "%s", d->dtype ? tern_dtype_name(d->dtype) : "?");
+	if (d->rank < 0) {
+		snprintf(d->text + n, sizeof d->text - n, "[...]");
+		return;
+	}
+	for (int k = 0; k <= d->rank && n < sizeof d->text; k++) {
+		const char *sep = k == 0 ? "[" : ",";
+		if (k == d->rank)
+			n += (size_t)snprintf(d->text + n, sizeof d->text - n, "%s]", d->rank ? "" : "[");
+		else if (d->dims[k] >= 0)
+			n += (size_t)snprintf(d->text + n, sizeof d->text - n, "%s%" PRId64, sep, d->dims[k]);
+		else
+			n += (size_t)snprintf(d->text + n, sizeof d->text - n, "%s%s", sep,
+			                      d->params[k] && *d->params[k] ? d->params[k] : "?");
+	}
+}
+
+/* Checks a tensor from a file against the declared type and learns its symbolic dimensions. */
+static void check_input(struct run *run, tern_model *model, int i, const tern_tensor *t, const char *path)
+{
+	struct declared d;
+	declared_type(model, i, &d);
+	char have[160];
+	tern_shape_str(t->dtype, t->rank, t->dims, have, sizeof have);
+	const char *name = tern_model_input_name(model, i);
+	if ((d.dtype && d.dtype != t->dtype) || (d.rank >= 0 && d.rank != t->rank))
+		tern_cli_fail(TERN_EDATA, "input '%s': %s holds %s, the graph wants %s", name, path, have, d.text);
+	for (int k = 0; d.rank >= 0 && k < d.rank; k++) {
+		if (d.dims[k] >= 0) {
+			if (d.dims[k] != t->dims[k])
+				tern_cli_fail(TERN_EDATA, "input '%s': %s holds %s, the graph wants %s", name, path, have,
+				              d.text);
+			continue;
+		}
+		if (!d.params[k] || !*d.params[k])
+			continue;
+		const int64_t *bound = find_dim(run, d.params[k]);
+		if (bound && *bound != t->dims[k])
+			tern_cli_fail(TERN_EDATA, "input '%s': %s holds %s, but dimension '%s' is %" PRId64
+			              " (from --dim or an earlier input)", name, path, have, d.params[k], *bound);
+		if (!bound)
+			add_dim(run, d.params[k], t->dims[k]);
+	}
+}
+
+/* splitmix64: small, fast, and the same sequence on every machine. */
+static uint64_t next_random(uint64_t *state)
+{
+	uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+	return z ^ (z >> 31);
+}
+
+/* Uniform in [-1, 1) on a grid of 2^-k, so that every value is exact in the narrow float types. */
+static double random_unit(uint64_t *state, int bits)
+{
+	return (double)(next_random(state) >> (64 - bits - 1)) / (double)(1ull << bits) - 1.0;
+}
+
+/* A value in [-1, 1) that is a multiple of 2^-10 as IEEE half: exact, so no rounding code is needed. */
+static uint16_t to_half(double v)
+{
+	if (v == 0)
+		return 0;
+	int e;
+	double m = frexp(fabs(v), &e); /* |v| = m * 2^e, m in [0.5, 1) */
+	uint16_t sign = v < 0 ? 0x8000 : 0;
+	return (uint16_t)(sign | (uint16_t)(e - 1 + 15) << 10 | (uint16_t)((m * 2 - 1) * 1024));
+}
+
+static void fill_random(tern_tensor *t, uint64_t *state, const char *name)
+{
+	int64_t n = tern_tensor_numel(t);
+	for (int64_t j = 0; j < n; j++) {
+		/* Integers stay small and non-negative, so that they work as indices and sizes. */
+		uint64_t small = next_random(state) % 4;
+		switch (t->dtype) {
+		case TERN_FLOAT: ((float *)t->data)[j] = (float)random_unit(state, 24); break;
+		case TERN_DOUBLE: ((double *)t->data)[j] = random_unit(state, 53); break;
+		case TERN_COMPLEX64:
+			((float *)t->data)[2 * j] = (float)random_unit(state, 24);
+			((float *)t->data)[2 * j + 1] = (float)random_unit(state, 24);
+			break;
+		case TERN_COMPLEX128:
+			((double *)t->data)[2 * j] = random_unit(state, 53);
+			((double *)t->data)[2 * j + 1] = random_unit(state, 53);
+			break;
+		case TERN_FLOAT16: ((uint16_t *)t->data)[j] = to_half(random_unit(state, 10)); break;
+		case TERN_BFLOAT16: {
+			float f = (float)random_unit(state, 7);
+			uint32_t bits;
+			memcpy(&bits, &f, 4);
+			((uint16_t *)t->data)[j] = (uint16_t)(bits >> 16);
+			break;
+		}
+		case TERN_BOOL: ((uint8_t *)t->data)[j] = (uint8_t)(small & 1); break;
+		case TERN_INT8: case TERN_UINT8: ((uint8_t *)t->data)[j] = (uint8_t)small; break;
+		case TERN_INT16: case TERN_UINT16: ((uint16_t *)t->data)[j] = (uint16_t)small; break;
+		case TERN_INT32: case TERN_UINT32: ((uint32_t *)t->data)[j] = (uint32_t)small; break;
+		case TERN_INT64: case TERN_UINT64: ((uint64_t *)t->data)[j] = small; break;
+		default:
+			tern_cli_fail(TERN_EDATA, "input '%s': --random cannot make %s values; give it with -i", name,
+			              tern_dtype_name(t->dtype));
+		}
+	}
+}
+
+static void make_random(struct run *run, tern_model *model, int i, tern_tensor *t, uint64_t *state)
+{
+	struct declared d;
+	declared_type(model, i, &d);
+	const char *name = tern_model_input_name(model, i);
+	if (!d.dtype || d.rank < 0)
+		tern_cli_fail(TERN_EDATA, "input '%s' has no declared type (%s); give it with -i", name, d.text);
+	int64_t dims[TERN_MAX_RANK];
+	for (int k = 0; k < d.rank; k++) {
+		dims[k] = d.dims[k];
+		if (dims[k] >= 0)
+			continue;
+		const int64_t *bound = d.params[k] && *d.params[k] ? find_dim(run, d.params[k]) : NULL;
+		if (!bound && d.params[k] && *d.params[k])
+			tern_cli_fail(TERN_EDATA, "input '%s' (%s): give the size of dimension '%s' with --dim %s=N", name,
+			              d.text, d.params[k], d.params[k]);
+		if (!bound)
+			tern_cli_fail(TERN_EDATA, "input '%s' (%s): dimension %d has no size or name; give it with -i", name,
+			              d.text, k);
+		dims[k] = *bound;
+	}
+	tern_cli_check(tern_tensor_alloc(t, d.dtype, d.rank, dims));
+	fill_random(t, state, name);
+}
+
+static int input_index(tern_model *model, const char *name, size_t len)
+{
+	for (int i = 0; i < tern_model_num_inputs(model); i++) {
+		const char *n = tern_model_input_name(model, i);
+		if (strlen(n) == len && strncmp(n, name, len) == 0)
+			return i;
+	}
+	return -1;
+}
+
+static void load_input(struct run *run, tern_model *model, tern_tensor *inputs, int i, const char *path)
+{
+	if (inputs[i].dtype)
+		tern_cli_fail(TERN_EUSAGE, "input '%s' is given twice", tern_model_input_name(model, i));
+	tern_cli_check(tern_tensor_read_file(path, &inputs[i]));
+	check_input(run, model, i, &inputs[i], path);
+	tern_cli_verbose(2, "input '%s' from %s", tern_model_input_name(model, i), path);
+}
+
+/* NAME=FILE arguments first, then bare FILEs into the inputs left, in graph order. A FILE that
+ * contains '=' but whose prefix names no input is taken whole. */
+static tern_tensor *read_inputs(struct run *run, tern_model *model, int n)
+{
+	tern_tensor *inputs = calloc((size_t)n + 1, sizeof *inputs);
+	const char **bare = calloc((size_t)run->n_input_args + 1, sizeof *bare);
+	if (!inputs || !bare)
+		tern_cli_fail(TERN_EOS, "out of memory");
+	int n_bare = 0;
+	for (int a = 0; a < run->n_input_args; a++) {
+		const char *arg = run->input_args[a];
+		const char *eq = strchr(arg, '=');
+		int i = eq ? input_index(model, arg, (size_t)(eq - arg)) : -1;
+		if (i >= 0)
+			load_input(run, model, inputs, i, eq + 1);
+		else if (eq && access(arg, F_OK) != 0)
+			tern_cli_fail(TERN_EUSAGE, "-i %s: the graph has no input '%.*s'", arg, (int)(eq - arg), arg);
+		else
+			bare[n_bare++] = arg;
+	}
+	int next = 0;
+	for (int b = 0; b < n_bare; b++) {
+		while (next < n && inputs[next].dtype)
+			next++;
+		if (next == n)
+			tern_cli_fail(TERN_EUSAGE, "-i %s: the graph has only %d input%s", bare[b], n, n == 1 ? "" : "s");
+		load_input(run, model, inputs, next, bare[b]);
+	}
+	free(bare);
+
+	uint64_t state = run->seed;
+	for (int i = 0; i < n; i++) {
+		if (inputs[i].dtype)
+			continue;
+		struct declared d;
+		declared_type(model, i, &d);
+		if (!run->random)
+			tern_cli_fail(TERN_EDATA, "input '%s' (%s) has no value; give it with -i %s=FILE or use --random",
+			              tern_model_input_name(model, i), d.text, tern_model_input_name(model, i));
+		make_random(run, model, i, &inputs[i], &state);
+	}
+	return inputs;
+}
+
+/* ---------------------------------------------------------------- outputs */
+
+/* Output names are free text in ONNX; a file name keeps letters, digits, '-', '_' and inner dots. */
+static void file_name_for(const char *name, int index, char *buf, size_t size)
+{
+	size_t n = 0;
+	for (const char *p = name; *p && n + 1 < size && n < 200; p++, n++)
+		buf[n] = isalnum((unsigned char)*p) || *p == '-' || *p == '_' || (*p == '.' && n > 0) ? *p : '_';
+	buf[n] = '\0';
+	if (n == 0)
+		snprintf(buf, size, "output_%d", index);
+}
+
+static void make_dirs(const char *dir)
+{
+	char path[4096];
+	if (snprintf(path, sizeof path, "%s", dir) >= (int)sizeof path)
+		tern_cli_fail(TERN_EUSAGE, "-O %s: path too long", dir);
+	for (char *p = path + 1;; p++) {
+		if (*p != '/' && *p != '\0')
+			continue;
+		char c = *p;
+		*p = '\0';
+		struct stat st;
+		if (mkdir(path, 0777) != 0 && (errno != EEXIST || stat(path, &st) != 0 || !S_ISDIR(st.st_mode)))
+			tern_cli_fail(TERN_EIO, "-O %s: cannot create folder %s: %s", dir, path,
+			              errno == EEXIST ? "a file is in the way" : strerror(errno));
+		if (!(*p = c))
+			break;
+	}
+}
+
+static void write_outputs(const struct run *run, const tern_plan *plan)
+{
+	make_dirs(run->out_dir);
+	int n = tern_plan_num_outputs(plan);
+	char (*names)[232] = calloc((size_t)n + 1, sizeof *names);
+	if (!names)
+		tern_cli_fail(TERN_EOS, "out of memory");
+	const char *ext = run->out_pb ? ".pb" : ".npy";
+	for (int i = 0; i < n; i++) {
+		const char *name = tern_plan_output_name(plan, i);
+		char base[220];
+		file_name_for(name, i, base, sizeof base);
+		snprintf(names[i], sizeof names[i], "%s", base);
+		for (int j = 0; j < i; j++)
+			if (strcmp(names[j], names[i]) == 0) /* two names that sanitise alike */
+				snprintf(names[i], sizeof names[i], "%s_%d", base, i);
+		char path[4096 + 240];
+		snprintf(path, sizeof path, "%s/%s%s", run->out_dir, names[i], ext);
+		tern_tensor t = *tern_plan_output(plan, i);
+		t.name = (char *)name; /* a .pb file records the output's name */
+		tern_status st = tern_tensor_write_file(path, &t);
+		if (st == TERN_EDATA && !run->out_pb)
+			tern_cli_fail(st, "output '%s': %s (--output-format pb)", name, tern_error());
+		tern_cli_check(st);
+		tern_cli_verbose(1, "wrote %s", path);
+	}
+	free(names);
+}
+
+static float half_value(uint16_t h)
+{
+	int e = h >> 10 & 0x1f, m = h & 0x3ff;
+	float v = e == 0 ? ldexpf((float)m, -24) : e == 31 ? (m ? NAN : INFINITY) : ldexpf((float)(m | 0x400), e - 25);
+	return h & 0x8000 ? -v : v;
+}
+
+static float bfloat_value(uint16_t h)
+{
+	uint32_t bits = (uint32_t)h << 16;
+	float f;
+	memcpy(&f, &bits, 4);
+	return f;
+}
+
+/* Component j of t as a double (complex numbers have two components per element). */
+static double component(const tern_tensor *t, int64_t j)
+{
+	const void *d = t->data;
+	switch (t->dtype) {
+	case TERN_FLOAT: case TERN_COMPLEX64: return ((const float *)d)[j];
+	case TERN_DOUBLE: case TERN_COMPLEX128: return ((const double *)d)[j];
+	case TERN_FLOAT16: return half_value(((const uint16_t *)d)[j]);
+	case TERN_BFLOAT16: return bfloat_value(((const uint16_t *)d)[j]);
+	case TERN_INT8: return ((const int8_t *)d)[j];
+	case TERN_INT16: return ((const int16_t *)d)[j];
+	case TERN_INT32: return ((const int32_t *)d)[j];
+	case TERN_INT64: return (double)((const int64_t *)d)[j];
+	case TERN_UINT16: return ((const uint16_t *)d)[j];
+	case TERN_UINT32: return ((const uint32_t *)d)[j];
+	case TERN_UINT64: return (double)((const uint64_t *)d)[j];
+	default: return ((const uint8_t *)d)[j]; /* uint8, bool, float8 bytes */
+	}
+}
+
+static int64_t n_components(const tern_tensor *t)
+{
+	int64_t n = tern_tensor_numel(t);
+	return t->dtype == TERN_COMPLEX64 || t->dtype == TERN_COMPLEX128 ? 2 * n : n;
+}
+
+static bool is_integer(int dtype)
+{
+	return dtype != TERN_FLOAT && dtype != TERN_DOUBLE && dtype != TERN_FLOAT16 && dtype != TERN_BFLOAT16 &&
+	       dtype != TERN_COMPLEX64 && dtype != TERN_COMPLEX128;
+}
+
+struct checksum {
+	double sum;
+	uint64_t hash; /* FNV-1a of the bytes (of each string and its NUL for string tensors) */
+};
+
+static void fnv1a(uint64_t *h, const void *bytes, size_t n)
+{
+	const uint8_t *b = bytes;
+	for (size_t i = 0; i < n; i++)
+		*h = (*h ^ b[i]) * 0x100000001b3ull;
+}
+
+static struct checksum checksum_of(const tern_tensor *t)
+{
+	struct checksum c = {0, 0xcbf29ce484222325ull};
+	if (t->dtype == TERN_STRING) {
+		char *const *s = t->data;
+		for (int64_t j = 0; j < tern_tensor_numel(t); j++)
+			fnv1a(&c.hash, s[j] ? s[j] : "", s[j] ? strlen(s[j]) + 1 : 1);
+		c.sum = NAN;
+		return c;
+	}
+	for (int64_t j = 0; j < n_components(t); j++)
+		c.sum += component(t, j);
+	fnv1a(&c.hash, t->data, t->nbytes);
+	return c;
+}
+
+static void print_value(FILE *f, const tern_tensor *t, int64_t j)
+{
+	if (t->dtype == TERN_STRING) {
+		const char *s = ((char *const *)t->data)[j];
+		fprintf(f, "\"%.32s%s\"", s ? s : "", s && strlen(s) > 32 ? "..." : "");
+	} else if (t->dtype == TERN_COMPLEX64 || t->dtype == TERN_COMPLEX128) {
+		fprintf(f, "%.6g%+.6gj", component(t, 2 * j), component(t, 2 * j + 1));
+	} else if (t->dtype == TERN_INT64) {
+		fprintf(f, "%" PRId64, ((const int64_t *)t->data)[j]);
+	} else if (t->dtype == TERN_UINT64) {
+		fprintf(f, "%" PRIu64, ((const uint64_t *)t->data)[j]);
+	} else {
+		fprintf(f, is_integer(t->dtype) ? "%.0f" : "%.6g", component(t, j));
+	}
+}
+
+enum { PRINT_VALUES = 8 };
+
+static void print_outputs(FILE *f, const tern_plan *plan)
+{
+	for (int i = 0; i < tern_plan_num_outputs(plan); i++) {
+		const tern_tensor *t = tern_plan_output(plan, i);
+		char shape[160];
+		tern_shape_str(t->dtype, t->rank, t->dims, shape, sizeof shape);
+		fprintf(f, "%s %s [", tern_plan_output_name(plan, i), shape);
+		int64_t n = tern_tensor_numel(t);
+		for (int64_t j = 0; j < n && j < PRINT_VALUES; j++) {
+			fputs(j ? ", " : "", f);
+			print_value(f, t, j);
+		}
+		struct checksum c = checksum_of(t);
+		fprintf(f, "%s] sum=%.9g fnv64=%016" PRIx64 "\n", n > PRINT_VALUES ? ", ..." : "", c.sum, c.hash);
+	}
+}
+
+/* ---------------------------------------------------------------- JSON */
+
+static void json_string(FILE *f, const char *s)
+{
+	fputc('"', f);
+	for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+		if (*p == '"' || *p == '\\')
+			fprintf(f, "\\%c", *p);
+		else if (*p < 0x20)
+			fprintf(f, "\\u%04x", *p);
+		else
+			fputc(*p, f);
+	}
+	fputc('"', f);
+}
+
+/* JSON has no NaN or infinity. */
+static void json_number(FILE *f, double v)
+{
+	if (isfinite(v))
+		fprintf(f, "%.9g", v);
+	else
+		fputs("null", f);
+}
+
+struct timing {
+	double *ms; /* one per timed run, sorted */
+	int n;
+	double plan_ms;
+};
+
+static double percentile(const struct timing *t, double p)
+{
+	int k = (int)ceil(p * t->n) - 1;
+	return t->ms[k < 0 ? 0 : k];
+}
+
+static double median(const struct timing *t)
+{
+	return t->n % 2 ? t->ms[t->n / 2] : (t->ms[t->n / 2 - 1] + t->ms[t->n / 2]) / 2;
+}
+
+static double mean(const struct timing *t)
+{
+	double s = 0;
+	for (int i = 0; i < t->n; i++)
+		s += t->ms[i];
+	return s / t->n;
+}
+
+static double peak_rss_mb(void)
+{
+	struct rusage ru;
+	getrusage(RUSAGE_SELF, &ru);
+	return (double)ru.ru_maxrss / 1024.0; /* ru_maxrss is in KiB on Linux */
+}
+
+static void print_json(FILE *f, const struct run *run, const char *graph, const tern_plan *plan,
+                       const struct timing *t)
+{
+	fputs("{\"graph\": ", f);
+	json_string(f, graph);
+	fprintf(f, ", \"iters\": %d, \"warmup\": %d, \"threads\": %d, \"single_stream\": %s,\n", run->iters,
+	        run->warmup, run->threads, run->single_stream ? "true" : "false");
+	fputs(" \"latency_ms\": {\"median\": ", f);
+	json_number(f, median(t));
+	fputs(", \"p90\": ", f);
+	json_number(f, percentile(t, 0.9));
+	fputs(", \"min\": ", f);
+	json_number(f, t->ms[0]);
+	fputs(", \"max\": ", f);
+	json_number(f, t->ms[t->n - 1]);
+	fputs(", \"mean\": ", f);
+	json_number(f, mean(t));
+	fputs("},\n \"plan_ms\": ", f);
+	json_number(f, t->plan_ms);
+	fputs(", \"arena_mb\": ", f);
+	json_number(f, (double)tern_plan_arena_bytes(plan) / (1 << 20));
+	fputs(", \"peak_rss_mb\": ", f);
+	json_number(f, peak_rss_mb());
+	fputs(",\n \"outputs\": [", f);
+	for (int i = 0; i < tern_plan_num_outputs(plan); i++) {
+		const tern_tensor *o = tern_plan_output(plan, i);
+		struct checksum c = checksum_of(o);
+		fputs(i ? ",\n  {\"name\": " : "\n  {\"name\": ", f);
+		json_string(f, tern_plan_output_name(plan, i));
+		fprintf(f, ", \"dtype\": \"%s\", \"shape\": [", tern_dtype_name(o->dtype));
+		for (int k = 0; k < o->rank; k++)
+			fprintf(f, k ? ", %" PRId64 : "%" PRId64, o->dims[k]);
+		fputs("], \"sum\": ", f);
+		json_number(f, c.sum);
+		fprintf(f, ", \"fnv64\": \"%016" PRIx64 "\"}", c.hash);
+	}
+	fputs("]}\n", f);
+}
+
+/* Chrome's trace-event format (chrome://tracing, Perfetto): one complete event per node, a track
+ * per stream. */
+static void write_profile(const char *path, const tern_plan *plan)
+{
+	int n = 0;
+	const tern_profile_event *ev = tern_plan_profile(plan, &n);
+	double t0 = 0;
+	for (int i = 0; i < n; i++)
+		if (i == 0 || ev[i].start_us < t0)
+			t0 = ev[i].start_us;
+	tern_cli profile_cli = {.output = path};
+	FILE *f = tern_cli_open_output(&profile_cli, 0);
+	fputs("{\"displayTimeUnit\": \"ms\", \"traceEvents\": [", f);
+	int max_track = -1;
+	for (int i = 0; i < n; i++) {
+		int track = ev[i].stream >= 0 ? ev[i].stream : ev[i].thread;
+		if (track > max_track)
+			max_track = track;
+		fputs(i ? ",\n {\"name\": " : "\n {\"name\": ", f);
+		json_string(f, ev[i].name && *ev[i].name ? ev[i].name : ev[i].op_type ? ev[i].op_type : "?");
+		fputs(", \"cat\": ", f);
+		json_string(f, ev[i].op_type ? ev[i].op_type : "?");
+		fprintf(f, ", \"ph\": \"X\", \"ts\": %.3f, \"dur\": %.3f, \"pid\": 0, \"tid\": %d, \"args\": {\"thread\": %d}}",
+		        ev[i].start_us - t0, ev[i].dur_us, track, ev[i].thread);
+	}
+	for (int s = 0; s <= max_track; s++)
+		fprintf(f, ",\n {\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": 0, \"tid\": %d, \"args\": {\"name\": "
+		        "\"stream %d\"}}", s, s);
+	fputs("\n]}\n", f);
+	tern_cli_close_output();
+}
+
+/* ---------------------------------------------------------------- main */
+
+static double now_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+static int compare_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+	return (x > y) - (x < y);
+}
+
+int main(int argc, char **argv)
+{
+	struct run run = {.iters = 1, .threads = 1};
+	const tern_cli_tool tool = {
+		.name = "tern-run",
+		.doc = "Run a graph on inputs from .npy or .pb files, or random ones; write, print and time its "
+		       "outputs.\v"
+		       "GRAPH is binary ONNX or the text syntax, read from standard input when absent or '-'. "
+		       "-o FILE sends the printed outputs and --json to FILE. Exit status: 0 success, 64 usage, "
+		       "65 bad graph or input (wrong shape or type, missing input, unsupported operator), "
+		       "66 a file cannot be opened, 74 write failed.",
+		.options = options,
+		.parser = parse_option,
+		.input = &run,
+	};
+	tern_cli cli;
+	tern_cli_parse(&cli, &tool, argc, argv);
+	if (run.threads == 0) {
+		long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+		run.threads = cpus > 0 ? (int)cpus : 1;
+	}
+	int print = run.print || (!run.out_dir && !run.json);
+
+	tern_model *model = tern_cli_load(&cli);
+	const char *graph = tern_model_source(model);
+	int n_inputs = tern_model_num_inputs(model);
+	tern_tensor *inputs = read_inputs(&run, model, n_inputs);
+
+	const tern_plan_options plan_opts = {
+		.n_threads = run.threads,
+		.dim_names = run.dim_names,
+		.dim_values = run.dim_values,
+		.n_dims = run.n_dims,
+		.single_stream = run.single_stream,
+	};
+	struct timing timing = {.ms = calloc((size_t)run.iters, sizeof(double)), .n = run.iters};
+	if (!timing.ms)
+		tern_cli_fail(TERN_EOS, "out of memory");
+	tern_plan *plan = NULL;
+	double t0 = now_ms();
+	tern_cli_check(tern_plan_create(model, &plan_opts, inputs, n_inputs, &plan));
+	timing.plan_ms = now_ms() - t0;
+	tern_cli_verbose(1, "planned in %.3f ms: arena %.3f MB, %d thread%s", timing.plan_ms,
+	                 (double)tern_plan_arena_bytes(plan) / (1 << 20), run.threads, run.threads == 1 ? "" : "s");
+
+	for (int i = 0; i < run.warmup; i++)
+		tern_cli_check(tern_plan_run(plan, inputs, n_inputs));
+	if (run.profile)
+		tern_plan_enable_profile(plan, 1);
+	for (int i = 0; i < run.iters; i++) {
+		t0 = now_ms();
+		tern_cli_check(tern_plan_run(plan, inputs, n_inputs));
+		timing.ms[i] = now_ms() - t0;
+	}
+	qsort(timing.ms, (size_t)timing.n, sizeof *timing.ms, compare_double);
+	if (run.iters > 1 && !run.json)
+		tern_cli_verbose(0, "%d runs: median %.3f ms, p90 %.3f ms, min %.3f ms, mean %.3f ms", run.iters,
+		                 median(&timing), percentile(&timing, 0.9), timing.ms[0], mean(&timing));
+
+	if (run.profile)
+		write_profile(run.profile, plan);
+	if (run.out_dir)
+		write_outputs(&run, plan);
+	if (print || run.json) {
+		FILE *out = tern_cli_open_output(&cli, 0);
+		if (print)
+			print_outputs(run.json ? stderr : out, plan);
+		if (run.json)
+			print_json(out, &run, graph, plan, &timing);
+		tern_cli_close_output();
+	}
+
+	tern_plan_free(plan);
+	for (int i = 0; i < n_inputs; i++)
+		tern_tensor_free(&inputs[i]);
+	free(inputs);
+	free(timing.ms);
+	free(run.input_args);
+	free(run.dim_names);
+	free(run.dim_values);
+	tern_model_free(model);
+	return 0;
+}
