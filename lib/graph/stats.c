@@ -1,1 +1,191 @@
-/* placeholder */
+/* stats.c — a short text summary of a model: operators by count, parameters, opsets, inputs and
+ * outputs with their types, functions and tern annotations. */
+#include "internal.h"
+
+#include <stdlib.h>
+
+struct op_count {
+	const char *domain;
+	const char *op_type;
+	size_t count;
+};
+
+struct census {
+	struct op_count *ops;
+	size_t n_ops, cap_ops;
+	size_t nodes;
+	size_t initializers;
+	int64_t parameters;
+	int64_t bytes;
+	bool failed;
+};
+
+static void count_op(struct census *c, const tern_node *node)
+{
+	for (size_t i = 0; i < c->n_ops; i++)
+		if (!strcmp(c->ops[i].op_type, node->op_type) && !strcmp(c->ops[i].domain, node->domain)) {
+			c->ops[i].count++;
+			return;
+		}
+	if (!tern_grow((void **)&c->ops, &c->cap_ops, c->n_ops + 1, sizeof *c->ops)) {
+		c->failed = true;
+		return;
+	}
+	c->ops[c->n_ops++] = (struct op_count){node->domain, node->op_type, 1};
+}
+
+static void count_initializer(struct census *c, const Onnx__TensorProto *tp)
+{
+	int64_t numel = 1;
+	for (size_t i = 0; i < tp->n_dims; i++)
+		numel = tp->dims[i] > 0 && numel <= INT64_MAX / tp->dims[i] ? numel * tp->dims[i] : 0;
+	int64_t bytes = numel * (int64_t)tern_dtype_size(tp->data_type);
+	if (tp->data_type == TERN_STRING)
+		for (size_t i = 0; i < tp->n_string_data; i++)
+			bytes += (int64_t)tp->string_data[i].len;
+	c->initializers++;
+	c->parameters += numel;
+	c->bytes += bytes;
+}
+
+/* Counts a graph and the subgraphs of its nodes. */
+static void count_graph(struct census *c, const tern_graph *g)
+{
+	for (size_t i = 0; i < g->n_values; i++)
+		if ((g->values[i]->flags & TERN_VALUE_INITIALIZER) && g->values[i]->initializer)
+			count_initializer(c, g->values[i]->initializer);
+	for (size_t i = 0; i < g->n_nodes; i++) {
+		const tern_node *node = g->nodes[i];
+		if (node->removed)
+			continue;
+		c->nodes++;
+		count_op(c, node);
+		for (size_t k = 0; k < node->n_subgraphs; k++)
+			count_graph(c, node->subgraphs[k]);
+	}
+}
+
+/* Most frequent first; ties by name, so the order is stable. */
+static int by_count(const void *a, const void *b)
+{
+	const struct op_count *x = a, *y = b;
+	if (x->count != y->count)
+		return x->count > y->count ? -1 : 1;
+	int d = strcmp(x->domain, y->domain);
+	return d ? d : strcmp(x->op_type, y->op_type);
+}
+
+static void print_type(FILE *f, const tern_type *t)
+{
+	fputs(t->dtype == TERN_UNDEFINED ? "?" : tern_dtype_name(t->dtype), f);
+	if (t->rank < 0)
+		return;
+	fputc('[', f);
+	for (int i = 0; i < t->rank && i < TERN_MAX_RANK; i++) {
+		if (i)
+			fputc(',', f);
+		if (t->dims[i] >= 0)
+			fprintf(f, "%lld", (long long)t->dims[i]);
+		else
+			fputs(t->dim_param[i] && t->dim_param[i][0] ? t->dim_param[i] : "?", f);
+	}
+	fputc(']', f);
+}
+
+/* "  domain.name          count", the counts in one column. */
+static void print_entry(FILE *f, const char *domain, const char *name, size_t count, const char *unit)
+{
+	int width = 20 - (domain[0] ? (int)strlen(domain) + 1 : 0);
+	fprintf(f, "  %s%s%-*s %zu%s\n", domain, domain[0] ? "." : "", width > 0 ? width : 0, name, count, unit);
+}
+
+/* Graph inputs or outputs with their types; initializers listed among the inputs are parameters. */
+static void print_values(FILE *f, const char *title, tern_value *const *values, size_t n, bool skip_initializers)
+{
+	size_t shown = 0;
+	for (size_t i = 0; i < n; i++)
+		shown += !(skip_initializers && (values[i]->flags & TERN_VALUE_INITIALIZER));
+	fprintf(f, "%-12s %zu\n", title, shown);
+	for (size_t i = 0; i < n; i++) {
+		if (skip_initializers && (values[i]->flags & TERN_VALUE_INITIALIZER))
+			continue;
+		fprintf(f, "  %-20s ", values[i]->name);
+		print_type(f, &values[i]->type);
+		fputc('\n', f);
+	}
+}
+
+static void print_header(FILE *f, const tern_model *model)
+{
+	const Onnx__ModelProto *mp = model->proto;
+	fprintf(f, "%-12s %s\n", "model", model->source);
+	fprintf(f, "%-12s %s\n", "graph", model->graph->name ? model->graph->name : "");
+	if (mp->has_ir_version)
+		fprintf(f, "%-12s %lld\n", "ir_version", (long long)mp->ir_version);
+	if (mp->producer_name && mp->producer_name[0])
+		fprintf(f, "%-12s %s %s\n", "producer", mp->producer_name, mp->producer_version ? mp->producer_version : "");
+	fprintf(f, "%-12s", "opsets");
+	for (size_t i = 0; i < mp->n_opset_import; i++) {
+		const Onnx__OperatorSetIdProto *op = mp->opset_import[i];
+		fprintf(f, "%s %s %lld", i ? "," : "", op->domain && op->domain[0] ? op->domain : "ai.onnx",
+		        (long long)op->version);
+	}
+	fputc('\n', f);
+}
+
+static void print_footer(FILE *f, const tern_model *model)
+{
+	const Onnx__ModelProto *mp = model->proto;
+	if (model->n_functions) {
+		fprintf(f, "%-12s %zu\n", "functions", model->n_functions);
+		for (size_t i = 0; i < model->n_functions; i++) {
+			const tern_graph *fn = model->functions[i];
+			const char *domain = fn->fproto && fn->fproto->domain ? fn->fproto->domain : "";
+			print_entry(f, domain, fn->name ? fn->name : "", fn->n_nodes, " nodes");
+		}
+	}
+	for (size_t i = 0; i < mp->n_training_info; i++)
+		fprintf(f, "%-12s %zu parameter updates\n", "training", mp->training_info[i]->n_update_binding);
+	size_t annotations = 0;
+	for (size_t i = 0; i < mp->n_metadata_props; i++)
+		if (!strncmp(mp->metadata_props[i]->key, "tern.", 5))
+			fprintf(f, "%-12s %s\n", annotations++ ? "" : "annotations", mp->metadata_props[i]->key);
+}
+
+tern_status tern_model_stats(tern_model *model, char **out, size_t *size)
+{
+	*out = NULL;
+	*size = 0;
+	struct census c = {0};
+	count_graph(&c, model->graph);
+	if (c.failed) {
+		free(c.ops);
+		return tern_errorf(TERN_EOS, "%s: out of memory", model->source);
+	}
+	qsort(c.ops, c.n_ops, sizeof *c.ops, by_count);
+
+	char *buf = NULL;
+	size_t len = 0;
+	FILE *f = open_memstream(&buf, &len);
+	if (!f) {
+		free(c.ops);
+		return tern_errorf(TERN_EOS, "%s: out of memory", model->source);
+	}
+	print_header(f, model);
+	fprintf(f, "%-12s %zu\n", "nodes", c.nodes);
+	for (size_t i = 0; i < c.n_ops; i++)
+		print_entry(f, c.ops[i].domain, c.ops[i].op_type, c.ops[i].count, "");
+	fprintf(f, "%-12s %lld in %zu initializers, %lld bytes\n", "parameters", (long long)c.parameters,
+	        c.initializers, (long long)c.bytes);
+	print_values(f, "inputs", model->graph->inputs, model->graph->n_inputs, true);
+	print_values(f, "outputs", model->graph->outputs, model->graph->n_outputs, false);
+	print_footer(f, model);
+	free(c.ops);
+	if (fclose(f) != 0) {
+		free(buf);
+		return tern_errorf(TERN_EOS, "%s: out of memory", model->source);
+	}
+	*out = buf;
+	*size = len;
+	return TERN_OK;
+}
