@@ -181,6 +181,8 @@ void tern_parallel_for(tern_threadpool *pool, int64_t n, void (*fn)(void *ctx, i
 
 /* ---------------------------------------------------------------- operators */
 
+typedef struct tern_exec *tern_exec_ptr;
+
 /* What a kernel sees: inputs and outputs bound to storage, parameters decided when planning. */
 typedef struct tern_kernel_args {
 	const tern_node *node;
@@ -191,7 +193,7 @@ typedef struct tern_kernel_args {
 	void *params;  /* op-private, from prepare */
 	void *scratch; /* scratch_bytes of per-run scratch, aligned */
 	tern_threadpool *pool;
-	struct tern_exec *exec; /* for operators that run subgraphs */
+	tern_exec_ptr exec; /* the executor running this node (for operators that run subgraphs) */
 } tern_kernel_args;
 
 typedef tern_status (*tern_kernel_fn)(const tern_kernel_args *a);
@@ -220,7 +222,7 @@ typedef struct tern_prepare_args {
 	int inplace_ok;
 	/* Output 0 aliases input 0's storage (Reshape, Squeeze, Flatten, Identity): no kernel runs. */
 	int alias_input0;
-	struct tern_exec *exec; /* for operators that plan subgraphs */
+	tern_exec_ptr exec; /* the executor planning this node (for operators that plan subgraphs) */
 	tern_threadpool *pool;
 } tern_prepare_args;
 
@@ -271,5 +273,18 @@ float tern_f16_to_f32(uint16_t h);
 uint16_t tern_f32_to_f16(float f);
 float tern_bf16_to_f32(uint16_t h);
 uint16_t tern_f32_to_bf16(float f);
+
+/* ---------------------------------------------------------------- execution (lib/exec) */
+
+typedef struct tern_exec tern_exec;
+/* Plans graph g (the main graph or a subgraph, whose outer references read parent's values) for
+ * inputs of the given shapes (data not needed). */
+tern_status tern_exec_create(tern_exec *parent, tern_graph *g, tern_tensor *const *inputs, int n_inputs,
+                             tern_threadpool *pool, tern_exec **out);
+/* Binds input data and runs; re-plans first when an input's shape differs from the planned one. */
+tern_status tern_exec_run(tern_exec *e, tern_tensor *const *inputs, int n_inputs);
+int tern_exec_num_outputs(const tern_exec *e);
+tern_tensor *tern_exec_output(tern_exec *e, int i);
+void tern_exec_free(tern_exec *e);
 
 #endif

@@ -1,1 +1,490 @@
-/* placeholder */
+/* plan.c — ahead-of-time planning: shapes, kernel choice, constant folding, and a liveness-based
+ * memory plan that places every static activation in one arena. Running (run.c) then only calls
+ * kernels on pre-bound buffers. */
+#include "exec.h"
+
+#include <stdlib.h>
+
+static bool is_random_op(const tern_node *n)
+{
+	return strncmp(n->op_type, "Random", 6) == 0 || strcmp(n->op_type, "Bernoulli") == 0 ||
+	       strcmp(n->op_type, "Multinomial") == 0;
+}
+
+/* The slot that holds the data of slot i (following aliases). */
+static int root_slot(const tern_exec *e, int i)
+{
+	while (e->slots[i].kind == SLOT_ALIAS)
+		i = e->slots[i].alias_of;
+	return i;
+}
+
+static size_t slot_bytes(const tern_tensor *t)
+{
+	size_t es = t->dtype == TERN_STRING ? sizeof(char *) : tern_dtype_size(t->dtype);
+	return (size_t)tern_tensor_numel(t) * es;
+}
+
+static void free_step(step *s)
+{
+	if (s->free_params && s->params)
+		s->free_params(s->params);
+	free(s->in);
+	free(s->out);
+	free(s->in_slot);
+	free(s->out_slot);
+	free(s->use_slot);
+	memset(s, 0, sizeof *s);
+}
+
+void tern_exec_release(tern_exec *e)
+{
+	for (int i = 0; i < e->n_steps; i++)
+		free_step(&e->steps[i]);
+	free(e->steps);
+	e->steps = NULL;
+	e->n_steps = 0;
+	for (size_t i = 0; i < e->n_slots; i++) {
+		slot *s = &e->slots[i];
+		if ((s->kind == SLOT_CONST && s->owns) || s->kind == SLOT_DYNAMIC)
+			tern_tensor_free(&s->t);
+	}
+	free(e->slots);
+	e->slots = NULL;
+	free(e->input_slot);
+	free(e->output_slot);
+	e->input_slot = e->output_slot = NULL;
+	free(e->arena);
+	free(e->scratch);
+	e->arena = e->scratch = NULL;
+	e->arena_bytes = e->scratch_bytes = 0;
+	e->has_late = 0;
+}
+
+/* Finds the parent executor's tensor for an outer value. */
+static tern_tensor *outer_tensor(tern_exec *e, tern_value *v)
+{
+	tern_value *target = v->outer;
+	for (tern_exec *p = e->parent; p; p = p->parent) {
+		if (target->index < (int)p->n_slots && p->graph->values[target->index] == target)
+			return &p->slots[target->index].t;
+		if (target->flags & TERN_VALUE_OUTER)
+			target = target->outer;
+	}
+	return NULL;
+}
+
+static tern_status bind_inputs(tern_exec *e, tern_tensor *const *inputs, int n_inputs)
+{
+	tern_graph *g = e->graph;
+	int want = 0;
+	for (size_t i = 0; i < g->n_inputs; i++)
+		if (!(g->inputs[i]->flags & TERN_VALUE_INITIALIZER))
+			want++;
+	if (n_inputs != want)
+		return tern_errorf(TERN_EDATA, "%s: %d inputs given, the graph has %d", g->model->source, n_inputs, want);
+	e->input_slot = calloc((size_t)want + 1, sizeof *e->input_slot);
+	if (!e->input_slot)
+		return tern_errorf(TERN_EOS, "out of memory");
+	int k = 0;
+	for (size_t i = 0; i < g->n_inputs; i++) {
+		tern_value *v = g->inputs[i];
+		if (v->flags & TERN_VALUE_INITIALIZER)
+			continue;
+		const tern_tensor *in = inputs[k];
+		slot *s = &e->slots[v->index];
+		if (g->kind == TERN_GRAPH_MAIN && v->type.dtype && in->dtype != v->type.dtype)
+			return tern_errorf(TERN_EDATA, "%s: input '%s' is %s, the graph declares %s", g->model->source, v->name,
+			                   tern_dtype_name(in->dtype), tern_dtype_name(v->type.dtype));
+		if (g->kind == TERN_GRAPH_MAIN && v->type.rank >= 0) {
+			bool ok = v->type.rank == in->rank;
+			for (int d = 0; ok && d < in->rank; d++)
+				ok = v->type.dims[d] < 0 || v->type.dims[d] == in->dims[d];
+			if (!ok) {
+				char got[160], decl[160];
+				tern_shape_str(in->dtype, in->rank, in->dims, got, sizeof got);
+				tern_shape_str(v->type.dtype, v->type.rank, v->type.dims, decl, sizeof decl);
+				return tern_errorf(TERN_EDATA, "%s: input '%s' has shape %s, the graph declares %s (-1: any)",
+				                   g->model->source, v->name, got, decl);
+			}
+		}
+		tern_set_shape(&s->t, in->dtype, in->rank, in->dims);
+		s->kind = SLOT_INPUT;
+		s->known = 1;
+		e->input_slot[k++] = v->index;
+	}
+	e->n_inputs = k;
+	return TERN_OK;
+}
+
+static tern_status init_slots(tern_exec *e)
+{
+	tern_graph *g = e->graph;
+	e->n_slots = g->n_values;
+	e->slots = calloc(g->n_values ? g->n_values : 1, sizeof *e->slots);
+	if (!e->slots)
+		return tern_errorf(TERN_EOS, "out of memory");
+	for (size_t i = 0; i < g->n_values; i++) {
+		tern_value *v = g->values[i];
+		slot *s = &e->slots[i];
+		s->first_def = -1;
+		s->last_use = -1;
+		if (v->flags & TERN_VALUE_INITIALIZER) {
+			tern_status st = tern_tensor_from_proto(v->initializer, g->model->base_dir, v->name, &s->t);
+			if (st)
+				return tern_error_prefix(st, g->model->source);
+			free(s->t.name);
+			s->t.name = NULL;
+			s->kind = SLOT_CONST;
+			s->owns = 1;
+			s->known = 1;
+		} else if (v->flags & TERN_VALUE_OUTER) {
+			s->outer = outer_tensor(e, v);
+			if (!s->outer)
+				return tern_errorf(TERN_EINTERNAL, "%s: outer value '%s' has no slot in the enclosing plan",
+				                   g->model->source, v->name);
+			s->kind = SLOT_OUTER;
+			s->t = *s->outer;
+			s->t.owns_data = 0;
+			s->t.name = NULL;
+			/* Its shape is known when the parent planned it statically. */
+			s->known = s->outer->dtype != 0;
+		}
+	}
+	return TERN_OK;
+}
+
+/* Runs a step's kernel while planning, making its outputs constants. */
+static tern_status fold_step(tern_exec *e, step *st)
+{
+	for (int o = 0; o < st->n_out; o++) {
+		if (!st->out[o])
+			continue;
+		slot *s = &e->slots[st->out_slot[o]];
+		if (st->alias) {
+			slot *src = &e->slots[st->in_slot[0]];
+			s->t.data = src->t.data;
+			s->t.nbytes = slot_bytes(&s->t);
+			s->kind = SLOT_CONST;
+			s->owns = 0;
+			continue;
+		}
+		if (!st->dynamic_output) {
+			tern_tensor shape = s->t;
+			tern_status rc = tern_tensor_alloc(&s->t, shape.dtype, shape.rank, shape.dims);
+			if (rc)
+				return tern_node_errorf(st->node, rc, "%s", tern_error());
+		}
+		s->kind = SLOT_CONST;
+		s->owns = 1;
+	}
+	if (st->alias)
+		return TERN_OK;
+	void *scratch = st->scratch_bytes ? tern_aligned_alloc(st->scratch_bytes) : NULL;
+	if (st->scratch_bytes && !scratch)
+		return tern_errorf(TERN_EOS, "out of memory");
+	tern_kernel_args a = {st->node, st->in, st->n_in, st->out, st->n_out, st->params, scratch, e->pool, e};
+	tern_status rc = st->kernel(&a);
+	free(scratch);
+	return rc;
+}
+
+/* Calls the operator's prepare. Shared by planning and late (run-time) preparation. */
+tern_status tern_exec_prepare_step(tern_exec *e, step *st, int at_run);
+tern_status tern_exec_prepare_step(tern_exec *e, step *st, int at_run)
+{
+	tern_prepare_args p = {0};
+	p.node = st->node;
+	p.in = st->in;
+	p.n_in = st->n_in;
+	p.out = st->out;
+	p.n_out = st->n_out;
+	p.exec = e;
+	p.pool = e->pool;
+	if (st->free_params && st->params)
+		st->free_params(st->params);
+	st->params = NULL;
+	st->free_params = NULL;
+	tern_status rc = st->op->prepare(&p);
+	if (rc)
+		return rc;
+	st->params = p.params;
+	st->free_params = p.free_params;
+	if (p.defer) {
+		if (at_run)
+			return tern_node_errorf(st->node, TERN_EINTERNAL, "prepare deferred although every input is known");
+		st->late = 1;
+		return TERN_OK;
+	}
+	st->kernel = p.kernel;
+	st->scratch_bytes = p.scratch_bytes;
+	st->dynamic_output = p.dynamic_output;
+	st->alias = p.alias_input0;
+	if (!st->kernel && !st->alias)
+		return tern_node_errorf(st->node, TERN_EINTERNAL, "prepare chose no kernel");
+	if (st->alias && (st->n_in < 1 || !st->in[0]))
+		return tern_node_errorf(st->node, TERN_EINTERNAL, "aliases a missing input");
+	for (int o = 0; o < st->n_out; o++)
+		if (st->out[o] && !st->dynamic_output && st->out[o]->dtype == 0)
+			return tern_node_errorf(st->node, TERN_EINTERNAL, "prepare left output %d without a type", o);
+	return TERN_OK;
+}
+
+static tern_status unsupported(const tern_node *n)
+{
+	if (tern_op_known(n->domain, n->op_type))
+		return tern_node_errorf(n, TERN_EDATA, "unsupported operator: %s%s%s version %lld is not implemented",
+		                        *n->domain ? n->domain : "", *n->domain ? "." : "", n->op_type, (long long)n->opset);
+	return tern_node_errorf(n, TERN_EDATA, "unsupported operator: %s%s%s (opset %lld) is unknown to tern",
+	                        *n->domain ? n->domain : "", *n->domain ? "." : "", n->op_type, (long long)n->opset);
+}
+
+static tern_status build_step(tern_exec *e, tern_node *n, step *st)
+{
+	st->node = n;
+	st->op = tern_op_find(n->domain, n->op_type, n->opset);
+	if (!st->op)
+		return unsupported(n);
+	st->n_in = (int)n->n_inputs;
+	st->n_out = (int)n->n_outputs;
+	st->in = calloc((size_t)st->n_in + 1, sizeof *st->in);
+	st->out = calloc((size_t)st->n_out + 1, sizeof *st->out);
+	st->in_slot = calloc((size_t)st->n_in + 1, sizeof *st->in_slot);
+	st->out_slot = calloc((size_t)st->n_out + 1, sizeof *st->out_slot);
+	st->use_slot = calloc(n->n_inputs + n->n_implicit + 1, sizeof *st->use_slot);
+	if (!st->in || !st->out || !st->in_slot || !st->out_slot || !st->use_slot)
+		return tern_errorf(TERN_EOS, "out of memory");
+	for (int i = 0; i < st->n_in; i++) {
+		tern_value *v = n->inputs[i];
+		st->in_slot[i] = v ? v->index : -1;
+		st->in[i] = v ? &e->slots[v->index].t : NULL;
+		if (v)
+			st->use_slot[st->n_use++] = v->index;
+	}
+	for (size_t i = 0; i < n->n_implicit; i++) {
+		/* Implicit uses resolve to this graph's slot when the value lives here; outer ones are kept
+		 * alive by the enclosing plan. */
+		tern_value *v = tern_graph_find(e->graph, n->implicit[i]->name);
+		if (v)
+			st->use_slot[st->n_use++] = v->index;
+	}
+	for (int o = 0; o < st->n_out; o++) {
+		tern_value *v = n->outputs[o];
+		st->out_slot[o] = v ? v->index : -1;
+		st->out[o] = v ? &e->slots[v->index].t : NULL;
+	}
+	return TERN_OK;
+}
+
+/* Greedy-by-size placement: biggest buffers first, each at the lowest offset that no buffer with an
+ * overlapping lifetime occupies. */
+typedef struct placed {
+	size_t offset, size;
+	int first, last;
+} placed;
+
+static int by_size_desc(const void *a, const void *b)
+{
+	const placed *x = a, *y = b;
+	return x->size < y->size ? 1 : x->size > y->size ? -1 : 0;
+}
+
+static tern_status plan_memory(tern_exec *e)
+{
+	int n = 0;
+	for (size_t i = 0; i < e->n_slots; i++)
+		n += e->slots[i].kind == SLOT_ARENA;
+	placed *items = calloc((size_t)n + 1, sizeof *items);
+	int *ids = calloc((size_t)n + 1, sizeof *ids);
+	if (!items || !ids) {
+		free(items);
+		free(ids);
+		return tern_errorf(TERN_EOS, "out of memory");
+	}
+	int k = 0;
+	for (size_t i = 0; i < e->n_slots; i++) {
+		slot *s = &e->slots[i];
+		if (s->kind != SLOT_ARENA)
+			continue;
+		items[k].size = (slot_bytes(&s->t) + TERN_ALIGN - 1) / TERN_ALIGN * TERN_ALIGN;
+		items[k].first = s->first_def;
+		items[k].last = s->last_use < s->first_def ? s->first_def : s->last_use;
+		items[k].offset = i; /* remember the slot until sorted */
+		k++;
+	}
+	qsort(items, (size_t)n, sizeof *items, by_size_desc);
+	for (int i = 0; i < n; i++)
+		ids[i] = (int)items[i].offset;
+	size_t total = 0;
+	for (int i = 0; i < n; i++) {
+		size_t off = 0;
+		bool moved = true;
+		/* Bump past every earlier-placed conflicting buffer until none overlaps. */
+		while (moved) {
+			moved = false;
+			for (int j = 0; j < i; j++) {
+				if (items[j].last < items[i].first || items[i].last < items[j].first)
+					continue;
+				if (off < items[j].offset + items[j].size && items[j].offset < off + items[i].size) {
+					off = items[j].offset + items[j].size;
+					moved = true;
+				}
+			}
+		}
+		items[i].offset = off;
+		if (off + items[i].size > total)
+			total = off + items[i].size;
+	}
+	e->arena_bytes = total;
+	e->arena = total ? tern_aligned_alloc(total) : NULL;
+	if (total && !e->arena) {
+		free(items);
+		free(ids);
+		return tern_errorf(TERN_EOS, "out of memory for a %zu-byte arena", total);
+	}
+	for (int i = 0; i < n; i++) {
+		slot *s = &e->slots[ids[i]];
+		s->offset = items[i].offset;
+		s->t.data = (char *)e->arena + s->offset;
+		s->t.nbytes = slot_bytes(&s->t);
+	}
+	free(items);
+	free(ids);
+	return TERN_OK;
+}
+
+tern_status tern_exec_plan(tern_exec *e, tern_tensor *const *inputs, int n_inputs)
+{
+	tern_graph *g = e->graph;
+	tern_status rc;
+	if ((rc = init_slots(e)) || (rc = bind_inputs(e, inputs, n_inputs)))
+		return rc;
+	tern_node **order;
+	size_t count;
+	if ((rc = tern_graph_toposort(g, &order, &count)))
+		return rc;
+	e->steps = calloc(count + 1, sizeof *e->steps);
+	if (!e->steps) {
+		free(order);
+		return tern_errorf(TERN_EOS, "out of memory");
+	}
+	/* Pass 1: prepare every node in order; fold those whose inputs are all constants. */
+	int n_steps = 0;
+	for (size_t i = 0; i < count; i++) {
+		step *st = &e->steps[n_steps];
+		if ((rc = build_step(e, order[i], st)))
+			break;
+		e->n_steps = n_steps + 1; /* so that release frees it on failure */
+		bool inputs_known = true, inputs_const = true;
+		for (int u = 0; u < st->n_use; u++) {
+			slot *s = &e->slots[st->use_slot[u]];
+			inputs_known &= s->known != 0;
+			inputs_const &= s->kind == SLOT_CONST;
+		}
+		if (inputs_known) {
+			if ((rc = tern_exec_prepare_step(e, st, 0)))
+				break;
+		} else {
+			st->late = 1;
+		}
+		if (!st->late && inputs_const && !is_random_op(st->node) && st->op->prepare) {
+			if ((rc = fold_step(e, st)))
+				break;
+			free_step(st);
+			e->n_steps = n_steps;
+			continue;
+		}
+		for (int o = 0; o < st->n_out; o++) {
+			if (st->out_slot[o] < 0)
+				continue;
+			slot *s = &e->slots[st->out_slot[o]];
+			s->first_def = n_steps;
+			if (st->late || st->dynamic_output) {
+				s->kind = SLOT_DYNAMIC;
+				s->known = !st->late && !st->dynamic_output;
+			} else if (st->alias && o == 0) {
+				s->kind = SLOT_ALIAS;
+				s->alias_of = st->in_slot[0];
+				s->known = 1;
+			} else {
+				s->kind = SLOT_ARENA;
+				s->known = 1;
+			}
+		}
+		if (st->late || st->dynamic_output)
+			e->has_late = 1;
+		n_steps++;
+	}
+	free(order);
+	e->n_steps = n_steps;
+	if (rc)
+		return rc;
+	/* Liveness: a buffer lives from its producing step to its last reader; graph outputs to the end.
+	 * An alias keeps its root alive. */
+	for (int i = 0; i < e->n_steps; i++) {
+		step *st = &e->steps[i];
+		for (int u = 0; u < st->n_use; u++) {
+			int r = root_slot(e, st->use_slot[u]);
+			if (e->slots[r].last_use < i)
+				e->slots[r].last_use = i;
+		}
+	}
+	e->n_outputs = (int)g->n_outputs;
+	e->output_slot = calloc(g->n_outputs + 1, sizeof *e->output_slot);
+	if (!e->output_slot)
+		return tern_errorf(TERN_EOS, "out of memory");
+	for (size_t i = 0; i < g->n_outputs; i++) {
+		int s = g->outputs[i]->index;
+		e->output_slot[i] = s;
+		e->slots[root_slot(e, s)].last_use = e->n_steps;
+	}
+	for (int i = 0; i < e->n_steps; i++)
+		if (e->steps[i].scratch_bytes > e->scratch_bytes)
+			e->scratch_bytes = e->steps[i].scratch_bytes;
+	if (e->scratch_bytes && !(e->scratch = tern_aligned_alloc(e->scratch_bytes)))
+		return tern_errorf(TERN_EOS, "out of memory for %zu bytes of scratch", e->scratch_bytes);
+	if ((rc = plan_memory(e)))
+		return rc;
+	/* Aliases see their root's bytes. */
+	for (size_t i = 0; i < e->n_slots; i++)
+		if (e->slots[i].kind == SLOT_ALIAS) {
+			e->slots[i].t.data = e->slots[root_slot(e, (int)i)].t.data;
+			e->slots[i].t.nbytes = slot_bytes(&e->slots[i].t);
+		}
+	return TERN_OK;
+}
+
+tern_status tern_exec_create(tern_exec *parent, tern_graph *g, tern_tensor *const *inputs, int n_inputs,
+                             tern_threadpool *pool, tern_exec **out)
+{
+	*out = NULL;
+	tern_exec *e = calloc(1, sizeof *e);
+	if (!e)
+		return tern_errorf(TERN_EOS, "out of memory");
+	e->graph = g;
+	e->parent = parent;
+	e->pool = pool;
+	tern_status rc = tern_exec_plan(e, inputs, n_inputs);
+	if (rc) {
+		tern_exec_free(e);
+		return rc;
+	}
+	*out = e;
+	return TERN_OK;
+}
+
+void tern_exec_free(tern_exec *e)
+{
+	if (!e)
+		return;
+	tern_exec_release(e);
+	free(e->events);
+	free(e);
+}
+
+int tern_exec_num_outputs(const tern_exec *e) { return e->n_outputs; }
+
+tern_tensor *tern_exec_output(tern_exec *e, int i)
+{
+	return i >= 0 && i < e->n_outputs ? &e->slots[e->output_slot[i]].t : NULL;
+}

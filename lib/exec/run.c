@@ -1,1 +1,212 @@
-/* placeholder */
+/* run.c — running a plan: bind inputs, launch each step's kernel on its pre-bound buffers. Steps
+ * whose shapes depend on run-time values (late steps) are prepared here; a graph without them runs
+ * nothing but kernel calls. Also the public tern_plan API over the executor. */
+#include "exec.h"
+
+#include <stdlib.h>
+
+tern_status tern_exec_prepare_step(tern_exec *e, step *st, int at_run);
+
+static bool same_shape(const tern_tensor *a, const tern_tensor *b)
+{
+	if (a->dtype != b->dtype || a->rank != b->rank)
+		return false;
+	for (int i = 0; i < a->rank; i++)
+		if (a->dims[i] != b->dims[i])
+			return false;
+	return true;
+}
+
+/* Prepares a late step now that its inputs exist, and allocates its outputs. */
+static tern_status run_late(tern_exec *e, step *st)
+{
+	tern_status rc = tern_exec_prepare_step(e, st, 1);
+	if (rc)
+		return rc;
+	for (int o = 0; o < st->n_out; o++) {
+		tern_tensor *t = st->out[o];
+		if (!t)
+			continue;
+		if (st->alias && o == 0) {
+			t->data = st->in[0]->data;
+			t->nbytes = (size_t)tern_tensor_numel(t) * tern_dtype_size(t->dtype);
+			t->owns_data = 0;
+		} else if (!st->dynamic_output) {
+			tern_tensor shape = *t;
+			if ((rc = tern_tensor_alloc(t, shape.dtype, shape.rank, shape.dims)))
+				return tern_node_errorf(st->node, rc, "%s", tern_error());
+		}
+	}
+	if (st->alias)
+		return TERN_OK;
+	void *scratch = st->scratch_bytes > e->scratch_bytes ? tern_aligned_alloc(st->scratch_bytes) : e->scratch;
+	if (st->scratch_bytes && !scratch)
+		return tern_errorf(TERN_EOS, "out of memory");
+	tern_kernel_args a = {st->node, st->in, st->n_in, st->out, st->n_out, st->params, scratch, e->pool, e};
+	rc = st->kernel(&a);
+	if (scratch != e->scratch)
+		free(scratch);
+	return rc;
+}
+
+static void record(tern_exec *e, const step *st, double t0, double t1)
+{
+	if (e->n_events == e->cap_events) {
+		int ncap = e->cap_events ? e->cap_events * 2 : 256;
+		tern_profile_event *ne = realloc(e->events, (size_t)ncap * sizeof *ne);
+		if (!ne)
+			return;
+		e->events = ne;
+		e->cap_events = ncap;
+	}
+	tern_profile_event *ev = &e->events[e->n_events++];
+	ev->name = st->node->name;
+	ev->op_type = st->node->op_type;
+	ev->stream = st->stream;
+	ev->thread = st->stream;
+	ev->start_us = t0;
+	ev->dur_us = t1 - t0;
+}
+
+tern_status tern_exec_run(tern_exec *e, tern_tensor *const *inputs, int n_inputs)
+{
+	if (n_inputs != e->n_inputs)
+		return tern_errorf(TERN_EDATA, "%s: %d inputs given, the plan has %d", e->graph->model->source, n_inputs,
+		                   e->n_inputs);
+	bool replan = false;
+	for (int i = 0; i < n_inputs && !replan; i++)
+		replan = !same_shape(inputs[i], &e->slots[e->input_slot[i]].t);
+	/* Outer values may change shape between runs of a subgraph (a Loop's carried state). */
+	for (size_t i = 0; i < e->n_slots && !replan; i++)
+		if (e->slots[i].kind == SLOT_OUTER)
+			replan = !same_shape(e->slots[i].outer, &e->slots[i].t);
+	if (replan) {
+		tern_exec_release(e);
+		tern_status rc = tern_exec_plan(e, inputs, n_inputs);
+		if (rc)
+			return rc;
+	}
+	for (int i = 0; i < n_inputs; i++) {
+		tern_tensor *t = &e->slots[e->input_slot[i]].t;
+		t->data = inputs[i]->data;
+		t->nbytes = inputs[i]->nbytes;
+	}
+	if (e->has_late || e->parent) {
+		for (size_t i = 0; i < e->n_slots; i++) {
+			slot *s = &e->slots[i];
+			if (s->kind == SLOT_DYNAMIC && s->t.owns_data)
+				tern_tensor_free(&s->t);
+			else if (s->kind == SLOT_OUTER) {
+				s->t = *s->outer;
+				s->t.owns_data = 0;
+				s->t.name = NULL;
+			}
+		}
+		/* Aliases of inputs and outer values follow the data bound just now. */
+		for (size_t i = 0; i < e->n_slots; i++)
+			if (e->slots[i].kind == SLOT_ALIAS) {
+				int r = (int)i;
+				while (e->slots[r].kind == SLOT_ALIAS)
+					r = e->slots[r].alias_of;
+				e->slots[i].t.data = e->slots[r].t.data;
+			}
+	} else {
+		for (size_t i = 0; i < e->n_slots; i++)
+			if (e->slots[i].kind == SLOT_ALIAS && e->slots[e->slots[i].alias_of].kind == SLOT_INPUT)
+				e->slots[i].t.data = e->slots[e->slots[i].alias_of].t.data;
+	}
+	e->n_events = 0;
+	for (int i = 0; i < e->n_steps; i++) {
+		step *st = &e->steps[i];
+		double t0 = e->profile ? tern_now_us() : 0;
+		tern_status rc;
+		if (st->late) {
+			rc = run_late(e, st);
+		} else if (st->alias) {
+			if (st->out[0])
+				st->out[0]->data = st->in[0]->data;
+			rc = TERN_OK;
+		} else {
+			tern_kernel_args a = {st->node, st->in, st->n_in, st->out, st->n_out, st->params, e->scratch, e->pool, e};
+			rc = st->kernel(&a);
+		}
+		if (rc)
+			return rc;
+		if (e->profile)
+			record(e, st, t0, tern_now_us());
+	}
+	return TERN_OK;
+}
+
+/* ---------------------------------------------------------------- the public plan */
+
+struct tern_plan {
+	tern_model *model;
+	tern_threadpool *pool;
+	tern_exec *exec;
+};
+
+tern_status tern_plan_create(tern_model *model, const tern_plan_options *opts, const tern_tensor *inputs,
+                             int n_inputs, tern_plan **out)
+{
+	*out = NULL;
+	tern_plan *p = calloc(1, sizeof *p);
+	tern_tensor **ptrs = calloc((size_t)n_inputs + 1, sizeof *ptrs);
+	if (!p || !ptrs) {
+		free(p);
+		free(ptrs);
+		return tern_errorf(TERN_EOS, "out of memory");
+	}
+	for (int i = 0; i < n_inputs; i++)
+		ptrs[i] = (tern_tensor *)&inputs[i];
+	p->model = model;
+	tern_status rc = tern_threadpool_create(opts && opts->n_threads > 0 ? opts->n_threads : 1, &p->pool);
+	if (!rc)
+		rc = tern_exec_create(NULL, model->graph, ptrs, n_inputs, p->pool, &p->exec);
+	free(ptrs);
+	if (rc) {
+		tern_plan_free(p);
+		return rc;
+	}
+	*out = p;
+	return TERN_OK;
+}
+
+void tern_plan_free(tern_plan *p)
+{
+	if (!p)
+		return;
+	tern_exec_free(p->exec);
+	tern_threadpool_free(p->pool);
+	free(p);
+}
+
+tern_status tern_plan_run(tern_plan *p, const tern_tensor *inputs, int n_inputs)
+{
+	tern_tensor *ptrs[64] = {0};
+	tern_tensor **arr = n_inputs <= 64 ? ptrs : calloc((size_t)n_inputs, sizeof *arr);
+	if (!arr)
+		return tern_errorf(TERN_EOS, "out of memory");
+	for (int i = 0; i < n_inputs; i++)
+		arr[i] = (tern_tensor *)&inputs[i];
+	tern_status rc = tern_exec_run(p->exec, arr, n_inputs);
+	if (arr != ptrs)
+		free(arr);
+	return rc;
+}
+
+int tern_plan_num_outputs(const tern_plan *p) { return tern_exec_num_outputs(p->exec); }
+const tern_tensor *tern_plan_output(const tern_plan *p, int i) { return tern_exec_output(p->exec, i); }
+const char *tern_plan_output_name(const tern_plan *p, int i)
+{
+	return i >= 0 && i < p->exec->n_outputs ? p->model->graph->outputs[i]->name : NULL;
+}
+size_t tern_plan_arena_bytes(const tern_plan *p) { return p->exec->arena_bytes; }
+
+void tern_plan_enable_profile(tern_plan *p, int enable) { p->exec->profile = enable; }
+
+const tern_profile_event *tern_plan_profile(const tern_plan *p, int *count)
+{
+	*count = p->exec->n_events;
+	return p->exec->events;
+}

@@ -1,1 +1,345 @@
-/* placeholder */
+/* model.c — loading and saving models (binary ONNX or text, detected), and model metadata. */
+#include "internal.h"
+
+#include <errno.h>
+#include <libgen.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+/* Text is printable: no NUL and no control bytes other than white space in the first kilobytes.
+ * Binary ModelProto starts with a field tag (0x08 ir_version, 0x3a graph, 0x42 opset...) followed
+ * by varints and lengths, which nearly always include control bytes. */
+static bool looks_like_text(const unsigned char *p, size_t n)
+{
+	size_t limit = n < 4096 ? n : 4096;
+	size_t i = 0;
+	while (i < limit && (p[i] == ' ' || p[i] == '\t' || p[i] == '\n' || p[i] == '\r'))
+		i++;
+	if (i == limit || p[i] == ':')
+		return false;
+	for (; i < limit; i++)
+		if (p[i] == 0 || (p[i] < 32 && p[i] != '\t' && p[i] != '\n' && p[i] != '\r'))
+			return false;
+	return true;
+}
+
+static tern_model *model_new(const char *source, const char *base_dir)
+{
+	tern_model *m = calloc(1, sizeof *m);
+	if (!m)
+		return NULL;
+	m->source = tern_strdup(source ? source : "-");
+	m->base_dir = tern_strdup(base_dir ? base_dir : ".");
+	if (!m->source || !m->base_dir) {
+		free(m->source);
+		free(m->base_dir);
+		free(m);
+		return NULL;
+	}
+	return m;
+}
+
+tern_status tern_model_load_bytes(const void *bytes, size_t size, const char *source, const char *base_dir,
+                                  tern_model **out)
+{
+	*out = NULL;
+	if (!source)
+		source = "-";
+	if (size == 0)
+		return tern_errorf(TERN_EDATA, "%s: empty input (no model)", source);
+	tern_model *m = model_new(source, base_dir);
+	if (!m)
+		return tern_errorf(TERN_EOS, "%s: out of memory", source);
+	if (looks_like_text(bytes, size)) {
+		tern_status st = tern_text_parse_model(bytes, size, source, &m->proto);
+		if (st) {
+			tern_model_free(m);
+			return tern_error_prefix(st, source);
+		}
+	} else {
+		m->proto = onnx__model_proto__unpack(NULL, size, bytes);
+		if (!m->proto) {
+			tern_model_free(m);
+			return tern_errorf(TERN_EDATA, "%s: not an ONNX model (the protobuf is malformed or truncated)",
+			                   source);
+		}
+	}
+	if (!m->proto->graph) {
+		tern_model_free(m);
+		return tern_errorf(TERN_EDATA, "%s: the model has no graph", source);
+	}
+	tern_status st = tern_model_build_ir(m);
+	if (st) {
+		tern_model_free(m);
+		return st;
+	}
+	*out = m;
+	return TERN_OK;
+}
+
+static tern_status read_all(FILE *f, const char *what, unsigned char **out, size_t *size)
+{
+	size_t cap = 1 << 16, n = 0;
+	unsigned char *buf = malloc(cap);
+	if (!buf)
+		return tern_errorf(TERN_EOS, "%s: out of memory", what);
+	for (;;) {
+		if (n == cap) {
+			unsigned char *nb = realloc(buf, cap * 2);
+			if (!nb) {
+				free(buf);
+				return tern_errorf(TERN_EOS, "%s: out of memory", what);
+			}
+			buf = nb;
+			cap *= 2;
+		}
+		size_t got = fread(buf + n, 1, cap - n, f);
+		n += got;
+		if (got == 0)
+			break;
+	}
+	if (ferror(f)) {
+		free(buf);
+		return tern_errorf(TERN_EIO, "%s: read error: %s", what, strerror(errno));
+	}
+	*out = buf;
+	*size = n;
+	return TERN_OK;
+}
+
+tern_status tern_model_load(const char *path, tern_model **out)
+{
+	*out = NULL;
+	bool use_stdin = !path || strcmp(path, "-") == 0;
+	FILE *f = use_stdin ? stdin : fopen(path, "rb");
+	const char *what = use_stdin ? "-" : path;
+	if (!f)
+		return tern_errorf(TERN_ENOINPUT, "%s: cannot open: %s", path, strerror(errno));
+	unsigned char *bytes = NULL;
+	size_t size = 0;
+	tern_status st = read_all(f, what, &bytes, &size);
+	if (!use_stdin)
+		fclose(f);
+	if (st)
+		return st;
+	char *dir_copy = tern_strdup(use_stdin ? "." : path);
+	if (!dir_copy) {
+		free(bytes);
+		return tern_errorf(TERN_EOS, "out of memory");
+	}
+	const char *base = use_stdin ? "." : dirname(dir_copy);
+	st = tern_model_load_bytes(bytes, size, what, base, out);
+	free(dir_copy);
+	free(bytes);
+	return st;
+}
+
+static void free_graph_ir(tern_graph *g)
+{
+	if (!g)
+		return;
+	for (size_t i = 0; i < g->n_nodes; i++) {
+		tern_node *n = g->nodes[i];
+		for (size_t s = 0; s < n->n_subgraphs; s++)
+			free_graph_ir(n->subgraphs[s]);
+		free(n->subgraphs);
+		free(n->inputs);
+		free(n->outputs);
+		free(n->implicit);
+		free(n);
+	}
+	for (size_t i = 0; i < g->n_values; i++) {
+		free(g->values[i]->name);
+		free(g->values[i]->consumers);
+		free(g->values[i]);
+	}
+	free(g->nodes);
+	free(g->values);
+	free(g->table);
+	free(g->inputs);
+	free(g->outputs);
+	free(g);
+}
+
+void tern_model_free_ir(tern_model *m);
+void tern_model_free_ir(tern_model *m)
+{
+	free_graph_ir(m->graph);
+	m->graph = NULL;
+	for (size_t i = 0; i < m->n_functions; i++)
+		free_graph_ir(m->functions[i]);
+	free(m->functions);
+	m->functions = NULL;
+	m->n_functions = 0;
+}
+
+void tern_model_free(tern_model *m)
+{
+	if (!m)
+		return;
+	tern_model_free_ir(m);
+	if (m->proto)
+		onnx__model_proto__free_unpacked(m->proto, NULL);
+	free(m->source);
+	free(m->base_dir);
+	free(m);
+}
+
+tern_status tern_model_save_bytes(tern_model *m, void **out, size_t *size)
+{
+	tern_status st = tern_model_sync(m);
+	if (st)
+		return st;
+	size_t n = onnx__model_proto__get_packed_size(m->proto);
+	uint8_t *buf = malloc(n ? n : 1);
+	if (!buf)
+		return tern_errorf(TERN_EOS, "out of memory (%zu bytes)", n);
+	size_t packed = onnx__model_proto__pack(m->proto, buf);
+	if (packed != n) {
+		free(buf);
+		return tern_errorf(TERN_EINTERNAL, "protobuf packing wrote %zu of %zu bytes", packed, n);
+	}
+	*out = buf;
+	*size = n;
+	return TERN_OK;
+}
+
+tern_status tern_model_save_text(tern_model *m, int with_weights, char **out, size_t *size)
+{
+	tern_status st = tern_model_sync(m);
+	if (st)
+		return st;
+	return tern_text_print_model(m->proto, with_weights, out, size);
+}
+
+tern_graph *tern_model_graph(tern_model *m) { return m->graph; }
+const char *tern_model_source(const tern_model *m) { return m->source; }
+
+const char *tern_model_meta(const tern_model *m, const char *key)
+{
+	for (size_t i = 0; i < m->proto->n_metadata_props; i++) {
+		const Onnx__StringStringEntryProto *e = m->proto->metadata_props[i];
+		if (e->key && strcmp(e->key, key) == 0)
+			return e->value ? e->value : "";
+	}
+	return NULL;
+}
+
+static void remove_meta_at(Onnx__ModelProto *p, size_t i)
+{
+	onnx__string_string_entry_proto__free_unpacked(p->metadata_props[i], NULL);
+	memmove(&p->metadata_props[i], &p->metadata_props[i + 1],
+	        (p->n_metadata_props - i - 1) * sizeof p->metadata_props[0]);
+	p->n_metadata_props--;
+}
+
+tern_status tern_model_set_meta(tern_model *m, const char *key, const char *value)
+{
+	Onnx__ModelProto *p = m->proto;
+	for (size_t i = 0; i < p->n_metadata_props; i++) {
+		Onnx__StringStringEntryProto *e = p->metadata_props[i];
+		if (!e->key || strcmp(e->key, key) != 0)
+			continue;
+		if (!value) {
+			remove_meta_at(p, i);
+			return TERN_OK;
+		}
+		char *v = tern_strdup(value);
+		if (!v)
+			return tern_errorf(TERN_EOS, "out of memory");
+		if (e->value != protobuf_c_empty_string)
+			free(e->value);
+		e->value = v;
+		return TERN_OK;
+	}
+	if (!value)
+		return TERN_OK;
+	Onnx__StringStringEntryProto *e = malloc(sizeof *e);
+	Onnx__StringStringEntryProto **arr = realloc(p->metadata_props, (p->n_metadata_props + 1) * sizeof *arr);
+	if (!e || !arr) {
+		free(e);
+		if (arr)
+			p->metadata_props = arr;
+		return tern_errorf(TERN_EOS, "out of memory");
+	}
+	p->metadata_props = arr;
+	onnx__string_string_entry_proto__init(e);
+	e->key = tern_strdup(key);
+	e->value = tern_strdup(value);
+	if (!e->key || !e->value) {
+		free(e->key);
+		free(e->value);
+		free(e);
+		return tern_errorf(TERN_EOS, "out of memory");
+	}
+	arr[p->n_metadata_props++] = e;
+	return TERN_OK;
+}
+
+int tern_model_drop_meta_prefix(tern_model *m, const char *prefix)
+{
+	int dropped = 0;
+	size_t len = strlen(prefix);
+	for (size_t i = 0; i < m->proto->n_metadata_props;) {
+		const char *k = m->proto->metadata_props[i]->key;
+		if (k && strncmp(k, prefix, len) == 0) {
+			remove_meta_at(m->proto, i);
+			dropped++;
+		} else {
+			i++;
+		}
+	}
+	return dropped;
+}
+
+int64_t tern_model_opset(const tern_model *m, const char *domain)
+{
+	if (!domain || strcmp(domain, "ai.onnx") == 0)
+		domain = "";
+	for (size_t i = 0; i < m->proto->n_opset_import; i++) {
+		const Onnx__OperatorSetIdProto *o = m->proto->opset_import[i];
+		const char *d = o->domain && strcmp(o->domain, "ai.onnx") != 0 ? o->domain : "";
+		if (strcmp(d, domain) == 0)
+			return o->has_version ? o->version : 1;
+	}
+	return -1;
+}
+
+int tern_model_num_inputs(tern_model *m)
+{
+	int n = 0;
+	for (size_t i = 0; i < m->graph->n_inputs; i++)
+		if (!(m->graph->inputs[i]->flags & TERN_VALUE_INITIALIZER))
+			n++;
+	return n;
+}
+
+static tern_value *user_input(tern_model *m, int index)
+{
+	for (size_t i = 0; i < m->graph->n_inputs; i++)
+		if (!(m->graph->inputs[i]->flags & TERN_VALUE_INITIALIZER) && index-- == 0)
+			return m->graph->inputs[i];
+	return NULL;
+}
+
+const char *tern_model_input_name(tern_model *m, int index)
+{
+	tern_value *v = user_input(m, index);
+	return v ? v->name : NULL;
+}
+
+tern_status tern_model_input_type(tern_model *m, int index, int *dtype, int *rank, int64_t *dims,
+                                  const char **dim_params)
+{
+	tern_value *v = user_input(m, index);
+	if (!v)
+		return tern_errorf(TERN_EUSAGE, "%s: the graph has no input %d", m->source, index);
+	*dtype = v->type.dtype;
+	*rank = v->type.rank;
+	for (int i = 0; i < v->type.rank && i < TERN_MAX_RANK; i++) {
+		dims[i] = v->type.dims[i];
+		if (dim_params)
+			dim_params[i] = v->type.dim_param[i];
+	}
+	return TERN_OK;
+}

@@ -1,1 +1,62 @@
-/* placeholder */
+/* registry.c — the operator registry: every family's table, looked up by domain, name and opset. */
+#include "internal.h"
+
+/* Family tables; each family file defines one. */
+extern const tern_op_table tern_ops_elementwise, tern_ops_shape, tern_ops_nn, tern_ops_matmul, tern_ops_reduce,
+	tern_ops_rnn, tern_ops_misc, tern_ops_control;
+
+static const tern_op_table *const families[] = {
+	&tern_ops_elementwise, &tern_ops_shape, &tern_ops_nn,   &tern_ops_matmul,
+	&tern_ops_reduce,      &tern_ops_rnn,   &tern_ops_misc, &tern_ops_control,
+};
+
+static bool same_domain(const char *a, const char *b)
+{
+	/* "" and "ai.onnx" name the same default domain. */
+	if (!a || strcmp(a, "ai.onnx") == 0)
+		a = "";
+	if (!b || strcmp(b, "ai.onnx") == 0)
+		b = "";
+	return strcmp(a, b) == 0;
+}
+
+const tern_op *tern_op_find(const char *domain, const char *op_type, int64_t opset)
+{
+	for (size_t f = 0; f < TERN_ARRAY_LEN(families); f++) {
+		const tern_op_table *t = families[f];
+		for (size_t i = 0; i < t->n_ops; i++) {
+			const tern_op *op = &t->ops[i];
+			if (strcmp(op->op_type, op_type) == 0 && same_domain(op->domain, domain) &&
+			    opset >= op->since_version && (op->until_version == 0 || opset <= op->until_version))
+				return op;
+		}
+	}
+	return NULL;
+}
+
+bool tern_op_known(const char *domain, const char *op_type)
+{
+	for (size_t f = 0; f < TERN_ARRAY_LEN(families); f++)
+		for (size_t i = 0; i < families[f]->n_ops; i++)
+			if (strcmp(families[f]->ops[i].op_type, op_type) == 0 && same_domain(families[f]->ops[i].domain, domain))
+				return true;
+	return false;
+}
+
+size_t tern_op_count(void)
+{
+	size_t n = 0;
+	for (size_t f = 0; f < TERN_ARRAY_LEN(families); f++)
+		n += families[f]->n_ops;
+	return n;
+}
+
+const tern_op *tern_op_at(size_t i)
+{
+	for (size_t f = 0; f < TERN_ARRAY_LEN(families); f++) {
+		if (i < families[f]->n_ops)
+			return &families[f]->ops[i];
+		i -= families[f]->n_ops;
+	}
+	return NULL;
+}

@@ -1,0 +1,75 @@
+/* exec.h — the executor's structures: slots (one per value), steps (one per node to launch) and the
+ * plan that binds them. Shared by plan.c (planning) and run.c (running). */
+#ifndef TERN_EXEC_H
+#define TERN_EXEC_H
+
+#include "internal.h"
+
+enum slot_kind {
+	SLOT_UNSET,
+	SLOT_CONST,   /* data known while planning (initializer, folded); owned unless aliasing */
+	SLOT_INPUT,   /* bound to the caller's tensor at each run */
+	SLOT_OUTER,   /* a value of an enclosing graph: reads the parent's slot */
+	SLOT_ARENA,   /* lives at `offset` in the arena */
+	SLOT_ALIAS,   /* the bytes of slot `alias_of` with its own shape */
+	SLOT_DYNAMIC, /* shape known only at run time: allocated then */
+};
+
+typedef struct slot {
+	tern_tensor t;
+	enum slot_kind kind;
+	int known; /* dtype and shape are known */
+	size_t offset;
+	int alias_of;          /* SLOT_ALIAS: the slot whose bytes these are */
+	tern_tensor *outer;    /* SLOT_OUTER: the parent's tensor */
+	int first_def, last_use; /* step indices, for the memory plan */
+	int owns; /* t.data is owned (CONST) */
+} slot;
+
+typedef struct step {
+	tern_node *node;
+	const tern_op *op;
+	tern_kernel_fn kernel;
+	tern_tensor **in;
+	int n_in;
+	tern_tensor **out;
+	int n_out;
+	int *in_slot, *out_slot; /* -1 for omitted */
+	int *use_slot;           /* every slot read (inputs and implicit), for liveness */
+	int n_use;
+	void *params;
+	void (*free_params)(void *);
+	size_t scratch_bytes;
+	int late;           /* prepared at run time */
+	int dynamic_output; /* the kernel allocates its outputs */
+	int alias;          /* output 0 aliases input 0: nothing to launch */
+	int stream;
+} step;
+
+struct tern_exec {
+	tern_graph *graph;
+	tern_exec *parent;
+	tern_threadpool *pool;
+	slot *slots; /* by value index */
+	size_t n_slots;
+	step *steps;
+	int n_steps;
+	int *input_slot; /* graph inputs the caller binds, in order */
+	int n_inputs;
+	int *output_slot;
+	int n_outputs;
+	void *arena;
+	size_t arena_bytes;
+	void *scratch;
+	size_t scratch_bytes;
+	int has_late; /* some step is prepared or allocates its outputs at run time */
+	/* profiling */
+	int profile;
+	tern_profile_event *events;
+	int n_events, cap_events;
+};
+
+tern_status tern_exec_plan(tern_exec *e, tern_tensor *const *inputs, int n_inputs);
+void tern_exec_release(tern_exec *e);
+
+#endif
