@@ -1,1 +1,544 @@
-/* placeholder */
+/* rnn.c — recurrent layers RNN, GRU and LSTM: directions, sequence lengths, initial states, peepholes,
+ * activation lists, clip and both layouts. One matrix product projects the whole input sequence; the
+ * recurrence costs one product per step (two for GRU without linear_before_reset). */
+#include "internal.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <strings.h>
+
+#if TERN_HAVE_BLAS
+#include <cblas.h>
+#endif
+
+/* ---------------------------------------------------------------- activations */
+
+enum act_kind {
+	A_RELU, A_TANH, A_SIGMOID, A_AFFINE, A_LEAKYRELU, A_THRESHOLDEDRELU, A_SCALEDTANH, A_HARDSIGMOID,
+	A_ELU, A_SOFTSIGN, A_SOFTPLUS,
+};
+
+static const struct act_def {
+	const char *name;
+	enum act_kind kind;
+	int n_params; /* how many of alpha, beta it consumes from the attribute lists */
+	float alpha, beta;
+} act_defs[] = {
+	{"Relu", A_RELU, 0, 0, 0},
+	{"Tanh", A_TANH, 0, 0, 0},
+	{"Sigmoid", A_SIGMOID, 0, 0, 0},
+	{"Affine", A_AFFINE, 2, 1, 0},
+	{"LeakyRelu", A_LEAKYRELU, 1, 0.01f, 0},
+	{"ThresholdedRelu", A_THRESHOLDEDRELU, 1, 1, 0},
+	{"ScaledTanh", A_SCALEDTANH, 2, 1, 1},
+	{"HardSigmoid", A_HARDSIGMOID, 2, 0.2f, 0.5f},
+	{"Elu", A_ELU, 1, 1, 0},
+	{"Softsign", A_SOFTSIGN, 0, 0, 0},
+	{"Softplus", A_SOFTPLUS, 0, 0, 0},
+};
+
+typedef struct activation {
+	enum act_kind kind;
+	float alpha, beta;
+} activation;
+
+/* x = act(clip(x)) over n elements; clip <= 0 means none. */
+static void activate(const activation *a, float *restrict x, int64_t n, float clip)
+{
+	if (clip > 0)
+		for (int64_t i = 0; i < n; i++)
+			x[i] = fminf(fmaxf(x[i], -clip), clip);
+	float al = a->alpha, be = a->beta;
+	switch (a->kind) {
+	case A_RELU: for (int64_t i = 0; i < n; i++) x[i] = fmaxf(x[i], 0); break;
+	case A_TANH: for (int64_t i = 0; i < n; i++) x[i] = tanhf(x[i]); break;
+	case A_SIGMOID: for (int64_t i = 0; i < n; i++) x[i] = 1 / (1 + expf(-x[i])); break;
+	case A_AFFINE: for (int64_t i = 0; i < n; i++) x[i] = al * x[i] + be; break;
+	case A_LEAKYRELU: for (int64_t i = 0; i < n; i++) x[i] = x[i] >= 0 ? x[i] : al * x[i]; break;
+	case A_THRESHOLDEDRELU: for (int64_t i = 0; i < n; i++) x[i] = x[i] >= al ? x[i] : 0; break;
+	case A_SCALEDTANH: for (int64_t i = 0; i < n; i++) x[i] = al * tanhf(be * x[i]); break;
+	case A_HARDSIGMOID: for (int64_t i = 0; i < n; i++) x[i] = fminf(fmaxf(al * x[i] + be, 0), 1); break;
+	case A_ELU: for (int64_t i = 0; i < n; i++) x[i] = x[i] >= 0 ? x[i] : al * expm1f(x[i]); break;
+	case A_SOFTSIGN: for (int64_t i = 0; i < n; i++) x[i] = x[i] / (1 + fabsf(x[i])); break;
+	case A_SOFTPLUS: for (int64_t i = 0; i < n; i++) x[i] = x[i] > 20 ? x[i] : log1pf(expf(x[i])); break;
+	}
+}
+
+/* ---------------------------------------------------------------- matrix product */
+
+/* C[m, n] = A[m, k] * B[n, k]^T (+ C when accumulate): weights are stored [out, in], rows of B. */
+static void gemm_nt(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, const float *b, int64_t ldb,
+                    float *c, int64_t ldc, bool accumulate)
+{
+#if TERN_HAVE_BLAS
+	cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)m, (int)n, (int)k, 1.0f, a, (int)lda, b, (int)ldb,
+	            accumulate ? 1.0f : 0.0f, c, (int)ldc);
+#else
+	for (int64_t i = 0; i < m; i++)
+		for (int64_t j = 0; j < n; j++) {
+			const float *restrict ar = a + i * lda, *restrict br = b + j * ldb;
+			float s = 0;
+			for (int64_t q = 0; q < k; q++)
+				s += ar[q] * br[q];
+			c[i * ldc + j] = accumulate ? c[i * ldc + j] + s : s;
+		}
+#endif
+}
+
+/* ---------------------------------------------------------------- parameters */
+
+enum cell { CELL_RNN, CELL_GRU, CELL_LSTM };
+
+/* Input and output positions; LSTM alone has initial_c, P and Y_c. */
+enum { IN_X, IN_W, IN_R, IN_B, IN_SEQ_LENS, IN_H0, IN_C0, IN_P };
+enum { OUT_Y, OUT_YH, OUT_YC };
+
+typedef struct rnn_params {
+	enum cell cell;
+	int n_gates, n_acts; /* per direction */
+	int n_dir;
+	bool reverse; /* a single direction that runs backwards */
+	int layout;
+	int64_t seq, batch, input, hidden;
+	float clip;
+	bool linear_before_reset, input_forget;
+	activation acts[2][3];
+} rnn_params;
+
+/* Float views of every operand and the work buffers, carved from scratch. Operands already float
+ * point at the tensors; others are converted copies. */
+typedef struct rnn_buffers {
+	float *x, *w, *r, *b, *h0, *c0, *p; /* inputs (NULL when omitted) */
+	float *y, *yh, *yc;                 /* outputs (NULL when omitted) */
+	float *xproj;                       /* [rows of X, gates * hidden] */
+	float *gates;                       /* [batch, gates * hidden] recurrence products */
+	float *bias;                        /* [gates * hidden] summed biases */
+	float *h, *c, *rh;                  /* [batch, hidden] state; GRU's r * h */
+	int64_t *lens;                      /* [batch] steps of each sequence */
+} rnn_buffers;
+
+static int64_t rnn_numel(const tern_tensor *t) { return t ? tern_tensor_numel(t) : 0; }
+
+/* Lays the buffers out from base (or only measures when base is NULL); returns the bytes used. */
+static size_t rnn_carve(const rnn_params *p, tern_tensor *const *in, int n_in, tern_tensor *const *out, int n_out,
+                        char *base, rnn_buffers *bf)
+{
+	size_t off = 0;
+	int64_t gh = p->n_gates * p->hidden, bh = p->batch * p->hidden;
+	struct {
+		float **dst;
+		const tern_tensor *t;
+	} operands[] = {
+		{&bf->x, in[IN_X]}, {&bf->w, in[IN_W]}, {&bf->r, in[IN_R]},
+		{&bf->b, n_in > IN_B ? in[IN_B] : NULL}, {&bf->h0, n_in > IN_H0 ? in[IN_H0] : NULL},
+		{&bf->c0, p->cell == CELL_LSTM && n_in > IN_C0 ? in[IN_C0] : NULL},
+		{&bf->p, p->cell == CELL_LSTM && n_in > IN_P ? in[IN_P] : NULL},
+		{&bf->y, n_out > OUT_Y ? out[OUT_Y] : NULL}, {&bf->yh, n_out > OUT_YH ? out[OUT_YH] : NULL},
+		{&bf->yc, p->cell == CELL_LSTM && n_out > OUT_YC ? out[OUT_YC] : NULL},
+	};
+	for (size_t i = 0; i < TERN_ARRAY_LEN(operands); i++) {
+		const tern_tensor *t = operands[i].t;
+		*operands[i].dst = NULL;
+		if (!t)
+			continue;
+		if (t->dtype == TERN_FLOAT) {
+			*operands[i].dst = t->data;
+			continue;
+		}
+		*operands[i].dst = base ? (float *)(base + off) : NULL;
+		off += ((size_t)rnn_numel(t) * sizeof(float) + TERN_ALIGN - 1) / TERN_ALIGN * TERN_ALIGN;
+	}
+	struct {
+		float **dst;
+		int64_t n;
+	} work[] = {
+		{&bf->xproj, p->seq * p->batch * gh}, {&bf->gates, p->batch * gh}, {&bf->bias, gh},
+		{&bf->h, bh}, {&bf->c, bh}, {&bf->rh, bh},
+	};
+	for (size_t i = 0; i < TERN_ARRAY_LEN(work); i++) {
+		*work[i].dst = base ? (float *)(base + off) : NULL;
+		off += ((size_t)work[i].n * sizeof(float) + TERN_ALIGN - 1) / TERN_ALIGN * TERN_ALIGN;
+	}
+	bf->lens = base ? (int64_t *)(base + off) : NULL;
+	return off + (size_t)p->batch * sizeof(int64_t);
+}
+
+static void to_float(const tern_tensor *t, float *dst)
+{
+	if (!t || t->dtype == TERN_FLOAT)
+		return;
+	int64_t n = tern_tensor_numel(t);
+	for (int64_t i = 0; i < n; i++)
+		dst[i] = (float)tern_tensor_get_f64(t, i);
+}
+
+static void from_float(const float *src, tern_tensor *t)
+{
+	if (!t || t->dtype == TERN_FLOAT)
+		return;
+	int64_t n = tern_tensor_numel(t);
+	for (int64_t i = 0; i < n; i++) {
+		if (t->dtype == TERN_DOUBLE)
+			((double *)t->data)[i] = src[i];
+		else
+			((uint16_t *)t->data)[i] = tern_f32_to_f16(src[i]);
+	}
+}
+
+/* ---------------------------------------------------------------- kernel */
+
+/* Where row (t, b) of X, and state or output (d, b) and output step (t, d, b), live in each layout. */
+static int64_t x_row(const rnn_params *p, int64_t t, int64_t b) { return p->layout ? b * p->seq + t : t * p->batch + b; }
+static int64_t state_at(const rnn_params *p, int d, int64_t b)
+{
+	return (p->layout ? b * p->n_dir + d : d * p->batch + b) * p->hidden;
+}
+static int64_t y_at(const rnn_params *p, int64_t t, int d, int64_t b)
+{
+	return (p->layout ? (b * p->seq + t) * p->n_dir + d : (t * p->n_dir + d) * p->batch + b) * p->hidden;
+}
+
+/* One step of one batch row: pre-activations g (recurrence product) plus xp (input projection and
+ * biases) become the new state h (and c). */
+static void lstm_cell(const rnn_params *p, const activation *acts, const float *restrict xp, float *restrict g,
+                      const float *restrict peep, float *restrict h, float *restrict c)
+{
+	int64_t n = p->hidden;
+	float *gi = g, *go = g + n, *gf = g + 2 * n, *gc = g + 3 * n;
+	for (int64_t j = 0; j < 4 * n; j++)
+		g[j] += xp[j];
+	if (peep)
+		for (int64_t j = 0; j < n; j++) {
+			gi[j] += peep[j] * c[j];
+			gf[j] += peep[2 * n + j] * c[j];
+		}
+	activate(&acts[0], gi, n, p->clip);
+	if (p->input_forget)
+		for (int64_t j = 0; j < n; j++)
+			gf[j] = 1 - gi[j];
+	else
+		activate(&acts[0], gf, n, p->clip);
+	activate(&acts[1], gc, n, p->clip);
+	for (int64_t j = 0; j < n; j++)
+		c[j] = gf[j] * c[j] + gi[j] * gc[j];
+	if (peep)
+		for (int64_t j = 0; j < n; j++)
+			go[j] += peep[n + j] * c[j];
+	activate(&acts[0], go, n, p->clip);
+	memcpy(gc, c, (size_t)n * sizeof(float));
+	activate(&acts[2], gc, n, 0);
+	for (int64_t j = 0; j < n; j++)
+		h[j] = go[j] * gc[j];
+}
+
+/* GRU's update and reset gates; leaves r * h in rh for the candidate's product. */
+static void gru_gates(const rnn_params *p, const activation *acts, const float *restrict xp, float *restrict g,
+                      const float *restrict h, float *restrict rh)
+{
+	int64_t n = p->hidden;
+	for (int64_t j = 0; j < 2 * n; j++)
+		g[j] += xp[j];
+	activate(&acts[0], g, 2 * n, p->clip);
+	for (int64_t j = 0; j < n; j++)
+		rh[j] = g[n + j] * h[j];
+}
+
+/* GRU's candidate and new state; g[2n..3n) holds the candidate's recurrence product (with Rbh added
+ * already when linear_before_reset). */
+static void gru_state(const rnn_params *p, const activation *acts, const float *restrict xp, float *restrict g,
+                      float *restrict h)
+{
+	int64_t n = p->hidden;
+	float *z = g, *r = g + n, *hh = g + 2 * n;
+	if (p->linear_before_reset)
+		for (int64_t j = 0; j < n; j++)
+			hh[j] = xp[2 * n + j] + r[j] * hh[j];
+	else
+		for (int64_t j = 0; j < n; j++)
+			hh[j] += xp[2 * n + j];
+	activate(&acts[1], hh, n, p->clip);
+	for (int64_t j = 0; j < n; j++)
+		h[j] = (1 - z[j]) * hh[j] + z[j] * h[j];
+}
+
+static tern_status run_direction(const rnn_params *p, const rnn_buffers *bf, const int64_t *lens, int d)
+{
+	int64_t n = p->hidden, gh = p->n_gates * n;
+	bool reverse = p->reverse || d == 1;
+	const float *w = bf->w + d * gh * p->input, *r = bf->r + d * gh * n;
+	const activation *acts = p->acts[d];
+	bool lbr = p->cell == CELL_GRU && p->linear_before_reset;
+
+	/* Input biases fold into the projection; the recurrent ones too, except GRU's candidate Rbh
+	 * with linear_before_reset, which the reset gate scales. */
+	for (int64_t j = 0; j < gh; j++)
+		bf->bias[j] = bf->b ? bf->b[d * 2 * gh + j] + (lbr && j >= 2 * n ? 0 : bf->b[d * 2 * gh + gh + j]) : 0;
+	gemm_nt(p->seq * p->batch, gh, p->input, bf->x, p->input, w, p->input, bf->xproj, gh, false);
+	for (int64_t row = 0; row < p->seq * p->batch; row++) {
+		float *restrict xr = bf->xproj + row * gh;
+		for (int64_t j = 0; j < gh; j++)
+			xr[j] += bf->bias[j];
+	}
+	for (int64_t b = 0; b < p->batch; b++) {
+		for (int64_t j = 0; j < n; j++) {
+			bf->h[b * n + j] = bf->h0 ? bf->h0[state_at(p, d, b) + j] : 0;
+			bf->c[b * n + j] = bf->c0 ? bf->c0[state_at(p, d, b) + j] : 0;
+		}
+	}
+	const float *peep = bf->p ? bf->p + d * 3 * n : NULL;
+	const float *rbh = lbr && bf->b ? bf->b + d * 2 * gh + gh + 2 * n : NULL;
+	memset(bf->rh, 0, (size_t)p->batch * (size_t)n * sizeof(float));
+	for (int64_t s = 0; s < p->seq; s++) {
+		/* The candidate gate of a GRU without linear_before_reset needs r first: leave it out here. */
+		int64_t cols = p->cell == CELL_GRU && !lbr ? 2 * n : gh;
+		gemm_nt(p->batch, cols, n, bf->h, n, r, n, bf->gates, gh, false);
+		for (int64_t b = 0; b < p->batch; b++) {
+			if (s >= lens[b])
+				continue;
+			int64_t t = reverse ? lens[b] - 1 - s : s;
+			const float *xp = bf->xproj + x_row(p, t, b) * gh;
+			float *g = bf->gates + b * gh, *h = bf->h + b * n;
+			switch (p->cell) {
+			case CELL_RNN:
+				for (int64_t j = 0; j < n; j++)
+					h[j] = g[j] + xp[j];
+				activate(&acts[0], h, n, p->clip);
+				break;
+			case CELL_LSTM: lstm_cell(p, acts, xp, g, peep, h, bf->c + b * n); break;
+			case CELL_GRU:
+				gru_gates(p, acts, xp, g, h, bf->rh + b * n);
+				if (rbh)
+					for (int64_t j = 0; j < n; j++)
+						g[2 * n + j] += rbh[j];
+				if (lbr)
+					gru_state(p, acts, xp, g, h);
+				break;
+			}
+		}
+		if (p->cell == CELL_GRU && !lbr) {
+			gemm_nt(p->batch, n, n, bf->rh, n, r + 2 * n * n, n, bf->gates + 2 * n, gh, false);
+			for (int64_t b = 0; b < p->batch; b++)
+				if (s < lens[b])
+					gru_state(p, acts, bf->xproj + x_row(p, reverse ? lens[b] - 1 - s : s, b) * gh,
+					          bf->gates + b * gh, bf->h + b * n);
+		}
+		if (bf->y)
+			for (int64_t b = 0; b < p->batch; b++)
+				if (s < lens[b])
+					memcpy(bf->y + y_at(p, reverse ? lens[b] - 1 - s : s, d, b), bf->h + b * n,
+					       (size_t)n * sizeof(float));
+	}
+	for (int64_t b = 0; b < p->batch; b++) {
+		if (bf->yh)
+			memcpy(bf->yh + state_at(p, d, b), bf->h + b * n, (size_t)n * sizeof(float));
+		if (bf->yc)
+			memcpy(bf->yc + state_at(p, d, b), bf->c + b * n, (size_t)n * sizeof(float));
+	}
+	return TERN_OK;
+}
+
+static tern_status rnn_kernel(const tern_kernel_args *a)
+{
+	const rnn_params *p = a->params;
+	rnn_buffers bf;
+	rnn_carve(p, a->in, a->n_in, a->out, a->n_out, a->scratch, &bf);
+	const tern_tensor *in_list[] = {a->in[IN_X], a->in[IN_W], a->in[IN_R],
+	                                a->n_in > IN_B ? a->in[IN_B] : NULL, a->n_in > IN_H0 ? a->in[IN_H0] : NULL,
+	                                p->cell == CELL_LSTM && a->n_in > IN_C0 ? a->in[IN_C0] : NULL,
+	                                p->cell == CELL_LSTM && a->n_in > IN_P ? a->in[IN_P] : NULL};
+	float *in_dst[] = {bf.x, bf.w, bf.r, bf.b, bf.h0, bf.c0, bf.p};
+	for (size_t i = 0; i < TERN_ARRAY_LEN(in_list); i++)
+		to_float(in_list[i], in_dst[i]);
+
+	int64_t *len = bf.lens;
+	const tern_tensor *sl = a->n_in > IN_SEQ_LENS ? a->in[IN_SEQ_LENS] : NULL;
+	for (int64_t b = 0; b < p->batch; b++) {
+		len[b] = sl ? tern_tensor_get_i64(sl, b) : p->seq;
+		if (len[b] < 0 || len[b] > p->seq)
+			return tern_node_errorf(a->node, TERN_EDATA,
+			                        "input 4 'sequence_lens' element %lld is %lld, outside [0, %lld]", (long long)b,
+			                        (long long)len[b], (long long)p->seq);
+	}
+	if (bf.y)
+		memset(bf.y, 0, (size_t)(p->seq * p->n_dir * p->batch * p->hidden) * sizeof(float));
+	for (int d = 0; d < p->n_dir; d++) {
+		tern_status st = run_direction(p, &bf, len, d);
+		if (st)
+			return st;
+	}
+	from_float(bf.y, a->n_out > OUT_Y ? a->out[OUT_Y] : NULL);
+	from_float(bf.yh, a->n_out > OUT_YH ? a->out[OUT_YH] : NULL);
+	from_float(bf.yc, p->cell == CELL_LSTM && a->n_out > OUT_YC ? a->out[OUT_YC] : NULL);
+	return TERN_OK;
+}
+
+/* ---------------------------------------------------------------- prepare */
+
+static const struct cell_def {
+	const char *op_type;
+	enum cell cell;
+	int n_gates, n_acts;
+	enum act_kind defaults[3];
+} cell_defs[] = {
+	{"RNN", CELL_RNN, 1, 1, {A_TANH}},
+	{"GRU", CELL_GRU, 3, 2, {A_SIGMOID, A_TANH}},
+	{"LSTM", CELL_LSTM, 4, 3, {A_SIGMOID, A_TANH, A_TANH}},
+};
+
+static const char *const input_names[] = {"X", "W", "R", "B", "sequence_lens", "initial_h", "initial_c", "P"};
+
+/* An optional input must have exactly the shape the others imply. */
+static tern_status expect_shape(const tern_node *node, const tern_tensor *t, int index, int rank, const int64_t *dims)
+{
+	bool ok = t->rank == rank;
+	for (int i = 0; ok && i < rank; i++)
+		ok = t->dims[i] == dims[i];
+	if (ok)
+		return TERN_OK;
+	char got[128], want[128];
+	return tern_node_errorf(node, TERN_EDATA, "input %d '%s' has shape %s, expected %s", index, input_names[index],
+	                        tern_shape_str(t->dtype, t->rank, t->dims, got, sizeof got),
+	                        tern_shape_str(t->dtype, rank, dims, want, sizeof want));
+}
+
+/* The activations attribute (per direction, or once for both) with its alpha and beta lists. */
+static tern_status parse_activations(const tern_node *node, const struct cell_def *def, rnn_params *rp)
+{
+	const Onnx__AttributeProto *names = tern_attr(node, "activations");
+	size_t n_alpha = 0, n_beta = 0, ia = 0, ib = 0;
+	const float *alphas = tern_attr_floats(node, "activation_alpha", &n_alpha);
+	const float *betas = tern_attr_floats(node, "activation_beta", &n_beta);
+	size_t count = names ? names->n_strings : 0;
+	if (count && count != (size_t)def->n_acts && count != (size_t)(def->n_acts * rp->n_dir))
+		return tern_node_errorf(node, TERN_EDATA, "attribute 'activations' has %zu names, expected %d per direction",
+		                        count, def->n_acts);
+	for (int d = 0; d < rp->n_dir; d++)
+		for (int k = 0; k < def->n_acts; k++) {
+			const struct act_def *ad = NULL;
+			if (!count) {
+				for (size_t i = 0; i < TERN_ARRAY_LEN(act_defs); i++)
+					if (act_defs[i].kind == def->defaults[k])
+						ad = &act_defs[i];
+			} else {
+				const ProtobufCBinaryData *s = &names->strings[(d * def->n_acts + k) % count];
+				for (size_t i = 0; i < TERN_ARRAY_LEN(act_defs) && !ad; i++)
+					if (strlen(act_defs[i].name) == s->len &&
+					    strncasecmp(act_defs[i].name, (const char *)s->data, s->len) == 0)
+						ad = &act_defs[i];
+				if (!ad)
+					return tern_node_errorf(node, TERN_EDATA, "activation '%.*s' is not supported", (int)s->len,
+					                        (const char *)s->data);
+			}
+			activation *act = &rp->acts[d][k];
+			act->kind = ad->kind;
+			act->alpha = ad->n_params >= 1 && ia < n_alpha ? alphas[ia++] : ad->alpha;
+			act->beta = ad->n_params >= 2 && ib < n_beta ? betas[ib++] : ad->beta;
+		}
+	return TERN_OK;
+}
+
+static tern_status rnn_prepare(tern_prepare_args *p)
+{
+	const tern_node *node = p->node;
+	const struct cell_def *def = NULL;
+	for (size_t i = 0; i < TERN_ARRAY_LEN(cell_defs); i++)
+		if (strcmp(cell_defs[i].op_type, node->op_type) == 0)
+			def = &cell_defs[i];
+	if (!def)
+		return tern_node_errorf(node, TERN_EINTERNAL, "no recurrent cell is registered under this name");
+	if (p->n_in < 3 || !p->in[IN_W] || !p->in[IN_R])
+		return tern_node_errorf(node, TERN_EDATA, "inputs 1 'W' and 2 'R' are required");
+	const tern_tensor *x = p->in[IN_X], *w = p->in[IN_W], *r = p->in[IN_R];
+	for (int i = 0; i < p->n_in && i <= IN_P; i++) {
+		const tern_tensor *t = p->in[i];
+		if (t && i != IN_SEQ_LENS && t->dtype != x->dtype)
+			return tern_node_errorf(node, TERN_EDATA, "input %d '%s' is %s, input 0 'X' is %s", i, input_names[i],
+			                        tern_dtype_name(t->dtype), tern_dtype_name(x->dtype));
+	}
+	if (x->dtype != TERN_FLOAT && x->dtype != TERN_DOUBLE && x->dtype != TERN_FLOAT16)
+		return tern_node_errorf(node, TERN_EDATA, "input 0 'X' has unsupported type %s", tern_dtype_name(x->dtype));
+	if (x->rank != 3 || w->rank != 3 || r->rank != 3)
+		return tern_node_errorf(node, TERN_EDATA, "inputs 'X', 'W' and 'R' must have rank 3, not %d, %d and %d",
+		                        x->rank, w->rank, r->rank);
+
+	rnn_params *rp = calloc(1, sizeof *rp);
+	if (!rp)
+		return tern_errorf(TERN_EOS, "out of memory");
+	p->params = rp;
+	p->free_params = free;
+	rp->cell = def->cell;
+	rp->n_gates = def->n_gates;
+	rp->n_acts = def->n_acts;
+	rp->layout = (int)tern_attr_int(node, "layout", 0);
+	const char *direction = tern_attr_string(node, "direction", "forward");
+	if (strcmp(direction, "forward") == 0 || strcmp(direction, "reverse") == 0) {
+		rp->n_dir = 1;
+		rp->reverse = direction[0] == 'r';
+	} else if (strcmp(direction, "bidirectional") == 0) {
+		rp->n_dir = 2;
+	} else {
+		return tern_node_errorf(node, TERN_EDATA, "attribute 'direction' is '%s', not forward, reverse or bidirectional",
+		                        direction);
+	}
+	if (rp->layout != 0 && rp->layout != 1)
+		return tern_node_errorf(node, TERN_EDATA, "attribute 'layout' is %d, not 0 or 1", rp->layout);
+	rp->seq = x->dims[rp->layout ? 1 : 0];
+	rp->batch = x->dims[rp->layout ? 0 : 1];
+	rp->input = x->dims[2];
+	rp->hidden = r->dims[2];
+	int64_t hidden_attr = tern_attr_int(node, "hidden_size", rp->hidden);
+	if (hidden_attr != rp->hidden)
+		return tern_node_errorf(node, TERN_EDATA, "attribute 'hidden_size' is %lld, input 2 'R' has %lld",
+		                        (long long)hidden_attr, (long long)rp->hidden);
+	int64_t n = rp->hidden, gh = def->n_gates * n, nd = rp->n_dir;
+	const Onnx__AttributeProto *clip = tern_attr(node, "clip");
+	rp->clip = clip ? tern_attr_float(node, "clip", 0) : 0;
+	if (clip && !(rp->clip > 0))
+		return tern_node_errorf(node, TERN_EDATA, "attribute 'clip' is %g, not positive", rp->clip);
+	rp->linear_before_reset = tern_attr_int(node, "linear_before_reset", 0) != 0;
+	rp->input_forget = tern_attr_int(node, "input_forget", 0) != 0;
+	tern_status st = parse_activations(node, def, rp);
+	if (st)
+		return st;
+
+	int64_t state[3] = {rp->layout ? rp->batch : nd, rp->layout ? nd : rp->batch, n};
+	const struct {
+		int index, rank;
+		int64_t dims[3];
+	} shapes[] = {
+		{IN_W, 3, {nd, gh, rp->input}},  {IN_R, 3, {nd, gh, n}},     {IN_B, 2, {nd, 2 * gh}},
+		{IN_SEQ_LENS, 1, {rp->batch}},   {IN_H0, 3, {state[0], state[1], n}},
+		{IN_C0, 3, {state[0], state[1], n}}, {IN_P, 2, {nd, 3 * n}},
+	};
+	for (size_t i = 0; i < TERN_ARRAY_LEN(shapes); i++) {
+		int k = shapes[i].index;
+		if (k < p->n_in && p->in[k] && (st = expect_shape(node, p->in[k], k, shapes[i].rank, shapes[i].dims)))
+			return st;
+	}
+
+	int64_t ydims[4] = {rp->seq, nd, rp->batch, n};
+	if (rp->layout) {
+		ydims[0] = rp->batch;
+		ydims[1] = rp->seq;
+		ydims[2] = nd;
+	}
+	if (p->n_out > OUT_Y && p->out[OUT_Y])
+		tern_set_shape(p->out[OUT_Y], x->dtype, 4, ydims);
+	for (int o = OUT_YH; o < p->n_out && o <= (def->cell == CELL_LSTM ? OUT_YC : OUT_YH); o++)
+		if (p->out[o])
+			tern_set_shape(p->out[o], x->dtype, 3, state);
+	rnn_buffers bf;
+	p->scratch_bytes = rnn_carve(rp, p->in, p->n_in, p->out, p->n_out, NULL, &bf);
+	p->kernel = rnn_kernel;
+	return TERN_OK;
+}
+
+#define RNN_DTYPES (TERN_DT(FLOAT) | TERN_DT(DOUBLE) | TERN_DT(FLOAT16))
+
+static const tern_op ops[] = {
+	{"", "RNN", 1, 0, rnn_prepare, RNN_DTYPES, "rnn"},
+	{"", "GRU", 1, 0, rnn_prepare, RNN_DTYPES, "rnn"},
+	{"", "LSTM", 1, 0, rnn_prepare, RNN_DTYPES, "rnn"},
+};
+
+const tern_op_table tern_ops_rnn = {ops, TERN_ARRAY_LEN(ops)};
