@@ -274,6 +274,40 @@ uint16_t tern_f32_to_f16(float f);
 float tern_bf16_to_f32(uint16_t h);
 uint16_t tern_f32_to_bf16(float f);
 
+/* ---------------------------------------------------------------- scheduling (lib/sched) */
+
+/* A multi-stream schedule of a graph's nodes (Nimble): launch order, a stream per node, and the
+ * nodes on other streams each node waits for. Stored in metadata_props under "tern.schedule" as one
+ * line per node in launch order: NODE<TAB>STREAM<TAB>WAITS (WAITS: comma-separated node names, or -). */
+typedef struct tern_schedule {
+	int n_nodes;
+	tern_node **order; /* launch order (a topological order) */
+	int *stream;       /* per launch position */
+	int **waits;       /* per launch position: launch positions of the nodes it waits for */
+	int *n_waits;
+	int n_streams;
+} tern_schedule;
+
+typedef struct tern_schedule_stats {
+	int reduced_edges; /* edges of the transitive reduction */
+	int matching;      /* size of the maximum matching */
+	int chains;        /* minimum path cover */
+	int streams;       /* after merging and capping */
+	int waits;         /* cross-stream waits placed */
+	int64_t lost_pairs; /* concurrent node pairs put on one stream by the cap */
+} tern_schedule_stats;
+
+#define TERN_SCHEDULE_KEY "tern.schedule"
+
+/* Computes a schedule for graph g: max_streams 0 = uncapped. */
+tern_status tern_schedule_compute(tern_graph *g, int max_streams, tern_schedule **out, tern_schedule_stats *stats);
+/* The annotation text of a schedule (malloc'd). */
+tern_status tern_schedule_format(const tern_schedule *s, char **out);
+/* Parses and checks an annotation against g: every node once, streams and waits well formed, every
+ * dependency ordered by stream order and waits. */
+tern_status tern_schedule_parse(tern_graph *g, const char *text, tern_schedule **out);
+void tern_schedule_free(tern_schedule *s);
+
 /* ---------------------------------------------------------------- execution (lib/exec) */
 
 typedef struct tern_exec tern_exec;

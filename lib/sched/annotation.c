@@ -1,0 +1,2 @@
+/* annotation.c — placeholder until the scheduler lands. */
+#include "internal.h"

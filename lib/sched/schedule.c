@@ -1,0 +1,2 @@
+/* schedule.c — placeholder until the scheduler lands. */
+#include "internal.h"
