@@ -1,1 +1,1285 @@
-/* placeholder */
+/* elementwise.c — elementwise operators: unary math and activations, broadcasting arithmetic, comparison
+ * and logic, variadic Sum/Mean/Max/Min, Where, Clip and Cast. Kernels are row functions instantiated
+ * per element type by macros; one driver walks the broadcast output and splits it across threads. */
+#include "internal.h"
+#include "ops/ops_common.h"
+
+#include <float.h>
+#include <stdlib.h>
+#include <tgmath.h>
+
+/* Outputs may share storage with input 0 (inplace_ok), but every element is read before it is written at
+ * the same index, so the loops carry no dependence and may be vectorised. */
+#if defined(__clang__)
+#define EW_IVDEP _Pragma("clang loop vectorize(assume_safety)")
+#elif defined(__GNUC__)
+#define EW_IVDEP _Pragma("GCC ivdep")
+#else
+#define EW_IVDEP
+#endif
+
+#define EW_MAX_IN 3
+#define EW_SRC_OUT (-1)
+/* Elements converted at a time when 16-bit floats are computed in float. */
+#define EW_BLOCK 256
+/* Fewest elements worth handing to another thread. */
+#define EW_MIN_CHUNK 16384
+
+/* Values a row kernel reads besides its inputs. */
+typedef struct ew_attrs {
+	double alpha, beta, gamma; /* activation attributes; gamma is Mean's divisor */
+	int64_t flag;              /* IsInf: bit 0 detects -inf, bit 1 +inf */
+	uint64_t lo, hi;           /* Clip bounds: one element's bytes (a float where halves are widened) */
+	int from, to;              /* Cast and mixed-type Pow: element types */
+} ew_attrs;
+
+typedef struct ew_row ew_row;
+typedef void (*ew_fn)(const ew_row *r);
+
+/* One pass over the output: out = fn(inputs), the inputs broadcast to the output's shape. */
+typedef struct ew_step {
+	tern_bcast b;
+	int n_in;
+	int src[EW_MAX_IN]; /* kernel input index, or EW_SRC_OUT for the output itself */
+	ew_fn fn;
+	ew_fn inner;  /* the float kernel that ew_half_row runs on widened blocks */
+	int half;     /* the 16-bit float type ew_half_row widens */
+	int out_bool; /* ew_half_row: the output is bool and needs no narrowing */
+} ew_step;
+
+/* A run of n output elements; input k advances by st[k] (1, or 0 when broadcast along the row). */
+struct ew_row {
+	const void *in[EW_MAX_IN];
+	int64_t st[EW_MAX_IN];
+	void *out;
+	int64_t n;
+	const ew_step *s;
+	const ew_attrs *at;
+};
+
+typedef struct ew_params {
+	ew_attrs at;
+	int clip_inputs; /* Clip (opset 11+) reads its bounds from inputs 1 and 2 when they are given */
+	int n_steps;
+	ew_step steps[];
+} ew_params;
+
+/* ---------------------------------------------------------------- row kernels */
+
+/* Loop bodies see the element as v (unary) or x0, x1 (binary), its type as ET, a type in which
+ * integer arithmetic wraps without undefined behaviour as WT, and the attributes as at. */
+#define EW_TYPES(T, W)                                                                                     \
+	typedef T ET __attribute__((unused));                                                                  \
+	typedef W WT __attribute__((unused));                                                                  \
+	const ew_attrs *at = r->at;                                                                            \
+	(void)at
+
+#define EW_UNARY_LOOP(T, W, TY, EXPR)                                                                      \
+	EW_TYPES(T, W);                                                                                        \
+	const T *x = r->in[0];                                                                                 \
+	TY *y = r->out;                                                                                        \
+	EW_IVDEP for (int64_t i = 0; i < r->n; i++)                                                           \
+	{                                                                                                      \
+		const T v = x[i];                                                                                  \
+		y[i] = (TY)(EXPR);                                                                                 \
+	}
+
+#define EW_BINARY_LOOP(T, W, TY, EXPR)                                                                     \
+	EW_TYPES(T, W);                                                                                        \
+	const T *a = r->in[0], *b = r->in[1];                                                                  \
+	TY *y = r->out;                                                                                        \
+	const int64_t n = r->n;                                                                                \
+	if (r->st[0] && r->st[1]) {                                                                            \
+		EW_IVDEP for (int64_t i = 0; i < n; i++)                                                          \
+		{                                                                                                  \
+			const T x0 = a[i], x1 = b[i];                                                                  \
+			y[i] = (TY)(EXPR);                                                                             \
+		}                                                                                                  \
+	} else if (r->st[0]) {                                                                                 \
+		const T x1 = b[0];                                                                                 \
+		EW_IVDEP for (int64_t i = 0; i < n; i++)                                                          \
+		{                                                                                                  \
+			const T x0 = a[i];                                                                             \
+			y[i] = (TY)(EXPR);                                                                             \
+		}                                                                                                  \
+	} else if (r->st[1]) {                                                                                 \
+		const T x0 = a[0];                                                                                 \
+		EW_IVDEP for (int64_t i = 0; i < n; i++)                                                          \
+		{                                                                                                  \
+			const T x1 = b[i];                                                                             \
+			y[i] = (TY)(EXPR);                                                                             \
+		}                                                                                                  \
+	} else {                                                                                               \
+		const T x0 = a[0], x1 = b[0];                                                                      \
+		const TY c = (TY)(EXPR);                                                                           \
+		for (int64_t i = 0; i < n; i++)                                                                    \
+			y[i] = c;                                                                                      \
+	}
+
+/* X-macro type lists: X(name, expr, suffix, element type, wrapping type). */
+#define EW_FLOATS(X, ...) X(__VA_ARGS__, f32, float, float) X(__VA_ARGS__, f64, double, double)
+#define EW_SINTS(X, ...)                                                                                   \
+	X(__VA_ARGS__, i8, int8_t, uint32_t)                                                                   \
+	X(__VA_ARGS__, i16, int16_t, uint32_t)                                                                 \
+	X(__VA_ARGS__, i32, int32_t, uint32_t) X(__VA_ARGS__, i64, int64_t, uint64_t)
+#define EW_UINTS(X, ...)                                                                                   \
+	X(__VA_ARGS__, u8, uint8_t, uint32_t)                                                                  \
+	X(__VA_ARGS__, u16, uint16_t, uint32_t)                                                                \
+	X(__VA_ARGS__, u32, uint32_t, uint32_t) X(__VA_ARGS__, u64, uint64_t, uint64_t)
+#define EW_BOOLS(X, ...) X(__VA_ARGS__, b8, uint8_t, uint32_t)
+#define EW_INTS(X, ...) EW_SINTS(X, __VA_ARGS__) EW_UINTS(X, __VA_ARGS__)
+#define EW_SIGNED(X, ...) EW_FLOATS(X, __VA_ARGS__) EW_SINTS(X, __VA_ARGS__)
+#define EW_NUMERIC(X, ...) EW_FLOATS(X, __VA_ARGS__) EW_INTS(X, __VA_ARGS__)
+
+#define EW_DT_f32 TERN_FLOAT
+#define EW_DT_f64 TERN_DOUBLE
+#define EW_DT_i8 TERN_INT8
+#define EW_DT_i16 TERN_INT16
+#define EW_DT_i32 TERN_INT32
+#define EW_DT_i64 TERN_INT64
+#define EW_DT_u8 TERN_UINT8
+#define EW_DT_u16 TERN_UINT16
+#define EW_DT_u32 TERN_UINT32
+#define EW_DT_u64 TERN_UINT64
+#define EW_DT_b8 TERN_BOOL
+
+/* Definers: same-type unary, unary to bool, same-type binary, binary to bool; and a table entry. */
+#define EW_U(name, expr, sfx, T, W)                                                                        \
+	static void ew_##name##_##sfx(const ew_row *r) { EW_UNARY_LOOP(T, W, T, expr) }
+#define EW_UB(name, expr, sfx, T, W)                                                                       \
+	static void ew_##name##_##sfx(const ew_row *r) { EW_UNARY_LOOP(T, W, uint8_t, expr) }
+#define EW_B(name, expr, sfx, T, W)                                                                        \
+	static void ew_##name##_##sfx(const ew_row *r) { EW_BINARY_LOOP(T, W, T, expr) }
+#define EW_BB(name, expr, sfx, T, W)                                                                       \
+	static void ew_##name##_##sfx(const ew_row *r) { EW_BINARY_LOOP(T, W, uint8_t, expr) }
+#define EW_ENTRY(name, expr, sfx, T, W) [EW_DT_##sfx] = ew_##name##_##sfx,
+
+#define EW_TABLE(name, ...) static const ew_fn name##_fns[TERN_DTYPE_COUNT] = {__VA_ARGS__}
+
+/* numpy.clip order (max then min), and softplus without overflow for large v. */
+#define EW_UNIT(t) ((t) < 0 ? 0 : (t) > 1 ? 1 : (t))
+#define EW_SOFTPLUS(v) ((v) > 0 ? (v) + log1p(exp(-(v))) : log1p(exp(v)))
+
+/* Unary math; tgmath.h picks the float or double function. */
+#define EW_MATH(f)                                                                                         \
+	EW_FLOATS(EW_U, f, f(v))                                                                               \
+	EW_TABLE(f, EW_FLOATS(EW_ENTRY, f, ~));
+EW_MATH(floor)
+EW_MATH(ceil)
+EW_MATH(rint)
+EW_MATH(sqrt)
+EW_MATH(exp)
+EW_MATH(log)
+EW_MATH(sin)
+EW_MATH(cos)
+EW_MATH(tan)
+EW_MATH(asin)
+EW_MATH(acos)
+EW_MATH(atan)
+EW_MATH(sinh)
+EW_MATH(cosh)
+EW_MATH(asinh)
+EW_MATH(acosh)
+EW_MATH(atanh)
+EW_MATH(erf)
+EW_MATH(tanh)
+
+EW_FLOATS(EW_U, abs, fabs(v))
+EW_SINTS(EW_U, abs, v < 0 ? (ET)(0 - (WT)v) : v)
+EW_UINTS(EW_U, abs, v)
+EW_TABLE(abs, EW_NUMERIC(EW_ENTRY, abs, ~));
+
+EW_FLOATS(EW_U, neg, -v)
+EW_SINTS(EW_U, neg, (ET)(0 - (WT)v))
+EW_TABLE(neg, EW_SIGNED(EW_ENTRY, neg, ~));
+
+/* NaN keeps its sign (numpy.sign gives NaN). */
+EW_FLOATS(EW_U, sign, v > 0 ? 1 : v < 0 ? -1 : v)
+EW_SINTS(EW_U, sign, (v > 0) - (v < 0))
+EW_UINTS(EW_U, sign, v > 0)
+EW_TABLE(sign, EW_NUMERIC(EW_ENTRY, sign, ~));
+
+EW_FLOATS(EW_U, reciprocal, 1 / v)
+EW_TABLE(reciprocal, EW_FLOATS(EW_ENTRY, reciprocal, ~));
+
+EW_BOOLS(EW_U, not, !v)
+EW_TABLE(not, EW_BOOLS(EW_ENTRY, not, ~));
+
+EW_INTS(EW_U, bitwise_not, (ET)~v)
+EW_TABLE(bitwise_not, EW_INTS(EW_ENTRY, bitwise_not, ~));
+
+EW_FLOATS(EW_UB, isnan, isnan(v))
+EW_TABLE(isnan, EW_FLOATS(EW_ENTRY, isnan, ~));
+
+EW_FLOATS(EW_UB, isinf, isinf(v) && (v > 0 ? at->flag & 2 : at->flag & 1))
+EW_TABLE(isinf, EW_FLOATS(EW_ENTRY, isinf, ~));
+
+/* Activations. NaN passes through Relu as numpy.maximum(x, 0) lets it. */
+EW_SIGNED(EW_U, relu, v < 0 ? 0 : v)
+EW_TABLE(relu, EW_SIGNED(EW_ENTRY, relu, ~));
+
+EW_FLOATS(EW_U, leaky_relu, v < 0 ? v * (ET)at->alpha : v)
+EW_TABLE(leaky_relu, EW_FLOATS(EW_ENTRY, leaky_relu, ~));
+
+EW_FLOATS(EW_U, elu, v < 0 ? (ET)at->alpha * expm1(v) : v)
+EW_TABLE(elu, EW_FLOATS(EW_ENTRY, elu, ~));
+
+EW_FLOATS(EW_U, selu, v <= 0 ? (ET)at->gamma * ((ET)at->alpha * exp(v) - (ET)at->alpha) : (ET)at->gamma * v)
+EW_TABLE(selu, EW_FLOATS(EW_ENTRY, selu, ~));
+
+EW_FLOATS(EW_U, celu, v > 0 ? v : (ET)at->alpha * expm1(v / (ET)at->alpha))
+EW_TABLE(celu, EW_FLOATS(EW_ENTRY, celu, ~));
+
+EW_FLOATS(EW_U, sigmoid, 1 / (1 + exp(-v)))
+EW_TABLE(sigmoid, EW_FLOATS(EW_ENTRY, sigmoid, ~));
+
+EW_FLOATS(EW_U, hard_sigmoid, EW_UNIT((ET)at->alpha * v + (ET)at->beta))
+EW_TABLE(hard_sigmoid, EW_FLOATS(EW_ENTRY, hard_sigmoid, ~));
+
+EW_FLOATS(EW_U, hard_swish, v * EW_UNIT((ET)at->alpha * v + (ET)at->beta))
+EW_TABLE(hard_swish, EW_FLOATS(EW_ENTRY, hard_swish, ~));
+
+EW_FLOATS(EW_U, softplus, EW_SOFTPLUS(v))
+EW_TABLE(softplus, EW_FLOATS(EW_ENTRY, softplus, ~));
+
+EW_FLOATS(EW_U, softsign, v / (1 + fabs(v)))
+EW_TABLE(softsign, EW_FLOATS(EW_ENTRY, softsign, ~));
+
+EW_FLOATS(EW_U, thresholded_relu, v > (ET)at->alpha ? v : 0)
+EW_TABLE(thresholded_relu, EW_FLOATS(EW_ENTRY, thresholded_relu, ~));
+
+EW_FLOATS(EW_U, mish, v * tanh(EW_SOFTPLUS(v)))
+EW_TABLE(mish, EW_FLOATS(EW_ENTRY, mish, ~));
+
+/* Shrink: alpha is lambd, beta is bias; integers go through double as the float attributes do. */
+EW_FLOATS(EW_U, shrink, v < -(ET)at->alpha ? v + (ET)at->beta : v > (ET)at->alpha ? v - (ET)at->beta : 0)
+EW_INTS(EW_U, shrink,
+        (double)v < -at->alpha ? (double)v + at->beta : (double)v > at->alpha ? (double)v - at->beta : 0)
+EW_TABLE(shrink, EW_NUMERIC(EW_ENTRY, shrink, ~));
+
+/* Mean's last pass. */
+EW_FLOATS(EW_U, divide_by, v / (ET)at->gamma)
+EW_TABLE(divide_by, EW_FLOATS(EW_ENTRY, divide_by, ~));
+
+/* Clip: bounds in the element type, applied in numpy.clip's order. */
+#define EW_CLIP(name, expr, sfx, T, W)                                                                     \
+	static void ew_clip_##sfx(const ew_row *r)                                                             \
+	{                                                                                                      \
+		T lo, hi;                                                                                          \
+		memcpy(&lo, &r->at->lo, sizeof lo);                                                                \
+		memcpy(&hi, &r->at->hi, sizeof hi);                                                                \
+		const T *x = r->in[0];                                                                             \
+		T *y = r->out;                                                                                     \
+		EW_IVDEP for (int64_t i = 0; i < r->n; i++)                                                       \
+		{                                                                                                  \
+			const T t = x[i] < lo ? lo : x[i];                                                             \
+			y[i] = t > hi ? hi : t;                                                                        \
+		}                                                                                                  \
+	}
+EW_NUMERIC(EW_CLIP, clip, ~)
+EW_TABLE(clip, EW_NUMERIC(EW_ENTRY, clip, ~));
+
+/* Binary arithmetic. Integers wrap; integer division by zero gives 0 rather than a trap. */
+EW_NUMERIC(EW_B, add, (ET)((WT)x0 + (WT)x1))
+EW_TABLE(add, EW_NUMERIC(EW_ENTRY, add, ~));
+EW_NUMERIC(EW_B, sub, (ET)((WT)x0 - (WT)x1))
+EW_TABLE(sub, EW_NUMERIC(EW_ENTRY, sub, ~));
+EW_NUMERIC(EW_B, mul, (ET)((WT)x0 * (WT)x1))
+EW_TABLE(mul, EW_NUMERIC(EW_ENTRY, mul, ~));
+
+/* Integer Div truncates, as the reference's float division cast back to the integer type does. */
+EW_FLOATS(EW_B, div, x0 / x1)
+EW_SINTS(EW_B, div, x1 == 0 ? 0 : x1 == -1 ? (ET)(0 - (WT)x0) : (ET)(x0 / x1))
+EW_UINTS(EW_B, div, x1 == 0 ? 0 : (ET)(x0 / x1))
+EW_TABLE(div, EW_NUMERIC(EW_ENTRY, div, ~));
+
+/* Mod with fmod=0 takes the divisor's sign (numpy.mod); fmod=1 the dividend's (C fmod). Floats always use
+ * fmod, as the reference does. */
+EW_FLOATS(EW_B, fmod, fmod(x0, x1))
+EW_SINTS(EW_B, fmod, x1 == 0 || x1 == -1 ? 0 : (ET)(x0 % x1))
+EW_UINTS(EW_B, fmod, x1 == 0 ? 0 : (ET)(x0 % x1))
+EW_TABLE(fmod, EW_NUMERIC(EW_ENTRY, fmod, ~));
+EW_SINTS(EW_B, mod,
+         x1 == 0 || x1 == -1 ? 0 : x0 % x1 != 0 && (x0 % x1 < 0) != (x1 < 0) ? (ET)(x0 % x1 + x1) : (ET)(x0 % x1))
+EW_TABLE(mod, EW_FLOATS(EW_ENTRY, fmod, ~) EW_SINTS(EW_ENTRY, mod, ~) EW_UINTS(EW_ENTRY, fmod, ~));
+
+EW_FLOATS(EW_B, pow, pow(x0, x1))
+EW_TABLE(pow, EW_FLOATS(EW_ENTRY, pow, ~));
+
+/* Shifts by the type's width or more give 0, not undefined behaviour. */
+EW_UINTS(EW_B, shift_left, x1 >= sizeof(ET) * 8 ? 0 : (ET)((WT)x0 << x1))
+EW_TABLE(shift_left, EW_UINTS(EW_ENTRY, shift_left, ~));
+EW_UINTS(EW_B, shift_right, x1 >= sizeof(ET) * 8 ? 0 : (ET)(x0 >> x1))
+EW_TABLE(shift_right, EW_UINTS(EW_ENTRY, shift_right, ~));
+
+EW_INTS(EW_B, bitwise_and, (ET)(x0 & x1))
+EW_TABLE(bitwise_and, EW_INTS(EW_ENTRY, bitwise_and, ~));
+EW_INTS(EW_B, bitwise_or, (ET)(x0 | x1))
+EW_TABLE(bitwise_or, EW_INTS(EW_ENTRY, bitwise_or, ~));
+EW_INTS(EW_B, bitwise_xor, (ET)(x0 ^ x1))
+EW_TABLE(bitwise_xor, EW_INTS(EW_ENTRY, bitwise_xor, ~));
+
+EW_BOOLS(EW_B, and, (x0 != 0) & (x1 != 0))
+EW_TABLE(and, EW_BOOLS(EW_ENTRY, and, ~));
+EW_BOOLS(EW_B, or, (x0 != 0) | (x1 != 0))
+EW_TABLE(or, EW_BOOLS(EW_ENTRY, or, ~));
+EW_BOOLS(EW_B, xor, (x0 != 0) ^ (x1 != 0))
+EW_TABLE(xor, EW_BOOLS(EW_ENTRY, xor, ~));
+
+EW_NUMERIC(EW_BB, equal, x0 == x1)
+EW_BOOLS(EW_BB, equal, (x0 != 0) == (x1 != 0))
+EW_TABLE(equal, EW_NUMERIC(EW_ENTRY, equal, ~) EW_BOOLS(EW_ENTRY, equal, ~));
+EW_NUMERIC(EW_BB, less, x0 < x1)
+EW_TABLE(less, EW_NUMERIC(EW_ENTRY, less, ~));
+EW_NUMERIC(EW_BB, less_equal, x0 <= x1)
+EW_TABLE(less_equal, EW_NUMERIC(EW_ENTRY, less_equal, ~));
+EW_NUMERIC(EW_BB, greater, x0 > x1)
+EW_TABLE(greater, EW_NUMERIC(EW_ENTRY, greater, ~));
+EW_NUMERIC(EW_BB, greater_equal, x0 >= x1)
+EW_TABLE(greater_equal, EW_NUMERIC(EW_ENTRY, greater_equal, ~));
+
+/* Max and Min propagate NaN from either side, as numpy.maximum does. */
+EW_FLOATS(EW_B, max, x0 > x1 || x0 != x0 ? x0 : x1)
+EW_INTS(EW_B, max, x0 > x1 ? x0 : x1)
+EW_TABLE(max, EW_NUMERIC(EW_ENTRY, max, ~));
+EW_FLOATS(EW_B, min, x0 < x1 || x0 != x0 ? x0 : x1)
+EW_INTS(EW_B, min, x0 < x1 ? x0 : x1)
+EW_TABLE(min, EW_NUMERIC(EW_ENTRY, min, ~));
+
+EW_FLOATS(EW_B, prelu, x0 < 0 ? x0 * x1 : x0)
+EW_SINTS(EW_B, prelu, x0 < 0 ? (ET)((WT)x0 * (WT)x1) : x0)
+EW_UINTS(EW_B, prelu, ((void)x1, x0))
+EW_TABLE(prelu, EW_NUMERIC(EW_ENTRY, prelu, ~));
+
+/* Copies, by element size: Sum/Max/Min of one input, Cast to the same type. */
+EW_UINTS(EW_U, copy, v)
+static ew_fn ew_copy_fn(int dtype)
+{
+	switch (tern_dtype_size(dtype)) {
+	case 1: return ew_copy_u8;
+	case 2: return ew_copy_u16;
+	case 4: return ew_copy_u32;
+	case 8: return ew_copy_u64;
+	default: return NULL;
+	}
+}
+
+/* Where selects by element size; inputs may each be broadcast. */
+#define EW_WHERE(name, expr, sfx, T, W)                                                                    \
+	static void ew_where_##sfx(const ew_row *r)                                                            \
+	{                                                                                                      \
+		const uint8_t *c = r->in[0];                                                                       \
+		const T *x = r->in[1], *z = r->in[2];                                                              \
+		T *y = r->out;                                                                                     \
+		const int64_t sc = r->st[0], sx = r->st[1], sz = r->st[2];                                         \
+		for (int64_t i = 0; i < r->n; i++)                                                                 \
+			y[i] = c[i * sc] ? x[i * sx] : z[i * sz];                                                      \
+	}
+EW_UINTS(EW_WHERE, where, ~)
+
+/* ---------------------------------------------------------------- conversions */
+
+/* Float to integer saturates and maps NaN to 0: the C conversion is undefined out of range. */
+#define EW_FROM_FLOAT(sfx, T, LO, HI)                                                                      \
+	static inline T ew_from_float_##sfx(double v)                                                          \
+	{                                                                                                      \
+		return v != v ? 0 : v <= (double)(LO) ? (LO) : v >= (double)(HI) ? (HI) : (T)v;                    \
+	}
+EW_FROM_FLOAT(i8, int8_t, INT8_MIN, INT8_MAX)
+EW_FROM_FLOAT(i16, int16_t, INT16_MIN, INT16_MAX)
+EW_FROM_FLOAT(i32, int32_t, INT32_MIN, INT32_MAX)
+EW_FROM_FLOAT(i64, int64_t, INT64_MIN, INT64_MAX)
+EW_FROM_FLOAT(u8, uint8_t, 0, UINT8_MAX)
+EW_FROM_FLOAT(u16, uint16_t, 0, UINT16_MAX)
+EW_FROM_FLOAT(u32, uint32_t, 0, UINT32_MAX)
+EW_FROM_FLOAT(u64, uint64_t, 0, UINT64_MAX)
+
+/* Converting v to each destination: integers from integers wrap (numpy's astype), from floats
+ * saturate; bool is v != 0. */
+#define EW_TO_INT(sfx, T, v)                                                                               \
+	_Generic((v), float: ew_from_float_##sfx(v), double: ew_from_float_##sfx(v), default: (T)(v))
+#define EW_CVT_f32(v) ((float)(v))
+#define EW_CVT_f64(v) ((double)(v))
+#define EW_CVT_i8(v) EW_TO_INT(i8, int8_t, v)
+#define EW_CVT_i16(v) EW_TO_INT(i16, int16_t, v)
+#define EW_CVT_i32(v) EW_TO_INT(i32, int32_t, v)
+#define EW_CVT_i64(v) EW_TO_INT(i64, int64_t, v)
+#define EW_CVT_u8(v) EW_TO_INT(u8, uint8_t, v)
+#define EW_CVT_u16(v) EW_TO_INT(u16, uint16_t, v)
+#define EW_CVT_u32(v) EW_TO_INT(u32, uint32_t, v)
+#define EW_CVT_u64(v) EW_TO_INT(u64, uint64_t, v)
+#define EW_CVT_b8(v) ((uint8_t)((v) != 0))
+
+/* Cast kernels for every pair of source (bool reads as uint8) and destination. The two lists are
+ * separate macros so that one can expand inside the other. */
+#define EW_CAST_SOURCES(X, ...)                                                                            \
+	X(__VA_ARGS__, f32, float)                                                                             \
+	X(__VA_ARGS__, f64, double)                                                                            \
+	X(__VA_ARGS__, i8, int8_t)                                                                             \
+	X(__VA_ARGS__, i16, int16_t)                                                                           \
+	X(__VA_ARGS__, i32, int32_t)                                                                           \
+	X(__VA_ARGS__, i64, int64_t)                                                                           \
+	X(__VA_ARGS__, u8, uint8_t)                                                                            \
+	X(__VA_ARGS__, u16, uint16_t) X(__VA_ARGS__, u32, uint32_t) X(__VA_ARGS__, u64, uint64_t)
+#define EW_CAST_DESTS(X, ...)                                                                              \
+	X(__VA_ARGS__, f32, float)                                                                             \
+	X(__VA_ARGS__, f64, double)                                                                            \
+	X(__VA_ARGS__, i8, int8_t)                                                                             \
+	X(__VA_ARGS__, i16, int16_t)                                                                           \
+	X(__VA_ARGS__, i32, int32_t)                                                                           \
+	X(__VA_ARGS__, i64, int64_t)                                                                           \
+	X(__VA_ARGS__, u8, uint8_t)                                                                            \
+	X(__VA_ARGS__, u16, uint16_t)                                                                          \
+	X(__VA_ARGS__, u32, uint32_t) X(__VA_ARGS__, u64, uint64_t) X(__VA_ARGS__, b8, uint8_t)
+#define EW_CAST_DEF(ssfx, TF, dsfx, TT)                                                                    \
+	static void ew_cast_##ssfx##_##dsfx(const ew_row *r)                                                   \
+	{                                                                                                      \
+		const TF *x = r->in[0];                                                                            \
+		TT *y = r->out;                                                                                    \
+		EW_IVDEP for (int64_t i = 0; i < r->n; i++) y[i] = EW_CVT_##dsfx(x[i]);                           \
+	}
+#define EW_CAST_DEFS_FROM(unused, ssfx, TF) EW_CAST_DESTS(EW_CAST_DEF, ssfx, TF)
+EW_CAST_SOURCES(EW_CAST_DEFS_FROM, ~)
+#define EW_CAST_ENTRY(ssfx, TF, dsfx, TT) [EW_DT_##dsfx] = ew_cast_##ssfx##_##dsfx,
+#define EW_CAST_ROW(unused, ssfx, TF) [EW_DT_##ssfx] = {EW_CAST_DESTS(EW_CAST_ENTRY, ssfx, TF)},
+static const ew_fn ew_cast_fns[TERN_DTYPE_COUNT][TERN_DTYPE_COUNT] = {EW_CAST_SOURCES(EW_CAST_ROW, ~)};
+
+static bool ew_is_half(int dtype) { return dtype == TERN_FLOAT16 || dtype == TERN_BFLOAT16; }
+
+static bool ew_is_int(int dtype)
+{
+	return dtype != TERN_BOOL && dtype < TERN_DTYPE_COUNT && (TERN_DT_INTS & (1u << dtype));
+}
+
+static void ew_widen(int dtype, const uint16_t *src, float *dst, int64_t n)
+{
+	if (dtype == TERN_FLOAT16)
+		for (int64_t i = 0; i < n; i++)
+			dst[i] = tern_f16_to_f32(src[i]);
+	else
+		for (int64_t i = 0; i < n; i++)
+			dst[i] = tern_bf16_to_f32(src[i]);
+}
+
+/* Rounds to nearest even; Cast to bfloat16 truncates instead, as the ONNX reference does. */
+static void ew_narrow(int dtype, const float *src, uint16_t *dst, int64_t n, bool truncate)
+{
+	if (dtype == TERN_FLOAT16) {
+		for (int64_t i = 0; i < n; i++)
+			dst[i] = tern_f32_to_f16(src[i]);
+	} else if (truncate) {
+		for (int64_t i = 0; i < n; i++) {
+			uint32_t bits;
+			memcpy(&bits, &src[i], sizeof bits);
+			dst[i] = (uint16_t)(bits >> 16);
+		}
+	} else {
+		for (int64_t i = 0; i < n; i++)
+			dst[i] = tern_f32_to_bf16(src[i]);
+	}
+}
+
+/* 16-bit floats: widen blocks to float, run the float kernel, narrow the result back. */
+static void ew_half_row(const ew_row *r)
+{
+	const ew_step *s = r->s;
+	float xb[EW_MAX_IN][EW_BLOCK], yb[EW_BLOCK];
+	ew_row sub = *r;
+	for (int k = 0; k < s->n_in; k++) {
+		sub.in[k] = xb[k];
+		if (!r->st[k])
+			ew_widen(s->half, r->in[k], xb[k], 1);
+	}
+	for (int64_t o = 0; o < r->n; o += EW_BLOCK) {
+		int64_t m = r->n - o < EW_BLOCK ? r->n - o : EW_BLOCK;
+		for (int k = 0; k < s->n_in; k++)
+			if (r->st[k])
+				ew_widen(s->half, (const uint16_t *)r->in[k] + o, xb[k], m);
+		sub.out = s->out_bool ? (void *)((uint8_t *)r->out + o) : (void *)yb;
+		sub.n = m;
+		s->inner(&sub);
+		if (!s->out_bool)
+			ew_narrow(s->half, yb, (uint16_t *)r->out + o, m, false);
+	}
+}
+
+/* Cast where either side is a 16-bit float: through a float block. */
+static void ew_cast_via_float(const ew_row *r)
+{
+	int from = r->at->from == TERN_BOOL ? TERN_UINT8 : r->at->from, to = r->at->to;
+	size_t from_size = tern_dtype_size(from), to_size = tern_dtype_size(to);
+	float buf[EW_BLOCK];
+	for (int64_t o = 0; o < r->n; o += EW_BLOCK) {
+		int64_t m = r->n - o < EW_BLOCK ? r->n - o : EW_BLOCK;
+		const char *src = (const char *)r->in[0] + (size_t)o * from_size;
+		char *dst = (char *)r->out + (size_t)o * to_size;
+		ew_row sub = *r;
+		sub.n = m;
+		if (ew_is_half(from)) {
+			ew_widen(from, (const uint16_t *)src, buf, m);
+		} else {
+			sub.in[0] = src;
+			sub.out = buf;
+			ew_cast_fns[from][TERN_FLOAT](&sub);
+		}
+		if (ew_is_half(to)) {
+			ew_narrow(to, buf, (uint16_t *)dst, m, true);
+		} else {
+			sub.in[0] = buf;
+			sub.out = dst;
+			ew_cast_fns[TERN_FLOAT][to](&sub);
+		}
+	}
+}
+
+/* Pow with base and exponent of different types: computed in double (integers exactly when both are
+ * integers and the exponent is not negative), stored as the base's type. */
+static int64_t ew_ipow(int64_t b, int64_t e)
+{
+	uint64_t result = 1, base = (uint64_t)b;
+	for (; e > 0; e >>= 1) {
+		if (e & 1)
+			result *= base;
+		base *= base;
+	}
+	return (int64_t)result;
+}
+
+static void ew_store_f64(int dtype, void *p, int64_t i, double v)
+{
+	switch (dtype) {
+	case TERN_FLOAT: ((float *)p)[i] = (float)v; break;
+	case TERN_DOUBLE: ((double *)p)[i] = v; break;
+	case TERN_FLOAT16: ((uint16_t *)p)[i] = tern_f32_to_f16((float)v); break;
+	case TERN_BFLOAT16: ((uint16_t *)p)[i] = tern_f32_to_bf16((float)v); break;
+	case TERN_INT8: ((int8_t *)p)[i] = ew_from_float_i8(v); break;
+	case TERN_INT16: ((int16_t *)p)[i] = ew_from_float_i16(v); break;
+	case TERN_INT32: ((int32_t *)p)[i] = ew_from_float_i32(v); break;
+	case TERN_INT64: ((int64_t *)p)[i] = ew_from_float_i64(v); break;
+	case TERN_UINT8: ((uint8_t *)p)[i] = ew_from_float_u8(v); break;
+	case TERN_UINT16: ((uint16_t *)p)[i] = ew_from_float_u16(v); break;
+	case TERN_UINT32: ((uint32_t *)p)[i] = ew_from_float_u32(v); break;
+	case TERN_UINT64: ((uint64_t *)p)[i] = ew_from_float_u64(v); break;
+	default: break;
+	}
+}
+
+static void ew_store_i64(int dtype, void *p, int64_t i, int64_t v)
+{
+	switch (dtype) {
+	case TERN_INT8: ((int8_t *)p)[i] = (int8_t)v; break;
+	case TERN_INT16: ((int16_t *)p)[i] = (int16_t)v; break;
+	case TERN_INT32: ((int32_t *)p)[i] = (int32_t)v; break;
+	case TERN_INT64: ((int64_t *)p)[i] = v; break;
+	case TERN_UINT8: ((uint8_t *)p)[i] = (uint8_t)v; break;
+	case TERN_UINT16: ((uint16_t *)p)[i] = (uint16_t)v; break;
+	case TERN_UINT32: ((uint32_t *)p)[i] = (uint32_t)v; break;
+	case TERN_UINT64: ((uint64_t *)p)[i] = (uint64_t)v; break;
+	default: ew_store_f64(dtype, p, i, (double)v); break;
+	}
+}
+
+static void ew_pow_mixed(const ew_row *r)
+{
+	/* Views for tern_tensor_get_*, which read one element of a given type. */
+	const tern_tensor base = {.dtype = r->at->from, .data = (void *)r->in[0]};
+	const tern_tensor expo = {.dtype = r->at->to, .data = (void *)r->in[1]};
+	bool ints = ew_is_int(base.dtype) && ew_is_int(expo.dtype);
+	for (int64_t i = 0; i < r->n; i++) {
+		int64_t ib = i * r->st[0], ie = i * r->st[1];
+		if (ints && tern_tensor_get_i64(&expo, ie) >= 0)
+			ew_store_i64(base.dtype, r->out, i,
+			             ew_ipow(tern_tensor_get_i64(&base, ib), tern_tensor_get_i64(&expo, ie)));
+		else
+			ew_store_f64(base.dtype, r->out, i, pow(tern_tensor_get_f64(&base, ib), tern_tensor_get_f64(&expo, ie)));
+	}
+}
+
+/* ---------------------------------------------------------------- driver */
+
+typedef struct ew_job {
+	const ew_step *s;
+	const ew_attrs *at;
+	const char *in[EW_MAX_IN];
+	size_t in_size[EW_MAX_IN];
+	char *out;
+	size_t out_size;
+	int64_t chunk;
+} ew_job;
+
+/* Output elements [c * chunk, (c + 1) * chunk), row piece by row piece. */
+static void ew_run_chunk(void *ctx, int64_t c)
+{
+	const ew_job *j = ctx;
+	const tern_bcast *b = &j->s->b;
+	int64_t start = c * j->chunk;
+	int64_t end = b->numel - start < j->chunk ? b->numel : start + j->chunk;
+	int64_t idx[TERN_MAX_RANK], off[TERN_BCAST_MAX_IN];
+	int64_t col = start % b->inner;
+	tern_bcast_seek(b, start / b->inner, idx, off);
+	ew_row r = {.s = j->s, .at = j->at};
+	for (int k = 0; k < j->s->n_in; k++)
+		r.st[k] = b->inner_stride[k];
+	while (start < end) {
+		int64_t n = b->inner - col < end - start ? b->inner - col : end - start;
+		for (int k = 0; k < j->s->n_in; k++)
+			r.in[k] = j->in[k] + (size_t)(off[k] + col * r.st[k]) * j->in_size[k];
+		r.out = j->out + (size_t)start * j->out_size;
+		r.n = n;
+		j->s->fn(&r);
+		start += n;
+		col = 0;
+		tern_bcast_next_row(b, idx, off);
+	}
+}
+
+static void ew_run_step(const tern_kernel_args *a, const ew_step *s, const ew_attrs *at)
+{
+	const tern_tensor *out = a->out[0];
+	int64_t numel = s->b.numel;
+	if (numel == 0)
+		return;
+	ew_job j = {.s = s, .at = at, .out = out->data, .out_size = tern_dtype_size(out->dtype), .chunk = numel};
+	for (int k = 0; k < s->n_in; k++) {
+		const tern_tensor *t = s->src[k] == EW_SRC_OUT ? out : a->in[s->src[k]];
+		j.in[k] = t->data;
+		j.in_size[k] = tern_dtype_size(t->dtype);
+	}
+	int threads = a->pool ? tern_threadpool_size(a->pool) : 1;
+	if (threads > 1 && numel > EW_MIN_CHUNK) {
+		/* A few chunks per thread evens out uneven progress; multiples of 64 elements keep threads off
+		 * each other's cache lines. */
+		int64_t chunk = (numel + threads * 4 - 1) / (threads * 4);
+		if (chunk < EW_MIN_CHUNK)
+			chunk = EW_MIN_CHUNK;
+		j.chunk = (chunk + 63) & ~(int64_t)63;
+	}
+	int64_t n_chunks = (numel + j.chunk - 1) / j.chunk;
+	if (n_chunks == 1)
+		ew_run_chunk(&j, 0);
+	else
+		tern_parallel_for(a->pool, n_chunks, ew_run_chunk, &j);
+}
+
+static tern_status ew_kernel(const tern_kernel_args *a)
+{
+	const ew_params *e = a->params;
+	ew_attrs at = e->at;
+	if (e->clip_inputs) {
+		int dtype = a->in[0]->dtype;
+		for (int k = 1; k <= 2; k++) {
+			const tern_tensor *t = k < a->n_in ? a->in[k] : NULL;
+			if (!t)
+				continue;
+			uint64_t *bound = k == 1 ? &at.lo : &at.hi;
+			if (ew_is_half(dtype)) {
+				float f = (float)tern_tensor_get_f64(t, 0);
+				memcpy(bound, &f, sizeof f);
+			} else {
+				memcpy(bound, t->data, tern_dtype_size(dtype));
+			}
+		}
+	}
+	for (int s = 0; s < e->n_steps; s++)
+		ew_run_step(a, &e->steps[s], &at);
+	return TERN_OK;
+}
+
+/* ---------------------------------------------------------------- planning */
+
+static const char *ew_input_name(const tern_node *node, int i)
+{
+	return (size_t)i < node->n_inputs && node->inputs[i] ? node->inputs[i]->name : "";
+}
+
+static ew_params *ew_params_new(tern_prepare_args *p, int n_steps)
+{
+	ew_params *e = calloc(1, sizeof *e + (size_t)n_steps * sizeof(ew_step));
+	if (!e)
+		return NULL;
+	e->n_steps = n_steps;
+	p->params = e;
+	p->free_params = free;
+	p->kernel = ew_kernel;
+	return e;
+}
+
+/* The step reads the given inputs (or the output) with shapes `view` broadcast to the output. */
+static void ew_step_init(ew_step *s, const tern_prepare_args *p, int n_in, const int *src,
+                         const tern_tensor *const *view)
+{
+	s->n_in = n_in;
+	for (int k = 0; k < n_in; k++)
+		s->src[k] = src[k];
+	tern_bcast_init(&s->b, n_in, view, p->out[0]->rank, p->out[0]->dims);
+}
+
+/* Chooses the kernel for dtype from a table; 16-bit floats run the float kernel on widened blocks. */
+static tern_status ew_pick(const tern_node *node, const ew_fn *fns, int dtype, bool out_bool, ew_step *s)
+{
+	if (dtype > 0 && dtype < TERN_DTYPE_COUNT && fns[dtype]) {
+		s->fn = fns[dtype];
+		return TERN_OK;
+	}
+	if (ew_is_half(dtype) && fns[TERN_FLOAT]) {
+		s->fn = ew_half_row;
+		s->inner = fns[TERN_FLOAT];
+		s->half = dtype;
+		s->out_bool = out_bool;
+		return TERN_OK;
+	}
+	return tern_node_errorf(node, TERN_EDATA, "input 0 '%s' has type %s, which %s does not support",
+	                        ew_input_name(node, 0), tern_dtype_name(dtype), node->op_type);
+}
+
+static bool ew_same_shape(const tern_tensor *a, const tern_tensor *b)
+{
+	return a->rank == b->rank && memcmp(a->dims, b->dims, (size_t)a->rank * sizeof a->dims[0]) == 0;
+}
+
+/* Inputs 0..n-1 must be present and of one type. */
+static tern_status ew_check_inputs(const tern_prepare_args *p, int first, int n)
+{
+	if (!p->out[0])
+		return tern_node_errorf(p->node, TERN_EDATA, "output 0 is missing");
+	if (p->n_in < first + n)
+		return tern_node_errorf(p->node, TERN_EDATA, "has %d inputs, needs %d", p->n_in, first + n);
+	for (int i = first; i < first + n; i++) {
+		if (!p->in[i])
+			return tern_node_errorf(p->node, TERN_EDATA, "input %d is missing", i);
+		if (p->in[i]->dtype != p->in[first]->dtype)
+			return tern_node_errorf(p->node, TERN_EDATA, "input %d '%s' has type %s, input %d '%s' has type %s", i,
+			                        ew_input_name(p->node, i), tern_dtype_name(p->in[i]->dtype), first,
+			                        ew_input_name(p->node, first), tern_dtype_name(p->in[first]->dtype));
+	}
+	return TERN_OK;
+}
+
+/* Before opset 7, B broadcast to A only with broadcast=1, its dimensions placed at `axis` (default: the
+ * trailing ones). The returned view gives B the equivalent numpy shape. */
+static tern_status ew_legacy_view(const tern_prepare_args *p, tern_tensor *view)
+{
+	const tern_tensor *a = p->in[0], *b = p->in[1];
+	*view = *b;
+	if (p->node->opset >= 7 || !tern_attr_int(p->node, "broadcast", 0))
+		return TERN_OK;
+	int64_t axis = tern_attr_int(p->node, "axis", a->rank - b->rank);
+	if (axis < 0)
+		axis += a->rank;
+	if (axis < 0 || axis + b->rank > a->rank)
+		return tern_node_errorf(p->node, TERN_EDATA, "axis %lld does not place input 1's %d dimensions within rank %d",
+		                        (long long)axis, b->rank, a->rank);
+	view->rank = (int)(axis + b->rank);
+	for (int i = 0; i < view->rank; i++)
+		view->dims[i] = i < axis ? 1 : b->dims[i - axis];
+	return TERN_OK;
+}
+
+/* Unary (arity 1) or broadcasting binary (arity 2) map with one kernel table. */
+static tern_status ew_prepare_map(tern_prepare_args *p, int arity, bool out_bool, const ew_fn *fns, ew_params **out)
+{
+	tern_status st = ew_check_inputs(p, 0, arity);
+	if (st)
+		return st;
+	const tern_tensor *view[2] = {p->in[0], p->in[0]};
+	tern_tensor b_view;
+	int rank = p->in[0]->rank;
+	int64_t dims[TERN_MAX_RANK];
+	memcpy(dims, p->in[0]->dims, sizeof dims);
+	if (arity == 2) {
+		if ((st = ew_legacy_view(p, &b_view)))
+			return st;
+		view[1] = &b_view;
+		if ((st = tern_broadcast_shape(p->node, p->in[0]->rank, p->in[0]->dims, b_view.rank, b_view.dims, &rank,
+		                               dims)))
+			return st;
+	}
+	int dtype = p->in[0]->dtype;
+	tern_set_shape(p->out[0], out_bool ? TERN_BOOL : dtype, rank, dims);
+	ew_params *e = ew_params_new(p, 1);
+	if (!e)
+		return tern_errorf(TERN_EOS, "out of memory");
+	if ((st = ew_pick(p->node, fns, dtype, out_bool, &e->steps[0])))
+		return st;
+	static const int src[2] = {0, 1};
+	ew_step_init(&e->steps[0], p, arity, src, view);
+	p->inplace_ok = !out_bool && ew_same_shape(p->in[0], p->out[0]);
+	*out = e;
+	return TERN_OK;
+}
+
+/* Operators that are one kernel table plus float attributes. */
+typedef struct ew_desc {
+	const char *op_type;
+	int arity;
+	bool out_bool;
+	const ew_fn *fns;
+	const char *attr[3]; /* attribute names for alpha, beta, gamma; NULL: the default is fixed */
+	float dflt[3];
+} ew_desc;
+
+static const ew_desc ew_descs[] = {
+	{"Abs", 1, false, abs_fns},
+	{"Neg", 1, false, neg_fns},
+	{"Sign", 1, false, sign_fns},
+	{"Reciprocal", 1, false, reciprocal_fns},
+	{"Floor", 1, false, floor_fns},
+	{"Ceil", 1, false, ceil_fns},
+	{"Round", 1, false, rint_fns}, /* rint rounds half to even, as numpy.round */
+	{"Sqrt", 1, false, sqrt_fns},
+	{"Exp", 1, false, exp_fns},
+	{"Log", 1, false, log_fns},
+	{"Sin", 1, false, sin_fns},
+	{"Cos", 1, false, cos_fns},
+	{"Tan", 1, false, tan_fns},
+	{"Asin", 1, false, asin_fns},
+	{"Acos", 1, false, acos_fns},
+	{"Atan", 1, false, atan_fns},
+	{"Sinh", 1, false, sinh_fns},
+	{"Cosh", 1, false, cosh_fns},
+	{"Asinh", 1, false, asinh_fns},
+	{"Acosh", 1, false, acosh_fns},
+	{"Atanh", 1, false, atanh_fns},
+	{"Erf", 1, false, erf_fns},
+	{"Tanh", 1, false, tanh_fns},
+	{"Not", 1, false, not_fns},
+	{"BitwiseNot", 1, false, bitwise_not_fns},
+	{"IsNaN", 1, true, isnan_fns},
+	{"Relu", 1, false, relu_fns},
+	{"LeakyRelu", 1, false, leaky_relu_fns, {"alpha"}, {0.01f}},
+	{"Elu", 1, false, elu_fns, {"alpha"}, {1.0f}},
+	{"Selu", 1, false, selu_fns, {"alpha", NULL, "gamma"}, {1.67326319217681884765625f, 0, 1.05070102214813232421875f}},
+	{"Celu", 1, false, celu_fns, {"alpha"}, {1.0f}},
+	{"Sigmoid", 1, false, sigmoid_fns},
+	{"HardSigmoid", 1, false, hard_sigmoid_fns, {"alpha", "beta"}, {0.2f, 0.5f}},
+	{"HardSwish", 1, false, hard_swish_fns, {NULL, NULL}, {1.0f / 6, 0.5f}},
+	{"Softplus", 1, false, softplus_fns},
+	{"Softsign", 1, false, softsign_fns},
+	{"ThresholdedRelu", 1, false, thresholded_relu_fns, {"alpha"}, {1.0f}},
+	{"Mish", 1, false, mish_fns},
+	{"Shrink", 1, false, shrink_fns, {"lambd", "bias"}, {0.5f, 0.0f}},
+	{"Add", 2, false, add_fns},
+	{"Sub", 2, false, sub_fns},
+	{"Mul", 2, false, mul_fns},
+	{"Div", 2, false, div_fns},
+	{"BitwiseAnd", 2, false, bitwise_and_fns},
+	{"BitwiseOr", 2, false, bitwise_or_fns},
+	{"BitwiseXor", 2, false, bitwise_xor_fns},
+	{"And", 2, true, and_fns},
+	{"Or", 2, true, or_fns},
+	{"Xor", 2, true, xor_fns},
+	{"Equal", 2, true, equal_fns},
+	{"Less", 2, true, less_fns},
+	{"LessOrEqual", 2, true, less_equal_fns},
+	{"Greater", 2, true, greater_fns},
+	{"GreaterOrEqual", 2, true, greater_equal_fns},
+};
+
+static tern_status prep_simple_body(tern_prepare_args *p)
+{
+	const ew_desc *d = NULL;
+	for (size_t i = 0; i < TERN_ARRAY_LEN(ew_descs) && !d; i++)
+		if (strcmp(ew_descs[i].op_type, p->node->op_type) == 0)
+			d = &ew_descs[i];
+	if (!d)
+		return tern_node_errorf(p->node, TERN_EINTERNAL, "no elementwise kernel table for %s", p->node->op_type);
+	ew_params *e;
+	tern_status st = ew_prepare_map(p, d->arity, d->out_bool, d->fns, &e);
+	if (st)
+		return st;
+	double *attrs[3] = {&e->at.alpha, &e->at.beta, &e->at.gamma};
+	for (int i = 0; i < 3; i++)
+		*attrs[i] = d->attr[i] ? tern_attr_float(p->node, d->attr[i], d->dflt[i]) : d->dflt[i];
+	return TERN_OK;
+}
+
+static tern_status prep_isinf_body(tern_prepare_args *p)
+{
+	ew_params *e;
+	tern_status st = ew_prepare_map(p, 1, true, isinf_fns, &e);
+	if (st)
+		return st;
+	e->at.flag = (tern_attr_int(p->node, "detect_negative", 1) ? 1 : 0) |
+	             (tern_attr_int(p->node, "detect_positive", 1) ? 2 : 0);
+	return TERN_OK;
+}
+
+static tern_status prep_mod_body(tern_prepare_args *p)
+{
+	ew_params *e;
+	return ew_prepare_map(p, 2, false, tern_attr_int(p->node, "fmod", 0) ? fmod_fns : mod_fns, &e);
+}
+
+static tern_status prep_bitshift_body(tern_prepare_args *p)
+{
+	const char *dir = tern_attr_string(p->node, "direction", "");
+	const ew_fn *fns = strcmp(dir, "LEFT") == 0 ? shift_left_fns : strcmp(dir, "RIGHT") == 0 ? shift_right_fns : NULL;
+	if (!fns)
+		return tern_node_errorf(p->node, TERN_EDATA, "attribute 'direction' is \"%s\", expected LEFT or RIGHT", dir);
+	ew_params *e;
+	return ew_prepare_map(p, 2, false, fns, &e);
+}
+
+/* PRelu broadcasts slope to X's shape only. */
+static tern_status prep_prelu_body(tern_prepare_args *p)
+{
+	ew_params *e;
+	tern_status st = ew_prepare_map(p, 2, false, prelu_fns, &e);
+	if (st)
+		return st;
+	if (!ew_same_shape(p->out[0], p->in[0])) {
+		char sx[128], ss[128];
+		return tern_node_errorf(p->node, TERN_EDATA, "slope %s does not broadcast to X %s",
+		                        tern_shape_str(p->in[1]->dtype, p->in[1]->rank, p->in[1]->dims, ss, sizeof ss),
+		                        tern_shape_str(p->in[0]->dtype, p->in[0]->rank, p->in[0]->dims, sx, sizeof sx));
+	}
+	return TERN_OK;
+}
+
+/* Pow: the output has the base's type; the exponent may have another numeric type. */
+static tern_status prep_pow_body(tern_prepare_args *p)
+{
+	ew_params *e;
+	if (p->n_in >= 2 && p->in[0] && p->in[1] && p->in[0]->dtype == p->in[1]->dtype &&
+	    (p->in[0]->dtype == TERN_FLOAT || p->in[0]->dtype == TERN_DOUBLE || ew_is_half(p->in[0]->dtype)))
+		return ew_prepare_map(p, 2, false, pow_fns, &e);
+	if (!p->out[0] || p->n_in < 2 || !p->in[0] || !p->in[1])
+		return tern_node_errorf(p->node, TERN_EDATA, "needs inputs X and Y and output Z");
+	for (int i = 0; i < 2; i++) {
+		int dt = p->in[i]->dtype;
+		if (dt <= 0 || dt >= TERN_DTYPE_COUNT || !(TERN_DT_NUMERIC & (1u << dt)))
+			return tern_node_errorf(p->node, TERN_EDATA, "input %d '%s' has type %s, which Pow does not support", i,
+			                        ew_input_name(p->node, i), tern_dtype_name(dt));
+	}
+	/* Same shapes and broadcasting as the single-type case; only the kernel differs. */
+	tern_tensor b_view;
+	tern_status st = ew_legacy_view(p, &b_view);
+	if (st)
+		return st;
+	int rank;
+	int64_t dims[TERN_MAX_RANK];
+	if ((st = tern_broadcast_shape(p->node, p->in[0]->rank, p->in[0]->dims, b_view.rank, b_view.dims, &rank, dims)))
+		return st;
+	tern_set_shape(p->out[0], p->in[0]->dtype, rank, dims);
+	if (!(e = ew_params_new(p, 1)))
+		return tern_errorf(TERN_EOS, "out of memory");
+	e->at.from = p->in[0]->dtype;
+	e->at.to = p->in[1]->dtype;
+	e->steps[0].fn = ew_pow_mixed;
+	static const int src[2] = {0, 1};
+	const tern_tensor *view[2] = {p->in[0], &b_view};
+	ew_step_init(&e->steps[0], p, 2, src, view);
+	p->inplace_ok = ew_same_shape(p->in[0], p->out[0]);
+	return TERN_OK;
+}
+
+/* Sum, Mean, Max, Min: out = in0 op in1, then out = out op in2, ...; Mean then divides. */
+static tern_status prep_variadic_body(tern_prepare_args *p)
+{
+	const char *op = p->node->op_type;
+	bool mean = strcmp(op, "Mean") == 0;
+	const ew_fn *fns = strcmp(op, "Max") == 0 ? max_fns : strcmp(op, "Min") == 0 ? min_fns : add_fns;
+	int n = p->n_in;
+	if (n < 1)
+		return tern_node_errorf(p->node, TERN_EDATA, "needs at least one input");
+	tern_status st = ew_check_inputs(p, 0, n);
+	if (st)
+		return st;
+	int rank;
+	int64_t dims[TERN_MAX_RANK];
+	if ((st = tern_broadcast_tensors(p->node, n, (const tern_tensor *const *)p->in, &rank, dims)))
+		return st;
+	int dtype = p->in[0]->dtype;
+	tern_set_shape(p->out[0], dtype, rank, dims);
+	int n_steps = (n > 1 ? n - 1 : 1) + (mean && n > 1);
+	ew_params *e = ew_params_new(p, n_steps);
+	if (!e)
+		return tern_errorf(TERN_EOS, "out of memory");
+	if (n == 1) {
+		/* The type must still be one the operator accepts. */
+		if ((st = ew_pick(p->node, fns, dtype, false, &e->steps[0])))
+			return st;
+		e->steps[0].fn = ew_copy_fn(dtype);
+		static const int src0[1] = {0};
+		ew_step_init(&e->steps[0], p, 1, src0, (const tern_tensor *const *)p->in);
+	}
+	for (int k = 1; k < n; k++) {
+		ew_step *s = &e->steps[k - 1];
+		if ((st = ew_pick(p->node, fns, dtype, false, s)))
+			return st;
+		int src[2] = {k == 1 ? 0 : EW_SRC_OUT, k};
+		const tern_tensor *view[2] = {k == 1 ? p->in[0] : p->out[0], p->in[k]};
+		ew_step_init(s, p, 2, src, view);
+	}
+	if (mean && n > 1) {
+		ew_step *s = &e->steps[n_steps - 1];
+		if ((st = ew_pick(p->node, divide_by_fns, dtype, false, s)))
+			return st;
+		static const int src_out[1] = {EW_SRC_OUT};
+		const tern_tensor *view[1] = {p->out[0]};
+		ew_step_init(s, p, 1, src_out, view);
+		e->at.gamma = n;
+	}
+	p->inplace_ok = ew_same_shape(p->in[0], p->out[0]);
+	return TERN_OK;
+}
+
+static tern_status prep_where_body(tern_prepare_args *p)
+{
+	tern_status st = ew_check_inputs(p, 1, 2);
+	if (st)
+		return st;
+	if (!p->in[0] || p->in[0]->dtype != TERN_BOOL)
+		return tern_node_errorf(p->node, TERN_EDATA, "input 0 '%s' must be a bool tensor", ew_input_name(p->node, 0));
+	int dtype = p->in[1]->dtype;
+	ew_fn fn = NULL;
+	switch (dtype == TERN_STRING ? 0 : tern_dtype_size(dtype)) {
+	case 1: fn = ew_where_u8; break;
+	case 2: fn = ew_where_u16; break;
+	case 4: fn = ew_where_u32; break;
+	case 8: fn = ew_where_u64; break;
+	default:
+		return tern_node_errorf(p->node, TERN_EDATA, "input 1 '%s' has type %s, which Where does not support",
+		                        ew_input_name(p->node, 1), tern_dtype_name(dtype));
+	}
+	int rank;
+	int64_t dims[TERN_MAX_RANK];
+	if ((st = tern_broadcast_tensors(p->node, 3, (const tern_tensor *const *)p->in, &rank, dims)))
+		return st;
+	tern_set_shape(p->out[0], dtype, rank, dims);
+	ew_params *e = ew_params_new(p, 1);
+	if (!e)
+		return tern_errorf(TERN_EOS, "out of memory");
+	e->steps[0].fn = fn;
+	static const int src[3] = {0, 1, 2};
+	ew_step_init(&e->steps[0], p, 3, src, (const tern_tensor *const *)p->in);
+	return TERN_OK;
+}
+
+/* The lowest or highest value of dtype, as bytes of the type Clip computes in. */
+static uint64_t ew_limit(int dtype, bool upper)
+{
+	uint64_t bits = 0;
+#define EW_LIMIT(T, LO, HI)                                                                                \
+	{                                                                                                      \
+		T v = upper ? (HI) : (LO);                                                                         \
+		memcpy(&bits, &v, sizeof v);                                                                       \
+		break;                                                                                             \
+	}
+	switch (dtype) {
+	case TERN_FLOAT: case TERN_FLOAT16: case TERN_BFLOAT16: EW_LIMIT(float, -INFINITY, INFINITY)
+	case TERN_DOUBLE: EW_LIMIT(double, -INFINITY, INFINITY)
+	case TERN_INT8: EW_LIMIT(int8_t, INT8_MIN, INT8_MAX)
+	case TERN_INT16: EW_LIMIT(int16_t, INT16_MIN, INT16_MAX)
+	case TERN_INT32: EW_LIMIT(int32_t, INT32_MIN, INT32_MAX)
+	case TERN_INT64: EW_LIMIT(int64_t, INT64_MIN, INT64_MAX)
+	case TERN_UINT8: EW_LIMIT(uint8_t, 0, UINT8_MAX)
+	case TERN_UINT16: EW_LIMIT(uint16_t, 0, UINT16_MAX)
+	case TERN_UINT32: EW_LIMIT(uint32_t, 0, UINT32_MAX)
+	case TERN_UINT64: EW_LIMIT(uint64_t, 0, UINT64_MAX)
+	default: break;
+	}
+#undef EW_LIMIT
+	return bits;
+}
+
+/* A float attribute bound stored as the float or double Clip computes in. */
+static uint64_t ew_float_bound(int dtype, double v)
+{
+	uint64_t bits = 0;
+	if (dtype == TERN_DOUBLE) {
+		memcpy(&bits, &v, sizeof v);
+	} else {
+		float f = (float)v;
+		memcpy(&bits, &f, sizeof f);
+	}
+	return bits;
+}
+
+/* Clip: bounds are attributes before opset 11, optional scalar inputs from then on. */
+static tern_status prep_clip_body(tern_prepare_args *p)
+{
+	ew_params *e;
+	tern_status st = ew_prepare_map(p, 1, false, clip_fns, &e);
+	if (st)
+		return st;
+	int dtype = p->in[0]->dtype;
+	e->at.lo = ew_limit(dtype, false);
+	e->at.hi = ew_limit(dtype, true);
+	if (p->node->opset < 11) {
+		if (tern_attr(p->node, "min"))
+			e->at.lo = ew_float_bound(dtype, tern_attr_float(p->node, "min", 0));
+		if (tern_attr(p->node, "max"))
+			e->at.hi = ew_float_bound(dtype, tern_attr_float(p->node, "max", 0));
+		return TERN_OK;
+	}
+	for (int k = 1; k <= 2 && k < p->n_in; k++) {
+		const tern_tensor *t = p->in[k];
+		if (!t)
+			continue;
+		if (t->dtype != dtype)
+			return tern_node_errorf(p->node, TERN_EDATA, "input %d '%s' has type %s, input 0 has type %s", k,
+			                        ew_input_name(p->node, k), tern_dtype_name(t->dtype), tern_dtype_name(dtype));
+		if (tern_tensor_numel(t) != 1)
+			return tern_node_errorf(p->node, TERN_EDATA, "input %d '%s' has %lld elements, expected a scalar", k,
+			                        ew_input_name(p->node, k), (long long)tern_tensor_numel(t));
+		e->clip_inputs = 1;
+	}
+	return TERN_OK;
+}
+
+static bool ew_castable(int dtype)
+{
+	return dtype > 0 && dtype < TERN_DTYPE_COUNT && ((TERN_DT_NUMERIC | TERN_DT(BOOL)) & (1u << dtype));
+}
+
+static tern_status ew_prepare_cast(tern_prepare_args *p, int to)
+{
+	tern_status st = ew_check_inputs(p, 0, 1);
+	if (st)
+		return st;
+	int from = p->in[0]->dtype;
+	if (!ew_castable(from) || !ew_castable(to))
+		return tern_node_errorf(p->node, TERN_EDATA, "cast from %s to %s is not supported", tern_dtype_name(from),
+		                        tern_dtype_name(to));
+	tern_set_shape(p->out[0], to, p->in[0]->rank, p->in[0]->dims);
+	ew_params *e = ew_params_new(p, 1);
+	if (!e)
+		return tern_errorf(TERN_EOS, "out of memory");
+	ew_step *s = &e->steps[0];
+	if (from == to)
+		s->fn = ew_copy_fn(from);
+	else if (ew_is_half(from) || ew_is_half(to))
+		s->fn = ew_cast_via_float;
+	else
+		s->fn = ew_cast_fns[from == TERN_BOOL ? TERN_UINT8 : from][to];
+	e->at.from = from;
+	e->at.to = to;
+	static const int src[1] = {0};
+	ew_step_init(s, p, 1, src, (const tern_tensor *const *)p->in);
+	p->inplace_ok = tern_dtype_size(from) == tern_dtype_size(to);
+	return TERN_OK;
+}
+
+static tern_status prep_cast_body(tern_prepare_args *p)
+{
+	const Onnx__AttributeProto *to = tern_attr(p->node, "to");
+	if (!to)
+		return tern_node_errorf(p->node, TERN_EDATA, "attribute 'to' is missing");
+	if (to->type != ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__STRING)
+		return ew_prepare_cast(p, (int)tern_attr_int(p->node, "to", 0));
+	/* Cast-1 names the type ("FLOAT"); the text syntax spells it in lower case. */
+	char name[32];
+	const char *s = tern_attr_string(p->node, "to", "");
+	size_t n = 0;
+	for (; s[n] && n < sizeof name - 1; n++)
+		name[n] = (char)(s[n] >= 'A' && s[n] <= 'Z' ? s[n] - 'A' + 'a' : s[n]);
+	name[n] = '\0';
+	return ew_prepare_cast(p, tern_dtype_from_name(name));
+}
+
+static tern_status prep_cast_like_body(tern_prepare_args *p)
+{
+	if (p->n_in < 2 || !p->in[1])
+		return tern_node_errorf(p->node, TERN_EDATA, "input 1 'target_type' is missing");
+	return ew_prepare_cast(p, p->in[1]->dtype);
+}
+
+/* A failed prepare leaves no parameters behind. */
+#define EW_PREPARE(name)                                                                                   \
+	static tern_status prep_##name(tern_prepare_args *p)                                                   \
+	{                                                                                                      \
+		tern_status st = prep_##name##_body(p);                                                            \
+		if (st) {                                                                                          \
+			free(p->params);                                                                               \
+			p->params = NULL;                                                                              \
+			p->free_params = NULL;                                                                         \
+		}                                                                                                  \
+		return st;                                                                                         \
+	}
+EW_PREPARE(simple)
+EW_PREPARE(isinf)
+EW_PREPARE(mod)
+EW_PREPARE(bitshift)
+EW_PREPARE(prelu)
+EW_PREPARE(pow)
+EW_PREPARE(variadic)
+EW_PREPARE(where)
+EW_PREPARE(clip)
+EW_PREPARE(cast)
+EW_PREPARE(cast_like)
+
+#define EW_FAMILY "elementwise"
+#define EW_OP(name, since, prep) {"", name, since, 0, prep, 0, EW_FAMILY}
+
+static const tern_op ops[] = {
+	EW_OP("Abs", 1, prep_simple),
+	EW_OP("Neg", 1, prep_simple),
+	EW_OP("Sign", 9, prep_simple),
+	EW_OP("Reciprocal", 1, prep_simple),
+	EW_OP("Floor", 1, prep_simple),
+	EW_OP("Ceil", 1, prep_simple),
+	EW_OP("Round", 11, prep_simple),
+	EW_OP("Sqrt", 1, prep_simple),
+	EW_OP("Exp", 1, prep_simple),
+	EW_OP("Log", 1, prep_simple),
+	EW_OP("Sin", 7, prep_simple),
+	EW_OP("Cos", 7, prep_simple),
+	EW_OP("Tan", 7, prep_simple),
+	EW_OP("Asin", 7, prep_simple),
+	EW_OP("Acos", 7, prep_simple),
+	EW_OP("Atan", 7, prep_simple),
+	EW_OP("Sinh", 9, prep_simple),
+	EW_OP("Cosh", 9, prep_simple),
+	EW_OP("Asinh", 9, prep_simple),
+	EW_OP("Acosh", 9, prep_simple),
+	EW_OP("Atanh", 9, prep_simple),
+	EW_OP("Erf", 9, prep_simple),
+	EW_OP("Tanh", 1, prep_simple),
+	EW_OP("Not", 1, prep_simple),
+	EW_OP("BitwiseNot", 18, prep_simple),
+	EW_OP("IsNaN", 9, prep_simple),
+	EW_OP("IsInf", 10, prep_isinf),
+	EW_OP("Relu", 1, prep_simple),
+	EW_OP("LeakyRelu", 1, prep_simple),
+	EW_OP("Elu", 1, prep_simple),
+	EW_OP("Selu", 1, prep_simple),
+	EW_OP("Celu", 12, prep_simple),
+	EW_OP("Sigmoid", 1, prep_simple),
+	EW_OP("HardSigmoid", 1, prep_simple),
+	EW_OP("HardSwish", 14, prep_simple),
+	EW_OP("Softplus", 1, prep_simple),
+	EW_OP("Softsign", 1, prep_simple),
+	EW_OP("ThresholdedRelu", 10, prep_simple),
+	EW_OP("Mish", 18, prep_simple),
+	EW_OP("Shrink", 9, prep_simple),
+	EW_OP("PRelu", 1, prep_prelu),
+	EW_OP("Add", 1, prep_simple),
+	EW_OP("Sub", 1, prep_simple),
+	EW_OP("Mul", 1, prep_simple),
+	EW_OP("Div", 1, prep_simple),
+	EW_OP("Pow", 1, prep_pow),
+	EW_OP("Mod", 10, prep_mod),
+	EW_OP("BitShift", 11, prep_bitshift),
+	EW_OP("BitwiseAnd", 18, prep_simple),
+	EW_OP("BitwiseOr", 18, prep_simple),
+	EW_OP("BitwiseXor", 18, prep_simple),
+	EW_OP("And", 1, prep_simple),
+	EW_OP("Or", 1, prep_simple),
+	EW_OP("Xor", 1, prep_simple),
+	EW_OP("Equal", 1, prep_simple),
+	EW_OP("Less", 1, prep_simple),
+	EW_OP("LessOrEqual", 12, prep_simple),
+	EW_OP("Greater", 1, prep_simple),
+	EW_OP("GreaterOrEqual", 12, prep_simple),
+	EW_OP("Sum", 1, prep_variadic),
+	EW_OP("Mean", 1, prep_variadic),
+	EW_OP("Max", 1, prep_variadic),
+	EW_OP("Min", 1, prep_variadic),
+	EW_OP("Where", 9, prep_where),
+	EW_OP("Clip", 1, prep_clip),
+	EW_OP("Cast", 1, prep_cast),
+	EW_OP("CastLike", 15, prep_cast_like),
+};
+
+const tern_op_table tern_ops_elementwise = {ops, TERN_ARRAY_LEN(ops)};
