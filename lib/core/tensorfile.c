@@ -344,16 +344,23 @@ tern_status tern_tensor_write_npy(FILE *f, const tern_tensor *t)
 	if (t->rank > 1)
 		n--; /* NumPy writes (3,) for one dimension and (2, 3) for more */
 	n += snprintf(dict + n, sizeof dict - (size_t)n, "), }");
-	/* Magic, version, length, dict and the newline end on a multiple of 64 bytes (aligned data). */
-	size_t total = (10 + (size_t)n + 1 + 63) / 64 * 64;
-	size_t header_len = total - 10;
+	/* Laid out as NumPy (1.24 and later) lays it out, so that files compare byte for byte: room for
+	 * the first dimension to grow to 21 digits, then spaces and a newline that end the header on a
+	 * multiple of 64 bytes (at least one space, a whole 64 when already aligned). */
+	size_t growth = 0;
+	if (t->rank > 0) {
+		char digits[24];
+		growth = 21 - (size_t)snprintf(digits, sizeof digits, "%lld", (long long)t->dims[0]);
+	}
+	size_t unpadded = (size_t)n + growth + 1;
+	size_t header_len = unpadded + 64 - (10 + unpadded) % 64;
 	uint8_t prefix[10];
 	memcpy(prefix, npy_magic, sizeof npy_magic);
 	prefix[6] = 1;
 	prefix[7] = 0;
 	prefix[8] = (uint8_t)(header_len & 0xff);
 	prefix[9] = (uint8_t)(header_len >> 8);
-	char pad[64];
+	char pad[64 + 21];
 	memset(pad, ' ', sizeof pad);
 	size_t n_pad = header_len - (size_t)n - 1;
 	if (fwrite(prefix, 1, sizeof prefix, f) != sizeof prefix || fwrite(dict, 1, (size_t)n, f) != (size_t)n ||
