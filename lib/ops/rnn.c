@@ -11,6 +11,19 @@
 #include <cblas.h>
 #endif
 
+/* The cell arithmetic is compiled twice, for AVX2 with FMA and for the baseline, and the loader picks
+ * one for the machine (GCC's function multiversioning). Under GCC's default -ftrapping-math a float
+ * comparison may raise an exception, which keeps the clamps below from becoming vector selects; tern
+ * never reads the floating-point exception flags. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__linux__)
+#define VECTOR_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define VECTOR_CLONES
+#endif
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("no-trapping-math")
+#endif
+
 /* ---------------------------------------------------------------- activations */
 
 enum act_kind {
@@ -42,21 +55,64 @@ typedef struct activation {
 	float alpha, beta;
 } activation;
 
+/* exp and tanh as plain arithmetic, so that loops over them vectorise (libm's are calls per element
+ * and were a third of an LSTM's time). exp: Cephes' range reduction and polynomial, relative error
+ * under 1e-7 on [-87, 88]; tanh: a [13/6] rational approximation, absolute error under 4e-7. */
+static inline float exp_fast(float x)
+{
+	x = x > 88.3762626647949f ? 88.3762626647949f : x;
+	x = x < -87.3365478515625f ? -87.3365478515625f : x;
+	/* Adding and subtracting 1.5 * 2^23 rounds to the nearest integer. */
+	float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+	float r = x - n * 0.693359375f + n * 2.12194440e-4f;
+	float p = 1.9875691500e-4f;
+	p = p * r + 1.3981999507e-3f;
+	p = p * r + 8.3334519073e-3f;
+	p = p * r + 4.1665795894e-2f;
+	p = p * r + 1.6666665459e-1f;
+	p = p * r + 5.0000001201e-1f;
+	p = p * r * r + r + 1.0f;
+	int32_t bits = (int32_t)((uint32_t)((int32_t)n + 127) << 23);
+	float scale;
+	memcpy(&scale, &bits, sizeof scale);
+	return p * scale;
+}
+
+static inline float tanh_fast(float x)
+{
+	const float lim = 7.90531110763549805f;
+	float c = x > lim ? lim : x;
+	c = c < -lim ? -lim : c;
+	float c2 = c * c;
+	float p = -2.76076847742355e-16f;
+	p = p * c2 + 2.00018790482477e-13f;
+	p = p * c2 + -8.60467152213735e-11f;
+	p = p * c2 + 5.12229709037114e-08f;
+	p = p * c2 + 1.48572235717979e-05f;
+	p = p * c2 + 6.37261928875436e-04f;
+	p = p * c2 + 4.89352455891786e-03f;
+	float q = 1.19825839466702e-06f;
+	q = q * c2 + 1.18534705686654e-04f;
+	q = q * c2 + 2.26843463243900e-03f;
+	q = q * c2 + 4.89352518554385e-03f;
+	return p * c / q;
+}
+
 /* x = act(clip(x)) over n elements; clip <= 0 means none. */
-static void activate(const activation *a, float *restrict x, int64_t n, float clip)
+VECTOR_CLONES static void activate(const activation *a, float *restrict x, int64_t n, float clip)
 {
 	if (clip > 0)
 		for (int64_t i = 0; i < n; i++)
-			x[i] = fminf(fmaxf(x[i], -clip), clip);
+			x[i] = x[i] > clip ? clip : x[i] < -clip ? -clip : x[i];
 	float al = a->alpha, be = a->beta;
 	switch (a->kind) {
-	case A_RELU: for (int64_t i = 0; i < n; i++) x[i] = fmaxf(x[i], 0); break;
-	case A_TANH: for (int64_t i = 0; i < n; i++) x[i] = tanhf(x[i]); break;
-	case A_SIGMOID: for (int64_t i = 0; i < n; i++) x[i] = 1 / (1 + expf(-x[i])); break;
+	case A_RELU: for (int64_t i = 0; i < n; i++) x[i] = x[i] > 0 ? x[i] : 0; break;
+	case A_TANH: for (int64_t i = 0; i < n; i++) x[i] = tanh_fast(x[i]); break;
+	case A_SIGMOID: for (int64_t i = 0; i < n; i++) x[i] = 1 / (1 + exp_fast(-x[i])); break;
 	case A_AFFINE: for (int64_t i = 0; i < n; i++) x[i] = al * x[i] + be; break;
 	case A_LEAKYRELU: for (int64_t i = 0; i < n; i++) x[i] = x[i] >= 0 ? x[i] : al * x[i]; break;
 	case A_THRESHOLDEDRELU: for (int64_t i = 0; i < n; i++) x[i] = x[i] >= al ? x[i] : 0; break;
-	case A_SCALEDTANH: for (int64_t i = 0; i < n; i++) x[i] = al * tanhf(be * x[i]); break;
+	case A_SCALEDTANH: for (int64_t i = 0; i < n; i++) x[i] = al * tanh_fast(be * x[i]); break;
 	case A_HARDSIGMOID: for (int64_t i = 0; i < n; i++) x[i] = fminf(fmaxf(al * x[i] + be, 0), 1); break;
 	case A_ELU: for (int64_t i = 0; i < n; i++) x[i] = x[i] >= 0 ? x[i] : al * expm1f(x[i]); break;
 	case A_SOFTSIGN: for (int64_t i = 0; i < n; i++) x[i] = x[i] / (1 + fabsf(x[i])); break;
@@ -71,6 +127,12 @@ static void gemm_nt(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda
                     float *c, int64_t ldc, bool accumulate)
 {
 #if TERN_HAVE_BLAS
+	/* One row: a matrix-vector product streams B once instead of packing it first. */
+	if (m == 1) {
+		cblas_sgemv(CblasRowMajor, CblasNoTrans, (int)n, (int)k, 1.0f, b, (int)ldb, a, 1, accumulate ? 1.0f : 0.0f,
+		            c, 1);
+		return;
+	}
 	cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)m, (int)n, (int)k, 1.0f, a, (int)lda, b, (int)ldb,
 	            accumulate ? 1.0f : 0.0f, c, (int)ldc);
 #else
@@ -261,7 +323,7 @@ static void gru_state(const rnn_params *p, const activation *acts, const float *
 		h[j] = (1 - z[j]) * hh[j] + z[j] * h[j];
 }
 
-static tern_status run_direction(const rnn_params *p, const rnn_buffers *bf, const int64_t *lens, int d)
+VECTOR_CLONES static tern_status run_direction(const rnn_params *p, const rnn_buffers *bf, const int64_t *lens, int d)
 {
 	int64_t n = p->hidden, gh = p->n_gates * n;
 	bool reverse = p->reverse || d == 1;
