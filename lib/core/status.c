@@ -23,6 +23,14 @@ tern_status tern_error_prefix(tern_status status, const char *prefix)
 {
 	char old[sizeof message];
 	memcpy(old, message, sizeof old);
-	snprintf(message, sizeof message, "%s: %s", prefix, old);
+	size_t n = strlen(prefix);
+	if (n > sizeof message / 2)
+		n = sizeof message / 2;
+	memcpy(message, prefix, n);
+	memcpy(message + n, ": ", 2);
+	size_t room = sizeof message - n - 3;
+	size_t len = strnlen(old, room);
+	memcpy(message + n + 2, old, len);
+	message[n + 2 + len] = '\0';
 	return status;
 }

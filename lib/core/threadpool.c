@@ -12,6 +12,9 @@ struct tern_threadpool {
 	pthread_t *workers;
 	pthread_mutex_t lock;
 	pthread_cond_t wake, done;
+	/* Held by the one caller whose job the pool runs; concurrent callers (kernels on other streams)
+	 * run their loop themselves rather than queue behind it. */
+	pthread_mutex_t busy;
 	uint64_t generation; /* bumped per job */
 	int shutdown;
 	/* the current job */
@@ -65,6 +68,7 @@ tern_status tern_threadpool_create(int n_threads, tern_threadpool **out)
 		return tern_errorf(TERN_EOS, "out of memory");
 	p->n_threads = n_threads;
 	pthread_mutex_init(&p->lock, NULL);
+	pthread_mutex_init(&p->busy, NULL);
 	pthread_cond_init(&p->wake, NULL);
 	pthread_cond_init(&p->done, NULL);
 	if (n_threads > 1) {
@@ -96,6 +100,7 @@ void tern_threadpool_free(tern_threadpool *p)
 		pthread_join(p->workers[i], NULL);
 	free(p->workers);
 	pthread_mutex_destroy(&p->lock);
+	pthread_mutex_destroy(&p->busy);
 	pthread_cond_destroy(&p->wake);
 	pthread_cond_destroy(&p->done);
 	free(p);
@@ -107,7 +112,7 @@ void tern_parallel_for(tern_threadpool *p, int64_t n, void (*fn)(void *ctx, int6
 {
 	if (n <= 0)
 		return;
-	if (!p || p->n_threads == 1 || n == 1) {
+	if (!p || p->n_threads == 1 || n == 1 || pthread_mutex_trylock(&p->busy) != 0) {
 		for (int64_t i = 0; i < n; i++)
 			fn(ctx, i);
 		return;
@@ -129,4 +134,5 @@ void tern_parallel_for(tern_threadpool *p, int64_t n, void (*fn)(void *ctx, int6
 	while (p->active > 0)
 		pthread_cond_wait(&p->done, &p->lock);
 	pthread_mutex_unlock(&p->lock);
+	pthread_mutex_unlock(&p->busy);
 }

@@ -22,7 +22,7 @@ typedef struct slot {
 	size_t offset;
 	int alias_of;          /* SLOT_ALIAS: the slot whose bytes these are */
 	tern_tensor *outer;    /* SLOT_OUTER: the parent's tensor */
-	int first_def, last_use; /* step indices, for the memory plan */
+	int first_def; /* producing step, for the memory plan */
 	int owns; /* t.data is owned (CONST) */
 } slot;
 
@@ -44,7 +44,11 @@ typedef struct step {
 	int dynamic_output; /* the kernel allocates its outputs */
 	int alias;          /* output 0 aliases input 0: nothing to launch */
 	int stream;
+	int *waits; /* steps on other streams that must finish first */
+	int n_waits;
 } step;
+
+typedef struct stream_worker stream_worker;
 
 struct tern_exec {
 	tern_graph *graph;
@@ -63,6 +67,14 @@ struct tern_exec {
 	void *scratch;
 	size_t scratch_bytes;
 	int has_late; /* some step is prepared or allocates its outputs at run time */
+	/* Streams (Nimble): the schedule this plan follows (NULL: one stream, steps in order). */
+	const tern_schedule *schedule;
+	int n_streams;
+	int **queue; /* per stream: its steps in launch order */
+	int *queue_len;
+	void **stream_scratch;
+	stream_worker *workers; /* n_streams - 1 threads; the caller runs stream 0 */
+	struct stream_sync *sync;
 	/* profiling */
 	int profile;
 	tern_profile_event *events;
@@ -70,6 +82,11 @@ struct tern_exec {
 };
 
 tern_status tern_exec_plan(tern_exec *e, tern_tensor *const *inputs, int n_inputs);
+tern_status tern_exec_run_step(tern_exec *e, int k, void *scratch);
+/* Multi-stream set-up and running (streams.c). */
+tern_status tern_exec_setup_streams(tern_exec *e);
+tern_status tern_exec_run_streams(tern_exec *e);
+void tern_exec_stop_streams(tern_exec *e);
 void tern_exec_release(tern_exec *e);
 
 #endif

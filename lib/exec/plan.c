@@ -34,11 +34,13 @@ static void free_step(step *s)
 	free(s->in_slot);
 	free(s->out_slot);
 	free(s->use_slot);
+	free(s->waits);
 	memset(s, 0, sizeof *s);
 }
 
 void tern_exec_release(tern_exec *e)
 {
+	tern_exec_stop_streams(e);
 	for (int i = 0; i < e->n_steps; i++)
 		free_step(&e->steps[i]);
 	free(e->steps);
@@ -57,6 +59,9 @@ void tern_exec_release(tern_exec *e)
 	free(e->arena);
 	free(e->scratch);
 	e->arena = e->scratch = NULL;
+	free(e->events);
+	e->events = NULL;
+	e->n_events = 0;
 	e->arena_bytes = e->scratch_bytes = 0;
 	e->has_late = 0;
 }
@@ -128,7 +133,6 @@ static tern_status init_slots(tern_exec *e)
 		tern_value *v = g->values[i];
 		slot *s = &e->slots[i];
 		s->first_def = -1;
-		s->last_use = -1;
 		if (v->flags & TERN_VALUE_INITIALIZER) {
 			tern_status st = tern_tensor_from_proto(v->initializer, g->model->base_dir, v->name, &s->t);
 			if (st)
@@ -276,54 +280,186 @@ static tern_status build_step(tern_exec *e, tern_node *n, step *st)
 	return TERN_OK;
 }
 
-/* Greedy-by-size placement: biggest buffers first, each at the lowest offset that no buffer with an
- * overlapping lifetime occupies. */
-typedef struct placed {
-	size_t offset, size;
-	int first, last;
-} placed;
+/* Orders the steps as the schedule launches them and gives each its stream and waits. Folded
+ * nodes have no step: waiting on a constant is waiting on nothing. */
+static tern_status apply_schedule(tern_exec *e)
+{
+	const tern_schedule *sc = e->schedule;
+	tern_graph *g = e->graph;
+	int *node_step = malloc((g->n_nodes + 1) * sizeof *node_step);
+	int *pos_step = malloc(((size_t)sc->n_nodes + 1) * sizeof *pos_step);
+	step *ordered = calloc((size_t)e->n_steps + 1, sizeof *ordered);
+	if (!node_step || !pos_step || !ordered) {
+		free(node_step);
+		free(pos_step);
+		free(ordered);
+		return tern_errorf(TERN_EOS, "out of memory");
+	}
+	for (size_t i = 0; i < g->n_nodes; i++)
+		node_step[i] = -1;
+	for (int k = 0; k < e->n_steps; k++)
+		node_step[e->steps[k].node->index] = k;
+	int n = 0;
+	for (int i = 0; i < sc->n_nodes; i++) {
+		int k = node_step[sc->order[i]->index];
+		pos_step[i] = k < 0 ? -1 : n;
+		if (k < 0)
+			continue;
+		ordered[n] = e->steps[k];
+		ordered[n].stream = sc->stream[i];
+		ordered[n].waits = malloc(((size_t)sc->n_waits[i] + 1) * sizeof *ordered[n].waits);
+		if (!ordered[n].waits) {
+			free(node_step);
+			free(pos_step);
+			free(ordered);
+			return tern_errorf(TERN_EOS, "out of memory");
+		}
+		for (int w = 0; w < sc->n_waits[i]; w++)
+			if (pos_step[sc->waits[i][w]] >= 0)
+				ordered[n].waits[ordered[n].n_waits++] = pos_step[sc->waits[i][w]];
+		n++;
+	}
+	free(node_step);
+	free(pos_step);
+	if (n != e->n_steps) {
+		free(ordered);
+		return tern_errorf(TERN_EINTERNAL, "%s: the schedule does not cover every node", g->model->source);
+	}
+	free(e->steps);
+	e->steps = ordered;
+	e->n_streams = sc->n_streams;
+	return TERN_OK;
+}
+
+/* Memory sharing rule. One stream: two buffers may share bytes when their lifetimes (step intervals)
+ * do not overlap. Several streams: when every use of one happens before the other is defined, in
+ * the order that streams and waits impose; vector clocks answer that in O(streams). */
+typedef struct lifetime {
+	size_t slot, size, offset;
+	int def;
+	int *last; /* per stream: last step using it (-1 none); INT_MAX-like for graph outputs */
+} lifetime;
+
+typedef struct mem_ctx {
+	int n_streams;
+	int *clock; /* n_steps x n_streams: latest step of each stream finished before a step starts */
+	const step *steps;
+} mem_ctx;
+
+static bool happens_before(const mem_ctx *c, int x, int y)
+{
+	if (x < 0)
+		return true;
+	if (y < 0)
+		return false;
+	return c->clock[(size_t)y * (size_t)c->n_streams + (size_t)c->steps[x].stream] >= x;
+}
+
+static bool ends_before(const mem_ctx *c, const lifetime *a, const lifetime *b)
+{
+	for (int s = 0; s < c->n_streams; s++) {
+		if (a->last[s] == -1)
+			continue;
+		if (a->last[s] == INT32_MAX)
+			return false;
+		if (a->last[s] == b->def || !happens_before(c, a->last[s], b->def))
+			return false;
+	}
+	return a->def != b->def && happens_before(c, a->def, b->def);
+}
 
 static int by_size_desc(const void *a, const void *b)
 {
-	const placed *x = a, *y = b;
-	return x->size < y->size ? 1 : x->size > y->size ? -1 : 0;
+	const lifetime *x = a, *y = b;
+	return x->size < y->size ? 1 : x->size > y->size ? -1 : (x->slot > y->slot) - (x->slot < y->slot);
 }
 
+static tern_status vector_clocks(tern_exec *e, mem_ctx *c)
+{
+	int S = c->n_streams;
+	c->clock = malloc(((size_t)e->n_steps * (size_t)S + 1) * sizeof *c->clock);
+	int *last_on = malloc(((size_t)S + 1) * sizeof *last_on);
+	if (!c->clock || !last_on) {
+		free(last_on);
+		return tern_errorf(TERN_EOS, "out of memory");
+	}
+	for (int s = 0; s < S; s++)
+		last_on[s] = -1;
+	for (int k = 0; k < e->n_steps; k++) {
+		int *ck = &c->clock[(size_t)k * (size_t)S];
+		int prev = last_on[e->steps[k].stream];
+		for (int s = 0; s < S; s++)
+			ck[s] = prev >= 0 ? c->clock[(size_t)prev * (size_t)S + (size_t)s] : -1;
+		for (int w = 0; w < e->steps[k].n_waits; w++) {
+			const int *cw = &c->clock[(size_t)e->steps[k].waits[w] * (size_t)S];
+			for (int s = 0; s < S; s++)
+				if (cw[s] > ck[s])
+					ck[s] = cw[s];
+		}
+		ck[e->steps[k].stream] = k;
+		last_on[e->steps[k].stream] = k;
+	}
+	free(last_on);
+	return TERN_OK;
+}
+
+/* Greedy-by-size placement: biggest buffers first, each at the lowest offset that no buffer it may
+ * not share with occupies. */
 static tern_status plan_memory(tern_exec *e)
 {
+	int S = e->n_streams > 0 ? e->n_streams : 1;
+	mem_ctx c = {S, NULL, e->steps};
 	int n = 0;
 	for (size_t i = 0; i < e->n_slots; i++)
 		n += e->slots[i].kind == SLOT_ARENA;
-	placed *items = calloc((size_t)n + 1, sizeof *items);
-	int *ids = calloc((size_t)n + 1, sizeof *ids);
-	if (!items || !ids) {
-		free(items);
-		free(ids);
-		return tern_errorf(TERN_EOS, "out of memory");
-	}
+	lifetime *items = calloc((size_t)n + 1, sizeof *items);
+	int *lasts = malloc(((size_t)n * (size_t)S + 1) * sizeof *lasts);
+	tern_status rc = items && lasts ? vector_clocks(e, &c) : tern_errorf(TERN_EOS, "out of memory");
+	if (rc)
+		goto done;
 	int k = 0;
 	for (size_t i = 0; i < e->n_slots; i++) {
-		slot *s = &e->slots[i];
-		if (s->kind != SLOT_ARENA)
+		if (e->slots[i].kind != SLOT_ARENA)
 			continue;
-		items[k].size = (slot_bytes(&s->t) + TERN_ALIGN - 1) / TERN_ALIGN * TERN_ALIGN;
-		items[k].first = s->first_def;
-		items[k].last = s->last_use < s->first_def ? s->first_def : s->last_use;
-		items[k].offset = i; /* remember the slot until sorted */
+		items[k].slot = i;
+		items[k].size = (slot_bytes(&e->slots[i].t) + TERN_ALIGN - 1) / TERN_ALIGN * TERN_ALIGN;
+		items[k].def = e->slots[i].first_def;
+		items[k].last = &lasts[(size_t)k * (size_t)S];
+		for (int s = 0; s < S; s++)
+			items[k].last[s] = -1;
 		k++;
 	}
-	qsort(items, (size_t)n, sizeof *items, by_size_desc);
+	/* Per-stream last uses, from every step's reads (aliases count for their root). */
+	int *slot_item = malloc((e->n_slots + 1) * sizeof *slot_item);
+	if (!slot_item) {
+		rc = tern_errorf(TERN_EOS, "out of memory");
+		goto done;
+	}
+	for (size_t i = 0; i < e->n_slots; i++)
+		slot_item[i] = -1;
 	for (int i = 0; i < n; i++)
-		ids[i] = (int)items[i].offset;
+		slot_item[items[i].slot] = i;
+	for (int st = 0; st < e->n_steps; st++)
+		for (int u = 0; u < e->steps[st].n_use; u++) {
+			int it = slot_item[root_slot(e, e->steps[st].use_slot[u])];
+			if (it >= 0 && items[it].last[e->steps[st].stream] < st)
+				items[it].last[e->steps[st].stream] = st;
+		}
+	for (int i = 0; i < e->n_outputs; i++) {
+		int it = slot_item[root_slot(e, e->output_slot[i])];
+		if (it >= 0)
+			items[it].last[0] = INT32_MAX;
+	}
+	free(slot_item);
+	qsort(items, (size_t)n, sizeof *items, by_size_desc);
 	size_t total = 0;
 	for (int i = 0; i < n; i++) {
 		size_t off = 0;
 		bool moved = true;
-		/* Bump past every earlier-placed conflicting buffer until none overlaps. */
 		while (moved) {
 			moved = false;
 			for (int j = 0; j < i; j++) {
-				if (items[j].last < items[i].first || items[i].last < items[j].first)
+				if (ends_before(&c, &items[j], &items[i]) || ends_before(&c, &items[i], &items[j]))
 					continue;
 				if (off < items[j].offset + items[j].size && items[j].offset < off + items[i].size) {
 					off = items[j].offset + items[j].size;
@@ -338,19 +474,20 @@ static tern_status plan_memory(tern_exec *e)
 	e->arena_bytes = total;
 	e->arena = total ? tern_aligned_alloc(total) : NULL;
 	if (total && !e->arena) {
-		free(items);
-		free(ids);
-		return tern_errorf(TERN_EOS, "out of memory for a %zu-byte arena", total);
+		rc = tern_errorf(TERN_EOS, "out of memory for a %zu-byte arena", total);
+		goto done;
 	}
 	for (int i = 0; i < n; i++) {
-		slot *s = &e->slots[ids[i]];
+		slot *s = &e->slots[items[i].slot];
 		s->offset = items[i].offset;
 		s->t.data = (char *)e->arena + s->offset;
 		s->t.nbytes = slot_bytes(&s->t);
 	}
+done:
 	free(items);
-	free(ids);
-	return TERN_OK;
+	free(lasts);
+	free(c.clock);
+	return rc;
 }
 
 tern_status tern_exec_plan(tern_exec *e, tern_tensor *const *inputs, int n_inputs)
@@ -419,31 +556,27 @@ tern_status tern_exec_plan(tern_exec *e, tern_tensor *const *inputs, int n_input
 	e->n_steps = n_steps;
 	if (rc)
 		return rc;
-	/* Liveness: a buffer lives from its producing step to its last reader; graph outputs to the end.
-	 * An alias keeps its root alive. */
-	for (int i = 0; i < e->n_steps; i++) {
-		step *st = &e->steps[i];
-		for (int u = 0; u < st->n_use; u++) {
-			int r = root_slot(e, st->use_slot[u]);
-			if (e->slots[r].last_use < i)
-				e->slots[r].last_use = i;
-		}
-	}
+	e->n_streams = 1;
+	if (e->schedule && (rc = apply_schedule(e)))
+		return rc;
+	for (int i = 0; i < e->n_steps; i++)
+		for (int o = 0; o < e->steps[i].n_out; o++)
+			if (e->steps[i].out_slot[o] >= 0)
+				e->slots[e->steps[i].out_slot[o]].first_def = i;
 	e->n_outputs = (int)g->n_outputs;
 	e->output_slot = calloc(g->n_outputs + 1, sizeof *e->output_slot);
 	if (!e->output_slot)
 		return tern_errorf(TERN_EOS, "out of memory");
-	for (size_t i = 0; i < g->n_outputs; i++) {
-		int s = g->outputs[i]->index;
-		e->output_slot[i] = s;
-		e->slots[root_slot(e, s)].last_use = e->n_steps;
-	}
+	for (size_t i = 0; i < g->n_outputs; i++)
+		e->output_slot[i] = g->outputs[i]->index;
 	for (int i = 0; i < e->n_steps; i++)
 		if (e->steps[i].scratch_bytes > e->scratch_bytes)
 			e->scratch_bytes = e->steps[i].scratch_bytes;
 	if (e->scratch_bytes && !(e->scratch = tern_aligned_alloc(e->scratch_bytes)))
 		return tern_errorf(TERN_EOS, "out of memory for %zu bytes of scratch", e->scratch_bytes);
 	if ((rc = plan_memory(e)))
+		return rc;
+	if (e->n_streams > 1 && (rc = tern_exec_setup_streams(e)))
 		return rc;
 	/* Aliases see their root's bytes. */
 	for (size_t i = 0; i < e->n_slots; i++)

@@ -18,7 +18,7 @@ static bool same_shape(const tern_tensor *a, const tern_tensor *b)
 }
 
 /* Prepares a late step now that its inputs exist, and allocates its outputs. */
-static tern_status run_late(tern_exec *e, step *st)
+static tern_status run_late(tern_exec *e, step *st, void *shared_scratch)
 {
 	tern_status rc = tern_exec_prepare_step(e, st, 1);
 	if (rc)
@@ -39,33 +39,41 @@ static tern_status run_late(tern_exec *e, step *st)
 	}
 	if (st->alias)
 		return TERN_OK;
-	void *scratch = st->scratch_bytes > e->scratch_bytes ? tern_aligned_alloc(st->scratch_bytes) : e->scratch;
+	void *scratch = st->scratch_bytes > e->scratch_bytes ? tern_aligned_alloc(st->scratch_bytes) : shared_scratch;
 	if (st->scratch_bytes && !scratch)
 		return tern_errorf(TERN_EOS, "out of memory");
 	tern_kernel_args a = {st->node, st->in, st->n_in, st->out, st->n_out, st->params, scratch, e->pool, e};
 	rc = st->kernel(&a);
-	if (scratch != e->scratch)
+	if (scratch != shared_scratch)
 		free(scratch);
 	return rc;
 }
 
-static void record(tern_exec *e, const step *st, double t0, double t1)
+/* Runs step k (any stream): a late step is prepared first, an alias only rebinds. */
+tern_status tern_exec_run_step(tern_exec *e, int k, void *scratch)
 {
-	if (e->n_events == e->cap_events) {
-		int ncap = e->cap_events ? e->cap_events * 2 : 256;
-		tern_profile_event *ne = realloc(e->events, (size_t)ncap * sizeof *ne);
-		if (!ne)
-			return;
-		e->events = ne;
-		e->cap_events = ncap;
+	step *st = &e->steps[k];
+	double t0 = e->profile ? tern_now_us() : 0;
+	tern_status rc = TERN_OK;
+	if (st->late) {
+		rc = run_late(e, st, scratch);
+	} else if (st->alias) {
+		if (st->out[0])
+			st->out[0]->data = st->in[0]->data;
+	} else {
+		tern_kernel_args a = {st->node, st->in, st->n_in, st->out, st->n_out, st->params, scratch, e->pool, e};
+		rc = st->kernel(&a);
 	}
-	tern_profile_event *ev = &e->events[e->n_events++];
-	ev->name = st->node->name;
-	ev->op_type = st->node->op_type;
-	ev->stream = st->stream;
-	ev->thread = st->stream;
-	ev->start_us = t0;
-	ev->dur_us = t1 - t0;
+	if (e->profile && e->events) {
+		tern_profile_event *ev = &e->events[k];
+		ev->name = st->node->name;
+		ev->op_type = st->node->op_type;
+		ev->stream = st->stream;
+		ev->thread = st->stream;
+		ev->start_us = t0;
+		ev->dur_us = tern_now_us() - t0;
+	}
+	return rc;
 }
 
 tern_status tern_exec_run(tern_exec *e, tern_tensor *const *inputs, int n_inputs)
@@ -102,38 +110,27 @@ tern_status tern_exec_run(tern_exec *e, tern_tensor *const *inputs, int n_inputs
 				s->t.name = NULL;
 			}
 		}
-		/* Aliases of inputs and outer values follow the data bound just now. */
-		for (size_t i = 0; i < e->n_slots; i++)
-			if (e->slots[i].kind == SLOT_ALIAS) {
-				int r = (int)i;
-				while (e->slots[r].kind == SLOT_ALIAS)
-					r = e->slots[r].alias_of;
-				e->slots[i].t.data = e->slots[r].t.data;
-			}
-	} else {
-		for (size_t i = 0; i < e->n_slots; i++)
-			if (e->slots[i].kind == SLOT_ALIAS && e->slots[e->slots[i].alias_of].kind == SLOT_INPUT)
-				e->slots[i].t.data = e->slots[e->slots[i].alias_of].t.data;
 	}
-	e->n_events = 0;
-	for (int i = 0; i < e->n_steps; i++) {
-		step *st = &e->steps[i];
-		double t0 = e->profile ? tern_now_us() : 0;
-		tern_status rc;
-		if (st->late) {
-			rc = run_late(e, st);
-		} else if (st->alias) {
-			if (st->out[0])
-				st->out[0]->data = st->in[0]->data;
-			rc = TERN_OK;
-		} else {
-			tern_kernel_args a = {st->node, st->in, st->n_in, st->out, st->n_out, st->params, e->scratch, e->pool, e};
-			rc = st->kernel(&a);
+	/* Aliases of inputs and outer values follow the data bound just now. */
+	for (size_t i = 0; i < e->n_slots; i++)
+		if (e->slots[i].kind == SLOT_ALIAS) {
+			int r = (int)i;
+			while (e->slots[r].kind == SLOT_ALIAS)
+				r = e->slots[r].alias_of;
+			e->slots[i].t.data = e->slots[r].t.data;
 		}
+	if (e->profile && !e->events && e->n_steps) {
+		e->events = calloc((size_t)e->n_steps, sizeof *e->events);
+		if (!e->events)
+			return tern_errorf(TERN_EOS, "out of memory");
+	}
+	e->n_events = e->profile ? e->n_steps : 0;
+	if (e->n_streams > 1)
+		return tern_exec_run_streams(e);
+	for (int i = 0; i < e->n_steps; i++) {
+		tern_status rc = tern_exec_run_step(e, i, e->scratch);
 		if (rc)
 			return rc;
-		if (e->profile)
-			record(e, st, t0, tern_now_us());
 	}
 	return TERN_OK;
 }
@@ -144,6 +141,7 @@ struct tern_plan {
 	tern_model *model;
 	tern_threadpool *pool;
 	tern_exec *exec;
+	tern_schedule *schedule;
 };
 
 tern_status tern_plan_create(tern_model *model, const tern_plan_options *opts, const tern_tensor *inputs,
@@ -161,8 +159,17 @@ tern_status tern_plan_create(tern_model *model, const tern_plan_options *opts, c
 		ptrs[i] = (tern_tensor *)&inputs[i];
 	p->model = model;
 	tern_status rc = tern_threadpool_create(opts && opts->n_threads > 0 ? opts->n_threads : 1, &p->pool);
-	if (!rc)
-		rc = tern_exec_create(NULL, model->graph, ptrs, n_inputs, p->pool, &p->exec);
+	const char *sched_text = tern_model_meta(model, TERN_SCHEDULE_KEY);
+	if (!rc && sched_text && !(opts && opts->single_stream))
+		rc = tern_schedule_parse(model->graph, sched_text, &p->schedule);
+	if (!rc && !(p->exec = calloc(1, sizeof *p->exec)))
+		rc = tern_errorf(TERN_EOS, "out of memory");
+	if (!rc) {
+		p->exec->graph = model->graph;
+		p->exec->pool = p->pool;
+		p->exec->schedule = p->schedule;
+		rc = tern_exec_plan(p->exec, ptrs, n_inputs);
+	}
 	free(ptrs);
 	if (rc) {
 		tern_plan_free(p);
@@ -177,6 +184,7 @@ void tern_plan_free(tern_plan *p)
 	if (!p)
 		return;
 	tern_exec_free(p->exec);
+	tern_schedule_free(p->schedule);
 	tern_threadpool_free(p->pool);
 	free(p);
 }

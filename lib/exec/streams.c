@@ -1,0 +1,205 @@
+/* streams.c — running a scheduled plan on several streams (Nimble on the CPU): one persistent
+ * thread per stream runs its queue in launch order; a cross-stream wait is a per-step completion
+ * counter set to the run's generation, so nothing is decided while running. */
+#include "exec.h"
+
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+struct stream_worker {
+	pthread_t thread;
+	tern_exec *exec;
+	int stream;
+	int started;
+};
+
+struct stream_sync {
+	pthread_mutex_t lock;
+	pthread_cond_t go, finished;
+	uint64_t generation;
+	int shutdown;
+	int pending; /* streams still running this generation */
+	atomic_uint_fast64_t *done; /* per step: generation in which it finished */
+	atomic_int failed;
+	tern_status status;
+	char message[1024];
+};
+
+static void fail(struct stream_sync *y, tern_status rc)
+{
+	pthread_mutex_lock(&y->lock);
+	if (!y->status) {
+		y->status = rc;
+		snprintf(y->message, sizeof y->message, "%s", tern_error());
+	}
+	pthread_mutex_unlock(&y->lock);
+	atomic_store(&y->failed, 1);
+}
+
+static void run_queue(tern_exec *e, int s, uint64_t gen)
+{
+	struct stream_sync *y = e->sync;
+	for (int q = 0; q < e->queue_len[s]; q++) {
+		int k = e->queue[s][q];
+		const step *st = &e->steps[k];
+		for (int w = 0; w < st->n_waits; w++) {
+			int spins = 0;
+			while (atomic_load_explicit(&y->done[st->waits[w]], memory_order_acquire) != gen) {
+				if (atomic_load(&y->failed))
+					return;
+				if (++spins > 64)
+					sched_yield();
+			}
+		}
+		if (atomic_load(&y->failed))
+			return;
+		tern_status rc = tern_exec_run_step(e, k, e->stream_scratch[s]);
+		if (rc) {
+			fail(y, rc);
+			return;
+		}
+		atomic_store_explicit(&y->done[k], gen, memory_order_release);
+	}
+}
+
+static void finish_stream(struct stream_sync *y)
+{
+	pthread_mutex_lock(&y->lock);
+	if (--y->pending == 0)
+		pthread_cond_signal(&y->finished);
+	pthread_mutex_unlock(&y->lock);
+}
+
+static void *worker_main(void *arg)
+{
+	stream_worker *w = arg;
+	tern_exec *e = w->exec;
+	struct stream_sync *y = e->sync;
+	uint64_t seen = 0;
+	for (;;) {
+		pthread_mutex_lock(&y->lock);
+		while (!y->shutdown && y->generation == seen)
+			pthread_cond_wait(&y->go, &y->lock);
+		if (y->shutdown) {
+			pthread_mutex_unlock(&y->lock);
+			return NULL;
+		}
+		seen = y->generation;
+		pthread_mutex_unlock(&y->lock);
+		run_queue(e, w->stream, seen);
+		finish_stream(y);
+	}
+}
+
+tern_status tern_exec_setup_streams(tern_exec *e)
+{
+	int S = e->n_streams;
+	e->queue = calloc((size_t)S, sizeof *e->queue);
+	e->queue_len = calloc((size_t)S, sizeof *e->queue_len);
+	e->stream_scratch = calloc((size_t)S, sizeof *e->stream_scratch);
+	e->sync = calloc(1, sizeof *e->sync);
+	if (!e->queue || !e->queue_len || !e->stream_scratch || !e->sync)
+		return tern_errorf(TERN_EOS, "out of memory");
+	e->sync->done = calloc((size_t)e->n_steps + 1, sizeof *e->sync->done);
+	if (!e->sync->done)
+		return tern_errorf(TERN_EOS, "out of memory");
+	pthread_mutex_init(&e->sync->lock, NULL);
+	pthread_cond_init(&e->sync->go, NULL);
+	pthread_cond_init(&e->sync->finished, NULL);
+	size_t *scratch = calloc((size_t)S, sizeof *scratch);
+	if (!scratch)
+		return tern_errorf(TERN_EOS, "out of memory");
+	for (int k = 0; k < e->n_steps; k++) {
+		int s = e->steps[k].stream;
+		e->queue_len[s]++;
+		if (e->steps[k].scratch_bytes > scratch[s])
+			scratch[s] = e->steps[k].scratch_bytes;
+	}
+	tern_status rc = TERN_OK;
+	for (int s = 0; s < S && !rc; s++) {
+		e->queue[s] = malloc(((size_t)e->queue_len[s] + 1) * sizeof **e->queue);
+		if (!e->queue[s] || (scratch[s] && !(e->stream_scratch[s] = tern_aligned_alloc(scratch[s]))))
+			rc = tern_errorf(TERN_EOS, "out of memory");
+		e->queue_len[s] = 0;
+	}
+	free(scratch);
+	if (rc)
+		return rc;
+	for (int k = 0; k < e->n_steps; k++) {
+		int s = e->steps[k].stream;
+		e->queue[s][e->queue_len[s]++] = k;
+	}
+	e->workers = calloc((size_t)S, sizeof *e->workers);
+	if (!e->workers)
+		return tern_errorf(TERN_EOS, "out of memory");
+	for (int s = 1; s < S; s++) {
+		e->workers[s].exec = e;
+		e->workers[s].stream = s;
+		if (pthread_create(&e->workers[s].thread, NULL, worker_main, &e->workers[s]) != 0)
+			return tern_errorf(TERN_EOS, "cannot start the thread of stream %d", s);
+		e->workers[s].started = 1;
+	}
+	return TERN_OK;
+}
+
+tern_status tern_exec_run_streams(tern_exec *e)
+{
+	struct stream_sync *y = e->sync;
+	pthread_mutex_lock(&y->lock);
+	y->generation++;
+	y->pending = e->n_streams;
+	y->status = TERN_OK;
+	atomic_store(&y->failed, 0);
+	uint64_t gen = y->generation;
+	pthread_cond_broadcast(&y->go);
+	pthread_mutex_unlock(&y->lock);
+	run_queue(e, 0, gen);
+	pthread_mutex_lock(&y->lock);
+	y->pending--;
+	while (y->pending > 0)
+		pthread_cond_wait(&y->finished, &y->lock);
+	tern_status rc = y->status;
+	pthread_mutex_unlock(&y->lock);
+	if (rc)
+		return tern_errorf(rc, "%s", y->message);
+	return TERN_OK;
+}
+
+void tern_exec_stop_streams(tern_exec *e)
+{
+	if (e->sync) {
+		pthread_mutex_lock(&e->sync->lock);
+		e->sync->shutdown = 1;
+		pthread_cond_broadcast(&e->sync->go);
+		pthread_mutex_unlock(&e->sync->lock);
+	}
+	for (int s = 1; e->workers && s < e->n_streams; s++)
+		if (e->workers[s].started)
+			pthread_join(e->workers[s].thread, NULL);
+	if (e->sync) {
+		pthread_mutex_destroy(&e->sync->lock);
+		pthread_cond_destroy(&e->sync->go);
+		pthread_cond_destroy(&e->sync->finished);
+		free(e->sync->done);
+		free(e->sync);
+	}
+	for (int s = 0; s < e->n_streams; s++) {
+		if (e->queue)
+			free(e->queue[s]);
+		if (e->stream_scratch)
+			free(e->stream_scratch[s]);
+	}
+	free(e->queue);
+	free(e->queue_len);
+	free(e->stream_scratch);
+	free(e->workers);
+	e->queue = NULL;
+	e->queue_len = NULL;
+	e->stream_scratch = NULL;
+	e->workers = NULL;
+	e->sync = NULL;
+	e->n_streams = 1;
+}
