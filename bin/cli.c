@@ -231,7 +231,7 @@ static FILE *open_temporary(const char *path, const struct stat *existing)
 	prog.have_tmp = fd >= 0;
 	sigprocmask(SIG_SETMASK, &old, NULL);
 	if (fd < 0)
-		tern_cli_fail(TERN_EIO, "%s: cannot create a file beside it: %s", path, strerror(err));
+		tern_cli_fail(TERN_EIO, "%s: cannot create: %s", path, strerror(err));
 
 	prog.target = path;
 	catch_signals();

@@ -258,6 +258,14 @@ static tern_status draw_subgraphs(struct dot *d, Agraph_t *ag, const tern_node *
 		tern_status status = draw_graph(d, cluster, sub, scope);
 		if (status != TERN_OK)
 			return status;
+		/* A dotted line from the node to the cluster (clipped at its border) ties a body to its owner. */
+		Agnode_t *inside = agfstnode(cluster);
+		if (inside) {
+			Agedge_t *e = agedge(d->root, scope->nodes[node->index], inside, NULL, 1);
+			agsafeset(e, "lhead", agnameof(cluster), "");
+			agsafeset(e, "style", "dotted", "");
+			agsafeset(e, "arrowhead", "none", "");
+		}
 	}
 	return TERN_OK;
 }
@@ -300,7 +308,7 @@ static tern_status draw_graph(struct dot *d, Agraph_t *ag, const tern_graph *g, 
 			const tern_value *v = node->inputs[j];
 			Agnode_t *from = v ? source_of(&scope, v) : NULL;
 			if (from)
-				value_edge(d, from, scope.nodes[i], v, false);
+				value_edge(d, from, scope.nodes[i], v, v->flags & TERN_VALUE_OUTER);
 		}
 	}
 	for (size_t i = 0; i < g->n_outputs; i++) {
@@ -349,6 +357,7 @@ tern_status tern_model_save_dot(tern_model *model, const tern_dot_options *opts,
 	if (!root)
 		return tern_errorf(TERN_EOS, "%s: cannot create a Graphviz graph", model->source);
 	agattr(root, AGRAPH, "fontname", "Helvetica");
+	agattr(root, AGRAPH, "compound", "true");
 	agattr(root, AGNODE, "shape", "box");
 	agattr(root, AGNODE, "style", "rounded,filled");
 	agattr(root, AGNODE, "fillcolor", "white");

@@ -14,6 +14,7 @@ struct census {
 	struct op_count *ops;
 	size_t n_ops, cap_ops;
 	size_t nodes;
+	size_t subgraph_nodes;
 	size_t initializers;
 	int64_t parameters;
 	int64_t bytes;
@@ -49,7 +50,7 @@ static void count_initializer(struct census *c, const Onnx__TensorProto *tp)
 }
 
 /* Counts a graph and the subgraphs of its nodes. */
-static void count_graph(struct census *c, const tern_graph *g)
+static void count_graph(struct census *c, const tern_graph *g, bool nested)
 {
 	for (size_t i = 0; i < g->n_values; i++)
 		if ((g->values[i]->flags & TERN_VALUE_INITIALIZER) && g->values[i]->initializer)
@@ -59,9 +60,10 @@ static void count_graph(struct census *c, const tern_graph *g)
 		if (node->removed)
 			continue;
 		c->nodes++;
+		c->subgraph_nodes += nested;
 		count_op(c, node);
 		for (size_t k = 0; k < node->n_subgraphs; k++)
-			count_graph(c, node->subgraphs[k]);
+			count_graph(c, node->subgraphs[k], true);
 	}
 }
 
@@ -123,7 +125,9 @@ static void print_header(FILE *f, const tern_model *model)
 	if (mp->has_ir_version)
 		fprintf(f, "%-12s %lld\n", "ir_version", (long long)mp->ir_version);
 	if (mp->producer_name && mp->producer_name[0])
-		fprintf(f, "%-12s %s %s\n", "producer", mp->producer_name, mp->producer_version ? mp->producer_version : "");
+		fprintf(f, "%-12s %s%s%s\n", "producer", mp->producer_name,
+		        mp->producer_version && mp->producer_version[0] ? " " : "",
+		        mp->producer_version ? mp->producer_version : "");
 	fprintf(f, "%-12s", "opsets");
 	for (size_t i = 0; i < mp->n_opset_import; i++) {
 		const Onnx__OperatorSetIdProto *op = mp->opset_import[i];
@@ -141,7 +145,7 @@ static void print_footer(FILE *f, const tern_model *model)
 		for (size_t i = 0; i < model->n_functions; i++) {
 			const tern_graph *fn = model->functions[i];
 			const char *domain = fn->fproto && fn->fproto->domain ? fn->fproto->domain : "";
-			print_entry(f, domain, fn->name ? fn->name : "", fn->n_nodes, " nodes");
+			print_entry(f, domain, fn->name ? fn->name : "", fn->n_nodes, fn->n_nodes == 1 ? " node" : " nodes");
 		}
 	}
 	for (size_t i = 0; i < mp->n_training_info; i++)
@@ -157,7 +161,7 @@ tern_status tern_model_stats(tern_model *model, char **out, size_t *size)
 	*out = NULL;
 	*size = 0;
 	struct census c = {0};
-	count_graph(&c, model->graph);
+	count_graph(&c, model->graph, false);
 	if (c.failed) {
 		free(c.ops);
 		return tern_errorf(TERN_EOS, "%s: out of memory", model->source);
@@ -172,7 +176,10 @@ tern_status tern_model_stats(tern_model *model, char **out, size_t *size)
 		return tern_errorf(TERN_EOS, "%s: out of memory", model->source);
 	}
 	print_header(f, model);
-	fprintf(f, "%-12s %zu\n", "nodes", c.nodes);
+	fprintf(f, "%-12s %zu", "nodes", c.nodes);
+	if (c.subgraph_nodes)
+		fprintf(f, " (%zu in subgraphs)", c.subgraph_nodes);
+	fputc('\n', f);
 	for (size_t i = 0; i < c.n_ops; i++)
 		print_entry(f, c.ops[i].domain, c.ops[i].op_type, c.ops[i].count, "");
 	fprintf(f, "%-12s %lld in %zu initializers, %lld bytes\n", "parameters", (long long)c.parameters,
