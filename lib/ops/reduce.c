@@ -5,6 +5,12 @@
 #include <math.h>
 #include <stdlib.h>
 
+/* Under GCC's default -ftrapping-math a float comparison may raise an exception, which keeps the
+ * max/min folds from becoming vector selects; tern never reads the floating-point exception flags. */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("no-trapping-math")
+#endif
+
 /* ---------------------------------------------------------------- element conversion */
 
 static bool is_int_dtype(int dt)
@@ -141,18 +147,22 @@ typedef struct reduce_params {
 	bool flip_sign;                     /* uint64 max/min compare as sign-flipped int64 */
 } reduce_params;
 
-/* Folds `in` into `out` (already holding the identity or a partial result). Walks the input in memory
+/* Folds `in` into `out` (already holding the identity or a partial result) for the slices
+ * [d0, d0_end) of the first merged dimension (one slice when the rank is 1). Walks the input in memory
  * order: when the last merged dimension is reduced, each row folds into one output through eight
  * lanes (so the loop vectorises); when it is kept, a row folds elementwise into a row of outputs. */
 #define DEFINE_FOLD(NAME, T, MAP, COMBINE)                                                           \
-	static void NAME(const reduce_params *p, const T *restrict in, T *restrict out, const T *restrict sh) \
+	static void NAME(const reduce_params *p, const void *vin, void *vout, const void *vsh, int64_t d0,   \
+	                 int64_t d0_end)                                                                   \
 	{                                                                                              \
+		const T *restrict in = vin, *restrict sh = vsh;                                            \
+		T *restrict out = vout;                                                                    \
 		if (p->numel_in == 0)                                                                      \
 			return;                                                                                \
 		int last = p->rank - 1;                                                                    \
-		int64_t len = p->dims[last], rows = p->numel_in / len;                                     \
-		int64_t idx[TERN_MAX_RANK] = {0}, o = 0;                                                   \
-		for (int64_t r = 0; r < rows; r++) {                                                       \
+		int64_t len = p->dims[last], rows_per = p->numel_in / len / (last ? p->dims[0] : 1);       \
+		int64_t idx[TERN_MAX_RANK] = {d0}, o = last ? d0 * p->out_strides[0] : 0;                  \
+		for (int64_t r = d0 * rows_per; r < d0_end * rows_per; r++) {                              \
 			const T *x = in + r * len;                                                             \
 			if (p->reduced[last]) {                                                                \
 				T lane[8], acc = out[o], s = sh ? sh[o] : 0;                                       \
@@ -223,16 +233,13 @@ DEFINE_FOLD(fold_prod_i64, int64_t, MAP_ID, IMUL)
 DEFINE_FOLD(fold_max_i64, int64_t, MAP_ID, MAXOF)
 DEFINE_FOLD(fold_min_i64, int64_t, MAP_ID, MINOF)
 
-typedef void (*fold_f32_fn)(const reduce_params *, const float *, float *, const float *);
-typedef void (*fold_f64_fn)(const reduce_params *, const double *, double *, const double *);
-typedef void (*fold_i64_fn)(const reduce_params *, const int64_t *, int64_t *, const int64_t *);
+typedef void (*fold_fn)(const reduce_params *, const void *, void *, const void *, int64_t, int64_t);
 
-static const fold_f32_fn folds_f32[] = {fold_sum_f32, fold_sumsq_f32, fold_abs_f32, fold_prod_f32,
-                                        fold_max_f32, fold_min_f32, fold_maxfinite_f32, fold_expsum_f32};
-static const fold_f64_fn folds_f64[] = {fold_sum_f64, fold_sumsq_f64, fold_abs_f64, fold_prod_f64,
-                                        fold_max_f64, fold_min_f64, fold_maxfinite_f64, fold_expsum_f64};
-static const fold_i64_fn folds_i64[] = {fold_sum_i64, fold_sumsq_i64, fold_abs_i64,
-                                        fold_prod_i64, fold_max_i64, fold_min_i64};
+static const fold_fn folds_f32[] = {fold_sum_f32, fold_sumsq_f32, fold_abs_f32,       fold_prod_f32,
+                                   fold_max_f32, fold_min_f32,   fold_maxfinite_f32, fold_expsum_f32};
+static const fold_fn folds_f64[] = {fold_sum_f64, fold_sumsq_f64, fold_abs_f64,       fold_prod_f64,
+                                   fold_max_f64, fold_min_f64,   fold_maxfinite_f64, fold_expsum_f64};
+static const fold_fn folds_i64[] = {fold_sum_i64, fold_sumsq_i64, fold_abs_i64, fold_prod_i64, fold_max_i64, fold_min_i64};
 
 static double fold_identity(enum fold f)
 {
@@ -256,40 +263,60 @@ static double finish(enum reduce_kind k, double v, double shift, int64_t group)
 	}
 }
 
-static void reduce_float(const reduce_params *p, const void *in, void *out, void *shift)
+typedef struct fold_task {
+	fold_fn fn;
+	const reduce_params *p;
+	const void *in, *sh;
+	void *out;
+	int64_t chunk; /* slices of the first merged dimension per task */
+} fold_task;
+
+static void fold_slices(void *ctx, int64_t i)
+{
+	const fold_task *t = ctx;
+	int64_t end = (i + 1) * t->chunk < t->p->dims[0] ? (i + 1) * t->chunk : t->p->dims[0];
+	t->fn(t->p, t->in, t->out, t->sh, i * t->chunk, end);
+}
+
+/* Runs one fold over the whole input; spread over the pool when the first merged dimension is kept,
+ * since its slices then write disjoint outputs. */
+static void run_fold(tern_threadpool *pool, fold_fn fn, const reduce_params *p, const void *in, void *out,
+                     const void *sh)
+{
+	int threads = pool ? tern_threadpool_size(pool) : 1;
+	if (threads < 2 || p->rank < 2 || p->reduced[0] || p->numel_in < ((int64_t)1 << 15)) {
+		fn(p, in, out, sh, 0, p->rank < 2 ? 1 : p->dims[0]);
+		return;
+	}
+	fold_task t = {fn, p, in, sh, out, (p->dims[0] + 4 * threads - 1) / (4 * threads)};
+	tern_parallel_for(pool, (p->dims[0] + t.chunk - 1) / t.chunk, fold_slices, &t);
+}
+
+static double acc_get(int dt, const void *a, int64_t i)
+{
+	return dt == TERN_FLOAT ? ((const float *)a)[i] : ((const double *)a)[i];
+}
+
+static void reduce_float(tern_threadpool *pool, const reduce_params *p, const void *in, void *out, void *shift)
 {
 	enum fold f = p->def->fold;
-	int64_t n = p->numel_out;
-	if (p->acc_dtype == TERN_FLOAT) {
-		float *y = out, *s = shift;
-		for (int64_t i = 0; i < n; i++)
-			y[i] = (float)fold_identity(f);
-		folds_f32[f](p, in, y, s);
-		if (f == F_MAXFINITE) {
-			for (int64_t i = 0; i < n; i++) {
-				s[i] = isinf(y[i]) ? 0 : y[i];
-				y[i] = 0;
-			}
-			folds_f32[F_EXPSUM](p, in, y, s);
+	enum reduce_kind k = p->def->kind;
+	int dt = p->acc_dtype;
+	const fold_fn *folds = dt == TERN_FLOAT ? folds_f32 : folds_f64;
+	for (int64_t i = 0; i < p->numel_out; i++)
+		store_f64(dt, out, i, fold_identity(f));
+	run_fold(pool, folds[f], p, in, out, NULL);
+	if (f == F_MAXFINITE) {
+		for (int64_t i = 0; i < p->numel_out; i++) {
+			double m = acc_get(dt, out, i);
+			store_f64(dt, shift, i, isinf(m) ? 0 : m);
+			store_f64(dt, out, i, 0);
 		}
-		if (p->def->kind == R_MEAN || p->def->kind == R_L2 || p->def->kind == R_LOGSUM || f == F_MAXFINITE)
-			for (int64_t i = 0; i < n; i++)
-				y[i] = (float)finish(p->def->kind, y[i], s ? s[i] : 0, p->group);
-	} else {
-		double *y = out, *s = shift;
-		for (int64_t i = 0; i < n; i++)
-			y[i] = fold_identity(f);
-		folds_f64[f](p, in, y, s);
-		if (f == F_MAXFINITE) {
-			for (int64_t i = 0; i < n; i++) {
-				s[i] = isinf(y[i]) ? 0 : y[i];
-				y[i] = 0;
-			}
-			folds_f64[F_EXPSUM](p, in, y, s);
-		}
-		for (int64_t i = 0; i < n; i++)
-			y[i] = finish(p->def->kind, y[i], s ? s[i] : 0, p->group);
+		run_fold(pool, folds[F_EXPSUM], p, in, out, shift);
 	}
+	if (k == R_MEAN || k == R_L2 || k == R_LOGSUM || k == R_LOGSUMEXP)
+		for (int64_t i = 0; i < p->numel_out; i++)
+			store_f64(dt, out, i, finish(k, acc_get(dt, out, i), shift ? acc_get(dt, shift, i) : 0, p->group));
 }
 
 static tern_status reduce_kernel(const tern_kernel_args *a)
@@ -317,12 +344,12 @@ static tern_status reduce_kernel(const tern_kernel_args *a)
 		if (p->flip_sign)
 			for (int64_t i = 0; i < p->numel_in; i++)
 				((int64_t *)in)[i] ^= INT64_MIN;
-		folds_i64[f](p, in, yi, NULL);
+		run_fold(a->pool, folds_i64[f], p, in, yi, NULL);
 		if (p->flip_sign)
 			for (int64_t i = 0; i < p->numel_out; i++)
 				yi[i] ^= INT64_MIN;
 	} else {
-		reduce_float(p, in, out, p->def->fold == F_MAXFINITE ? scratch : NULL);
+		reduce_float(a->pool, p, in, out, p->def->fold == F_MAXFINITE ? scratch : NULL);
 	}
 	if (out != y->data)
 		convert(p->acc_dtype, out, y->dtype, y->data, p->numel_out);
