@@ -18,6 +18,11 @@ check_bad() {
 	test "$(ls -A outdir)" = ""
 }
 
+# A text model of opset 17 with the graph given.
+write_graph() {
+	printf '<ir_version: 8, opset_import: ["" : 17]>\n%s\n' "$2" >"$1"
+}
+
 test_expect_success 'setup' '
 	tern-show -f onnx -o mlp.onnx "$data/mlp.txt" &&
 	tern-show -f onnx -o control.onnx "$data/control.txt"
@@ -67,14 +72,11 @@ test_expect_success PYTHON 'a cycle' '
 '
 
 test_expect_success 'a cycle in the text syntax' '
-	cat >cycle.txt <<-\EOT &&
-	<ir_version: 8, opset_import: ["" : 17]>
-	g (float[2] x) => (float[2] y) {
+	write_graph cycle.txt "g (float[2] x) => (float[2] y) {
 	   a = Add (x, b)
 	   b = Relu (a)
 	   y = Identity (b)
-	}
-	EOT
+	}" &&
 	check_bad 65 cycle.txt
 '
 
@@ -84,12 +86,9 @@ test_expect_success PYTHON 'an input that nothing defines' '
 '
 
 test_expect_success 'an undefined input in the text syntax' '
-	cat >undefined.txt <<-\EOT &&
-	<ir_version: 8, opset_import: ["" : 17]>
-	g (float[2] x) => (float[2] y) {
+	write_graph undefined.txt "g (float[2] x) => (float[2] y) {
 	   y = Add (x, nowhere)
-	}
-	EOT
+	}" &&
 	check_bad 65 undefined.txt
 '
 
@@ -98,13 +97,10 @@ test_expect_success PYTHON 'two nodes defining the same output' '
 '
 
 test_expect_success 'an output defined twice in the text syntax' '
-	cat >twice.txt <<-\EOT &&
-	<ir_version: 8, opset_import: ["" : 17]>
-	g (float[2] x) => (float[2] y) {
+	write_graph twice.txt "g (float[2] x) => (float[2] y) {
 	   y = Relu (x)
 	   y = Neg (x)
-	}
-	EOT
+	}" &&
 	check_bad 65 twice.txt
 '
 
@@ -114,12 +110,9 @@ test_expect_success PYTHON 'an attribute of the wrong type' '
 '
 
 test_expect_success 'an attribute of the wrong type in the text syntax' '
-	cat >attr.txt <<-\EOT &&
-	<ir_version: 8, opset_import: ["" : 17]>
-	g (float[2, 3] x) => (float[3, 2] y) {
-	   y = Transpose <perm = "backwards"> (x)
-	}
-	EOT
+	write_graph attr.txt "g (float[2, 3] x) => (float[3, 2] y) {
+	   y = Transpose <perm = \"backwards\"> (x)
+	}" &&
 	check_bad 65 attr.txt
 '
 
@@ -136,14 +129,11 @@ test_expect_success PYTHON 'an initializer with less data than its shape' '
 '
 
 test_expect_success 'an absurd dimension in the text syntax' '
-	cat >huge.txt <<-\EOT &&
-	<ir_version: 8, opset_import: ["" : 17]>
-	g (float[2] x) => (float[2] y)
+	write_graph huge.txt "g (float[2] x) => (float[2] y)
 	<float[1099511627776, 1099511627776] w = {1.0}>
 	{
 	   y = Add (x, w)
-	}
-	EOT
+	}" &&
 	check_bad 65 huge.txt
 '
 
