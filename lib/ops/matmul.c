@@ -1,1 +1,1106 @@
-/* placeholder */
+/* matmul.c — matrix products: MatMul, Gemm, MatMulInteger, QLinearMatMul and Einsum. float and double
+ * go to OpenBLAS; float16 and bfloat16 are widened to float; integers use plain C. */
+#include "internal.h"
+#include "ops/gemm.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#if TERN_HAVE_BLAS
+#include <cblas.h>
+#endif
+
+/* ---------------------------------------------------------------- gemm */
+
+/* Row-major product in plain C. Without transposed B the inner loop runs along rows of B and C, so it
+ * vectorises. */
+#define DEFINE_GEMM_PLAIN(NAME, T)                                                                           \
+	static void NAME(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const T *a, int64_t lda,     \
+	                 const T *b, int64_t ldb, T beta, T *c, int64_t ldc)                                      \
+	{                                                                                                         \
+		for (int64_t i = 0; i < m; i++) {                                                                     \
+			T *restrict ci = c + i * ldc;                                                                     \
+			if (beta == 0)                                                                                    \
+				memset(ci, 0, (size_t)n * sizeof *ci);                                                        \
+			else if (beta != 1)                                                                               \
+				for (int64_t j = 0; j < n; j++)                                                               \
+					ci[j] *= beta;                                                                            \
+			for (int64_t p = 0; p < k; p++) {                                                                 \
+				T av = alpha * (ta ? a[p * lda + i] : a[i * lda + p]);                                        \
+				if (tb) {                                                                                     \
+					for (int64_t j = 0; j < n; j++)                                                           \
+						ci[j] += av * b[j * ldb + p];                                                         \
+				} else {                                                                                      \
+					const T *restrict bp = b + p * ldb;                                                       \
+					for (int64_t j = 0; j < n; j++)                                                           \
+						ci[j] += av * bp[j];                                                                  \
+				}                                                                                             \
+			}                                                                                                 \
+		}                                                                                                     \
+	}
+
+#if !TERN_HAVE_BLAS
+DEFINE_GEMM_PLAIN(gemm_plain_f32, float)
+DEFINE_GEMM_PLAIN(gemm_plain_f64, double)
+#endif
+DEFINE_GEMM_PLAIN(gemm_plain_i32, int32_t)
+DEFINE_GEMM_PLAIN(gemm_plain_i64, int64_t)
+DEFINE_GEMM_PLAIN(gemm_plain_u32, uint32_t)
+DEFINE_GEMM_PLAIN(gemm_plain_u64, uint64_t)
+
+/* BLAS leaves C alone when k is 0 only if beta is 1; the ONNX result is beta * C. */
+#define SCALE_ROWS(m, n, beta, c, ldc)                                   \
+	for (int64_t i_ = 0; i_ < (m); i_++)                                 \
+		for (int64_t j_ = 0; j_ < (n); j_++)                             \
+			(c)[i_ * (ldc) + j_] = (beta) == 0 ? 0 : (beta) * (c)[i_ * (ldc) + j_]
+
+static int64_t at_least_1(int64_t v) { return v < 1 ? 1 : v; }
+
+void tern_gemm_f32(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
+                   int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc)
+{
+	if (m <= 0 || n <= 0)
+		return;
+	if (k <= 0) {
+		SCALE_ROWS(m, n, beta, c, ldc);
+		return;
+	}
+#if TERN_HAVE_BLAS
+	cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
+	            (blasint)m, (blasint)n, (blasint)k, alpha, a, (blasint)at_least_1(lda), b,
+	            (blasint)at_least_1(ldb), beta, c, (blasint)at_least_1(ldc));
+#else
+	gemm_plain_f32(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+	(void)at_least_1;
+#endif
+}
+
+void tern_gemm_f64(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha, const double *a,
+                   int64_t lda, const double *b, int64_t ldb, double beta, double *c, int64_t ldc)
+{
+	if (m <= 0 || n <= 0)
+		return;
+	if (k <= 0) {
+		SCALE_ROWS(m, n, beta, c, ldc);
+		return;
+	}
+#if TERN_HAVE_BLAS
+	cblas_dgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
+	            (blasint)m, (blasint)n, (blasint)k, alpha, a, (blasint)at_least_1(lda), b,
+	            (blasint)at_least_1(ldb), beta, c, (blasint)at_least_1(ldc));
+#else
+	gemm_plain_f64(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+#endif
+}
+
+void tern_gemm_i32(int64_t m, int64_t n, int64_t k, const int32_t *a, const int32_t *b, int32_t *c)
+{
+	gemm_plain_i32(false, false, m, n, k, 1, a, k, b, n, 0, c, n);
+}
+
+void tern_half_to_f32(int dtype, const uint16_t *src, float *dst, int64_t n)
+{
+	if (dtype == TERN_BFLOAT16)
+		for (int64_t i = 0; i < n; i++)
+			dst[i] = tern_bf16_to_f32(src[i]);
+	else
+		for (int64_t i = 0; i < n; i++)
+			dst[i] = tern_f16_to_f32(src[i]);
+}
+
+void tern_f32_to_half(int dtype, const float *src, uint16_t *dst, int64_t n)
+{
+	if (dtype == TERN_BFLOAT16)
+		for (int64_t i = 0; i < n; i++)
+			dst[i] = tern_f32_to_bf16(src[i]);
+	else
+		for (int64_t i = 0; i < n; i++)
+			dst[i] = tern_f32_to_f16(src[i]);
+}
+
+static bool is_half(int dtype) { return dtype == TERN_FLOAT16 || dtype == TERN_BFLOAT16; }
+
+static size_t round_up(size_t n) { return (n + TERN_ALIGN - 1) / TERN_ALIGN * TERN_ALIGN; }
+
+/* ---------------------------------------------------------------- batches of products */
+
+/* count products Y[i] (m x n, at i*m*n) = op(A at a_off[i]) x op(B at b_off[i]). */
+typedef struct product_batch {
+	int64_t m, n, k, count;
+	bool ta, tb;
+	int64_t lda, ldb;
+	int64_t *a_off, *b_off; /* count entries each, in the same allocation as the struct */
+} product_batch;
+
+static product_batch *product_batch_new(int64_t count, size_t extra)
+{
+	size_t head = round_up(sizeof(product_batch) + extra);
+	product_batch *pb = tern_xmalloc(head + 2 * (size_t)count * sizeof(int64_t));
+	if (!pb)
+		return NULL;
+	memset(pb, 0, sizeof *pb);
+	pb->count = count;
+	pb->a_off = (int64_t *)((char *)pb + head);
+	pb->b_off = pb->a_off + count;
+	return pb;
+}
+
+/* Products below this many multiply-adds run one per thread; larger ones use BLAS's own threads. */
+#define SMALL_PRODUCT (1 << 18)
+
+typedef struct product_ctx {
+	const product_batch *pb;
+	int dtype; /* FLOAT, DOUBLE or an integer type */
+	const void *a, *b;
+	void *y;
+} product_ctx;
+
+#define PLAIN_PRODUCT(FN, T)                                                                                   \
+	FN(pb->ta, pb->tb, pb->m, pb->n, pb->k, 1, (const T *)c->a + pb->a_off[i], pb->lda,                     \
+	   (const T *)c->b + pb->b_off[i], pb->ldb, 0, (T *)c->y + i * pb->m * pb->n, pb->n)
+
+static void product_one(void *ctx, int64_t i)
+{
+	const product_ctx *c = ctx;
+	const product_batch *pb = c->pb;
+	switch (c->dtype) {
+	case TERN_FLOAT:
+		tern_gemm_f32(pb->ta, pb->tb, pb->m, pb->n, pb->k, 1.0f, (const float *)c->a + pb->a_off[i], pb->lda,
+		              (const float *)c->b + pb->b_off[i], pb->ldb, 0.0f, (float *)c->y + i * pb->m * pb->n, pb->n);
+		break;
+	case TERN_DOUBLE:
+		tern_gemm_f64(pb->ta, pb->tb, pb->m, pb->n, pb->k, 1.0, (const double *)c->a + pb->a_off[i], pb->lda,
+		              (const double *)c->b + pb->b_off[i], pb->ldb, 0.0, (double *)c->y + i * pb->m * pb->n,
+		              pb->n);
+		break;
+	case TERN_INT32:
+		PLAIN_PRODUCT(gemm_plain_i32, int32_t);
+		break;
+	case TERN_INT64:
+		PLAIN_PRODUCT(gemm_plain_i64, int64_t);
+		break;
+	case TERN_UINT32:
+		PLAIN_PRODUCT(gemm_plain_u32, uint32_t);
+		break;
+	case TERN_UINT64:
+		PLAIN_PRODUCT(gemm_plain_u64, uint64_t);
+		break;
+	}
+}
+
+static void run_products(const product_batch *pb, int dtype, const void *a, const void *b, void *y,
+                         tern_threadpool *pool)
+{
+	product_ctx c = {pb, dtype, a, b, y};
+	bool blas = dtype == TERN_FLOAT || dtype == TERN_DOUBLE;
+	if (pb->count > 1 && (!blas || pb->m * pb->n * pb->k < SMALL_PRODUCT))
+		tern_parallel_for(pool, pb->count, product_one, &c);
+	else
+		for (int64_t i = 0; i < pb->count; i++)
+			product_one(&c, i);
+}
+
+/* Numpy matmul shapes: the last two dimensions multiply, the leading ones broadcast; a 1-D operand
+ * gains a dimension of 1 that the result then drops. */
+static tern_status matmul_shape(const tern_node *node, const tern_tensor *a, const tern_tensor *b, int *rank,
+                                int64_t *dims, product_batch **out)
+{
+	char sa[96], sb[96];
+	if (a->rank < 1 || b->rank < 1)
+		return tern_node_errorf(node, TERN_EDATA, "operands must have rank >= 1, got %s and %s",
+		                        tern_shape_str(a->dtype, a->rank, a->dims, sa, sizeof sa),
+		                        tern_shape_str(b->dtype, b->rank, b->dims, sb, sizeof sb));
+	int ra = a->rank, rb = b->rank;
+	int64_t m = ra >= 2 ? a->dims[ra - 2] : 1, k = a->dims[ra - 1];
+	int64_t kb = rb >= 2 ? b->dims[rb - 2] : b->dims[0], n = rb >= 2 ? b->dims[rb - 1] : 1;
+	if (k != kb)
+		return tern_node_errorf(node, TERN_EDATA, "inner dimensions differ: A is %s, B is %s (%lld vs %lld)",
+		                        tern_shape_str(a->dtype, ra, a->dims, sa, sizeof sa),
+		                        tern_shape_str(b->dtype, rb, b->dims, sb, sizeof sb), (long long)k, (long long)kb);
+	int bra = ra > 2 ? ra - 2 : 0, brb = rb > 2 ? rb - 2 : 0, br;
+	int64_t bdims[TERN_MAX_RANK];
+	tern_status st = tern_broadcast_shape(node, bra, a->dims, brb, b->dims, &br, bdims);
+	if (st)
+		return st;
+	int64_t count = tern_numel(br, bdims);
+	/* Strides of A's and B's batch dimensions against the broadcast batch shape (0 where broadcast). */
+	int64_t sa_[TERN_MAX_RANK], sb_[TERN_MAX_RANK];
+	int64_t step_a = m * k, step_b = k * n;
+	bool a_full = bra == br, b_none = true;
+	for (int d = br - 1; d >= 0; d--) {
+		int ia = d - (br - bra), ib = d - (br - brb);
+		int64_t la = ia >= 0 ? a->dims[ia] : 1, lb = ib >= 0 ? b->dims[ib] : 1;
+		sa_[d] = la == 1 && bdims[d] != 1 ? 0 : step_a;
+		sb_[d] = lb == 1 && bdims[d] != 1 ? 0 : step_b;
+		if (la != bdims[d])
+			a_full = false;
+		if (lb != 1)
+			b_none = false;
+		step_a *= la;
+		step_b *= lb;
+	}
+	/* One shared B under a stacked A is a single taller product. */
+	bool fold = count > 1 && a_full && b_none && ra >= 2;
+	product_batch *pb = product_batch_new(fold ? 1 : count, 0);
+	if (!pb)
+		return tern_node_errorf(node, TERN_EOS, "out of memory");
+	pb->m = fold ? m * count : m;
+	pb->n = n;
+	pb->k = k;
+	pb->lda = k;
+	pb->ldb = n;
+	for (int64_t i = 0; i < pb->count; i++) {
+		int64_t rest = i, oa = 0, ob = 0;
+		for (int d = br - 1; d >= 0; d--) {
+			int64_t idx = rest % bdims[d];
+			rest /= bdims[d];
+			oa += idx * sa_[d];
+			ob += idx * sb_[d];
+		}
+		pb->a_off[i] = oa;
+		pb->b_off[i] = ob;
+	}
+	*rank = br;
+	memcpy(dims, bdims, (size_t)br * sizeof *dims);
+	if (ra >= 2)
+		dims[(*rank)++] = m;
+	if (rb >= 2)
+		dims[(*rank)++] = n;
+	*out = pb;
+	return TERN_OK;
+}
+
+static tern_status check_float_or_int(const tern_node *node, int dtype)
+{
+	switch (dtype) {
+	case TERN_FLOAT: case TERN_DOUBLE: case TERN_FLOAT16: case TERN_BFLOAT16:
+	case TERN_INT32: case TERN_INT64: case TERN_UINT32: case TERN_UINT64:
+		return TERN_OK;
+	}
+	return tern_node_errorf(node, TERN_EDATA, "unsupported element type %s", tern_dtype_name(dtype));
+}
+
+static tern_status check_same_dtype(const tern_node *node, const tern_tensor *a, const tern_tensor *b, int index)
+{
+	if (a->dtype != b->dtype)
+		return tern_node_errorf(node, TERN_EDATA, "input %d is %s, input 0 is %s", index,
+		                        tern_dtype_name(b->dtype), tern_dtype_name(a->dtype));
+	return TERN_OK;
+}
+
+/* ---------------------------------------------------------------- MatMul */
+
+/* float16 and bfloat16 products run in float: the operands and the result are widened into scratch. */
+static size_t half_scratch(const tern_tensor *a, const tern_tensor *b, int64_t y_numel)
+{
+	return round_up((size_t)tern_tensor_numel(a) * 4) + round_up((size_t)tern_tensor_numel(b) * 4) +
+	       round_up((size_t)y_numel * 4);
+}
+
+static tern_status matmul_kernel(const tern_kernel_args *a)
+{
+	const product_batch *pb = a->params;
+	const tern_tensor *A = a->in[0], *B = a->in[1];
+	tern_tensor *Y = a->out[0];
+	if (!is_half(A->dtype)) {
+		run_products(pb, A->dtype, A->data, B->data, Y->data, a->pool);
+		return TERN_OK;
+	}
+	int64_t na = tern_tensor_numel(A), nb = tern_tensor_numel(B), ny = tern_tensor_numel(Y);
+	float *fa = a->scratch, *fb = (float *)((char *)fa + round_up((size_t)na * 4));
+	float *fy = (float *)((char *)fb + round_up((size_t)nb * 4));
+	tern_half_to_f32(A->dtype, A->data, fa, na);
+	tern_half_to_f32(B->dtype, B->data, fb, nb);
+	run_products(pb, TERN_FLOAT, fa, fb, fy, a->pool);
+	tern_f32_to_half(Y->dtype, fy, Y->data, ny);
+	return TERN_OK;
+}
+
+static tern_status matmul_prepare(tern_prepare_args *p)
+{
+	const tern_tensor *A = p->in[0], *B = p->in[1];
+	tern_status st = check_float_or_int(p->node, A->dtype);
+	if (!st)
+		st = check_same_dtype(p->node, A, B, 1);
+	if (st)
+		return st;
+	int rank;
+	int64_t dims[TERN_MAX_RANK];
+	product_batch *pb;
+	if ((st = matmul_shape(p->node, A, B, &rank, dims, &pb)))
+		return st;
+	tern_set_shape(p->out[0], A->dtype, rank, dims);
+	p->params = pb;
+	p->free_params = free;
+	p->kernel = matmul_kernel;
+	if (is_half(A->dtype))
+		p->scratch_bytes = half_scratch(A, B, tern_numel(rank, dims));
+	return TERN_OK;
+}
+
+/* ---------------------------------------------------------------- Gemm */
+
+typedef struct gemm_params {
+	bool ta, tb, has_c;
+	int64_t m, n, k;
+	float alpha, beta;
+	int64_t c_rs, c_cs; /* C's row and column strides against Y (0 where broadcast) */
+} gemm_params;
+
+/* Y = beta * C, C broadcast to Y's shape, before the product accumulates into it. */
+#define FILL_FROM_C(T, y, c, g)                                                              \
+	for (int64_t i = 0; i < (g)->m; i++)                                                     \
+		for (int64_t j = 0; j < (g)->n; j++)                                                 \
+			(y)[i * (g)->n + j] = (T)(g)->beta * (c)[i * (g)->c_rs + j * (g)->c_cs]
+
+static tern_status gemm_kernel(const tern_kernel_args *a)
+{
+	const gemm_params *g = a->params;
+	const tern_tensor *A = a->in[0], *B = a->in[1], *C = a->n_in > 2 ? a->in[2] : NULL;
+	tern_tensor *Y = a->out[0];
+	bool add_c = g->has_c && g->beta != 0;
+	int64_t lda = g->ta ? g->m : g->k, ldb = g->tb ? g->k : g->n;
+	switch (A->dtype) {
+	case TERN_FLOAT:
+		if (add_c)
+			FILL_FROM_C(float, (float *)Y->data, (const float *)C->data, g);
+		tern_gemm_f32(g->ta, g->tb, g->m, g->n, g->k, g->alpha, A->data, lda, B->data, ldb, add_c ? 1.0f : 0.0f,
+		              Y->data, g->n);
+		return TERN_OK;
+	case TERN_DOUBLE:
+		if (add_c)
+			FILL_FROM_C(double, (double *)Y->data, (const double *)C->data, g);
+		tern_gemm_f64(g->ta, g->tb, g->m, g->n, g->k, g->alpha, A->data, lda, B->data, ldb, add_c ? 1.0 : 0.0,
+		              Y->data, g->n);
+		return TERN_OK;
+	}
+	if (is_half(A->dtype)) {
+		int64_t na = tern_tensor_numel(A), nb = tern_tensor_numel(B), ny = g->m * g->n;
+		float *fa = a->scratch, *fb = (float *)((char *)fa + round_up((size_t)na * 4));
+		float *fy = (float *)((char *)fb + round_up((size_t)nb * 4));
+		tern_half_to_f32(A->dtype, A->data, fa, na);
+		tern_half_to_f32(B->dtype, B->data, fb, nb);
+		if (add_c)
+			for (int64_t i = 0; i < g->m; i++)
+				for (int64_t j = 0; j < g->n; j++)
+					fy[i * g->n + j] = g->beta * (float)tern_tensor_get_f64(C, i * g->c_rs + j * g->c_cs);
+		tern_gemm_f32(g->ta, g->tb, g->m, g->n, g->k, g->alpha, fa, lda, fb, ldb, add_c ? 1.0f : 0.0f, fy, g->n);
+		tern_f32_to_half(Y->dtype, fy, Y->data, ny);
+		return TERN_OK;
+	}
+	/* Integers: the exact product, then alpha and beta * C applied in double and truncated. */
+	product_batch pb = {g->m, g->n, g->k, 1, g->ta, g->tb, lda, ldb, (int64_t[]){0}, (int64_t[]){0}};
+	product_ctx c = {&pb, A->dtype, A->data, B->data, Y->data};
+	product_one(&c, 0);
+	if (g->alpha == 1 && !add_c)
+		return TERN_OK;
+	for (int64_t i = 0; i < g->m; i++)
+		for (int64_t j = 0; j < g->n; j++) {
+			int64_t o = i * g->n + j;
+			double v = g->alpha * tern_tensor_get_f64(Y, o);
+			if (add_c)
+				v += g->beta * tern_tensor_get_f64(C, i * g->c_rs + j * g->c_cs);
+			switch (Y->dtype) {
+			case TERN_INT32: ((int32_t *)Y->data)[o] = (int32_t)v; break;
+			case TERN_INT64: ((int64_t *)Y->data)[o] = (int64_t)v; break;
+			case TERN_UINT32: ((uint32_t *)Y->data)[o] = (uint32_t)v; break;
+			case TERN_UINT64: ((uint64_t *)Y->data)[o] = (uint64_t)v; break;
+			}
+		}
+	return TERN_OK;
+}
+
+static tern_status gemm_prepare(tern_prepare_args *p)
+{
+	const tern_node *node = p->node;
+	const tern_tensor *A = p->in[0], *B = p->in[1], *C = p->n_in > 2 ? p->in[2] : NULL;
+	tern_status st = check_float_or_int(node, A->dtype);
+	if (!st)
+		st = check_same_dtype(node, A, B, 1);
+	if (!st && C)
+		st = check_same_dtype(node, A, C, 2);
+	if (st)
+		return st;
+	char sa[96], sb[96];
+	if (A->rank != 2 || B->rank != 2)
+		return tern_node_errorf(node, TERN_EDATA, "A and B must be matrices, got %s and %s",
+		                        tern_shape_str(A->dtype, A->rank, A->dims, sa, sizeof sa),
+		                        tern_shape_str(B->dtype, B->rank, B->dims, sb, sizeof sb));
+	gemm_params *g = calloc(1, sizeof *g);
+	if (!g)
+		return tern_node_errorf(node, TERN_EOS, "out of memory");
+	g->ta = tern_attr_int(node, "transA", 0) != 0;
+	g->tb = tern_attr_int(node, "transB", 0) != 0;
+	g->alpha = tern_attr_float(node, "alpha", 1.0f);
+	g->beta = tern_attr_float(node, "beta", 1.0f);
+	g->m = A->dims[g->ta ? 1 : 0];
+	g->k = A->dims[g->ta ? 0 : 1];
+	int64_t kb = B->dims[g->tb ? 1 : 0];
+	g->n = B->dims[g->tb ? 0 : 1];
+	p->params = g;
+	p->free_params = free;
+	if (g->k != kb)
+		return tern_node_errorf(node, TERN_EDATA, "inner dimensions differ: op(A) is %lldx%lld, op(B) is %lldx%lld",
+		                        (long long)g->m, (long long)g->k, (long long)kb, (long long)g->n);
+	if (C) {
+		/* C broadcasts one way, to [M, N]. */
+		int64_t cr = C->rank == 2 ? C->dims[0] : 1, cc = C->rank >= 1 ? C->dims[C->rank - 1] : 1;
+		if (C->rank > 2 || (cr != 1 && cr != g->m) || (cc != 1 && cc != g->n))
+			return tern_node_errorf(node, TERN_EDATA, "input 2 'C' %s does not broadcast to [%lld,%lld]",
+			                        tern_shape_str(C->dtype, C->rank, C->dims, sa, sizeof sa), (long long)g->m,
+			                        (long long)g->n);
+		g->has_c = true;
+		g->c_rs = cr == 1 ? 0 : cc;
+		g->c_cs = cc == 1 ? 0 : 1;
+	}
+	int64_t dims[2] = {g->m, g->n};
+	tern_set_shape(p->out[0], A->dtype, 2, dims);
+	p->kernel = gemm_kernel;
+	if (is_half(A->dtype))
+		p->scratch_bytes = half_scratch(A, B, g->m * g->n);
+	return TERN_OK;
+}
+
+/* ---------------------------------------------------------------- MatMulInteger, QLinearMatMul */
+
+static tern_status check_quant_param(const tern_node *node, const tern_tensor *t, int index, int64_t per,
+                                     const char *what)
+{
+	if (!t)
+		return TERN_OK;
+	int64_t n = tern_tensor_numel(t);
+	if (n == 1 || (t->rank == 1 && n == per))
+		return TERN_OK;
+	char s[96];
+	return tern_node_errorf(node, TERN_EDATA, "input %d '%s' %s must be a scalar or have %lld elements", index,
+	                        what, tern_shape_str(t->dtype, t->rank, t->dims, s, sizeof s), (long long)per);
+}
+
+/* Value of a per-tensor or per-row/column parameter for row or column i. */
+static double quant_at(const tern_tensor *t, int64_t i) { return tern_tensor_numel(t) == 1 ? tern_tensor_get_f64(t, 0) : tern_tensor_get_f64(t, i); }
+
+/* Widens an 8-bit matrix (stacked along leading dimensions) to int32 minus its zero point; rows and
+ * columns index the zero point when it has one value per row (A) or per column (B). */
+static void widen_minus_zero(const tern_tensor *x, const tern_tensor *zp, bool zp_per_col, int64_t rows,
+                             int64_t cols, int32_t *dst)
+{
+	int64_t n = tern_tensor_numel(x);
+	int64_t nz = zp ? tern_tensor_numel(zp) : 0;
+	int32_t z0 = zp ? (int32_t)tern_tensor_get_f64(zp, 0) : 0;
+	for (int64_t i = 0; i < n; i++) {
+		int32_t z = z0;
+		if (nz > 1)
+			z = (int32_t)tern_tensor_get_f64(zp, zp_per_col ? i % cols : (i / cols) % rows);
+		int32_t v = x->dtype == TERN_INT8 ? ((const int8_t *)x->data)[i] : ((const uint8_t *)x->data)[i];
+		dst[i] = v - z;
+	}
+}
+
+/* The matrix shape of an operand of MatMul: rows, columns (a 1-D operand is a row for A, a column
+ * for B). */
+static void matrix_dims(const tern_tensor *t, bool is_b, int64_t *rows, int64_t *cols)
+{
+	if (t->rank >= 2) {
+		*rows = t->dims[t->rank - 2];
+		*cols = t->dims[t->rank - 1];
+	} else {
+		*rows = is_b ? t->dims[0] : 1;
+		*cols = is_b ? 1 : t->dims[0];
+	}
+}
+
+/* acc = (A - zero point of A) x (B - zero point of B) in int32, widening the operands into scratch. */
+static void integer_product(const tern_kernel_args *a, const tern_tensor *A, const tern_tensor *zpa,
+                            const tern_tensor *B, const tern_tensor *zpb, int32_t *acc)
+{
+	int64_t ar, ac, br, bc;
+	matrix_dims(A, false, &ar, &ac);
+	matrix_dims(B, true, &br, &bc);
+	int32_t *wa = a->scratch, *wb = (int32_t *)((char *)wa + round_up((size_t)tern_tensor_numel(A) * 4));
+	widen_minus_zero(A, zpa, false, ar, ac, wa);
+	widen_minus_zero(B, zpb, true, br, bc, wb);
+	run_products(a->params, TERN_INT32, wa, wb, acc, a->pool);
+}
+
+static tern_status matmul_integer_kernel(const tern_kernel_args *a)
+{
+	integer_product(a, a->in[0], a->n_in > 2 ? a->in[2] : NULL, a->in[1], a->n_in > 3 ? a->in[3] : NULL,
+	                a->out[0]->data);
+	return TERN_OK;
+}
+
+static tern_status qlinear_matmul_kernel(const tern_kernel_args *a)
+{
+	const product_batch *pb = a->params;
+	const tern_tensor *sa = a->in[1], *sb = a->in[4], *sy = a->in[6], *zy = a->in[7];
+	tern_tensor *Y = a->out[0];
+	int64_t na = tern_tensor_numel(a->in[0]), nb = tern_tensor_numel(a->in[3]), ny = tern_tensor_numel(Y);
+	int32_t *acc = (int32_t *)((char *)a->scratch + round_up((size_t)na * 4) + round_up((size_t)nb * 4));
+	integer_product(a, a->in[0], a->in[2], a->in[3], a->in[5], acc);
+	int64_t m = a->in[0]->rank >= 2 ? a->in[0]->dims[a->in[0]->rank - 2] : 1, n = pb->n;
+	bool is_u8 = Y->dtype == TERN_UINT8;
+	for (int64_t i = 0; i < ny; i++) {
+		int64_t row = (i / n) % m, col = i % n;
+		double scale = quant_at(sa, row) * quant_at(sb, col) / quant_at(sy, row);
+		double v = nearbyint(acc[i] * scale) + quant_at(zy, row);
+		double lo = is_u8 ? 0 : -128, hi = is_u8 ? 255 : 127;
+		v = v < lo ? lo : v > hi ? hi : v;
+		if (is_u8)
+			((uint8_t *)Y->data)[i] = (uint8_t)v;
+		else
+			((int8_t *)Y->data)[i] = (int8_t)v;
+	}
+	return TERN_OK;
+}
+
+static bool is_8bit(int dtype) { return dtype == TERN_INT8 || dtype == TERN_UINT8; }
+
+static tern_status integer_prepare(tern_prepare_args *p, bool qlinear)
+{
+	const tern_node *node = p->node;
+	int ia = 0, ib = qlinear ? 3 : 1;
+	const tern_tensor *A = p->in[ia], *B = p->in[ib];
+	if (!is_8bit(A->dtype) || !is_8bit(B->dtype))
+		return tern_node_errorf(node, TERN_EDATA, "operands must be int8 or uint8, got %s and %s",
+		                        tern_dtype_name(A->dtype), tern_dtype_name(B->dtype));
+	int64_t ar, ac, br, bc;
+	matrix_dims(A, false, &ar, &ac);
+	matrix_dims(B, true, &br, &bc);
+	tern_status st = TERN_OK;
+	if (qlinear) {
+		for (int i = 1; i < 8 && !st; i++)
+			if (!p->in[i] && i != 2 && i != 5)
+				st = tern_node_errorf(node, TERN_EDATA, "input %d is required", i);
+		if (!st)
+			st = check_quant_param(node, p->in[1], 1, ar, "a_scale");
+		if (!st)
+			st = check_quant_param(node, p->in[2], 2, ar, "a_zero_point");
+		if (!st)
+			st = check_quant_param(node, p->in[4], 4, bc, "b_scale");
+		if (!st)
+			st = check_quant_param(node, p->in[5], 5, bc, "b_zero_point");
+		if (!st)
+			st = check_quant_param(node, p->in[6], 6, ar, "y_scale");
+		if (!st)
+			st = check_quant_param(node, p->in[7], 7, ar, "y_zero_point");
+		if (!st && !is_8bit(p->in[7]->dtype))
+			st = tern_node_errorf(node, TERN_EDATA, "input 7 'y_zero_point' must be int8 or uint8, got %s",
+			                      tern_dtype_name(p->in[7]->dtype));
+	} else {
+		st = check_quant_param(node, p->n_in > 2 ? p->in[2] : NULL, 2, ar, "a_zero_point");
+		if (!st)
+			st = check_quant_param(node, p->n_in > 3 ? p->in[3] : NULL, 3, bc, "b_zero_point");
+	}
+	if (st)
+		return st;
+	int rank;
+	int64_t dims[TERN_MAX_RANK];
+	product_batch *pb;
+	if ((st = matmul_shape(node, A, B, &rank, dims, &pb)))
+		return st;
+	int64_t ny = tern_numel(rank, dims);
+	tern_set_shape(p->out[0], qlinear ? p->in[7]->dtype : TERN_INT32, rank, dims);
+	p->params = pb;
+	p->free_params = free;
+	p->kernel = qlinear ? qlinear_matmul_kernel : matmul_integer_kernel;
+	p->scratch_bytes = round_up((size_t)tern_tensor_numel(A) * 4) + round_up((size_t)tern_tensor_numel(B) * 4) +
+	                   (qlinear ? round_up((size_t)ny * 4) : 0);
+	return TERN_OK;
+}
+
+static tern_status matmul_integer_prepare(tern_prepare_args *p) { return integer_prepare(p, false); }
+static tern_status qlinear_matmul_prepare(tern_prepare_args *p) { return integer_prepare(p, true); }
+
+/* ---------------------------------------------------------------- Einsum */
+
+#define EIN_MAX_IN 8
+#define EIN_MAX_LABELS 64
+/* Labels are letters' character codes; the dimensions an ellipsis stands for are ELLIPSIS + j. */
+#define EIN_ELLIPSIS 128
+
+typedef struct einsum_plan {
+	int n_in;
+	int n_labels; /* output labels first, in output order; then the summed ones */
+	int n_out;
+	int64_t size[EIN_MAX_LABELS];
+	int64_t stride[EIN_MAX_IN][EIN_MAX_LABELS]; /* in elements; 0 where a label is absent or broadcast */
+	int64_t out_numel, sum_numel;
+	/* Two operands without diagonals or lone sums: a batch of products. Labels in class order:
+	 * batch, M, N (each in output order) and K. */
+	bool gemm;
+	int cls_n[4];
+	int cls[4][EIN_MAX_LABELS];
+	bool copy_a, copy_b, copy_y; /* operands gathered into [batch,M,K] / [batch,K,N], result scattered */
+	size_t off_a, off_b, off_y; /* scratch offsets */
+	product_batch *pb;
+} einsum_plan;
+
+static void einsum_free(void *p)
+{
+	einsum_plan *e = p;
+	if (e)
+		free(e->pb);
+	free(e);
+}
+
+/* Splits a term into letters and the position of its ellipsis (-1 when none). */
+static bool scan_term(const char *s, size_t len, int *letters, int *n_letters, int *ellipsis_at)
+{
+	int n = 0;
+	*ellipsis_at = -1;
+	for (size_t i = 0; i < len; i++) {
+		char c = s[i];
+		if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z')) {
+			if (n >= EIN_MAX_LABELS)
+				return false;
+			letters[n++] = (unsigned char)c;
+		} else if (c == '.' && i + 2 < len && s[i + 1] == '.' && s[i + 2] == '.' && *ellipsis_at < 0) {
+			*ellipsis_at = n;
+			i += 2;
+		} else {
+			return false;
+		}
+	}
+	*n_letters = n;
+	return true;
+}
+
+/* A term's labels dimension by dimension, the ellipsis standing for its last `ell` of ell_rank broadcast
+ * dimensions. */
+static int expand_term(const int *letters, int n_letters, int ellipsis_at, int ell, int ell_rank, int *labels)
+{
+	int n = 0;
+	for (int i = 0; i <= n_letters; i++) {
+		if (i == ellipsis_at)
+			for (int j = 0; j < ell; j++)
+				labels[n++] = EIN_ELLIPSIS + ell_rank - ell + j;
+		if (i < n_letters)
+			labels[n++] = letters[i];
+	}
+	return n;
+}
+
+static bool contiguous_in(const einsum_plan *e, int input, const int *order, int n)
+{
+	int64_t expect = 1;
+	for (int i = n - 1; i >= 0; i--) {
+		int l = order[i];
+		if (e->size[l] != 1 && e->stride[input][l] != expect)
+			return false;
+		expect *= e->size[l];
+	}
+	return true;
+}
+
+/* Decides whether two operands form a batch of products, and lays out the scratch for it. */
+static tern_status einsum_plan_gemm(einsum_plan *e, int in_count[2][EIN_MAX_LABELS], int dtype)
+{
+	if (e->n_in != 2 || (dtype != TERN_FLOAT && dtype != TERN_DOUBLE))
+		return TERN_OK;
+	for (int l = 0; l < e->n_labels; l++) {
+		bool in_a = in_count[0][l] > 0, in_b = in_count[1][l] > 0, out = l < e->n_out;
+		if (in_count[0][l] > 1 || in_count[1][l] > 1)
+			return TERN_OK;
+		/* a broadcast (size-1 against size-n) dimension needs the general loop */
+		if ((in_a && e->stride[0][l] == 0 && e->size[l] != 1) || (in_b && e->stride[1][l] == 0 && e->size[l] != 1))
+			return TERN_OK;
+		int c = in_a && in_b ? (out ? 0 : 3) : in_a && out ? 1 : in_b && out ? 2 : -1;
+		if (c < 0)
+			return TERN_OK;
+		e->cls[c][e->cls_n[c]++] = l;
+	}
+	int64_t prod[4];
+	for (int c = 0; c < 4; c++) {
+		prod[c] = 1;
+		for (int i = 0; i < e->cls_n[c]; i++)
+			prod[c] *= e->size[e->cls[c][i]];
+	}
+	int order_a[EIN_MAX_LABELS], order_at[EIN_MAX_LABELS], order_b[EIN_MAX_LABELS], order_bt[EIN_MAX_LABELS];
+	int na = 0, nat = 0, nb = 0, nbt = 0;
+	/* [batch, M, K] or, transposed, [batch, K, M]; [batch, K, N] or [batch, N, K]. */
+	const int seq_a[3] = {0, 1, 3}, seq_at[3] = {0, 3, 1}, seq_b[3] = {0, 3, 2}, seq_bt[3] = {0, 2, 3};
+	for (int s = 0; s < 3; s++) {
+		for (int i = 0; i < e->cls_n[seq_a[s]]; i++)
+			order_a[na++] = e->cls[seq_a[s]][i];
+		for (int i = 0; i < e->cls_n[seq_at[s]]; i++)
+			order_at[nat++] = e->cls[seq_at[s]][i];
+		for (int i = 0; i < e->cls_n[seq_b[s]]; i++)
+			order_b[nb++] = e->cls[seq_b[s]][i];
+		for (int i = 0; i < e->cls_n[seq_bt[s]]; i++)
+			order_bt[nbt++] = e->cls[seq_bt[s]][i];
+	}
+	int64_t batch = prod[0], m = prod[1], n = prod[2], k = prod[3];
+	product_batch *pb = product_batch_new(batch, 0);
+	if (!pb)
+		return tern_errorf(TERN_EOS, "out of memory");
+	e->pb = pb;
+	pb->m = m;
+	pb->n = n;
+	pb->k = k;
+	pb->ta = !contiguous_in(e, 0, order_a, na) && contiguous_in(e, 0, order_at, nat);
+	pb->tb = !contiguous_in(e, 1, order_b, nb) && contiguous_in(e, 1, order_bt, nbt);
+	e->copy_a = !pb->ta && !contiguous_in(e, 0, order_a, na);
+	e->copy_b = !pb->tb && !contiguous_in(e, 1, order_b, nb);
+	pb->lda = pb->ta ? m : k;
+	pb->ldb = pb->tb ? k : n;
+	for (int64_t i = 0; i < batch; i++) {
+		pb->a_off[i] = i * m * k;
+		pb->b_off[i] = i * k * n;
+	}
+	/* The result [batch, M, N] is the output itself when the output lists batch, M and N labels in turn. */
+	int pos = 0;
+	e->copy_y = false;
+	for (int c = 0; c < 3; c++)
+		for (int i = 0; i < e->cls_n[c]; i++)
+			if (e->cls[c][i] != pos++)
+				e->copy_y = true;
+	size_t es = tern_dtype_size(dtype), off = 0;
+	e->off_a = off;
+	off += e->copy_a ? round_up((size_t)(batch * m * k) * es) : 0;
+	e->off_b = off;
+	off += e->copy_b ? round_up((size_t)(batch * k * n) * es) : 0;
+	e->off_y = off;
+	e->gemm = true;
+	return TERN_OK;
+}
+
+static size_t einsum_scratch(const einsum_plan *e, int dtype)
+{
+	if (!e->gemm)
+		return 0;
+	return e->off_y + (e->copy_y ? round_up((size_t)(e->pb->count * e->pb->m * e->pb->n) * tern_dtype_size(dtype)) : 0);
+}
+
+/* Copies between a strided and a contiguous layout: walks the labels `order` (last fastest), reading
+ * src at src_stride and writing dst at dst_stride. */
+static void permute_copy(size_t es, const einsum_plan *e, const int *order, int n, const int64_t *src_stride,
+                         const int64_t *dst_stride, const void *src, void *dst)
+{
+	int64_t idx[EIN_MAX_LABELS] = {0}, so = 0, d = 0, total = 1;
+	for (int i = 0; i < n; i++)
+		total *= e->size[order[i]];
+	for (int64_t t = 0; t < total; t++) {
+		if (es == 8)
+			((uint64_t *)dst)[d] = ((const uint64_t *)src)[so];
+		else
+			((uint32_t *)dst)[d] = ((const uint32_t *)src)[so];
+		for (int i = n - 1; i >= 0; i--) {
+			int l = order[i];
+			so += src_stride[l];
+			d += dst_stride[l];
+			if (++idx[i] < e->size[l])
+				break;
+			so -= src_stride[l] * e->size[l];
+			d -= dst_stride[l] * e->size[l];
+			idx[i] = 0;
+		}
+	}
+}
+
+/* Contiguous strides for labels listed in `order`, into an array indexed by label. */
+static void contiguous_strides(const einsum_plan *e, const int *order, int n, int64_t *stride)
+{
+	int64_t s = 1;
+	for (int i = n - 1; i >= 0; i--) {
+		stride[order[i]] = s;
+		s *= e->size[order[i]];
+	}
+}
+
+static void einsum_gemm(const tern_kernel_args *a, const einsum_plan *e)
+{
+	int dtype = a->in[0]->dtype;
+	size_t es = tern_dtype_size(dtype);
+	const void *pa = a->in[0]->data, *pb_ = a->in[1]->data;
+	void *y = a->out[0]->data;
+	char *scratch = a->scratch;
+	int order[EIN_MAX_LABELS], n = 0;
+	int64_t stride[EIN_MAX_LABELS] = {0};
+	if (e->copy_a) {
+		const int seq[3] = {0, 1, 3};
+		n = 0;
+		for (int s = 0; s < 3; s++)
+			for (int i = 0; i < e->cls_n[seq[s]]; i++)
+				order[n++] = e->cls[seq[s]][i];
+		contiguous_strides(e, order, n, stride);
+		permute_copy(es, e, order, n, e->stride[0], stride, pa, scratch + e->off_a);
+		pa = scratch + e->off_a;
+	}
+	if (e->copy_b) {
+		const int seq[3] = {0, 3, 2};
+		n = 0;
+		for (int s = 0; s < 3; s++)
+			for (int i = 0; i < e->cls_n[seq[s]]; i++)
+				order[n++] = e->cls[seq[s]][i];
+		contiguous_strides(e, order, n, stride);
+		permute_copy(es, e, order, n, e->stride[1], stride, pb_, scratch + e->off_b);
+		pb_ = scratch + e->off_b;
+	}
+	void *py = e->copy_y ? scratch + e->off_y : y;
+	run_products(e->pb, dtype, pa, pb_, py, a->pool);
+	if (e->copy_y) {
+		n = 0;
+		for (int c = 0; c < 3; c++)
+			for (int i = 0; i < e->cls_n[c]; i++)
+				order[n++] = e->cls[c][i];
+		contiguous_strides(e, order, n, stride);
+		int64_t out_stride[EIN_MAX_LABELS] = {0};
+		int all[EIN_MAX_LABELS];
+		for (int l = 0; l < e->n_out; l++)
+			all[l] = l;
+		contiguous_strides(e, all, e->n_out, out_stride);
+		permute_copy(es, e, order, n, stride, out_stride, py, y);
+	}
+}
+
+/* The general case: every output element sums the product of its operands over the summed labels. */
+#define EINSUM_LOOP(T, ACC, LOAD, STORE)                                                             \
+	do {                                                                                             \
+		T *y = a->out[0]->data;                                                                      \
+		const T *x[EIN_MAX_IN];                                                                      \
+		for (int i = 0; i < e->n_in; i++)                                                            \
+			x[i] = a->in[i]->data;                                                                   \
+		int64_t idx[EIN_MAX_LABELS] = {0}, off[EIN_MAX_IN] = {0};                                    \
+		for (int64_t o = 0; o < e->out_numel; o++) {                                                 \
+			ACC acc = 0;                                                                             \
+			for (int64_t s = 0; s < e->sum_numel; s++) {                                             \
+				ACC prod = LOAD(x[0][off[0]]);                                                       \
+				for (int i = 1; i < e->n_in; i++)                                                    \
+					prod *= LOAD(x[i][off[i]]);                                                      \
+				acc += prod;                                                                         \
+				for (int l = e->n_labels - 1; l >= 0; l--) {                                         \
+					for (int i = 0; i < e->n_in; i++)                                                \
+						off[i] += e->stride[i][l];                                                   \
+					if (++idx[l] < e->size[l])                                                       \
+						break;                                                                       \
+					for (int i = 0; i < e->n_in; i++)                                                \
+						off[i] -= e->stride[i][l] * e->size[l];                                      \
+					idx[l] = 0;                                                                      \
+				}                                                                                    \
+			}                                                                                        \
+			y[o] = STORE(acc);                                                                       \
+		}                                                                                            \
+	} while (0)
+
+#define ID(x) (x)
+#define F16_LOAD(x) tern_f16_to_f32(x)
+#define BF16_LOAD(x) tern_bf16_to_f32(x)
+
+static tern_status einsum_kernel(const tern_kernel_args *a)
+{
+	const einsum_plan *e = a->params;
+	if (e->gemm) {
+		einsum_gemm(a, e);
+		return TERN_OK;
+	}
+	if (e->out_numel == 0)
+		return TERN_OK;
+	/* an empty sum leaves zeros; the loop below would read operands that have no elements */
+	if (e->sum_numel == 0) {
+		memset(a->out[0]->data, 0, (size_t)e->out_numel * tern_dtype_size(a->out[0]->dtype));
+		return TERN_OK;
+	}
+	switch (a->in[0]->dtype) {
+	case TERN_FLOAT: EINSUM_LOOP(float, double, ID, (float)); break;
+	case TERN_DOUBLE: EINSUM_LOOP(double, double, ID, (double)); break;
+	case TERN_FLOAT16: EINSUM_LOOP(uint16_t, float, F16_LOAD, tern_f32_to_f16); break;
+	case TERN_BFLOAT16: EINSUM_LOOP(uint16_t, float, BF16_LOAD, tern_f32_to_bf16); break;
+	case TERN_INT8: EINSUM_LOOP(int8_t, int64_t, ID, (int8_t)); break;
+	case TERN_INT16: EINSUM_LOOP(int16_t, int64_t, ID, (int16_t)); break;
+	case TERN_INT32: EINSUM_LOOP(int32_t, int64_t, ID, (int32_t)); break;
+	case TERN_INT64: EINSUM_LOOP(int64_t, int64_t, ID, (int64_t)); break;
+	case TERN_UINT8: EINSUM_LOOP(uint8_t, uint64_t, ID, (uint8_t)); break;
+	case TERN_UINT16: EINSUM_LOOP(uint16_t, uint64_t, ID, (uint16_t)); break;
+	case TERN_UINT32: EINSUM_LOOP(uint32_t, uint64_t, ID, (uint32_t)); break;
+	case TERN_UINT64: EINSUM_LOOP(uint64_t, uint64_t, ID, (uint64_t)); break;
+	}
+	return TERN_OK;
+}
+
+static tern_status einsum_prepare(tern_prepare_args *p)
+{
+	const tern_node *node = p->node;
+	const char *eq = tern_attr_string(node, "equation", NULL);
+	if (!eq)
+		return tern_node_errorf(node, TERN_EDATA, "attribute 'equation' is required");
+	if (p->n_in < 1 || p->n_in > EIN_MAX_IN)
+		return tern_node_errorf(node, TERN_EDATA, "%d operands; 1 to %d are supported", p->n_in, EIN_MAX_IN);
+	int dtype = p->in[0]->dtype;
+	for (int i = 0; i < p->n_in; i++) {
+		if (!p->in[i])
+			return tern_node_errorf(node, TERN_EDATA, "input %d is missing", i);
+		tern_status st = check_same_dtype(node, p->in[0], p->in[i], i);
+		if (st)
+			return st;
+	}
+	if (!(TERN_DT_NUMERIC & (1u << dtype)))
+		return tern_node_errorf(node, TERN_EDATA, "unsupported element type %s", tern_dtype_name(dtype));
+	/* Without spaces, split into the operand terms and the output term. */
+	size_t len = strlen(eq);
+	char *buf = malloc(len + 1);
+	einsum_plan *e = calloc(1, sizeof *e);
+	if (!buf || !e) {
+		free(buf);
+		free(e);
+		return tern_node_errorf(node, TERN_EOS, "out of memory");
+	}
+	p->params = e;
+	p->free_params = einsum_free;
+	size_t n = 0;
+	for (size_t i = 0; i < len; i++)
+		if (eq[i] != ' ')
+			buf[n++] = eq[i];
+	buf[n] = '\0';
+	char *arrow = strstr(buf, "->");
+	size_t lhs_len = arrow ? (size_t)(arrow - buf) : n;
+	const char *term[EIN_MAX_IN];
+	size_t term_len[EIN_MAX_IN];
+	int n_terms = 0;
+	tern_status st = TERN_OK;
+	for (size_t i = 0, start = 0; i <= lhs_len; i++) {
+		if (i < lhs_len && buf[i] != ',')
+			continue;
+		if (n_terms == EIN_MAX_IN) {
+			n_terms++;
+			break;
+		}
+		term[n_terms] = buf + start;
+		term_len[n_terms++] = i - start;
+		start = i + 1;
+	}
+	if (n_terms != p->n_in) {
+		st = tern_node_errorf(node, TERN_EDATA, "equation '%s' has %d operand terms for %d inputs", eq, n_terms,
+		                      p->n_in);
+		goto done;
+	}
+	int letters[EIN_MAX_IN][EIN_MAX_LABELS], n_letters[EIN_MAX_IN], ell_at[EIN_MAX_IN], ell_n[EIN_MAX_IN];
+	int ell_rank = 0;
+	for (int i = 0; i < n_terms; i++) {
+		if (!scan_term(term[i], term_len[i], letters[i], &n_letters[i], &ell_at[i])) {
+			st = tern_node_errorf(node, TERN_EDATA, "equation '%s': term %d is not letters and one '...'", eq, i);
+			goto done;
+		}
+		int rank = p->in[i]->rank;
+		ell_n[i] = rank - n_letters[i];
+		if ((ell_at[i] < 0 && ell_n[i] != 0) || ell_n[i] < 0) {
+			st = tern_node_errorf(node, TERN_EDATA, "equation '%s': term %d has %d letters, input %d has rank %d",
+			                      eq, i, n_letters[i], i, rank);
+			goto done;
+		}
+		if (ell_n[i] > ell_rank)
+			ell_rank = ell_n[i];
+	}
+	/* Labels dimension by dimension; sizes must agree or be 1 (broadcast). */
+	int dim_label[EIN_MAX_IN][TERN_MAX_RANK];
+	int64_t size_of[256];
+	int count[256] = {0};
+	for (int l = 0; l < 256; l++)
+		size_of[l] = -1;
+	for (int i = 0; i < n_terms; i++) {
+		expand_term(letters[i], n_letters[i], ell_at[i], ell_n[i], ell_rank, dim_label[i]);
+		for (int d = 0; d < p->in[i]->rank; d++) {
+			int l = dim_label[i][d];
+			int64_t sz = p->in[i]->dims[d];
+			if (size_of[l] < 0 || size_of[l] == 1)
+				size_of[l] = sz;
+			else if (sz != size_of[l] && sz != 1) {
+				st = tern_node_errorf(node, TERN_EDATA, "equation '%s': label '%c' has sizes %lld and %lld", eq,
+				                      l < EIN_ELLIPSIS ? l : '.', (long long)size_of[l], (long long)sz);
+				goto done;
+			}
+			count[l]++;
+		}
+	}
+	/* Output labels: as written, or (implicit form) the ellipsis and then the letters used once. */
+	int out_labels[EIN_MAX_LABELS], n_out = 0;
+	if (arrow) {
+		int ol[EIN_MAX_LABELS], nol, oat;
+		if (!scan_term(arrow + 2, strlen(arrow + 2), ol, &nol, &oat)) {
+			st = tern_node_errorf(node, TERN_EDATA, "equation '%s': output term is not letters and one '...'", eq);
+			goto done;
+		}
+		n_out = expand_term(ol, nol, oat, oat >= 0 ? ell_rank : 0, ell_rank, out_labels);
+		for (int i = 0; i < n_out; i++) {
+			int l = out_labels[i];
+			bool dup = false;
+			for (int j = 0; j < i; j++)
+				dup |= out_labels[j] == l;
+			if (dup || (l < EIN_ELLIPSIS && count[l] == 0)) {
+				st = tern_node_errorf(node, TERN_EDATA, "equation '%s': output label '%c' is %s", eq, l,
+				                      dup ? "repeated" : "not in any operand");
+				goto done;
+			}
+		}
+	} else {
+		for (int j = 0; j < ell_rank; j++)
+			out_labels[n_out++] = EIN_ELLIPSIS + j;
+		for (int l = 0; l < EIN_ELLIPSIS; l++)
+			if (count[l] == 1)
+				out_labels[n_out++] = l;
+	}
+	/* Dense label numbers: output labels, then the summed ones. */
+	int dense[256];
+	for (int l = 0; l < 256; l++)
+		dense[l] = -1;
+	int nl = 0;
+	for (int i = 0; i < n_out; i++)
+		dense[out_labels[i]] = nl++;
+	for (int l = 0; l < 256; l++)
+		if (count[l] && dense[l] < 0) {
+			if (nl == EIN_MAX_LABELS) {
+				st = tern_node_errorf(node, TERN_EDATA, "equation '%s' has more than %d labels", eq, EIN_MAX_LABELS);
+				goto done;
+			}
+			dense[l] = nl++;
+		}
+	e->n_in = p->n_in;
+	e->n_labels = nl;
+	e->n_out = n_out;
+	for (int l = 0; l < 256; l++)
+		if (dense[l] >= 0)
+			e->size[dense[l]] = size_of[l] < 0 ? 1 : size_of[l];
+	int dense_count[2][EIN_MAX_LABELS] = {{0}};
+	for (int i = 0; i < n_terms; i++) {
+		int64_t s = 1;
+		for (int d = p->in[i]->rank - 1; d >= 0; d--) {
+			int l = dense[dim_label[i][d]];
+			if (!(p->in[i]->dims[d] == 1 && e->size[l] != 1))
+				e->stride[i][l] += s;
+			s *= p->in[i]->dims[d];
+			if (i < 2)
+				dense_count[i][l]++;
+		}
+	}
+	int64_t dims[TERN_MAX_RANK];
+	if (n_out > TERN_MAX_RANK) {
+		st = tern_node_errorf(node, TERN_EDATA, "equation '%s' gives an output of rank %d", eq, n_out);
+		goto done;
+	}
+	e->out_numel = 1;
+	for (int i = 0; i < n_out; i++)
+		e->out_numel *= dims[i] = e->size[i];
+	e->sum_numel = 1;
+	for (int l = n_out; l < nl; l++)
+		e->sum_numel *= e->size[l];
+	tern_set_shape(p->out[0], dtype, n_out, dims);
+	if ((st = einsum_plan_gemm(e, dense_count, dtype)))
+		st = tern_node_errorf(node, st, "%s", tern_error());
+	p->scratch_bytes = einsum_scratch(e, dtype);
+	p->kernel = einsum_kernel;
+done:
+	free(buf);
+	return st;
+}
+
+/* ---------------------------------------------------------------- table */
+
+static const tern_op ops[] = {
+	{"", "MatMul", 1, 0, matmul_prepare, 0, "matmul"},
+	{"", "Gemm", 1, 0, gemm_prepare, 0, "matmul"},
+	{"", "MatMulInteger", 10, 0, matmul_integer_prepare, TERN_DT(INT8) | TERN_DT(UINT8), "matmul"},
+	{"", "QLinearMatMul", 10, 0, qlinear_matmul_prepare, TERN_DT(INT8) | TERN_DT(UINT8), "matmul"},
+	{"", "Einsum", 12, 0, einsum_prepare, TERN_DT_NUMERIC, "matmul"},
+};
+
+const tern_op_table tern_ops_matmul = {ops, TERN_ARRAY_LEN(ops)};

@@ -1,1 +1,2422 @@
-/* placeholder */
+/* nn.c — neural-network operators: convolutions, pooling, normalisations, softmax, dropout, resizing.
+ * Convolution is im2col + the shared gemm; the rest loops over (batch, channel) planes or rows in
+ * parallel. Kernels exist for float and double; float16 and bfloat16 are computed in float. */
+#include "internal.h"
+#include "ops/gemm.h"
+
+#include <float.h>
+#include <math.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+/* ---------------------------------------------------------------- common helpers */
+
+static size_t round_up(size_t n) { return (n + TERN_ALIGN - 1) / TERN_ALIGN * TERN_ALIGN; }
+
+static bool is_half(int dtype) { return dtype == TERN_FLOAT16 || dtype == TERN_BFLOAT16; }
+
+/* Bytes of one element as the kernels compute it (halves are widened to float). */
+static size_t compute_size(int dtype) { return dtype == TERN_DOUBLE ? 8 : 4; }
+
+static int64_t floor_div(int64_t a, int64_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
+static int64_t ceil_div(int64_t a, int64_t b) { return -floor_div(-a, b); }
+
+static bool streq(const char *a, const char *b) { return strcmp(a, b) == 0; }
+
+static tern_status no_memory(const tern_node *node) { return tern_node_errorf(node, TERN_EOS, "out of memory"); }
+
+static tern_status check_real(const tern_node *node, const tern_tensor *t, int index)
+{
+	if (t->dtype == TERN_FLOAT || t->dtype == TERN_DOUBLE || is_half(t->dtype))
+		return TERN_OK;
+	return tern_node_errorf(node, TERN_EDATA, "input %d has element type %s; float, double, float16 or bfloat16 expected",
+	                        index, tern_dtype_name(t->dtype));
+}
+
+static tern_status check_same(const tern_node *node, const tern_tensor *x, const tern_tensor *t, int index)
+{
+	if (t->dtype == x->dtype)
+		return TERN_OK;
+	return tern_node_errorf(node, TERN_EDATA, "input %d is %s, input 0 is %s", index, tern_dtype_name(t->dtype),
+	                        tern_dtype_name(x->dtype));
+}
+
+static tern_status check_rank(const tern_node *node, const tern_tensor *t, int index, int lo, int hi)
+{
+	if (t->rank >= lo && t->rank <= hi)
+		return TERN_OK;
+	char s[128];
+	return tern_node_errorf(node, TERN_EDATA, "input %d %s has rank %d; %d to %d expected", index,
+	                        tern_shape_str(t->dtype, t->rank, t->dims, s, sizeof s), t->rank, lo, hi);
+}
+
+static tern_status check_numel(const tern_node *node, const tern_tensor *t, int index, const char *what, int64_t n)
+{
+	if (!t || tern_tensor_numel(t) == n)
+		return TERN_OK;
+	char s[128];
+	return tern_node_errorf(node, TERN_EDATA, "input %d '%s' %s must have %lld elements", index, what,
+	                        tern_shape_str(t->dtype, t->rank, t->dims, s, sizeof s), (long long)n);
+}
+
+static tern_status bad_attr(const tern_node *node, const char *name, const char *value)
+{
+	return tern_node_errorf(node, TERN_EDATA, "attribute '%s' = '%s' is not supported", name, value);
+}
+
+/* Normalises a possibly negative axis into [0, rank). */
+static tern_status axis_in(const tern_node *node, int64_t axis, int rank, int *out)
+{
+	if (axis < -rank || axis >= (rank ? rank : 1))
+		return tern_node_errorf(node, TERN_EDATA, "axis %lld is out of range for rank %d", (long long)axis, rank);
+	*out = (int)(axis < 0 ? axis + rank : axis);
+	return TERN_OK;
+}
+
+static int64_t prod(const int64_t *d, int from, int to)
+{
+	int64_t n = 1;
+	for (int i = from; i < to; i++)
+		n *= d[i];
+	return n;
+}
+
+/* Splits [0, n) into a few chunks per thread of at least `grain` items and runs fn on each. */
+typedef void (*range_fn)(void *ctx, int64_t begin, int64_t end);
+
+typedef struct chunked {
+	range_fn fn;
+	void *ctx;
+	int64_t n, per;
+} chunked;
+
+static void chunk_run(void *ctx, int64_t i)
+{
+	const chunked *c = ctx;
+	int64_t b = i * c->per, e = b + c->per;
+	c->fn(c->ctx, b, e < c->n ? e : c->n);
+}
+
+static void parallel_range(tern_threadpool *pool, int64_t n, int64_t grain, range_fn fn, void *ctx)
+{
+	if (n <= 0)
+		return;
+	int threads = pool ? tern_threadpool_size(pool) : 1;
+	int64_t per = (n + 4 * (int64_t)threads - 1) / (4 * (int64_t)threads);
+	if (per < grain)
+		per = grain;
+	if (threads <= 1 || per >= n) {
+		fn(ctx, 0, n);
+		return;
+	}
+	chunked c = {fn, ctx, n, per};
+	tern_parallel_for(pool, (n + per - 1) / per, chunk_run, &c);
+}
+
+/* Items of `work` elements each: enough per chunk that threading pays. */
+static int64_t grain_for(int64_t work) { return work >= 16384 ? 1 : 16384 / (work > 0 ? work : 1); }
+
+/* ---------------------------------------------------------------- float16 and bfloat16 */
+
+/* Half tensors are computed in float: prepare wraps the float kernel so that half inputs are widened
+ * into scratch before it runs and half outputs narrowed after. */
+#define STAGE_MAX 8
+
+typedef struct staged {
+	tern_kernel_fn kernel;
+	void *params;
+	void (*free_params)(void *);
+	size_t in_off[STAGE_MAX], out_off[STAGE_MAX]; /* 0: not staged (offset 0 is the kernel's own scratch) */
+} staged;
+
+static void staged_free(void *p)
+{
+	staged *s = p;
+	if (s && s->free_params)
+		s->free_params(s->params);
+	free(s);
+}
+
+static tern_status staged_kernel(const tern_kernel_args *a)
+{
+	const staged *s = a->params;
+	tern_tensor in[STAGE_MAX], out[STAGE_MAX];
+	tern_tensor *inp[STAGE_MAX], *outp[STAGE_MAX];
+	char *scratch = a->scratch;
+	for (int i = 0; i < a->n_in; i++) {
+		inp[i] = a->in[i];
+		if (!s->in_off[i] || !a->in[i])
+			continue;
+		in[i] = *a->in[i];
+		in[i].dtype = TERN_FLOAT;
+		in[i].data = scratch + s->in_off[i];
+		in[i].nbytes = (size_t)tern_tensor_numel(&in[i]) * 4;
+		tern_half_to_f32(a->in[i]->dtype, a->in[i]->data, in[i].data, tern_tensor_numel(&in[i]));
+		inp[i] = &in[i];
+	}
+	for (int i = 0; i < a->n_out; i++) {
+		outp[i] = a->out[i];
+		if (!s->out_off[i] || !a->out[i])
+			continue;
+		out[i] = *a->out[i];
+		out[i].dtype = TERN_FLOAT;
+		out[i].data = scratch + s->out_off[i];
+		out[i].nbytes = (size_t)tern_tensor_numel(&out[i]) * 4;
+		outp[i] = &out[i];
+	}
+	tern_kernel_args inner = *a;
+	inner.in = inp;
+	inner.out = outp;
+	inner.params = s->params;
+	tern_status st = s->kernel(&inner);
+	if (st)
+		return st;
+	for (int i = 0; i < a->n_out; i++)
+		if (s->out_off[i] && a->out[i])
+			tern_f32_to_half(a->out[i]->dtype, out[i].data, a->out[i]->data, tern_tensor_numel(a->out[i]));
+	return TERN_OK;
+}
+
+/* Called at the end of a prepare that set a float kernel: wraps it when any tensor is half. */
+static tern_status stage_halves(tern_prepare_args *p)
+{
+	bool any = false;
+	for (int i = 0; i < p->n_in; i++)
+		any |= p->in[i] && is_half(p->in[i]->dtype);
+	for (int i = 0; i < p->n_out; i++)
+		any |= p->out[i] && is_half(p->out[i]->dtype);
+	if (!any || !p->kernel)
+		return TERN_OK;
+	if (p->n_in > STAGE_MAX || p->n_out > STAGE_MAX)
+		return tern_node_errorf(p->node, TERN_EDATA, "too many inputs or outputs for float16 staging");
+	staged *s = calloc(1, sizeof *s);
+	if (!s)
+		return no_memory(p->node);
+	s->kernel = p->kernel;
+	s->params = p->params;
+	s->free_params = p->free_params;
+	size_t off = round_up(p->scratch_bytes ? p->scratch_bytes : 1);
+	for (int i = 0; i < p->n_in; i++)
+		if (p->in[i] && is_half(p->in[i]->dtype)) {
+			s->in_off[i] = off;
+			off += round_up((size_t)tern_tensor_numel(p->in[i]) * 4);
+		}
+	for (int i = 0; i < p->n_out; i++)
+		if (p->out[i] && is_half(p->out[i]->dtype)) {
+			s->out_off[i] = off;
+			off += round_up((size_t)tern_numel(p->out[i]->rank, p->out[i]->dims) * 4);
+		}
+	p->kernel = staged_kernel;
+	p->params = s;
+	p->free_params = staged_free;
+	p->scratch_bytes = off;
+	return TERN_OK;
+}
+
+/* ---------------------------------------------------------------- sliding windows */
+
+/* Convolution and pooling geometry. Spatial dimensions (1 to 3) sit right-aligned in SP slots; unused
+ * leading slots are size 1, so one 3-D loop serves 1-D, 2-D and 3-D. */
+#define SP 3
+
+typedef struct window {
+	int nsp;
+	int64_t in[SP], out[SP], k[SP], s[SP], d[SP], pb[SP], pe[SP];
+} window;
+
+static int64_t sp_numel(const int64_t *v) { return v[0] * v[1] * v[2]; }
+
+static void window_init(window *w, int nsp)
+{
+	w->nsp = nsp;
+	for (int i = 0; i < SP; i++) {
+		w->in[i] = w->out[i] = w->k[i] = w->s[i] = w->d[i] = 1;
+		w->pb[i] = w->pe[i] = 0;
+	}
+}
+
+/* Reads an ints attribute of n (or 2n for pads) values into the right-aligned slots of dst. */
+static tern_status read_ints(const tern_node *node, const char *name, int nsp, int per, int64_t min, int64_t *dst0,
+                             int64_t *dst1)
+{
+	size_t n;
+	const int64_t *v = tern_attr_ints(node, name, &n);
+	if (!v)
+		return TERN_OK;
+	if (n != (size_t)(nsp * per))
+		return tern_node_errorf(node, TERN_EDATA, "attribute '%s' has %zu values; %d expected", name, n, nsp * per);
+	for (int i = 0; i < nsp * per; i++)
+		if (v[i] < min)
+			return tern_node_errorf(node, TERN_EDATA, "attribute '%s' value %lld is below %lld", name,
+			                        (long long)v[i], (long long)min);
+	for (int i = 0; i < nsp; i++) {
+		dst0[SP - nsp + i] = v[i];
+		if (per == 2)
+			dst1[SP - nsp + i] = v[nsp + i];
+	}
+	return TERN_OK;
+}
+
+/* kernel_shape (or `kernel` from the weights), strides, dilations and pads of an input x whose
+ * spatial dimensions follow (N, C). */
+static tern_status window_read(const tern_node *node, const tern_tensor *x, const int64_t *kernel, window *w)
+{
+	int nsp = x->rank - 2;
+	if (nsp < 1 || nsp > SP) {
+		char s[128];
+		return tern_node_errorf(node, TERN_EDATA, "input 0 %s: 1 to %d spatial dimensions are supported", 
+		                        tern_shape_str(x->dtype, x->rank, x->dims, s, sizeof s), SP);
+	}
+	window_init(w, nsp);
+	for (int i = 0; i < nsp; i++)
+		w->in[SP - nsp + i] = x->dims[2 + i];
+	tern_status st = TERN_OK;
+	if (kernel) {
+		for (int i = 0; i < nsp; i++)
+			w->k[SP - nsp + i] = kernel[i];
+		size_t n;
+		const int64_t *ks = tern_attr_ints(node, "kernel_shape", &n);
+		for (size_t i = 0; ks && i < n; i++)
+			if (n != (size_t)nsp || ks[i] != kernel[i])
+				return tern_node_errorf(node, TERN_EDATA, "attribute 'kernel_shape' disagrees with the weights' shape");
+	} else {
+		if (!tern_attr(node, "kernel_shape"))
+			return tern_node_errorf(node, TERN_EDATA, "attribute 'kernel_shape' is required");
+		st = read_ints(node, "kernel_shape", nsp, 1, 1, w->k, NULL);
+	}
+	if (!st)
+		st = read_ints(node, "strides", nsp, 1, 1, w->s, NULL);
+	if (!st)
+		st = read_ints(node, "dilations", nsp, 1, 1, w->d, NULL);
+	if (!st)
+		st = read_ints(node, "pads", nsp, 2, 0, w->pb, w->pe);
+	return st;
+}
+
+/* Output size of a forward window (convolution, pooling) from auto_pad and ceil_mode. */
+static tern_status window_forward(const tern_node *node, window *w, bool ceil_mode)
+{
+	const char *auto_pad = tern_attr_string(node, "auto_pad", "NOTSET");
+	bool same_upper = streq(auto_pad, "SAME_UPPER"), same_lower = streq(auto_pad, "SAME_LOWER");
+	bool valid = streq(auto_pad, "VALID");
+	if (!same_upper && !same_lower && !valid && !streq(auto_pad, "NOTSET"))
+		return bad_attr(node, "auto_pad", auto_pad);
+	for (int i = SP - w->nsp; i < SP; i++) {
+		int64_t dk = (w->k[i] - 1) * w->d[i] + 1;
+		if (same_upper || same_lower) {
+			w->out[i] = ceil_div(w->in[i], w->s[i]);
+			int64_t total = (w->out[i] - 1) * w->s[i] + dk - w->in[i];
+			if (total < 0)
+				total = 0;
+			w->pb[i] = same_upper ? total / 2 : total - total / 2;
+			w->pe[i] = total - w->pb[i];
+			continue;
+		}
+		if (valid)
+			w->pb[i] = w->pe[i] = 0;
+		int64_t span = w->in[i] + w->pb[i] + w->pe[i] - dk;
+		w->out[i] = (span < 0 ? -1 : (ceil_mode ? ceil_div(span, w->s[i]) : span / w->s[i])) + 1;
+		/* a window must start inside the input or its leading padding */
+		if (ceil_mode && w->out[i] > 1 && (w->out[i] - 1) * w->s[i] >= w->in[i] + w->pb[i])
+			w->out[i]--;
+		if (w->out[i] < 1)
+			return tern_node_errorf(node, TERN_EDATA,
+			                        "spatial dimension %d: input %lld with kernel %lld, dilation %lld and pads %lld+%lld "
+			                        "leaves no output",
+			                        i - (SP - w->nsp), (long long)w->in[i], (long long)w->k[i], (long long)w->d[i],
+			                        (long long)w->pb[i], (long long)w->pe[i]);
+	}
+	return TERN_OK;
+}
+
+/* Kernel taps j in [*lo, *hi) whose position start + j*d lies in [from, to). */
+static void taps_within(int64_t start, int64_t k, int64_t d, int64_t from, int64_t to, int64_t *lo, int64_t *hi)
+{
+	int64_t l = start >= from ? 0 : ceil_div(from - start, d);
+	int64_t h = to <= start ? 0 : ceil_div(to - start, d);
+	*lo = l < k ? l : k;
+	*hi = h < k ? h : k;
+	if (*hi < *lo)
+		*hi = *lo;
+}
+
+/* Output positions o in [*lo, *hi) whose input position o*s + off lies in [0, in). */
+static void outputs_within(int64_t off, int64_t s, int64_t in, int64_t out, int64_t *lo, int64_t *hi)
+{
+	int64_t l = off >= 0 ? 0 : ceil_div(-off, s);
+	int64_t h = in - off <= 0 ? 0 : ceil_div(in - off, s);
+	*lo = l < out ? l : out;
+	*hi = h < out ? h : out;
+	if (*hi < *lo)
+		*hi = *lo;
+}
+
+/* ---------------------------------------------------------------- pooling */
+
+typedef enum pool_kind { POOL_MAX, POOL_AVG, POOL_LP } pool_kind;
+
+typedef struct pool_params {
+	window w;
+	pool_kind kind;
+	bool count_include_pad, column_major;
+	int64_t p; /* LpPool's exponent */
+	int64_t planes;
+	bool global;
+} pool_params;
+
+typedef struct pool_ctx {
+	const pool_params *pp;
+	int dtype;
+	const void *x;
+	void *y;
+	int64_t *ind;
+} pool_ctx;
+
+/* One (n, c) plane of a windowed pool. Indices (MaxPool's second output) are flat positions in the
+ * whole input, in row-major or (storage_order 1) column-major spatial order. */
+#define DEF_POOL_PLANE(S, T, LOWEST)                                                                            \
+	static void pool_plane_##S(const pool_params *pp, const T *x, T *y, int64_t *ind, int64_t base)           \
+	{                                                                                                       \
+		const window *w = &pp->w;                                                                            \
+		for (int64_t o0 = 0; o0 < w->out[0]; o0++) {                                                         \
+			int64_t s0 = o0 * w->s[0] - w->pb[0], l0, h0, pl0, ph0;                                          \
+			taps_within(s0, w->k[0], w->d[0], 0, w->in[0], &l0, &h0);                                        \
+			taps_within(s0, w->k[0], w->d[0], -w->pb[0], w->in[0] + w->pe[0], &pl0, &ph0);                   \
+			for (int64_t o1 = 0; o1 < w->out[1]; o1++) {                                                     \
+				int64_t s1 = o1 * w->s[1] - w->pb[1], l1, h1, pl1, ph1;                                      \
+				taps_within(s1, w->k[1], w->d[1], 0, w->in[1], &l1, &h1);                                    \
+				taps_within(s1, w->k[1], w->d[1], -w->pb[1], w->in[1] + w->pe[1], &pl1, &ph1);               \
+				for (int64_t o2 = 0; o2 < w->out[2]; o2++) {                                                 \
+					int64_t s2 = o2 * w->s[2] - w->pb[2], l2, h2, pl2, ph2;                                  \
+					taps_within(s2, w->k[2], w->d[2], 0, w->in[2], &l2, &h2);                                \
+					int64_t o = (o0 * w->out[1] + o1) * w->out[2] + o2;                                      \
+					if (pp->kind == POOL_MAX) {                                                              \
+						T best = LOWEST;                                                                     \
+						int64_t at = -1;                                                                     \
+						for (int64_t k0 = l0; k0 < h0; k0++) {                                               \
+							int64_t i0 = s0 + k0 * w->d[0];                                                  \
+							for (int64_t k1 = l1; k1 < h1; k1++) {                                           \
+								int64_t i1 = s1 + k1 * w->d[1];                                              \
+								const T *row = x + (i0 * w->in[1] + i1) * w->in[2];                          \
+								for (int64_t k2 = l2; k2 < h2; k2++) {                                       \
+									int64_t i2 = s2 + k2 * w->d[2];                                          \
+									if (row[i2] > best || at < 0) {                                          \
+										best = row[i2];                                                      \
+										at = pp->column_major ? i0 + i1 * w->in[0] + i2 * w->in[0] * w->in[1] \
+										                      : (i0 * w->in[1] + i1) * w->in[2] + i2;        \
+									}                                                                        \
+								}                                                                            \
+							}                                                                                \
+						}                                                                                    \
+						y[o] = at < 0 ? 0 : best;                                                            \
+						if (ind)                                                                             \
+							ind[o] = base + (at < 0 ? 0 : at);                                               \
+						continue;                                                                            \
+					}                                                                                        \
+					double sum = 0;                                                                          \
+					for (int64_t k0 = l0; k0 < h0; k0++)                                                     \
+						for (int64_t k1 = l1; k1 < h1; k1++) {                                               \
+							const T *row = x + ((s0 + k0 * w->d[0]) * w->in[1] + s1 + k1 * w->d[1]) * w->in[2]; \
+							for (int64_t k2 = l2; k2 < h2; k2++) {                                           \
+								double v = row[s2 + k2 * w->d[2]];                                           \
+								sum += pp->kind == POOL_AVG ? v : pp->p == 2 ? v * v : pow(fabs(v), (double)pp->p); \
+							}                                                                                \
+						}                                                                                    \
+					if (pp->kind == POOL_LP) {                                                               \
+						y[o] = (T)(pp->p == 2 ? sqrt(sum) : pow(sum, 1.0 / (double)pp->p));                  \
+						continue;                                                                            \
+					}                                                                                        \
+					int64_t count;                                                                           \
+					if (pp->count_include_pad) {                                                             \
+						taps_within(s2, w->k[2], w->d[2], -w->pb[2], w->in[2] + w->pe[2], &pl2, &ph2);       \
+						count = (ph0 - pl0) * (ph1 - pl1) * (ph2 - pl2);                                     \
+					} else {                                                                                 \
+						count = (h0 - l0) * (h1 - l1) * (h2 - l2);                                           \
+					}                                                                                        \
+					y[o] = count ? (T)(sum / (double)count) : 0;                                             \
+				}                                                                                            \
+			}                                                                                                \
+		}                                                                                                    \
+	}
+
+DEF_POOL_PLANE(f32, float, -INFINITY)
+DEF_POOL_PLANE(f64, double, -INFINITY)
+DEF_POOL_PLANE(i8, int8_t, INT8_MIN)
+DEF_POOL_PLANE(u8, uint8_t, 0)
+
+/* Global pools reduce a whole plane. */
+#define DEF_GLOBAL_PLANE(S, T)                                                                 \
+	static void global_plane_##S(const pool_params *pp, const T *x, T *y, int64_t n)          \
+	{                                                                                       \
+		if (pp->kind == POOL_MAX) {                                                         \
+			T best = x[0];                                                                  \
+			for (int64_t i = 1; i < n; i++)                                                 \
+				best = x[i] > best ? x[i] : best;                                           \
+			*y = best;                                                                      \
+			return;                                                                         \
+		}                                                                                   \
+		double sum = 0;                                                                     \
+		if (pp->kind == POOL_AVG) {                                                         \
+			for (int64_t i = 0; i < n; i++)                                                 \
+				sum += x[i];                                                                \
+			*y = (T)(sum / (double)n);                                                      \
+			return;                                                                         \
+		}                                                                                   \
+		for (int64_t i = 0; i < n; i++)                                                     \
+			sum += pp->p == 2 ? (double)x[i] * x[i] : pow(fabs((double)x[i]), (double)pp->p); \
+		*y = (T)(pp->p == 2 ? sqrt(sum) : pow(sum, 1.0 / (double)pp->p));                   \
+	}
+
+DEF_GLOBAL_PLANE(f32, float)
+DEF_GLOBAL_PLANE(f64, double)
+DEF_GLOBAL_PLANE(i8, int8_t)
+DEF_GLOBAL_PLANE(u8, uint8_t)
+
+static void pool_planes(void *ctx, int64_t begin, int64_t end)
+{
+	const pool_ctx *c = ctx;
+	const pool_params *pp = c->pp;
+	int64_t in_n = sp_numel(pp->w.in), out_n = pp->global ? 1 : sp_numel(pp->w.out);
+	for (int64_t i = begin; i < end; i++) {
+		int64_t *ind = c->ind ? c->ind + i * out_n : NULL;
+#define POOL_CASE(S, T)                                              \
+	{                                                                \
+		const T *x = (const T *)c->x + i * in_n;                     \
+		T *y = (T *)c->y + i * out_n;                                \
+		if (pp->global)                                              \
+			global_plane_##S(pp, x, y, in_n);                        \
+		else                                                         \
+			pool_plane_##S(pp, x, y, ind, i * in_n);                 \
+		break;                                                       \
+	}
+		switch (c->dtype) {
+		case TERN_FLOAT: POOL_CASE(f32, float)
+		case TERN_DOUBLE: POOL_CASE(f64, double)
+		case TERN_INT8: POOL_CASE(i8, int8_t)
+		case TERN_UINT8: POOL_CASE(u8, uint8_t)
+		}
+#undef POOL_CASE
+	}
+}
+
+static tern_status pool_kernel(const tern_kernel_args *a)
+{
+	const pool_params *pp = a->params;
+	pool_ctx c = {pp, a->in[0]->dtype, a->in[0]->data, a->out[0]->data,
+	              a->n_out > 1 && a->out[1] ? a->out[1]->data : NULL};
+	int64_t work = pp->global ? sp_numel(pp->w.in) : sp_numel(pp->w.out) * sp_numel(pp->w.k);
+	parallel_range(a->pool, pp->planes, grain_for(work), pool_planes, &c);
+	return TERN_OK;
+}
+
+static tern_status pool_setup(tern_prepare_args *p, pool_kind kind, bool global)
+{
+	const tern_node *node = p->node;
+	const tern_tensor *x = p->in[0];
+	bool int8 = x->dtype == TERN_INT8 || x->dtype == TERN_UINT8;
+	tern_status st = int8 && kind == POOL_MAX ? TERN_OK : check_real(node, x, 0);
+	if (!st)
+		st = check_rank(node, x, 0, 3, SP + 2);
+	if (st)
+		return st;
+	pool_params *pp = calloc(1, sizeof *pp);
+	if (!pp)
+		return no_memory(node);
+	p->params = pp;
+	p->free_params = free;
+	pp->kind = kind;
+	pp->global = global;
+	pp->planes = x->dims[0] * x->dims[1];
+	pp->p = tern_attr_int(node, "p", 2);
+	if (kind == POOL_LP && pp->p < 1)
+		return tern_node_errorf(node, TERN_EDATA, "attribute 'p' = %lld must be at least 1", (long long)pp->p);
+	int64_t dims[TERN_MAX_RANK];
+	dims[0] = x->dims[0];
+	dims[1] = x->dims[1];
+	if (global) {
+		window_init(&pp->w, x->rank - 2);
+		for (int i = 0; i < x->rank - 2; i++) {
+			pp->w.in[SP - (x->rank - 2) + i] = x->dims[2 + i];
+			dims[2 + i] = 1;
+		}
+	} else {
+		if ((st = window_read(node, x, NULL, &pp->w)))
+			return st;
+		int64_t ceil_mode = tern_attr_int(node, "ceil_mode", 0);
+		if ((st = window_forward(node, &pp->w, ceil_mode != 0)))
+			return st;
+		for (int i = 0; i < pp->w.nsp; i++)
+			dims[2 + i] = pp->w.out[SP - pp->w.nsp + i];
+		pp->count_include_pad = tern_attr_int(node, "count_include_pad", 0) != 0;
+		int64_t order = tern_attr_int(node, "storage_order", 0);
+		if (order != 0 && order != 1)
+			return tern_node_errorf(node, TERN_EDATA, "attribute 'storage_order' = %lld must be 0 or 1", (long long)order);
+		pp->column_major = order == 1;
+	}
+	if (tern_numel(x->rank, x->dims) == 0 && global)
+		return tern_node_errorf(node, TERN_EDATA, "global pooling of an empty input");
+	tern_set_shape(p->out[0], x->dtype, x->rank, dims);
+	if (p->n_out > 1 && p->out[1]) {
+		if (kind != POOL_MAX)
+			return tern_node_errorf(node, TERN_EDATA, "only MaxPool has an indices output");
+		tern_set_shape(p->out[1], TERN_INT64, x->rank, dims);
+	}
+	p->kernel = pool_kernel;
+	return stage_halves(p);
+}
+
+static tern_status maxpool_prepare(tern_prepare_args *p) { return pool_setup(p, POOL_MAX, false); }
+static tern_status avgpool_prepare(tern_prepare_args *p) { return pool_setup(p, POOL_AVG, false); }
+static tern_status lppool_prepare(tern_prepare_args *p) { return pool_setup(p, POOL_LP, false); }
+static tern_status global_maxpool_prepare(tern_prepare_args *p) { return pool_setup(p, POOL_MAX, true); }
+static tern_status global_avgpool_prepare(tern_prepare_args *p) { return pool_setup(p, POOL_AVG, true); }
+static tern_status global_lppool_prepare(tern_prepare_args *p) { return pool_setup(p, POOL_LP, true); }
+
+/* ---------------------------------------------------------------- convolution */
+
+typedef struct conv_params {
+	window w; /* for ConvTranspose and Col2Im: in = the image written, out = the positions read */
+	int64_t n, cin, cout, group, cg, mg, kk, in_sp, out_sp;
+	bool pointwise; /* 1x1, stride 1, no padding: the input is its own column matrix */
+	bool depthwise; /* one input channel per group: direct loops beat a product with K = kernel size */
+} conv_params;
+
+typedef struct im2col_ctx {
+	const window *w;
+	size_t es;
+	const char *x;
+	char *col;
+} im2col_ctx;
+
+static void copy_strided(size_t es, char *dst, const char *src, int64_t n, int64_t stride)
+{
+	if (stride == 1) {
+		memcpy(dst, src, (size_t)n * es);
+		return;
+	}
+	for (int64_t i = 0; i < n; i++)
+		memcpy(dst + (size_t)i * es, src + (size_t)(i * stride) * es, es);
+}
+
+/* Rows of the column matrix for channels [begin, end): row (c, k0, k1, k2) holds, for every output
+ * position, the input element under that kernel tap, or 0 in the padding. */
+static void im2col_channels(void *ctx, int64_t begin, int64_t end)
+{
+	const im2col_ctx *c = ctx;
+	const window *w = c->w;
+	size_t es = c->es;
+	int64_t in_sp = sp_numel(w->in), out_sp = sp_numel(w->out);
+	for (int64_t ch = begin; ch < end; ch++) {
+		const char *xc = c->x + (size_t)(ch * in_sp) * es;
+		for (int64_t k0 = 0; k0 < w->k[0]; k0++)
+			for (int64_t k1 = 0; k1 < w->k[1]; k1++)
+				for (int64_t k2 = 0; k2 < w->k[2]; k2++) {
+					int64_t row = ((ch * w->k[0] + k0) * w->k[1] + k1) * w->k[2] + k2;
+					char *dst = c->col + (size_t)(row * out_sp) * es;
+					int64_t off2 = k2 * w->d[2] - w->pb[2], lo, hi;
+					outputs_within(off2, w->s[2], w->in[2], w->out[2], &lo, &hi);
+					for (int64_t o0 = 0; o0 < w->out[0]; o0++) {
+						int64_t i0 = o0 * w->s[0] - w->pb[0] + k0 * w->d[0];
+						for (int64_t o1 = 0; o1 < w->out[1]; o1++) {
+							int64_t i1 = o1 * w->s[1] - w->pb[1] + k1 * w->d[1];
+							char *drow = dst + (size_t)((o0 * w->out[1] + o1) * w->out[2]) * es;
+							if (i0 < 0 || i0 >= w->in[0] || i1 < 0 || i1 >= w->in[1]) {
+								memset(drow, 0, (size_t)w->out[2] * es);
+								continue;
+							}
+							const char *xrow = xc + (size_t)((i0 * w->in[1] + i1) * w->in[2]) * es;
+							memset(drow, 0, (size_t)lo * es);
+							copy_strided(es, drow + (size_t)lo * es, xrow + (size_t)(lo * w->s[2] + off2) * es, hi - lo,
+							             w->s[2]);
+							memset(drow + (size_t)hi * es, 0, (size_t)(w->out[2] - hi) * es);
+						}
+					}
+				}
+	}
+}
+
+static void im2col(tern_threadpool *pool, const window *w, size_t es, int64_t channels, const void *x, void *col)
+{
+	im2col_ctx c = {w, es, x, col};
+	parallel_range(pool, channels, grain_for(sp_numel(w->k) * sp_numel(w->out)), im2col_channels, &c);
+}
+
+typedef struct col2im_ctx {
+	const window *w;
+	const void *col;
+	void *img;
+} col2im_ctx;
+
+/* The adjoint of im2col: every column entry is added onto the image element under its tap. One
+ * channel's rows only touch that channel's plane, so channels run in parallel. */
+#define DEF_COL2IM(S, T)                                                                                  \
+	static void col2im_channels_##S(void *ctx, int64_t begin, int64_t end)                                \
+	{                                                                                                     \
+		const col2im_ctx *c = ctx;                                                                        \
+		const window *w = c->w;                                                                           \
+		int64_t in_sp = sp_numel(w->in), out_sp = sp_numel(w->out);                                       \
+		for (int64_t ch = begin; ch < end; ch++) {                                                        \
+			T *img = (T *)c->img + ch * in_sp;                                                            \
+			memset(img, 0, (size_t)in_sp * sizeof(T));                                                    \
+			for (int64_t k0 = 0; k0 < w->k[0]; k0++)                                                      \
+				for (int64_t k1 = 0; k1 < w->k[1]; k1++)                                                  \
+					for (int64_t k2 = 0; k2 < w->k[2]; k2++) {                                            \
+						int64_t row = ((ch * w->k[0] + k0) * w->k[1] + k1) * w->k[2] + k2;                \
+						const T *src = (const T *)c->col + row * out_sp;                                  \
+						int64_t off2 = k2 * w->d[2] - w->pb[2], lo, hi;                                   \
+						outputs_within(off2, w->s[2], w->in[2], w->out[2], &lo, &hi);                     \
+						for (int64_t o0 = 0; o0 < w->out[0]; o0++) {                                      \
+							int64_t i0 = o0 * w->s[0] - w->pb[0] + k0 * w->d[0];                          \
+							if (i0 < 0 || i0 >= w->in[0])                                                 \
+								continue;                                                                 \
+							for (int64_t o1 = 0; o1 < w->out[1]; o1++) {                                  \
+								int64_t i1 = o1 * w->s[1] - w->pb[1] + k1 * w->d[1];                      \
+								if (i1 < 0 || i1 >= w->in[1])                                             \
+									continue;                                                             \
+								const T *srow = src + (o0 * w->out[1] + o1) * w->out[2];                  \
+								T *irow = img + (i0 * w->in[1] + i1) * w->in[2] + off2;                   \
+								for (int64_t o2 = lo; o2 < hi; o2++)                                      \
+									irow[o2 * w->s[2]] += srow[o2];                                       \
+							}                                                                             \
+						}                                                                                 \
+					}                                                                                     \
+		}                                                                                                 \
+	}
+
+DEF_COL2IM(f32, float)
+DEF_COL2IM(f64, double)
+
+static void col2im(tern_threadpool *pool, int dtype, const window *w, int64_t channels, const void *col, void *img)
+{
+	col2im_ctx c = {w, col, img};
+	parallel_range(pool, channels, grain_for(sp_numel(w->k) * sp_numel(w->out)),
+	               dtype == TERN_DOUBLE ? col2im_channels_f64 : col2im_channels_f32, &c);
+}
+
+typedef struct conv_ctx {
+	const conv_params *cp;
+	const void *x, *wt, *bias;
+	void *y;
+} conv_ctx;
+
+/* Depthwise convolution, one output plane per call: for each kernel tap, a whole output row gains
+ * weight * a strided input row, which vectorises when the stride is 1. */
+#define DEF_DEPTHWISE(S, T)                                                                                    \
+	static void depthwise_planes_##S(void *ctx, int64_t begin, int64_t end)                                    \
+	{                                                                                                          \
+		const conv_ctx *c = ctx;                                                                               \
+		const conv_params *cp = c->cp;                                                                         \
+		const window *w = &cp->w;                                                                              \
+		for (int64_t plane = begin; plane < end; plane++) {                                                    \
+			int64_t n = plane / cp->cout, m = plane % cp->cout;                                                \
+			const T *x = (const T *)c->x + (n * cp->cin + m / cp->mg) * cp->in_sp;                             \
+			const T *wk = (const T *)c->wt + m * cp->kk;                                                       \
+			T *y = (T *)c->y + plane * cp->out_sp;                                                             \
+			T b = c->bias ? ((const T *)c->bias)[m] : 0;                                                       \
+			for (int64_t i = 0; i < cp->out_sp; i++)                                                           \
+				y[i] = b;                                                                                      \
+			for (int64_t o0 = 0; o0 < w->out[0]; o0++) {                                                       \
+				int64_t s0 = o0 * w->s[0] - w->pb[0], l0, h0;                                                  \
+				taps_within(s0, w->k[0], w->d[0], 0, w->in[0], &l0, &h0);                                      \
+				for (int64_t o1 = 0; o1 < w->out[1]; o1++) {                                                   \
+					int64_t s1 = o1 * w->s[1] - w->pb[1], l1, h1;                                              \
+					taps_within(s1, w->k[1], w->d[1], 0, w->in[1], &l1, &h1);                                  \
+					T *restrict yrow = y + (o0 * w->out[1] + o1) * w->out[2];                                  \
+					for (int64_t k0 = l0; k0 < h0; k0++)                                                       \
+						for (int64_t k1 = l1; k1 < h1; k1++) {                                                 \
+							const T *xrow = x + ((s0 + k0 * w->d[0]) * w->in[1] + s1 + k1 * w->d[1]) * w->in[2]; \
+							for (int64_t k2 = 0; k2 < w->k[2]; k2++) {                                         \
+								T wv = wk[(k0 * w->k[1] + k1) * w->k[2] + k2];                                 \
+								int64_t off = k2 * w->d[2] - w->pb[2], lo, hi;                                 \
+								outputs_within(off, w->s[2], w->in[2], w->out[2], &lo, &hi);                   \
+								const T *restrict xs = xrow + off;                                             \
+								if (w->s[2] == 1)                                                              \
+									for (int64_t o2 = lo; o2 < hi; o2++)                                       \
+										yrow[o2] += wv * xs[o2];                                               \
+								else                                                                           \
+									for (int64_t o2 = lo; o2 < hi; o2++)                                       \
+										yrow[o2] += wv * xs[o2 * w->s[2]];                                     \
+							}                                                                                  \
+						}                                                                                      \
+				}                                                                                              \
+			}                                                                                                  \
+		}                                                                                                      \
+	}
+
+DEF_DEPTHWISE(f32, float)
+DEF_DEPTHWISE(f64, double)
+
+static void add_bias_rows(int dtype, void *y, const void *bias, int64_t rows, int64_t cols)
+{
+	for (int64_t r = 0; r < rows; r++) {
+		if (dtype == TERN_DOUBLE) {
+			double *yr = (double *)y + r * cols, b = ((const double *)bias)[r];
+			for (int64_t i = 0; i < cols; i++)
+				yr[i] += b;
+		} else {
+			float *yr = (float *)y + r * cols, b = ((const float *)bias)[r];
+			for (int64_t i = 0; i < cols; i++)
+				yr[i] += b;
+		}
+	}
+}
+
+static void gemm_typed(int dtype, bool ta, int64_t m, int64_t n, int64_t k, const void *a, int64_t lda,
+                       const void *b, int64_t ldb, void *c)
+{
+	if (dtype == TERN_DOUBLE)
+		tern_gemm_f64(ta, false, m, n, k, 1.0, a, lda, b, ldb, 0.0, c, n);
+	else
+		tern_gemm_f32(ta, false, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, n);
+}
+
+static tern_status conv_kernel(const tern_kernel_args *a)
+{
+	const conv_params *cp = a->params;
+	int dtype = a->in[0]->dtype;
+	size_t es = compute_size(dtype);
+	const char *x = a->in[0]->data, *wt = a->in[1]->data;
+	const void *bias = a->n_in > 2 && a->in[2] ? a->in[2]->data : NULL;
+	char *y = a->out[0]->data;
+	if (cp->depthwise) {
+		conv_ctx c = {cp, x, wt, bias, y};
+		parallel_range(a->pool, cp->n * cp->cout, grain_for(cp->out_sp * cp->kk),
+		               dtype == TERN_DOUBLE ? depthwise_planes_f64 : depthwise_planes_f32, &c);
+		return TERN_OK;
+	}
+	int64_t ck = cp->cg * cp->kk;
+	for (int64_t n = 0; n < cp->n; n++)
+		for (int64_t g = 0; g < cp->group; g++) {
+			const char *xg = x + (size_t)((n * cp->cin + g * cp->cg) * cp->in_sp) * es;
+			const void *col = xg;
+			if (!cp->pointwise) {
+				im2col(a->pool, &cp->w, es, cp->cg, xg, a->scratch);
+				col = a->scratch;
+			}
+			char *yg = y + (size_t)((n * cp->cout + g * cp->mg) * cp->out_sp) * es;
+			gemm_typed(dtype, false, cp->mg, cp->out_sp, ck, wt + (size_t)(g * cp->mg * ck) * es, ck, col,
+			           cp->out_sp, yg);
+			if (bias)
+				add_bias_rows(dtype, yg, (const char *)bias + (size_t)(g * cp->mg) * es, cp->mg, cp->out_sp);
+		}
+	return TERN_OK;
+}
+
+/* Shapes shared by Conv and ConvInteger: X [N, C, spatial], W [M, C/group, kernel]. */
+static tern_status conv_setup(tern_prepare_args *p, conv_params **out)
+{
+	const tern_node *node = p->node;
+	const tern_tensor *x = p->in[0], *wt = p->in[1];
+	tern_status st = check_rank(node, x, 0, 3, SP + 2);
+	if (!st)
+		st = check_rank(node, wt, 1, x->rank, x->rank);
+	if (st)
+		return st;
+	conv_params *cp = calloc(1, sizeof *cp);
+	if (!cp)
+		return no_memory(node);
+	p->params = cp;
+	p->free_params = free;
+	cp->group = tern_attr_int(node, "group", 1);
+	cp->n = x->dims[0];
+	cp->cin = x->dims[1];
+	cp->cout = wt->dims[0];
+	char sx[128], sw[128];
+	if (cp->group < 1 || cp->cin % cp->group || cp->cout % cp->group || wt->dims[1] != cp->cin / cp->group)
+		return tern_node_errorf(node, TERN_EDATA, "input %s and weights %s do not fit group = %lld",
+		                        tern_shape_str(x->dtype, x->rank, x->dims, sx, sizeof sx),
+		                        tern_shape_str(wt->dtype, wt->rank, wt->dims, sw, sizeof sw), (long long)cp->group);
+	cp->cg = cp->cin / cp->group;
+	cp->mg = cp->cout / cp->group;
+	if ((st = window_read(node, x, wt->dims + 2, &cp->w)) || (st = window_forward(node, &cp->w, false)))
+		return st;
+	cp->kk = sp_numel(cp->w.k);
+	cp->in_sp = sp_numel(cp->w.in);
+	cp->out_sp = sp_numel(cp->w.out);
+	cp->pointwise = true;
+	for (int i = 0; i < SP; i++)
+		cp->pointwise &= cp->w.k[i] == 1 && cp->w.s[i] == 1 && cp->w.pb[i] == 0 && cp->w.pe[i] == 0;
+	int64_t dims[TERN_MAX_RANK] = {cp->n, cp->cout};
+	for (int i = 0; i < cp->w.nsp; i++)
+		dims[2 + i] = cp->w.out[SP - cp->w.nsp + i];
+	tern_set_shape(p->out[0], x->dtype, x->rank, dims);
+	*out = cp;
+	return TERN_OK;
+}
+
+static tern_status conv_prepare(tern_prepare_args *p)
+{
+	const tern_node *node = p->node;
+	const tern_tensor *x = p->in[0], *b = p->n_in > 2 ? p->in[2] : NULL;
+	tern_status st = check_real(node, x, 0);
+	if (!st)
+		st = check_same(node, x, p->in[1], 1);
+	if (!st && b)
+		st = check_same(node, x, b, 2);
+	conv_params *cp;
+	if (st || (st = conv_setup(p, &cp)))
+		return st;
+	if ((st = check_numel(node, b, 2, "B", cp->cout)))
+		return st;
+	cp->depthwise = cp->cg == 1 && !cp->pointwise;
+	if (!cp->pointwise && !cp->depthwise)
+		p->scratch_bytes = (size_t)(cp->cg * cp->kk * cp->out_sp) * compute_size(x->dtype);
+	p->kernel = conv_kernel;
+	return stage_halves(p);
+}
+
+/* ConvInteger: (x - x_zero_point) conv (w - w_zero_point) in int32, the operands widened into scratch. */
+static tern_status conv_integer_kernel(const tern_kernel_args *a)
+{
+	const conv_params *cp = a->params;
+	const tern_tensor *x = a->in[0], *wt = a->in[1];
+	const tern_tensor *zx = a->n_in > 2 ? a->in[2] : NULL, *zw = a->n_in > 3 ? a->in[3] : NULL;
+	int64_t nx = tern_tensor_numel(x), nw = tern_tensor_numel(wt);
+	int32_t *wx = a->scratch, *ww = (int32_t *)((char *)wx + round_up((size_t)nx * 4));
+	int32_t *col = (int32_t *)((char *)ww + round_up((size_t)nw * 4));
+	int32_t z = zx ? (int32_t)tern_tensor_get_i64(zx, 0) : 0;
+	for (int64_t i = 0; i < nx; i++)
+		wx[i] = (int32_t)tern_tensor_get_i64(x, i) - z;
+	int64_t per_m = cp->cg * cp->kk;
+	for (int64_t i = 0; i < nw; i++) {
+		int32_t zwv = !zw ? 0 : (int32_t)tern_tensor_get_i64(zw, tern_tensor_numel(zw) == 1 ? 0 : i / per_m);
+		ww[i] = (int32_t)tern_tensor_get_i64(wt, i) - zwv;
+	}
+	int32_t *y = a->out[0]->data;
+	for (int64_t n = 0; n < cp->n; n++)
+		for (int64_t g = 0; g < cp->group; g++) {
+			const int32_t *xg = wx + (n * cp->cin + g * cp->cg) * cp->in_sp, *cm = xg;
+			if (!cp->pointwise) {
+				im2col(a->pool, &cp->w, 4, cp->cg, xg, col);
+				cm = col;
+			}
+			tern_gemm_i32(cp->mg, cp->out_sp, per_m, ww + g * cp->mg * per_m, cm,
+			              y + (n * cp->cout + g * cp->mg) * cp->out_sp);
+		}
+	return TERN_OK;
+}
+
+static tern_status conv_integer_prepare(tern_prepare_args *p)
+{
+	const tern_node *node = p->node;
+	const tern_tensor *x = p->in[0], *wt = p->in[1];
+	for (int i = 0; i < p->n_in && i < 4; i++) {
+		int dt = p->in[i] ? p->in[i]->dtype : TERN_UINT8;
+		if (dt != TERN_INT8 && dt != TERN_UINT8)
+			return tern_node_errorf(node, TERN_EDATA, "input %d is %s; int8 or uint8 expected", i, tern_dtype_name(dt));
+	}
+	conv_params *cp;
+	tern_status st = conv_setup(p, &cp);
+	if (st)
+		return st;
+	if ((st = check_numel(node, p->n_in > 2 ? p->in[2] : NULL, 2, "x_zero_point", 1)))
+		return st;
+	const tern_tensor *zw = p->n_in > 3 ? p->in[3] : NULL;
+	if (zw && tern_tensor_numel(zw) != 1 && (st = check_numel(node, zw, 3, "w_zero_point", cp->cout)))
+		return st;
+	p->out[0]->dtype = TERN_INT32;
+	p->scratch_bytes = round_up((size_t)tern_tensor_numel(x) * 4) + round_up((size_t)tern_tensor_numel(wt) * 4) +
+	                   (size_t)(cp->cg * cp->kk * cp->out_sp) * 4;
+	p->kernel = conv_integer_kernel;
+	return TERN_OK;
+}
+
+/* ConvTranspose: columns = W_g^T x X_g, then col2im onto the output. */
+static tern_status conv_transpose_kernel(const tern_kernel_args *a)
+{
+	const conv_params *cp = a->params;
+	int dtype = a->in[0]->dtype;
+	size_t es = compute_size(dtype);
+	const char *x = a->in[0]->data, *wt = a->in[1]->data;
+	const char *bias = a->n_in > 2 && a->in[2] ? a->in[2]->data : NULL;
+	char *y = a->out[0]->data;
+	int64_t rows = cp->mg * cp->kk;
+	for (int64_t n = 0; n < cp->n; n++)
+		for (int64_t g = 0; g < cp->group; g++) {
+			const char *xg = x + (size_t)((n * cp->cin + g * cp->cg) * cp->out_sp) * es;
+			gemm_typed(dtype, true, rows, cp->out_sp, cp->cg, wt + (size_t)(g * cp->cg * rows) * es, rows, xg,
+			           cp->out_sp, a->scratch);
+			char *yg = y + (size_t)((n * cp->cout + g * cp->mg) * cp->in_sp) * es;
+			col2im(a->pool, dtype, &cp->w, cp->mg, a->scratch, yg);
+			if (bias)
+				add_bias_rows(dtype, yg, bias + (size_t)(g * cp->mg) * es, cp->mg, cp->in_sp);
+		}
+	return TERN_OK;
+}
+
+static tern_status conv_transpose_prepare(tern_prepare_args *p)
+{
+	const tern_node *node = p->node;
+	const tern_tensor *x = p->in[0], *wt = p->in[1], *b = p->n_in > 2 ? p->in[2] : NULL;
+	tern_status st = check_real(node, x, 0);
+	if (!st)
+		st = check_same(node, x, wt, 1);
+	if (!st && b)
+		st = check_same(node, x, b, 2);
+	if (!st)
+		st = check_rank(node, x, 0, 3, SP + 2);
+	if (!st)
+		st = check_rank(node, wt, 1, x->rank, x->rank);
+	if (st)
+		return st;
+	conv_params *cp = calloc(1, sizeof *cp);
+	if (!cp)
+		return no_memory(node);
+	p->params = cp;
+	p->free_params = free;
+	cp->group = tern_attr_int(node, "group", 1);
+	cp->n = x->dims[0];
+	cp->cin = x->dims[1];
+	char sx[128], sw[128];
+	if (cp->group < 1 || cp->cin % cp->group || wt->dims[0] != cp->cin)
+		return tern_node_errorf(node, TERN_EDATA, "input %s and weights %s do not fit group = %lld",
+		                        tern_shape_str(x->dtype, x->rank, x->dims, sx, sizeof sx),
+		                        tern_shape_str(wt->dtype, wt->rank, wt->dims, sw, sizeof sw), (long long)cp->group);
+	cp->cg = cp->cin / cp->group;
+	cp->mg = wt->dims[1];
+	cp->cout = cp->mg * cp->group;
+	if ((st = check_numel(node, b, 2, "B", cp->cout)))
+		return st;
+	/* Read the geometry as a convolution over X, then turn it around: the image is the output. */
+	window *w = &cp->w;
+	if ((st = window_read(node, x, wt->dims + 2, w)))
+		return st;
+	int nsp = w->nsp;
+	int64_t opad[SP] = {0, 0, 0}, oshape[SP] = {0, 0, 0};
+	if ((st = read_ints(node, "output_padding", nsp, 1, 0, opad, NULL)))
+		return st;
+	size_t n_os;
+	const int64_t *os = tern_attr_ints(node, "output_shape", &n_os);
+	if (os && n_os != (size_t)nsp && n_os != (size_t)nsp + 2)
+		return tern_node_errorf(node, TERN_EDATA, "attribute 'output_shape' has %zu values; %d expected", n_os, nsp);
+	for (int i = 0; os && i < nsp; i++)
+		oshape[SP - nsp + i] = os[n_os - nsp + i];
+	const char *auto_pad = tern_attr_string(node, "auto_pad", "NOTSET");
+	bool same_upper = streq(auto_pad, "SAME_UPPER"), same_lower = streq(auto_pad, "SAME_LOWER");
+	if (!same_upper && !same_lower && !streq(auto_pad, "VALID") && !streq(auto_pad, "NOTSET"))
+		return bad_attr(node, "auto_pad", auto_pad);
+	bool explicit_pads = tern_attr(node, "pads") != NULL && !same_upper && !same_lower;
+	int64_t dims[TERN_MAX_RANK] = {cp->n, cp->cout};
+	for (int i = SP - nsp; i < SP; i++) {
+		int64_t in = w->in[i];
+		int64_t full = w->s[i] * (in - 1) + opad[i] + (w->k[i] - 1) * w->d[i] + 1, out;
+		if (streq(auto_pad, "VALID"))
+			w->pb[i] = w->pe[i] = 0;
+		if (os || ((same_upper || same_lower) && !explicit_pads)) {
+			out = os ? oshape[i] : in * w->s[i];
+			if (!explicit_pads) {
+				int64_t total = full - out;
+				w->pb[i] = same_upper ? floor_div(total, 2) : total - floor_div(total, 2);
+				w->pe[i] = total - w->pb[i];
+			}
+		} else {
+			out = full - w->pb[i] - w->pe[i];
+		}
+		if (out < 1)
+			return tern_node_errorf(node, TERN_EDATA, "spatial dimension %d: output size %lld", i - (SP - nsp),
+			                        (long long)out);
+		/* col2im reads X's positions (w->out) and writes the image (w->in) */
+		w->out[i] = in;
+		w->in[i] = out;
+		dims[2 + i - (SP - nsp)] = out;
+	}
+	cp->kk = sp_numel(w->k);
+	cp->in_sp = sp_numel(w->in);
+	cp->out_sp = sp_numel(w->out);
+	tern_set_shape(p->out[0], x->dtype, x->rank, dims);
+	p->scratch_bytes = (size_t)(cp->mg * cp->kk * cp->out_sp) * compute_size(x->dtype);
+	p->kernel = conv_transpose_kernel;
+	return stage_halves(p);
+}
+
+/* Col2Im: input [N, C * prod(block_shape), L] of sliding blocks, summed back into [N, C, image_shape]. */
+static tern_status col2im_kernel(const tern_kernel_args *a)
+{
+	const conv_params *cp = a->params;
+	int dtype = a->in[0]->dtype;
+	size_t es = compute_size(dtype);
+	for (int64_t n = 0; n < cp->n; n++)
+		col2im(a->pool, dtype, &cp->w, cp->cin, (const char *)a->in[0]->data + (size_t)(n * cp->cin * cp->kk * cp->out_sp) * es,
+		       (char *)a->out[0]->data + (size_t)(n * cp->cin * cp->in_sp) * es);
+	return TERN_OK;
+}
+
+static tern_status col2im_prepare(tern_prepare_args *p)
+{
+	const tern_node *node = p->node;
+	const tern_tensor *x = p->in[0], *image = p->in[1], *block = p->in[2];
+	tern_status st = check_real(node, x, 0);
+	if (!st)
+		st = check_rank(node, x, 0, 3, 3);
+	if (st)
+		return st;
+	if (!image->data || !block->data) {
+		p->defer = 1;
+		return TERN_OK;
+	}
+	int nsp = (int)tern_tensor_numel(image);
+	if (nsp < 1 || nsp > SP || tern_tensor_numel(block) != nsp)
+		return tern_node_errorf(node, TERN_EDATA, "image_shape has %d values and block_shape %lld; 1 to %d, equal, expected",
+		                        nsp, (long long)tern_tensor_numel(block), SP);
+	conv_params *cp = calloc(1, sizeof *cp);
+	if (!cp)
+		return no_memory(node);
+	p->params = cp;
+	p->free_params = free;
+	window *w = &cp->w;
+	window_init(w, nsp);
+	for (int i = 0; i < nsp; i++) {
+		w->in[SP - nsp + i] = tern_tensor_get_i64(image, i);
+		w->k[SP - nsp + i] = tern_tensor_get_i64(block, i);
+		if (w->in[SP - nsp + i] < 1 || w->k[SP - nsp + i] < 1)
+			return tern_node_errorf(node, TERN_EDATA, "image_shape and block_shape must be positive");
+	}
+	if ((st = read_ints(node, "strides", nsp, 1, 1, w->s, NULL)) ||
+	    (st = read_ints(node, "dilations", nsp, 1, 1, w->d, NULL)) ||
+	    (st = read_ints(node, "pads", nsp, 2, 0, w->pb, w->pe)))
+		return st;
+	for (int i = SP - nsp; i < SP; i++) {
+		int64_t span = w->in[i] + w->pb[i] + w->pe[i] - (w->k[i] - 1) * w->d[i] - 1;
+		w->out[i] = span < 0 ? 0 : span / w->s[i] + 1;
+	}
+	cp->n = x->dims[0];
+	cp->kk = sp_numel(w->k);
+	cp->in_sp = sp_numel(w->in);
+	cp->out_sp = sp_numel(w->out);
+	if (x->dims[1] % cp->kk || x->dims[2] != cp->out_sp || cp->out_sp == 0) {
+		char s[128];
+		return tern_node_errorf(node, TERN_EDATA, "input 0 %s: %lld blocks of %lld elements expected",
+		                        tern_shape_str(x->dtype, x->rank, x->dims, s, sizeof s), (long long)cp->out_sp,
+		                        (long long)cp->kk);
+	}
+	cp->cin = x->dims[1] / cp->kk;
+	int64_t dims[TERN_MAX_RANK] = {cp->n, cp->cin};
+	for (int i = 0; i < nsp; i++)
+		dims[2 + i] = w->in[SP - nsp + i];
+	tern_set_shape(p->out[0], x->dtype, 2 + nsp, dims);
+	p->kernel = col2im_kernel;
+	return stage_halves(p);
+}
+
+/* ---------------------------------------------------------------- batch normalisation */
+
+typedef struct bn_params {
+	int64_t n, c, sp; /* channels are scale's elements; sp elements of one channel per sample */
+	double eps, momentum;
+	bool training;
+} bn_params;
+
+typedef struct bn_ctx {
+	const bn_params *bp;
+	const void *x;
+	void *y;
+	double *mean, *var, *a, *b; /* per channel, in scratch */
+} bn_ctx;
+
+#define DEF_BN(S, T)                                                                                 \
+	static void bn_stats_##S(void *ctx, int64_t begin, int64_t end)                                  \
+	{                                                                                                \
+		const bn_ctx *c = ctx;                                                                       \
+		const bn_params *bp = c->bp;                                                                 \
+		double count = (double)(bp->n * bp->sp);                                                     \
+		for (int64_t ch = begin; ch < end; ch++) {                                                   \
+			double sum = 0, sq = 0;                                                                  \
+			for (int64_t n = 0; n < bp->n; n++) {                                                    \
+				const T *x = (const T *)c->x + (n * bp->c + ch) * bp->sp;                            \
+				for (int64_t i = 0; i < bp->sp; i++)                                                 \
+					sum += x[i];                                                                     \
+			}                                                                                        \
+			double mean = sum / count;                                                               \
+			for (int64_t n = 0; n < bp->n; n++) {                                                    \
+				const T *x = (const T *)c->x + (n * bp->c + ch) * bp->sp;                            \
+				for (int64_t i = 0; i < bp->sp; i++)                                                 \
+					sq += (x[i] - mean) * (x[i] - mean);                                             \
+			}                                                                                        \
+			c->mean[ch] = mean;                                                                      \
+			c->var[ch] = sq / count;                                                                 \
+		}                                                                                            \
+	}                                                                                                \
+	static void bn_apply_##S(void *ctx, int64_t begin, int64_t end)                                  \
+	{                                                                                                \
+		const bn_ctx *c = ctx;                                                                       \
+		const bn_params *bp = c->bp;                                                                 \
+		for (int64_t plane = begin; plane < end; plane++) {                                          \
+			int64_t ch = plane % bp->c;                                                              \
+			T a = (T)c->a[ch], b = (T)c->b[ch];                                                      \
+			const T *restrict x = (const T *)c->x + plane * bp->sp;                                  \
+			T *restrict y = (T *)c->y + plane * bp->sp;                                             \
+			for (int64_t i = 0; i < bp->sp; i++)                                                     \
+				y[i] = x[i] * a + b;                                                                 \
+		}                                                                                            \
+	}
+
+DEF_BN(f32, float)
+DEF_BN(f64, double)
+
+static void store_real(tern_tensor *t, int64_t i, double v)
+{
+	if (t->dtype == TERN_DOUBLE)
+		((double *)t->data)[i] = v;
+	else
+		((float *)t->data)[i] = (float)v;
+}
+
+static tern_status bn_kernel(const tern_kernel_args *a)
+{
+	const bn_params *bp = a->params;
+	const tern_tensor *scale = a->in[1], *bias = a->in[2], *mean_in = a->in[3], *var_in = a->in[4];
+	bool dbl = a->in[0]->dtype == TERN_DOUBLE;
+	double *s = a->scratch;
+	bn_ctx c = {bp, a->in[0]->data, a->out[0]->data, s, s + bp->c, s + 2 * bp->c, s + 3 * bp->c};
+	if (bp->training)
+		parallel_range(a->pool, bp->c, grain_for(bp->n * bp->sp), dbl ? bn_stats_f64 : bn_stats_f32, &c);
+	for (int64_t ch = 0; ch < bp->c; ch++) {
+		double mean = bp->training ? c.mean[ch] : tern_tensor_get_f64(mean_in, ch);
+		double var = bp->training ? c.var[ch] : tern_tensor_get_f64(var_in, ch);
+		c.a[ch] = tern_tensor_get_f64(scale, ch) / sqrt(var + bp->eps);
+		c.b[ch] = tern_tensor_get_f64(bias, ch) - mean * c.a[ch];
+	}
+	parallel_range(a->pool, bp->n * bp->c, grain_for(bp->sp), dbl ? bn_apply_f64 : bn_apply_f32, &c);
+	if (!bp->training)
+		return TERN_OK;
+	/* running statistics, then (before opset 14) the batch's own */
+	for (int64_t ch = 0; ch < bp->c; ch++) {
+		double m = bp->momentum;
+		if (a->n_out > 1 && a->out[1])
+			store_real(a->out[1], ch, tern_tensor_get_f64(mean_in, ch) * m + c.mean[ch] * (1 - m));
+		if (a->n_out > 2 && a->out[2])
+			store_real(a->out[2], ch, tern_tensor_get_f64(var_in, ch) * m + c.var[ch] * (1 - m));
+		if (a->n_out > 3 && a->out[3])
+			store_real(a->out[3], ch, c.mean[ch]);
+		if (a->n_out > 4 && a->out[4])
+			store_real(a->out[4], ch, c.var[ch]);
+	}
+	return TERN_OK;
+}
+
+static tern_status bn_prepare(tern_prepare_args *p)
+{
+	const tern_node *node = p->node;
+	const tern_tensor *x = p->in[0];
+	tern_status st = check_real(node, x, 0);
+	if (!st)
+		st = check_rank(node, x, 0, 2, TERN_MAX_RANK);
+	for (int i = 1; i < 5 && !st; i++)
+		if (p->n_in <= i || !p->in[i])
+			st = tern_node_errorf(node, TERN_EDATA, "input %d is required", i);
+		else
+			st = check_real(node, p->in[i], i);
+	if (st)
+		return st;
+	bn_params *bp = calloc(1, sizeof *bp);
+	if (!bp)
+		return no_memory(node);
+	p->params = bp;
+	p->free_params = free;
+	/* Before opset 9, spatial = 0 normalised every (channel, position) feature separately. */
+	bool spatial = node->opset >= 9 || tern_attr_int(node, "spatial", 1) != 0;
+	bp->n = x->dims[0];
+	bp->c = spatial ? x->dims[1] : prod(x->dims, 1, x->rank);
+	bp->sp = prod(x->dims, 1, x->rank) / (bp->c ? bp->c : 1);
+	bp->eps = tern_attr_float(node, "epsilon", 1e-5f);
+	bp->momentum = tern_attr_float(node, "momentum", 0.9f);
+	if (node->opset >= 14)
+		bp->training = tern_attr_int(node, "training_mode", 0) != 0;
+	else
+		for (int i = 1; i < p->n_out; i++)
+			bp->training |= p->out[i] != NULL;
+	static const char *const names[] = {"", "scale", "B", "mean", "var"};
+	for (int i = 1; i < 5; i++)
+		if ((st = check_numel(node, p->in[i], i, names[i], bp->c)))
+			return st;
+	tern_set_shape(p->out[0], x->dtype, x->rank, x->dims);
+	for (int i = 1; i < p->n_out; i++)
+		if (p->out[i]) {
+			if (!bp->training)
+				return tern_node_errorf(node, TERN_EDATA, "output %d exists only in training mode", i);
+			tern_set_shape(p->out[i], p->in[i % 2 ? 3 : 4]->dtype, 1, &bp->c);
+		}
+	p->scratch_bytes = (size_t)bp->c * 4 * sizeof(double);
+	p->kernel = bn_kernel;
+	return stage_halves(p);
+}
+
+/* ---------------------------------------------------------------- instance, group and layer normalisation */
+
+typedef struct group_norm_params {
+	int64_t n, c, groups, sp;
+	double eps;
+	bool scale_per_group; /* GroupNormalization-18: one scale and bias per group */
+} group_norm_params;
+
+typedef struct group_norm_ctx {
+	const group_norm_params *gp;
+	const void *x;
+	void *y;
+	const double *scale, *bias; /* per channel */
+} group_norm_ctx;
+
+/* Mean and 1/sqrt(variance + eps) of n elements, accumulated in double. */
+#define DEF_MOMENTS(S, T)                                                                        \
+	static void moments_##S(const T *x, int64_t n, int64_t stride, double eps, double *mean, double *inv) \
+	{                                                                                            \
+		double sum = 0, sq = 0;                                                                  \
+		for (int64_t i = 0; i < n; i++)                                                          \
+			sum += x[i * stride];                                                                \
+		double m = n ? sum / (double)n : 0;                                                      \
+		for (int64_t i = 0; i < n; i++)                                                          \
+			sq += (x[i * stride] - m) * (x[i * stride] - m);                                     \
+		*mean = m;                                                                               \
+		*inv = 1.0 / sqrt((n ? sq / (double)n : 0) + eps);                                       \
+	}
+
+DEF_MOMENTS(f32, float)
+DEF_MOMENTS(f64, double)
+
+#define DEF_GROUP_NORM(S, T)                                                                     \
+	static void group_norm_blocks_##S(void *ctx, int64_t begin, int64_t end)                     \
+	{                                                                                            \
+		const group_norm_ctx *c = ctx;                                                           \
+		const group_norm_params *gp = c->gp;                                                     \
+		int64_t per = gp->c / gp->groups;                                                        \
+		for (int64_t blk = begin; blk < end; blk++) {                                            \
+			const T *x = (const T *)c->x + blk * per * gp->sp;                                   \
+			T *y = (T *)c->y + blk * per * gp->sp;                                               \
+			double mean, inv;                                                                    \
+			moments_##S(x, per * gp->sp, 1, gp->eps, &mean, &inv);                               \
+			int64_t c0 = (blk % gp->groups) * per;                                               \
+			for (int64_t ch = 0; ch < per; ch++) {                                               \
+				T a = (T)(c->scale[c0 + ch] * inv), b = (T)(c->bias[c0 + ch] - mean * c->scale[c0 + ch] * inv); \
+				const T *restrict xc = x + ch * gp->sp;                                          \
+				T *restrict yc = y + ch * gp->sp;                                                \
+				for (int64_t i = 0; i < gp->sp; i++)                                             \
+					yc[i] = xc[i] * a + b;                                                       \
+			}                                                                                    \
+		}                                                                                        \
+	}
+
+DEF_GROUP_NORM(f32, float)
+DEF_GROUP_NORM(f64, double)
+
+static tern_status group_norm_kernel(const tern_kernel_args *a)
+{
+	const group_norm_params *gp = a->params;
+	double *scale = a->scratch, *bias = scale + gp->c;
+	int64_t per = gp->c / gp->groups;
+	for (int64_t ch = 0; ch < gp->c; ch++) {
+		int64_t i = gp->scale_per_group ? ch / per : ch;
+		scale[ch] = tern_tensor_get_f64(a->in[1], i);
+		bias[ch] = tern_tensor_get_f64(a->in[2], i);
+	}
+	group_norm_ctx c = {gp, a->in[0]->data, a->out[0]->data, scale, bias};
+	parallel_range(a->pool, gp->n * gp->groups, grain_for(per * gp->sp),
+	               a->in[0]->dtype == TERN_DOUBLE ? group_norm_blocks_f64 : group_norm_blocks_f32, &c);
+	return TERN_OK;
+}
+
+static tern_status group_norm_setup(tern_prepare_args *p, bool instance)
+{
+	const tern_node *node = p->node;
+	const tern_tensor *x = p->in[0];
+	tern_status st = check_real(node, x, 0);
+	if (!st)
+		st = check_rank(node, x, 0, 2, TERN_MAX_RANK);
+	for (int i = 1; i < 3 && !st; i++)
+		st = p->n_in > i && p->in[i] ? check_real(node, p->in[i], i)
+		                             : tern_node_errorf(node, TERN_EDATA, "input %d is required", i);
+	if (st)
+		return st;
+	group_norm_params *gp = calloc(1, sizeof *gp);
+	if (!gp)
+		return no_memory(node);
+	p->params = gp;
+	p->free_params = free;
+	gp->n = x->dims[0];
+	gp->c = x->dims[1];
+	gp->sp = prod(x->dims, 2, x->rank);
+	gp->eps = tern_attr_float(node, "epsilon", 1e-5f);
+	gp->groups = instance ? gp->c : tern_attr_int(node, "num_groups", 0);
+	if (gp->groups < 1 || gp->c % gp->groups)
+		return tern_node_errorf(node, TERN_EDATA, "num_groups = %lld does not divide %lld channels",
+		                        (long long)gp->groups, (long long)gp->c);
+	int64_t ns = tern_tensor_numel(p->in[1]);
+	gp->scale_per_group = !instance && ns == gp->groups && node->opset < 21;
+	int64_t want = gp->scale_per_group ? gp->groups : gp->c;
+	if ((st = check_numel(node, p->in[1], 1, "scale", want)) || (st = check_numel(node, p->in[2], 2, "bias", want)))
+		return st;
+	tern_set_shape(p->out[0], x->dtype, x->rank, x->dims);
+	p->scratch_bytes = (size_t)gp->c * 2 * sizeof(double);
+	p->kernel = group_norm_kernel;
+	return stage_halves(p);
+}
+
+static tern_status instance_norm_prepare(tern_prepare_args *p) { return group_norm_setup(p, true); }
+static tern_status group_norm_prepare(tern_prepare_args *p) { return group_norm_setup(p, false); }
+
+typedef struct layer_norm_params {
+	int64_t rows, cols;
+	double eps;
+	bool scale_scalar, bias_scalar;
+} layer_norm_params;
+
+typedef struct layer_norm_ctx {
+	const layer_norm_params *lp;
+	const void *x, *scale, *bias;
+	void *y, *mean, *inv;
+} layer_norm_ctx;
+
+#define DEF_LAYER_NORM(S, T)                                                                   \
+	static void layer_norm_rows_##S(void *ctx, int64_t begin, int64_t end)                     \
+	{                                                                                          \
+		const layer_norm_ctx *c = ctx;                                                         \
+		const layer_norm_params *lp = c->lp;                                                   \
+		const T *scale = c->scale, *bias = c->bias;                                            \
+		for (int64_t r = begin; r < end; r++) {                                                \
+			const T *restrict x = (const T *)c->x + r * lp->cols;                              \
+			T *restrict y = (T *)c->y + r * lp->cols;                                          \
+			double mean, inv;                                                                  \
+			moments_##S(x, lp->cols, 1, lp->eps, &mean, &inv);                                 \
+			T m = (T)mean, iv = (T)inv;                                                        \
+			for (int64_t i = 0; i < lp->cols; i++) {                                           \
+				T v = (x[i] - m) * iv * scale[lp->scale_scalar ? 0 : i];                       \
+				y[i] = bias ? v + bias[lp->bias_scalar ? 0 : i] : v;                           \
+			}                                                                                  \
+			if (c->mean)                                                                       \
+				((T *)c->mean)[r] = m;                                                         \
+			if (c->inv)                                                                        \
+				((T *)c->inv)[r] = iv;                                                         \
+		}                                                                                      \
+	}
+
+DEF_LAYER_NORM(f32, float)
+DEF_LAYER_NORM(f64, double)
+
+static tern_status layer_norm_kernel(const tern_kernel_args *a)
+{
+	const layer_norm_params *lp = a->params;
+	layer_norm_ctx c = {lp,
+	                    a->in[0]->data,
+	                    a->in[1]->data,
+	                    a->n_in > 2 && a->in[2] ? a->in[2]->data : NULL,
+	                    a->out[0]->data,
+	                    a->n_out > 1 && a->out[1] ? a->out[1]->data : NULL,
+	                    a->n_out > 2 && a->out[2] ? a->out[2]->data : NULL};
+	parallel_range(a->pool, lp->rows, grain_for(lp->cols),
+	               a->in[0]->dtype == TERN_DOUBLE ? layer_norm_rows_f64 : layer_norm_rows_f32, &c);
+	return TERN_OK;
+}
+
+static tern_status layer_norm_prepare(tern_prepare_args *p)
+{
+	const tern_node *node = p->node;
+	const tern_tensor *x = p->in[0], *scale = p->in[1], *bias = p->n_in > 2 ? p->in[2] : NULL;
+	tern_status st = check_real(node, x, 0);
+	if (!st)
+		st = check_same(node, x, scale, 1);
+	if (!st && bias)
+		st = check_same(node, x, bias, 2);
+	int axis;
+	if (st || (st = axis_in(node, tern_attr_int(node, "axis", -1), x->rank, &axis)))
+		return st;
+	layer_norm_params *lp = calloc(1, sizeof *lp);
+	if (!lp)
+		return no_memory(node);
+	p->params = lp;
+	p->free_params = free;
+	lp->rows = prod(x->dims, 0, axis);
+	lp->cols = prod(x->dims, axis, x->rank);
+	lp->eps = tern_attr_float(node, "epsilon", 1e-5f);
+	/* Scale and B broadcast to the normalised shape; a full copy or one value are supported. */
+	int64_t ns = tern_tensor_numel(scale), nb = bias ? tern_tensor_numel(bias) : 1;
+	lp->scale_scalar = ns == 1;
+	lp->bias_scalar = nb == 1;
+	if ((ns != 1 && ns != lp->cols) || (nb != 1 && nb != lp->cols))
+		return tern_node_errorf(node, TERN_EDATA, "Scale has %lld and B %lld elements; 1 or %lld (the normalised size) expected",
+		                        (long long)ns, (long long)nb, (long long)lp->cols);
+	tern_set_shape(p->out[0], x->dtype, x->rank, x->dims);
+	int64_t dims[TERN_MAX_RANK];
+	for (int i = 0; i < x->rank; i++)
+		dims[i] = i < axis ? x->dims[i] : 1;
+	/* Mean and InvStdDev are float for float16 and bfloat16 inputs (stash_type 1). */
+	int stat_type = is_half(x->dtype) ? TERN_FLOAT : x->dtype;
+	for (int i = 1; i < 3; i++)
+		if (p->n_out > i && p->out[i])
+			tern_set_shape(p->out[i], stat_type, x->rank, dims);
+	p->kernel = layer_norm_kernel;
+	return stage_halves(p);
+}
+
+/* ---------------------------------------------------------------- LRN, LpNormalization, MeanVarianceNormalization */
+
+typedef struct lrn_params {
+	int64_t n, c, sp, size;
+	double alpha, beta, bias;
+} lrn_params;
+
+typedef struct plain_ctx {
+	const void *params;
+	const void *x;
+	void *y;
+} plain_ctx;
+
+#define DEF_LRN(S, T)                                                                                  \
+	static void lrn_planes_##S(void *ctx, int64_t begin, int64_t end)                                  \
+	{                                                                                                  \
+		const plain_ctx *c = ctx;                                                                      \
+		const lrn_params *lp = c->params;                                                              \
+		int64_t before = (lp->size - 1) / 2, after = lp->size - 1 - before;                            \
+		for (int64_t plane = begin; plane < end; plane++) {                                            \
+			int64_t n = plane / lp->c, ch = plane % lp->c;                                             \
+			int64_t lo = ch - before < 0 ? 0 : ch - before, hi = ch + after >= lp->c ? lp->c - 1 : ch + after; \
+			const T *x = (const T *)c->x + plane * lp->sp;                                             \
+			T *y = (T *)c->y + plane * lp->sp;                                                         \
+			for (int64_t i = 0; i < lp->sp; i++) {                                                     \
+				double sq = 0;                                                                         \
+				for (int64_t k = lo; k <= hi; k++) {                                                   \
+					double v = ((const T *)c->x)[(n * lp->c + k) * lp->sp + i];                        \
+					sq += v * v;                                                                       \
+				}                                                                                      \
+				y[i] = (T)(x[i] / pow(lp->bias + lp->alpha / (double)lp->size * sq, lp->beta));         \
+			}                                                                                          \
+		}                                                                                              \
+	}
+
+DEF_LRN(f32, float)
+DEF_LRN(f64, double)
+
+static tern_status lrn_kernel(const tern_kernel_args *a)
+{
+	const lrn_params *lp = a->params;
+	plain_ctx c = {lp, a->in[0]->data, a->out[0]->data};
+	parallel_range(a->pool, lp->n * lp->c, grain_for(lp->sp * lp->size),
+	               a->in[0]->dtype == TERN_DOUBLE ? lrn_planes_f64 : lrn_planes_f32, &c);
+	return TERN_OK;
+}
+
+static tern_status lrn_prepare(tern_prepare_args *p)
+{
+	const tern_node *node = p->node;
+	const tern_tensor *x = p->in[0];
+	tern_status st = check_real(node, x, 0);
+	if (!st)
+		st = check_rank(node, x, 0, 2, TERN_MAX_RANK);
+	if (st)
+		return st;
+	lrn_params *lp = calloc(1, sizeof *lp);
+	if (!lp)
+		return no_memory(node);
+	p->params = lp;
+	p->free_params = free;
+	lp->n = x->dims[0];
+	lp->c = x->dims[1];
+	lp->sp = prod(x->dims, 2, x->rank);
+	lp->size = tern_attr_int(node, "size", 0);
+	lp->alpha = tern_attr_float(node, "alpha", 1e-4f);
+	lp->beta = tern_attr_float(node, "beta", 0.75f);
+	lp->bias = tern_attr_float(node, "bias", 1.0f);
+	if (lp->size < 1)
+		return tern_node_errorf(node, TERN_EDATA, "attribute 'size' = %lld must be positive", (long long)lp->size);
+	tern_set_shape(p->out[0], x->dtype, x->rank, x->dims);
+	p->kernel = lrn_kernel;
+	return stage_halves(p);
+}
+
+/* An axis seen as outer x n x inner: the layout Softmax, Hardmax and LpNormalization walk. */
+typedef struct axis_params {
+	int64_t outer, n, inner;
+	int64_t p; /* LpNormalization */
+	int kind;
+} axis_params;
+
+#define DEF_LP_NORM(S, T)                                                                          \
+	static void lp_norm_columns_##S(void *ctx, int64_t begin, int64_t end)                         \
+	{                                                                                              \
+		const plain_ctx *c = ctx;                                                                  \
+		const axis_params *ap = c->params;                                                         \
+		for (int64_t col = begin; col < end; col++) {                                              \
+			int64_t base = (col / ap->inner) * ap->n * ap->inner + col % ap->inner;                \
+			const T *x = (const T *)c->x + base;                                                   \
+			T *y = (T *)c->y + base;                                                               \
+			double norm = 0;                                                                       \
+			for (int64_t i = 0; i < ap->n; i++) {                                                  \
+				double v = x[i * ap->inner];                                                       \
+				norm += ap->p == 1 ? fabs(v) : v * v;                                              \
+			}                                                                                      \
+			if (ap->p == 2)                                                                        \
+				norm = sqrt(norm);                                                                 \
+			for (int64_t i = 0; i < ap->n; i++)                                                    \
+				y[i * ap->inner] = (T)(x[i * ap->inner] / norm);                                   \
+		}                                                                                          \
+	}
+
+DEF_LP_NORM(f32, float)
+DEF_LP_NORM(f64, double)
+
+static tern_status lp_norm_kernel(const tern_kernel_args *a)
+{
+	const axis_params *ap = a->params;
+	plain_ctx c = {ap, a->in[0]->data, a->out[0]->data};
+	parallel_range(a->pool, ap->outer * ap->inner, grain_for(ap->n),
+	               a->in[0]->dtype == TERN_DOUBLE ? lp_norm_columns_f64 : lp_norm_columns_f32, &c);
+	return TERN_OK;
+}
+
+/* outer x n x inner around one axis; `coerce` (softmax before opset 13) flattens everything from the
+ * axis on into n. */
+static tern_status axis_setup(tern_prepare_args *p, int64_t axis_default, bool coerce, axis_params **out)
+{
+	const tern_node *node = p->node;
+	const tern_tensor *x = p->in[0];
+	int axis;
+	tern_status st = check_real(node, x, 0);
+	if (!st)
+		st = axis_in(node, tern_attr_int(node, "axis", axis_default), x->rank, &axis);
+	if (st)
+		return st;
+	axis_params *ap = calloc(1, sizeof *ap);
+	if (!ap)
+		return no_memory(node);
+	p->params = ap;
+	p->free_params = free;
+	ap->outer = prod(x->dims, 0, axis);
+	ap->n = coerce ? prod(x->dims, axis, x->rank) : (x->rank ? x->dims[axis] : 1);
+	ap->inner = coerce ? 1 : prod(x->dims, axis + 1, x->rank);
+	tern_set_shape(p->out[0], x->dtype, x->rank, x->dims);
+	*out = ap;
+	return TERN_OK;
+}
+
+static tern_status lp_norm_prepare(tern_prepare_args *p)
+{
+	axis_params *ap;
+	tern_status st = axis_setup(p, -1, false, &ap);
+	if (st)
+		return st;
+	ap->p = tern_attr_int(p->node, "p", 2);
+	if (ap->p != 1 && ap->p != 2)
+		return tern_node_errorf(p->node, TERN_EDATA, "attribute 'p' = %lld; 1 or 2 expected", (long long)ap->p);
+	p->kernel = lp_norm_kernel;
+	return stage_halves(p);
+}
+
+/* MeanVarianceNormalization: (x - mean) / (std + 1e-9) over the listed axes, for every index of the
+ * others. Rare, so one serial pass per statistic. */
+typedef struct mvn_params {
+	int rank;
+	int64_t dims[TERN_MAX_RANK];
+	bool reduced[TERN_MAX_RANK];
+	int64_t groups;
+} mvn_params;
+
+static int64_t mvn_group(const mvn_params *mp, int64_t i)
+{
+	int64_t g = 0, scale = 1;
+	for (int d = mp->rank - 1; d >= 0; d--) {
+		int64_t idx = i % mp->dims[d];
+		i /= mp->dims[d];
+		if (!mp->reduced[d]) {
+			g += idx * scale;
+			scale *= mp->dims[d];
+		}
+	}
+	return g;
+}
+
+static tern_status mvn_kernel(const tern_kernel_args *a)
+{
+	const mvn_params *mp = a->params;
+	const tern_tensor *x = a->in[0];
+	tern_tensor *y = a->out[0];
+	int64_t n = tern_tensor_numel(x), per = n / (mp->groups ? mp->groups : 1);
+	double *sum = a->scratch, *sq = sum + mp->groups;
+	memset(sum, 0, (size_t)mp->groups * 2 * sizeof *sum);
+	for (int64_t i = 0; i < n; i++)
+		sum[mvn_group(mp, i)] += tern_tensor_get_f64(x, i);
+	for (int64_t i = 0; i < n; i++) {
+		int64_t g = mvn_group(mp, i);
+		double d = tern_tensor_get_f64(x, i) - sum[g] / (double)per;
+		sq[g] += d * d;
+	}
+	for (int64_t i = 0; i < n; i++) {
+		int64_t g = mvn_group(mp, i);
+		store_real(y, i, (tern_tensor_get_f64(x, i) - sum[g] / (double)per) / (sqrt(sq[g] / (double)per) + 1e-9));
+	}
+	return TERN_OK;
+}
+
+static tern_status mvn_prepare(tern_prepare_args *p)
+{
+	const tern_node *node = p->node;
+	const tern_tensor *x = p->in[0];
+	tern_status st = check_real(node, x, 0);
+	if (st)
+		return st;
+	mvn_params *mp = calloc(1, sizeof *mp);
+	if (!mp)
+		return no_memory(node);
+	p->params = mp;
+	p->free_params = free;
+	mp->rank = x->rank;
+	memcpy(mp->dims, x->dims, sizeof mp->dims);
+	size_t n;
+	const int64_t *axes = tern_attr_ints(node, "axes", &n);
+	static const int64_t dflt[] = {0, 2, 3};
+	if (!axes) {
+		axes = dflt;
+		n = 3;
+	}
+	for (size_t i = 0; i < n; i++) {
+		int ax;
+		if ((st = axis_in(node, axes[i], x->rank, &ax)))
+			return st;
+		mp->reduced[ax] = true;
+	}
+	mp->groups = 1;
+	for (int d = 0; d < x->rank; d++)
+		if (!mp->reduced[d])
+			mp->groups *= x->dims[d];
+	tern_set_shape(p->out[0], x->dtype, x->rank, x->dims);
+	p->scratch_bytes = (size_t)mp->groups * 2 * sizeof(double);
+	p->kernel = mvn_kernel;
+	return stage_halves(p);
+}
+
+/* ---------------------------------------------------------------- Softmax, LogSoftmax, Hardmax */
+
+enum { SOFTMAX, LOG_SOFTMAX, HARDMAX };
+
+/* One column of n elements `inner` apart. */
+#define DEF_SOFTMAX(S, T, EXP, LOG)                                                                  \
+	static void softmax_column_##S(int kind, const T *x, T *y, int64_t n, int64_t stride)           \
+	{                                                                                               \
+		T max = x[0];                                                                               \
+		int64_t at = 0;                                                                             \
+		for (int64_t i = 1; i < n; i++)                                                             \
+			if (x[i * stride] > max) {                                                              \
+				max = x[i * stride];                                                                \
+				at = i;                                                                             \
+			}                                                                                       \
+		if (kind == HARDMAX) {                                                                      \
+			for (int64_t i = 0; i < n; i++)                                                         \
+				y[i * stride] = i == at;                                                            \
+			return;                                                                                 \
+		}                                                                                           \
+		T sum = 0;                                                                                  \
+		if (stride == 1) {                                                                          \
+			for (int64_t i = 0; i < n; i++) {                                                       \
+				T e = EXP(x[i] - max);                                                              \
+				sum += e;                                                                           \
+				if (kind == SOFTMAX)                                                                \
+					y[i] = e;                                                                       \
+			}                                                                                       \
+		} else {                                                                                    \
+			for (int64_t i = 0; i < n; i++) {                                                       \
+				T e = EXP(x[i * stride] - max);                                                     \
+				sum += e;                                                                           \
+				if (kind == SOFTMAX)                                                                \
+					y[i * stride] = e;                                                              \
+			}                                                                                       \
+		}                                                                                           \
+		if (kind == SOFTMAX) {                                                                      \
+			T inv = 1 / sum;                                                                        \
+			for (int64_t i = 0; i < n; i++)                                                         \
+				y[i * stride] *= inv;                                                               \
+		} else {                                                                                    \
+			T shift = max + LOG(sum);                                                               \
+			for (int64_t i = 0; i < n; i++)                                                         \
+				y[i * stride] = x[i * stride] - shift;                                              \
+		}                                                                                           \
+	}                                                                                               \
+	static void softmax_columns_##S(void *ctx, int64_t begin, int64_t end)                          \
+	{                                                                                               \
+		const plain_ctx *c = ctx;                                                                   \
+		const axis_params *ap = c->params;                                                          \
+		for (int64_t col = begin; col < end; col++) {                                               \
+			int64_t base = (col / ap->inner) * ap->n * ap->inner + col % ap->inner;                 \
+			softmax_column_##S(ap->kind, (const T *)c->x + base, (T *)c->y + base, ap->n, ap->inner); \
+		}                                                                                           \
+	}
+
+DEF_SOFTMAX(f32, float, expf, logf)
+DEF_SOFTMAX(f64, double, exp, log)
+
+static tern_status softmax_kernel(const tern_kernel_args *a)
+{
+	const axis_params *ap = a->params;
+	if (ap->n == 0)
+		return TERN_OK;
+	plain_ctx c = {ap, a->in[0]->data, a->out[0]->data};
+	parallel_range(a->pool, ap->outer * ap->inner, grain_for(ap->n * 4),
+	               a->in[0]->dtype == TERN_DOUBLE ? softmax_columns_f64 : softmax_columns_f32, &c);
+	return TERN_OK;
+}
+
+static tern_status softmax_setup(tern_prepare_args *p, int kind)
+{
+	bool old = p->node->opset < 13;
+	axis_params *ap;
+	tern_status st = axis_setup(p, old ? 1 : -1, old, &ap);
+	if (st)
+		return st;
+	ap->kind = kind;
+	p->kernel = softmax_kernel;
+	return stage_halves(p);
+}
+
+static tern_status softmax_prepare(tern_prepare_args *p) { return softmax_setup(p, SOFTMAX); }
+static tern_status log_softmax_prepare(tern_prepare_args *p) { return softmax_setup(p, LOG_SOFTMAX); }
+static tern_status hardmax_prepare(tern_prepare_args *p) { return softmax_setup(p, HARDMAX); }
+
+/* ---------------------------------------------------------------- Dropout */
+
+typedef struct dropout_params {
+	bool mask_bool;          /* the mask is bool (opset 10 on) rather than the input's type */
+	bool maybe_training;     /* a training_mode input decides at run time */
+	uint64_t seed;
+	_Atomic uint64_t runs;   /* each run draws a fresh mask */
+} dropout_params;
+
+static uint64_t splitmix64(uint64_t *state)
+{
+	uint64_t z = (*state += 0x9e3779b97f4a7c15u);
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9u;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebu;
+	return z ^ (z >> 31);
+}
+
+static tern_status dropout_kernel(const tern_kernel_args *a)
+{
+	dropout_params *dp = a->params;
+	const tern_tensor *x = a->in[0];
+	tern_tensor *y = a->out[0], *mask = a->n_out > 1 ? a->out[1] : NULL;
+	int64_t n = tern_tensor_numel(x);
+	double ratio = a->n_in > 1 && a->in[1] ? tern_tensor_get_f64(a->in[1], 0) : 0.5;
+	bool training = dp->maybe_training && a->n_in > 2 && a->in[2] && tern_tensor_get_i64(a->in[2], 0) != 0;
+	if (training && (ratio < 0 || ratio >= 1))
+		return tern_node_errorf(a->node, TERN_EDATA, "ratio %g is outside [0, 1)", ratio);
+	if (!training || ratio == 0) {
+		memcpy(y->data, x->data, x->nbytes);
+		if (mask && dp->mask_bool)
+			memset(mask->data, 1, (size_t)n);
+		else if (mask)
+			for (int64_t i = 0; i < n; i++)
+				store_real(mask, i, 1.0);
+		return TERN_OK;
+	}
+	uint64_t state = dp->seed ^ (atomic_fetch_add(&dp->runs, 1) * 0xd1b54a32d192ed03u);
+	double keep = 1.0 - ratio, scale = 1.0 / keep;
+	for (int64_t i = 0; i < n; i++) {
+		bool kept = (double)(splitmix64(&state) >> 11) * 0x1p-53 < keep;
+		store_real(y, i, kept ? tern_tensor_get_f64(x, i) * scale : 0.0);
+		if (mask && dp->mask_bool)
+			((bool *)mask->data)[i] = kept;
+		else if (mask)
+			store_real(mask, i, kept);
+	}
+	return TERN_OK;
+}
+
+static tern_status dropout_prepare(tern_prepare_args *p)
+{
+	const tern_node *node = p->node;
+	const tern_tensor *x = p->in[0];
+	tern_status st = check_real(node, x, 0);
+	if (st)
+		return st;
+	tern_set_shape(p->out[0], x->dtype, x->rank, x->dims);
+	bool has_mask = p->n_out > 1 && p->out[1];
+	if (has_mask)
+		tern_set_shape(p->out[1], node->opset >= 10 ? TERN_BOOL : x->dtype, x->rank, x->dims);
+	/* Before opset 12 there is no training input: Dropout is the identity in inference. */
+	const tern_tensor *training = node->opset >= 12 && p->n_in > 2 ? p->in[2] : NULL;
+	bool maybe_training = training && (!training->data || tern_tensor_get_i64(training, 0) != 0);
+	if (!maybe_training && !has_mask) {
+		p->alias_input0 = 1;
+		return TERN_OK;
+	}
+	dropout_params *dp = calloc(1, sizeof *dp);
+	if (!dp)
+		return no_memory(node);
+	p->params = dp;
+	p->free_params = free;
+	dp->mask_bool = node->opset >= 10;
+	dp->maybe_training = maybe_training;
+	dp->seed = (uint64_t)tern_attr_int(node, "seed", 0x7465726e);
+	p->kernel = dropout_kernel;
+	return stage_halves(p);
+}
+
+/* ---------------------------------------------------------------- Resize, Upsample */
+
+enum resize_mode { RESIZE_NEAREST, RESIZE_LINEAR, RESIZE_CUBIC };
+enum coord_mode { HALF_PIXEL, HALF_PIXEL_SYMMETRIC, PYTORCH_HALF_PIXEL, ALIGN_CORNERS, ASYMMETRIC, TF_CROP_AND_RESIZE };
+enum nearest_mode { ROUND_PREFER_FLOOR, ROUND_PREFER_CEIL, NEAREST_FLOOR, NEAREST_CEIL };
+
+typedef struct resize_options {
+	enum resize_mode mode;
+	enum coord_mode coord;
+	enum nearest_mode nearest;
+	double cubic_a, extrapolation;
+	bool exclude_outside, antialias;
+} resize_options;
+
+/* Per axis, each output coordinate reads `count` input elements at element offsets off[] with
+ * weights w[] (taps slots reserved per coordinate), or is outside the input (tf_crop_and_resize). */
+typedef struct resize_axis {
+	int64_t in, out, taps, stride;
+	int64_t *off;
+	double *w;
+	int *count;
+	bool *outside;
+} resize_axis;
+
+typedef struct resize_params {
+	int rank, first; /* axes before `first` are unchanged: whole planes */
+	int64_t planes, in_plane, out_plane;
+	bool nearest;
+	double extrapolation;
+	resize_axis ax[TERN_MAX_RANK];
+} resize_params;
+
+static void resize_free(void *p)
+{
+	resize_params *rp = p;
+	for (int i = 0; rp && i < rp->rank; i++)
+		free(rp->ax[i].off);
+	free(rp);
+}
+
+static double cubic_weight(double x, double a)
+{
+	x = fabs(x);
+	if (x <= 1)
+		return ((a + 2) * x - (a + 3)) * x * x + 1;
+	if (x < 2)
+		return ((a * x - 5 * a) * x + 8 * a) * x - 4 * a;
+	return 0;
+}
+
+/* The input coordinate that output coordinate x maps to. */
+static double source_coord(const resize_options *o, double x, double scale, int64_t in, int64_t out,
+                           double roi_start, double roi_end)
+{
+	/* The length the scale implies, which may be fractional; the reference uses it as such. */
+	double scaled = scale * (double)in;
+	switch (o->coord) {
+	case HALF_PIXEL:
+		return (x + 0.5) / scale - 0.5;
+	case HALF_PIXEL_SYMMETRIC: {
+		double adjust = (double)out / scaled, offset = (double)in / 2 * (1 - adjust);
+		return offset + (x + 0.5) / scale - 0.5;
+	}
+	case PYTORCH_HALF_PIXEL:
+		return out > 1 ? (x + 0.5) / scale - 0.5 : 0;
+	case ALIGN_CORNERS:
+		return scaled == 1 ? 0 : x * (double)(in - 1) / (scaled - 1);
+	case ASYMMETRIC:
+		return x / scale;
+	case TF_CROP_AND_RESIZE:
+		if (scaled == 1)
+			return (roi_end - roi_start) * (double)(in - 1) / 2 + roi_start * (double)(in - 1);
+		return x * (roi_end - roi_start) * (double)(in - 1) / (scaled - 1) + roi_start * (double)(in - 1);
+	}
+	return 0;
+}
+
+/* Fills one axis's taps. Neighbours follow the reference: for a fractional coordinate the base is its
+ * floor, for a whole one the element before (with ratio 1), so the tap of weight 1 is the element
+ * itself; indices outside the input clamp to its edge. */
+static tern_status resize_axis_build(const resize_options *o, resize_axis *ax, double scale, double roi_start,
+                                     double roi_end)
+{
+	double s = o->antialias && scale < 1 ? scale : 1; /* antialias widens the filter when shrinking */
+	int64_t start = 0, taps = 1;
+	if (o->mode == RESIZE_LINEAR) {
+		start = (int64_t)floor(-1 / s) + 1;
+		taps = 2 - 2 * start;
+	} else if (o->mode == RESIZE_CUBIC) {
+		start = (int64_t)floor(-2 / s) + 1;
+		taps = 2 - 2 * start;
+	}
+	int64_t n = ax->out;
+	size_t bytes = (size_t)(n * taps) * (sizeof(int64_t) + sizeof(double)) + (size_t)n * (sizeof(int) + sizeof(bool));
+	char *mem = malloc(bytes ? bytes : 1);
+	if (!mem)
+		return TERN_EOS;
+	ax->taps = taps;
+	ax->off = (int64_t *)mem;
+	ax->w = (double *)(ax->off + n * taps);
+	ax->count = (int *)(ax->w + n * taps);
+	ax->outside = (bool *)(ax->count + n);
+	for (int64_t x = 0; x < n; x++) {
+		int64_t *off = ax->off + x * taps;
+		double *w = ax->w + x * taps;
+		double xo = source_coord(o, (double)x, scale, ax->in, ax->out, roi_start, roi_end);
+		ax->outside[x] = o->coord == TF_CROP_AND_RESIZE && (xo < 0 || xo > (double)(ax->in - 1));
+		ax->count[x] = 0;
+		if (ax->outside[x])
+			continue;
+		double fl = floor(xo);
+		int64_t base = xo == fl ? (int64_t)fl - 1 : (int64_t)fl;
+		double ratio = xo - (double)base;
+		int64_t idx[64];
+		double wt[64];
+		int64_t m = taps > 64 ? 64 : taps;
+		if (o->mode == RESIZE_NEAREST) {
+			bool up = ratio == 1 || (o->nearest == ROUND_PREFER_FLOOR && ratio > 0.5) ||
+			          (o->nearest == ROUND_PREFER_CEIL && ratio >= 0.5) || o->nearest == NEAREST_CEIL;
+			idx[0] = base + (up ? 1 : 0);
+			wt[0] = 1;
+			m = 1;
+		} else {
+			double sum = 0;
+			for (int64_t i = 0; i < m; i++) {
+				double arg = ((double)(start + i) - ratio) * s;
+				idx[i] = base + start + i;
+				wt[i] = o->mode == RESIZE_LINEAR ? fmax(0, 1 - fabs(arg)) : cubic_weight(arg, o->cubic_a);
+				if (o->exclude_outside && (idx[i] < 0 || idx[i] >= ax->in))
+					wt[i] = 0;
+				sum += wt[i];
+			}
+			for (int64_t i = 0; i < m && sum != 0; i++)
+				wt[i] /= sum;
+		}
+		for (int64_t i = 0; i < m; i++) {
+			if (wt[i] == 0)
+				continue;
+			int64_t k = idx[i] < 0 ? 0 : idx[i] >= ax->in ? ax->in - 1 : idx[i];
+			off[ax->count[x]] = k * ax->stride;
+			w[ax->count[x]++] = wt[i];
+		}
+	}
+	return TERN_OK;
+}
+
+static bool resize_axis_identity(const resize_axis *ax)
+{
+	if (ax->in != ax->out)
+		return false;
+	for (int64_t x = 0; x < ax->out; x++)
+		if (ax->outside[x] || ax->count[x] != 1 || ax->off[x * ax->taps] != x * ax->stride || ax->w[x * ax->taps] != 1)
+			return false;
+	return true;
+}
+
+typedef struct resize_ctx {
+	const resize_params *rp;
+	size_t es;
+	const void *x;
+	void *y;
+	const void *extra; /* the extrapolation value in the element type */
+} resize_ctx;
+
+/* Nearest: a gather, the same for every element type. */
+static void resize_gather(const resize_ctx *c, int axis, const char *x, char *y)
+{
+	const resize_axis *ax = &c->rp->ax[axis];
+	int64_t out_stride = 1;
+	for (int d = axis + 1; d < c->rp->rank; d++)
+		out_stride *= c->rp->ax[d].out;
+	for (int64_t o = 0; o < ax->out; o++) {
+		char *yo = y + (size_t)(o * out_stride) * c->es;
+		if (ax->outside[o]) {
+			for (int64_t i = 0; i < out_stride; i++)
+				memcpy(yo + (size_t)i * c->es, c->extra, c->es);
+		} else if (axis == c->rp->rank - 1) {
+			memcpy(yo, x + (size_t)ax->off[o * ax->taps] * c->es, c->es);
+		} else {
+			resize_gather(c, axis + 1, x + (size_t)ax->off[o * ax->taps] * c->es, yo);
+		}
+	}
+}
+
+static void resize_gather_planes(void *ctx, int64_t begin, int64_t end)
+{
+	const resize_ctx *c = ctx;
+	for (int64_t i = begin; i < end; i++)
+		resize_gather(c, c->rp->first, (const char *)c->x + (size_t)(i * c->rp->in_plane) * c->es,
+		              (char *)c->y + (size_t)(i * c->rp->out_plane) * c->es);
+}
+
+/* Linear and cubic: each output element is the weighted sum over the product of its axes' taps. */
+#define DEF_RESIZE(S, T)                                                                                  \
+	static double resize_value_##S(const resize_params *rp, int axis, const T *x, const int64_t *o)       \
+	{                                                                                                     \
+		const resize_axis *ax = &rp->ax[axis];                                                            \
+		const int64_t *off = ax->off + o[axis] * ax->taps;                                                \
+		const double *w = ax->w + o[axis] * ax->taps;                                                     \
+		double sum = 0;                                                                                   \
+		if (axis == rp->rank - 1)                                                                         \
+			for (int i = 0; i < ax->count[o[axis]]; i++)                                                  \
+				sum += w[i] * x[off[i]];                                                                  \
+		else                                                                                              \
+			for (int i = 0; i < ax->count[o[axis]]; i++)                                                  \
+				sum += w[i] * resize_value_##S(rp, axis + 1, x + off[i], o);                              \
+		return sum;                                                                                       \
+	}                                                                                                     \
+	static void resize_planes_##S(void *ctx, int64_t begin, int64_t end)                                  \
+	{                                                                                                     \
+		const resize_ctx *c = ctx;                                                                        \
+		const resize_params *rp = c->rp;                                                                  \
+		for (int64_t plane = begin; plane < end; plane++) {                                               \
+			const T *x = (const T *)c->x + plane * rp->in_plane;                                          \
+			T *y = (T *)c->y + plane * rp->out_plane;                                                     \
+			int64_t o[TERN_MAX_RANK] = {0};                                                               \
+			for (int64_t i = 0; i < rp->out_plane; i++) {                                                 \
+				bool outside = false;                                                                     \
+				for (int d = rp->first; d < rp->rank; d++)                                                \
+					outside |= rp->ax[d].outside[o[d]];                                                   \
+				y[i] = outside ? (T)rp->extrapolation : (T)resize_value_##S(rp, rp->first, x, o);         \
+				for (int d = rp->rank - 1; d >= rp->first; d--) {                                         \
+					if (++o[d] < rp->ax[d].out)                                                           \
+						break;                                                                            \
+					o[d] = 0;                                                                             \
+				}                                                                                         \
+			}                                                                                             \
+		}                                                                                                 \
+	}
+
+DEF_RESIZE(f32, float)
+DEF_RESIZE(f64, double)
+
+static tern_status resize_kernel(const tern_kernel_args *a)
+{
+	const resize_params *rp = a->params;
+	int dtype = a->in[0]->dtype;
+	union {
+		double d;
+		float f;
+		int64_t i64;
+		int32_t i32;
+		int16_t i16;
+		int8_t i8;
+	} extra;
+	memset(&extra, 0, sizeof extra);
+	switch (dtype) {
+	case TERN_DOUBLE: extra.d = rp->extrapolation; break;
+	case TERN_FLOAT: extra.f = (float)rp->extrapolation; break;
+	case TERN_INT64: case TERN_UINT64: extra.i64 = (int64_t)rp->extrapolation; break;
+	case TERN_INT32: case TERN_UINT32: extra.i32 = (int32_t)rp->extrapolation; break;
+	case TERN_INT16: case TERN_UINT16: extra.i16 = (int16_t)rp->extrapolation; break;
+	default: extra.i8 = (int8_t)rp->extrapolation; break;
+	}
+	resize_ctx c = {rp, tern_dtype_size(dtype), a->in[0]->data, a->out[0]->data, &extra};
+	range_fn fn = rp->nearest ? resize_gather_planes : dtype == TERN_DOUBLE ? resize_planes_f64 : resize_planes_f32;
+	parallel_range(a->pool, rp->planes, grain_for(rp->out_plane), fn, &c);
+	return TERN_OK;
+}
+
+/* Builds the taps of every axis from per-axis scales and output sizes. */
+static tern_status resize_finish(tern_prepare_args *p, const resize_options *o, const double *scale,
+                                 const int64_t *out, const double *roi)
+{
+	const tern_node *node = p->node;
+	const tern_tensor *x = p->in[0];
+	if (o->mode != RESIZE_NEAREST && !(x->dtype == TERN_FLOAT || x->dtype == TERN_DOUBLE || is_half(x->dtype)))
+		return tern_node_errorf(node, TERN_EDATA, "linear and cubic modes need a floating-point input, got %s",
+		                        tern_dtype_name(x->dtype));
+	resize_params *rp = calloc(1, sizeof *rp);
+	if (!rp)
+		return no_memory(node);
+	p->params = rp;
+	p->free_params = resize_free;
+	rp->rank = x->rank;
+	rp->nearest = o->mode == RESIZE_NEAREST;
+	rp->extrapolation = o->extrapolation;
+	int64_t stride = 1;
+	for (int d = x->rank - 1; d >= 0; d--) {
+		resize_axis *ax = &rp->ax[d];
+		ax->in = x->dims[d];
+		ax->out = out[d];
+		ax->stride = stride;
+		stride *= ax->in;
+		if (out[d] < 0 || (out[d] > 0 && ax->in == 0))
+			return tern_node_errorf(node, TERN_EDATA, "axis %d: cannot resize %lld elements to %lld", d,
+			                        (long long)ax->in, (long long)out[d]);
+		if (resize_axis_build(o, ax, scale[d], roi ? roi[d] : 0, roi ? roi[x->rank + d] : 1))
+			return no_memory(node);
+	}
+	rp->first = 0;
+	while (rp->first < rp->rank && resize_axis_identity(&rp->ax[rp->first]))
+		rp->first++;
+	rp->planes = prod(x->dims, 0, rp->first);
+	rp->in_plane = prod(x->dims, rp->first, x->rank);
+	rp->out_plane = prod(out, rp->first, x->rank);
+	tern_set_shape(p->out[0], x->dtype, x->rank, out);
+	p->kernel = resize_kernel;
+	return rp->nearest ? TERN_OK : stage_halves(p);
+}
+
+static tern_status parse_enum(const tern_node *node, const char *attr, const char *dflt, const char *const *names,
+                              int n, int *out)
+{
+	const char *v = tern_attr_string(node, attr, dflt);
+	for (int i = 0; i < n; i++)
+		if (streq(v, names[i])) {
+			*out = i;
+			return TERN_OK;
+		}
+	return bad_attr(node, attr, v);
+}
+
+static tern_status resize_prepare(tern_prepare_args *p)
+{
+	const tern_node *node = p->node;
+	const tern_tensor *x = p->in[0];
+	int r = x->rank;
+	bool v10 = node->opset < 11;
+	const tern_tensor *roi = v10 || p->n_in < 2 ? NULL : p->in[1];
+	const tern_tensor *scales = p->n_in > (v10 ? 1 : 2) ? p->in[v10 ? 1 : 2] : NULL;
+	const tern_tensor *sizes = !v10 && p->n_in > 3 ? p->in[3] : NULL;
+	if (roi && tern_tensor_numel(roi) == 0)
+		roi = NULL;
+	if (scales && tern_tensor_numel(scales) == 0)
+		scales = NULL;
+	if (sizes && tern_tensor_numel(sizes) == 0)
+		sizes = NULL;
+	if ((scales && !scales->data) || (sizes && !sizes->data) || (roi && !roi->data)) {
+		p->defer = 1;
+		return TERN_OK;
+	}
+	if (!scales == !sizes)
+		return tern_node_errorf(node, TERN_EDATA, "exactly one of 'scales' and 'sizes' must be given");
+	resize_options o = {0};
+	static const char *const modes[] = {"nearest", "linear", "cubic"};
+	static const char *const coords[] = {"half_pixel", "half_pixel_symmetric", "pytorch_half_pixel",
+	                                     "align_corners", "asymmetric", "tf_crop_and_resize"};
+	static const char *const nearest[] = {"round_prefer_floor", "round_prefer_ceil", "floor", "ceil"};
+	int mode, coord, nm;
+	tern_status st = parse_enum(node, "mode", "nearest", modes, 3, &mode);
+	if (!st)
+		st = parse_enum(node, "coordinate_transformation_mode", v10 ? "asymmetric" : "half_pixel", coords, 6, &coord);
+	if (!st)
+		st = parse_enum(node, "nearest_mode", v10 ? "floor" : "round_prefer_floor", nearest, 4, &nm);
+	if (st)
+		return st;
+	o.mode = mode;
+	o.coord = coord;
+	o.nearest = nm;
+	o.cubic_a = tern_attr_float(node, "cubic_coeff_a", -0.75f);
+	o.exclude_outside = tern_attr_int(node, "exclude_outside", 0) != 0;
+	o.extrapolation = tern_attr_float(node, "extrapolation_value", 0.0f);
+	o.antialias = tern_attr_int(node, "antialias", 0) != 0 && mode != RESIZE_NEAREST;
+	/* The listed axes (all by default) get the given scales, sizes and roi; the rest stay. */
+	size_t n_axes;
+	const int64_t *axes_attr = tern_attr_ints(node, "axes", &n_axes);
+	int axes[TERN_MAX_RANK];
+	if (!axes_attr)
+		n_axes = (size_t)r;
+	bool seen[TERN_MAX_RANK] = {false};
+	for (size_t i = 0; i < n_axes; i++) {
+		if (axes_attr && (st = axis_in(node, axes_attr[i], r, &axes[i])))
+			return st;
+		if (!axes_attr)
+			axes[i] = (int)i;
+		if (seen[axes[i]])
+			return tern_node_errorf(node, TERN_EDATA, "attribute 'axes' repeats axis %d", axes[i]);
+		seen[axes[i]] = true;
+	}
+	const tern_tensor *given = scales ? scales : sizes;
+	if (tern_tensor_numel(given) != (int64_t)n_axes)
+		return tern_node_errorf(node, TERN_EDATA, "'%s' has %lld values for %zu axes", scales ? "scales" : "sizes",
+		                        (long long)tern_tensor_numel(given), n_axes);
+	if (roi && tern_tensor_numel(roi) != 2 * (int64_t)n_axes)
+		return tern_node_errorf(node, TERN_EDATA, "'roi' has %lld values for %zu axes", (long long)tern_tensor_numel(roi),
+		                        n_axes);
+	double scale[TERN_MAX_RANK], roi_full[2 * TERN_MAX_RANK];
+	int64_t out[TERN_MAX_RANK];
+	for (int d = 0; d < r; d++) {
+		scale[d] = 1;
+		out[d] = x->dims[d];
+		roi_full[d] = 0;
+		roi_full[r + d] = 1;
+	}
+	for (size_t i = 0; i < n_axes; i++) {
+		int d = axes[i];
+		if (roi) {
+			roi_full[d] = tern_tensor_get_f64(roi, (int64_t)i);
+			roi_full[r + d] = tern_tensor_get_f64(roi, (int64_t)(n_axes + i));
+		}
+		if (scales) {
+			scale[d] = tern_tensor_get_f64(scales, (int64_t)i);
+			if (!(scale[d] > 0))
+				return tern_node_errorf(node, TERN_EDATA, "scale %g for axis %d is not positive", scale[d], d);
+			out[d] = (int64_t)floor(scale[d] * (double)x->dims[d]);
+		} else {
+			out[d] = tern_tensor_get_i64(sizes, (int64_t)i);
+			scale[d] = x->dims[d] ? (double)out[d] / (double)x->dims[d] : 1;
+		}
+	}
+	const char *policy = tern_attr_string(node, "keep_aspect_ratio_policy", "stretch");
+	if (sizes && !streq(policy, "stretch")) {
+		if (!streq(policy, "not_larger") && !streq(policy, "not_smaller"))
+			return bad_attr(node, "keep_aspect_ratio_policy", policy);
+		double s = scale[axes[0]];
+		for (size_t i = 1; i < n_axes; i++)
+			s = streq(policy, "not_larger") ? fmin(s, scale[axes[i]]) : fmax(s, scale[axes[i]]);
+		for (size_t i = 0; i < n_axes; i++) {
+			scale[axes[i]] = s;
+			out[axes[i]] = (int64_t)(s * (double)x->dims[axes[i]] + 0.5);
+		}
+	}
+	return resize_finish(p, &o, scale, out, roi ? roi_full : NULL);
+}
+
+static tern_status upsample_prepare(tern_prepare_args *p)
+{
+	const tern_node *node = p->node;
+	const tern_tensor *x = p->in[0];
+	double scale[TERN_MAX_RANK];
+	int64_t out[TERN_MAX_RANK];
+	if (node->opset >= 9) {
+		const tern_tensor *s = p->n_in > 1 ? p->in[1] : NULL;
+		if (!s)
+			return tern_node_errorf(node, TERN_EDATA, "input 1 'scales' is required");
+		if (!s->data) {
+			p->defer = 1;
+			return TERN_OK;
+		}
+		if (tern_tensor_numel(s) != x->rank)
+			return tern_node_errorf(node, TERN_EDATA, "'scales' has %lld values for rank %d",
+			                        (long long)tern_tensor_numel(s), x->rank);
+		for (int d = 0; d < x->rank; d++)
+			scale[d] = tern_tensor_get_f64(s, d);
+	} else {
+		size_t n;
+		const float *s = tern_attr_floats(node, "scales", &n);
+		if (!s || n != (size_t)x->rank)
+			return tern_node_errorf(node, TERN_EDATA, "attribute 'scales' needs %d values", x->rank);
+		for (int d = 0; d < x->rank; d++)
+			scale[d] = s[d];
+	}
+	for (int d = 0; d < x->rank; d++) {
+		if (!(scale[d] >= 1))
+			return tern_node_errorf(node, TERN_EDATA, "scale %g for axis %d is below 1", scale[d], d);
+		out[d] = (int64_t)floor(scale[d] * (double)x->dims[d]);
+	}
+	resize_options o = {0};
+	const char *mode = tern_attr_string(node, "mode", "nearest");
+	if (streq(mode, "nearest"))
+		o.mode = RESIZE_NEAREST;
+	else if (streq(mode, "linear") || streq(mode, "bilinear"))
+		o.mode = RESIZE_LINEAR;
+	else
+		return bad_attr(node, "mode", mode);
+	o.coord = ASYMMETRIC;
+	o.nearest = NEAREST_FLOOR;
+	return resize_finish(p, &o, scale, out, NULL);
+}
+
+/* ---------------------------------------------------------------- MaxUnpool */
+
+typedef struct unpool_params {
+	int rank;
+	int64_t full[TERN_MAX_RANK]; /* the shape the indices address: MaxPool's input */
+} unpool_params;
+
+static tern_status max_unpool_kernel(const tern_kernel_args *a)
+{
+	const unpool_params *up = a->params;
+	const tern_tensor *x = a->in[0], *ind = a->in[1];
+	tern_tensor *y = a->out[0];
+	size_t es = tern_dtype_size(x->dtype);
+	memset(y->data, 0, y->nbytes);
+	int64_t n = tern_tensor_numel(x), total = tern_numel(up->rank, up->full);
+	for (int64_t i = 0; i < n; i++) {
+		int64_t at = tern_tensor_get_i64(ind, i);
+		if (at < 0 || at >= total)
+			return tern_node_errorf(a->node, TERN_EDATA, "index %lld at position %lld is outside [0, %lld)",
+			                        (long long)at, (long long)i, (long long)total);
+		/* The index addresses the unpooled shape; an explicit output shape holds it at its origin. */
+		int64_t off = 0, stride = 1, rest = at;
+		bool inside = true;
+		for (int d = up->rank - 1; d >= 0; d--) {
+			int64_t c = rest % up->full[d];
+			rest /= up->full[d];
+			inside &= c < y->dims[d];
+			off += c * stride;
+			stride *= y->dims[d];
+		}
+		if (inside)
+			memcpy((char *)y->data + (size_t)off * es, (const char *)x->data + (size_t)i * es, es);
+	}
+	return TERN_OK;
+}
+
+static tern_status max_unpool_prepare(tern_prepare_args *p)
+{
+	const tern_node *node = p->node;
+	const tern_tensor *x = p->in[0], *ind = p->in[1], *shape = p->n_in > 2 ? p->in[2] : NULL;
+	tern_status st = check_rank(node, x, 0, 3, SP + 2);
+	if (st)
+		return st;
+	if (ind->dtype != TERN_INT64 || tern_tensor_numel(ind) != tern_tensor_numel(x))
+		return tern_node_errorf(node, TERN_EDATA, "input 1 'I' must be int64 with the shape of input 0");
+	if (shape && !shape->data) {
+		p->defer = 1;
+		return TERN_OK;
+	}
+	window w;
+	if ((st = window_read(node, x, NULL, &w)))
+		return st;
+	unpool_params *up = calloc(1, sizeof *up);
+	if (!up)
+		return no_memory(node);
+	p->params = up;
+	p->free_params = free;
+	up->rank = x->rank;
+	up->full[0] = x->dims[0];
+	up->full[1] = x->dims[1];
+	for (int i = 0; i < w.nsp; i++) {
+		int j = SP - w.nsp + i;
+		up->full[2 + i] = (w.in[j] - 1) * w.s[j] - w.pb[j] - w.pe[j] + w.k[j];
+	}
+	int64_t dims[TERN_MAX_RANK];
+	memcpy(dims, up->full, sizeof dims);
+	if (shape) {
+		if (tern_tensor_numel(shape) != x->rank)
+			return tern_node_errorf(node, TERN_EDATA, "input 2 'output_shape' has %lld values for rank %d",
+			                        (long long)tern_tensor_numel(shape), x->rank);
+		for (int d = 0; d < x->rank; d++)
+			dims[d] = tern_tensor_get_i64(shape, d);
+	}
+	for (int d = 0; d < x->rank; d++)
+		if (dims[d] < 0 || up->full[d] < 0)
+			return tern_node_errorf(node, TERN_EDATA, "output dimension %d is negative", d);
+	tern_set_shape(p->out[0], x->dtype, x->rank, dims);
+	p->kernel = max_unpool_kernel;
+	return TERN_OK;
+}
+
+/* ---------------------------------------------------------------- table */
+
+#define FLOATS TERN_DT_FLOATS
+static const tern_op ops[] = {
+	{"", "Conv", 1, 0, conv_prepare, FLOATS, "nn"},
+	{"", "ConvInteger", 10, 0, conv_integer_prepare, TERN_DT(INT8) | TERN_DT(UINT8), "nn"},
+	{"", "ConvTranspose", 1, 0, conv_transpose_prepare, FLOATS, "nn"},
+	{"", "Col2Im", 18, 0, col2im_prepare, FLOATS, "nn"},
+	{"", "MaxPool", 1, 0, maxpool_prepare, FLOATS | TERN_DT(INT8) | TERN_DT(UINT8), "nn"},
+	{"", "AveragePool", 1, 0, avgpool_prepare, FLOATS, "nn"},
+	{"", "LpPool", 1, 0, lppool_prepare, FLOATS, "nn"},
+	{"", "GlobalMaxPool", 1, 0, global_maxpool_prepare, FLOATS, "nn"},
+	{"", "GlobalAveragePool", 1, 0, global_avgpool_prepare, FLOATS, "nn"},
+	{"", "GlobalLpPool", 1, 0, global_lppool_prepare, FLOATS, "nn"},
+	{"", "MaxUnpool", 9, 0, max_unpool_prepare, FLOATS, "nn"},
+	{"", "BatchNormalization", 1, 0, bn_prepare, FLOATS, "nn"},
+	{"", "InstanceNormalization", 1, 0, instance_norm_prepare, FLOATS, "nn"},
+	{"", "GroupNormalization", 18, 0, group_norm_prepare, FLOATS, "nn"},
+	{"", "LayerNormalization", 17, 0, layer_norm_prepare, FLOATS, "nn"},
+	{"", "LRN", 1, 0, lrn_prepare, FLOATS, "nn"},
+	{"", "LpNormalization", 1, 0, lp_norm_prepare, FLOATS, "nn"},
+	{"", "MeanVarianceNormalization", 9, 0, mvn_prepare, FLOATS, "nn"},
+	{"", "Softmax", 1, 0, softmax_prepare, FLOATS, "nn"},
+	{"", "LogSoftmax", 1, 0, log_softmax_prepare, FLOATS, "nn"},
+	{"", "Hardmax", 1, 0, hardmax_prepare, FLOATS, "nn"},
+	{"", "Dropout", 1, 0, dropout_prepare, FLOATS, "nn"},
+	{"", "Resize", 10, 0, resize_prepare, 0, "nn"},
+	{"", "Upsample", 7, 9, upsample_prepare, 0, "nn"},
+};
+
+const tern_op_table tern_ops_nn = {ops, TERN_ARRAY_LEN(ops)};

@@ -1,0 +1,21 @@
+/* gemm.h — the dense matrix product shared by MatMul, Gemm, Einsum (matmul.c) and the convolutions
+ * (nn.c): OpenBLAS when the build has it, plain C otherwise. */
+#ifndef TERN_OPS_GEMM_H
+#define TERN_OPS_GEMM_H
+
+#include "internal.h"
+
+/* C = alpha * op(A) * op(B) + beta * C for row-major matrices: op(A) is m x k, op(B) is k x n, and
+ * lda/ldb/ldc are the row lengths of A, B and C as stored. beta == 0 overwrites C without reading it. */
+void tern_gemm_f32(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
+                   int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc);
+void tern_gemm_f64(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha, const double *a,
+                   int64_t lda, const double *b, int64_t ldb, double beta, double *c, int64_t ldc);
+/* C = A x B for row-major int32 matrices without gaps (A is m x k, B is k x n). */
+void tern_gemm_i32(int64_t m, int64_t n, int64_t k, const int32_t *a, const int32_t *b, int32_t *c);
+
+/* float16 and bfloat16 storage to and from float, for kernels that compute in float. */
+void tern_half_to_f32(int dtype, const uint16_t *src, float *dst, int64_t n);
+void tern_f32_to_half(int dtype, const float *src, uint16_t *dst, int64_t n);
+
+#endif
