@@ -34,8 +34,21 @@ static tern_status write_onnx(tern_model *model, const struct show *show, char *
 
 static tern_status write_dot(tern_model *model, const struct show *show, char **out, size_t *size)
 {
-	const tern_dot_options opts = {.show_weights = show->weights};
-	return tern_model_save_dot(model, &opts, out, size);
+	void *streams;
+	tern_status status = tern_model_stream_groups(model, &streams);
+	if (status)
+		return status;
+	const tern_dot_options opts = {.show_weights = show->weights,
+	                               .node_group = streams ? tern_stream_group : NULL,
+	                               .user = streams};
+	status = tern_model_save_dot(model, &opts, out, size);
+	free(streams);
+	return status;
+}
+
+static tern_status write_plan(tern_model *model, const struct show *show, char **out, size_t *size)
+{
+	return tern_model_plan_text(model, out, size);
 }
 
 static tern_status write_stats(tern_model *model, const struct show *show, char **out, size_t *size)
@@ -48,12 +61,13 @@ static const struct format formats[] = {
 	{"onnx", 1, write_onnx},
 	{"dot", 0, write_dot},
 	{"stats", 0, write_stats},
+	{"plan", 0, write_plan},
 };
 
 enum { OPT_TEXT = 256, OPT_ONNX, OPT_DOT, OPT_STATS };
 
 static const struct argp_option options[] = {
-	{"format", 'f', "FORMAT", 0, "text (the default), onnx, dot or stats", 0},
+	{"format", 'f', "FORMAT", 0, "text (the default), onnx, dot, stats or plan", 0},
 	{"text", OPT_TEXT, NULL, 0, "same as -f text", 0},
 	{"onnx", OPT_ONNX, NULL, 0, "same as -f onnx", 0},
 	{"dot", OPT_DOT, NULL, 0, "same as -f dot", 0},
@@ -76,7 +90,7 @@ static error_t parse_option(int key, char *arg, struct argp_state *state)
 	switch (key) {
 	case 'f':
 		if (!(show->format = find_format(arg)))
-			argp_error(state, "unknown format '%s' (text, onnx, dot or stats)", arg);
+			argp_error(state, "unknown format '%s' (text, onnx, dot, stats or plan)", arg);
 		return 0;
 	case OPT_TEXT:
 	case OPT_ONNX:
@@ -97,7 +111,8 @@ int main(int argc, char **argv)
 	struct show show = {.format = &formats[0]};
 	const tern_cli_tool tool = {
 		.name = "tern-show",
-		.doc = "Print a graph as ONNX text syntax, binary ONNX, Graphviz DOT or statistics.\v"
+		.doc = "Print a graph as ONNX text syntax, binary ONNX, Graphviz DOT, statistics, or its schedule.\v"
+		       "plan: one line per node in launch order, NODE<TAB>STREAM<TAB>WAITS (see tern-schedule(1)). "
 		       "GRAPH is binary ONNX or the text syntax, read from standard input when absent or '-'. "
 		       "It must be a valid graph. Exit status: 0 success, 64 usage, 65 bad graph, "
 		       "66 GRAPH cannot be opened, 74 write failed.",

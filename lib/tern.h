@@ -131,6 +131,14 @@ tern_status tern_model_save_dot(tern_model *model, const tern_dot_options *opts,
 /* Statistics as text (op counts, parameters, opsets, inputs and outputs). */
 tern_status tern_model_stats(tern_model *model, char **out, size_t *size);
 
+/* The model's schedule (tern.schedule, written by tern-schedule), checked against the graph, as text:
+ * one line per node in launch order, NODE<TAB>STREAM<TAB>WAITS. TERN_EDATA when absent or invalid. */
+tern_status tern_model_plan_text(tern_model *model, char **out, size_t *size);
+/* For tern_dot_options.node_group: the stream of each node under the model's schedule. *groups is
+ * malloc'd (NULL when the model has no schedule); pass it as `user` with tern_stream_group. */
+tern_status tern_model_stream_groups(tern_model *model, void **groups);
+int tern_stream_group(const tern_node *node, void *groups);
+
 /* Checks the model: every node names the faulty place. Runs on subgraphs and functions too. */
 tern_status tern_model_validate(tern_model *model);
 

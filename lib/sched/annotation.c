@@ -220,3 +220,48 @@ done:
 	*out = s;
 	return TERN_OK;
 }
+
+tern_status tern_model_plan_text(tern_model *m, char **out, size_t *size)
+{
+	const char *text = tern_model_meta(m, TERN_SCHEDULE_KEY);
+	if (!text)
+		return tern_errorf(TERN_EDATA, "%s: the graph has no schedule (run tern-schedule first)", m->source);
+	tern_schedule *s;
+	tern_status rc = tern_schedule_parse(m->graph, text, &s);
+	if (rc)
+		return rc;
+	rc = tern_schedule_format(s, out);
+	tern_schedule_free(s);
+	if (!rc)
+		*size = strlen(*out);
+	return rc;
+}
+
+tern_status tern_model_stream_groups(tern_model *m, void **groups)
+{
+	*groups = NULL;
+	const char *text = tern_model_meta(m, TERN_SCHEDULE_KEY);
+	if (!text)
+		return TERN_OK;
+	tern_schedule *s;
+	tern_status rc = tern_schedule_parse(m->graph, text, &s);
+	if (rc)
+		return rc;
+	int *by_node = malloc((m->graph->n_nodes + 1) * sizeof *by_node);
+	if (!by_node) {
+		tern_schedule_free(s);
+		return tern_errorf(TERN_EOS, "out of memory");
+	}
+	for (size_t i = 0; i < m->graph->n_nodes; i++)
+		by_node[i] = -1;
+	for (int p = 0; p < s->n_nodes; p++)
+		by_node[s->order[p]->index] = s->stream[p];
+	tern_schedule_free(s);
+	*groups = by_node;
+	return TERN_OK;
+}
+
+int tern_stream_group(const tern_node *node, void *groups)
+{
+	return groups && node->graph && node->graph->kind == TERN_GRAPH_MAIN ? ((const int *)groups)[node->index] : -1;
+}
