@@ -77,6 +77,15 @@ static int by_count(const void *a, const void *b)
 	return d ? d : strcmp(x->op_type, y->op_type);
 }
 
+/* A name padded to width; control characters as \xNN, so that a name cannot break the lines. */
+static void print_name(FILE *f, const char *name, int width)
+{
+	int n = 0;
+	for (const unsigned char *c = (const unsigned char *)name; *c; c++)
+		n += *c < 0x20 || *c == 0x7f ? fprintf(f, "\\x%02x", *c) : (fputc(*c, f), 1);
+	fprintf(f, "%*s", width > n ? width - n : 0, "");
+}
+
 static void print_type(FILE *f, const tern_type *t)
 {
 	fputs(t->dtype == TERN_UNDEFINED ? "?" : tern_dtype_name(t->dtype), f);
@@ -89,7 +98,7 @@ static void print_type(FILE *f, const tern_type *t)
 		if (t->dims[i] >= 0)
 			fprintf(f, "%lld", (long long)t->dims[i]);
 		else
-			fputs(t->dim_param[i] && t->dim_param[i][0] ? t->dim_param[i] : "?", f);
+			print_name(f, t->dim_param[i] && t->dim_param[i][0] ? t->dim_param[i] : "?", 0);
 	}
 	fputc(']', f);
 }
@@ -97,8 +106,13 @@ static void print_type(FILE *f, const tern_type *t)
 /* "  domain.name          count", the counts in one column. */
 static void print_entry(FILE *f, const char *domain, const char *name, size_t count, const char *unit)
 {
-	int width = 20 - (domain[0] ? (int)strlen(domain) + 1 : 0);
-	fprintf(f, "  %s%s%-*s %zu%s\n", domain, domain[0] ? "." : "", width > 0 ? width : 0, name, count, unit);
+	fputs("  ", f);
+	if (domain[0]) {
+		print_name(f, domain, 0);
+		fputc('.', f);
+	}
+	print_name(f, name, 20 - (domain[0] ? (int)strlen(domain) + 1 : 0));
+	fprintf(f, " %zu%s\n", count, unit);
 }
 
 /* Graph inputs or outputs with their types; initializers listed among the inputs are parameters. */
@@ -111,7 +125,9 @@ static void print_values(FILE *f, const char *title, tern_value *const *values, 
 	for (size_t i = 0; i < n; i++) {
 		if (skip_initializers && (values[i]->flags & TERN_VALUE_INITIALIZER))
 			continue;
-		fprintf(f, "  %-20s ", values[i]->name);
+		fputs("  ", f);
+		print_name(f, values[i]->name, 20);
+		fputc(' ', f);
 		print_type(f, &values[i]->type);
 		fputc('\n', f);
 	}
@@ -120,14 +136,22 @@ static void print_values(FILE *f, const char *title, tern_value *const *values, 
 static void print_header(FILE *f, const tern_model *model)
 {
 	const Onnx__ModelProto *mp = model->proto;
-	fprintf(f, "%-12s %s\n", "model", model->source);
-	fprintf(f, "%-12s %s\n", "graph", model->graph->name ? model->graph->name : "");
+	fprintf(f, "%-12s ", "model");
+	print_name(f, model->source, 0);
+	fprintf(f, "\n%-12s ", "graph");
+	print_name(f, model->graph->name ? model->graph->name : "", 0);
+	fputc('\n', f);
 	if (mp->has_ir_version)
 		fprintf(f, "%-12s %lld\n", "ir_version", (long long)mp->ir_version);
-	if (mp->producer_name && mp->producer_name[0])
-		fprintf(f, "%-12s %s%s%s\n", "producer", mp->producer_name,
-		        mp->producer_version && mp->producer_version[0] ? " " : "",
-		        mp->producer_version ? mp->producer_version : "");
+	if (mp->producer_name && mp->producer_name[0]) {
+		fprintf(f, "%-12s ", "producer");
+		print_name(f, mp->producer_name, 0);
+		if (mp->producer_version && mp->producer_version[0]) {
+			fputc(' ', f);
+			print_name(f, mp->producer_version, 0);
+		}
+		fputc('\n', f);
+	}
 	fprintf(f, "%-12s", "opsets");
 	for (size_t i = 0; i < mp->n_opset_import; i++) {
 		const Onnx__OperatorSetIdProto *op = mp->opset_import[i];
@@ -152,8 +176,11 @@ static void print_footer(FILE *f, const tern_model *model)
 		fprintf(f, "%-12s %zu parameter updates\n", "training", mp->training_info[i]->n_update_binding);
 	size_t annotations = 0;
 	for (size_t i = 0; i < mp->n_metadata_props; i++)
-		if (!strncmp(mp->metadata_props[i]->key, "tern.", 5))
-			fprintf(f, "%-12s %s\n", annotations++ ? "" : "annotations", mp->metadata_props[i]->key);
+		if (!strncmp(mp->metadata_props[i]->key, "tern.", 5)) {
+			fprintf(f, "%-12s ", annotations++ ? "" : "annotations");
+			print_name(f, mp->metadata_props[i]->key, 0);
+			fputc('\n', f);
+		}
 }
 
 tern_status tern_model_stats(tern_model *model, char **out, size_t *size)
