@@ -70,10 +70,11 @@ struct tern_exec {
 	/* Streams (Nimble): the schedule this plan follows (NULL: one stream, steps in order). */
 	const tern_schedule *schedule;
 	int n_streams;
-	int **queue; /* per stream: its steps in launch order */
+	int n_workers; /* threads running the streams: min(streams, --threads); the caller is worker 0 */
+	int **queue;   /* per worker: its steps in launch order */
 	int *queue_len;
-	void **stream_scratch;
-	stream_worker *workers; /* n_streams - 1 threads; the caller runs stream 0 */
+	void **stream_scratch; /* per worker */
+	stream_worker *workers;
 	struct stream_sync *sync;
 	/* profiling */
 	int profile;

@@ -69,7 +69,7 @@ tern_status tern_exec_run_step(tern_exec *e, int k, void *scratch)
 		ev->name = st->node->name;
 		ev->op_type = st->node->op_type;
 		ev->stream = st->stream;
-		ev->thread = st->stream;
+		ev->thread = e->n_workers ? st->stream % e->n_workers : 0;
 		ev->start_us = t0;
 		ev->dur_us = tern_now_us() - t0;
 	}

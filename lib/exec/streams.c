@@ -1,6 +1,8 @@
-/* streams.c — running a scheduled plan on several streams (Nimble on the CPU): one persistent
- * thread per stream runs its queue in launch order; a cross-stream wait is a per-step completion
- * counter set to the run's generation, so nothing is decided while running. */
+/* streams.c — running a scheduled plan on several streams (Nimble on the CPU). Streams are mapped
+ * onto at most --threads persistent workers (stream s on worker s mod W); each worker runs its steps
+ * in launch order, which keeps every stream's order, and a cross-worker wait is a per-step
+ * completion counter set to the run's generation, so nothing is decided while running. Launch order
+ * is topological, so the lowest unfinished step can always run: no worker waits forever. */
 #include "exec.h"
 
 #include <pthread.h>
@@ -12,7 +14,7 @@
 struct stream_worker {
 	pthread_t thread;
 	tern_exec *exec;
-	int stream;
+	int index;
 	int started;
 };
 
@@ -24,6 +26,7 @@ struct stream_sync {
 	int pending; /* streams still running this generation */
 	atomic_uint_fast64_t *done; /* per step: generation in which it finished */
 	atomic_int failed;
+	int initialised; /* lock and conditions exist */
 	tern_status status;
 	char message[1024];
 };
@@ -39,6 +42,8 @@ static void fail(struct stream_sync *y, tern_status rc)
 	atomic_store(&y->failed, 1);
 }
 
+static int worker_of(const tern_exec *e, int stream) { return stream % e->n_workers; }
+
 static void run_queue(tern_exec *e, int s, uint64_t gen)
 {
 	struct stream_sync *y = e->sync;
@@ -47,6 +52,8 @@ static void run_queue(tern_exec *e, int s, uint64_t gen)
 		const step *st = &e->steps[k];
 		for (int w = 0; w < st->n_waits; w++) {
 			int spins = 0;
+			if (worker_of(e, e->steps[st->waits[w]].stream) == s)
+				continue; /* ran earlier on this worker */
 			while (atomic_load_explicit(&y->done[st->waits[w]], memory_order_acquire) != gen) {
 				if (atomic_load(&y->failed))
 					return;
@@ -89,17 +96,22 @@ static void *worker_main(void *arg)
 		}
 		seen = y->generation;
 		pthread_mutex_unlock(&y->lock);
-		run_queue(e, w->stream, seen);
+		run_queue(e, w->index, seen);
 		finish_stream(y);
 	}
 }
 
 tern_status tern_exec_setup_streams(tern_exec *e)
 {
-	int S = e->n_streams;
-	e->queue = calloc((size_t)S, sizeof *e->queue);
-	e->queue_len = calloc((size_t)S, sizeof *e->queue_len);
-	e->stream_scratch = calloc((size_t)S, sizeof *e->stream_scratch);
+	int W = tern_threadpool_size(e->pool);
+	if (W > e->n_streams)
+		W = e->n_streams;
+	if (W < 1)
+		W = 1;
+	e->n_workers = W;
+	e->queue = calloc((size_t)W, sizeof *e->queue);
+	e->queue_len = calloc((size_t)W, sizeof *e->queue_len);
+	e->stream_scratch = calloc((size_t)W, sizeof *e->stream_scratch);
 	e->sync = calloc(1, sizeof *e->sync);
 	if (!e->queue || !e->queue_len || !e->stream_scratch || !e->sync)
 		return tern_errorf(TERN_EOS, "out of memory");
@@ -109,38 +121,39 @@ tern_status tern_exec_setup_streams(tern_exec *e)
 	pthread_mutex_init(&e->sync->lock, NULL);
 	pthread_cond_init(&e->sync->go, NULL);
 	pthread_cond_init(&e->sync->finished, NULL);
-	size_t *scratch = calloc((size_t)S, sizeof *scratch);
+	e->sync->initialised = 1;
+	size_t *scratch = calloc((size_t)W, sizeof *scratch);
 	if (!scratch)
 		return tern_errorf(TERN_EOS, "out of memory");
 	for (int k = 0; k < e->n_steps; k++) {
-		int s = e->steps[k].stream;
-		e->queue_len[s]++;
-		if (e->steps[k].scratch_bytes > scratch[s])
-			scratch[s] = e->steps[k].scratch_bytes;
+		int w = worker_of(e, e->steps[k].stream);
+		e->queue_len[w]++;
+		if (e->steps[k].scratch_bytes > scratch[w])
+			scratch[w] = e->steps[k].scratch_bytes;
 	}
 	tern_status rc = TERN_OK;
-	for (int s = 0; s < S && !rc; s++) {
-		e->queue[s] = malloc(((size_t)e->queue_len[s] + 1) * sizeof **e->queue);
-		if (!e->queue[s] || (scratch[s] && !(e->stream_scratch[s] = tern_aligned_alloc(scratch[s]))))
+	for (int w = 0; w < W && !rc; w++) {
+		e->queue[w] = malloc(((size_t)e->queue_len[w] + 1) * sizeof **e->queue);
+		if (!e->queue[w] || (scratch[w] && !(e->stream_scratch[w] = tern_aligned_alloc(scratch[w]))))
 			rc = tern_errorf(TERN_EOS, "out of memory");
-		e->queue_len[s] = 0;
+		e->queue_len[w] = 0;
 	}
 	free(scratch);
 	if (rc)
 		return rc;
 	for (int k = 0; k < e->n_steps; k++) {
-		int s = e->steps[k].stream;
-		e->queue[s][e->queue_len[s]++] = k;
+		int w = worker_of(e, e->steps[k].stream);
+		e->queue[w][e->queue_len[w]++] = k;
 	}
-	e->workers = calloc((size_t)S, sizeof *e->workers);
+	e->workers = calloc((size_t)W, sizeof *e->workers);
 	if (!e->workers)
 		return tern_errorf(TERN_EOS, "out of memory");
-	for (int s = 1; s < S; s++) {
-		e->workers[s].exec = e;
-		e->workers[s].stream = s;
-		if (pthread_create(&e->workers[s].thread, NULL, worker_main, &e->workers[s]) != 0)
-			return tern_errorf(TERN_EOS, "cannot start the thread of stream %d", s);
-		e->workers[s].started = 1;
+	for (int w = 1; w < W; w++) {
+		e->workers[w].exec = e;
+		e->workers[w].index = w;
+		if (pthread_create(&e->workers[w].thread, NULL, worker_main, &e->workers[w]) != 0)
+			return tern_errorf(TERN_EOS, "cannot start stream worker %d", w);
+		e->workers[w].started = 1;
 	}
 	return TERN_OK;
 }
@@ -150,7 +163,7 @@ tern_status tern_exec_run_streams(tern_exec *e)
 	struct stream_sync *y = e->sync;
 	pthread_mutex_lock(&y->lock);
 	y->generation++;
-	y->pending = e->n_streams;
+	y->pending = e->n_workers;
 	y->status = TERN_OK;
 	atomic_store(&y->failed, 0);
 	uint64_t gen = y->generation;
@@ -170,27 +183,29 @@ tern_status tern_exec_run_streams(tern_exec *e)
 
 void tern_exec_stop_streams(tern_exec *e)
 {
-	if (e->sync) {
+	if (e->sync && e->sync->initialised) {
 		pthread_mutex_lock(&e->sync->lock);
 		e->sync->shutdown = 1;
 		pthread_cond_broadcast(&e->sync->go);
 		pthread_mutex_unlock(&e->sync->lock);
 	}
-	for (int s = 1; e->workers && s < e->n_streams; s++)
-		if (e->workers[s].started)
-			pthread_join(e->workers[s].thread, NULL);
+	for (int w = 1; e->workers && w < e->n_workers; w++)
+		if (e->workers[w].started)
+			pthread_join(e->workers[w].thread, NULL);
 	if (e->sync) {
-		pthread_mutex_destroy(&e->sync->lock);
-		pthread_cond_destroy(&e->sync->go);
-		pthread_cond_destroy(&e->sync->finished);
+		if (e->sync->initialised) {
+			pthread_mutex_destroy(&e->sync->lock);
+			pthread_cond_destroy(&e->sync->go);
+			pthread_cond_destroy(&e->sync->finished);
+		}
 		free(e->sync->done);
 		free(e->sync);
 	}
-	for (int s = 0; s < e->n_streams; s++) {
+	for (int w = 0; w < e->n_workers; w++) {
 		if (e->queue)
-			free(e->queue[s]);
+			free(e->queue[w]);
 		if (e->stream_scratch)
-			free(e->stream_scratch[s]);
+			free(e->stream_scratch[w]);
 	}
 	free(e->queue);
 	free(e->queue_len);
@@ -201,5 +216,6 @@ void tern_exec_stop_streams(tern_exec *e)
 	e->stream_scratch = NULL;
 	e->workers = NULL;
 	e->sync = NULL;
+	e->n_workers = 0;
 	e->n_streams = 1;
 }
