@@ -320,5 +320,9 @@ tern_status tern_exec_run(tern_exec *e, tern_tensor *const *inputs, int n_inputs
 int tern_exec_num_outputs(const tern_exec *e);
 tern_tensor *tern_exec_output(tern_exec *e, int i);
 void tern_exec_free(tern_exec *e);
+/* Runs one node on tensors that all have data (constant folding, eager mode): outputs[0..n_outputs)
+ * are allocated and owned by the caller; omitted outputs (node->outputs[i] NULL) stay empty. */
+tern_status tern_node_eval(const tern_node *node, tern_tensor *const *inputs, int n_inputs, tern_tensor *outputs,
+                           int n_outputs, tern_threadpool *pool);
 
 #endif
