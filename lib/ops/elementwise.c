@@ -179,7 +179,7 @@ typedef struct ew_params {
 #define EW_TABLE(name, ...) static const ew_fn name##_fns[TERN_DTYPE_COUNT] = {__VA_ARGS__}
 
 /* numpy.clip order (max then min), and softplus without overflow for large v. */
-#define EW_UNIT(t) ((t) < 0 ? 0 : (t) > 1 ? 1 : (t))
+#define EW_UNIT(t) EW_SEL((t) < 0, 0, EW_SEL((t) > 1, 1, (t)))
 #define EW_SOFTPLUS(v) ((v) > 0 ? (v) + log1p(exp(-(v))) : log1p(exp(v)))
 
 /* Selects without branches. With the default -ftrapping-math GCC will not turn a float ?: into a select,
@@ -208,7 +208,7 @@ static inline double ew_select_f64(int c, double a, double b)
 
 /* c ? a : b for any element type; integers need no help. */
 #define EW_SEL(c, a, b)                                                                                    \
-	_Generic((a), float: ew_select_f32((c), (float)(a), (float)(b)),                                       \
+	_Generic((a) + (b), float: ew_select_f32((c), (float)(a), (float)(b)),                                       \
 	         double: ew_select_f64((c), (double)(a), (double)(b)), default: (c) ? (a) : (b))
 
 /* Float32 exp, tanh and erf written without calls or branches so that their loops vectorise; libm's
@@ -339,10 +339,10 @@ EW_FLOATS(EW_UB, isinf, isinf(v) && (v > 0 ? at->flag & 2 : at->flag & 1))
 EW_TABLE(isinf, EW_FLOATS(EW_ENTRY, isinf, ~));
 
 /* Activations. NaN passes through Relu as numpy.maximum(x, 0) lets it. */
-EW_SIGNED(EW_U, relu, v < 0 ? 0 : v)
+EW_SIGNED(EW_U, relu, EW_SEL(v < 0, 0, v))
 EW_TABLE(relu, EW_SIGNED(EW_ENTRY, relu, ~));
 
-EW_FLOATS(EW_U, leaky_relu, v < 0 ? v * (ET)at->alpha : v)
+EW_FLOATS(EW_U, leaky_relu, EW_SEL(v < 0, v * (ET)at->alpha, v))
 EW_TABLE(leaky_relu, EW_FLOATS(EW_ENTRY, leaky_relu, ~));
 
 EW_FLOATS(EW_U, elu, v < 0 ? (ET)at->alpha * expm1(v) : v)
@@ -370,7 +370,7 @@ EW_TABLE(softplus, EW_FLOATS(EW_ENTRY, softplus, ~));
 EW_FLOATS(EW_U, softsign, v / (1 + fabs(v)))
 EW_TABLE(softsign, EW_FLOATS(EW_ENTRY, softsign, ~));
 
-EW_FLOATS(EW_U, thresholded_relu, v > (ET)at->alpha ? v : 0)
+EW_FLOATS(EW_U, thresholded_relu, EW_SEL(v > (ET)at->alpha, v, 0))
 EW_TABLE(thresholded_relu, EW_FLOATS(EW_ENTRY, thresholded_relu, ~));
 
 EW_FLOATS(EW_U, mish, v * tanh(EW_SOFTPLUS(v)))
@@ -397,8 +397,8 @@ EW_TABLE(divide_by, EW_FLOATS(EW_ENTRY, divide_by, ~));
 		T *y = r->out;                                                                                     \
 		EW_IVDEP for (int64_t i = 0; i < r->n; i++)                                                       \
 		{                                                                                                  \
-			const T t = x[i] < lo ? lo : x[i];                                                             \
-			y[i] = t > hi ? hi : t;                                                                        \
+			const T t = EW_SEL(x[i] < lo, lo, x[i]);                                                       \
+			y[i] = EW_SEL(t > hi, hi, t);                                                                  \
 		}                                                                                                  \
 	}
 EW_NUMERIC(EW_CLIP, clip, ~)
@@ -464,14 +464,14 @@ EW_NUMERIC(EW_BB, greater_equal, x0 >= x1)
 EW_TABLE(greater_equal, EW_NUMERIC(EW_ENTRY, greater_equal, ~));
 
 /* Max and Min propagate NaN from either side, as numpy.maximum does. */
-EW_FLOATS(EW_B, max, x0 > x1 || x0 != x0 ? x0 : x1)
+EW_FLOATS(EW_B, max, EW_SEL(x0 > x1 || x0 != x0, x0, x1))
 EW_INTS(EW_B, max, x0 > x1 ? x0 : x1)
 EW_TABLE(max, EW_NUMERIC(EW_ENTRY, max, ~));
-EW_FLOATS(EW_B, min, x0 < x1 || x0 != x0 ? x0 : x1)
+EW_FLOATS(EW_B, min, EW_SEL(x0 < x1 || x0 != x0, x0, x1))
 EW_INTS(EW_B, min, x0 < x1 ? x0 : x1)
 EW_TABLE(min, EW_NUMERIC(EW_ENTRY, min, ~));
 
-EW_FLOATS(EW_B, prelu, x0 < 0 ? x0 * x1 : x0)
+EW_FLOATS(EW_B, prelu, EW_SEL(x0 < 0, x0 * x1, x0))
 EW_SINTS(EW_B, prelu, x0 < 0 ? (ET)((WT)x0 * (WT)x1) : x0)
 EW_UINTS(EW_B, prelu, ((void)x1, x0))
 EW_TABLE(prelu, EW_NUMERIC(EW_ENTRY, prelu, ~));
