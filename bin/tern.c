@@ -13,7 +13,7 @@ static const struct {
 	const char *name;
 	const char *summary;
 } tools[] = {
-	{"show", "print a graph as ONNX text syntax, binary ONNX, Graphviz DOT or statistics"},
+	{"show", "print a graph as text, binary ONNX, Graphviz DOT, statistics or its schedule"},
 	{"run", "run a graph on tensor files and write its outputs"},
 	{"optimize", "rewrite a graph into a faster equivalent one"},
 	{"partition", "split a graph for data-parallel training on several ranks"},

@@ -57,4 +57,30 @@ test_expect_success 'graph inputs and outputs are drawn apart from operators' '
 	test "$(grep -c "shape=house" control.dot)" = 7
 '
 
+test_expect_success 'a scheduled graph colours its operators by stream' '
+	cat >fork.txt <<-\EOT &&
+	<ir_version: 8, opset_import: ["" : 17]>
+	fork (float[2] x) => (float[2] y) {
+	   a = Relu (x)
+	   b = Neg (x)
+	   y = Add (a, b)
+	}
+	EOT
+	tern-schedule -o fork.onnx fork.txt &&
+	test "$(tern-show -f plan fork.onnx | cut -f2 | sort -u | wc -l)" = 2 &&
+	tern-show -f dot fork.onnx >fork.dot &&
+	grep -o "fillcolor=\"[0-9.]* 0.400 0.950\"" fork.dot | sort -u >colours &&
+	test_line_count = 2 colours
+'
+
+test_expect_success 'an unscheduled graph has no stream colours' '
+	tern-show -f dot fork.txt >plain.dot &&
+	! grep "0.400 0.950" plain.dot
+'
+
+test_expect_success DOT 'dot -Tsvg accepts the colours' '
+	dot -Tsvg fork.dot >fork.svg 2>err &&
+	test_must_be_empty err
+'
+
 test_done
