@@ -5,6 +5,14 @@
 
 #include <stdlib.h>
 
+/* Operators that read only their input's shape, which planning knows: foldable even when the input's
+ * values exist only at run time. This folds the Shape → Gather → Concat → Reshape chains exporters
+ * write, so the Reshape they feed is planned statically. */
+static bool reads_shape_only(const tern_node *n)
+{
+	return !*n->domain && (strcmp(n->op_type, "Shape") == 0 || strcmp(n->op_type, "Size") == 0);
+}
+
 static bool is_random_op(const tern_node *n)
 {
 	return strncmp(n->op_type, "Random", 6) == 0 || strcmp(n->op_type, "Bernoulli") == 0 ||
@@ -518,6 +526,8 @@ tern_status tern_exec_plan(tern_exec *e, tern_tensor *const *inputs, int n_input
 			inputs_known &= s->known != 0;
 			inputs_const &= s->kind == SLOT_CONST;
 		}
+		if (inputs_known && reads_shape_only(st->node))
+			inputs_const = true;
 		if (inputs_known) {
 			if ((rc = tern_exec_prepare_step(e, st, 0)))
 				break;

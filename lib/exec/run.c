@@ -27,18 +27,18 @@ static tern_status run_late(tern_exec *e, step *st, void *shared_scratch)
 		tern_tensor *t = st->out[o];
 		if (!t)
 			continue;
-		if (st->alias && o == 0) {
-			t->data = st->in[0]->data;
-			t->nbytes = (size_t)tern_tensor_numel(t) * tern_dtype_size(t->dtype);
-			t->owns_data = 0;
-		} else if (!st->dynamic_output) {
+		if (!st->dynamic_output) {
 			tern_tensor shape = *t;
 			if ((rc = tern_tensor_alloc(t, shape.dtype, shape.rank, shape.dims)))
 				return tern_node_errorf(st->node, rc, "%s", tern_error());
 		}
 	}
-	if (st->alias)
+	/* A late alias gets its own copy: the memory plan could not see it alias its input's buffer. */
+	if (st->alias) {
+		if (st->out[0] && st->out[0]->nbytes)
+			memcpy(st->out[0]->data, st->in[0]->data, st->out[0]->nbytes);
 		return TERN_OK;
+	}
 	void *scratch = st->scratch_bytes > e->scratch_bytes ? tern_aligned_alloc(st->scratch_bytes) : shared_scratch;
 	if (st->scratch_bytes && !scratch)
 		return tern_errorf(TERN_EOS, "out of memory");

@@ -159,7 +159,7 @@ static tern_status loop_run(const tern_kernel_args *a)
 	tern_status rc = TERN_OK;
 	int64_t scalar_dims[1] = {0};
 	tern_tensor iter = {0}, cond_t = {0};
-	tern_tensor *carried = calloc((size_t)n_carried + 1, sizeof *carried);
+	tern_tensor *carried = calloc((size_t)n_carried * 2 + 1, sizeof *carried); /* current, next */
 	tensor_list *scans = calloc((size_t)n_scan + 1, sizeof *scans);
 	tern_tensor **inputs = calloc((size_t)n_carried + 2, sizeof *inputs);
 	if (!carried || !scans || !inputs) {
@@ -191,16 +191,23 @@ static tern_status loop_run(const tern_kernel_args *a)
 			goto done;
 		const tern_tensor *c = tern_exec_output(b->exec[0], 0);
 		cond = tern_tensor_numel(c) ? tern_tensor_get_f64(c, 0) != 0 : false;
+		/* Body outputs may alias its inputs (an Identity of a carried value): take them all before
+		 * the carried values are replaced. */
+		for (int s = 0; s < n_scan; s++)
+			if ((rc = list_push(a->node, &scans[s], tern_exec_output(b->exec[0], 1 + n_carried + s))))
+				goto done;
 		for (int i = 0; i < n_carried; i++) {
 			tern_tensor next = {0};
 			if ((rc = copy_out(a->node, &next, tern_exec_output(b->exec[0], 1 + i))))
 				goto done;
-			tern_tensor_free(&carried[i]);
-			carried[i] = next;
+			tern_tensor_free(&carried[n_carried + i]);
+			carried[n_carried + i] = next;
 		}
-		for (int s = 0; s < n_scan; s++)
-			if ((rc = list_push(a->node, &scans[s], tern_exec_output(b->exec[0], 1 + n_carried + s))))
-				goto done;
+		for (int i = 0; i < n_carried; i++) {
+			tern_tensor_free(&carried[i]);
+			carried[i] = carried[n_carried + i];
+			memset(&carried[n_carried + i], 0, sizeof carried[0]);
+		}
 	}
 	for (int i = 0; i < n_carried && i < a->n_out; i++)
 		if (a->out[i]) {
@@ -212,7 +219,7 @@ static tern_status loop_run(const tern_kernel_args *a)
 		    (rc = stack(a->node, a->out[n_carried + s], &scans[s], 0, 0, body->outputs[1 + n_carried + s]->type.dtype)))
 			goto done;
 done:
-	for (int i = 0; carried && i < n_carried; i++)
+	for (int i = 0; carried && i < 2 * n_carried; i++)
 		tern_tensor_free(&carried[i]);
 	for (int s = 0; scans && s < n_scan; s++)
 		list_free(&scans[s]);
@@ -282,9 +289,10 @@ static tern_status scan_run(const tern_kernel_args *a)
 	}
 	tern_status rc = TERN_OK;
 	tern_tensor *state = calloc((size_t)a->n_in + 1, sizeof *state);
+	tern_tensor *next_state = calloc((size_t)n_state + 1, sizeof *next_state);
 	tern_tensor **inputs = calloc((size_t)a->n_in + 1, sizeof *inputs);
 	tensor_list *outs = calloc((size_t)n_scan_out + 1, sizeof *outs);
-	if (!state || !inputs || !outs) {
+	if (!state || !next_state || !inputs || !outs) {
 		rc = tern_errorf(TERN_EOS, "out of memory");
 		goto done;
 	}
@@ -310,16 +318,21 @@ static tern_status scan_run(const tern_kernel_args *a)
 			rc = tern_exec_run(b->exec[0], inputs, a->n_in);
 		if (rc)
 			goto done;
+		for (int s = 0; s < n_scan_out; s++)
+			if ((rc = list_push(a->node, &outs[s], tern_exec_output(b->exec[0], n_state + s))))
+				goto done;
 		for (int i = 0; i < n_state; i++) {
 			tern_tensor next = {0};
 			if ((rc = copy_out(a->node, &next, tern_exec_output(b->exec[0], i))))
 				goto done;
-			tern_tensor_free(&state[i]);
-			state[i] = next;
+			tern_tensor_free(&next_state[i]);
+			next_state[i] = next;
 		}
-		for (int s = 0; s < n_scan_out; s++)
-			if ((rc = list_push(a->node, &outs[s], tern_exec_output(b->exec[0], n_state + s))))
-				goto done;
+		for (int i = 0; i < n_state; i++) {
+			tern_tensor_free(&state[i]);
+			state[i] = next_state[i];
+			memset(&next_state[i], 0, sizeof next_state[0]);
+		}
 	}
 	for (int i = 0; i < n_state; i++)
 		if (a->out[i]) {
@@ -337,6 +350,9 @@ static tern_status scan_run(const tern_kernel_args *a)
 done:
 	for (int i = 0; state && i < a->n_in; i++)
 		tern_tensor_free(&state[i]);
+	for (int i = 0; next_state && i < n_state; i++)
+		tern_tensor_free(&next_state[i]);
+	free(next_state);
 	for (int s = 0; outs && s < n_scan_out; s++)
 		list_free(&outs[s]);
 	free(state);
