@@ -58,6 +58,22 @@ static tern_status scalar_input(tern_prepare_args *p, int i, const char *name, b
 
 static tern_status out_of_memory(void) { return tern_errorf(TERN_EOS, "out of memory"); }
 
+/* The position of a string attribute's value in the NULL-terminated list of choices. */
+static tern_status attr_choice(const tern_node *node, const char *name, const char *dflt, const char *const *choices,
+                               int *out)
+{
+	const char *v = tern_attr_string(node, name, dflt);
+	char list[128] = "";
+	for (int i = 0; choices[i]; i++) {
+		if (strcmp(v, choices[i]) == 0) {
+			*out = i;
+			return TERN_OK;
+		}
+		snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", i ? ", " : "", choices[i]);
+	}
+	return tern_node_errorf(node, TERN_EDATA, "attribute '%s' is '%s', not one of %s", name, v, list);
+}
+
 /* ---------------------------------------------------------------- random generators */
 
 /* SplitMix64: a counter through a strong mixer. Each node keeps its own stream, seeded from the
@@ -455,19 +471,17 @@ static tern_status roi_prepare(tern_prepare_args *p)
 	rp->out_w = tern_attr_int(node, "output_width", 1);
 	rp->sampling_ratio = tern_attr_int(node, "sampling_ratio", 0);
 	rp->spatial_scale = tern_attr_float(node, "spatial_scale", 1.0f);
-	const char *mode = tern_attr_string(node, "mode", "avg");
-	const char *ctm = tern_attr_string(node, "coordinate_transformation_mode",
-	                                   node->opset >= 16 ? "half_pixel" : "output_half_pixel");
-	if (strcmp(mode, "avg") != 0 && strcmp(mode, "max") != 0)
-		return tern_node_errorf(node, TERN_EDATA, "attribute 'mode' is '%s', not avg or max", mode);
-	if (strcmp(ctm, "half_pixel") != 0 && strcmp(ctm, "output_half_pixel") != 0)
-		return tern_node_errorf(node, TERN_EDATA,
-		                        "attribute 'coordinate_transformation_mode' is '%s', not half_pixel or output_half_pixel", ctm);
+	static const char *const modes[] = {"avg", "max", NULL}, *const ctms[] = {"output_half_pixel", "half_pixel", NULL};
+	int mode, ctm;
+	tern_status st;
+	if ((st = attr_choice(node, "mode", "avg", modes, &mode)) ||
+	    (st = attr_choice(node, "coordinate_transformation_mode", ctms[node->opset >= 16], ctms, &ctm)))
+		return st;
 	if (rp->out_h < 1 || rp->out_w < 1 || rp->sampling_ratio < 0)
 		return tern_node_errorf(node, TERN_EDATA, "output %lldx%lld with sampling_ratio %lld is not possible",
 		                        (long long)rp->out_h, (long long)rp->out_w, (long long)rp->sampling_ratio);
-	rp->max_mode = mode[0] == 'm';
-	rp->half_pixel = strcmp(ctm, "half_pixel") == 0;
+	rp->max_mode = mode == 1;
+	rp->half_pixel = ctm == 1;
 	int64_t dims[4] = {rois->dims[0], x->dims[1], rp->out_h, rp->out_w};
 	tern_set_shape(p->out[0], x->dtype, 4, dims);
 	p->scratch_bytes = (size_t)x->dims[1] * sizeof(double);
@@ -616,24 +630,17 @@ static tern_status grid_prepare(tern_prepare_args *p)
 		return out_of_memory();
 	p->params = gp;
 	p->free_params = free;
-	const char *mode = tern_attr_string(node, "mode", node->opset >= 20 ? "linear" : "bilinear");
-	const char *pad = tern_attr_string(node, "padding_mode", "zeros");
-	if (strcmp(mode, "bilinear") == 0 || strcmp(mode, "linear") == 0)
-		gp->mode = GRID_LINEAR;
-	else if (strcmp(mode, "bicubic") == 0 || strcmp(mode, "cubic") == 0)
-		gp->mode = GRID_CUBIC;
-	else if (strcmp(mode, "nearest") == 0)
-		gp->mode = GRID_NEAREST;
-	else
-		return tern_node_errorf(node, TERN_EDATA, "attribute 'mode' is '%s', not linear, cubic or nearest", mode);
-	if (strcmp(pad, "zeros") == 0)
-		gp->pad = PAD_ZEROS;
-	else if (strcmp(pad, "border") == 0)
-		gp->pad = PAD_BORDER;
-	else if (strcmp(pad, "reflection") == 0)
-		gp->pad = PAD_REFLECTION;
-	else
-		return tern_node_errorf(node, TERN_EDATA, "attribute 'padding_mode' is '%s', not zeros, border or reflection", pad);
+	/* Opset 20 renamed bilinear and bicubic to linear and cubic. */
+	static const char *const modes[] = {"bilinear", "linear", "bicubic", "cubic", "nearest", NULL};
+	static const char *const pads[] = {"zeros", "border", "reflection", NULL};
+	static const enum grid_mode mode_of[] = {GRID_LINEAR, GRID_LINEAR, GRID_CUBIC, GRID_CUBIC, GRID_NEAREST};
+	int mode, pad;
+	tern_status st;
+	if ((st = attr_choice(node, "mode", modes[node->opset >= 20], modes, &mode)) ||
+	    (st = attr_choice(node, "padding_mode", "zeros", pads, &pad)))
+		return st;
+	gp->mode = mode_of[mode];
+	gp->pad = (enum grid_pad)pad;
 	gp->align_corners = tern_attr_int(node, "align_corners", 0) != 0;
 	int64_t dims[4] = {x->dims[0], x->dims[1], grid->dims[1], grid->dims[2]};
 	tern_set_shape(p->out[0], x->dtype, 4, dims);
