@@ -30,6 +30,14 @@ test_expect_success '-o replaces an existing file and keeps its mode' '
 	test "$(stat -c %a kept.txt)" = 640
 '
 
+test_expect_success '-v says what is read and written, -q silences it' '
+	tern-show -v -o verbose.txt mlp.onnx 2>err &&
+	grep "^tern-show: read mlp.onnx$" err &&
+	grep "^tern-show: wrote verbose.txt$" err &&
+	tern-show -v -q -o quiet.txt mlp.onnx 2>err &&
+	test_must_be_empty err
+'
+
 test_expect_success 'a new file gets the mode the umask allows' '
 	(umask 027 && tern-show -o masked.txt mlp.onnx) &&
 	test "$(stat -c %a masked.txt)" = 640
