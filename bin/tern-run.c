@@ -58,7 +58,7 @@ static const struct argp_option options[] = {
 	{"output-format", OPT_OUTPUT_FORMAT, "FMT", 0, "npy (the default) or pb, for -O", 2},
 	{"print", OPT_PRINT, NULL, 0, "print each output's name, type, first values and checksums (the default without -O and --json)", 2},
 	{"json", OPT_JSON, NULL, 0, "print timings, memory and output checksums as one JSON object", 2},
-	{"profile", OPT_PROFILE, "FILE", 0, "write a Chrome trace of the timed runs to FILE", 2},
+	{"profile", OPT_PROFILE, "FILE", 0, "write a Chrome trace of the last timed run to FILE", 2},
 	{NULL, 0, NULL, 0, "Running:", 3},
 	{"iters", OPT_ITERS, "N", 0, "timed runs (default 1)", 3},
 	{"warmup", OPT_WARMUP, "W", 0, "untimed runs before them (default 0)", 3},
@@ -296,7 +296,7 @@ static void make_random(struct run *run, tern_model *model, int i, tern_tensor *
 			continue;
 		const int64_t *bound = d.params[k] && *d.params[k] ? find_dim(run, d.params[k]) : NULL;
 		if (!bound && d.params[k] && *d.params[k])
-			tern_cli_fail(TERN_EDATA, "input '%s' (%s): give the size of dimension '%s' with --dim %s=N", name,
+			tern_cli_fail(TERN_EDATA, "input '%s' (%s): give the size of dimension '%s' with --dim %s=SIZE", name,
 			              d.text, d.params[k], d.params[k]);
 		if (!bound)
 			tern_cli_fail(TERN_EDATA, "input '%s' (%s): dimension %d has no size or name; give it with -i", name,
@@ -372,12 +372,15 @@ static tern_tensor *read_inputs(struct run *run, tern_model *model, int n)
 
 /* ---------------------------------------------------------------- outputs */
 
-/* Output names are free text in ONNX; a file name keeps letters, digits, '-', '_' and inner dots. */
+/* Output names are free text in ONNX; a file name keeps letters, digits, '-', '_' and inner dots
+ * (a leading one would hide the file, "." and ".." name folders). */
 static void file_name_for(const char *name, int index, char *buf, size_t size)
 {
 	size_t n = 0;
-	for (const char *p = name; *p && n + 1 < size && n < 200; p++, n++)
-		buf[n] = isalnum((unsigned char)*p) || *p == '-' || *p == '_' || (*p == '.' && n > 0) ? *p : '_';
+	for (const char *p = name; *p && n + 1 < size && n < 200; p++, n++) {
+		bool inner_dot = *p == '.' && n > 0 && p[1];
+		buf[n] = isalnum((unsigned char)*p) || *p == '-' || *p == '_' || inner_dot ? *p : '_';
+	}
 	buf[n] = '\0';
 	if (n == 0)
 		snprintf(buf, size, "output_%d", index);
