@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <libgen.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 /* Text is printable: no NUL and no control bytes other than white space in the first kilobytes.
@@ -115,6 +116,11 @@ tern_status tern_model_load(const char *path, tern_model **out)
 	const char *what = use_stdin ? "-" : path;
 	if (!f)
 		return tern_errorf(TERN_ENOINPUT, "%s: cannot open: %s", path, strerror(errno));
+	struct stat sb;
+	if (!use_stdin && fstat(fileno(f), &sb) == 0 && S_ISDIR(sb.st_mode)) {
+		fclose(f);
+		return tern_errorf(TERN_ENOINPUT, "%s: cannot open: it is a directory", path);
+	}
 	unsigned char *bytes = NULL;
 	size_t size = 0;
 	tern_status st = read_all(f, what, &bytes, &size);

@@ -178,6 +178,9 @@ static tern_status check_initializer(const tern_model *m, const Onnx__TensorProt
 		if (t->dims[i] < 0 || t->dims[i] > TERN_MAX_DIM)
 			return tern_errorf(TERN_EDATA, "%s: initializer '%s': dimension %zu is %s (%lld)", m->source, name, i,
 			                   t->dims[i] < 0 ? "negative" : "absurdly large", (long long)t->dims[i]);
+		if (t->dims[i] && numel > (uint64_t)TERN_MAX_DIM / (uint64_t)t->dims[i])
+			return tern_errorf(TERN_EDATA, "%s: initializer '%s': more than 2^40 elements is absurdly many", m->source,
+			                   name);
 		numel *= (uint64_t)t->dims[i];
 		if (numel > (uint64_t)TERN_MAX_DIM)
 			return tern_errorf(TERN_EDATA, "%s: initializer '%s': %llu elements is absurdly many", m->source, name,
