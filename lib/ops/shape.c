@@ -104,23 +104,31 @@ static void free_strings(void *data, int64_t n)
 	}
 }
 
-/* Stores v as one element of dtype (for float attributes that give a value of the tensor's type). */
+#define STORE_AS(T, x)                                                                                       \
+	{                                                                                                        \
+		T value = (x);                                                                                       \
+		memcpy(dst, &value, sizeof value);                                                                   \
+		break;                                                                                               \
+	}
+
+/* Stores v as one element of dtype (for float attributes that give a value of the tensor's type). dst
+ * need not be aligned. */
 static void store_f64(int dtype, void *dst, double v)
 {
 	switch (dtype) {
-	case TERN_FLOAT: *(float *)dst = (float)v; break;
-	case TERN_DOUBLE: *(double *)dst = v; break;
-	case TERN_FLOAT16: *(uint16_t *)dst = tern_f32_to_f16((float)v); break;
-	case TERN_BFLOAT16: *(uint16_t *)dst = tern_f32_to_bf16((float)v); break;
-	case TERN_INT8: *(int8_t *)dst = (int8_t)v; break;
-	case TERN_INT16: *(int16_t *)dst = (int16_t)v; break;
-	case TERN_INT32: *(int32_t *)dst = (int32_t)v; break;
-	case TERN_INT64: *(int64_t *)dst = (int64_t)v; break;
-	case TERN_UINT8: *(uint8_t *)dst = (uint8_t)v; break;
-	case TERN_BOOL: *(uint8_t *)dst = v != 0; break;
-	case TERN_UINT16: *(uint16_t *)dst = (uint16_t)v; break;
-	case TERN_UINT32: *(uint32_t *)dst = (uint32_t)v; break;
-	case TERN_UINT64: *(uint64_t *)dst = (uint64_t)v; break;
+	case TERN_FLOAT: STORE_AS(float, (float)v)
+	case TERN_DOUBLE: STORE_AS(double, v)
+	case TERN_FLOAT16: STORE_AS(uint16_t, tern_f32_to_f16((float)v))
+	case TERN_BFLOAT16: STORE_AS(uint16_t, tern_f32_to_bf16((float)v))
+	case TERN_INT8: STORE_AS(int8_t, (int8_t)v)
+	case TERN_INT16: STORE_AS(int16_t, (int16_t)v)
+	case TERN_INT32: STORE_AS(int32_t, (int32_t)v)
+	case TERN_INT64: STORE_AS(int64_t, (int64_t)v)
+	case TERN_UINT8: STORE_AS(uint8_t, (uint8_t)v)
+	case TERN_BOOL: STORE_AS(uint8_t, v != 0)
+	case TERN_UINT16: STORE_AS(uint16_t, (uint16_t)v)
+	case TERN_UINT32: STORE_AS(uint32_t, (uint32_t)v)
+	case TERN_UINT64: STORE_AS(uint64_t, (uint64_t)v)
 	default: break;
 	}
 }
@@ -269,6 +277,19 @@ static tern_status fix_index(const tern_node *node, int64_t *k, int64_t n, int64
 		                        "index %lld at position %lld of 'indices' is out of range for axis %d of size %lld",
 		                        (long long)*k, (long long)position, axis, (long long)n);
 	*k = v;
+	return TERN_OK;
+}
+
+/* Indices are checked first, so the copy loop can stay free of error paths. */
+static tern_status check_all_indices(const tern_node *node, const tern_tensor *idx, int64_t n_axis, int axis)
+{
+	int64_t n = tern_tensor_numel(idx);
+	for (int64_t i = 0; i < n; i++) {
+		int64_t k = index_at(idx, i);
+		tern_status st = fix_index(node, &k, n_axis, i, axis);
+		if (st)
+			return st;
+	}
 	return TERN_OK;
 }
 
@@ -1208,6 +1229,22 @@ static int64_t pad_source(const pad_params *pp, int d, int64_t o)
 	return pp->keep_begin[d] + j;
 }
 
+/* Output elements [from, to) of a row that is not constant: read through the mode, or the constant. */
+static tern_status pad_border(const tern_node *node, const pad_params *pp, char *row, const char *src_row,
+                              const void *value, int64_t from, int64_t to)
+{
+	int last = pp->rank - 1;
+	size_t es = pp->es;
+	for (int64_t o = from; o < to; o++) {
+		int64_t j = pad_source(pp, last, o);
+		tern_status st = j < 0 ? fill_elems(node, row + (size_t)o * es, value, 1, es, pp->string)
+		                       : copy_elems(node, row + (size_t)o * es, src_row + (size_t)j * es, 1, es, pp->string);
+		if (st)
+			return st;
+	}
+	return TERN_OK;
+}
+
 static tern_status pad_kernel(const tern_kernel_args *a)
 {
 	const pad_params *pp = a->params;
@@ -1245,13 +1282,10 @@ static tern_status pad_kernel(const tern_kernel_args *a)
 		} else {
 			const char *s = src + (size_t)base * es;
 			st = copy_elems(a->node, d + (size_t)lo * es, s + (size_t)pp->keep_begin[last] * es, mid, es, pp->string);
-			for (int64_t o = 0; !st && o < row_len; o = o == lo - 1 ? lo + mid : o + 1) {
-				if (o >= lo && o < lo + mid)
-					continue;
-				int64_t j = pad_source(pp, last, o);
-				st = j < 0 ? fill_elems(a->node, d + (size_t)o * es, value, 1, es, pp->string)
-				           : copy_elems(a->node, d + (size_t)o * es, s + (size_t)j * es, 1, es, pp->string);
-			}
+			if (!st)
+				st = pad_border(a->node, pp, d, s, value, 0, lo);
+			if (!st)
+				st = pad_border(a->node, pp, d, s, value, lo + mid, row_len);
 		}
 		if (st)
 			return st;
@@ -1398,19 +1432,16 @@ static tern_status gather_kernel(const tern_kernel_args *a)
 	const gather_params *g = a->params;
 	const tern_tensor *idx = a->in[1];
 	int64_t n_idx = tern_tensor_numel(idx);
-	for (int64_t i = 0; i < n_idx; i++) {
-		int64_t k = index_at(idx, i);
-		tern_status st = fix_index(a->node, &k, g->n_axis, i, g->axis);
-		if (st)
-			return st;
-	}
+	tern_status st = check_all_indices(a->node, idx, g->n_axis, g->axis);
+	if (st)
+		return st;
 	gather_job j = {g, idx, a->in[0]->data, a->out[0]->data, n_idx, g->outer * n_idx, 1};
 	if (g->string) {
 		for (int64_t r = 0; r < j.rows; r++) {
 			int64_t o = r / n_idx, k = index_at(idx, r % n_idx);
 			k += k < 0 ? g->n_axis : 0;
-			tern_status st = copy_elems(a->node, (char **)j.dst + r * g->inner,
-			                            (char *const *)j.src + (o * g->n_axis + k) * g->inner, g->inner, g->es, true);
+			st = copy_elems(a->node, (char **)j.dst + r * g->inner,
+			                (char *const *)j.src + (o * g->n_axis + k) * g->inner, g->inner, g->es, true);
 			if (st)
 				return st;
 		}
@@ -1512,6 +1543,17 @@ static tern_status elements_params_make(tern_prepare_args *p, const tern_tensor 
 	return TERN_OK;
 }
 
+/* Row by row along the last axis, so the multi-index advances once per row. */
+#define GATHER_ELEMENTS(ES)                                                                                  \
+	for (int64_t r = 0; r < n; r += row) {                                                                   \
+		for (int64_t i = 0; i < row; i++) {                                                                  \
+			int64_t k = index_at(idx, r + i);                                                                \
+			k += k < 0 ? e->n_axis : 0;                                                                      \
+			memcpy(dst + (r + i) * (ES), src + (off + i * step + k * e->axis_stride) * (ES), ES);            \
+		}                                                                                                    \
+		advance(e->rank - 1, e->idx_dims, pos, e->data_stride, &off);                                        \
+	}
+
 static tern_status gather_elements_kernel(const tern_kernel_args *a)
 {
 	const elements_params *e = a->params;
@@ -1519,15 +1561,26 @@ static tern_status gather_elements_kernel(const tern_kernel_args *a)
 	int64_t n = tern_tensor_numel(idx), pos[TERN_MAX_RANK] = {0}, off = 0;
 	const char *src = a->in[0]->data;
 	char *dst = a->out[0]->data;
-	for (int64_t i = 0; i < n; i++) {
-		int64_t k = index_at(idx, i);
-		tern_status st = fix_index(a->node, &k, e->n_axis, i, e->axis);
-		if (!st)
-			st = copy_elems(a->node, dst + (size_t)i * e->es, src + (size_t)(off + k * e->axis_stride) * e->es, 1,
-			                e->es, e->string);
-		if (st)
-			return st;
-		advance(e->rank, e->idx_dims, pos, e->data_stride, &off);
+	tern_status st = check_all_indices(a->node, idx, e->n_axis, e->axis);
+	if (st)
+		return st;
+	if (e->string) {
+		for (int64_t i = 0; i < n; i++) {
+			int64_t k = index_at(idx, i);
+			k += k < 0 ? e->n_axis : 0;
+			if ((st = dup_string(a->node, (char **)dst + i, ((char *const *)src)[off + k * e->axis_stride])))
+				return st;
+			advance(e->rank, e->idx_dims, pos, e->data_stride, &off);
+		}
+		return TERN_OK;
+	}
+	int64_t row = e->idx_dims[e->rank - 1], step = e->data_stride[e->rank - 1];
+	switch (e->es) {
+	case 1: GATHER_ELEMENTS(1) break;
+	case 2: GATHER_ELEMENTS(2) break;
+	case 4: GATHER_ELEMENTS(4) break;
+	case 8: GATHER_ELEMENTS(8) break;
+	default: GATHER_ELEMENTS((int64_t)e->es) break;
 	}
 	return TERN_OK;
 }
@@ -1756,13 +1809,9 @@ static tern_status scatter_elements_kernel(const tern_kernel_args *a)
 	char *dst = a->out[0]->data;
 	const char *upd = a->in[2]->data;
 	int64_t n = tern_tensor_numel(idx), pos[TERN_MAX_RANK] = {0}, off = 0;
-	for (int64_t i = 0; i < n; i++) {
-		int64_t k = index_at(idx, i);
-		tern_status st = fix_index(a->node, &k, e->n_axis, i, e->axis);
-		if (st)
-			return st;
-	}
-	tern_status st = copy_elems(a->node, dst, x->data, tern_tensor_numel(x), e->es, e->string);
+	tern_status st = check_all_indices(a->node, idx, e->n_axis, e->axis);
+	if (!st)
+		st = copy_elems(a->node, dst, x->data, tern_tensor_numel(x), e->es, e->string);
 	for (int64_t i = 0; !st && i < n; i++) {
 		int64_t k = index_at(idx, i);
 		k += k < 0 ? e->n_axis : 0;
@@ -2105,6 +2154,9 @@ static tern_status range_prepare(tern_prepare_args *p)
 		/* Differences of int64 values can overflow; long double keeps them exact enough for a count. */
 		long double span = (long double)l - (long double)s;
 		long double count = ceill(span / (long double)d);
+		if (count > 1e15L)
+			return tern_node_errorf(p->node, TERN_EDATA, "range %lld to %lld by %lld is too long", (long long)s,
+			                        (long long)l, (long long)d);
 		n = count > 0 ? (int64_t)count : 0;
 	}
 	tern_set_shape(p->out[0], dtype, 1, &n);
