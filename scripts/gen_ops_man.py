@@ -60,7 +60,7 @@ def opset_text(ranges):
 def dtype_text(entry):
     names = set(entry["dtypes"])
     parts = []
-    for group, members in (("all floats", FLOATS), ("all ints", INTS)):
+    for group, members in (("numeric", FLOATS + INTS), ("floats", FLOATS), ("ints", INTS)):
         if names.issuperset(members):
             parts.append(group)
             names -= set(members)
@@ -96,16 +96,22 @@ def generate(ops, counts, version):
     w("suite.")
     w(".PP")
     w("A test belongs to the first node of its model that is not a")
-    w(".BR Constant ;")
-    w("the")
+    w(".BR Constant ,")
+    w("except an")
     w(".I _expanded")
-    w("tests, which spell a function operator out in primitive ones, therefore count towards the")
-    w("primitive operator they start with.")
+    w("test, which runs a function operator's body spelled out in primitive operators: it belongs")
+    w("to the function operator, like the test it expands.")
     w("The count is over the tests whose inputs and outputs are numeric or bool tensors;")
     w("tests of sequences, optionals, strings and float8 types are skipped and not counted.")
     w("Types marked")
     w(".I (per node)")
-    w("are checked when a node is planned rather than listed in the registry.")
+    w("are checked when a node is planned rather than listed in the registry;")
+    w(".I floats")
+    w("are float, double, float16 and bfloat16,")
+    w(".I ints")
+    w("the signed and unsigned integers of 8 to 64 bits, and")
+    w(".I numeric")
+    w("both.")
     w(".SH OPERATORS")
     w(".TS")
     w("tab(;);")
@@ -117,7 +123,7 @@ def generate(ops, counts, version):
         c = counts.get(op_key(domain, op), collections.Counter())
         n = c["PASS"] + c["FAIL"] + c["UNSUPPORTED"]
         tests = f"{c['PASS']}/{n}" if n else "\\(em"
-        w(f"{roff(domain)};{roff(op)};{opset_text(entry['ranges'])};T{{\n{dtype_text(entry)}\nT}};{tests}")
+        w(f"{roff(domain)};{roff(op)};{opset_text(entry['ranges'])};{dtype_text(entry)};{tests}")
     w(".TE")
     w(".SH CONFORMANCE")
     w(f"{total['PASS']} of {counted} numeric/bool node tests pass ({rate:.1f}%);")

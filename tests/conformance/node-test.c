@@ -40,6 +40,9 @@ struct test_info {
 	char op[160];
 	int skip;
 	char why[256];
+	/* Graph inputs and outputs declared bfloat16: onnx stores their test data as uint16 bit
+	 * patterns, because NumPy has no bfloat16. Bit i stands for input or output i. */
+	uint64_t bf16_inputs, bf16_outputs;
 };
 
 struct outcome {
@@ -97,6 +100,17 @@ static void *read_all(const char *path, size_t *size)
 
 /* Tensors tern can compare: numeric and bool. Strings and float8 are left out, as are sequences,
  * optionals, maps and sparse tensors, whose .pb files are not TensorProtos. */
+static uint64_t bf16_mask(Onnx__ValueInfoProto *const *values, size_t n)
+{
+	uint64_t mask = 0;
+	for (size_t i = 0; i < n && i < 64; i++) {
+		const Onnx__TypeProto *t = values[i]->type;
+		if (t && t->value_case == ONNX__TYPE_PROTO__VALUE_TENSOR_TYPE && t->tensor_type->elem_type == TERN_BFLOAT16)
+			mask |= UINT64_C(1) << i;
+	}
+	return mask;
+}
+
 static bool describe_unsupported_type(const Onnx__ValueInfoProto *v, char *why, size_t size)
 {
 	const Onnx__TypeProto *t = v->type;
@@ -118,34 +132,70 @@ static bool describe_unsupported_type(const Onnx__ValueInfoProto *v, char *why, 
 	return false;
 }
 
-static void inspect_model(const char *dir, struct test_info *info)
+static Onnx__ModelProto *load_proto(const char *dir)
 {
-	snprintf(info->op, sizeof info->op, "?");
-	info->skip = 0;
 	char *path = path_join(dir, "model.onnx");
 	size_t size = 0;
 	void *bytes = read_all(path, &size);
 	free(path);
 	Onnx__ModelProto *m = bytes ? onnx__model_proto__unpack(NULL, size, bytes) : NULL;
 	free(bytes);
-	if (!m || !m->graph)
-		goto out;
-	const Onnx__GraphProto *g = m->graph;
+	if (m && !m->graph) {
+		onnx__model_proto__free_unpacked(m, NULL);
+		m = NULL;
+	}
+	return m;
+}
+
+/* The operator a model tests: its first node that is not a Constant, as "Op" or "domain.Op". */
+static void first_op(const Onnx__GraphProto *g, char *buf, size_t size)
+{
 	for (size_t i = 0; i < g->n_node; i++) {
 		const Onnx__NodeProto *n = g->node[i];
 		if (strcmp(n->op_type, "Constant") == 0 && i + 1 < g->n_node)
 			continue;
 		bool plain = !n->domain || !n->domain[0] || strcmp(n->domain, "ai.onnx") == 0;
-		snprintf(info->op, sizeof info->op, "%s%s%s", plain ? "" : n->domain, plain ? "" : ".", n->op_type);
-		break;
+		snprintf(buf, size, "%s%s%s", plain ? "" : n->domain, plain ? "" : ".", n->op_type);
+		return;
 	}
+}
+
+/* An "_expanded" test runs a function operator's body, spelled out in primitive operators; it
+ * belongs to the operator of its unexpanded sibling (test_x_expanded, test_x_expanded_ver18 ->
+ * test_x) when that folder is there. */
+static void expanded_op(const char *dir, char *buf, size_t size)
+{
+	const char *slash = strrchr(dir, '/');
+	const char *mark = strstr(slash ? slash : dir, "_expanded");
+	if (!mark)
+		return;
+	char *sibling = strndup(dir, (size_t)(mark - dir));
+	Onnx__ModelProto *m = sibling ? load_proto(sibling) : NULL;
+	free(sibling);
+	if (m) {
+		first_op(m->graph, buf, size);
+		onnx__model_proto__free_unpacked(m, NULL);
+	}
+}
+
+static void inspect_model(const char *dir, struct test_info *info)
+{
+	snprintf(info->op, sizeof info->op, "?");
+	info->skip = 0;
+	info->bf16_inputs = info->bf16_outputs = 0;
+	Onnx__ModelProto *m = load_proto(dir);
+	if (!m)
+		return;
+	const Onnx__GraphProto *g = m->graph;
+	first_op(g, info->op, sizeof info->op);
+	expanded_op(dir, info->op, sizeof info->op);
+	info->bf16_inputs = bf16_mask(g->input, g->n_input);
+	info->bf16_outputs = bf16_mask(g->output, g->n_output);
 	for (size_t i = 0; i < g->n_input && !info->skip; i++)
 		info->skip = describe_unsupported_type(g->input[i], info->why, sizeof info->why);
 	for (size_t i = 0; i < g->n_output && !info->skip; i++)
 		info->skip = describe_unsupported_type(g->output[i], info->why, sizeof info->why);
-out:
-	if (m)
-		onnx__model_proto__free_unpacked(m, NULL);
+	onnx__model_proto__free_unpacked(m, NULL);
 }
 
 /* The error tern reported: an operator, dtype or attribute tern does not handle, or a failure. */
@@ -233,7 +283,8 @@ static enum result compare(const tern_tensor *got, const tern_tensor *want, int 
 }
 
 /* Reads prefix_0.pb, prefix_1.pb, ... until one is missing; returns the count or -1 (o set). */
-static int read_tensors(const char *set_dir, const char *prefix, tern_tensor **out, struct outcome *o)
+static int read_tensors(const char *set_dir, const char *prefix, uint64_t bf16, tern_tensor **out,
+                        struct outcome *o)
 {
 	int n = 0, cap = 0;
 	*out = NULL;
@@ -262,6 +313,8 @@ static int read_tensors(const char *set_dir, const char *prefix, tern_tensor **o
 			from_error(o, "reading test data");
 			return -1;
 		}
+		if (n < 64 && (bf16 >> n & 1) && (*out)[n].dtype == TERN_UINT16)
+			(*out)[n].dtype = TERN_BFLOAT16;
 		n++;
 	}
 }
@@ -273,13 +326,13 @@ static void free_tensors(tern_tensor *t, int n)
 	free(t);
 }
 
-static enum result run_data_set(tern_model *model, const char *set_dir, const struct options *opt,
-                                struct outcome *o)
+static enum result run_data_set(tern_model *model, const char *set_dir, const struct test_info *info,
+                                const struct options *opt, struct outcome *o)
 {
 	tern_tensor *inputs = NULL, *expected = NULL;
 	tern_plan *plan = NULL;
-	int n_in = read_tensors(set_dir, "input", &inputs, o);
-	int n_out = n_in < 0 ? -1 : read_tensors(set_dir, "output", &expected, o);
+	int n_in = read_tensors(set_dir, "input", info->bf16_inputs, &inputs, o);
+	int n_out = n_in < 0 ? -1 : read_tensors(set_dir, "output", info->bf16_outputs, &expected, o);
 	if (n_in < 0 || n_out < 0)
 		goto out;
 	if (n_in != tern_model_num_inputs(model)) {
@@ -314,7 +367,8 @@ out:
 	return o->result;
 }
 
-static enum result run_test(const char *dir, const struct options *opt, struct outcome *o)
+static enum result run_test(const char *dir, const struct test_info *info, const struct options *opt,
+                            struct outcome *o)
 {
 	o->result = FAIL;
 	o->message[0] = '\0';
@@ -332,7 +386,7 @@ static enum result run_test(const char *dir, const struct options *opt, struct o
 	if (g != 0 || sets.gl_pathc == 0)
 		failf(o, "no test_data_set_* folder");
 	for (size_t i = 0; g == 0 && i < sets.gl_pathc; i++)
-		if (run_data_set(model, sets.gl_pathv[i], opt, o) != PASS)
+		if (run_data_set(model, sets.gl_pathv[i], info, opt, o) != PASS)
 			break;
 	if (g == 0)
 		globfree(&sets);
@@ -342,10 +396,11 @@ static enum result run_test(const char *dir, const struct options *opt, struct o
 
 /* Runs a test in a child process, so that a crash, a hang or a sanitizer report in one operator is
  * that test's failure and the rest still run. */
-static enum result run_isolated(const char *dir, const struct options *opt, struct outcome *o)
+static enum result run_isolated(const char *dir, const struct test_info *info, const struct options *opt,
+                                struct outcome *o)
 {
 	if (opt->no_fork)
-		return run_test(dir, opt, o);
+		return run_test(dir, info, opt, o);
 	int fds[2];
 	fflush(NULL);
 	if (pipe(fds) != 0)
@@ -359,7 +414,7 @@ static enum result run_isolated(const char *dir, const struct options *opt, stru
 	if (pid == 0) {
 		close(fds[0]);
 		alarm((unsigned)opt->timeout_s);
-		run_test(dir, opt, o);
+		run_test(dir, info, opt, o);
 		ssize_t w = write(fds[1], o, sizeof *o);
 		close(fds[1]);
 		exit(w == (ssize_t)sizeof *o ? 0 : 70);
@@ -544,7 +599,7 @@ int main(int argc, char **argv)
 		if (info.skip)
 			snprintf(o.message, sizeof o.message, "%s", info.why);
 		else
-			run_isolated(tests[i], &opt, &o);
+			run_isolated(tests[i], &info, &opt, &o);
 		counts[o.result]++;
 		const char *name = base_name(tests[i]);
 		printf("%-11s %s (%s)%s%s\n", result_names[o.result], name, info.op, o.message[0] ? ": " : "",
