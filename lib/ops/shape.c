@@ -306,6 +306,20 @@ static void advance(int rank, const int64_t *dims, int64_t *idx, const int64_t *
 	}
 }
 
+/* Ends a prepare: on failure frees params and passes the status on, else hands params and the kernel to
+ * the planner. */
+static tern_status use_kernel(tern_prepare_args *p, tern_status st, void *params, tern_kernel_fn kernel)
+{
+	if (st) {
+		free(params);
+		return st;
+	}
+	p->params = params;
+	p->free_params = free;
+	p->kernel = kernel;
+	return TERN_OK;
+}
+
 /* ---------------------------------------------------------------- strided copies */
 
 /* One copy from a strided view of the source into a strided view of the destination. Transpose, Slice,
@@ -567,10 +581,7 @@ static tern_status single_copy(tern_prepare_args *p, const copy_plan *c)
 	if (!l)
 		return out_of_memory(p->node);
 	l->item[0].plan = plan;
-	p->params = l;
-	p->free_params = free;
-	p->kernel = copy_list_kernel;
-	return TERN_OK;
+	return use_kernel(p, TERN_OK, l, copy_list_kernel);
 }
 
 /* ---------------------------------------------------------------- Reshape, Flatten, Squeeze, Unsqueeze, Identity */
@@ -785,10 +796,7 @@ static tern_status concat_prepare(tern_prepare_args *p)
 		plan_finish(c);
 		l->item[i].in = i;
 	}
-	p->params = l;
-	p->free_params = free;
-	p->kernel = copy_list_kernel;
-	return TERN_OK;
+	return use_kernel(p, TERN_OK, l, copy_list_kernel);
 }
 
 static tern_status split_prepare(tern_prepare_args *p)
@@ -881,10 +889,7 @@ static tern_status split_prepare(tern_prepare_args *p)
 		l->item[i].out = i;
 	}
 	free(sizes);
-	p->params = l;
-	p->free_params = free;
-	p->kernel = copy_list_kernel;
-	return TERN_OK;
+	return use_kernel(p, TERN_OK, l, copy_list_kernel);
 }
 
 /* ---------------------------------------------------------------- Slice */
@@ -973,17 +978,25 @@ static tern_status slice_prepare(tern_prepare_args *p)
 
 /* ---------------------------------------------------------------- Expand, Tile */
 
-static tern_status expand_prepare(tern_prepare_args *p)
+/* The start of Expand, Tile and CenterCropPad: a copyable input 0 and the int list in input 1, whose
+ * value the output shape needs (p->defer is set while it is unknown). */
+static tern_status copy_with_list(tern_prepare_args *p, const char *name, int64_t *list, int *n)
 {
-	const tern_tensor *x = p->in[0];
-	tern_status st = check_copyable(p->node, x->dtype);
+	tern_status st = check_copyable(p->node, p->in[0]->dtype);
 	if (st)
 		return st;
 	if (!input(p, 1))
-		return missing_input(p->node, 1, "shape");
+		return missing_input(p->node, 1, name);
+	return int_list_arg(p, true, name, 1, list, TERN_MAX_RANK, n);
+}
+
+static tern_status expand_prepare(tern_prepare_args *p)
+{
+	const tern_tensor *x = p->in[0];
 	int64_t shape[TERN_MAX_RANK], dims[TERN_MAX_RANK];
 	int n, rank;
-	if ((st = int_list_arg(p, true, "shape", 1, shape, TERN_MAX_RANK, &n)) || p->defer)
+	tern_status st = copy_with_list(p, "shape", shape, &n);
+	if (st || p->defer)
 		return st;
 	if ((st = tern_broadcast_shape(p->node, x->rank, x->dims, n, shape, &rank, dims)))
 		return st;
@@ -1002,14 +1015,10 @@ static tern_status expand_prepare(tern_prepare_args *p)
 static tern_status tile_prepare(tern_prepare_args *p)
 {
 	const tern_tensor *x = p->in[0];
-	tern_status st = check_copyable(p->node, x->dtype);
-	if (st)
-		return st;
-	if (!input(p, 1))
-		return missing_input(p->node, 1, "repeats");
 	int64_t reps[TERN_MAX_RANK], dims[TERN_MAX_RANK], stride[TERN_MAX_RANK];
 	int n;
-	if ((st = int_list_arg(p, true, "repeats", 1, reps, TERN_MAX_RANK, &n)) || p->defer)
+	tern_status st = copy_with_list(p, "repeats", reps, &n);
+	if (st || p->defer)
 		return st;
 	if (n != x->rank)
 		return tern_node_errorf(p->node, TERN_EDATA, "input 1 'repeats' has %d values, input 0 has rank %d", n,
@@ -1127,14 +1136,10 @@ static tern_status center_crop_pad_kernel(const tern_kernel_args *a)
 static tern_status center_crop_pad_prepare(tern_prepare_args *p)
 {
 	const tern_tensor *x = p->in[0];
-	tern_status st = check_copyable(p->node, x->dtype);
-	if (st)
-		return st;
-	if (!input(p, 1))
-		return missing_input(p->node, 1, "shape");
 	int64_t shape[TERN_MAX_RANK], axes[TERN_MAX_RANK];
 	int n, na, ax[TERN_MAX_RANK];
-	if ((st = int_list_arg(p, true, "shape", 1, shape, TERN_MAX_RANK, &n)) || p->defer)
+	tern_status st = copy_with_list(p, "shape", shape, &n);
+	if (st || p->defer)
 		return st;
 	if ((st = attr_int_list(p->node, "axes", axes, TERN_MAX_RANK, &na)))
 		return st;
@@ -1182,10 +1187,7 @@ static tern_status center_crop_pad_prepare(tern_prepare_args *p)
 	cp->plan.replace = pads;
 	cp->pads = pads;
 	plan_finish(&cp->plan);
-	p->params = cp;
-	p->free_params = free;
-	p->kernel = center_crop_pad_kernel;
-	return TERN_OK;
+	return use_kernel(p, TERN_OK, cp, center_crop_pad_kernel);
 }
 
 /* ---------------------------------------------------------------- Pad */
@@ -1382,15 +1384,8 @@ static tern_status pad_prepare(tern_prepare_args *p)
 	} else {
 		store_f64(x->dtype, pp->value, tern_attr_float(node, "value", 0.0f));
 	}
-	if (st) {
-		free(pp);
-		return st;
-	}
 	tern_set_shape(p->out[0], x->dtype, x->rank, pp->out_dims);
-	p->params = pp;
-	p->free_params = free;
-	p->kernel = pad_kernel;
-	return TERN_OK;
+	return use_kernel(p, st, pp, pad_kernel);
 }
 
 /* ---------------------------------------------------------------- Gather, GatherElements, GatherND */
@@ -1490,10 +1485,7 @@ static tern_status gather_prepare(tern_prepare_args *p)
 	g->inner = tern_numel(x->rank - axis - 1, x->dims + axis + 1);
 	g->es = elem_size(x->dtype);
 	g->string = x->dtype == TERN_STRING;
-	p->params = g;
-	p->free_params = free;
-	p->kernel = gather_kernel;
-	return TERN_OK;
+	return use_kernel(p, TERN_OK, g, gather_kernel);
 }
 
 /* Shared by GatherElements and ScatterElements: indices and data have the same rank, and every
@@ -1592,10 +1584,7 @@ static tern_status gather_elements_prepare(tern_prepare_args *p)
 	if (st)
 		return st;
 	tern_set_shape(p->out[0], p->in[0]->dtype, p->in[1]->rank, p->in[1]->dims);
-	p->params = e;
-	p->free_params = free;
-	p->kernel = gather_elements_kernel;
-	return TERN_OK;
+	return use_kernel(p, TERN_OK, e, gather_elements_kernel);
 }
 
 /* Shared by GatherND and ScatterND: the last axis of indices holds tuples that address slices of data. */
@@ -1704,10 +1693,7 @@ static tern_status gather_nd_prepare(tern_prepare_args *p)
 		return tern_node_errorf(p->node, TERN_EDATA, "result rank %d exceeds %d", rank, TERN_MAX_RANK);
 	}
 	tern_set_shape(p->out[0], x->dtype, rank, dims);
-	p->params = nd;
-	p->free_params = free;
-	p->kernel = gather_nd_kernel;
-	return TERN_OK;
+	return use_kernel(p, TERN_OK, nd, gather_nd_kernel);
 }
 
 /* ---------------------------------------------------------------- ScatterElements, Scatter, ScatterND */
@@ -1840,15 +1826,8 @@ static tern_status scatter_elements_prepare(tern_prepare_args *p)
 		                      shape_str(upd, b0, sizeof b0), shape_str(idx, b1, sizeof b1));
 	if (!st && strcmp(p->node->op_type, "Scatter") != 0)
 		st = reduction_attr(p->node, x->dtype, &e->reduction);
-	if (st) {
-		free(e);
-		return st;
-	}
 	tern_set_shape(p->out[0], x->dtype, x->rank, x->dims);
-	p->params = e;
-	p->free_params = free;
-	p->kernel = scatter_elements_kernel;
-	return TERN_OK;
+	return use_kernel(p, st, e, scatter_elements_kernel);
 }
 
 static tern_status scatter_nd_kernel(const tern_kernel_args *a)
@@ -1897,15 +1876,8 @@ static tern_status scatter_nd_prepare(tern_prepare_args *p)
 		                      shape_str(upd, b0, sizeof b0), shape_str(idx, b1, sizeof b1), shape_str(x, b2, sizeof b2));
 	if (!st)
 		st = reduction_attr(p->node, x->dtype, &nd->reduction);
-	if (st) {
-		free(nd);
-		return st;
-	}
 	tern_set_shape(p->out[0], x->dtype, x->rank, x->dims);
-	p->params = nd;
-	p->free_params = free;
-	p->kernel = scatter_nd_kernel;
-	return TERN_OK;
+	return use_kernel(p, st, nd, scatter_nd_kernel);
 }
 
 /* ---------------------------------------------------------------- Shape, Size, ConstantOfShape, Constant */
@@ -1941,10 +1913,7 @@ static tern_status shape_prepare(tern_prepare_args *p)
 		sp->end = sp->start;
 	int64_t n = sp->end - sp->start;
 	tern_set_shape(p->out[0], TERN_INT64, 1, &n);
-	p->params = sp;
-	p->free_params = free;
-	p->kernel = shape_kernel;
-	return TERN_OK;
+	return use_kernel(p, TERN_OK, sp, shape_kernel);
 }
 
 static tern_status size_kernel(const tern_kernel_args *a)
@@ -2227,10 +2196,7 @@ static tern_status one_hot_prepare(tern_prepare_args *p)
 	oh->inner = tern_numel(idx->rank - axis, idx->dims + axis);
 	oh->es = elem_size(values->dtype);
 	oh->string = values->dtype == TERN_STRING;
-	p->params = oh;
-	p->free_params = free;
-	p->kernel = one_hot_kernel;
-	return TERN_OK;
+	return use_kernel(p, TERN_OK, oh, one_hot_kernel);
 }
 
 /* ---------------------------------------------------------------- Trilu, EyeLike */
@@ -2320,10 +2286,7 @@ static tern_status eye_like_prepare(tern_prepare_args *p)
 	ep->k = tern_attr_int(p->node, "k", 0);
 	store_f64(dtype, ep->one, 1.0);
 	tern_set_shape(p->out[0], dtype, 2, x->dims);
-	p->params = ep;
-	p->free_params = free;
-	p->kernel = eye_like_kernel;
-	return TERN_OK;
+	return use_kernel(p, TERN_OK, ep, eye_like_kernel);
 }
 
 /* ---------------------------------------------------------------- ReverseSequence */
@@ -2432,13 +2395,13 @@ static tern_status non_zero_prepare(tern_prepare_args *p)
 	return TERN_OK;
 }
 
-typedef struct compress_params {
+typedef struct axis_params {
 	int axis; /* -1: the input flattened */
-} compress_params;
+} axis_params;
 
 static tern_status compress_kernel(const tern_kernel_args *a)
 {
-	const compress_params *cp = a->params;
+	const axis_params *cp = a->params;
 	const tern_tensor *x = a->in[0], *cond = a->in[1];
 	const uint8_t *c = cond->data;
 	int64_t n_cond = tern_tensor_numel(cond);
@@ -2477,28 +2440,30 @@ static tern_status compress_kernel(const tern_kernel_args *a)
 	return TERN_OK;
 }
 
-static tern_status compress_prepare(tern_prepare_args *p)
+/* Compress and Unique work along one axis, or on the input flattened when the attribute is absent; their
+ * kernels allocate their outputs. */
+static tern_status axis_or_flat_prepare(tern_prepare_args *p, tern_kernel_fn kernel)
 {
-	const tern_tensor *x = p->in[0], *cond = input(p, 1);
+	const tern_tensor *x = p->in[0];
 	tern_status st = check_copyable(p->node, x->dtype);
 	if (st)
 		return st;
+	axis_params *ap = malloc(sizeof *ap);
+	if (!ap)
+		return out_of_memory(p->node);
+	ap->axis = -1;
+	if (tern_attr(p->node, "axis"))
+		st = normalize_axis(p->node, "axis", tern_attr_int(p->node, "axis", 0), x->rank, &ap->axis);
+	p->dynamic_output = 1;
+	return use_kernel(p, st, ap, kernel);
+}
+
+static tern_status compress_prepare(tern_prepare_args *p)
+{
+	const tern_tensor *cond = input(p, 1);
 	if (!cond || cond->dtype != TERN_BOOL || cond->rank != 1)
 		return tern_node_errorf(p->node, TERN_EDATA, "input 1 'condition' must be a 1-D bool tensor");
-	compress_params *cp = malloc(sizeof *cp);
-	if (!cp)
-		return out_of_memory(p->node);
-	cp->axis = -1;
-	if (tern_attr(p->node, "axis") &&
-	    (st = normalize_axis(p->node, "axis", tern_attr_int(p->node, "axis", 0), x->rank, &cp->axis))) {
-		free(cp);
-		return st;
-	}
-	p->params = cp;
-	p->free_params = free;
-	p->dynamic_output = 1;
-	p->kernel = compress_kernel;
-	return TERN_OK;
+	return axis_or_flat_prepare(p, compress_kernel);
 }
 
 /* ---------------------------------------------------------------- Unique */
@@ -2576,7 +2541,7 @@ static tern_status unique_alloc(const tern_kernel_args *a, int i, int64_t n, con
 
 static tern_status unique_kernel(const tern_kernel_args *a)
 {
-	const compress_params *cp = a->params;
+	const axis_params *cp = a->params;
 	const tern_tensor *x = a->in[0];
 	unique_ctx u = {x->data, x->dtype, elem_size(x->dtype), 1, tern_tensor_numel(x), 1};
 	if (cp->axis >= 0) {
@@ -2643,25 +2608,13 @@ static tern_status unique_kernel(const tern_kernel_args *a)
 
 static tern_status unique_prepare(tern_prepare_args *p)
 {
-	const tern_tensor *x = p->in[0];
-	tern_status st = check_copyable(p->node, x->dtype);
+	tern_status st = axis_or_flat_prepare(p, unique_kernel);
 	if (st)
 		return st;
-	compress_params *cp = malloc(sizeof *cp);
-	if (!cp)
-		return out_of_memory(p->node);
-	cp->axis = -1;
-	if (tern_attr(p->node, "axis") &&
-	    (st = normalize_axis(p->node, "axis", tern_attr_int(p->node, "axis", 0), x->rank, &cp->axis))) {
-		free(cp);
-		return st;
-	}
-	int64_t n = cp->axis >= 0 ? x->dims[cp->axis] : tern_tensor_numel(x);
-	p->params = cp;
-	p->free_params = free;
+	const tern_tensor *x = p->in[0];
+	const axis_params *ap = p->params;
+	int64_t n = ap->axis >= 0 ? x->dims[ap->axis] : tern_tensor_numel(x);
 	p->scratch_bytes = (size_t)(UNIQUE_SCRATCH * (n > 0 ? n : 1)) * sizeof(int64_t);
-	p->dynamic_output = 1;
-	p->kernel = unique_kernel;
 	return TERN_OK;
 }
 
