@@ -559,6 +559,11 @@ tern_status tern_exec_plan(tern_exec *e, tern_tensor *const *inputs, int n_input
 		} else {
 			st->late = 1;
 		}
+		/* String elements are heap strings: such outputs live as run-time allocations, which are
+		 * freed with their strings, rather than in the arena. */
+		for (int o = 0; o < st->n_out && !st->late; o++)
+			if (st->out[o] && st->out[o]->dtype == TERN_STRING && !inputs_const)
+				st->late = 1;
 		if (!st->late && inputs_const && !is_random_op(st->node) && st->op->prepare) {
 			if ((rc = fold_step(e, st)))
 				break;
@@ -588,9 +593,9 @@ tern_status tern_exec_plan(tern_exec *e, tern_tensor *const *inputs, int n_input
 		n_steps++;
 	}
 	free(order);
-	e->n_steps = n_steps;
 	if (rc)
-		return rc;
+		return rc; /* e->n_steps still counts the failed step, so release frees it */
+	e->n_steps = n_steps;
 	e->n_streams = 1;
 	if (e->schedule && (rc = apply_schedule(e)))
 		return rc;
