@@ -31,6 +31,7 @@ struct run {
 	int threads;
 	const char *profile;
 	int single_stream;
+	int graph_from_stdin;
 };
 
 enum {
@@ -49,20 +50,22 @@ enum {
 
 static const struct argp_option options[] = {
 	{NULL, 0, NULL, 0, "Inputs:", 1},
-	{"input", 'i', "[NAME=]FILE", 0, "a graph input from a .npy or .pb file; without NAME, the next input in graph order", 1},
+	{"input", 'i', "[NAME=]FILE", 0,
+	 "a graph input from a .npy or .pb file; without NAME, the next input in graph order", 1},
 	{"random", OPT_RANDOM, NULL, 0, "fill inputs not given with -i with random values", 1},
 	{"seed", OPT_SEED, "S", 0, "seed of --random (default 0)", 1},
 	{"dim", OPT_DIM, "NAME=N", 0, "the value of symbolic dimension NAME", 1},
 	{NULL, 0, NULL, 0, "Outputs:", 2},
 	{"output-dir", 'O', "DIR", 0, "write each output to DIR/NAME.npy", 2},
 	{"output-format", OPT_OUTPUT_FORMAT, "FMT", 0, "npy (the default) or pb, for -O", 2},
-	{"print", OPT_PRINT, NULL, 0, "print each output's name, type, first values and checksums (the default without -O and --json)", 2},
+	{"print", OPT_PRINT, NULL, 0,
+	 "print each output's name, type, first values and checksums (the default without -O and --json)", 2},
 	{"json", OPT_JSON, NULL, 0, "print timings, memory and output checksums as one JSON object", 2},
 	{"profile", OPT_PROFILE, "FILE", 0, "write a Chrome trace of the last timed run to FILE", 2},
 	{NULL, 0, NULL, 0, "Running:", 3},
 	{"iters", OPT_ITERS, "N", 0, "timed runs (default 1)", 3},
 	{"warmup", OPT_WARMUP, "W", 0, "untimed runs before them (default 0)", 3},
-	{"threads", OPT_THREADS, "N", 0, "threads per operator (default 1; 0: one per CPU)", 3},
+	{"threads", OPT_THREADS, "N", 0, "threads for streams and within operators (default 1; 0: one per CPU)", 3},
 	{"single-stream", OPT_SINGLE_STREAM, NULL, 0, "run nodes one after another, ignoring a schedule in the graph", 3},
 	{0},
 };
@@ -321,6 +324,9 @@ static void load_input(struct run *run, tern_model *model, tern_tensor *inputs, 
 {
 	if (inputs[i].dtype)
 		tern_cli_fail(TERN_EUSAGE, "input '%s' is given twice", tern_model_input_name(model, i));
+	if (run->graph_from_stdin && strcmp(path, "-") == 0)
+		tern_cli_fail(TERN_EUSAGE, "input '%s': standard input holds the graph; give GRAPH as a file to read -i -",
+		              tern_model_input_name(model, i));
 	tern_cli_check(tern_tensor_read_file(path, &inputs[i]));
 	check_input(run, model, i, &inputs[i], path);
 	tern_cli_verbose(2, "input '%s' from %s", tern_model_input_name(model, i), path);
@@ -662,7 +668,8 @@ static void write_profile(const char *path, const tern_plan *plan)
 		json_string(f, ev[i].name && *ev[i].name ? ev[i].name : ev[i].op_type ? ev[i].op_type : "?");
 		fputs(", \"cat\": ", f);
 		json_string(f, ev[i].op_type ? ev[i].op_type : "?");
-		fprintf(f, ", \"ph\": \"X\", \"ts\": %.3f, \"dur\": %.3f, \"pid\": 0, \"tid\": %d, \"args\": {\"thread\": %d}}",
+		fprintf(f, ", \"ph\": \"X\", \"ts\": %.3f, \"dur\": %.3f, \"pid\": 0, \"tid\": %d, "
+		        "\"args\": {\"thread\": %d}}",
 		        ev[i].start_us - t0, ev[i].dur_us, track, ev[i].thread);
 	}
 	for (int s = 0; s <= max_track; s++)
@@ -709,6 +716,7 @@ int main(int argc, char **argv)
 		run.threads = cpus > 0 ? (int)cpus : 1;
 	}
 	int print = run.print || (!run.out_dir && !run.json);
+	run.graph_from_stdin = !cli.input;
 
 	tern_model *model = tern_cli_load(&cli);
 	const char *graph = tern_model_source(model);

@@ -236,6 +236,15 @@ test_expect_success 'the graph can come from standard input' '
 	test_cmp expect actual
 '
 
+test_expect_success 'an input can come from standard input, unless the graph does' '
+	tern-run --random --dim N=6 -O six id.txt &&
+	tern-run -i six/y.npy id.txt >expect &&
+	tern-run -i - id.txt <six/y.npy >actual &&
+	test_cmp expect actual &&
+	test_expect_code 64 tern-run -i - <id.txt 2>err &&
+	test_one_error_line tern-run err
+'
+
 test_expect_success 'bad option values exit 64' '
 	test_expect_code 64 tern-run --iters 0 add.txt 2>err &&
 	test_expect_code 64 tern-run --dim N add.txt 2>err &&

@@ -183,29 +183,34 @@ static void expect_bad_npy(int major, const char *dict, size_t nbytes, const cha
 
 static void test_npy_malformed(void)
 {
-	expect_bad_npy(1, "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }", 20, "needs 24 bytes");
-	expect_bad_npy(1, "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }", 28, "the file has 28");
-	expect_bad_npy(1, "{'descr': '<f4', 'fortran_order': False, 'shape': (4000000000, 4000000000, 4000000000), }",
-	               0, "too large");
-	expect_bad_npy(1, "{'descr': '<U3', 'fortran_order': False, 'shape': (1,), }", 12, "string arrays");
-	expect_bad_npy(1, "{'descr': '|O', 'fortran_order': False, 'shape': (1,), }", 8, "object arrays");
-	expect_bad_npy(1, "{'descr': '<f3', 'fortran_order': False, 'shape': (1,), }", 3, "not supported");
-	expect_bad_npy(1, "{'descr': 'f4', 'fortran_order': False, 'shape': (1,), }", 4, "byte order");
-	expect_bad_npy(1, "{'descr': '|f4', 'fortran_order': False, 'shape': (1,), }", 4, "needs a byte order");
-	expect_bad_npy(1, "{'descr': '<f4', 'fortran_order': maybe, 'shape': (1,), }", 4, "True or False");
-	expect_bad_npy(1, "{'descr': '<f4', 'shape': (1,), }", 4, "missing 'fortran_order'");
-	expect_bad_npy(1, "{'descr': '<f4', 'fortran_order': False, 'shape': (1,), 'x': 1}", 4, "unexpected key");
-	expect_bad_npy(1, "{'descr': '<f4', 'fortran_order': False, 'shape': (-1,), }", 4, "non-negative");
-	expect_bad_npy(1, "{'descr': '<f4', 'fortran_order': False, 'shape': (1, 1, 1, 1, 1, 1, 1, 1, 1), }", 4,
-	               "more than 8");
-	expect_bad_npy(1, "{'descr': '<f4', 'fortran_order': False, 'shape': (1 2), }", 4, "',' or ')'");
-	expect_bad_npy(1, "{'descr': [('a', '<f4')], 'fortran_order': False, 'shape': (1,), }", 4, "structured");
-	expect_bad_npy(1, "{'descr': '<f4', 'fortran_order': False, 'shape': (1,), ", 4, "quoted string");
-	expect_bad_npy(1, "{'descr': '<f4", 0, "string");
-	expect_bad_npy(1, "['descr']", 0, "'{'");
-	expect_bad_npy(1, "{'descr': '<f4', 'fortran_order': False, 'shape': 99999999999999999999, }", 0, "'('");
-	expect_bad_npy(1, "{'descr': '<f4', 'fortran_order': False, 'shape': (99999999999999999999,), }", 0,
-	               "too large");
+	static const struct {
+		const char *dict;
+		size_t nbytes;
+		const char *needle;
+	} bad_headers[] = {
+		{"{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }", 20, "needs 24 bytes"},
+		{"{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }", 28, "the file has 28"},
+		{"{'descr': '<f4', 'fortran_order': False, 'shape': (4000000000, 4000000000, 4000000000), }", 0, "too large"},
+		{"{'descr': '<U3', 'fortran_order': False, 'shape': (1,), }", 12, "string arrays"},
+		{"{'descr': '|O', 'fortran_order': False, 'shape': (1,), }", 8, "object arrays"},
+		{"{'descr': '<f3', 'fortran_order': False, 'shape': (1,), }", 3, "not supported"},
+		{"{'descr': 'f4', 'fortran_order': False, 'shape': (1,), }", 4, "byte order"},
+		{"{'descr': '|f4', 'fortran_order': False, 'shape': (1,), }", 4, "needs a byte order"},
+		{"{'descr': '<f4', 'fortran_order': maybe, 'shape': (1,), }", 4, "True or False"},
+		{"{'descr': '<f4', 'shape': (1,), }", 4, "missing 'fortran_order'"},
+		{"{'descr': '<f4', 'fortran_order': False, 'shape': (1,), 'x': 1}", 4, "unexpected key"},
+		{"{'descr': '<f4', 'fortran_order': False, 'shape': (-1,), }", 4, "non-negative"},
+		{"{'descr': '<f4', 'fortran_order': False, 'shape': (1, 1, 1, 1, 1, 1, 1, 1, 1), }", 4, "more than 8"},
+		{"{'descr': '<f4', 'fortran_order': False, 'shape': (1 2), }", 4, "',' or ')'"},
+		{"{'descr': [('a', '<f4')], 'fortran_order': False, 'shape': (1,), }", 4, "structured"},
+		{"{'descr': '<f4', 'fortran_order': False, 'shape': (1,), ", 4, "quoted string"},
+		{"{'descr': '<f4", 0, "string"},
+		{"['descr']", 0, "'{'"},
+		{"{'descr': '<f4', 'fortran_order': False, 'shape': 99999999999999999999, }", 0, "'('"},
+		{"{'descr': '<f4', 'fortran_order': False, 'shape': (99999999999999999999,), }", 0, "too large"},
+	};
+	for (size_t i = 0; i < TERN_ARRAY_LEN(bad_headers); i++)
+		expect_bad_npy(1, bad_headers[i].dict, bad_headers[i].nbytes, bad_headers[i].needle);
 
 	/* Broken preambles: truncations at every length must fail cleanly, never read past the end. */
 	uint8_t good[256];
