@@ -14,14 +14,14 @@
 /* The cell arithmetic is compiled twice, for AVX2 with FMA and for the baseline, and the loader picks
  * one for the machine (GCC's function multiversioning). Under GCC's default -ftrapping-math a float
  * comparison may raise an exception, which keeps the clamps below from becoming vector selects; tern
- * never reads the floating-point exception flags. */
+ * never reads the floating-point exception flags. Contracting a * b + c into one FMA is allowed too. */
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__linux__)
 #define VECTOR_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
 #else
 #define VECTOR_CLONES
 #endif
 #if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC optimize("no-trapping-math")
+#pragma GCC optimize("no-trapping-math", "fp-contract=fast")
 #endif
 
 /* ---------------------------------------------------------------- activations */
@@ -120,31 +120,83 @@ VECTOR_CLONES static void activate(const activation *a, float *restrict x, int64
 	}
 }
 
-/* ---------------------------------------------------------------- matrix product */
+/* ---------------------------------------------------------------- matrix products */
 
-/* C[m, n] = A[m, k] * B[n, k]^T (+ C when accumulate): weights are stored [out, in], rows of B. */
-static void gemm_nt(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, const float *b, int64_t ldb,
-                    float *c, int64_t ldc, bool accumulate)
+/* Weights W [n, k] (stored [out, in]) packed in panels of 16 output columns: panel p holds, for each
+ * q < k, the weights W[16p + j][q], zero past n. A product then streams one contiguous panel per 16
+ * columns. BLAS packs its operands on every call, which for the few rows of a recurrence step costs as
+ * much as the arithmetic; packing the recurrent weights once per sequence avoids that. */
+#define PANEL 16
+/* Recurrences over at most this many batch rows use the packed product. */
+#define PACKED_MAX_ROWS 16
+
+static int64_t packed_floats(int64_t n, int64_t k) { return (n + PANEL - 1) / PANEL * PANEL * k; }
+
+static void pack_panels(const float *w, int64_t n, int64_t k, float *restrict packed)
+{
+	for (int64_t p = 0; p < (n + PANEL - 1) / PANEL; p++)
+		for (int64_t q = 0; q < k; q++)
+			for (int64_t j = 0; j < PANEL; j++)
+				packed[(p * k + q) * PANEL + j] = p * PANEL + j < n ? w[(p * PANEL + j) * k + q] : 0;
+}
+
+/* Eight floats in a vector register (two SSE registers in the baseline clone); loads and stores go
+ * through memcpy since rows need not be aligned. */
+typedef float vf8 __attribute__((vector_size(32)));
+#define LOAD8(v, src) memcpy(&(v), (src), sizeof(vf8))
+#define STORE8(dst, v) memcpy((dst), &(v), sizeof(vf8))
+
+/* `rows` (at most four) rows of C for one panel, accumulated in 2 * rows vector registers; inlined with
+ * a constant row count so that the loops over rows unroll. */
+static inline __attribute__((always_inline)) void panel_rows(int rows, int64_t k, const float *a, int64_t lda,
+                                                             const float *w, float *c, int64_t ldc, int64_t cols)
+{
+	vf8 acc[4][2] = {{{0}}};
+	for (int64_t q = 0; q < k; q++) {
+		vf8 w0, w1;
+		LOAD8(w0, w + q * PANEL);
+		LOAD8(w1, w + q * PANEL + 8);
+		for (int i = 0; i < rows; i++) {
+			acc[i][0] += a[i * lda + q] * w0;
+			acc[i][1] += a[i * lda + q] * w1;
+		}
+	}
+	for (int i = 0; i < rows; i++) {
+		float out[PANEL];
+		STORE8(out, acc[i][0]);
+		STORE8(out + 8, acc[i][1]);
+		memcpy(c + i * ldc, out, (size_t)cols * sizeof(float));
+	}
+}
+
+/* C[m, n] = A[m, k] * W^T with W packed, four rows by one panel at a time. */
+VECTOR_CLONES static void gemm_packed(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
+                                      const float *packed, float *c, int64_t ldc)
+{
+	for (int64_t p = 0; p * PANEL < n; p++) {
+		const float *w = packed + p * k * PANEL;
+		int64_t cols = n - p * PANEL < PANEL ? n - p * PANEL : PANEL, i = 0;
+		for (; i + 4 <= m; i += 4)
+			panel_rows(4, k, a + i * lda, lda, w, c + i * ldc + p * PANEL, ldc, cols);
+		for (; i < m; i++)
+			panel_rows(1, k, a + i * lda, lda, w, c + i * ldc + p * PANEL, ldc, cols);
+	}
+}
+
+/* C[m, n] = A[m, k] * W^T for W [n, k]; through BLAS unless packed weights are given (or there is
+ * no BLAS, in which case they always are). */
+static void product(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, const float *w, const float *packed,
+                    float *c, int64_t ldc)
 {
 #if TERN_HAVE_BLAS
-	/* One row: a matrix-vector product streams B once instead of packing it first. */
-	if (m == 1) {
-		cblas_sgemv(CblasRowMajor, CblasNoTrans, (int)n, (int)k, 1.0f, b, (int)ldb, a, 1, accumulate ? 1.0f : 0.0f,
-		            c, 1);
+	if (!packed) {
+		cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)m, (int)n, (int)k, 1.0f, a, (int)lda, w, (int)k, 0.0f,
+		            c, (int)ldc);
 		return;
 	}
-	cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)m, (int)n, (int)k, 1.0f, a, (int)lda, b, (int)ldb,
-	            accumulate ? 1.0f : 0.0f, c, (int)ldc);
-#else
-	for (int64_t i = 0; i < m; i++)
-		for (int64_t j = 0; j < n; j++) {
-			const float *restrict ar = a + i * lda, *restrict br = b + j * ldb;
-			float s = 0;
-			for (int64_t q = 0; q < k; q++)
-				s += ar[q] * br[q];
-			c[i * ldc + j] = accumulate ? c[i * ldc + j] + s : s;
-		}
 #endif
+	(void)w;
+	gemm_packed(m, n, k, a, lda, packed, c, ldc);
 }
 
 /* ---------------------------------------------------------------- parameters */
@@ -165,6 +217,8 @@ typedef struct rnn_params {
 	float clip;
 	bool linear_before_reset, input_forget;
 	activation acts[2][3];
+	bool packed_recurrence; /* recurrent weights packed once per direction (see PANEL) */
+	int64_t first_cols;     /* gate columns of the first recurrent product: GRU's candidate waits for r */
 } rnn_params;
 
 /* Float views of every operand and the work buffers, carved from scratch. Operands already float
@@ -176,6 +230,7 @@ typedef struct rnn_buffers {
 	float *gates;                       /* [batch, gates * hidden] recurrence products */
 	float *bias;                        /* [gates * hidden] summed biases */
 	float *h, *c, *rh;                  /* [batch, hidden] state; GRU's r * h */
+	float *wpack, *rpack, *rpack_h;     /* packed W (without BLAS), R's first columns, GRU's Rh */
 	int64_t *lens;                      /* [batch] steps of each sequence */
 } rnn_buffers;
 
@@ -216,6 +271,9 @@ static size_t rnn_carve(const rnn_params *p, tern_tensor *const *in, int n_in, t
 	} work[] = {
 		{&bf->xproj, p->seq * p->batch * gh}, {&bf->gates, p->batch * gh}, {&bf->bias, gh},
 		{&bf->h, bh}, {&bf->c, bh}, {&bf->rh, bh},
+		{&bf->wpack, TERN_HAVE_BLAS ? 0 : packed_floats(gh, p->input)},
+		{&bf->rpack, p->packed_recurrence ? packed_floats(p->first_cols, p->hidden) : 0},
+		{&bf->rpack_h, p->packed_recurrence ? packed_floats(gh - p->first_cols, p->hidden) : 0},
 	};
 	for (size_t i = 0; i < TERN_ARRAY_LEN(work); i++) {
 		*work[i].dst = base ? (float *)(base + off) : NULL;
@@ -335,7 +393,13 @@ VECTOR_CLONES static tern_status run_direction(const rnn_params *p, const rnn_bu
 	 * with linear_before_reset, which the reset gate scales. */
 	for (int64_t j = 0; j < gh; j++)
 		bf->bias[j] = bf->b ? bf->b[d * 2 * gh + j] + (lbr && j >= 2 * n ? 0 : bf->b[d * 2 * gh + gh + j]) : 0;
-	gemm_nt(p->seq * p->batch, gh, p->input, bf->x, p->input, w, p->input, bf->xproj, gh, false);
+	if (!TERN_HAVE_BLAS)
+		pack_panels(w, gh, p->input, bf->wpack);
+	product(p->seq * p->batch, gh, p->input, bf->x, p->input, w, TERN_HAVE_BLAS ? NULL : bf->wpack, bf->xproj, gh);
+	if (p->packed_recurrence) {
+		pack_panels(r, p->first_cols, n, bf->rpack);
+		pack_panels(r + p->first_cols * n, gh - p->first_cols, n, bf->rpack_h);
+	}
 	for (int64_t row = 0; row < p->seq * p->batch; row++) {
 		float *restrict xr = bf->xproj + row * gh;
 		for (int64_t j = 0; j < gh; j++)
@@ -351,9 +415,7 @@ VECTOR_CLONES static tern_status run_direction(const rnn_params *p, const rnn_bu
 	const float *rbh = lbr && bf->b ? bf->b + d * 2 * gh + gh + 2 * n : NULL;
 	memset(bf->rh, 0, (size_t)p->batch * (size_t)n * sizeof(float));
 	for (int64_t s = 0; s < p->seq; s++) {
-		/* The candidate gate of a GRU without linear_before_reset needs r first: leave it out here. */
-		int64_t cols = p->cell == CELL_GRU && !lbr ? 2 * n : gh;
-		gemm_nt(p->batch, cols, n, bf->h, n, r, n, bf->gates, gh, false);
+		product(p->batch, p->first_cols, n, bf->h, n, r, p->packed_recurrence ? bf->rpack : NULL, bf->gates, gh);
 		for (int64_t b = 0; b < p->batch; b++) {
 			if (s >= lens[b])
 				continue;
@@ -378,7 +440,8 @@ VECTOR_CLONES static tern_status run_direction(const rnn_params *p, const rnn_bu
 			}
 		}
 		if (p->cell == CELL_GRU && !lbr) {
-			gemm_nt(p->batch, n, n, bf->rh, n, r + 2 * n * n, n, bf->gates + 2 * n, gh, false);
+			product(p->batch, n, n, bf->rh, n, r + 2 * n * n, p->packed_recurrence ? bf->rpack_h : NULL,
+			        bf->gates + 2 * n, gh);
 			for (int64_t b = 0; b < p->batch; b++)
 				if (s < lens[b])
 					gru_state(p, acts, bf->xproj + x_row(p, reverse ? lens[b] - 1 - s : s, b) * gh,
@@ -589,6 +652,9 @@ static tern_status rnn_prepare(tern_prepare_args *p)
 	for (int o = OUT_YH; o < p->n_out && o <= (def->cell == CELL_LSTM ? OUT_YC : OUT_YH); o++)
 		if (p->out[o])
 			tern_set_shape(p->out[o], x->dtype, 3, state);
+	rp->packed_recurrence = !TERN_HAVE_BLAS || rp->batch <= PACKED_MAX_ROWS;
+	/* The candidate gate of a GRU without linear_before_reset needs r first: its product comes later. */
+	rp->first_cols = def->cell == CELL_GRU && !rp->linear_before_reset ? 2 * n : gh;
 	rnn_buffers bf;
 	p->scratch_bytes = rnn_carve(rp, p->in, p->n_in, p->out, p->n_out, NULL, &bf);
 	p->kernel = rnn_kernel;
