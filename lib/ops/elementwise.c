@@ -894,9 +894,9 @@ static tern_status ew_legacy_view(const tern_prepare_args *p, tern_tensor *view)
 	if (axis < 0 || axis + b->rank > a->rank)
 		return tern_node_errorf(p->node, TERN_EDATA, "axis %lld does not place input 1's %d dimensions within rank %d",
 		                        (long long)axis, b->rank, a->rank);
-	view->rank = (int)(axis + b->rank);
+	view->rank = a->rank;
 	for (int i = 0; i < view->rank; i++)
-		view->dims[i] = i < axis ? 1 : b->dims[i - axis];
+		view->dims[i] = i < axis || i >= axis + b->rank ? 1 : b->dims[i - axis];
 	return TERN_OK;
 }
 
