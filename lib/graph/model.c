@@ -183,6 +183,8 @@ void tern_model_free(tern_model *m)
 {
 	if (!m)
 		return;
+	/* Nodes added or removed since the last save are owned by the IR until synced into the protos. */
+	tern_model_sync(m);
 	tern_model_free_ir(m);
 	if (m->proto)
 		onnx__model_proto__free_unpacked(m->proto, NULL);
