@@ -468,6 +468,11 @@ tern_status tern_tensor_read_file(const char *path, tern_tensor *out)
 	FILE *f = from_stdin ? stdin : fopen(path, "rb");
 	if (!f)
 		return tern_errorf(TERN_ENOINPUT, "%s: cannot open: %s", path, strerror(errno));
+	struct stat sb;
+	if (!from_stdin && fstat(fileno(f), &sb) == 0 && S_ISDIR(sb.st_mode)) {
+		fclose(f);
+		return tern_errorf(TERN_ENOINPUT, "%s: is a folder, not a tensor file", path);
+	}
 	uint8_t *bytes;
 	size_t size;
 	tern_status st = slurp(f, name, &bytes, &size);
@@ -505,12 +510,14 @@ tern_status tern_tensor_write_file(const char *path, const tern_tensor *t)
 		write = tern_tensor_write_pb;
 	else
 		return tern_errorf(TERN_EUSAGE, "%s: cannot tell the tensor format; name the file .npy or .pb", path);
+	/* A hidden name beside the target, on the same file system so that rename is atomic. */
 	size_t n = strlen(path);
-	char *tmp = tern_xmalloc(n + 8);
+	const char *slash = strrchr(path, '/');
+	int dir_len = slash ? (int)(slash - path + 1) : 0;
+	char *tmp = tern_xmalloc(n + 9);
 	if (!tmp)
 		return tern_errorf(TERN_EOS, "out of memory");
-	memcpy(tmp, path, n);
-	memcpy(tmp + n, ".XXXXXX", 8);
+	snprintf(tmp, n + 9, "%.*s.%s.XXXXXX", dir_len, path, path + dir_len);
 	int fd = mkstemp(tmp);
 	if (fd < 0) {
 		tern_status st = tern_errorf(TERN_EIO, "%s: cannot create: %s", path, strerror(errno));

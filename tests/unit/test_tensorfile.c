@@ -275,6 +275,8 @@ static void test_files(void)
 	snprintf(path, sizeof path, "%s/missing.npy", tmpdir);
 	CHECK(tern_tensor_read_file(path, &t) == TERN_ENOINPUT && strstr(tern_error(), path));
 
+	CHECK(tern_tensor_read_file(tmpdir, &t) == TERN_ENOINPUT && strstr(tern_error(), "folder"));
+
 	const int64_t dims[1] = {4};
 	CHECK_OK(tern_tensor_alloc(&t, TERN_FLOAT, 1, dims));
 	snprintf(path, sizeof path, "%s/x.txt", tmpdir);
