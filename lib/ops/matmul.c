@@ -49,50 +49,58 @@ DEFINE_GEMM_PLAIN(gemm_plain_i64, int64_t)
 DEFINE_GEMM_PLAIN(gemm_plain_u32, uint32_t)
 DEFINE_GEMM_PLAIN(gemm_plain_u64, uint64_t)
 
-/* BLAS leaves C alone when k is 0 only if beta is 1; the ONNX result is beta * C. */
-#define SCALE_ROWS(m, n, beta, c, ldc)                                   \
-	for (int64_t i_ = 0; i_ < (m); i_++)                                 \
-		for (int64_t j_ = 0; j_ < (n); j_++)                             \
-			(c)[i_ * (ldc) + j_] = (beta) == 0 ? 0 : (beta) * (c)[i_ * (ldc) + j_]
+/* With k = 0 the product is beta * C, which BLAS leaves to the caller. A single row or column is a
+ * matrix-vector product, which sgemm handles far more slowly than sgemv; for beta = 0, C is cleared
+ * first so that whatever it held (NaN included) cannot leak through. */
+#define DEFINE_GEMM_BLAS(NAME, T, GEMM, GEMV, PLAIN)                                                          \
+	void NAME(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T *a, int64_t lda,  \
+	          const T *b, int64_t ldb, T beta, T *c, int64_t ldc)                                             \
+	{                                                                                                         \
+		if (m <= 0 || n <= 0)                                                                                 \
+			return;                                                                                           \
+		if (k <= 0) {                                                                                         \
+			for (int64_t i = 0; i < m; i++)                                                                   \
+				for (int64_t j = 0; j < n; j++)                                                               \
+					c[i * ldc + j] = beta == 0 ? 0 : beta * c[i * ldc + j];                                   \
+			return;                                                                                           \
+		}                                                                                                     \
+		if (USE_BLAS && (m == 1 || n == 1)) {                                                                 \
+			for (int64_t i = 0; i < m && beta == 0; i++)                                                      \
+				for (int64_t j = 0; j < n; j++)                                                               \
+					c[i * ldc + j] = 0;                                                                       \
+			if (m == 1)                                                                                       \
+				GEMV(CblasRowMajor, trans_b ? CblasNoTrans : CblasTrans, (blasint)(trans_b ? n : k),          \
+				     (blasint)(trans_b ? k : n), alpha, b, (blasint)at_least_1(ldb), a,                      \
+				     trans_a ? (blasint)lda : 1, beta, c, 1);                                                   \
+			else                                                                                              \
+				GEMV(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, (blasint)(trans_a ? k : m),          \
+				     (blasint)(trans_a ? m : k), alpha, a, (blasint)at_least_1(lda), b,                      \
+				     trans_b ? 1 : (blasint)ldb, beta, c, (blasint)ldc);                                        \
+			return;                                                                                           \
+		}                                                                                                     \
+		if (USE_BLAS)                                                                                         \
+			GEMM(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,     \
+			     (blasint)m, (blasint)n, (blasint)k, alpha, a, (blasint)at_least_1(lda), b,                  \
+			     (blasint)at_least_1(ldb), beta, c, (blasint)at_least_1(ldc));                               \
+		else                                                                                                  \
+			PLAIN(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);                            \
+	}
 
+#if TERN_HAVE_BLAS
 static int64_t at_least_1(int64_t v) { return v < 1 ? 1 : v; }
-
-void tern_gemm_f32(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
-                   int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc)
-{
-	if (m <= 0 || n <= 0)
-		return;
-	if (k <= 0) {
-		SCALE_ROWS(m, n, beta, c, ldc);
-		return;
-	}
-#if TERN_HAVE_BLAS
-	cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
-	            (blasint)m, (blasint)n, (blasint)k, alpha, a, (blasint)at_least_1(lda), b,
-	            (blasint)at_least_1(ldb), beta, c, (blasint)at_least_1(ldc));
+#define USE_BLAS 1
+#define NO_PLAIN(...) ((void)0)
+DEFINE_GEMM_BLAS(tern_gemm_f32, float, cblas_sgemm, cblas_sgemv, NO_PLAIN)
+DEFINE_GEMM_BLAS(tern_gemm_f64, double, cblas_dgemm, cblas_dgemv, NO_PLAIN)
 #else
-	gemm_plain_f32(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-	(void)at_least_1;
+/* Without BLAS the calls below are never made; these stand-ins keep one definition of the wrapper. */
+#define USE_BLAS 0
+typedef int blasint;
+enum { CblasRowMajor, CblasNoTrans, CblasTrans };
+#define NO_BLAS(...) ((void)0)
+DEFINE_GEMM_BLAS(tern_gemm_f32, float, NO_BLAS, NO_BLAS, gemm_plain_f32)
+DEFINE_GEMM_BLAS(tern_gemm_f64, double, NO_BLAS, NO_BLAS, gemm_plain_f64)
 #endif
-}
-
-void tern_gemm_f64(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha, const double *a,
-                   int64_t lda, const double *b, int64_t ldb, double beta, double *c, int64_t ldc)
-{
-	if (m <= 0 || n <= 0)
-		return;
-	if (k <= 0) {
-		SCALE_ROWS(m, n, beta, c, ldc);
-		return;
-	}
-#if TERN_HAVE_BLAS
-	cblas_dgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
-	            (blasint)m, (blasint)n, (blasint)k, alpha, a, (blasint)at_least_1(lda), b,
-	            (blasint)at_least_1(ldb), beta, c, (blasint)at_least_1(ldc));
-#else
-	gemm_plain_f64(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-#endif
-}
 
 void tern_gemm_i32(int64_t m, int64_t n, int64_t k, const int32_t *a, const int32_t *b, int32_t *c)
 {
@@ -327,7 +335,7 @@ static tern_status matmul_prepare(tern_prepare_args *p)
 		return st;
 	int rank;
 	int64_t dims[TERN_MAX_RANK];
-	product_batch *pb;
+	product_batch *pb = NULL;
 	if ((st = matmul_shape(p->node, A, B, &rank, dims, &pb)))
 		return st;
 	tern_set_shape(p->out[0], A->dtype, rank, dims);
@@ -596,7 +604,7 @@ static tern_status integer_prepare(tern_prepare_args *p, bool qlinear)
 		return st;
 	int rank;
 	int64_t dims[TERN_MAX_RANK];
-	product_batch *pb;
+	product_batch *pb = NULL;
 	if ((st = matmul_shape(node, A, B, &rank, dims, &pb)))
 		return st;
 	int64_t ny = tern_numel(rank, dims);

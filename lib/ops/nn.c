@@ -12,6 +12,14 @@
 
 /* ---------------------------------------------------------------- common helpers */
 
+/* The loops that carry the work are also compiled for AVX2 and AVX-512 and chosen when the library
+ * loads (GCC function multiversioning): the baseline x86-64 build handles 4 floats at a time. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__linux__)
+#define HOT __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define HOT
+#endif
+
 static size_t round_up(size_t n) { return (n + TERN_ALIGN - 1) / TERN_ALIGN * TERN_ALIGN; }
 
 static bool is_half(int dtype) { return dtype == TERN_FLOAT16 || dtype == TERN_BFLOAT16; }
@@ -84,9 +92,12 @@ static int64_t prod(const int64_t *d, int from, int to)
 
 /* Splits [0, n) into a few chunks per thread of at least `grain` items and runs fn on each. */
 typedef void (*range_fn)(void *ctx, int64_t begin, int64_t end);
+/* The same with the chunk's number, below the cap given, for kernels with per-chunk scratch. */
+typedef void (*slot_fn)(void *ctx, int64_t begin, int64_t end, int64_t slot);
 
 typedef struct chunked {
 	range_fn fn;
+	slot_fn slot_fn;
 	void *ctx;
 	int64_t n, per;
 } chunked;
@@ -95,23 +106,43 @@ static void chunk_run(void *ctx, int64_t i)
 {
 	const chunked *c = ctx;
 	int64_t b = i * c->per, e = b + c->per;
-	c->fn(c->ctx, b, e < c->n ? e : c->n);
+	if (c->slot_fn)
+		c->slot_fn(c->ctx, b, e < c->n ? e : c->n, i);
+	else
+		c->fn(c->ctx, b, e < c->n ? e : c->n);
 }
 
-static void parallel_range(tern_threadpool *pool, int64_t n, int64_t grain, range_fn fn, void *ctx)
+/* Chunks a few per thread, so that uneven ones even out; `slots` planned for a pool. */
+static int64_t slots_for(tern_threadpool *pool) { return 4 * (int64_t)(pool ? tern_threadpool_size(pool) : 1); }
+
+static void parallel_chunks(tern_threadpool *pool, int64_t n, int64_t grain, int64_t max_chunks, const chunked *c0)
 {
 	if (n <= 0)
 		return;
-	int threads = pool ? tern_threadpool_size(pool) : 1;
-	int64_t per = (n + 4 * (int64_t)threads - 1) / (4 * (int64_t)threads);
+	int64_t chunks = slots_for(pool) < max_chunks ? slots_for(pool) : max_chunks;
+	int64_t per = (n + chunks - 1) / chunks;
 	if (per < grain)
 		per = grain;
-	if (threads <= 1 || per >= n) {
-		fn(ctx, 0, n);
-		return;
-	}
-	chunked c = {fn, ctx, n, per};
-	tern_parallel_for(pool, (n + per - 1) / per, chunk_run, &c);
+	chunked c = *c0;
+	c.n = n;
+	c.per = per < n ? per : n;
+	if (!pool || c.per == n)
+		chunk_run(&c, 0);
+	else
+		tern_parallel_for(pool, (n + c.per - 1) / c.per, chunk_run, &c);
+}
+
+/* Splits [0, n) into chunks of at least `grain` items and runs fn on each. */
+static void parallel_range(tern_threadpool *pool, int64_t n, int64_t grain, range_fn fn, void *ctx)
+{
+	chunked c = {fn, NULL, ctx, 0, 0};
+	parallel_chunks(pool, n, grain, INT64_MAX, &c);
+}
+
+static void parallel_slots(tern_threadpool *pool, int64_t n, int64_t grain, int64_t slots, slot_fn fn, void *ctx)
+{
+	chunked c = {NULL, fn, ctx, 0, 0};
+	parallel_chunks(pool, n, grain, slots, &c);
 }
 
 /* Items of `work` elements each: enough per chunk that threading pays. */
@@ -356,6 +387,11 @@ static void outputs_within(int64_t off, int64_t s, int64_t in, int64_t out, int6
 
 typedef enum pool_kind { POOL_MAX, POOL_AVG, POOL_LP } pool_kind;
 
+/* Per spatial slot and output position: the kernel taps [lo, hi) inside the input and, for
+ * count_include_pad, [pad_lo, pad_hi) inside the padded input. Computed once when planning, so the
+ * loops below do no division. */
+enum { TAP_LO, TAP_HI, TAP_PAD_LO, TAP_PAD_HI, TAP_FIELDS };
+
 typedef struct pool_params {
 	window w;
 	pool_kind kind;
@@ -363,6 +399,8 @@ typedef struct pool_params {
 	int64_t p; /* LpPool's exponent */
 	int64_t planes;
 	bool global;
+	int64_t *taps[SP]; /* TAP_FIELDS entries per output position, in the same allocation */
+	int64_t *rows2;    /* per tap of the last slot: the outputs [lo, hi) whose tap is inside the input */
 } pool_params;
 
 typedef struct pool_ctx {
@@ -373,68 +411,94 @@ typedef struct pool_ctx {
 	int64_t *ind;
 } pool_ctx;
 
-/* One (n, c) plane of a windowed pool. Indices (MaxPool's second output) are flat positions in the
- * whole input, in row-major or (storage_order 1) column-major spatial order. */
+/* One (n, c) plane of a windowed pool, output row by output row: each kernel tap adds one strided
+ * input row into the whole output row (the outputs whose tap lies inside the input), so the inner
+ * loops carry no bounds tests. Indices (MaxPool's second output) take the per-output path: flat
+ * positions in the whole input, row-major or (storage_order 1) column-major over the spatial axes. */
 #define DEF_POOL_PLANE(S, T, LOWEST)                                                                            \
-	static void pool_plane_##S(const pool_params *pp, const T *x, T *y, int64_t *ind, int64_t base)           \
+	static void pool_argmax_##S(const pool_params *pp, const T *x, T *y, int64_t *ind, int64_t base)          \
 	{                                                                                                       \
 		const window *w = &pp->w;                                                                            \
+		int64_t o = 0;                                                                                       \
 		for (int64_t o0 = 0; o0 < w->out[0]; o0++) {                                                         \
-			int64_t s0 = o0 * w->s[0] - w->pb[0], l0, h0, pl0, ph0;                                          \
-			taps_within(s0, w->k[0], w->d[0], 0, w->in[0], &l0, &h0);                                        \
-			taps_within(s0, w->k[0], w->d[0], -w->pb[0], w->in[0] + w->pe[0], &pl0, &ph0);                   \
+			const int64_t *t0 = pp->taps[0] + o0 * TAP_FIELDS, s0 = o0 * w->s[0] - w->pb[0];                \
 			for (int64_t o1 = 0; o1 < w->out[1]; o1++) {                                                     \
-				int64_t s1 = o1 * w->s[1] - w->pb[1], l1, h1, pl1, ph1;                                      \
-				taps_within(s1, w->k[1], w->d[1], 0, w->in[1], &l1, &h1);                                    \
-				taps_within(s1, w->k[1], w->d[1], -w->pb[1], w->in[1] + w->pe[1], &pl1, &ph1);               \
-				for (int64_t o2 = 0; o2 < w->out[2]; o2++) {                                                 \
-					int64_t s2 = o2 * w->s[2] - w->pb[2], l2, h2, pl2, ph2;                                  \
-					taps_within(s2, w->k[2], w->d[2], 0, w->in[2], &l2, &h2);                                \
-					int64_t o = (o0 * w->out[1] + o1) * w->out[2] + o2;                                      \
-					if (pp->kind == POOL_MAX) {                                                              \
-						T best = LOWEST;                                                                     \
-						int64_t at = -1;                                                                     \
-						for (int64_t k0 = l0; k0 < h0; k0++) {                                               \
-							int64_t i0 = s0 + k0 * w->d[0];                                                  \
-							for (int64_t k1 = l1; k1 < h1; k1++) {                                           \
-								int64_t i1 = s1 + k1 * w->d[1];                                              \
-								const T *row = x + (i0 * w->in[1] + i1) * w->in[2];                          \
-								for (int64_t k2 = l2; k2 < h2; k2++) {                                       \
-									int64_t i2 = s2 + k2 * w->d[2];                                          \
-									if (row[i2] > best || at < 0) {                                          \
-										best = row[i2];                                                      \
-										at = pp->column_major ? i0 + i1 * w->in[0] + i2 * w->in[0] * w->in[1] \
-										                      : (i0 * w->in[1] + i1) * w->in[2] + i2;        \
-									}                                                                        \
+				const int64_t *t1 = pp->taps[1] + o1 * TAP_FIELDS, s1 = o1 * w->s[1] - w->pb[1];             \
+				for (int64_t o2 = 0; o2 < w->out[2]; o2++, o++) {                                            \
+					const int64_t *t2 = pp->taps[2] + o2 * TAP_FIELDS, s2 = o2 * w->s[2] - w->pb[2];         \
+					T best = LOWEST;                                                                         \
+					int64_t at = -1;                                                                         \
+					for (int64_t k0 = t0[TAP_LO]; k0 < t0[TAP_HI]; k0++) {                                   \
+						int64_t i0 = s0 + k0 * w->d[0];                                                      \
+						for (int64_t k1 = t1[TAP_LO]; k1 < t1[TAP_HI]; k1++) {                               \
+							int64_t i1 = s1 + k1 * w->d[1];                                                  \
+							for (int64_t k2 = t2[TAP_LO]; k2 < t2[TAP_HI]; k2++) {                           \
+								int64_t i2 = s2 + k2 * w->d[2];                                              \
+								T v = x[(i0 * w->in[1] + i1) * w->in[2] + i2];                               \
+								if (v > best || at < 0) {                                                    \
+									best = v;                                                                \
+									at = pp->column_major ? i0 + i1 * w->in[0] + i2 * w->in[0] * w->in[1]    \
+									                      : (i0 * w->in[1] + i1) * w->in[2] + i2;            \
 								}                                                                            \
 							}                                                                                \
 						}                                                                                    \
-						y[o] = at < 0 ? 0 : best;                                                            \
-						if (ind)                                                                             \
-							ind[o] = base + (at < 0 ? 0 : at);                                               \
-						continue;                                                                            \
 					}                                                                                        \
-					double sum = 0;                                                                          \
-					for (int64_t k0 = l0; k0 < h0; k0++)                                                     \
-						for (int64_t k1 = l1; k1 < h1; k1++) {                                               \
-							const T *row = x + ((s0 + k0 * w->d[0]) * w->in[1] + s1 + k1 * w->d[1]) * w->in[2]; \
-							for (int64_t k2 = l2; k2 < h2; k2++) {                                           \
-								double v = row[s2 + k2 * w->d[2]];                                           \
-								sum += pp->kind == POOL_AVG ? v : pp->p == 2 ? v * v : pow(fabs(v), (double)pp->p); \
-							}                                                                                \
+					y[o] = at < 0 ? 0 : best;                                                                \
+					ind[o] = base + (at < 0 ? 0 : at);                                                       \
+				}                                                                                            \
+			}                                                                                                \
+		}                                                                                                    \
+	}                                                                                                        \
+	HOT static void pool_plane_##S(const pool_params *pp, const T *x, T *y, int64_t *ind, int64_t base)           \
+	{                                                                                                       \
+		if (ind) {                                                                                           \
+			pool_argmax_##S(pp, x, y, ind, base);                                                            \
+			return;                                                                                          \
+		}                                                                                                    \
+		const window *w = &pp->w;                                                                            \
+		const int64_t *t2 = pp->taps[2], *rows2 = pp->rows2;                                                 \
+		bool is_max = pp->kind == POOL_MAX, square = pp->kind == POOL_LP && pp->p == 2;                      \
+		for (int64_t o0 = 0; o0 < w->out[0]; o0++) {                                                         \
+			const int64_t *t0 = pp->taps[0] + o0 * TAP_FIELDS, s0 = o0 * w->s[0] - w->pb[0];                \
+			for (int64_t o1 = 0; o1 < w->out[1]; o1++) {                                                     \
+				const int64_t *t1 = pp->taps[1] + o1 * TAP_FIELDS, s1 = o1 * w->s[1] - w->pb[1];             \
+				T *restrict yr = y + (o0 * w->out[1] + o1) * w->out[2];                                      \
+				for (int64_t o2 = 0; o2 < w->out[2]; o2++)                                                   \
+					yr[o2] = is_max ? LOWEST : 0;                                                            \
+				for (int64_t k0 = t0[TAP_LO]; k0 < t0[TAP_HI]; k0++)                                         \
+					for (int64_t k1 = t1[TAP_LO]; k1 < t1[TAP_HI]; k1++) {                                   \
+						const T *row = x + ((s0 + k0 * w->d[0]) * w->in[1] + s1 + k1 * w->d[1]) * w->in[2];   \
+						for (int64_t k2 = 0; k2 < w->k[2]; k2++) {                                           \
+							const T *restrict xs = row + k2 * w->d[2] - w->pb[2];                            \
+							int64_t lo = rows2[2 * k2], hi = rows2[2 * k2 + 1], st = w->s[2];                \
+							if (is_max)                                                                      \
+								for (int64_t o2 = lo; o2 < hi; o2++)                                         \
+									yr[o2] = xs[o2 * st] > yr[o2] ? xs[o2 * st] : yr[o2];                    \
+							else if (pp->kind == POOL_AVG)                                                   \
+								for (int64_t o2 = lo; o2 < hi; o2++)                                         \
+									yr[o2] += xs[o2 * st];                                                   \
+							else if (square)                                                                 \
+								for (int64_t o2 = lo; o2 < hi; o2++)                                         \
+									yr[o2] += xs[o2 * st] * xs[o2 * st];                                     \
+							else                                                                             \
+								for (int64_t o2 = lo; o2 < hi; o2++)                                         \
+									yr[o2] += (T)pow(fabs((double)xs[o2 * st]), (double)pp->p);              \
 						}                                                                                    \
-					if (pp->kind == POOL_LP) {                                                               \
-						y[o] = (T)(pp->p == 2 ? sqrt(sum) : pow(sum, 1.0 / (double)pp->p));                  \
-						continue;                                                                            \
 					}                                                                                        \
-					int64_t count;                                                                           \
-					if (pp->count_include_pad) {                                                             \
-						taps_within(s2, w->k[2], w->d[2], -w->pb[2], w->in[2] + w->pe[2], &pl2, &ph2);       \
-						count = (ph0 - pl0) * (ph1 - pl1) * (ph2 - pl2);                                     \
-					} else {                                                                                 \
-						count = (h0 - l0) * (h1 - l1) * (h2 - l2);                                           \
+				int64_t n01 = (t0[TAP_HI] - t0[TAP_LO]) * (t1[TAP_HI] - t1[TAP_LO]);                         \
+				int64_t p01 = (t0[TAP_PAD_HI] - t0[TAP_PAD_LO]) * (t1[TAP_PAD_HI] - t1[TAP_PAD_LO]);         \
+				for (int64_t o2 = 0; o2 < w->out[2]; o2++) {                                                 \
+					const int64_t *t = t2 + o2 * TAP_FIELDS;                                                 \
+					int64_t count = n01 * (t[TAP_HI] - t[TAP_LO]);                                           \
+					if (is_max)                                                                              \
+						yr[o2] = count ? yr[o2] : 0;                                                         \
+					else if (pp->kind == POOL_LP)                                                            \
+						yr[o2] = (T)(square ? sqrt((double)yr[o2]) : pow((double)yr[o2], 1.0 / (double)pp->p)); \
+					else {                                                                                   \
+						if (pp->count_include_pad)                                                           \
+							count = p01 * (t[TAP_PAD_HI] - t[TAP_PAD_LO]);                                   \
+						yr[o2] = count ? (T)((double)yr[o2] / (double)count) : 0;                            \
 					}                                                                                        \
-					y[o] = count ? (T)(sum / (double)count) : 0;                                             \
 				}                                                                                            \
 			}                                                                                                \
 		}                                                                                                    \
@@ -447,7 +511,7 @@ DEF_POOL_PLANE(u8, uint8_t, 0)
 
 /* Global pools reduce a whole plane. */
 #define DEF_GLOBAL_PLANE(S, T)                                                                 \
-	static void global_plane_##S(const pool_params *pp, const T *x, T *y, int64_t n)          \
+	HOT static void global_plane_##S(const pool_params *pp, const T *x, T *y, int64_t n)          \
 	{                                                                                       \
 		if (pp->kind == POOL_MAX) {                                                         \
 			T best = x[0];                                                                  \
@@ -510,6 +574,34 @@ static tern_status pool_kernel(const tern_kernel_args *a)
 	return TERN_OK;
 }
 
+static void pool_params_free(void *p)
+{
+	pool_params *pp = p;
+	if (pp)
+		free(pp->taps[0]);
+	free(pp);
+}
+
+static tern_status pool_taps(const tern_node *node, pool_params *pp)
+{
+	const window *w = &pp->w;
+	int64_t *t = malloc(((size_t)(w->out[0] + w->out[1] + w->out[2]) * TAP_FIELDS + 2 * (size_t)w->k[2]) * sizeof *t);
+	if (!t)
+		return no_memory(node);
+	for (int i = 0; i < SP; i++) {
+		pp->taps[i] = t;
+		for (int64_t o = 0; o < w->out[i]; o++, t += TAP_FIELDS) {
+			int64_t start = o * w->s[i] - w->pb[i];
+			taps_within(start, w->k[i], w->d[i], 0, w->in[i], &t[TAP_LO], &t[TAP_HI]);
+			taps_within(start, w->k[i], w->d[i], -w->pb[i], w->in[i] + w->pe[i], &t[TAP_PAD_LO], &t[TAP_PAD_HI]);
+		}
+	}
+	pp->rows2 = t;
+	for (int64_t k = 0; k < w->k[2]; k++)
+		outputs_within(k * w->d[2] - w->pb[2], w->s[2], w->in[2], w->out[2], &t[2 * k], &t[2 * k + 1]);
+	return TERN_OK;
+}
+
 static tern_status pool_setup(tern_prepare_args *p, pool_kind kind, bool global)
 {
 	const tern_node *node = p->node;
@@ -524,7 +616,7 @@ static tern_status pool_setup(tern_prepare_args *p, pool_kind kind, bool global)
 	if (!pp)
 		return no_memory(node);
 	p->params = pp;
-	p->free_params = free;
+	p->free_params = pool_params_free;
 	pp->kind = kind;
 	pp->global = global;
 	pp->planes = x->dims[0] * x->dims[1];
@@ -548,6 +640,8 @@ static tern_status pool_setup(tern_prepare_args *p, pool_kind kind, bool global)
 			return st;
 		for (int i = 0; i < pp->w.nsp; i++)
 			dims[2 + i] = pp->w.out[SP - pp->w.nsp + i];
+		if ((st = pool_taps(node, pp)))
+			return st;
 		pp->count_include_pad = tern_attr_int(node, "count_include_pad", 0) != 0;
 		int64_t order = tern_attr_int(node, "storage_order", 0);
 		if (order != 0 && order != 1)
@@ -580,7 +674,20 @@ typedef struct conv_params {
 	int64_t n, cin, cout, group, cg, mg, kk, in_sp, out_sp;
 	bool pointwise; /* 1x1, stride 1, no padding: the input is its own column matrix */
 	bool depthwise; /* one input channel per group: direct loops beat a product with K = kernel size */
+	int64_t *rows2; /* depthwise: per tap of the last slot, the outputs [lo, hi) it reaches inside the input */
+	/* Depthwise with unit strides in the last two slots: each input plane is copied into a zero-padded
+	 * buffer ph x pw, and every tap becomes one long loop over an out[1] x pw output buffer. */
+	bool padded;
+	int64_t ph, pw, slots, slot_elems;
 } conv_params;
+
+static void conv_params_free(void *p)
+{
+	conv_params *cp = p;
+	if (cp)
+		free(cp->rows2);
+	free(cp);
+}
 
 typedef struct im2col_ctx {
 	const window *w;
@@ -595,8 +702,17 @@ static void copy_strided(size_t es, char *dst, const char *src, int64_t n, int64
 		memcpy(dst, src, (size_t)n * es);
 		return;
 	}
-	for (int64_t i = 0; i < n; i++)
-		memcpy(dst + (size_t)i * es, src + (size_t)(i * stride) * es, es);
+#define COPY_STRIDED(T)                                   \
+	for (int64_t i = 0; i < n; i++)                       \
+		((T *)dst)[i] = ((const T *)src)[i * stride];     \
+	return
+	switch (es) {
+	case 8: COPY_STRIDED(uint64_t);
+	case 4: COPY_STRIDED(uint32_t);
+	case 2: COPY_STRIDED(uint16_t);
+	default: COPY_STRIDED(uint8_t);
+	}
+#undef COPY_STRIDED
 }
 
 /* Rows of the column matrix for channels [begin, end): row (c, k0, k1, k2) holds, for every output
@@ -651,7 +767,7 @@ typedef struct col2im_ctx {
 /* The adjoint of im2col: every column entry is added onto the image element under its tap. One
  * channel's rows only touch that channel's plane, so channels run in parallel. */
 #define DEF_COL2IM(S, T)                                                                                  \
-	static void col2im_channels_##S(void *ctx, int64_t begin, int64_t end)                                \
+	HOT static void col2im_channels_##S(void *ctx, int64_t begin, int64_t end)                                \
 	{                                                                                                     \
 		const col2im_ctx *c = ctx;                                                                        \
 		const window *w = c->w;                                                                           \
@@ -697,13 +813,13 @@ static void col2im(tern_threadpool *pool, int dtype, const window *w, int64_t ch
 typedef struct conv_ctx {
 	const conv_params *cp;
 	const void *x, *wt, *bias;
-	void *y;
+	void *y, *scratch;
 } conv_ctx;
 
 /* Depthwise convolution, one output plane per call: for each kernel tap, a whole output row gains
  * weight * a strided input row, which vectorises when the stride is 1. */
 #define DEF_DEPTHWISE(S, T)                                                                                    \
-	static void depthwise_planes_##S(void *ctx, int64_t begin, int64_t end)                                    \
+	HOT static void depthwise_planes_##S(void *ctx, int64_t begin, int64_t end)                                    \
 	{                                                                                                          \
 		const conv_ctx *c = ctx;                                                                               \
 		const conv_params *cp = c->cp;                                                                         \
@@ -728,8 +844,7 @@ typedef struct conv_ctx {
 							const T *xrow = x + ((s0 + k0 * w->d[0]) * w->in[1] + s1 + k1 * w->d[1]) * w->in[2]; \
 							for (int64_t k2 = 0; k2 < w->k[2]; k2++) {                                         \
 								T wv = wk[(k0 * w->k[1] + k1) * w->k[2] + k2];                                 \
-								int64_t off = k2 * w->d[2] - w->pb[2], lo, hi;                                 \
-								outputs_within(off, w->s[2], w->in[2], w->out[2], &lo, &hi);                   \
+								int64_t off = k2 * w->d[2] - w->pb[2], lo = cp->rows2[2 * k2], hi = cp->rows2[2 * k2 + 1]; \
 								const T *restrict xs = xrow + off;                                             \
 								if (w->s[2] == 1)                                                              \
 									for (int64_t o2 = lo; o2 < hi; o2++)                                       \
@@ -744,8 +859,48 @@ typedef struct conv_ctx {
 		}                                                                                                      \
 	}
 
+#define DEF_DEPTHWISE_PADDED(S, T)                                                                         \
+	HOT static void depthwise_padded_##S(void *ctx, int64_t begin, int64_t end, int64_t slot)                \
+	{                                                                                                      \
+		const conv_ctx *c = ctx;                                                                           \
+		const conv_params *cp = c->cp;                                                                     \
+		const window *w = &cp->w;                                                                          \
+		int64_t pw = cp->pw, n_y = w->out[1] * pw, n_x = cp->slot_elems - n_y;                             \
+		T *restrict xp = (T *)c->scratch + slot * cp->slot_elems, *restrict yp = xp + n_x;                 \
+		memset(xp, 0, (size_t)n_x * sizeof *xp);                                                           \
+		for (int64_t plane = begin; plane < end; plane++) {                                                \
+			int64_t n = plane / cp->cout, m = plane % cp->cout;                                            \
+			const T *x = (const T *)c->x + (n * cp->cin + m / cp->mg) * cp->in_sp;                         \
+			const T *wk = (const T *)c->wt + m * cp->kk;                                                   \
+			T *y = (T *)c->y + plane * cp->out_sp;                                                         \
+			T b = c->bias ? ((const T *)c->bias)[m] : 0;                                                   \
+			for (int64_t o0 = 0; o0 < w->out[0]; o0++) {                                                   \
+				for (int64_t i = 0; i < n_y; i++)                                                          \
+					yp[i] = b;                                                                             \
+				int64_t s0 = o0 * w->s[0] - w->pb[0], l0, h0;                                              \
+				taps_within(s0, w->k[0], w->d[0], 0, w->in[0], &l0, &h0);                                  \
+				for (int64_t k0 = l0; k0 < h0; k0++) {                                                     \
+					const T *xs = x + (s0 + k0 * w->d[0]) * w->in[1] * w->in[2];                           \
+					for (int64_t r = 0; r < w->in[1]; r++)                                                 \
+						memcpy(xp + (r + w->pb[1]) * pw + w->pb[2], xs + r * w->in[2], (size_t)w->in[2] * sizeof *xp); \
+					for (int64_t k1 = 0; k1 < w->k[1]; k1++)                                               \
+						for (int64_t k2 = 0; k2 < w->k[2]; k2++) {                                         \
+							T wv = wk[(k0 * w->k[1] + k1) * w->k[2] + k2];                                 \
+							const T *restrict src = xp + k1 * w->d[1] * pw + k2 * w->d[2];                 \
+							for (int64_t i = 0; i < n_y; i++)                                              \
+								yp[i] += wv * src[i];                                                      \
+						}                                                                                  \
+				}                                                                                          \
+				for (int64_t o1 = 0; o1 < w->out[1]; o1++)                                                 \
+					memcpy(y + (o0 * w->out[1] + o1) * w->out[2], yp + o1 * pw, (size_t)w->out[2] * sizeof *y); \
+			}                                                                                              \
+		}                                                                                                  \
+	}
+
 DEF_DEPTHWISE(f32, float)
 DEF_DEPTHWISE(f64, double)
+DEF_DEPTHWISE_PADDED(f32, float)
+DEF_DEPTHWISE_PADDED(f64, double)
 
 static void add_bias_rows(int dtype, void *y, const void *bias, int64_t rows, int64_t cols)
 {
@@ -780,9 +935,14 @@ static tern_status conv_kernel(const tern_kernel_args *a)
 	const void *bias = a->n_in > 2 && a->in[2] ? a->in[2]->data : NULL;
 	char *y = a->out[0]->data;
 	if (cp->depthwise) {
-		conv_ctx c = {cp, x, wt, bias, y};
-		parallel_range(a->pool, cp->n * cp->cout, grain_for(cp->out_sp * cp->kk),
-		               dtype == TERN_DOUBLE ? depthwise_planes_f64 : depthwise_planes_f32, &c);
+		conv_ctx c = {cp, x, wt, bias, y, a->scratch};
+		int64_t grain = grain_for(cp->out_sp * cp->kk);
+		if (cp->padded)
+			parallel_slots(a->pool, cp->n * cp->cout, grain, cp->slots,
+			               dtype == TERN_DOUBLE ? depthwise_padded_f64 : depthwise_padded_f32, &c);
+		else
+			parallel_range(a->pool, cp->n * cp->cout, grain, dtype == TERN_DOUBLE ? depthwise_planes_f64 : depthwise_planes_f32,
+			               &c);
 		return TERN_OK;
 	}
 	int64_t ck = cp->cg * cp->kk;
@@ -817,7 +977,7 @@ static tern_status conv_setup(tern_prepare_args *p, conv_params **out)
 	if (!cp)
 		return no_memory(node);
 	p->params = cp;
-	p->free_params = free;
+	p->free_params = conv_params_free;
 	cp->group = tern_attr_int(node, "group", 1);
 	cp->n = x->dims[0];
 	cp->cin = x->dims[1];
@@ -854,12 +1014,29 @@ static tern_status conv_prepare(tern_prepare_args *p)
 		st = check_same(node, x, p->in[1], 1);
 	if (!st && b)
 		st = check_same(node, x, b, 2);
-	conv_params *cp;
+	conv_params *cp = NULL;
 	if (st || (st = conv_setup(p, &cp)))
 		return st;
 	if ((st = check_numel(node, b, 2, "B", cp->cout)))
 		return st;
 	cp->depthwise = cp->cg == 1 && !cp->pointwise;
+	const window *w = &cp->w;
+	cp->padded = cp->depthwise && w->s[1] == 1 && w->s[2] == 1;
+	if (cp->padded) {
+		int64_t ph = w->in[1] + w->pb[1] + w->pe[1], need_h = w->out[1] + (w->k[1] - 1) * w->d[1];
+		int64_t pw = w->in[2] + w->pb[2] + w->pe[2], need_w = w->out[2] + (w->k[2] - 1) * w->d[2];
+		cp->ph = ph > need_h ? ph : need_h;
+		cp->pw = pw > need_w ? pw : need_w;
+		/* the padded plane, room for the last row's overhang, then the output buffer */
+		cp->slot_elems = (cp->ph * cp->pw + (w->k[2] - 1) * w->d[2] + w->out[1] * cp->pw + 15) / 16 * 16;
+		cp->slots = slots_for(p->pool);
+		p->scratch_bytes = (size_t)(cp->slots * cp->slot_elems) * compute_size(x->dtype);
+	} else if (cp->depthwise) {
+		if (!(cp->rows2 = malloc(2 * (size_t)w->k[2] * sizeof *cp->rows2)))
+			return no_memory(node);
+		for (int64_t k = 0; k < w->k[2]; k++)
+			outputs_within(k * w->d[2] - w->pb[2], w->s[2], w->in[2], w->out[2], &cp->rows2[2 * k], &cp->rows2[2 * k + 1]);
+	}
 	if (!cp->pointwise && !cp->depthwise)
 		p->scratch_bytes = (size_t)(cp->cg * cp->kk * cp->out_sp) * compute_size(x->dtype);
 	p->kernel = conv_kernel;
@@ -906,7 +1083,7 @@ static tern_status conv_integer_prepare(tern_prepare_args *p)
 		if (dt != TERN_INT8 && dt != TERN_UINT8)
 			return tern_node_errorf(node, TERN_EDATA, "input %d is %s; int8 or uint8 expected", i, tern_dtype_name(dt));
 	}
-	conv_params *cp;
+	conv_params *cp = NULL;
 	tern_status st = conv_setup(p, &cp);
 	if (st)
 		return st;
@@ -1115,7 +1292,7 @@ typedef struct bn_ctx {
 } bn_ctx;
 
 #define DEF_BN(S, T)                                                                                 \
-	static void bn_stats_##S(void *ctx, int64_t begin, int64_t end)                                  \
+	HOT static void bn_stats_##S(void *ctx, int64_t begin, int64_t end)                                  \
 	{                                                                                                \
 		const bn_ctx *c = ctx;                                                                       \
 		const bn_params *bp = c->bp;                                                                 \
@@ -1137,7 +1314,7 @@ typedef struct bn_ctx {
 			c->var[ch] = sq / count;                                                                 \
 		}                                                                                            \
 	}                                                                                                \
-	static void bn_apply_##S(void *ctx, int64_t begin, int64_t end)                                  \
+	HOT static void bn_apply_##S(void *ctx, int64_t begin, int64_t end)                                  \
 	{                                                                                                \
 		const bn_ctx *c = ctx;                                                                       \
 		const bn_params *bp = c->bp;                                                                 \
@@ -1275,7 +1452,7 @@ DEF_MOMENTS(f32, float)
 DEF_MOMENTS(f64, double)
 
 #define DEF_GROUP_NORM(S, T)                                                                     \
-	static void group_norm_blocks_##S(void *ctx, int64_t begin, int64_t end)                     \
+	HOT static void group_norm_blocks_##S(void *ctx, int64_t begin, int64_t end)                     \
 	{                                                                                            \
 		const group_norm_ctx *c = ctx;                                                           \
 		const group_norm_params *gp = c->gp;                                                     \
@@ -1367,7 +1544,7 @@ typedef struct layer_norm_ctx {
 } layer_norm_ctx;
 
 #define DEF_LAYER_NORM(S, T)                                                                   \
-	static void layer_norm_rows_##S(void *ctx, int64_t begin, int64_t end)                     \
+	HOT static void layer_norm_rows_##S(void *ctx, int64_t begin, int64_t end)                     \
 	{                                                                                          \
 		const layer_norm_ctx *c = ctx;                                                         \
 		const layer_norm_params *lp = c->lp;                                                   \
@@ -1416,7 +1593,7 @@ static tern_status layer_norm_prepare(tern_prepare_args *p)
 		st = check_same(node, x, scale, 1);
 	if (!st && bias)
 		st = check_same(node, x, bias, 2);
-	int axis;
+	int axis = 0;
 	if (st || (st = axis_in(node, tern_attr_int(node, "axis", -1), x->rank, &axis)))
 		return st;
 	layer_norm_params *lp = calloc(1, sizeof *lp);
@@ -1461,7 +1638,7 @@ typedef struct plain_ctx {
 } plain_ctx;
 
 #define DEF_LRN(S, T)                                                                                  \
-	static void lrn_planes_##S(void *ctx, int64_t begin, int64_t end)                                  \
+	HOT static void lrn_planes_##S(void *ctx, int64_t begin, int64_t end)                                  \
 	{                                                                                                  \
 		const plain_ctx *c = ctx;                                                                      \
 		const lrn_params *lp = c->params;                                                              \
@@ -1530,7 +1707,7 @@ typedef struct axis_params {
 } axis_params;
 
 #define DEF_LP_NORM(S, T)                                                                          \
-	static void lp_norm_columns_##S(void *ctx, int64_t begin, int64_t end)                         \
+	HOT static void lp_norm_columns_##S(void *ctx, int64_t begin, int64_t end)                         \
 	{                                                                                              \
 		const plain_ctx *c = ctx;                                                                  \
 		const axis_params *ap = c->params;                                                         \
@@ -1568,7 +1745,7 @@ static tern_status axis_setup(tern_prepare_args *p, int64_t axis_default, bool c
 {
 	const tern_node *node = p->node;
 	const tern_tensor *x = p->in[0];
-	int axis;
+	int axis = 0;
 	tern_status st = check_real(node, x, 0);
 	if (!st)
 		st = axis_in(node, tern_attr_int(node, "axis", axis_default), x->rank, &axis);
@@ -1589,7 +1766,7 @@ static tern_status axis_setup(tern_prepare_args *p, int64_t axis_default, bool c
 
 static tern_status lp_norm_prepare(tern_prepare_args *p)
 {
-	axis_params *ap;
+	axis_params *ap = NULL;
 	tern_status st = axis_setup(p, -1, false, &ap);
 	if (st)
 		return st;
@@ -1667,7 +1844,7 @@ static tern_status mvn_prepare(tern_prepare_args *p)
 		n = 3;
 	}
 	for (size_t i = 0; i < n; i++) {
-		int ax;
+		int ax = 0;
 		if ((st = axis_in(node, axes[i], x->rank, &ax)))
 			return st;
 		mp->reduced[ax] = true;
@@ -1686,59 +1863,118 @@ static tern_status mvn_prepare(tern_prepare_args *p)
 
 enum { SOFTMAX, LOG_SOFTMAX, HARDMAX };
 
-/* One column of n elements `inner` apart. */
-#define DEF_SOFTMAX(S, T, EXP, LOG)                                                                  \
-	static void softmax_column_##S(int kind, const T *x, T *y, int64_t n, int64_t stride)           \
-	{                                                                                               \
-		T max = x[0];                                                                               \
-		int64_t at = 0;                                                                             \
-		for (int64_t i = 1; i < n; i++)                                                             \
-			if (x[i * stride] > max) {                                                              \
-				max = x[i * stride];                                                                \
-				at = i;                                                                             \
-			}                                                                                       \
-		if (kind == HARDMAX) {                                                                      \
-			for (int64_t i = 0; i < n; i++)                                                         \
-				y[i * stride] = i == at;                                                            \
-			return;                                                                                 \
-		}                                                                                           \
-		T sum = 0;                                                                                  \
-		if (stride == 1) {                                                                          \
-			for (int64_t i = 0; i < n; i++) {                                                       \
-				T e = EXP(x[i] - max);                                                              \
-				sum += e;                                                                           \
-				if (kind == SOFTMAX)                                                                \
-					y[i] = e;                                                                       \
-			}                                                                                       \
-		} else {                                                                                    \
-			for (int64_t i = 0; i < n; i++) {                                                       \
-				T e = EXP(x[i * stride] - max);                                                     \
-				sum += e;                                                                           \
-				if (kind == SOFTMAX)                                                                \
-					y[i * stride] = e;                                                              \
-			}                                                                                       \
-		}                                                                                           \
-		if (kind == SOFTMAX) {                                                                      \
-			T inv = 1 / sum;                                                                        \
-			for (int64_t i = 0; i < n; i++)                                                         \
-				y[i * stride] *= inv;                                                               \
-		} else {                                                                                    \
-			T shift = max + LOG(sum);                                                               \
-			for (int64_t i = 0; i < n; i++)                                                         \
-				y[i * stride] = x[i * stride] - shift;                                              \
-		}                                                                                           \
-	}                                                                                               \
-	static void softmax_columns_##S(void *ctx, int64_t begin, int64_t end)                          \
-	{                                                                                               \
-		const plain_ctx *c = ctx;                                                                   \
-		const axis_params *ap = c->params;                                                          \
-		for (int64_t col = begin; col < end; col++) {                                               \
-			int64_t base = (col / ap->inner) * ap->n * ap->inner + col % ap->inner;                 \
-			softmax_column_##S(ap->kind, (const T *)c->x + base, (T *)c->y + base, ap->n, ap->inner); \
-		}                                                                                           \
+/* exp(x) for float in plain arithmetic that loops vectorise (libm's expf does not): x = n ln2 + r
+ * with |r| <= ln2 / 2, e^r from a degree-6 Taylor polynomial (relative error about 2.4e-7), 2^n put
+ * straight into the exponent bits. Below -87.3 the result is 0; above 88 it saturates at e^88; NaN
+ * stays NaN. The range tests work on the bits with masks: branches and floating-point selects would
+ * keep the compiler from vectorising. */
+static inline float exp_approx(float x)
+{
+	uint32_t ux;
+	memcpy(&ux, &x, sizeof ux);
+	uint32_t nan = -(uint32_t)((ux & 0x7fffffffu) > 0x7f800000u);
+	uint32_t under = -(uint32_t)(ux > 0xc2ae999au) & ~nan;                              /* x < -87.3 */
+	uint32_t over = (-(uint32_t)(ux < 0x80000000u) & -(uint32_t)(ux > 0x42b00000u)) | nan; /* x > 88 */
+	uint32_t cb = (under & 0xc2ae999au) | (over & 0x42b00000u) | (~(under | over) & ux);
+	float xc;
+	memcpy(&xc, &cb, sizeof xc);
+	float n = (xc * 1.44269504f + 12582912.0f) - 12582912.0f; /* round to nearest */
+	float r = xc - n * 0.693359375f + n * 2.12194440e-4f;      /* ln 2 in two parts */
+	float p = 1.0f + r * (1.0f + r * (0.5f + r * (0.166666672f + r * (0.0416666679f + r * (0.00833333377f + r * 0.00138888892f)))));
+	uint32_t bits = (uint32_t)((int32_t)n + 127) << 23;
+	float scale, y;
+	memcpy(&scale, &bits, sizeof scale);
+	y = p * scale;
+	uint32_t yb;
+	memcpy(&yb, &y, sizeof yb);
+	yb = (yb & ~(under | nan)) | (ux & nan);
+	memcpy(&y, &yb, sizeof y);
+	return y;
+}
+
+#define LANES 16 /* columns of a strided softmax handled together, so the loops run along the rows */
+
+/* Softmax and LogSoftmax over n elements `inner` apart, for `lanes` neighbouring columns at once.
+ * The exponentials go through y; sums use LANES partial sums so that they vectorise too. */
+#define DEF_SOFTMAX(S, T, EXP, LOG)                                                                   \
+	HOT static void softmax_block_##S(int kind, const T *x, T *y, int64_t n, int64_t inner, int lanes)   \
+	{                                                                                                \
+		T max[LANES], sum[LANES];                                                                    \
+		for (int l = 0; l < lanes; l++) {                                                            \
+			max[l] = x[l];                                                                           \
+			sum[l] = 0;                                                                              \
+		}                                                                                            \
+		for (int64_t i = 0; i < n; i++)                                                              \
+			for (int l = 0; l < lanes; l++)                                                          \
+				max[l] = x[i * inner + l] > max[l] ? x[i * inner + l] : max[l];                      \
+		for (int64_t i = 0; i < n; i++)                                                              \
+			for (int l = 0; l < lanes; l++) {                                                        \
+				T e = EXP(x[i * inner + l] - max[l]);                                                \
+				y[i * inner + l] = e;                                                                \
+				sum[l] += e;                                                                         \
+			}                                                                                        \
+		for (int l = 0; l < lanes; l++)                                                              \
+			sum[l] = kind == SOFTMAX ? 1 / sum[l] : max[l] + LOG(sum[l]);                            \
+		for (int64_t i = 0; i < n; i++)                                                              \
+			for (int l = 0; l < lanes; l++)                                                          \
+				y[i * inner + l] = kind == SOFTMAX ? y[i * inner + l] * sum[l] : x[i * inner + l] - sum[l]; \
+	}                                                                                                \
+	HOT static void softmax_row_##S(int kind, const T *restrict x, T *restrict y, int64_t n)            \
+	{                                                                                                \
+		T max = x[0], part[LANES] = {0}, sum = 0;                                                    \
+		for (int64_t i = 1; i < n; i++)                                                              \
+			max = x[i] > max ? x[i] : max;                                                           \
+		for (int64_t i = 0; i < n; i++)                                                              \
+			y[i] = EXP(x[i] - max);                                                                  \
+		int64_t i = 0;                                                                               \
+		for (; i + LANES <= n; i += LANES)                                                           \
+			for (int l = 0; l < LANES; l++)                                                          \
+				part[l] += y[i + l];                                                                 \
+		for (; i < n; i++)                                                                           \
+			sum += y[i];                                                                             \
+		for (int l = 0; l < LANES; l++)                                                              \
+			sum += part[l];                                                                          \
+		if (kind == SOFTMAX) {                                                                       \
+			T inv = 1 / sum;                                                                         \
+			for (int64_t k = 0; k < n; k++)                                                          \
+				y[k] *= inv;                                                                         \
+		} else {                                                                                     \
+			T shift = max + LOG(sum);                                                                \
+			for (int64_t k = 0; k < n; k++)                                                          \
+				y[k] = x[k] - shift;                                                                 \
+		}                                                                                            \
+	}                                                                                                \
+	static void hardmax_column_##S(const T *x, T *y, int64_t n, int64_t stride)                     \
+	{                                                                                                \
+		int64_t at = 0;                                                                              \
+		for (int64_t i = 1; i < n; i++)                                                              \
+			if (x[i * stride] > x[at * stride])                                                      \
+				at = i;                                                                              \
+		for (int64_t i = 0; i < n; i++)                                                              \
+			y[i * stride] = i == at;                                                                 \
+	}                                                                                                \
+	/* Work items: rows when inner is 1; else blocks of LANES columns, or single ones for Hardmax. */ \
+	static void softmax_items_##S(void *ctx, int64_t begin, int64_t end)                            \
+	{                                                                                                \
+		const plain_ctx *c = ctx;                                                                    \
+		const axis_params *ap = c->params;                                                           \
+		const T *x = c->x;                                                                           \
+		T *y = c->y;                                                                                 \
+		int64_t per = ap->kind == HARDMAX ? ap->inner : (ap->inner + LANES - 1) / LANES;             \
+		for (int64_t it = begin; it < end; it++) {                                                   \
+			int64_t col = ap->kind == HARDMAX ? it % per : it % per * LANES;                         \
+			int64_t base = it / per * ap->n * ap->inner + col;                                       \
+			if (ap->kind == HARDMAX)                                                                 \
+				hardmax_column_##S(x + base, y + base, ap->n, ap->inner);                            \
+			else if (ap->inner == 1)                                                                 \
+				softmax_row_##S(ap->kind, x + base, y + base, ap->n);                                \
+			else                                                                                     \
+				softmax_block_##S(ap->kind, x + base, y + base, ap->n, ap->inner,                    \
+				                  (int)(ap->inner - col < LANES ? ap->inner - col : LANES));         \
+		}                                                                                            \
 	}
 
-DEF_SOFTMAX(f32, float, expf, logf)
+DEF_SOFTMAX(f32, float, exp_approx, logf)
 DEF_SOFTMAX(f64, double, exp, log)
 
 static tern_status softmax_kernel(const tern_kernel_args *a)
@@ -1747,15 +1983,17 @@ static tern_status softmax_kernel(const tern_kernel_args *a)
 	if (ap->n == 0)
 		return TERN_OK;
 	plain_ctx c = {ap, a->in[0]->data, a->out[0]->data};
-	parallel_range(a->pool, ap->outer * ap->inner, grain_for(ap->n * 4),
-	               a->in[0]->dtype == TERN_DOUBLE ? softmax_columns_f64 : softmax_columns_f32, &c);
+	int64_t per = ap->kind == HARDMAX || ap->inner == 1 ? ap->inner : (ap->inner + LANES - 1) / LANES;
+	int64_t width = ap->kind == HARDMAX || ap->inner == 1 ? 1 : LANES;
+	parallel_range(a->pool, ap->outer * per, grain_for(ap->n * width * 4),
+	               a->in[0]->dtype == TERN_DOUBLE ? softmax_items_f64 : softmax_items_f32, &c);
 	return TERN_OK;
 }
 
 static tern_status softmax_setup(tern_prepare_args *p, int kind)
 {
 	bool old = p->node->opset < 13;
-	axis_params *ap;
+	axis_params *ap = NULL;
 	tern_status st = axis_setup(p, old ? 1 : -1, old, &ap);
 	if (st)
 		return st;
@@ -2055,7 +2293,7 @@ static void resize_gather_planes(void *ctx, int64_t begin, int64_t end)
 				sum += w[i] * resize_value_##S(rp, axis + 1, x + off[i], o);                              \
 		return sum;                                                                                       \
 	}                                                                                                     \
-	static void resize_planes_##S(void *ctx, int64_t begin, int64_t end)                                  \
+	HOT static void resize_planes_##S(void *ctx, int64_t begin, int64_t end)                                  \
 	{                                                                                                     \
 		const resize_ctx *c = ctx;                                                                        \
 		const resize_params *rp = c->rp;                                                                  \
@@ -2186,7 +2424,7 @@ static tern_status resize_prepare(tern_prepare_args *p)
 	static const char *const coords[] = {"half_pixel", "half_pixel_symmetric", "pytorch_half_pixel",
 	                                     "align_corners", "asymmetric", "tf_crop_and_resize"};
 	static const char *const nearest[] = {"round_prefer_floor", "round_prefer_ceil", "floor", "ceil"};
-	int mode, coord, nm;
+	int mode = 0, coord = 0, nm = 0;
 	tern_status st = parse_enum(node, "mode", "nearest", modes, 3, &mode);
 	if (!st)
 		st = parse_enum(node, "coordinate_transformation_mode", v10 ? "asymmetric" : "half_pixel", coords, 6, &coord);
