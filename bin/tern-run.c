@@ -440,39 +440,16 @@ static void write_outputs(const struct run *run, const tern_plan *plan)
 	free(names);
 }
 
-static float half_value(uint16_t h)
-{
-	int e = h >> 10 & 0x1f, m = h & 0x3ff;
-	float v = e == 0 ? ldexpf((float)m, -24) : e == 31 ? (m ? NAN : INFINITY) : ldexpf((float)(m | 0x400), e - 25);
-	return h & 0x8000 ? -v : v;
-}
-
-static float bfloat_value(uint16_t h)
-{
-	uint32_t bits = (uint32_t)h << 16;
-	float f;
-	memcpy(&f, &bits, 4);
-	return f;
-}
-
 /* Component j of t as a double (complex numbers have two components per element). */
 static double component(const tern_tensor *t, int64_t j)
 {
-	const void *d = t->data;
-	switch (t->dtype) {
-	case TERN_FLOAT: case TERN_COMPLEX64: return ((const float *)d)[j];
-	case TERN_DOUBLE: case TERN_COMPLEX128: return ((const double *)d)[j];
-	case TERN_FLOAT16: return half_value(((const uint16_t *)d)[j]);
-	case TERN_BFLOAT16: return bfloat_value(((const uint16_t *)d)[j]);
-	case TERN_INT8: return ((const int8_t *)d)[j];
-	case TERN_INT16: return ((const int16_t *)d)[j];
-	case TERN_INT32: return ((const int32_t *)d)[j];
-	case TERN_INT64: return (double)((const int64_t *)d)[j];
-	case TERN_UINT16: return ((const uint16_t *)d)[j];
-	case TERN_UINT32: return ((const uint32_t *)d)[j];
-	case TERN_UINT64: return (double)((const uint64_t *)d)[j];
-	default: return ((const uint8_t *)d)[j]; /* uint8, bool, float8 bytes */
-	}
+	if (t->dtype == TERN_COMPLEX64)
+		return ((const float *)t->data)[j];
+	if (t->dtype == TERN_COMPLEX128)
+		return ((const double *)t->data)[j];
+	if (t->dtype >= TERN_FLOAT8E4M3FN)
+		return ((const uint8_t *)t->data)[j]; /* float8: the stored byte */
+	return tern_tensor_get_f64(t, j);
 }
 
 static int64_t n_components(const tern_tensor *t)

@@ -8,6 +8,7 @@
 #include "tern_config.h"
 
 #include <stdbool.h>
+#include <stdio.h>
 #include <string.h>
 
 #define TERN_ALIGN 64
@@ -21,6 +22,8 @@ char *tern_strdup(const char *s);
 /* Growable array: *items of *count with capacity *cap; returns false when out of memory. */
 bool tern_grow(void **items, size_t *cap, size_t need, size_t item_size);
 double tern_now_us(void);
+/* Reads all of f; `name` names it in messages. *out is malloc'd. */
+tern_status tern_read_stream(FILE *f, const char *name, uint8_t **out, size_t *size);
 
 /* Tensor <-> TensorProto. base_dir resolves external data; `what` names the tensor in messages. */
 tern_status tern_tensor_from_proto(const Onnx__TensorProto *tp, const char *base_dir, const char *what,
@@ -265,9 +268,6 @@ tern_status tern_broadcast_shape(const tern_node *node, int ra, const int64_t *d
                                  int *rank, int64_t *dims);
 /* Set output i to (dtype, rank, dims). */
 void tern_set_shape(tern_tensor *t, int dtype, int rank, const int64_t *dims);
-/* Convert one element of a numeric tensor to double / int64 (for shape inputs, scalars). */
-double tern_tensor_get_f64(const tern_tensor *t, int64_t i);
-int64_t tern_tensor_get_i64(const tern_tensor *t, int64_t i);
 /* float16/bfloat16 conversions. */
 float tern_f16_to_f32(uint16_t h);
 uint16_t tern_f32_to_f16(float f);

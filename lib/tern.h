@@ -88,6 +88,9 @@ tern_status tern_tensor_alloc(tern_tensor *t, int dtype, int rank, const int64_t
 void tern_tensor_free(tern_tensor *t);
 /* A deep copy (data and name). */
 tern_status tern_tensor_copy(tern_tensor *dst, const tern_tensor *src);
+/* Element i of a real numeric or bool tensor as a double / int64 (float16 and bfloat16 converted). */
+double tern_tensor_get_f64(const tern_tensor *t, int64_t i);
+int64_t tern_tensor_get_i64(const tern_tensor *t, int64_t i);
 /* Formats "float[2,3]" into buf. */
 const char *tern_shape_str(int dtype, int rank, const int64_t *dims, char *buf, size_t size);
 

@@ -426,40 +426,6 @@ tern_status tern_tensor_write_pb(FILE *f, const tern_tensor *t)
 
 /* ---------------------------------------------------------------- files */
 
-static tern_status slurp(FILE *f, const char *name, uint8_t **out, size_t *size)
-{
-	size_t cap = 1 << 16, n = 0;
-	struct stat sb;
-	if (fstat(fileno(f), &sb) == 0 && S_ISREG(sb.st_mode) && sb.st_size > 0)
-		cap = (size_t)sb.st_size + 1;
-	uint8_t *buf = malloc(cap);
-	if (!buf)
-		return tern_errorf(TERN_EOS, "%s: out of memory reading %zu bytes", name, cap);
-	for (;;) {
-		if (n == cap) {
-			uint8_t *nb = cap > SIZE_MAX / 2 ? NULL : realloc(buf, cap * 2);
-			if (!nb) {
-				free(buf);
-				return tern_errorf(TERN_EOS, "%s: out of memory reading the file", name);
-			}
-			buf = nb;
-			cap *= 2;
-		}
-		size_t got = fread(buf + n, 1, cap - n, f);
-		n += got;
-		if (got == 0)
-			break;
-	}
-	if (ferror(f)) {
-		int err = errno;
-		free(buf);
-		return tern_errorf(TERN_EIO, "%s: read failed: %s", name, strerror(err));
-	}
-	*out = buf;
-	*size = n;
-	return TERN_OK;
-}
-
 tern_status tern_tensor_read_file(const char *path, tern_tensor *out)
 {
 	memset(out, 0, sizeof *out);
@@ -475,7 +441,7 @@ tern_status tern_tensor_read_file(const char *path, tern_tensor *out)
 	}
 	uint8_t *bytes;
 	size_t size;
-	tern_status st = slurp(f, name, &bytes, &size);
+	tern_status st = tern_read_stream(f, name, &bytes, &size);
 	if (!from_stdin)
 		fclose(f);
 	if (st)

@@ -78,36 +78,6 @@ tern_status tern_model_load_bytes(const void *bytes, size_t size, const char *so
 	return TERN_OK;
 }
 
-static tern_status read_all(FILE *f, const char *what, unsigned char **out, size_t *size)
-{
-	size_t cap = 1 << 16, n = 0;
-	unsigned char *buf = malloc(cap);
-	if (!buf)
-		return tern_errorf(TERN_EOS, "%s: out of memory", what);
-	for (;;) {
-		if (n == cap) {
-			unsigned char *nb = realloc(buf, cap * 2);
-			if (!nb) {
-				free(buf);
-				return tern_errorf(TERN_EOS, "%s: out of memory", what);
-			}
-			buf = nb;
-			cap *= 2;
-		}
-		size_t got = fread(buf + n, 1, cap - n, f);
-		n += got;
-		if (got == 0)
-			break;
-	}
-	if (ferror(f)) {
-		free(buf);
-		return tern_errorf(TERN_EIO, "%s: read error: %s", what, strerror(errno));
-	}
-	*out = buf;
-	*size = n;
-	return TERN_OK;
-}
-
 tern_status tern_model_load(const char *path, tern_model **out)
 {
 	*out = NULL;
@@ -123,7 +93,7 @@ tern_status tern_model_load(const char *path, tern_model **out)
 	}
 	unsigned char *bytes = NULL;
 	size_t size = 0;
-	tern_status st = read_all(f, what, &bytes, &size);
+	tern_status st = tern_read_stream(f, what, &bytes, &size);
 	if (!use_stdin)
 		fclose(f);
 	if (st)
