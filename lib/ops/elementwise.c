@@ -2,6 +2,7 @@
  * and logic, variadic Sum/Mean/Max/Min, Where, Clip and Cast. Kernels are row functions instantiated
  * per element type by macros; one driver walks the broadcast output and splits it across threads. */
 #include "internal.h"
+#include "ops/gemm.h"
 #include "ops/ops_common.h"
 
 #include <float.h>
@@ -68,61 +69,52 @@ typedef struct ew_params {
 
 /* Loop bodies see the element as v (unary) or x0, x1 (binary), its type as ET, a type in which
  * integer arithmetic wraps without undefined behaviour as WT, and the attributes as at. */
-#define EW_TYPES(T, W)                                                                                     \
+#define EW_TYPES(T, W)                                                                                         \
 	typedef T ET __attribute__((unused));                                                                  \
 	typedef W WT __attribute__((unused));                                                                  \
 	const ew_attrs *at = r->at;                                                                            \
 	(void)at
 
-#define EW_UNARY_LOOP(T, W, TY, EXPR)                                                                      \
+#define EW_UNARY_LOOP(T, W, TY, EXPR)                                                                          \
 	EW_TYPES(T, W);                                                                                        \
 	const T *x = r->in[0];                                                                                 \
 	TY *y = r->out;                                                                                        \
-	EW_IVDEP for (int64_t i = 0; i < r->n; i++)                                                           \
+	EW_IVDEP for (int64_t i = 0; i < r->n; i++)                                                            \
 	{                                                                                                      \
-		const T v = x[i];                                                                                  \
-		y[i] = (TY)(EXPR);                                                                                 \
+		const T v = x[i];                                                                              \
+		y[i] = (TY)(EXPR);                                                                             \
 	}
 
-#define EW_BINARY_LOOP(T, W, TY, EXPR)                                                                     \
+/* One pass of a binary loop; X0 and X1 read the operands (a[i], or a value hoisted out of the loop). */
+#define EW_BINARY_PASS(T, TY, EXPR, X0, X1)                                                                    \
+	EW_IVDEP for (int64_t i = 0; i < n; i++)                                                               \
+	{                                                                                                      \
+		const T x0 = (X0), x1 = (X1);                                                                  \
+		y[i] = (TY)(EXPR);                                                                             \
+	}
+
+#define EW_BINARY_LOOP(T, W, TY, EXPR)                                                                         \
 	EW_TYPES(T, W);                                                                                        \
 	const T *a = r->in[0], *b = r->in[1];                                                                  \
 	TY *y = r->out;                                                                                        \
 	const int64_t n = r->n;                                                                                \
-	if (r->st[0] && r->st[1]) {                                                                            \
-		EW_IVDEP for (int64_t i = 0; i < n; i++)                                                          \
-		{                                                                                                  \
-			const T x0 = a[i], x1 = b[i];                                                                  \
-			y[i] = (TY)(EXPR);                                                                             \
-		}                                                                                                  \
-	} else if (r->st[0]) {                                                                                 \
-		const T x1 = b[0];                                                                                 \
-		EW_IVDEP for (int64_t i = 0; i < n; i++)                                                          \
-		{                                                                                                  \
-			const T x0 = a[i];                                                                             \
-			y[i] = (TY)(EXPR);                                                                             \
-		}                                                                                                  \
-	} else if (r->st[1]) {                                                                                 \
-		const T x0 = a[0];                                                                                 \
-		EW_IVDEP for (int64_t i = 0; i < n; i++)                                                          \
-		{                                                                                                  \
-			const T x1 = b[i];                                                                             \
-			y[i] = (TY)(EXPR);                                                                             \
-		}                                                                                                  \
-	} else {                                                                                               \
-		const T x0 = a[0], x1 = b[0];                                                                      \
-		const TY c = (TY)(EXPR);                                                                           \
-		for (int64_t i = 0; i < n; i++)                                                                    \
-			y[i] = c;                                                                                      \
-	}
+	const T a0 = a[0], b0 = b[0];                                                                          \
+	if (r->st[0] && r->st[1])                                                                              \
+		EW_BINARY_PASS(T, TY, EXPR, a[i], b[i])                                                        \
+	else if (r->st[0])                                                                                     \
+		EW_BINARY_PASS(T, TY, EXPR, a[i], b0)                                                          \
+	else if (r->st[1])                                                                                     \
+		EW_BINARY_PASS(T, TY, EXPR, a0, b[i])                                                          \
+	else                                                                                                   \
+		EW_BINARY_PASS(T, TY, EXPR, a0, b0)
 
 /* X-macro type lists: X(name, expr, suffix, element type, wrapping type). */
 #define EW_FLOATS(X, ...) X(__VA_ARGS__, f32, float, float) X(__VA_ARGS__, f64, double, double)
-#define EW_SINTS(X, ...)                                                                                   \
+#define EW_SINTS(X, ...)                                                                                       \
 	X(__VA_ARGS__, i8, int8_t, uint32_t)                                                                   \
 	X(__VA_ARGS__, i16, int16_t, uint32_t)                                                                 \
 	X(__VA_ARGS__, i32, int32_t, uint32_t) X(__VA_ARGS__, i64, int64_t, uint64_t)
-#define EW_UINTS(X, ...)                                                                                   \
+#define EW_UINTS(X, ...)                                                                                       \
 	X(__VA_ARGS__, u8, uint8_t, uint32_t)                                                                  \
 	X(__VA_ARGS__, u16, uint16_t, uint32_t)                                                                \
 	X(__VA_ARGS__, u32, uint32_t, uint32_t) X(__VA_ARGS__, u64, uint64_t, uint64_t)
@@ -166,13 +158,13 @@ typedef struct ew_params {
 #define EW_ATTR_b8
 
 /* Definers: same-type unary, unary to bool, same-type binary, binary to bool; and a table entry. */
-#define EW_U(name, expr, sfx, T, W)                                                                        \
+#define EW_U(name, expr, sfx, T, W)                                                                            \
 	EW_ATTR_##sfx static void ew_##name##_##sfx(const ew_row *r) { EW_UNARY_LOOP(T, W, T, expr) }
-#define EW_UB(name, expr, sfx, T, W)                                                                       \
+#define EW_UB(name, expr, sfx, T, W)                                                                           \
 	EW_ATTR_##sfx static void ew_##name##_##sfx(const ew_row *r) { EW_UNARY_LOOP(T, W, uint8_t, expr) }
-#define EW_B(name, expr, sfx, T, W)                                                                        \
+#define EW_B(name, expr, sfx, T, W)                                                                            \
 	EW_ATTR_##sfx static void ew_##name##_##sfx(const ew_row *r) { EW_BINARY_LOOP(T, W, T, expr) }
-#define EW_BB(name, expr, sfx, T, W)                                                                       \
+#define EW_BB(name, expr, sfx, T, W)                                                                           \
 	EW_ATTR_##sfx static void ew_##name##_##sfx(const ew_row *r) { EW_BINARY_LOOP(T, W, uint8_t, expr) }
 #define EW_ENTRY(name, expr, sfx, T, W) [EW_DT_##sfx] = ew_##name##_##sfx,
 
@@ -182,104 +174,13 @@ typedef struct ew_params {
 #define EW_UNIT(t) EW_SEL((t) < 0, 0, EW_SEL((t) > 1, 1, (t)))
 #define EW_SOFTPLUS(v) ((v) > 0 ? (v) + log1p(exp(-(v))) : log1p(exp(v)))
 
-/* Selects without branches. With the default -ftrapping-math GCC will not turn a float ?: into a select,
- * which keeps the loop from vectorising; a select on the bits does vectorise. */
-static inline float ew_select_f32(int c, float a, float b)
-{
-	uint32_t ua, ub, m = 0u - (uint32_t)(c != 0);
-	memcpy(&ua, &a, sizeof ua);
-	memcpy(&ub, &b, sizeof ub);
-	uint32_t r = (ua & m) | (ub & ~m);
-	float f;
-	memcpy(&f, &r, sizeof f);
-	return f;
-}
-
-static inline double ew_select_f64(int c, double a, double b)
-{
-	uint64_t ua, ub, m = 0u - (uint64_t)(c != 0);
-	memcpy(&ua, &a, sizeof ua);
-	memcpy(&ub, &b, sizeof ub);
-	uint64_t r = (ua & m) | (ub & ~m);
-	double f;
-	memcpy(&f, &r, sizeof f);
-	return f;
-}
-
 /* c ? a : b for any element type; integers need no help. */
-#define EW_SEL(c, a, b)                                                                                    \
-	_Generic((a) + (b), float: ew_select_f32((c), (float)(a), (float)(b)),                                       \
-	         double: ew_select_f64((c), (double)(a), (double)(b)), default: (c) ? (a) : (b))
-
-/* Float32 exp, tanh and erf written without calls or branches so that their loops vectorise; libm's
- * versions stay scalar. Errors are within a few ulp. */
-static inline float ew_scale_pow2(float e, int32_t k)
-{
-	/* e * 2^k in two factors, so that k from -150 to 128 never builds an out-of-range exponent. */
-	int32_t k1 = k / 2, k2 = k - k1;
-	uint32_t b1 = (uint32_t)(k1 + 127) << 23, b2 = (uint32_t)(k2 + 127) << 23;
-	float s1, s2;
-	memcpy(&s1, &b1, sizeof s1);
-	memcpy(&s2, &b2, sizeof s2);
-	return e * s1 * s2;
-}
-
-static inline float ew_fast_exp(float x)
-{
-	/* exp(x) = 2^n exp(r), n = round(x / ln 2), |r| <= ln 2 / 2, exp(r) by Cephes' polynomial. Beyond the
-	 * clamps the result has already overflowed or underflowed; NaN passes through the arithmetic. */
-	float xc = ew_select_f32(x > 88.8f, 88.8f, x);
-	xc = ew_select_f32(xc < -104.0f, -104.0f, xc);
-	const float magic = 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer held in the low bits */
-	float t = xc * 1.44269504088896341f + magic;
-	float n = t - magic;
-	float r = xc - n * 0.693359375f + n * 2.12194440e-4f;
-	float p = 1.9875691500e-4f;
-	p = p * r + 1.3981999507e-3f;
-	p = p * r + 8.3334519073e-3f;
-	p = p * r + 4.1665795894e-2f;
-	p = p * r + 1.6666665459e-1f;
-	p = p * r + 5.0000001201e-1f;
-	int32_t ti;
-	memcpy(&ti, &t, sizeof ti);
-	return ew_scale_pow2(p * r * r + r + 1.0f, ti - 0x4B400000);
-}
-
-static inline float ew_fast_tanh(float x)
-{
-	/* Cephes: a polynomial below |x| = 0.625, else 1 - 2 / (exp(2|x|) + 1) with x's sign. */
-	float z = x * x;
-	float small = ((((-5.70498872745e-3f * z + 2.06390887954e-2f) * z - 5.37397155531e-2f) * z + 1.33314422036e-1f) * z -
-	               3.33332819422e-1f) * z * x + x;
-	float ax = fabs(x);
-	float big = copysign(1.0f - 2.0f / (ew_fast_exp(ax + ax) + 1.0f), x);
-	return ew_select_f32(ax < 0.625f, small, big);
-}
-
-static inline float ew_fast_erf(float x)
-{
-	/* Below |x| = 0.5 the Taylor series to x^13; above, erf = 1 - erfc with Numerical Recipes' erfc
-	 * (relative error under 1.2e-7). */
-	float z = x * x;
-	float small = x * 1.12837916709551257f *
-	              (1.0f + z * (-1.0f / 3 + z * (1.0f / 10 + z * (-1.0f / 42 + z * (1.0f / 216 + z * (-1.0f / 1320 + z / 9360))))));
-	float ax = fabs(x);
-	float t = 1.0f / (1.0f + 0.5f * ax);
-	float q = -0.82215223f + t * 0.17087277f;
-	q = 1.48851587f + t * q;
-	q = -1.13520398f + t * q;
-	q = 0.27886807f + t * q;
-	q = -0.18628806f + t * q;
-	q = 0.09678418f + t * q;
-	q = 0.37409196f + t * q;
-	q = 1.00002368f + t * q;
-	q = -1.26551223f + t * q;
-	float big = copysign(1.0f - t * ew_fast_exp(q - z), x);
-	return ew_select_f32(ax < 0.5f, small, big);
-}
+#define EW_SEL(c, a, b)                                                                                        \
+	_Generic((a) + (b), float: tern_select_f32((c), (float)(a), (float)(b)),                               \
+	         double: tern_select_f64((c), (double)(a), (double)(b)), default: (c) ? (a) : (b))
 
 /* Unary math; tgmath.h picks the float or double function. */
-#define EW_MATH(f)                                                                                         \
+#define EW_MATH(f)                                                                                             \
 	EW_FLOATS(EW_U, f, f(v))                                                                               \
 	EW_TABLE(f, EW_FLOATS(EW_ENTRY, f, ~));
 EW_MATH(floor)
@@ -300,10 +201,10 @@ EW_MATH(acosh)
 EW_MATH(atanh)
 
 /* Float32 uses the vectorisable versions. */
-#define EW_FAST_MATH(f)                                                                                    \
-	EW_U(f, ew_fast_##f(v), f32, float, float)                                                               \
-	EW_U(f, f(v), f64, double, double)                                                                     \
-	EW_TABLE(f, EW_FLOATS(EW_ENTRY, f, ~));
+#define EW_FAST_MATH(fn)                                                                                       \
+	EW_U(fn, tern_fast_##fn##f(v), f32, float, float)                                                      \
+	EW_U(fn, fn(v), f64, double, double)                                                                   \
+	EW_TABLE(fn, EW_FLOATS(EW_ENTRY, fn, ~));
 EW_FAST_MATH(exp)
 EW_FAST_MATH(tanh)
 EW_FAST_MATH(erf)
@@ -354,7 +255,7 @@ EW_TABLE(selu, EW_FLOATS(EW_ENTRY, selu, ~));
 EW_FLOATS(EW_U, celu, v > 0 ? v : (ET)at->alpha * expm1(v / (ET)at->alpha))
 EW_TABLE(celu, EW_FLOATS(EW_ENTRY, celu, ~));
 
-EW_U(sigmoid, 1 / (1 + ew_fast_exp(-v)), f32, float, float)
+EW_U(sigmoid, 1 / (1 + tern_fast_expf(-v)), f32, float, float)
 EW_U(sigmoid, 1 / (1 + exp(-v)), f64, double, double)
 EW_TABLE(sigmoid, EW_FLOATS(EW_ENTRY, sigmoid, ~));
 
@@ -387,19 +288,19 @@ EW_FLOATS(EW_U, divide_by, v / (ET)at->gamma)
 EW_TABLE(divide_by, EW_FLOATS(EW_ENTRY, divide_by, ~));
 
 /* Clip: bounds in the element type, applied in numpy.clip's order. */
-#define EW_CLIP(name, expr, sfx, T, W)                                                                     \
+#define EW_CLIP(name, expr, sfx, T, W)                                                                         \
 	static void ew_clip_##sfx(const ew_row *r)                                                             \
 	{                                                                                                      \
-		T lo, hi;                                                                                          \
-		memcpy(&lo, &r->at->lo, sizeof lo);                                                                \
-		memcpy(&hi, &r->at->hi, sizeof hi);                                                                \
-		const T *x = r->in[0];                                                                             \
-		T *y = r->out;                                                                                     \
-		EW_IVDEP for (int64_t i = 0; i < r->n; i++)                                                       \
-		{                                                                                                  \
-			const T t = EW_SEL(x[i] < lo, lo, x[i]);                                                       \
-			y[i] = EW_SEL(t > hi, hi, t);                                                                  \
-		}                                                                                                  \
+		T lo, hi;                                                                                      \
+		memcpy(&lo, &r->at->lo, sizeof lo);                                                            \
+		memcpy(&hi, &r->at->hi, sizeof hi);                                                            \
+		const T *x = r->in[0];                                                                         \
+		T *y = r->out;                                                                                 \
+		EW_IVDEP for (int64_t i = 0; i < r->n; i++)                                                    \
+		{                                                                                              \
+			const T t = EW_SEL(x[i] < lo, lo, x[i]);                                               \
+			y[i] = EW_SEL(t > hi, hi, t);                                                          \
+		}                                                                                              \
 	}
 EW_NUMERIC(EW_CLIP, clip, ~)
 EW_TABLE(clip, EW_NUMERIC(EW_ENTRY, clip, ~));
@@ -490,39 +391,24 @@ static ew_fn ew_copy_fn(int dtype)
 }
 
 /* Where selects by element size; inputs may each be broadcast. */
-#define EW_WHERE(name, expr, sfx, T, W)                                                                    \
+#define EW_WHERE(name, expr, sfx, T, W)                                                                        \
 	static void ew_where_##sfx(const ew_row *r)                                                            \
 	{                                                                                                      \
-		const uint8_t *c = r->in[0];                                                                       \
-		const T *x = r->in[1], *z = r->in[2];                                                              \
-		T *y = r->out;                                                                                     \
-		const int64_t sc = r->st[0], sx = r->st[1], sz = r->st[2];                                         \
-		for (int64_t i = 0; i < r->n; i++)                                                                 \
-			y[i] = c[i * sc] ? x[i * sx] : z[i * sz];                                                      \
+		const uint8_t *c = r->in[0];                                                                   \
+		const T *x = r->in[1], *z = r->in[2];                                                          \
+		T *y = r->out;                                                                                 \
+		const int64_t sc = r->st[0], sx = r->st[1], sz = r->st[2];                                     \
+		for (int64_t i = 0; i < r->n; i++)                                                             \
+			y[i] = c[i * sc] ? x[i * sx] : z[i * sz];                                              \
 	}
 EW_UINTS(EW_WHERE, where, ~)
 
 /* ---------------------------------------------------------------- conversions */
 
-/* Float to integer saturates and maps NaN to 0: the C conversion is undefined out of range. */
-#define EW_FROM_FLOAT(sfx, T, LO, HI)                                                                      \
-	static inline T ew_from_float_##sfx(double v)                                                          \
-	{                                                                                                      \
-		return v != v ? 0 : v <= (double)(LO) ? (LO) : v >= (double)(HI) ? (HI) : (T)v;                    \
-	}
-EW_FROM_FLOAT(i8, int8_t, INT8_MIN, INT8_MAX)
-EW_FROM_FLOAT(i16, int16_t, INT16_MIN, INT16_MAX)
-EW_FROM_FLOAT(i32, int32_t, INT32_MIN, INT32_MAX)
-EW_FROM_FLOAT(i64, int64_t, INT64_MIN, INT64_MAX)
-EW_FROM_FLOAT(u8, uint8_t, 0, UINT8_MAX)
-EW_FROM_FLOAT(u16, uint16_t, 0, UINT16_MAX)
-EW_FROM_FLOAT(u32, uint32_t, 0, UINT32_MAX)
-EW_FROM_FLOAT(u64, uint64_t, 0, UINT64_MAX)
-
 /* Converting v to each destination: integers from integers wrap (numpy's astype), from floats
- * saturate; bool is v != 0. */
-#define EW_TO_INT(sfx, T, v)                                                                               \
-	_Generic((v), float: ew_from_float_##sfx(v), double: ew_from_float_##sfx(v), default: (T)(v))
+ * saturate (tern_sat_*); bool is v != 0. */
+#define EW_TO_INT(sfx, T, v)                                                                                   \
+	_Generic((v), float: tern_sat_##sfx(v), double: tern_sat_##sfx(v), default: (T)(v))
 #define EW_CVT_f32(v) ((float)(v))
 #define EW_CVT_f64(v) ((double)(v))
 #define EW_CVT_i8(v) EW_TO_INT(i8, int8_t, v)
@@ -537,7 +423,7 @@ EW_FROM_FLOAT(u64, uint64_t, 0, UINT64_MAX)
 
 /* Cast kernels for every pair of source (bool reads as uint8) and destination. The two lists are
  * separate macros so that one can expand inside the other. */
-#define EW_CAST_SOURCES(X, ...)                                                                            \
+#define EW_CAST_SOURCES(X, ...)                                                                                \
 	X(__VA_ARGS__, f32, float)                                                                             \
 	X(__VA_ARGS__, f64, double)                                                                            \
 	X(__VA_ARGS__, i8, int8_t)                                                                             \
@@ -546,7 +432,7 @@ EW_FROM_FLOAT(u64, uint64_t, 0, UINT64_MAX)
 	X(__VA_ARGS__, i64, int64_t)                                                                           \
 	X(__VA_ARGS__, u8, uint8_t)                                                                            \
 	X(__VA_ARGS__, u16, uint16_t) X(__VA_ARGS__, u32, uint32_t) X(__VA_ARGS__, u64, uint64_t)
-#define EW_CAST_DESTS(X, ...)                                                                              \
+#define EW_CAST_DESTS(X, ...)                                                                                  \
 	X(__VA_ARGS__, f32, float)                                                                             \
 	X(__VA_ARGS__, f64, double)                                                                            \
 	X(__VA_ARGS__, i8, int8_t)                                                                             \
@@ -556,12 +442,12 @@ EW_FROM_FLOAT(u64, uint64_t, 0, UINT64_MAX)
 	X(__VA_ARGS__, u8, uint8_t)                                                                            \
 	X(__VA_ARGS__, u16, uint16_t)                                                                          \
 	X(__VA_ARGS__, u32, uint32_t) X(__VA_ARGS__, u64, uint64_t) X(__VA_ARGS__, b8, uint8_t)
-#define EW_CAST_DEF(ssfx, TF, dsfx, TT)                                                                    \
+#define EW_CAST_DEF(ssfx, TF, dsfx, TT)                                                                        \
 	static void ew_cast_##ssfx##_##dsfx(const ew_row *r)                                                   \
 	{                                                                                                      \
-		const TF *x = r->in[0];                                                                            \
-		TT *y = r->out;                                                                                    \
-		EW_IVDEP for (int64_t i = 0; i < r->n; i++) y[i] = EW_CVT_##dsfx(x[i]);                           \
+		const TF *x = r->in[0];                                                                        \
+		TT *y = r->out;                                                                                \
+		EW_IVDEP for (int64_t i = 0; i < r->n; i++) y[i] = EW_CVT_##dsfx(x[i]);                        \
 	}
 #define EW_CAST_DEFS_FROM(unused, ssfx, TF) EW_CAST_DESTS(EW_CAST_DEF, ssfx, TF)
 EW_CAST_SOURCES(EW_CAST_DEFS_FROM, ~)
@@ -576,31 +462,17 @@ static bool ew_is_int(int dtype)
 	return dtype != TERN_BOOL && dtype < TERN_DTYPE_COUNT && (TERN_DT_INTS & (1u << dtype));
 }
 
-static void ew_widen(int dtype, const uint16_t *src, float *dst, int64_t n)
-{
-	if (dtype == TERN_FLOAT16)
-		for (int64_t i = 0; i < n; i++)
-			dst[i] = tern_f16_to_f32(src[i]);
-	else
-		for (int64_t i = 0; i < n; i++)
-			dst[i] = tern_bf16_to_f32(src[i]);
-}
-
-/* Rounds to nearest even; Cast to bfloat16 truncates instead, as the ONNX reference does. */
+/* Cast to bfloat16 truncates, as the ONNX reference does; arithmetic results round to nearest even. */
 static void ew_narrow(int dtype, const float *src, uint16_t *dst, int64_t n, bool truncate)
 {
-	if (dtype == TERN_FLOAT16) {
-		for (int64_t i = 0; i < n; i++)
-			dst[i] = tern_f32_to_f16(src[i]);
-	} else if (truncate) {
-		for (int64_t i = 0; i < n; i++) {
-			uint32_t bits;
-			memcpy(&bits, &src[i], sizeof bits);
-			dst[i] = (uint16_t)(bits >> 16);
-		}
-	} else {
-		for (int64_t i = 0; i < n; i++)
-			dst[i] = tern_f32_to_bf16(src[i]);
+	if (dtype != TERN_BFLOAT16 || !truncate) {
+		tern_f32_to_half(dtype, src, dst, n);
+		return;
+	}
+	for (int64_t i = 0; i < n; i++) {
+		uint32_t bits;
+		memcpy(&bits, &src[i], sizeof bits);
+		dst[i] = (uint16_t)(bits >> 16);
 	}
 }
 
@@ -613,13 +485,13 @@ static void ew_half_row(const ew_row *r)
 	for (int k = 0; k < s->n_in; k++) {
 		sub.in[k] = xb[k];
 		if (!r->st[k])
-			ew_widen(s->half, r->in[k], xb[k], 1);
+			tern_half_to_f32(s->half, r->in[k], xb[k], 1);
 	}
 	for (int64_t o = 0; o < r->n; o += EW_BLOCK) {
 		int64_t m = r->n - o < EW_BLOCK ? r->n - o : EW_BLOCK;
 		for (int k = 0; k < s->n_in; k++)
 			if (r->st[k])
-				ew_widen(s->half, (const uint16_t *)r->in[k] + o, xb[k], m);
+				tern_half_to_f32(s->half, (const uint16_t *)r->in[k] + o, xb[k], m);
 		sub.out = s->out_bool ? (void *)((uint8_t *)r->out + o) : (void *)yb;
 		sub.n = m;
 		s->inner(&sub);
@@ -641,7 +513,7 @@ static void ew_cast_via_float(const ew_row *r)
 		ew_row sub = *r;
 		sub.n = m;
 		if (ew_is_half(from)) {
-			ew_widen(from, (const uint16_t *)src, buf, m);
+			tern_half_to_f32(from, (const uint16_t *)src, buf, m);
 		} else {
 			sub.in[0] = src;
 			sub.out = buf;
@@ -670,25 +542,6 @@ static int64_t ew_ipow(int64_t b, int64_t e)
 	return (int64_t)result;
 }
 
-static void ew_store_f64(int dtype, void *p, int64_t i, double v)
-{
-	switch (dtype) {
-	case TERN_FLOAT: ((float *)p)[i] = (float)v; break;
-	case TERN_DOUBLE: ((double *)p)[i] = v; break;
-	case TERN_FLOAT16: ((uint16_t *)p)[i] = tern_f32_to_f16((float)v); break;
-	case TERN_BFLOAT16: ((uint16_t *)p)[i] = tern_f32_to_bf16((float)v); break;
-	case TERN_INT8: ((int8_t *)p)[i] = ew_from_float_i8(v); break;
-	case TERN_INT16: ((int16_t *)p)[i] = ew_from_float_i16(v); break;
-	case TERN_INT32: ((int32_t *)p)[i] = ew_from_float_i32(v); break;
-	case TERN_INT64: ((int64_t *)p)[i] = ew_from_float_i64(v); break;
-	case TERN_UINT8: ((uint8_t *)p)[i] = ew_from_float_u8(v); break;
-	case TERN_UINT16: ((uint16_t *)p)[i] = ew_from_float_u16(v); break;
-	case TERN_UINT32: ((uint32_t *)p)[i] = ew_from_float_u32(v); break;
-	case TERN_UINT64: ((uint64_t *)p)[i] = ew_from_float_u64(v); break;
-	default: break;
-	}
-}
-
 static void ew_store_i64(int dtype, void *p, int64_t i, int64_t v)
 {
 	switch (dtype) {
@@ -700,7 +553,7 @@ static void ew_store_i64(int dtype, void *p, int64_t i, int64_t v)
 	case TERN_UINT16: ((uint16_t *)p)[i] = (uint16_t)v; break;
 	case TERN_UINT32: ((uint32_t *)p)[i] = (uint32_t)v; break;
 	case TERN_UINT64: ((uint64_t *)p)[i] = (uint64_t)v; break;
-	default: ew_store_f64(dtype, p, i, (double)v); break;
+	default: tern_store_f64(dtype, p, i, (double)v); break;
 	}
 }
 
@@ -716,7 +569,8 @@ static void ew_pow_mixed(const ew_row *r)
 			ew_store_i64(base.dtype, r->out, i,
 			             ew_ipow(tern_tensor_get_i64(&base, ib), tern_tensor_get_i64(&expo, ie)));
 		else
-			ew_store_f64(base.dtype, r->out, i, pow(tern_tensor_get_f64(&base, ib), tern_tensor_get_f64(&expo, ie)));
+			tern_store_f64(base.dtype, r->out, i,
+			               pow(tern_tensor_get_f64(&base, ib), tern_tensor_get_f64(&expo, ie)));
 	}
 }
 
@@ -873,8 +727,8 @@ static tern_status ew_check_inputs(const tern_prepare_args *p, int first, int n)
 		if (!p->in[i])
 			return tern_node_errorf(p->node, TERN_EDATA, "input %d is missing", i);
 		if (p->in[i]->dtype != p->in[first]->dtype)
-			return tern_node_errorf(p->node, TERN_EDATA, "input %d '%s' has type %s, input %d '%s' has type %s", i,
-			                        ew_input_name(p->node, i), tern_dtype_name(p->in[i]->dtype), first,
+			return tern_node_errorf(p->node, TERN_EDATA, "input %d '%s' has type %s, input %d '%s' has type %s",
+			                        i, ew_input_name(p->node, i), tern_dtype_name(p->in[i]->dtype), first,
 			                        ew_input_name(p->node, first), tern_dtype_name(p->in[first]->dtype));
 	}
 	return TERN_OK;
@@ -892,8 +746,9 @@ static tern_status ew_legacy_view(const tern_prepare_args *p, tern_tensor *view)
 	if (axis < 0)
 		axis += a->rank;
 	if (axis < 0 || axis + b->rank > a->rank)
-		return tern_node_errorf(p->node, TERN_EDATA, "axis %lld does not place input 1's %d dimensions within rank %d",
-		                        (long long)axis, b->rank, a->rank);
+		return tern_node_errorf(p->node, TERN_EDATA,
+		                        "axis %lld does not place input 1's %d dimensions within rank %d", (long long)axis,
+		                        b->rank, a->rank);
 	view->rank = a->rank;
 	for (int i = 0; i < view->rank; i++)
 		view->dims[i] = i < axis || i >= axis + b->rank ? 1 : b->dims[i - axis];
@@ -973,7 +828,8 @@ static const ew_desc ew_descs[] = {
 	{"Relu", 1, false, relu_fns},
 	{"LeakyRelu", 1, false, leaky_relu_fns, {"alpha"}, {0.01f}},
 	{"Elu", 1, false, elu_fns, {"alpha"}, {1.0f}},
-	{"Selu", 1, false, selu_fns, {"alpha", NULL, "gamma"}, {1.67326319217681884765625f, 0, 1.05070102214813232421875f}},
+	{"Selu", 1, false, selu_fns, {"alpha", NULL, "gamma"},
+	 {1.67326319217681884765625f, 0, 1.05070102214813232421875f}},
 	{"Celu", 1, false, celu_fns, {"alpha"}, {1.0f}},
 	{"Sigmoid", 1, false, sigmoid_fns},
 	{"HardSigmoid", 1, false, hard_sigmoid_fns, {"alpha", "beta"}, {0.2f, 0.5f}},
@@ -1038,7 +894,9 @@ static tern_status prep_mod_body(tern_prepare_args *p)
 static tern_status prep_bitshift_body(tern_prepare_args *p)
 {
 	const char *dir = tern_attr_string(p->node, "direction", "");
-	const ew_fn *fns = strcmp(dir, "LEFT") == 0 ? shift_left_fns : strcmp(dir, "RIGHT") == 0 ? shift_right_fns : NULL;
+	const ew_fn *fns = strcmp(dir, "LEFT") == 0    ? shift_left_fns
+	                   : strcmp(dir, "RIGHT") == 0 ? shift_right_fns
+	                                               : NULL;
 	if (!fns)
 		return tern_node_errorf(p->node, TERN_EDATA, "attribute 'direction' is \"%s\", expected LEFT or RIGHT", dir);
 	ew_params *e;
@@ -1185,11 +1043,11 @@ static tern_status prep_where_body(tern_prepare_args *p)
 static uint64_t ew_limit(int dtype, bool upper)
 {
 	uint64_t bits = 0;
-#define EW_LIMIT(T, LO, HI)                                                                                \
+#define EW_LIMIT(T, LO, HI)                                                                                    \
 	{                                                                                                      \
-		T v = upper ? (HI) : (LO);                                                                         \
-		memcpy(&bits, &v, sizeof v);                                                                       \
-		break;                                                                                             \
+		T v = upper ? (HI) : (LO);                                                                     \
+		memcpy(&bits, &v, sizeof v);                                                                   \
+		break;                                                                                         \
 	}
 	switch (dtype) {
 	case TERN_FLOAT: case TERN_FLOAT16: case TERN_BFLOAT16: EW_LIMIT(float, -INFINITY, INFINITY)
@@ -1311,16 +1169,16 @@ static tern_status prep_cast_like_body(tern_prepare_args *p)
 }
 
 /* A failed prepare leaves no parameters behind. */
-#define EW_PREPARE(name)                                                                                   \
+#define EW_PREPARE(name)                                                                                       \
 	static tern_status prep_##name(tern_prepare_args *p)                                                   \
 	{                                                                                                      \
-		tern_status st = prep_##name##_body(p);                                                            \
-		if (st) {                                                                                          \
-			free(p->params);                                                                               \
-			p->params = NULL;                                                                              \
-			p->free_params = NULL;                                                                         \
-		}                                                                                                  \
-		return st;                                                                                         \
+		tern_status st = prep_##name##_body(p);                                                        \
+		if (st) {                                                                                      \
+			free(p->params);                                                                       \
+			p->params = NULL;                                                                      \
+			p->free_params = NULL;                                                                 \
+		}                                                                                              \
+		return st;                                                                                     \
 	}
 EW_PREPARE(simple)
 EW_PREPARE(isinf)

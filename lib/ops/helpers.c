@@ -1,5 +1,5 @@
-/* helpers.c — shape helpers shared by the operator families: numpy broadcasting of shapes and the
- * stride tables that let a kernel walk broadcast inputs without materialising them. */
+/* helpers.c — helpers shared by the operator families: numpy broadcasting of shapes, the stride tables
+ * that let a kernel walk broadcast inputs without materialising them, and element stores. */
 #include "internal.h"
 #include "ops/ops_common.h"
 
@@ -34,7 +34,8 @@ tern_status tern_broadcast_shape(const tern_node *node, int ra, const int64_t *d
 			out[i] = a < 0 ? b : a;
 		else {
 			char sa[160], sb[160];
-			return tern_node_errorf(node, TERN_EDATA, "cannot broadcast shapes %s and %s (dimension %d: %lld vs %lld)",
+			return tern_node_errorf(node, TERN_EDATA,
+			                        "cannot broadcast shapes %s and %s (dimension %d: %lld vs %lld)",
 			                        dims_str(ra, da, sa, sizeof sa), dims_str(rb, db, sb, sizeof sb), i,
 			                        (long long)a, (long long)b);
 		}
@@ -128,5 +129,25 @@ void tern_bcast_next_row(const tern_bcast *b, int64_t *idx, int64_t *off)
 		idx[d] = 0;
 		for (int k = 0; k < b->n_in; k++)
 			off[k] -= (b->dims[d] - 1) * b->strides[k][d];
+	}
+}
+
+void tern_store_f64(int dtype, void *data, int64_t i, double v)
+{
+	switch (dtype) {
+	case TERN_FLOAT: ((float *)data)[i] = (float)v; break;
+	case TERN_DOUBLE: ((double *)data)[i] = v; break;
+	case TERN_FLOAT16: ((uint16_t *)data)[i] = tern_f32_to_f16((float)v); break;
+	case TERN_BFLOAT16: ((uint16_t *)data)[i] = tern_f32_to_bf16((float)v); break;
+	case TERN_BOOL: ((uint8_t *)data)[i] = v != 0; break;
+	case TERN_INT8: ((int8_t *)data)[i] = tern_sat_i8(v); break;
+	case TERN_INT16: ((int16_t *)data)[i] = tern_sat_i16(v); break;
+	case TERN_INT32: ((int32_t *)data)[i] = tern_sat_i32(v); break;
+	case TERN_INT64: ((int64_t *)data)[i] = tern_sat_i64(v); break;
+	case TERN_UINT8: ((uint8_t *)data)[i] = tern_sat_u8(v); break;
+	case TERN_UINT16: ((uint16_t *)data)[i] = tern_sat_u16(v); break;
+	case TERN_UINT32: ((uint32_t *)data)[i] = tern_sat_u32(v); break;
+	case TERN_UINT64: ((uint64_t *)data)[i] = tern_sat_u64(v); break;
+	default: break;
 	}
 }

@@ -1,9 +1,11 @@
-/* ops_common.h — helpers shared by the operator families: broadcasting of shapes over several
- * inputs, and stride tables for walking broadcast inputs row by row. */
+/* ops_common.h — helpers shared by the operator families: broadcasting of shapes and the stride tables
+ * that walk broadcast inputs row by row, element stores, and float32 math that vectorises. */
 #ifndef TERN_OPS_COMMON_H
 #define TERN_OPS_COMMON_H
 
 #include "internal.h"
+
+#include <math.h>
 
 /* Broadcasts the shapes of the non-NULL tensors in[0..n) together (numpy rules). */
 tern_status tern_broadcast_tensors(const tern_node *node, int n, const tern_tensor *const *in, int *rank,
@@ -29,5 +31,126 @@ void tern_bcast_init(tern_bcast *b, int n_in, const tern_tensor *const *in, int 
 void tern_bcast_seek(const tern_bcast *b, int64_t row, int64_t *idx, int64_t *off);
 /* Advances idx and off to the next row. */
 void tern_bcast_next_row(const tern_bcast *b, int64_t *idx, int64_t *off);
+
+
+/* Stores v as element i of data of the given numeric type or bool: floats round, integers saturate
+ * (NaN gives 0), bool is v != 0. */
+void tern_store_f64(int dtype, void *data, int64_t i, double v);
+
+/* Float to integer conversions that saturate and map NaN to 0, where C's conversion is undefined. */
+#define TERN_SATURATE(name, T, LO, HI)                                                                         \
+	static inline T name(double v)                                                                         \
+	{                                                                                                      \
+		return v != v ? 0 : v <= (double)(LO) ? (LO) : v >= (double)(HI) ? (HI) : (T)v;                \
+	}
+TERN_SATURATE(tern_sat_i8, int8_t, INT8_MIN, INT8_MAX)
+TERN_SATURATE(tern_sat_i16, int16_t, INT16_MIN, INT16_MAX)
+TERN_SATURATE(tern_sat_i32, int32_t, INT32_MIN, INT32_MAX)
+TERN_SATURATE(tern_sat_i64, int64_t, INT64_MIN, INT64_MAX)
+TERN_SATURATE(tern_sat_u8, uint8_t, 0, UINT8_MAX)
+TERN_SATURATE(tern_sat_u16, uint16_t, 0, UINT16_MAX)
+TERN_SATURATE(tern_sat_u32, uint32_t, 0, UINT32_MAX)
+TERN_SATURATE(tern_sat_u64, uint64_t, 0, UINT64_MAX)
+#undef TERN_SATURATE
+
+/* Selects without branches. With the default -ftrapping-math GCC will not turn a float ?: into a select,
+ * which keeps the loop from vectorising; a select on the bits does vectorise. */
+static inline float tern_select_f32(int c, float a, float b)
+{
+	uint32_t ua, ub, m = 0u - (uint32_t)(c != 0);
+	memcpy(&ua, &a, sizeof ua);
+	memcpy(&ub, &b, sizeof ub);
+	uint32_t r = (ua & m) | (ub & ~m);
+	float f;
+	memcpy(&f, &r, sizeof f);
+	return f;
+}
+
+static inline double tern_select_f64(int c, double a, double b)
+{
+	uint64_t ua, ub, m = 0u - (uint64_t)(c != 0);
+	memcpy(&ua, &a, sizeof ua);
+	memcpy(&ub, &b, sizeof ub);
+	uint64_t r = (ua & m) | (ub & ~m);
+	double f;
+	memcpy(&f, &r, sizeof f);
+	return f;
+}
+
+/* Float32 exp, tanh and erf written without calls or branches so that their loops vectorise; libm's
+ * versions stay scalar. Errors are within a few ulp. */
+static inline float tern_scale_pow2f(float e, int32_t k)
+{
+	/* e * 2^k in two factors, so that k from -150 to 128 never builds an out-of-range exponent. */
+	int32_t k1 = k / 2, k2 = k - k1;
+	uint32_t b1 = (uint32_t)(k1 + 127) << 23, b2 = (uint32_t)(k2 + 127) << 23;
+	float s1, s2;
+	memcpy(&s1, &b1, sizeof s1);
+	memcpy(&s2, &b2, sizeof s2);
+	return e * s1 * s2;
+}
+
+static inline float tern_fast_expf(float x)
+{
+	/* exp(x) = 2^n exp(r), n = round(x / ln 2), |r| <= ln 2 / 2, exp(r) by Cephes' polynomial. Beyond the
+	 * clamps the result has already overflowed or underflowed; NaN passes through the arithmetic. */
+	float xc = tern_select_f32(x > 88.8f, 88.8f, x);
+	xc = tern_select_f32(xc < -104.0f, -104.0f, xc);
+	const float magic = 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer held in the low bits */
+	float t = xc * 1.44269504088896341f + magic;
+	float n = t - magic;
+	float r = xc - n * 0.693359375f + n * 2.12194440e-4f;
+	float p = 1.9875691500e-4f;
+	p = p * r + 1.3981999507e-3f;
+	p = p * r + 8.3334519073e-3f;
+	p = p * r + 4.1665795894e-2f;
+	p = p * r + 1.6666665459e-1f;
+	p = p * r + 5.0000001201e-1f;
+	int32_t ti;
+	memcpy(&ti, &t, sizeof ti);
+	return tern_scale_pow2f(p * r * r + r + 1.0f, ti - 0x4B400000);
+}
+
+static inline float tern_fast_tanhf(float x)
+{
+	/* Cephes: a polynomial below |x| = 0.625, else 1 - 2 / (exp(2|x|) + 1) with x's sign. */
+	float z = x * x;
+	float p = -5.70498872745e-3f;
+	p = p * z + 2.06390887954e-2f;
+	p = p * z - 5.37397155531e-2f;
+	p = p * z + 1.33314422036e-1f;
+	p = p * z - 3.33332819422e-1f;
+	float small = p * z * x + x;
+	float ax = fabsf(x);
+	float big = copysignf(1.0f - 2.0f / (tern_fast_expf(ax + ax) + 1.0f), x);
+	return tern_select_f32(ax < 0.625f, small, big);
+}
+
+static inline float tern_fast_erff(float x)
+{
+	/* Below |x| = 0.5 the Taylor series to x^13; above, erf = 1 - erfc with Numerical Recipes' erfc
+	 * (relative error under 1.2e-7). */
+	float z = x * x;
+	float s = 1.0f / 9360;
+	s = s * z - 1.0f / 1320;
+	s = s * z + 1.0f / 216;
+	s = s * z - 1.0f / 42;
+	s = s * z + 1.0f / 10;
+	s = s * z - 1.0f / 3;
+	float small = x * 1.12837916709551257f * (s * z + 1.0f);
+	float ax = fabsf(x);
+	float t = 1.0f / (1.0f + 0.5f * ax);
+	float q = -0.82215223f + t * 0.17087277f;
+	q = 1.48851587f + t * q;
+	q = -1.13520398f + t * q;
+	q = 0.27886807f + t * q;
+	q = -0.18628806f + t * q;
+	q = 0.09678418f + t * q;
+	q = 0.37409196f + t * q;
+	q = 1.00002368f + t * q;
+	q = -1.26551223f + t * q;
+	float big = copysignf(1.0f - t * tern_fast_expf(q - z), x);
+	return tern_select_f32(ax < 0.5f, small, big);
+}
 
 #endif
