@@ -421,17 +421,8 @@ EW_UINTS(EW_WHERE, where, ~)
 #define EW_CVT_u64(v) EW_TO_INT(u64, uint64_t, v)
 #define EW_CVT_b8(v) ((uint8_t)((v) != 0))
 
-/* Cast kernels for every pair of source (bool reads as uint8) and destination. The two lists are
- * separate macros so that one can expand inside the other. */
-#define EW_CAST_SOURCES(X, ...)                                                                                \
-	X(__VA_ARGS__, f32, float)                                                                             \
-	X(__VA_ARGS__, f64, double)                                                                            \
-	X(__VA_ARGS__, i8, int8_t)                                                                             \
-	X(__VA_ARGS__, i16, int16_t)                                                                           \
-	X(__VA_ARGS__, i32, int32_t)                                                                           \
-	X(__VA_ARGS__, i64, int64_t)                                                                           \
-	X(__VA_ARGS__, u8, uint8_t)                                                                            \
-	X(__VA_ARGS__, u16, uint16_t) X(__VA_ARGS__, u32, uint32_t) X(__VA_ARGS__, u64, uint64_t)
+/* Cast kernels for every pair of source (EW_NUMERIC; bool reads as uint8) and destination. The
+ * destinations are a list of their own so that it can expand inside the sources' list. */
 #define EW_CAST_DESTS(X, ...)                                                                                  \
 	X(__VA_ARGS__, f32, float)                                                                             \
 	X(__VA_ARGS__, f64, double)                                                                            \
@@ -449,11 +440,11 @@ EW_UINTS(EW_WHERE, where, ~)
 		TT *y = r->out;                                                                                \
 		EW_IVDEP for (int64_t i = 0; i < r->n; i++) y[i] = EW_CVT_##dsfx(x[i]);                        \
 	}
-#define EW_CAST_DEFS_FROM(unused, ssfx, TF) EW_CAST_DESTS(EW_CAST_DEF, ssfx, TF)
-EW_CAST_SOURCES(EW_CAST_DEFS_FROM, ~)
+#define EW_CAST_DEFS_FROM(unused, ssfx, TF, W) EW_CAST_DESTS(EW_CAST_DEF, ssfx, TF)
+EW_NUMERIC(EW_CAST_DEFS_FROM, ~)
 #define EW_CAST_ENTRY(ssfx, TF, dsfx, TT) [EW_DT_##dsfx] = ew_cast_##ssfx##_##dsfx,
-#define EW_CAST_ROW(unused, ssfx, TF) [EW_DT_##ssfx] = {EW_CAST_DESTS(EW_CAST_ENTRY, ssfx, TF)},
-static const ew_fn ew_cast_fns[TERN_DTYPE_COUNT][TERN_DTYPE_COUNT] = {EW_CAST_SOURCES(EW_CAST_ROW, ~)};
+#define EW_CAST_ROW(unused, ssfx, TF, W) [EW_DT_##ssfx] = {EW_CAST_DESTS(EW_CAST_ENTRY, ssfx, TF)},
+static const ew_fn ew_cast_fns[TERN_DTYPE_COUNT][TERN_DTYPE_COUNT] = {EW_NUMERIC(EW_CAST_ROW, ~)};
 
 static bool ew_is_half(int dtype) { return dtype == TERN_FLOAT16 || dtype == TERN_BFLOAT16; }
 

@@ -55,27 +55,20 @@ TERN_SATURATE(tern_sat_u64, uint64_t, 0, UINT64_MAX)
 
 /* Selects without branches. With the default -ftrapping-math GCC will not turn a float ?: into a select,
  * which keeps the loop from vectorising; a select on the bits does vectorise. */
-static inline float tern_select_f32(int c, float a, float b)
-{
-	uint32_t ua, ub, m = 0u - (uint32_t)(c != 0);
-	memcpy(&ua, &a, sizeof ua);
-	memcpy(&ub, &b, sizeof ub);
-	uint32_t r = (ua & m) | (ub & ~m);
-	float f;
-	memcpy(&f, &r, sizeof f);
-	return f;
-}
-
-static inline double tern_select_f64(int c, double a, double b)
-{
-	uint64_t ua, ub, m = 0u - (uint64_t)(c != 0);
-	memcpy(&ua, &a, sizeof ua);
-	memcpy(&ub, &b, sizeof ub);
-	uint64_t r = (ua & m) | (ub & ~m);
-	double f;
-	memcpy(&f, &r, sizeof f);
-	return f;
-}
+#define TERN_SELECT(name, T, U)                                                                                \
+	static inline T name(int c, T a, T b)                                                                  \
+	{                                                                                                      \
+		U ua, ub, m = 0u - (U)(c != 0);                                                                \
+		memcpy(&ua, &a, sizeof ua);                                                                    \
+		memcpy(&ub, &b, sizeof ub);                                                                    \
+		U r = (ua & m) | (ub & ~m);                                                                    \
+		T f;                                                                                           \
+		memcpy(&f, &r, sizeof f);                                                                      \
+		return f;                                                                                      \
+	}
+TERN_SELECT(tern_select_f32, float, uint32_t)
+TERN_SELECT(tern_select_f64, double, uint64_t)
+#undef TERN_SELECT
 
 /* Float32 exp, tanh and erf written without calls or branches so that their loops vectorise; libm's
  * versions stay scalar. Errors are within a few ulp. */
