@@ -5,6 +5,10 @@
 
 #include <stdlib.h>
 
+#if TERN_HAVE_BLAS
+#include <cblas.h>
+#endif
+
 tern_status tern_exec_prepare_step(tern_exec *e, step *st, int at_run);
 
 static bool same_shape(const tern_tensor *a, const tern_tensor *b)
@@ -158,7 +162,13 @@ tern_status tern_plan_create(tern_model *model, const tern_plan_options *opts, c
 	for (int i = 0; i < n_inputs; i++)
 		ptrs[i] = (tern_tensor *)&inputs[i];
 	p->model = model;
-	tern_status rc = tern_threadpool_create(opts && opts->n_threads > 0 ? opts->n_threads : 1, &p->pool);
+	int n_threads = opts && opts->n_threads > 0 ? opts->n_threads : 1;
+#if TERN_HAVE_BLAS
+	/* OpenBLAS keeps its own threads, which spin between calls: give it the plan's thread count, so
+	 * that --threads 1 means one busy core. */
+	openblas_set_num_threads(n_threads);
+#endif
+	tern_status rc = tern_threadpool_create(n_threads, &p->pool);
 	const char *sched_text = tern_model_meta(model, TERN_SCHEDULE_KEY);
 	if (!rc && sched_text && !(opts && opts->single_stream))
 		rc = tern_schedule_parse(model->graph, sched_text, &p->schedule);
