@@ -444,12 +444,18 @@ def targets(rows, chains):
     return lines
 
 
+def header_lines(info):
+    """The machine, the date, the load around the run and the children's environment."""
+    return [f"Machine: {info['cpu']}, {info['nproc']} CPUs, Linux {info['kernel']}; {info['date']}; "
+            f"load average at start {info['load_average'][0]:.2f}, at end {info['load_average_end'][0]:.2f}.",
+            "Children's environment: " + (", ".join(info["removed_env"]) + " removed" if info["removed_env"] else
+                                          "no OPENBLAS_CORETYPE/L2_SIZE")
+            + ("; kept " + ", ".join(info["kept_env"]) if info["kept_env"] else "") + "."]
+
+
 def report(opt, info, rows, chains, baseline):
-    out = [f"Machine: {info['cpu']}, {info['nproc']} CPUs, Linux {info['kernel']}; {info['date']}; "
-           f"load average at start {info['load_average'][0]:.2f}, at end {info['load_average_end'][0]:.2f}.",
+    out = [*header_lines(info),
            f"Versions: " + ", ".join(f"{k} {v}" for k, v in info["versions"].items()) + ".",
-           "Children's environment: " + (", ".join(info["removed_env"]) + " removed" if info["removed_env"] else "no OPENBLAS_CORETYPE/L2_SIZE")
-           + ("; kept " + ", ".join(info["kept_env"]) if info["kept_env"] else "") + ".",
            f"Method: {opt.rounds} alternating rounds (PyTorch {min(opt.rounds, opt.torch_rounds)}), each a fresh process; "
            f"latency = median over rounds of each round's median, batch 1; MB = peak RSS of the whole process; "
            f"net = minus the same runtime's peak RSS on a one-node graph (tern {baseline['tern']:.1f} MB, "

@@ -1,0 +1,168 @@
+#!/usr/bin/env python3
+"""Multi-stream against single-stream execution in tern-run, on branchy models: Inception-v3,
+GoogLeNet and a generated DARTS-like cell network (scripts/make_cell_network.py).
+
+Each model is scheduled twice with tern-schedule: as many streams as its concurrency needs (auto), and
+at most 2 (--streams 2). Three variants then alternate in rounds, each measurement a fresh tern-run
+process with the same input: the auto-scheduled graph with --single-stream (nodes one after another,
+the schedule ignored), the same graph on its streams, and the 2-stream graph. Latency is the median over
+rounds of each round's median. Once per model the outputs of the three variants are compared with
+onnxruntime's (parity tolerance). OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE are removed from the
+children's environment, as in scripts/bench.py.
+
+Usage: .venv/bin/python scripts/bench_streams.py [--models a,b] [--threads 1,2] [--rounds R] [--iters N]
+                                                 [--quick] [--json]
+tern-run and tern-schedule are in $TERN_BUILD/bin (TERN_BUILD defaults to build).
+"""
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+import bench
+
+CELL_NETWORK = "cell_network"
+DEFAULT_MODELS = ["inception_v3", "googlenet", CELL_NETWORK]
+VARIANTS = {"single": "auto", "multi": "auto", "multi2": "2"}  # variant -> schedule it runs
+
+
+def schedule(tern_schedule, model, streams, out):
+    """Writes model's schedule with at most `streams` streams to out; returns the streams used."""
+    p = subprocess.run([tern_schedule, "-v", "--streams", streams, "-o", out, model], capture_output=True,
+                       text=True, env=bench.child_env())
+    if p.returncode != 0:
+        raise bench.BenchError(f"tern-schedule exit {p.returncode}: {p.stderr.strip()}")
+    m = re.search(r"on (\d+) streams?", p.stderr)
+    return int(m.group(1)) if m else None
+
+
+def model_file(opt, name):
+    import export_models
+
+    if name != CELL_NETWORK:
+        return export_models.export(opt.cache, name), export_models.MODELS[name][1]
+    path = os.path.join(opt.cache, CELL_NETWORK + ".onnx")
+    if not os.path.exists(path):
+        os.makedirs(opt.cache, exist_ok=True)
+        p = subprocess.run([sys.executable, os.path.join(bench.SCRIPTS, "make_cell_network.py"), path],
+                           capture_output=True, text=True)
+        if p.returncode != 0:
+            raise bench.BenchError(f"make_cell_network: {p.stderr.strip()}")
+    return path, [export_models.Input("image", (1, 3, 32, 32))]
+
+
+def variant_args(variant):
+    return ["--single-stream"] if variant == "single" else []
+
+
+def check(opt, work, name, graphs, inputs):
+    """Runs every variant once (2 threads) and onnxruntime; returns the latencies seen and the largest
+    error / bound."""
+    ort_dir = tempfile.mkdtemp(prefix=f"{name}.ort.", dir=work)
+    bench.child_measure("ort", graphs["auto"], inputs, 1, 1, 0, out_dir=ort_dir)
+    seen, worst = {}, 0.0
+    for v, sched in VARIANTS.items():
+        d = tempfile.mkdtemp(prefix=f"{name}.{v}.", dir=work)
+        seen[v] = bench.tern_measure(opt.tern_run, graphs[sched], inputs, 2, 3, 1, variant_args(v), out_dir=d)["ms"]
+        ratio, problem = bench.compare_outputs(ort_dir, d)
+        if problem:
+            raise bench.BenchError(f"{name} ({v}): outputs differ from onnxruntime's: {problem}")
+        worst = max(worst, ratio)
+    return seen, worst
+
+
+def run(opt, work):
+    rows = []
+    for name in opt.models:
+        path, model_inputs = model_file(opt, name)
+        inputs = bench.save_inputs(work, name, model_inputs)
+        graphs, streams = {}, {}
+        for sched in set(VARIANTS.values()):
+            graphs[sched] = os.path.join(work, f"{name}.streams-{sched}.onnx")
+            streams[sched] = schedule(opt.tern_schedule, path, sched, graphs[sched])
+        seen, err = check(opt, work, name, graphs, inputs)
+        n, w = bench.iterations(max(seen.values()), opt.target, opt.iters)
+        for t in opt.threads:
+            bench.log(f"bench_streams: {name}, {t} thread(s)")
+            runners = {v: (lambda v=v: bench.tern_measure(opt.tern_run, graphs[VARIANTS[v]], inputs, t, n, w,
+                                                          variant_args(v)), opt.rounds) for v in VARIANTS}
+            res = {v: bench.summary(r) for v, r in bench.alternate(runners, opt.rounds).items()}
+            res.update(model=name, threads=t, streams=streams, iters=n, warmup=w, check=err,
+                       speedup=res["single"]["ms"] / res["multi"]["ms"],
+                       speedup2=res["single"]["ms"] / res["multi2"]["ms"])
+            rows.append(res)
+    return rows
+
+
+def targets(rows):
+    lines = []
+    for r in rows:
+        if r["model"] == CELL_NETWORK and r["threads"] == 2:
+            lines.append(f"- cell network, 2 threads: multi-stream {r['speedup']:.2f}× single-stream (target ≥ 1.3): "
+                         + ("met" if r["speedup"] >= 1.3 else "NOT met"))
+    slower = [f"{r['model']}/{r['threads']}/{v}" for r in rows if r["model"] != CELL_NETWORK
+              for v, s in (("auto", r["speedup"]), ("2 streams", r["speedup2"])) if 1 / s > 1.05]
+    if any(r["model"] != CELL_NETWORK for r in rows):
+        lines.append("- torchvision models: multi-stream never more than 5% slower than single-stream: "
+                     + ("met" if not slower else "NOT met: " + ", ".join(slower)))
+    return lines
+
+
+def report(opt, info, rows):
+    out = [*bench.header_lines(info),
+           f"Method: {opt.rounds} alternating rounds, each a fresh tern-run process; latency = median over rounds "
+           "of each round's median, batch 1; speed-up = single-stream ms / multi-stream ms.", ""]
+    header = ["model", "threads", "streams", "single ms", "multi ms", "speed-up", "2-stream ms", "speed-up (2)", "iters"]
+    table = [[r["model"], r["threads"], r["streams"]["auto"], bench.fmt(r["single"]["ms"], 3),
+              bench.fmt(r["multi"]["ms"], 3), bench.fmt(r["speedup"]), bench.fmt(r["multi2"]["ms"], 3),
+              bench.fmt(r["speedup2"]), r["iters"]] for r in rows]
+    out.append(bench.markdown_table(header, table))
+    out += ["", "Targets:", *targets(rows)]
+    return "\n".join(out)
+
+
+def main():
+    build = os.environ.get("TERN_BUILD", "build")
+    ap = argparse.ArgumentParser(description="Benchmark tern-run's multi-stream execution against single-stream.")
+    ap.add_argument("--models", type=bench.parse_list, default=DEFAULT_MODELS, help="comma-separated (default: %(default)s)")
+    ap.add_argument("--threads", type=lambda s: bench.parse_list(s, int), default=[1, 2], help="comma-separated (default 1,2)")
+    ap.add_argument("--rounds", type=int, default=5, help="alternating rounds (default 5)")
+    ap.add_argument("--iters", type=int, default=None, help="timed iterations per round (default: about --target seconds)")
+    ap.add_argument("--target", type=float, default=1.0, help="seconds of timed runs per measurement (default 1)")
+    ap.add_argument("--quick", action="store_true", help="2 rounds of about 0.3 s: a smoke test, not a measurement")
+    ap.add_argument("--json", action="store_true", help="print the results as JSON instead of markdown")
+    ap.add_argument("--tern-run", default=os.path.join(build, "bin", "tern-run"))
+    ap.add_argument("--tern-schedule", default=os.path.join(build, "bin", "tern-schedule"))
+    ap.add_argument("--cache", default=os.path.join(build, "tests", "models", "cache"), help="exported models")
+    opt = ap.parse_args()
+    if opt.quick:
+        opt.rounds, opt.target = 2, 0.3
+    import export_models
+
+    for n in opt.models:
+        if n not in export_models.MODELS and n != CELL_NETWORK:
+            sys.exit(f"bench_streams: unknown model {n!r}")
+    for tool in (opt.tern_run, opt.tern_schedule):
+        if not os.access(tool, os.X_OK):
+            sys.exit(f"bench_streams: {tool}: not an executable (set TERN_BUILD)")
+
+    info = bench.machine()
+    with tempfile.TemporaryDirectory(prefix="tern-bench-streams.") as work:
+        try:
+            rows = run(opt, work)
+        except bench.BenchError as e:
+            sys.exit(f"bench_streams: {e}")
+    info["load_average_end"] = os.getloadavg()
+    if opt.json:
+        json.dump({"machine": info, "models": rows, "targets": targets(rows)}, sys.stdout, indent=1)
+        print()
+    else:
+        print(report(opt, info, rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
