@@ -3,6 +3,7 @@
  * parallel. Kernels exist for float and double; float16 and bfloat16 are computed in float. */
 #include "internal.h"
 #include "ops/gemm.h"
+#include "ops/ops_common.h"
 
 #include <float.h>
 #include <math.h>
@@ -71,6 +72,18 @@ static tern_status check_numel(const tern_node *node, const tern_tensor *t, int 
 static tern_status bad_attr(const tern_node *node, const char *name, const char *value)
 {
 	return tern_node_errorf(node, TERN_EDATA, "attribute '%s' = '%s' is not supported", name, value);
+}
+
+static tern_status parse_enum(const tern_node *node, const char *attr, const char *dflt, const char *const *names,
+                              int n, int *out)
+{
+	const char *v = tern_attr_string(node, attr, dflt);
+	for (int i = 0; i < n; i++)
+		if (streq(v, names[i])) {
+			*out = i;
+			return TERN_OK;
+		}
+	return bad_attr(node, attr, v);
 }
 
 /* Normalises a possibly negative axis into [0, rank). */
@@ -717,7 +730,7 @@ static void copy_strided(size_t es, char *dst, const char *src, int64_t n, int64
 
 /* Rows of the column matrix for channels [begin, end): row (c, k0, k1, k2) holds, for every output
  * position, the input element under that kernel tap, or 0 in the padding. */
-static void im2col_channels(void *ctx, int64_t begin, int64_t end)
+HOT static void im2col_channels(void *ctx, int64_t begin, int64_t end)
 {
 	const im2col_ctx *c = ctx;
 	const window *w = c->w;
@@ -1331,14 +1344,6 @@ typedef struct bn_ctx {
 DEF_BN(f32, float)
 DEF_BN(f64, double)
 
-static void store_real(tern_tensor *t, int64_t i, double v)
-{
-	if (t->dtype == TERN_DOUBLE)
-		((double *)t->data)[i] = v;
-	else
-		((float *)t->data)[i] = (float)v;
-}
-
 static tern_status bn_kernel(const tern_kernel_args *a)
 {
 	const bn_params *bp = a->params;
@@ -1361,13 +1366,13 @@ static tern_status bn_kernel(const tern_kernel_args *a)
 	for (int64_t ch = 0; ch < bp->c; ch++) {
 		double m = bp->momentum;
 		if (a->n_out > 1 && a->out[1])
-			store_real(a->out[1], ch, tern_tensor_get_f64(mean_in, ch) * m + c.mean[ch] * (1 - m));
+			tern_store_f64(a->out[1]->dtype, a->out[1]->data, ch, tern_tensor_get_f64(mean_in, ch) * m + c.mean[ch] * (1 - m));
 		if (a->n_out > 2 && a->out[2])
-			store_real(a->out[2], ch, tern_tensor_get_f64(var_in, ch) * m + c.var[ch] * (1 - m));
+			tern_store_f64(a->out[2]->dtype, a->out[2]->data, ch, tern_tensor_get_f64(var_in, ch) * m + c.var[ch] * (1 - m));
 		if (a->n_out > 3 && a->out[3])
-			store_real(a->out[3], ch, c.mean[ch]);
+			tern_store_f64(a->out[3]->dtype, a->out[3]->data, ch, c.mean[ch]);
 		if (a->n_out > 4 && a->out[4])
-			store_real(a->out[4], ch, c.var[ch]);
+			tern_store_f64(a->out[4]->dtype, a->out[4]->data, ch, c.var[ch]);
 	}
 	return TERN_OK;
 }
@@ -1436,14 +1441,27 @@ typedef struct group_norm_ctx {
 
 /* Mean and 1/sqrt(variance + eps) of n elements, accumulated in double. */
 #define DEF_MOMENTS(S, T)                                                                        \
-	static void moments_##S(const T *x, int64_t n, int64_t stride, double eps, double *mean, double *inv) \
+	static void moments_##S(const T *x, int64_t n, double eps, double *mean, double *inv)        \
 	{                                                                                            \
-		double sum = 0, sq = 0;                                                                  \
-		for (int64_t i = 0; i < n; i++)                                                          \
-			sum += x[i * stride];                                                                \
+		double part[8] = {0}, sum = 0, sq = 0;                                                   \
+		int64_t i = 0;                                                                           \
+		for (; i + 8 <= n; i += 8)                                                               \
+			for (int l = 0; l < 8; l++)                                                          \
+				part[l] += x[i + l];                                                             \
+		for (; i < n; i++)                                                                       \
+			sum += x[i];                                                                         \
+		for (int l = 0; l < 8; l++) {                                                            \
+			sum += part[l];                                                                      \
+			part[l] = 0;                                                                         \
+		}                                                                                        \
 		double m = n ? sum / (double)n : 0;                                                      \
-		for (int64_t i = 0; i < n; i++)                                                          \
-			sq += (x[i * stride] - m) * (x[i * stride] - m);                                     \
+		for (i = 0; i + 8 <= n; i += 8)                                                          \
+			for (int l = 0; l < 8; l++)                                                          \
+				part[l] += (x[i + l] - m) * (x[i + l] - m);                                      \
+		for (; i < n; i++)                                                                       \
+			sq += (x[i] - m) * (x[i] - m);                                                       \
+		for (int l = 0; l < 8; l++)                                                              \
+			sq += part[l];                                                                       \
 		*mean = m;                                                                               \
 		*inv = 1.0 / sqrt((n ? sq / (double)n : 0) + eps);                                       \
 	}
@@ -1461,7 +1479,7 @@ DEF_MOMENTS(f64, double)
 			const T *x = (const T *)c->x + blk * per * gp->sp;                                   \
 			T *y = (T *)c->y + blk * per * gp->sp;                                               \
 			double mean, inv;                                                                    \
-			moments_##S(x, per * gp->sp, 1, gp->eps, &mean, &inv);                               \
+			moments_##S(x, per * gp->sp, gp->eps, &mean, &inv);                               \
 			int64_t c0 = (blk % gp->groups) * per;                                               \
 			for (int64_t ch = 0; ch < per; ch++) {                                               \
 				T a = (T)(c->scale[c0 + ch] * inv), b = (T)(c->bias[c0 + ch] - mean * c->scale[c0 + ch] * inv); \
@@ -1553,12 +1571,16 @@ typedef struct layer_norm_ctx {
 			const T *restrict x = (const T *)c->x + r * lp->cols;                              \
 			T *restrict y = (T *)c->y + r * lp->cols;                                          \
 			double mean, inv;                                                                  \
-			moments_##S(x, lp->cols, 1, lp->eps, &mean, &inv);                                 \
+			moments_##S(x, lp->cols, lp->eps, &mean, &inv);                                 \
 			T m = (T)mean, iv = (T)inv;                                                        \
-			for (int64_t i = 0; i < lp->cols; i++) {                                           \
-				T v = (x[i] - m) * iv * scale[lp->scale_scalar ? 0 : i];                       \
-				y[i] = bias ? v + bias[lp->bias_scalar ? 0 : i] : v;                           \
-			}                                                                                  \
+			if (!lp->scale_scalar && bias && !lp->bias_scalar)                                 \
+				for (int64_t i = 0; i < lp->cols; i++)                                         \
+					y[i] = (x[i] - m) * iv * scale[i] + bias[i];                               \
+			else                                                                               \
+				for (int64_t i = 0; i < lp->cols; i++) {                                       \
+					T v = (x[i] - m) * iv * scale[lp->scale_scalar ? 0 : i];                   \
+					y[i] = bias ? v + bias[lp->bias_scalar ? 0 : i] : v;                       \
+				}                                                                              \
 			if (c->mean)                                                                       \
 				((T *)c->mean)[r] = m;                                                         \
 			if (c->inv)                                                                        \
@@ -1817,7 +1839,7 @@ static tern_status mvn_kernel(const tern_kernel_args *a)
 	}
 	for (int64_t i = 0; i < n; i++) {
 		int64_t g = mvn_group(mp, i);
-		store_real(y, i, (tern_tensor_get_f64(x, i) - sum[g] / (double)per) / (sqrt(sq[g] / (double)per) + 1e-9));
+		tern_store_f64(y->dtype, y->data, i, (tern_tensor_get_f64(x, i) - sum[g] / (double)per) / (sqrt(sq[g] / (double)per) + 1e-9));
 	}
 	return TERN_OK;
 }
@@ -1863,40 +1885,11 @@ static tern_status mvn_prepare(tern_prepare_args *p)
 
 enum { SOFTMAX, LOG_SOFTMAX, HARDMAX };
 
-/* exp(x) for float in plain arithmetic that loops vectorise (libm's expf does not): x = n ln2 + r
- * with |r| <= ln2 / 2, e^r from a degree-6 Taylor polynomial (relative error about 2.4e-7), 2^n put
- * straight into the exponent bits. Below -87.3 the result is 0; above 88 it saturates at e^88; NaN
- * stays NaN. The range tests work on the bits with masks: branches and floating-point selects would
- * keep the compiler from vectorising. */
-static inline float exp_approx(float x)
-{
-	uint32_t ux;
-	memcpy(&ux, &x, sizeof ux);
-	uint32_t nan = -(uint32_t)((ux & 0x7fffffffu) > 0x7f800000u);
-	uint32_t under = -(uint32_t)(ux > 0xc2ae999au) & ~nan;                              /* x < -87.3 */
-	uint32_t over = (-(uint32_t)(ux < 0x80000000u) & -(uint32_t)(ux > 0x42b00000u)) | nan; /* x > 88 */
-	uint32_t cb = (under & 0xc2ae999au) | (over & 0x42b00000u) | (~(under | over) & ux);
-	float xc;
-	memcpy(&xc, &cb, sizeof xc);
-	float n = (xc * 1.44269504f + 12582912.0f) - 12582912.0f; /* round to nearest */
-	float r = xc - n * 0.693359375f + n * 2.12194440e-4f;      /* ln 2 in two parts */
-	float p = 1.0f + r * (1.0f + r * (0.5f + r * (0.166666672f + r * (0.0416666679f + r * (0.00833333377f + r * 0.00138888892f)))));
-	uint32_t bits = (uint32_t)((int32_t)n + 127) << 23;
-	float scale, y;
-	memcpy(&scale, &bits, sizeof scale);
-	y = p * scale;
-	uint32_t yb;
-	memcpy(&yb, &y, sizeof yb);
-	yb = (yb & ~(under | nan)) | (ux & nan);
-	memcpy(&y, &yb, sizeof y);
-	return y;
-}
-
 #define LANES 16 /* columns of a strided softmax handled together, so the loops run along the rows */
 
 /* Softmax and LogSoftmax over n elements `inner` apart, for `lanes` neighbouring columns at once.
  * The exponentials go through y; sums use LANES partial sums so that they vectorise too. */
-#define DEF_SOFTMAX(S, T, EXP, LOG)                                                                   \
+#define DEF_SOFTMAX(S, T, EXP, LOG, SELECT)                                                                   \
 	HOT static void softmax_block_##S(int kind, const T *x, T *y, int64_t n, int64_t inner, int lanes)   \
 	{                                                                                                \
 		T max[LANES], sum[LANES];                                                                    \
@@ -1921,12 +1914,22 @@ static inline float exp_approx(float x)
 	}                                                                                                \
 	HOT static void softmax_row_##S(int kind, const T *restrict x, T *restrict y, int64_t n)            \
 	{                                                                                                \
-		T max = x[0], part[LANES] = {0}, sum = 0;                                                    \
-		for (int64_t i = 1; i < n; i++)                                                              \
-			max = x[i] > max ? x[i] : max;                                                           \
-		for (int64_t i = 0; i < n; i++)                                                              \
-			y[i] = EXP(x[i] - max);                                                                  \
+		T max = x[0], part[LANES], sum = 0;                                                          \
 		int64_t i = 0;                                                                               \
+		for (int l = 0; l < LANES; l++)                                                              \
+			part[l] = x[0];                                                                          \
+		for (; i + LANES <= n; i += LANES)                                                           \
+			for (int l = 0; l < LANES; l++)                                                          \
+				part[l] = SELECT(x[i + l] > part[l], x[i + l], part[l]);                             \
+		for (; i < n; i++)                                                                           \
+			max = x[i] > max ? x[i] : max;                                                           \
+		for (int l = 0; l < LANES; l++) {                                                            \
+			max = part[l] > max ? part[l] : max;                                                     \
+			part[l] = 0;                                                                             \
+		}                                                                                            \
+		for (i = 0; i < n; i++)                                                                      \
+			y[i] = EXP(x[i] - max);                                                                  \
+		i = 0;                                                                                       \
 		for (; i + LANES <= n; i += LANES)                                                           \
 			for (int l = 0; l < LANES; l++)                                                          \
 				part[l] += y[i + l];                                                                 \
@@ -1974,19 +1977,23 @@ static inline float exp_approx(float x)
 		}                                                                                            \
 	}
 
-DEF_SOFTMAX(f32, float, exp_approx, logf)
-DEF_SOFTMAX(f64, double, exp, log)
+DEF_SOFTMAX(f32, float, tern_fast_expf, logf, tern_select_f32)
+DEF_SOFTMAX(f64, double, exp, log, tern_select_f64)
+
+static void softmax_run(tern_threadpool *pool, const axis_params *ap, int dtype, const void *x, void *y)
+{
+	if (ap->n == 0)
+		return;
+	plain_ctx c = {ap, x, y};
+	int64_t per = ap->kind == HARDMAX || ap->inner == 1 ? ap->inner : (ap->inner + LANES - 1) / LANES;
+	int64_t width = ap->kind == HARDMAX || ap->inner == 1 ? 1 : LANES;
+	parallel_range(pool, ap->outer * per, grain_for(ap->n * width * 4),
+	               dtype == TERN_DOUBLE ? softmax_items_f64 : softmax_items_f32, &c);
+}
 
 static tern_status softmax_kernel(const tern_kernel_args *a)
 {
-	const axis_params *ap = a->params;
-	if (ap->n == 0)
-		return TERN_OK;
-	plain_ctx c = {ap, a->in[0]->data, a->out[0]->data};
-	int64_t per = ap->kind == HARDMAX || ap->inner == 1 ? ap->inner : (ap->inner + LANES - 1) / LANES;
-	int64_t width = ap->kind == HARDMAX || ap->inner == 1 ? 1 : LANES;
-	parallel_range(a->pool, ap->outer * per, grain_for(ap->n * width * 4),
-	               a->in[0]->dtype == TERN_DOUBLE ? softmax_items_f64 : softmax_items_f32, &c);
+	softmax_run(a->pool, a->params, a->in[0]->dtype, a->in[0]->data, a->out[0]->data);
 	return TERN_OK;
 }
 
@@ -2005,6 +2012,102 @@ static tern_status softmax_setup(tern_prepare_args *p, int kind)
 static tern_status softmax_prepare(tern_prepare_args *p) { return softmax_setup(p, SOFTMAX); }
 static tern_status log_softmax_prepare(tern_prepare_args *p) { return softmax_setup(p, LOG_SOFTMAX); }
 static tern_status hardmax_prepare(tern_prepare_args *p) { return softmax_setup(p, HARDMAX); }
+
+/* ---------------------------------------------------------------- NegativeLogLikelihoodLoss, SoftmaxCrossEntropyLoss */
+
+enum { REDUCE_NONE, REDUCE_SUM, REDUCE_MEAN };
+
+typedef struct loss_params {
+	axis_params ap; /* classes on axis 1: outer = N, n = C, inner = the positions d1 x d2 ... */
+	int reduction;
+	bool has_ignore, softmax;
+	int64_t ignore;
+} loss_params;
+
+/* loss[n, d] = -weight[t] * logp[n, t, d] for t = target[n, d], 0 where t is ignore_index; then
+ * summed, or averaged over the weights of the targets counted. */
+static tern_status loss_kernel(const tern_kernel_args *a)
+{
+	const loss_params *lp = a->params;
+	const tern_tensor *x = a->in[0], *target = a->in[1], *weight = a->n_in > 2 ? a->in[2] : NULL;
+	tern_tensor *y = a->out[0];
+	const void *logp = x->data;
+	if (lp->softmax) {
+		void *dst = a->n_out > 1 && a->out[1] ? a->out[1]->data : a->scratch;
+		softmax_run(a->pool, &lp->ap, x->dtype, x->data, dst);
+		logp = dst;
+	}
+	int64_t c_n = lp->ap.n, d_n = lp->ap.inner, count = lp->ap.outer * d_n;
+	double total = 0, weights = 0;
+	for (int64_t i = 0; i < count; i++) {
+		int64_t t = tern_tensor_get_i64(target, i), n = i / d_n, d = i % d_n;
+		double l = 0, w = 0;
+		if (!lp->has_ignore || t != lp->ignore) {
+			if (t < 0 || t >= c_n)
+				return tern_node_errorf(a->node, TERN_EDATA, "target %lld at position %lld is outside [0, %lld)",
+				                        (long long)t, (long long)i, (long long)c_n);
+			int64_t at = (n * c_n + t) * d_n + d;
+			w = weight ? tern_tensor_get_f64(weight, t) : 1;
+			l = -w * (x->dtype == TERN_DOUBLE ? ((const double *)logp)[at] : ((const float *)logp)[at]);
+		}
+		if (lp->reduction == REDUCE_NONE)
+			tern_store_f64(y->dtype, y->data, i, l);
+		total += l;
+		weights += w;
+	}
+	if (lp->reduction != REDUCE_NONE)
+		tern_store_f64(y->dtype, y->data, 0, lp->reduction == REDUCE_SUM ? total : total / weights);
+	return TERN_OK;
+}
+
+static tern_status loss_setup(tern_prepare_args *p, bool softmax)
+{
+	const tern_node *node = p->node;
+	const tern_tensor *x = p->in[0], *target = p->in[1], *weight = p->n_in > 2 ? p->in[2] : NULL;
+	tern_status st = check_real(node, x, 0);
+	if (!st)
+		st = check_rank(node, x, 0, 2, TERN_MAX_RANK);
+	if (!st && weight)
+		st = check_same(node, x, weight, 2);
+	if (st)
+		return st;
+	char sx[128], st_[128];
+	bool fits = target->dtype == TERN_INT32 || target->dtype == TERN_INT64;
+	fits &= target->rank == x->rank - 1 && target->dims[0] == x->dims[0];
+	for (int i = 1; fits && i < target->rank; i++)
+		fits = target->dims[i] == x->dims[i + 1];
+	if (!fits)
+		return tern_node_errorf(node, TERN_EDATA, "input 1 %s must be int32 or int64 shaped like input 0 %s without axis 1",
+		                        tern_shape_str(target->dtype, target->rank, target->dims, st_, sizeof st_),
+		                        tern_shape_str(x->dtype, x->rank, x->dims, sx, sizeof sx));
+	loss_params *lp = calloc(1, sizeof *lp);
+	if (!lp)
+		return no_memory(node);
+	p->params = lp;
+	p->free_params = free;
+	lp->softmax = softmax;
+	lp->ap.kind = LOG_SOFTMAX;
+	lp->ap.outer = x->dims[0];
+	lp->ap.n = x->dims[1];
+	lp->ap.inner = prod(x->dims, 2, x->rank);
+	if ((st = check_numel(node, weight, 2, "weights", lp->ap.n)))
+		return st;
+	static const char *const reductions[] = {"none", "sum", "mean"};
+	if ((st = parse_enum(node, "reduction", "mean", reductions, 3, &lp->reduction)))
+		return st;
+	lp->has_ignore = tern_attr(node, "ignore_index") != NULL;
+	lp->ignore = tern_attr_int(node, "ignore_index", 0);
+	tern_set_shape(p->out[0], x->dtype, lp->reduction == REDUCE_NONE ? target->rank : 0, target->dims);
+	if (p->n_out > 1 && p->out[1])
+		tern_set_shape(p->out[1], x->dtype, x->rank, x->dims);
+	else if (softmax)
+		p->scratch_bytes = (size_t)tern_tensor_numel(x) * compute_size(x->dtype);
+	p->kernel = loss_kernel;
+	return stage_halves(p);
+}
+
+static tern_status nll_loss_prepare(tern_prepare_args *p) { return loss_setup(p, false); }
+static tern_status sce_loss_prepare(tern_prepare_args *p) { return loss_setup(p, true); }
 
 /* ---------------------------------------------------------------- Dropout */
 
@@ -2039,18 +2142,18 @@ static tern_status dropout_kernel(const tern_kernel_args *a)
 			memset(mask->data, 1, (size_t)n);
 		else if (mask)
 			for (int64_t i = 0; i < n; i++)
-				store_real(mask, i, 1.0);
+				tern_store_f64(mask->dtype, mask->data, i, 1.0);
 		return TERN_OK;
 	}
 	uint64_t state = dp->seed ^ (atomic_fetch_add(&dp->runs, 1) * 0xd1b54a32d192ed03u);
 	double keep = 1.0 - ratio, scale = 1.0 / keep;
 	for (int64_t i = 0; i < n; i++) {
 		bool kept = (double)(splitmix64(&state) >> 11) * 0x1p-53 < keep;
-		store_real(y, i, kept ? tern_tensor_get_f64(x, i) * scale : 0.0);
+		tern_store_f64(y->dtype, y->data, i, kept ? tern_tensor_get_f64(x, i) * scale : 0.0);
 		if (mask && dp->mask_bool)
 			((bool *)mask->data)[i] = kept;
 		else if (mask)
-			store_real(mask, i, kept);
+			tern_store_f64(mask->dtype, mask->data, i, kept);
 	}
 	return TERN_OK;
 }
@@ -2293,13 +2396,44 @@ static void resize_gather_planes(void *ctx, int64_t begin, int64_t end)
 				sum += w[i] * resize_value_##S(rp, axis + 1, x + off[i], o);                              \
 		return sum;                                                                                       \
 	}                                                                                                     \
-	HOT static void resize_planes_##S(void *ctx, int64_t begin, int64_t end)                                  \
+	/* The common case, the last two axes resized: loops without recursion. */                          \
+	static void resize_2d_##S(const resize_params *rp, const T *x, T *y)                                  \
+	{                                                                                                     \
+		const resize_axis *ah = &rp->ax[rp->rank - 2], *aw = &rp->ax[rp->rank - 1];                       \
+		for (int64_t oh = 0; oh < ah->out; oh++) {                                                        \
+			const int64_t *offh = ah->off + oh * ah->taps;                                                \
+			const double *wh = ah->w + oh * ah->taps;                                                     \
+			T *yr = y + oh * aw->out;                                                                     \
+			for (int64_t ow = 0; ow < aw->out; ow++) {                                                    \
+				if (ah->outside[oh] || aw->outside[ow]) {                                                 \
+					yr[ow] = (T)rp->extrapolation;                                                        \
+					continue;                                                                             \
+				}                                                                                         \
+				const int64_t *offw = aw->off + ow * aw->taps;                                            \
+				const double *ww = aw->w + ow * aw->taps;                                                 \
+				double sum = 0;                                                                           \
+				for (int th = 0; th < ah->count[oh]; th++) {                                              \
+					const T *row = x + offh[th];                                                          \
+					double part = 0;                                                                      \
+					for (int tw = 0; tw < aw->count[ow]; tw++)                                            \
+						part += ww[tw] * row[offw[tw]];                                                   \
+					sum += wh[th] * part;                                                                 \
+				}                                                                                         \
+				yr[ow] = (T)sum;                                                                          \
+			}                                                                                             \
+		}                                                                                                 \
+	}                                                                                                     \
+	HOT static void resize_planes_##S(void *ctx, int64_t begin, int64_t end)                              \
 	{                                                                                                     \
 		const resize_ctx *c = ctx;                                                                        \
 		const resize_params *rp = c->rp;                                                                  \
 		for (int64_t plane = begin; plane < end; plane++) {                                               \
 			const T *x = (const T *)c->x + plane * rp->in_plane;                                          \
 			T *y = (T *)c->y + plane * rp->out_plane;                                                     \
+			if (rp->first == rp->rank - 2) {                                                              \
+				resize_2d_##S(rp, x, y);                                                                  \
+				continue;                                                                                 \
+			}                                                                                             \
 			int64_t o[TERN_MAX_RANK] = {0};                                                               \
 			for (int64_t i = 0; i < rp->out_plane; i++) {                                                 \
 				bool outside = false;                                                                     \
@@ -2384,18 +2518,6 @@ static tern_status resize_finish(tern_prepare_args *p, const resize_options *o, 
 	tern_set_shape(p->out[0], x->dtype, x->rank, out);
 	p->kernel = resize_kernel;
 	return rp->nearest ? TERN_OK : stage_halves(p);
-}
-
-static tern_status parse_enum(const tern_node *node, const char *attr, const char *dflt, const char *const *names,
-                              int n, int *out)
-{
-	const char *v = tern_attr_string(node, attr, dflt);
-	for (int i = 0; i < n; i++)
-		if (streq(v, names[i])) {
-			*out = i;
-			return TERN_OK;
-		}
-	return bad_attr(node, attr, v);
 }
 
 static tern_status resize_prepare(tern_prepare_args *p)
@@ -2653,6 +2775,8 @@ static const tern_op ops[] = {
 	{"", "LogSoftmax", 1, 0, log_softmax_prepare, FLOATS, "nn"},
 	{"", "Hardmax", 1, 0, hardmax_prepare, FLOATS, "nn"},
 	{"", "Dropout", 1, 0, dropout_prepare, FLOATS, "nn"},
+	{"", "NegativeLogLikelihoodLoss", 12, 0, nll_loss_prepare, FLOATS, "nn"},
+	{"", "SoftmaxCrossEntropyLoss", 12, 0, sce_loss_prepare, FLOATS, "nn"},
 	{"", "Resize", 10, 0, resize_prepare, 0, "nn"},
 	{"", "Upsample", 7, 9, upsample_prepare, 0, "nn"},
 };
