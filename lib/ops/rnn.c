@@ -128,7 +128,7 @@ VECTOR_CLONES static void activate(const activation *a, float *restrict x, int64
  * much as the arithmetic; packing the recurrent weights once per sequence avoids that. */
 #define PANEL 16
 /* Recurrences over at most this many batch rows use the packed product. */
-#define PACKED_MAX_ROWS 16
+#define PACKED_MAX_ROWS 64
 
 static int64_t packed_floats(int64_t n, int64_t k) { return (n + PANEL - 1) / PANEL * PANEL * k; }
 
@@ -152,7 +152,23 @@ static inline __attribute__((always_inline)) void panel_rows(int rows, int64_t k
                                                              const float *w, float *c, int64_t ldc, int64_t cols)
 {
 	vf8 acc[4][2] = {{{0}}};
-	for (int64_t q = 0; q < k; q++) {
+	int64_t q = 0;
+	if (rows == 1) {
+		/* One row alone would wait on two chains of dependent additions: spread it over four. */
+		for (; q + 4 <= k; q += 4)
+			for (int j = 0; j < 4; j++) {
+				vf8 w0, w1;
+				LOAD8(w0, w + (q + j) * PANEL);
+				LOAD8(w1, w + (q + j) * PANEL + 8);
+				acc[j][0] += a[q + j] * w0;
+				acc[j][1] += a[q + j] * w1;
+			}
+		for (int j = 1; j < 4; j++) {
+			acc[0][0] += acc[j][0];
+			acc[0][1] += acc[j][1];
+		}
+	}
+	for (; q < k; q++) {
 		vf8 w0, w1;
 		LOAD8(w0, w + q * PANEL);
 		LOAD8(w1, w + q * PANEL + 8);
@@ -183,10 +199,24 @@ VECTOR_CLONES static void gemm_packed(int64_t m, int64_t n, int64_t k, const flo
 	}
 }
 
+/* A packed product split by panels over the thread pool. */
+typedef struct packed_task {
+	int64_t m, n, k, lda, ldc, panels; /* panels per task */
+	const float *a, *packed;
+	float *c;
+} packed_task;
+
+static void packed_slice(void *ctx, int64_t t)
+{
+	const packed_task *pt = ctx;
+	int64_t first = t * pt->panels * PANEL, cols = pt->n - first < pt->panels * PANEL ? pt->n - first : pt->panels * PANEL;
+	gemm_packed(pt->m, cols, pt->k, pt->a, pt->lda, pt->packed + first * pt->k, pt->c + first, pt->ldc);
+}
+
 /* C[m, n] = A[m, k] * W^T for W [n, k]; through BLAS unless packed weights are given (or there is
  * no BLAS, in which case they always are). */
-static void product(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, const float *w, const float *packed,
-                    float *c, int64_t ldc)
+static void product(tern_threadpool *pool, int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
+                    const float *w, const float *packed, float *c, int64_t ldc)
 {
 #if TERN_HAVE_BLAS
 	if (!packed) {
@@ -196,7 +226,15 @@ static void product(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda
 	}
 #endif
 	(void)w;
-	gemm_packed(m, n, k, a, lda, packed, c, ldc);
+	int threads = pool ? tern_threadpool_size(pool) : 1;
+	int64_t panels = (n + PANEL - 1) / PANEL;
+	/* Below about a quarter of a million multiply-adds, waking the pool costs more than it saves. */
+	if (threads < 2 || panels < 2 || m * n * k < ((int64_t)1 << 18)) {
+		gemm_packed(m, n, k, a, lda, packed, c, ldc);
+		return;
+	}
+	packed_task pt = {m, n, k, lda, ldc, (panels + 2 * threads - 1) / (2 * threads), a, packed, c};
+	tern_parallel_for(pool, (panels + pt.panels - 1) / pt.panels, packed_slice, &pt);
 }
 
 /* ---------------------------------------------------------------- parameters */
@@ -381,7 +419,8 @@ static void gru_state(const rnn_params *p, const activation *acts, const float *
 		h[j] = (1 - z[j]) * hh[j] + z[j] * h[j];
 }
 
-VECTOR_CLONES static tern_status run_direction(const rnn_params *p, const rnn_buffers *bf, const int64_t *lens, int d)
+VECTOR_CLONES static tern_status run_direction(const rnn_params *p, const rnn_buffers *bf, const int64_t *lens, int d,
+                                              tern_threadpool *pool)
 {
 	int64_t n = p->hidden, gh = p->n_gates * n;
 	bool reverse = p->reverse || d == 1;
@@ -395,7 +434,7 @@ VECTOR_CLONES static tern_status run_direction(const rnn_params *p, const rnn_bu
 		bf->bias[j] = bf->b ? bf->b[d * 2 * gh + j] + (lbr && j >= 2 * n ? 0 : bf->b[d * 2 * gh + gh + j]) : 0;
 	if (!TERN_HAVE_BLAS)
 		pack_panels(w, gh, p->input, bf->wpack);
-	product(p->seq * p->batch, gh, p->input, bf->x, p->input, w, TERN_HAVE_BLAS ? NULL : bf->wpack, bf->xproj, gh);
+	product(pool, p->seq * p->batch, gh, p->input, bf->x, p->input, w, TERN_HAVE_BLAS ? NULL : bf->wpack, bf->xproj, gh);
 	if (p->packed_recurrence) {
 		pack_panels(r, p->first_cols, n, bf->rpack);
 		pack_panels(r + p->first_cols * n, gh - p->first_cols, n, bf->rpack_h);
@@ -415,7 +454,7 @@ VECTOR_CLONES static tern_status run_direction(const rnn_params *p, const rnn_bu
 	const float *rbh = lbr && bf->b ? bf->b + d * 2 * gh + gh + 2 * n : NULL;
 	memset(bf->rh, 0, (size_t)p->batch * (size_t)n * sizeof(float));
 	for (int64_t s = 0; s < p->seq; s++) {
-		product(p->batch, p->first_cols, n, bf->h, n, r, p->packed_recurrence ? bf->rpack : NULL, bf->gates, gh);
+		product(pool, p->batch, p->first_cols, n, bf->h, n, r, p->packed_recurrence ? bf->rpack : NULL, bf->gates, gh);
 		for (int64_t b = 0; b < p->batch; b++) {
 			if (s >= lens[b])
 				continue;
@@ -440,7 +479,7 @@ VECTOR_CLONES static tern_status run_direction(const rnn_params *p, const rnn_bu
 			}
 		}
 		if (p->cell == CELL_GRU && !lbr) {
-			product(p->batch, n, n, bf->rh, n, r + 2 * n * n, p->packed_recurrence ? bf->rpack_h : NULL,
+			product(pool, p->batch, n, n, bf->rh, n, r + 2 * n * n, p->packed_recurrence ? bf->rpack_h : NULL,
 			        bf->gates + 2 * n, gh);
 			for (int64_t b = 0; b < p->batch; b++)
 				if (s < lens[b])
@@ -487,7 +526,7 @@ static tern_status rnn_kernel(const tern_kernel_args *a)
 	if (bf.y)
 		memset(bf.y, 0, (size_t)(p->seq * p->n_dir * p->batch * p->hidden) * sizeof(float));
 	for (int d = 0; d < p->n_dir; d++) {
-		tern_status st = run_direction(p, &bf, len, d);
+		tern_status st = run_direction(p, &bf, len, d, a->pool);
 		if (st)
 			return st;
 	}
