@@ -692,6 +692,7 @@ typedef struct conv_params {
 	 * buffer ph x pw, and every tap becomes one long loop over an out[1] x pw output buffer. */
 	bool padded;
 	int64_t ph, pw, slots, slot_elems;
+	int64_t offset_group; /* DeformConv */
 } conv_params;
 
 static void conv_params_free(void *p)
@@ -977,13 +978,13 @@ static tern_status conv_kernel(const tern_kernel_args *a)
 }
 
 /* Shapes shared by Conv and ConvInteger: X [N, C, spatial], W [M, C/group, kernel]. */
-static tern_status conv_setup(tern_prepare_args *p, conv_params **out)
+static tern_status conv_setup(tern_prepare_args *p, const tern_tensor *x, const tern_tensor *wt, int w_index,
+                              conv_params **out)
 {
 	const tern_node *node = p->node;
-	const tern_tensor *x = p->in[0], *wt = p->in[1];
 	tern_status st = check_rank(node, x, 0, 3, SP + 2);
 	if (!st)
-		st = check_rank(node, wt, 1, x->rank, x->rank);
+		st = check_rank(node, wt, w_index, x->rank, x->rank);
 	if (st)
 		return st;
 	conv_params *cp = calloc(1, sizeof *cp);
@@ -1028,7 +1029,7 @@ static tern_status conv_prepare(tern_prepare_args *p)
 	if (!st && b)
 		st = check_same(node, x, b, 2);
 	conv_params *cp = NULL;
-	if (st || (st = conv_setup(p, &cp)))
+	if (st || (st = conv_setup(p, x, p->in[1], 1, &cp)))
 		return st;
 	if ((st = check_numel(node, b, 2, "B", cp->cout)))
 		return st;
@@ -1056,12 +1057,12 @@ static tern_status conv_prepare(tern_prepare_args *p)
 	return stage_halves(p);
 }
 
-/* ConvInteger: (x - x_zero_point) conv (w - w_zero_point) in int32, the operands widened into scratch. */
-static tern_status conv_integer_kernel(const tern_kernel_args *a)
+/* ConvInteger and QLinearConv: acc = (x - x_zero_point) conv (w - w_zero_point) in int32, the
+ * operands widened into scratch; w's zero point may be one per output channel. */
+static void integer_conv(const tern_kernel_args *a, const tern_tensor *x, const tern_tensor *zx, const tern_tensor *wt,
+                         const tern_tensor *zw, int32_t *acc)
 {
 	const conv_params *cp = a->params;
-	const tern_tensor *x = a->in[0], *wt = a->in[1];
-	const tern_tensor *zx = a->n_in > 2 ? a->in[2] : NULL, *zw = a->n_in > 3 ? a->in[3] : NULL;
 	int64_t nx = tern_tensor_numel(x), nw = tern_tensor_numel(wt);
 	int32_t *wx = a->scratch, *ww = (int32_t *)((char *)wx + round_up((size_t)nx * 4));
 	int32_t *col = (int32_t *)((char *)ww + round_up((size_t)nw * 4));
@@ -1073,7 +1074,6 @@ static tern_status conv_integer_kernel(const tern_kernel_args *a)
 		int32_t zwv = !zw ? 0 : (int32_t)tern_tensor_get_i64(zw, tern_tensor_numel(zw) == 1 ? 0 : i / per_m);
 		ww[i] = (int32_t)tern_tensor_get_i64(wt, i) - zwv;
 	}
-	int32_t *y = a->out[0]->data;
 	for (int64_t n = 0; n < cp->n; n++)
 		for (int64_t g = 0; g < cp->group; g++) {
 			const int32_t *xg = wx + (n * cp->cin + g * cp->cg) * cp->in_sp, *cm = xg;
@@ -1082,34 +1082,202 @@ static tern_status conv_integer_kernel(const tern_kernel_args *a)
 				cm = col;
 			}
 			tern_gemm_i32(cp->mg, cp->out_sp, per_m, ww + g * cp->mg * per_m, cm,
-			              y + (n * cp->cout + g * cp->mg) * cp->out_sp);
+			              acc + (n * cp->cout + g * cp->mg) * cp->out_sp);
+		}
+}
+
+static size_t integer_conv_scratch(const conv_params *cp, const tern_tensor *x, const tern_tensor *wt)
+{
+	return round_up((size_t)tern_tensor_numel(x) * 4) + round_up((size_t)tern_tensor_numel(wt) * 4) +
+	       round_up((size_t)(cp->cg * cp->kk * cp->out_sp) * 4);
+}
+
+static tern_status conv_integer_kernel(const tern_kernel_args *a)
+{
+	integer_conv(a, a->in[0], a->n_in > 2 ? a->in[2] : NULL, a->in[1], a->n_in > 3 ? a->in[3] : NULL, a->out[0]->data);
+	return TERN_OK;
+}
+
+/* y = saturate(round((acc + B) * x_scale * w_scale / y_scale) + y_zero_point), w_scale per channel or not. */
+static tern_status qlinear_conv_kernel(const tern_kernel_args *a)
+{
+	const conv_params *cp = a->params;
+	const tern_tensor *x = a->in[0], *wt = a->in[3], *ws = a->in[4], *b = a->n_in > 8 ? a->in[8] : NULL;
+	tern_tensor *y = a->out[0];
+	int32_t *acc = (int32_t *)((char *)a->scratch + integer_conv_scratch(cp, x, wt));
+	integer_conv(a, x, a->in[2], wt, a->in[5], acc);
+	double xs = tern_tensor_get_f64(a->in[1], 0), ys = tern_tensor_get_f64(a->in[6], 0);
+	double zy = a->in[7] ? tern_tensor_get_f64(a->in[7], 0) : 0;
+	bool per_channel = tern_tensor_numel(ws) > 1;
+	int64_t n = tern_tensor_numel(y);
+	for (int64_t i = 0; i < n; i++) {
+		int64_t m = i / cp->out_sp % cp->cout;
+		double v = acc[i] + (b ? tern_tensor_get_f64(b, m) : 0);
+		v = nearbyint(v * xs * tern_tensor_get_f64(ws, per_channel ? m : 0) / ys) + zy;
+		tern_store_f64(y->dtype, y->data, i, v);
+	}
+	return TERN_OK;
+}
+
+static bool is_8bit(const tern_tensor *t) { return t->dtype == TERN_INT8 || t->dtype == TERN_UINT8; }
+
+static tern_status integer_conv_setup(tern_prepare_args *p, bool qlinear)
+{
+	const tern_node *node = p->node;
+	int iw = qlinear ? 3 : 1, izx = 2, izw = qlinear ? 5 : 3;
+	const tern_tensor *x = p->in[0], *wt = p->n_in > iw ? p->in[iw] : NULL;
+	if (!wt)
+		return tern_node_errorf(node, TERN_EDATA, "input %d (the weights) is required", iw);
+	const int eight_bit[] = {0, iw, izx, izw, 7};
+	for (size_t i = 0; i < TERN_ARRAY_LEN(eight_bit); i++) {
+		int k = eight_bit[i];
+		if (k < p->n_in && p->in[k] && !is_8bit(p->in[k]) && (qlinear || k < 4))
+			return tern_node_errorf(node, TERN_EDATA, "input %d is %s; int8 or uint8 expected", k,
+			                        tern_dtype_name(p->in[k]->dtype));
+	}
+	conv_params *cp = NULL;
+	tern_status st = conv_setup(p, x, wt, iw, &cp);
+	if (st)
+		return st;
+	const tern_tensor *zx = p->n_in > izx ? p->in[izx] : NULL, *zw = p->n_in > izw ? p->in[izw] : NULL;
+	if ((st = check_numel(node, zx, izx, "x_zero_point", 1)))
+		return st;
+	if (zw && tern_tensor_numel(zw) != 1 && (st = check_numel(node, zw, izw, "w_zero_point", cp->cout)))
+		return st;
+	p->scratch_bytes = integer_conv_scratch(cp, x, wt);
+	if (!qlinear) {
+		p->out[0]->dtype = TERN_INT32;
+		p->kernel = conv_integer_kernel;
+		return TERN_OK;
+	}
+	for (int i = 1; i < 8 && !st; i++)
+		if ((i != izx && i != izw && i != 7) && (p->n_in <= i || !p->in[i]))
+			st = tern_node_errorf(node, TERN_EDATA, "input %d is required", i);
+	if (!st)
+		st = check_numel(node, p->in[1], 1, "x_scale", 1);
+	if (!st && tern_tensor_numel(p->in[4]) != 1)
+		st = check_numel(node, p->in[4], 4, "w_scale", cp->cout);
+	if (!st)
+		st = check_numel(node, p->in[6], 6, "y_scale", 1);
+	if (!st)
+		st = check_numel(node, p->n_in > 7 ? p->in[7] : NULL, 7, "y_zero_point", 1);
+	if (!st)
+		st = check_numel(node, p->n_in > 8 ? p->in[8] : NULL, 8, "B", cp->cout);
+	if (st)
+		return st;
+	p->out[0]->dtype = p->n_in > 7 && p->in[7] ? p->in[7]->dtype : x->dtype;
+	p->scratch_bytes += (size_t)tern_numel(p->out[0]->rank, p->out[0]->dims) * 4;
+	p->kernel = qlinear_conv_kernel;
+	return TERN_OK;
+}
+
+static tern_status conv_integer_prepare(tern_prepare_args *p) { return integer_conv_setup(p, false); }
+static tern_status qlinear_conv_prepare(tern_prepare_args *p) { return integer_conv_setup(p, true); }
+
+/* DeformConv: im2col where every tap of every output position reads the input at its own learned
+ * offset (bilinear, zero outside the input), scaled by an optional mask; then the usual product. */
+typedef struct deform_ctx {
+	const conv_params *cp;
+	int64_t offset_group, n, g;
+	const void *x, *offset, *mask;
+	void *col;
+} deform_ctx;
+
+#define DEF_DEFORM(S, T)                                                                                      \
+	HOT static void deform_cols_##S(void *ctx, int64_t begin, int64_t end)                                    \
+	{                                                                                                       \
+		const deform_ctx *c = ctx;                                                                           \
+		const conv_params *cp = c->cp;                                                                       \
+		const window *w = &cp->w;                                                                            \
+		int64_t ih = w->in[1], iw = w->in[2], oh = w->out[1], ow = w->out[2], kk = cp->kk;                   \
+		int64_t per_og = cp->cin / c->offset_group;                                                          \
+		for (int64_t ch = begin; ch < end; ch++) {                                                           \
+			int64_t ic = c->g * cp->cg + ch, og = ic / per_og;                                               \
+			const T *x = (const T *)c->x + (c->n * cp->cin + ic) * ih * iw;                                  \
+			const T *off = (const T *)c->offset + (c->n * c->offset_group + og) * 2 * kk * oh * ow;           \
+			const T *mask = c->mask ? (const T *)c->mask + (c->n * c->offset_group + og) * kk * oh * ow : NULL; \
+			for (int64_t k = 0; k < kk; k++) {                                                               \
+				int64_t ki = k / w->k[2], kj = k % w->k[2];                                                  \
+				T *col = (T *)c->col + (ch * kk + k) * oh * ow;                                              \
+				const T *dh = off + 2 * k * oh * ow, *dw = dh + oh * ow;                                     \
+				for (int64_t i = 0; i < oh; i++)                                                             \
+					for (int64_t j = 0; j < ow; j++) {                                                       \
+						int64_t o = i * ow + j;                                                              \
+						double h = (double)(i * w->s[1] - w->pb[1] + ki * w->d[1]) + dh[o];                  \
+						double v = (double)(j * w->s[2] - w->pb[2] + kj * w->d[2]) + dw[o];                  \
+						double h0 = floor(h), v0 = floor(v), fh = h - h0, fv = v - v0, sum = 0;              \
+						for (int a = 0; a < 2; a++)                                                          \
+							for (int b = 0; b < 2; b++) {                                                    \
+								double y = h0 + a, xx = v0 + b;                                              \
+								if (y >= 0 && y < (double)ih && xx >= 0 && xx < (double)iw)                  \
+									sum += (a ? fh : 1 - fh) * (b ? fv : 1 - fv) * x[(int64_t)y * iw + (int64_t)xx]; \
+							}                                                                                \
+						col[o] = (T)(mask ? sum * mask[k * oh * ow + o] : sum);                              \
+					}                                                                                        \
+			}                                                                                                \
+		}                                                                                                    \
+	}
+
+DEF_DEFORM(f32, float)
+DEF_DEFORM(f64, double)
+
+static tern_status deform_conv_kernel(const tern_kernel_args *a)
+{
+	const conv_params *cp = a->params;
+	int dtype = a->in[0]->dtype;
+	size_t es = compute_size(dtype);
+	const tern_tensor *bias = a->n_in > 3 ? a->in[3] : NULL, *mask = a->n_in > 4 ? a->in[4] : NULL;
+	deform_ctx c = {cp, cp->offset_group, 0, 0, a->in[0]->data, a->in[2]->data,
+	                mask ? mask->data : NULL, a->scratch};
+	int64_t ck = cp->cg * cp->kk;
+	for (c.n = 0; c.n < cp->n; c.n++)
+		for (c.g = 0; c.g < cp->group; c.g++) {
+			parallel_range(a->pool, cp->cg, grain_for(cp->kk * cp->out_sp * 8),
+			               dtype == TERN_DOUBLE ? deform_cols_f64 : deform_cols_f32, &c);
+			char *yg = (char *)a->out[0]->data + (size_t)((c.n * cp->cout + c.g * cp->mg) * cp->out_sp) * es;
+			gemm_typed(dtype, false, cp->mg, cp->out_sp, ck, (const char *)a->in[1]->data + (size_t)(c.g * cp->mg * ck) * es,
+			           ck, a->scratch, cp->out_sp, yg);
+			if (bias)
+				add_bias_rows(dtype, yg, (const char *)bias->data + (size_t)(c.g * cp->mg) * es, cp->mg, cp->out_sp);
 		}
 	return TERN_OK;
 }
 
-static tern_status conv_integer_prepare(tern_prepare_args *p)
+static tern_status deform_conv_prepare(tern_prepare_args *p)
 {
 	const tern_node *node = p->node;
-	const tern_tensor *x = p->in[0], *wt = p->in[1];
-	for (int i = 0; i < p->n_in && i < 4; i++) {
-		int dt = p->in[i] ? p->in[i]->dtype : TERN_UINT8;
-		if (dt != TERN_INT8 && dt != TERN_UINT8)
-			return tern_node_errorf(node, TERN_EDATA, "input %d is %s; int8 or uint8 expected", i, tern_dtype_name(dt));
-	}
+	const tern_tensor *x = p->in[0], *offset = p->in[2];
+	const tern_tensor *b = p->n_in > 3 ? p->in[3] : NULL, *mask = p->n_in > 4 ? p->in[4] : NULL;
+	tern_status st = check_real(node, x, 0);
+	for (int i = 1; i < p->n_in && !st; i++)
+		if (p->in[i])
+			st = check_same(node, x, p->in[i], i);
+	if (!st)
+		st = check_rank(node, x, 0, 4, 4);
 	conv_params *cp = NULL;
-	tern_status st = conv_setup(p, &cp);
-	if (st)
+	if (st || (st = conv_setup(p, x, p->in[1], 1, &cp)))
 		return st;
-	if ((st = check_numel(node, p->n_in > 2 ? p->in[2] : NULL, 2, "x_zero_point", 1)))
+	int64_t og = cp->offset_group = tern_attr_int(node, "offset_group", 1);
+	if (og < 1 || cp->cin % og)
+		return tern_node_errorf(node, TERN_EDATA, "offset_group = %lld does not divide %lld channels", (long long)og,
+		                        (long long)cp->cin);
+	const window *w = &cp->w;
+	int64_t want_off[4] = {cp->n, og * 2 * cp->kk, w->out[1], w->out[2]};
+	int64_t want_mask[4] = {cp->n, og * cp->kk, w->out[1], w->out[2]};
+	for (int i = 0; i < 4; i++)
+		if (offset->rank != 4 || offset->dims[i] != want_off[i] || (mask && (mask->rank != 4 || mask->dims[i] != want_mask[i]))) {
+			char so[128], sm[128];
+			return tern_node_errorf(node, TERN_EDATA, "offset %s or mask %s does not match [%lld,%lld,%lld,%lld]",
+			                        tern_shape_str(offset->dtype, offset->rank, offset->dims, so, sizeof so),
+			                        mask ? tern_shape_str(mask->dtype, mask->rank, mask->dims, sm, sizeof sm) : "(none)",
+			                        (long long)cp->n, (long long)(og * 2 * cp->kk), (long long)w->out[1],
+			                        (long long)w->out[2]);
+		}
+	if ((st = check_numel(node, b, 3, "B", cp->cout)))
 		return st;
-	const tern_tensor *zw = p->n_in > 3 ? p->in[3] : NULL;
-	if (zw && tern_tensor_numel(zw) != 1 && (st = check_numel(node, zw, 3, "w_zero_point", cp->cout)))
-		return st;
-	p->out[0]->dtype = TERN_INT32;
-	p->scratch_bytes = round_up((size_t)tern_tensor_numel(x) * 4) + round_up((size_t)tern_tensor_numel(wt) * 4) +
-	                   (size_t)(cp->cg * cp->kk * cp->out_sp) * 4;
-	p->kernel = conv_integer_kernel;
-	return TERN_OK;
+	p->scratch_bytes = (size_t)(cp->cg * cp->kk * cp->out_sp) * compute_size(x->dtype);
+	p->kernel = deform_conv_kernel;
+	return stage_halves(p);
 }
 
 /* ConvTranspose: columns = W_g^T x X_g, then col2im onto the output. */
@@ -2755,6 +2923,8 @@ static tern_status max_unpool_prepare(tern_prepare_args *p)
 static const tern_op ops[] = {
 	{"", "Conv", 1, 0, conv_prepare, FLOATS, "nn"},
 	{"", "ConvInteger", 10, 0, conv_integer_prepare, TERN_DT(INT8) | TERN_DT(UINT8), "nn"},
+	{"", "QLinearConv", 10, 0, qlinear_conv_prepare, TERN_DT(INT8) | TERN_DT(UINT8), "nn"},
+	{"", "DeformConv", 19, 0, deform_conv_prepare, FLOATS, "nn"},
 	{"", "ConvTranspose", 1, 0, conv_transpose_prepare, FLOATS, "nn"},
 	{"", "Col2Im", 18, 0, col2im_prepare, FLOATS, "nn"},
 	{"", "MaxPool", 1, 0, maxpool_prepare, FLOATS | TERN_DT(INT8) | TERN_DT(UINT8), "nn"},
