@@ -12,6 +12,13 @@
 #include <string.h>
 
 #define TERN_ALIGN 64
+/* Kernels built for several instruction sets (target_clones, resolved by an ifunc at load time).
+ * Off under ThreadSanitizer, whose runtime is not set up yet when ifunc resolvers run. */
+#if defined(__SANITIZE_THREAD__)
+#define TERN_MULTIVERSION 0
+#else
+#define TERN_MULTIVERSION 1
+#endif
 #define TERN_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
 
 /* ---------------------------------------------------------------- core helpers */
@@ -324,5 +331,12 @@ void tern_exec_free(tern_exec *e);
  * are allocated and owned by the caller; omitted outputs (node->outputs[i] NULL) stay empty. */
 tern_status tern_node_eval(const tern_node *node, tern_tensor *const *inputs, int n_inputs, tern_tensor *outputs,
                            int n_outputs, tern_threadpool *pool);
+
+/* ---------------------------------------------------------------- fused operators (lib/ops/fused.c) */
+
+/* Whether tern's fused elementwise programs can read an operand of shape (rank, dims) against an
+ * output of shape (out_rank, out_dims): a scalar, or dimensions other than 1 forming one run equal to
+ * the output's there (a bias per channel, per row, or the whole shape). */
+bool tern_fused_operand_ok(int rank, const int64_t *dims, int out_rank, const int64_t *out_dims);
 
 #endif

@@ -138,7 +138,7 @@ typedef struct ew_params {
 /* Float32 kernels are also built for AVX2 and chosen when the process starts (an ifunc): twice the
  * vector width for the transcendental activations. No FMA contraction happens in ISO C mode, so both
  * builds give the same results. */
-#if defined(__x86_64__) && defined(__GLIBC__) && defined(__has_attribute)
+#if defined(__x86_64__) && defined(__GLIBC__) && defined(__has_attribute) && TERN_MULTIVERSION
 #if __has_attribute(target_clones)
 #define EW_ATTR_f32 __attribute__((target_clones("avx2", "default")))
 #endif
