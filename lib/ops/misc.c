@@ -1,32 +1,12 @@
 /* misc.c — random generators, NonMaxSuppression, RoiAlign, GridSample, DFT and STFT, window functions
  * and MelWeightMatrix. */
 #include "internal.h"
+#include "ops_common.h"
 
 #include <math.h>
 #include <stdlib.h>
 
 #define PI 3.14159265358979323846
-
-/* Writes v into element i of a tensor of any numeric type or bool; integers truncate. */
-static void put(int dt, void *d, int64_t i, double v)
-{
-	switch (dt) {
-	case TERN_FLOAT: ((float *)d)[i] = (float)v; return;
-	case TERN_DOUBLE: ((double *)d)[i] = v; return;
-	case TERN_FLOAT16: ((uint16_t *)d)[i] = tern_f32_to_f16((float)v); return;
-	case TERN_BFLOAT16: ((uint16_t *)d)[i] = tern_f32_to_bf16((float)v); return;
-	case TERN_BOOL: ((uint8_t *)d)[i] = v != 0; return;
-	default: break;
-	}
-	int64_t n = (int64_t)v;
-	switch (tern_dtype_size(dt)) {
-	case 1: ((uint8_t *)d)[i] = (uint8_t)n; break;
-	case 2: ((uint16_t *)d)[i] = (uint16_t)n; break;
-	case 4: ((uint32_t *)d)[i] = (uint32_t)n; break;
-	case 8: ((uint64_t *)d)[i] = (uint64_t)n; break;
-	default: break;
-	}
-}
 
 static bool is_float_dtype(int dt)
 {
@@ -112,15 +92,15 @@ static tern_status rand_kernel(const tern_kernel_args *a)
 	switch (p->kind) {
 	case RAND_UNIFORM:
 		for (int64_t i = 0; i < n; i++)
-			put(y->dtype, y->data, i, p->a + (p->b - p->a) * rng_uniform(&p->state));
+			tern_store_f64(y->dtype, y->data, i, p->a + (p->b - p->a) * rng_uniform(&p->state));
 		break;
 	case RAND_NORMAL:
 		for (int64_t i = 0; i < n; i++)
-			put(y->dtype, y->data, i, p->a + p->b * rng_normal(&p->state));
+			tern_store_f64(y->dtype, y->data, i, p->a + p->b * rng_normal(&p->state));
 		break;
 	case RAND_BERNOULLI:
 		for (int64_t i = 0; i < n; i++)
-			put(y->dtype, y->data, i, rng_uniform(&p->state) < tern_tensor_get_f64(a->in[0], i));
+			tern_store_f64(y->dtype, y->data, i, rng_uniform(&p->state) < tern_tensor_get_f64(a->in[0], i));
 		break;
 	case RAND_MULTINOMIAL: {
 		/* Inputs are unnormalised log-probabilities per batch row; sampling inverts the running sum. */
@@ -143,7 +123,7 @@ static tern_status rand_kernel(const tern_kernel_args *a)
 					else
 						lo = mid + 1;
 				}
-				put(y->dtype, y->data, b * p->sample_size + s, (double)lo);
+				tern_store_f64(y->dtype, y->data, b * p->sample_size + s, (double)lo);
 			}
 		}
 		break;
@@ -446,7 +426,7 @@ static tern_status roi_kernel(const tern_kernel_args *a)
 						}
 					}
 				for (int64_t c = 0; c < channels; c++)
-					put(y->dtype, y->data, base_out + (c * oh + ph) * ow + pw, grid_h * grid_w > 0 ? acc[c] : 0);
+					tern_store_f64(y->dtype, y->data, base_out + (c * oh + ph) * ow + pw, grid_h * grid_w > 0 ? acc[c] : 0);
 			}
 	}
 	return TERN_OK;
@@ -609,7 +589,7 @@ static tern_status grid_kernel(const tern_kernel_args *a)
 				for (int t = 0; t < taps; t++)
 					if (pos[t] >= 0)
 						v += wt[t] * tern_tensor_get_f64(x, plane + pos[t]);
-				put(y->dtype, y->data, (n * channels + c) * oh * ow + o, v);
+				tern_store_f64(y->dtype, y->data, (n * channels + c) * oh * ow + o, v);
 			}
 		}
 	return TERN_OK;
@@ -724,7 +704,7 @@ static tern_status dft_kernel(const tern_kernel_args *a)
 			dft_line(line, p->length, p->inverse, tw, tmp);
 			for (int64_t k = 0; k < p->n_out; k++)
 				for (int q = 0; q < 2; q++)
-					put(y->dtype, y->data, ((o * p->n_out + k) * p->inner + i) * 2 + q, line[2 * k + q] * scale);
+					tern_store_f64(y->dtype, y->data, ((o * p->n_out + k) * p->inner + i) * 2 + q, line[2 * k + q] * scale);
 		}
 	return TERN_OK;
 }
@@ -822,7 +802,7 @@ static tern_status stft_kernel(const tern_kernel_args *a)
 			dft_line(line, p->length, false, tw, tmp);
 			for (int64_t k = 0; k < p->n_out; k++)
 				for (int q = 0; q < 2; q++)
-					put(y->dtype, y->data, ((b * p->frames + f) * p->n_out + k) * 2 + q, line[2 * k + q]);
+					tern_store_f64(y->dtype, y->data, ((b * p->frames + f) * p->n_out + k) * 2 + q, line[2 * k + q]);
 		}
 	return TERN_OK;
 }
@@ -887,7 +867,7 @@ static tern_status window_kernel(const tern_kernel_args *a)
 	double n = tern_attr_int(a->node, "periodic", 1) ? (double)size : (double)(size - 1);
 	for (int64_t i = 0; i < size; i++) {
 		double t = n > 0 ? 2 * PI * (double)i / n : 0;
-		put(y->dtype, y->data, i, def->a0 - def->a1 * cos(t) + def->a2 * cos(2 * t));
+		tern_store_f64(y->dtype, y->data, i, def->a0 - def->a1 * cos(t) + def->a2 * cos(2 * t));
 	}
 	return TERN_OK;
 }
@@ -935,7 +915,7 @@ static tern_status mel_kernel(const tern_kernel_args *a)
 	double rate = tern_tensor_get_f64(a->in[2], 0), lo = tern_tensor_get_f64(a->in[3], 0),
 	       hi = tern_tensor_get_f64(a->in[4], 0);
 	for (int64_t i = 0; i < n_spec * n_mel; i++)
-		put(y->dtype, y->data, i, 0);
+		tern_store_f64(y->dtype, y->data, i, 0);
 	for (int64_t m = 0; m < n_mel; m++) {
 		int64_t left = mel_bin(m, n_mel, dft_length, rate, lo, hi);
 		int64_t center = mel_bin(m + 1, n_mel, dft_length, rate, lo, hi);
@@ -943,10 +923,10 @@ static tern_status mel_kernel(const tern_kernel_args *a)
 		/* Rising edge up to the centre, then the falling edge (which rewrites the centre as 1). */
 		for (int64_t j = left; j <= center; j++)
 			if (j >= 0 && j < n_spec)
-				put(y->dtype, y->data, j * n_mel + m, center == left ? 1 : (double)(j - left) / (double)(center - left));
+				tern_store_f64(y->dtype, y->data, j * n_mel + m, center == left ? 1 : (double)(j - left) / (double)(center - left));
 		for (int64_t j = center; j < right; j++)
 			if (j >= 0 && j < n_spec)
-				put(y->dtype, y->data, j * n_mel + m, (double)(right - j) / (double)(right - center));
+				tern_store_f64(y->dtype, y->data, j * n_mel + m, (double)(right - j) / (double)(right - center));
 	}
 	return TERN_OK;
 }

@@ -1,6 +1,7 @@
 /* reduce.c — reductions (Reduce*, ArgMax, ArgMin), running sums (CumSum), TopK and Det.
  * Reductions fold into float, double or int64 accumulators; other element types convert at the edges. */
 #include "internal.h"
+#include "ops_common.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -18,26 +19,6 @@ static bool is_int_dtype(int dt)
 	return dt != TERN_FLOAT && dt != TERN_DOUBLE && dt != TERN_FLOAT16 && dt != TERN_BFLOAT16;
 }
 
-static void store_f64(int dt, void *d, int64_t i, double v)
-{
-	switch (dt) {
-	case TERN_FLOAT: ((float *)d)[i] = (float)v; break;
-	case TERN_DOUBLE: ((double *)d)[i] = v; break;
-	case TERN_FLOAT16: ((uint16_t *)d)[i] = tern_f32_to_f16((float)v); break;
-	case TERN_BFLOAT16: ((uint16_t *)d)[i] = tern_f32_to_bf16((float)v); break;
-	case TERN_BOOL: ((uint8_t *)d)[i] = v != 0; break;
-	case TERN_INT8: ((int8_t *)d)[i] = (int8_t)v; break;
-	case TERN_INT16: ((int16_t *)d)[i] = (int16_t)v; break;
-	case TERN_INT32: ((int32_t *)d)[i] = (int32_t)v; break;
-	case TERN_INT64: ((int64_t *)d)[i] = (int64_t)v; break;
-	case TERN_UINT8: ((uint8_t *)d)[i] = (uint8_t)v; break;
-	case TERN_UINT16: ((uint16_t *)d)[i] = (uint16_t)v; break;
-	case TERN_UINT32: ((uint32_t *)d)[i] = (uint32_t)v; break;
-	case TERN_UINT64: ((uint64_t *)d)[i] = (uint64_t)v; break;
-	default: break;
-	}
-}
-
 /* Integers wrap to the destination width as a C conversion through uint64 does. */
 static void store_i64(int dt, void *d, int64_t i, int64_t v)
 {
@@ -47,7 +28,7 @@ static void store_i64(int dt, void *d, int64_t i, int64_t v)
 	case TERN_INT16: case TERN_UINT16: ((uint16_t *)d)[i] = (uint16_t)v; break;
 	case TERN_INT32: case TERN_UINT32: ((uint32_t *)d)[i] = (uint32_t)v; break;
 	case TERN_INT64: case TERN_UINT64: ((int64_t *)d)[i] = v; break;
-	default: store_f64(dt, d, i, (double)v); break;
+	default: tern_store_f64(dt, d, i, (double)v); break;
 	}
 }
 
@@ -60,7 +41,7 @@ static void convert(int sdt, const void *src, int ddt, void *dst, int64_t n)
 			store_i64(ddt, dst, i, tern_tensor_get_i64(&s, i));
 	else
 		for (int64_t i = 0; i < n; i++)
-			store_f64(ddt, dst, i, tern_tensor_get_f64(&s, i));
+			tern_store_f64(ddt, dst, i, tern_tensor_get_f64(&s, i));
 }
 
 static int64_t int_dtype_min(int dt)
@@ -304,19 +285,19 @@ static void reduce_float(tern_threadpool *pool, const reduce_params *p, const vo
 	int dt = p->acc_dtype;
 	const fold_fn *folds = dt == TERN_FLOAT ? folds_f32 : folds_f64;
 	for (int64_t i = 0; i < p->numel_out; i++)
-		store_f64(dt, out, i, fold_identity(f));
+		tern_store_f64(dt, out, i, fold_identity(f));
 	run_fold(pool, folds[f], p, in, out, NULL);
 	if (f == F_MAXFINITE) {
 		for (int64_t i = 0; i < p->numel_out; i++) {
 			double m = acc_get(dt, out, i);
-			store_f64(dt, shift, i, isinf(m) ? 0 : m);
-			store_f64(dt, out, i, 0);
+			tern_store_f64(dt, shift, i, isinf(m) ? 0 : m);
+			tern_store_f64(dt, out, i, 0);
 		}
 		run_fold(pool, folds[F_EXPSUM], p, in, out, shift);
 	}
 	if (k == R_MEAN || k == R_L2 || k == R_LOGSUM || k == R_LOGSUMEXP)
 		for (int64_t i = 0; i < p->numel_out; i++)
-			store_f64(dt, out, i, finish(k, acc_get(dt, out, i), shift ? acc_get(dt, shift, i) : 0, p->group));
+			tern_store_f64(dt, out, i, finish(k, acc_get(dt, out, i), shift ? acc_get(dt, shift, i) : 0, p->group));
 }
 
 static tern_status reduce_kernel(const tern_kernel_args *a)
@@ -857,7 +838,7 @@ static tern_status det_kernel(const tern_kernel_args *a)
 					lu[r * m + j] -= f * lu[c * m + j];
 			}
 		}
-		store_f64(a->out[0]->dtype, a->out[0]->data, b, det);
+		tern_store_f64(a->out[0]->dtype, a->out[0]->data, b, det);
 	}
 	return TERN_OK;
 }

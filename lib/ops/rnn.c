@@ -2,6 +2,7 @@
  * activation lists, clip and both layouts. One matrix product projects the whole input sequence; the
  * recurrence costs one product per step (two for GRU without linear_before_reset). */
 #include "internal.h"
+#include "ops_common.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -13,9 +14,10 @@
 
 /* The cell arithmetic is compiled twice, for AVX2 with FMA and for the baseline, and the loader picks
  * one for the machine (GCC's function multiversioning). Under GCC's default -ftrapping-math a float
- * comparison may raise an exception, which keeps the clamps below from becoming vector selects; tern
- * never reads the floating-point exception flags. Contracting a * b + c into one FMA is allowed too. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__linux__)
+ * comparison may raise an exception, which keeps the clips and rectifiers below from becoming vector
+ * selects; tern never reads the floating-point exception flags. Contracting a * b + c into one FMA is
+ * allowed too. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__linux__) && TERN_MULTIVERSION
 #define VECTOR_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
 #else
 #define VECTOR_CLONES
@@ -55,49 +57,6 @@ typedef struct activation {
 	float alpha, beta;
 } activation;
 
-/* exp and tanh as plain arithmetic, so that loops over them vectorise (libm's are calls per element
- * and were a third of an LSTM's time). exp: Cephes' range reduction and polynomial, relative error
- * under 1e-7 on [-87, 88]; tanh: a [13/6] rational approximation, absolute error under 4e-7. */
-static inline float exp_fast(float x)
-{
-	x = x > 88.3762626647949f ? 88.3762626647949f : x;
-	x = x < -87.3365478515625f ? -87.3365478515625f : x;
-	/* Adding and subtracting 1.5 * 2^23 rounds to the nearest integer. */
-	float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-	float r = x - n * 0.693359375f + n * 2.12194440e-4f;
-	float p = 1.9875691500e-4f;
-	p = p * r + 1.3981999507e-3f;
-	p = p * r + 8.3334519073e-3f;
-	p = p * r + 4.1665795894e-2f;
-	p = p * r + 1.6666665459e-1f;
-	p = p * r + 5.0000001201e-1f;
-	p = p * r * r + r + 1.0f;
-	int32_t bits = (int32_t)((uint32_t)((int32_t)n + 127) << 23);
-	float scale;
-	memcpy(&scale, &bits, sizeof scale);
-	return p * scale;
-}
-
-static inline float tanh_fast(float x)
-{
-	const float lim = 7.90531110763549805f;
-	float c = x > lim ? lim : x;
-	c = c < -lim ? -lim : c;
-	float c2 = c * c;
-	float p = -2.76076847742355e-16f;
-	p = p * c2 + 2.00018790482477e-13f;
-	p = p * c2 + -8.60467152213735e-11f;
-	p = p * c2 + 5.12229709037114e-08f;
-	p = p * c2 + 1.48572235717979e-05f;
-	p = p * c2 + 6.37261928875436e-04f;
-	p = p * c2 + 4.89352455891786e-03f;
-	float q = 1.19825839466702e-06f;
-	q = q * c2 + 1.18534705686654e-04f;
-	q = q * c2 + 2.26843463243900e-03f;
-	q = q * c2 + 4.89352518554385e-03f;
-	return p * c / q;
-}
-
 /* x = act(clip(x)) over n elements; clip <= 0 means none. */
 VECTOR_CLONES static void activate(const activation *a, float *restrict x, int64_t n, float clip)
 {
@@ -107,12 +66,12 @@ VECTOR_CLONES static void activate(const activation *a, float *restrict x, int64
 	float al = a->alpha, be = a->beta;
 	switch (a->kind) {
 	case A_RELU: for (int64_t i = 0; i < n; i++) x[i] = x[i] > 0 ? x[i] : 0; break;
-	case A_TANH: for (int64_t i = 0; i < n; i++) x[i] = tanh_fast(x[i]); break;
-	case A_SIGMOID: for (int64_t i = 0; i < n; i++) x[i] = 1 / (1 + exp_fast(-x[i])); break;
+	case A_TANH: for (int64_t i = 0; i < n; i++) x[i] = tern_fast_tanhf(x[i]); break;
+	case A_SIGMOID: for (int64_t i = 0; i < n; i++) x[i] = 1 / (1 + tern_fast_expf(-x[i])); break;
 	case A_AFFINE: for (int64_t i = 0; i < n; i++) x[i] = al * x[i] + be; break;
 	case A_LEAKYRELU: for (int64_t i = 0; i < n; i++) x[i] = x[i] >= 0 ? x[i] : al * x[i]; break;
 	case A_THRESHOLDEDRELU: for (int64_t i = 0; i < n; i++) x[i] = x[i] >= al ? x[i] : 0; break;
-	case A_SCALEDTANH: for (int64_t i = 0; i < n; i++) x[i] = al * tanh_fast(be * x[i]); break;
+	case A_SCALEDTANH: for (int64_t i = 0; i < n; i++) x[i] = al * tern_fast_tanhf(be * x[i]); break;
 	case A_HARDSIGMOID: for (int64_t i = 0; i < n; i++) x[i] = fminf(fmaxf(al * x[i] + be, 0), 1); break;
 	case A_ELU: for (int64_t i = 0; i < n; i++) x[i] = x[i] >= 0 ? x[i] : al * expm1f(x[i]); break;
 	case A_SOFTSIGN: for (int64_t i = 0; i < n; i++) x[i] = x[i] / (1 + fabsf(x[i])); break;
