@@ -644,6 +644,9 @@ typedef struct einsum_plan {
 	product_batch *pb;
 } einsum_plan;
 
+/* The layouts the operands are gathered into: [batch, M, K] and [batch, K, N]; the result's order. */
+static const int SEQ_A[3] = {0, 1, 3}, SEQ_B[3] = {0, 3, 2}, SEQ_Y[3] = {0, 1, 2};
+
 static void einsum_free(void *p)
 {
 	einsum_plan *e = p;
@@ -701,6 +704,16 @@ static bool contiguous_in(const einsum_plan *e, int input, const int *order, int
 	return true;
 }
 
+/* Labels of the three classes listed in seq (0 batch, 1 M, 2 N, 3 K), in turn; returns how many. */
+static int class_order(const einsum_plan *e, const int *seq, int *order)
+{
+	int n = 0;
+	for (int s = 0; s < 3; s++)
+		for (int i = 0; i < e->cls_n[seq[s]]; i++)
+			order[n++] = e->cls[seq[s]][i];
+	return n;
+}
+
 /* Decides whether two operands form a batch of products, and lays out the scratch for it. */
 static tern_status einsum_plan_gemm(einsum_plan *e, int in_count[2][EIN_MAX_LABELS], int dtype)
 {
@@ -724,20 +737,10 @@ static tern_status einsum_plan_gemm(einsum_plan *e, int in_count[2][EIN_MAX_LABE
 		for (int i = 0; i < e->cls_n[c]; i++)
 			prod[c] *= e->size[e->cls[c][i]];
 	}
-	int order_a[EIN_MAX_LABELS], order_at[EIN_MAX_LABELS], order_b[EIN_MAX_LABELS], order_bt[EIN_MAX_LABELS];
-	int na = 0, nat = 0, nb = 0, nbt = 0;
 	/* [batch, M, K] or, transposed, [batch, K, M]; [batch, K, N] or [batch, N, K]. */
-	const int seq_a[3] = {0, 1, 3}, seq_at[3] = {0, 3, 1}, seq_b[3] = {0, 3, 2}, seq_bt[3] = {0, 2, 3};
-	for (int s = 0; s < 3; s++) {
-		for (int i = 0; i < e->cls_n[seq_a[s]]; i++)
-			order_a[na++] = e->cls[seq_a[s]][i];
-		for (int i = 0; i < e->cls_n[seq_at[s]]; i++)
-			order_at[nat++] = e->cls[seq_at[s]][i];
-		for (int i = 0; i < e->cls_n[seq_b[s]]; i++)
-			order_b[nb++] = e->cls[seq_b[s]][i];
-		for (int i = 0; i < e->cls_n[seq_bt[s]]; i++)
-			order_bt[nbt++] = e->cls[seq_bt[s]][i];
-	}
+	int order_a[EIN_MAX_LABELS], order_at[EIN_MAX_LABELS], order_b[EIN_MAX_LABELS], order_bt[EIN_MAX_LABELS];
+	int na = class_order(e, SEQ_A, order_a), nat = class_order(e, (const int[]){0, 3, 1}, order_at);
+	int nb = class_order(e, SEQ_B, order_b), nbt = class_order(e, (const int[]){0, 2, 3}, order_bt);
 	int64_t batch = prod[0], m = prod[1], n = prod[2], k = prod[3];
 	product_batch *pb = product_batch_new(batch, 0);
 	if (!pb)
@@ -823,24 +826,16 @@ static void einsum_gemm(const tern_kernel_args *a, const einsum_plan *e)
 	const void *pa = a->in[0]->data, *pb_ = a->in[1]->data;
 	void *y = a->out[0]->data;
 	char *scratch = a->scratch;
-	int order[EIN_MAX_LABELS], n = 0;
+	int order[EIN_MAX_LABELS], n;
 	int64_t stride[EIN_MAX_LABELS] = {0};
 	if (e->copy_a) {
-		const int seq[3] = {0, 1, 3};
-		n = 0;
-		for (int s = 0; s < 3; s++)
-			for (int i = 0; i < e->cls_n[seq[s]]; i++)
-				order[n++] = e->cls[seq[s]][i];
+		n = class_order(e, SEQ_A, order);
 		contiguous_strides(e, order, n, stride);
 		permute_copy(es, e, order, n, e->stride[0], stride, pa, scratch + e->off_a);
 		pa = scratch + e->off_a;
 	}
 	if (e->copy_b) {
-		const int seq[3] = {0, 3, 2};
-		n = 0;
-		for (int s = 0; s < 3; s++)
-			for (int i = 0; i < e->cls_n[seq[s]]; i++)
-				order[n++] = e->cls[seq[s]][i];
+		n = class_order(e, SEQ_B, order);
 		contiguous_strides(e, order, n, stride);
 		permute_copy(es, e, order, n, e->stride[1], stride, pb_, scratch + e->off_b);
 		pb_ = scratch + e->off_b;
@@ -848,10 +843,7 @@ static void einsum_gemm(const tern_kernel_args *a, const einsum_plan *e)
 	void *py = e->copy_y ? scratch + e->off_y : y;
 	run_products(e->pb, dtype, pa, pb_, py, a->pool);
 	if (e->copy_y) {
-		n = 0;
-		for (int c = 0; c < 3; c++)
-			for (int i = 0; i < e->cls_n[c]; i++)
-				order[n++] = e->cls[c][i];
+		n = class_order(e, SEQ_Y, order);
 		contiguous_strides(e, order, n, stride);
 		int64_t out_stride[EIN_MAX_LABELS] = {0};
 		int all[EIN_MAX_LABELS];

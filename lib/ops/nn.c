@@ -15,7 +15,7 @@
 
 /* The loops that carry the work are also compiled for AVX2 and AVX-512 and chosen when the library
  * loads (GCC function multiversioning): the baseline x86-64 build handles 4 floats at a time. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__linux__)
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__linux__) && TERN_MULTIVERSION
 #define HOT __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
 #define HOT
@@ -102,6 +102,13 @@ static int64_t prod(const int64_t *d, int from, int to)
 		n *= d[i];
 	return n;
 }
+
+/* What most parallel loops need: the operator's parameters, its input and its output. */
+typedef struct plain_ctx {
+	const void *params;
+	const void *x;
+	void *y;
+} plain_ctx;
 
 /* Splits [0, n) into a few chunks per thread of at least `grain` items and runs fn on each. */
 typedef void (*range_fn)(void *ctx, int64_t begin, int64_t end);
@@ -772,28 +779,22 @@ static void im2col(tern_threadpool *pool, const window *w, size_t es, int64_t ch
 	parallel_range(pool, channels, grain_for(sp_numel(w->k) * sp_numel(w->out)), im2col_channels, &c);
 }
 
-typedef struct col2im_ctx {
-	const window *w;
-	const void *col;
-	void *img;
-} col2im_ctx;
-
 /* The adjoint of im2col: every column entry is added onto the image element under its tap. One
  * channel's rows only touch that channel's plane, so channels run in parallel. */
 #define DEF_COL2IM(S, T)                                                                                  \
 	HOT static void col2im_channels_##S(void *ctx, int64_t begin, int64_t end)                                \
 	{                                                                                                     \
-		const col2im_ctx *c = ctx;                                                                        \
-		const window *w = c->w;                                                                           \
+		const plain_ctx *c = ctx; /* params: the window, x: the columns, y: the image */                  \
+		const window *w = c->params;                                                                      \
 		int64_t in_sp = sp_numel(w->in), out_sp = sp_numel(w->out);                                       \
 		for (int64_t ch = begin; ch < end; ch++) {                                                        \
-			T *img = (T *)c->img + ch * in_sp;                                                            \
+			T *img = (T *)c->y + ch * in_sp;                                                              \
 			memset(img, 0, (size_t)in_sp * sizeof(T));                                                    \
 			for (int64_t k0 = 0; k0 < w->k[0]; k0++)                                                      \
 				for (int64_t k1 = 0; k1 < w->k[1]; k1++)                                                  \
 					for (int64_t k2 = 0; k2 < w->k[2]; k2++) {                                            \
 						int64_t row = ((ch * w->k[0] + k0) * w->k[1] + k1) * w->k[2] + k2;                \
-						const T *src = (const T *)c->col + row * out_sp;                                  \
+						const T *src = (const T *)c->x + row * out_sp;                                    \
 						int64_t off2 = k2 * w->d[2] - w->pb[2], lo, hi;                                   \
 						outputs_within(off2, w->s[2], w->in[2], w->out[2], &lo, &hi);                     \
 						for (int64_t o0 = 0; o0 < w->out[0]; o0++) {                                      \
@@ -819,7 +820,7 @@ DEF_COL2IM(f64, double)
 
 static void col2im(tern_threadpool *pool, int dtype, const window *w, int64_t channels, const void *col, void *img)
 {
-	col2im_ctx c = {w, col, img};
+	plain_ctx c = {w, col, img};
 	parallel_range(pool, channels, grain_for(sp_numel(w->k) * sp_numel(w->out)),
 	               dtype == TERN_DOUBLE ? col2im_channels_f64 : col2im_channels_f32, &c);
 }
@@ -1820,12 +1821,6 @@ typedef struct lrn_params {
 	int64_t n, c, sp, size;
 	double alpha, beta, bias;
 } lrn_params;
-
-typedef struct plain_ctx {
-	const void *params;
-	const void *x;
-	void *y;
-} plain_ctx;
 
 #define DEF_LRN(S, T)                                                                                  \
 	HOT static void lrn_planes_##S(void *ctx, int64_t begin, int64_t end)                                  \
