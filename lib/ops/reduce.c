@@ -1,16 +1,17 @@
 /* reduce.c — reductions (Reduce*, ArgMax, ArgMin), running sums (CumSum), TopK and Det.
  * Reductions fold into float, double or int64 accumulators; other element types convert at the edges. */
+
+/* Under GCC's default -ftrapping-math a float comparison may raise an exception, which keeps the
+ * max/min folds from becoming vector selects; tern never reads the floating-point exception flags.
+ * Set before the includes so that inline helpers from the headers still inline here. */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("no-trapping-math")
+#endif
 #include "internal.h"
 #include "ops_common.h"
 
 #include <math.h>
 #include <stdlib.h>
-
-/* Under GCC's default -ftrapping-math a float comparison may raise an exception, which keeps the
- * max/min folds from becoming vector selects; tern never reads the floating-point exception flags. */
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC optimize("no-trapping-math")
-#endif
 
 /* ---------------------------------------------------------------- element conversion */
 

@@ -1,6 +1,14 @@
 /* rnn.c — recurrent layers RNN, GRU and LSTM: directions, sequence lengths, initial states, peepholes,
  * activation lists, clip and both layouts. One matrix product projects the whole input sequence; the
  * recurrence costs one product per step (two for GRU without linear_before_reset). */
+
+/* Under GCC's default -ftrapping-math a float comparison may raise an exception, which keeps the clips
+ * and rectifiers below from becoming vector selects; tern never reads the floating-point exception
+ * flags. Contracting a * b + c into one FMA is allowed too. The options come before the includes so
+ * that the inline helpers of ops_common.h are compiled with them and still inline. */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("no-trapping-math", "fp-contract=fast")
+#endif
 #include "internal.h"
 #include "ops_common.h"
 
@@ -13,17 +21,11 @@
 #endif
 
 /* The cell arithmetic is compiled twice, for AVX2 with FMA and for the baseline, and the loader picks
- * one for the machine (GCC's function multiversioning). Under GCC's default -ftrapping-math a float
- * comparison may raise an exception, which keeps the clips and rectifiers below from becoming vector
- * selects; tern never reads the floating-point exception flags. Contracting a * b + c into one FMA is
- * allowed too. */
+ * one for the machine (GCC's function multiversioning). */
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__linux__) && TERN_MULTIVERSION
 #define VECTOR_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
 #else
 #define VECTOR_CLONES
-#endif
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC optimize("no-trapping-math", "fp-contract=fast")
 #endif
 
 /* ---------------------------------------------------------------- activations */
