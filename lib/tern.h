@@ -207,6 +207,38 @@ typedef struct tern_profile_event {
 void tern_plan_enable_profile(tern_plan *plan, int enable);
 const tern_profile_event *tern_plan_profile(const tern_plan *plan, int *count);
 
+/* ---------------------------------------------------------------- optimisation (lib/passes) */
+
+/* Which passes tern_optimize runs. Levels: 0 none; 1 rewrites that leave a standard ONNX graph;
+ * 2 adds tern's fused operators (domain "tern"); 3 adds rewrites that reassociate floating-point
+ * arithmetic. Passes repeat until the graph stops changing. */
+typedef struct tern_optimize_options {
+	int level;
+	const char *const *passes; /* when n_passes > 0: exactly these passes, in this order */
+	int n_passes;
+	const char *const *dim_names; /* symbolic dimensions made static (--dim NAME=N) */
+	const int64_t *dim_values;
+	int n_dims;
+} tern_optimize_options;
+
+/* What one pass changed over all its runs. */
+typedef struct tern_pass_stat {
+	const char *name;
+	int runs;
+	int removed, added, fused, rewritten; /* nodes */
+	double ms;
+} tern_pass_stat;
+
+/* Optimises the main graph in place. *stats (malloc'd, one entry per pass that ran, in pipeline order)
+ * may be NULL. TERN_EUSAGE names an unknown pass. */
+tern_status tern_optimize(tern_model *model, const tern_optimize_options *opts, tern_pass_stat **stats,
+                          int *n_stats);
+/* The passes, in pipeline order: name, one-line description, and the lowest level that runs each. */
+int tern_pass_count(void);
+const char *tern_pass_name(int index);
+const char *tern_pass_description(int index);
+int tern_pass_level(int index);
+
 #ifdef __cplusplus
 }
 #endif

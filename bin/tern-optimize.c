@@ -1,0 +1,186 @@
+/* tern-optimize — rewrites a graph to compute the same outputs with less work: constant folding, dead
+ * and common code, no-ops, Conv+BatchNormalization folding, and (from -O2) tern's fused operators. */
+#include "../lib/internal.h"
+#include "cli.h"
+
+#include <errno.h>
+#include <stdlib.h>
+
+enum { OPT_PASSES = 256, OPT_LIST, OPT_STATS, OPT_DIM };
+
+typedef struct options {
+	int level;
+	const char **passes;
+	int n_passes;
+	char *pass_list; /* the --passes argument, split in place */
+	int list;
+	int stats;
+	const char **dim_names;
+	int64_t *dim_values;
+	int n_dims;
+} options;
+
+static const struct argp_option option_table[] = {
+	{"level", 'O', "LEVEL", 0, "0 nothing; 1 rewrites that keep a standard ONNX graph; 2 (default) adds tern's fused "
+	                           "operators; 3 adds rewrites that reassociate floating-point arithmetic", 0},
+	{"passes", OPT_PASSES, "A,B,...", 0, "run exactly these passes, in this order, instead of a level", 0},
+	{"list-passes", OPT_LIST, NULL, 0, "list the passes with their level and what they do, and exit", 0},
+	{"stats", OPT_STATS, NULL, 0, "print on standard error what each pass changed and how long it took", 0},
+	{"dim", OPT_DIM, "NAME=N", 0, "make symbolic dimension NAME static, of size N (repeatable)", 0},
+	{0},
+};
+
+static void *grow_or_fail(void *items, size_t n, size_t size)
+{
+	void *p = realloc(items, n * size);
+	if (!p)
+		tern_cli_fail(TERN_EOS, "out of memory");
+	return p;
+}
+
+static void parse_dim(options *o, char *arg, struct argp_state *state)
+{
+	char *eq = strchr(arg, '='), *end;
+	if (!eq || eq == arg)
+		argp_error(state, "--dim takes NAME=N, not '%s'", arg);
+	*eq = '\0';
+	errno = 0;
+	long long v = strtoll(eq + 1, &end, 10);
+	if (errno || end == eq + 1 || *end || v < 1)
+		argp_error(state, "--dim %s: the size must be a positive integer, not '%s'", arg, eq + 1);
+	for (int i = 0; i < o->n_dims; i++)
+		if (strcmp(o->dim_names[i], arg) == 0)
+			argp_error(state, "--dim %s is given twice", arg);
+	o->dim_names = grow_or_fail(o->dim_names, (size_t)o->n_dims + 1, sizeof *o->dim_names);
+	o->dim_values = grow_or_fail(o->dim_values, (size_t)o->n_dims + 1, sizeof *o->dim_values);
+	o->dim_names[o->n_dims] = arg;
+	o->dim_values[o->n_dims++] = v;
+}
+
+static error_t parse_option(int key, char *arg, struct argp_state *state)
+{
+	options *o = state->input;
+	switch (key) {
+	case 'O':
+		if (strlen(arg) != 1 || arg[0] < '0' || arg[0] > '3')
+			argp_error(state, "-O takes a level from 0 to 3, not '%s'", arg);
+		o->level = arg[0] - '0';
+		return 0;
+	case OPT_PASSES:
+		o->pass_list = arg;
+		o->n_passes = 0;
+		for (char *save = NULL, *p = strtok_r(arg, ",", &save); p; p = strtok_r(NULL, ",", &save)) {
+			o->passes = grow_or_fail(o->passes, (size_t)o->n_passes + 1, sizeof *o->passes);
+			o->passes[o->n_passes++] = p;
+		}
+		if (!o->n_passes)
+			argp_error(state, "--passes needs at least one pass name");
+		return 0;
+	case OPT_LIST:
+		o->list = 1;
+		return 0;
+	case OPT_STATS:
+		o->stats = 1;
+		return 0;
+	case OPT_DIM:
+		parse_dim(o, arg, state);
+		return 0;
+	default:
+		return ARGP_ERR_UNKNOWN;
+	}
+}
+
+static void list_passes(void)
+{
+	for (int i = 0; i < tern_pass_count(); i++)
+		printf("%-22s -O%d  %s\n", tern_pass_name(i), tern_pass_level(i), tern_pass_description(i));
+	if (fflush(stdout) || ferror(stdout))
+		tern_cli_fail(TERN_EIO, "write error");
+}
+
+static void print_stats(const tern_pass_stat *st, int n)
+{
+	fprintf(stderr, "%-22s %5s %8s %6s %6s %10s %9s\n", "pass", "runs", "removed", "added", "fused", "rewritten",
+	        "ms");
+	tern_pass_stat total = {.name = "total"};
+	for (int i = 0; i <= n; i++) {
+		const tern_pass_stat *s = i < n ? &st[i] : &total;
+		fprintf(stderr, "%-22s %5d %8d %6d %6d %10d %9.3f\n", s->name, s->runs, s->removed, s->added, s->fused,
+		        s->rewritten, s->ms);
+		if (i == n)
+			break;
+		total.runs += s->runs;
+		total.removed += s->removed;
+		total.added += s->added;
+		total.fused += s->fused;
+		total.rewritten += s->rewritten;
+		total.ms += s->ms;
+	}
+}
+
+static size_t live_nodes(tern_model *m)
+{
+	tern_graph *g = tern_model_graph(m);
+	size_t n = 0;
+	for (size_t i = 0; i < g->n_nodes; i++)
+		n += !g->nodes[i]->removed;
+	return n;
+}
+
+/* A rewritten graph invalidates what was computed for the old one: schedules, partitions. */
+static void drop_annotations(tern_model *m)
+{
+	const Onnx__ModelProto *mp = m->proto;
+	for (size_t i = 0; i < mp->n_metadata_props; i++) {
+		const char *k = mp->metadata_props[i]->key;
+		if (k && strncmp(k, "tern.", 5) == 0)
+			tern_cli_verbose(1, "dropped the annotation %s: the rewritten graph makes it stale", k);
+	}
+	tern_model_drop_meta_prefix(m, "tern.");
+}
+
+int main(int argc, char **argv)
+{
+	tern_cli cli;
+	options opts = {.level = 2};
+	const tern_cli_tool tool = {
+		"tern-optimize",
+		"Rewrite a graph so that it computes the same outputs with less work.\v"
+		"Passes repeat until the graph stops changing, so optimising an optimised graph changes nothing. "
+		"-O1 output is a standard ONNX graph; -O2 and -O3 use operators of the domain 'tern' that tern-run "
+		"executes. Annotations of the old graph (keys starting tern.) are dropped when anything changed.",
+		option_table, parse_option, &opts, NULL};
+	tern_cli_parse(&cli, &tool, argc, argv);
+	if (opts.list) {
+		list_passes();
+		return 0;
+	}
+	FILE *out = tern_cli_open_output(&cli, 1);
+	tern_model *m = tern_cli_load(&cli);
+	size_t before = live_nodes(m);
+	tern_optimize_options o = {opts.level, opts.passes, opts.n_passes, opts.dim_names, opts.dim_values, opts.n_dims};
+	tern_pass_stat *stats = NULL;
+	int n_stats = 0;
+	tern_cli_check(tern_optimize(m, &o, &stats, &n_stats));
+	int changes = 0;
+	for (int i = 0; i < n_stats; i++)
+		changes += stats[i].removed + stats[i].added + stats[i].fused + stats[i].rewritten;
+	if (changes)
+		drop_annotations(m);
+	if (opts.stats)
+		print_stats(stats, n_stats);
+	tern_cli_verbose(1, "%zu nodes before, %zu after", before, live_nodes(m));
+	void *bytes;
+	size_t size;
+	tern_cli_check(tern_model_save_bytes(m, &bytes, &size));
+	if (fwrite(bytes, 1, size, out) != size)
+		tern_cli_fail(TERN_EIO, "write error");
+	tern_cli_close_output();
+	free(bytes);
+	free(stats);
+	free(opts.passes);
+	free(opts.dim_names);
+	free(opts.dim_values);
+	tern_model_free(m);
+	return 0;
+}

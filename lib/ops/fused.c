@@ -1,0 +1,893 @@
+/* fused.c — tern's fused operators (domain "tern"), written by tern-optimize: Conv, Gemm and MatMul with
+ * their bias and activation, chains of elementwise operators, Gelu, and Add + LayerNormalization.
+ * Each runs the registry's own kernels: the main operator's, then an epilogue program of elementwise
+ * kernels applied block by block over the output, so that a chain makes one pass over memory. */
+#include "internal.h"
+
+#include <math.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+
+/* Elements per block: large enough that a kernel call costs little against its work, small enough
+ * that the registers of a program stay in cache. */
+#define FX_BLOCK 4096
+#define FX_MAX_STEPS 24
+#define FX_MAX_ARGS 3
+#define FX_MAX_CONSTS 8
+#define FX_MAX_OPERANDS 8
+#define FX_MAX_REGS 24
+/* The elementwise kernels are prepared as the operators of this opset (Clip with inputs). */
+#define FX_OPSET 17
+#define FX_DOMAIN "tern"
+
+/* ---------------------------------------------------------------- programs */
+
+/* What a step reads: the program's input x (the chain's input 0, or the main operator's output), a
+ * node input, a constant of the program, or an earlier step's result. */
+enum fx_ref_kind { REF_NONE, REF_X, REF_INPUT, REF_CONST, REF_STEP };
+
+typedef struct fx_ref {
+	enum fx_ref_kind kind;
+	int index;
+} fx_ref;
+
+/* The operators a step may run and the attributes its two parameters set. */
+static const struct fx_op_def {
+	const char *op_type;
+	int arity;
+	const char *attr[2];
+} fx_ops[] = {
+	{"Relu", 1, {0}},          {"Sigmoid", 1, {0}},      {"Tanh", 1, {0}},        {"HardSwish", 1, {0}},
+	{"Softplus", 1, {0}},      {"Softsign", 1, {0}},     {"Erf", 1, {0}},         {"Exp", 1, {0}},
+	{"Log", 1, {0}},           {"Sqrt", 1, {0}},         {"Abs", 1, {0}},         {"Neg", 1, {0}},
+	{"Reciprocal", 1, {0}},    {"Floor", 1, {0}},        {"Ceil", 1, {0}},        {"Mish", 1, {0}},
+	{"LeakyRelu", 1, {"alpha"}}, {"Elu", 1, {"alpha"}}, {"Celu", 1, {"alpha"}}, {"ThresholdedRelu", 1, {"alpha"}},
+	{"HardSigmoid", 1, {"alpha", "beta"}}, {"Selu", 1, {"alpha", "gamma"}}, {"Shrink", 1, {"lambd", "bias"}},
+	{"Add", 2, {0}},           {"Sub", 2, {0}},          {"Mul", 2, {0}},         {"Div", 2, {0}},
+	{"Pow", 2, {0}},           {"Max", 2, {0}},          {"Min", 2, {0}},         {"PRelu", 2, {0}},
+	{"Clip", 3, {0}},
+};
+
+static const struct fx_op_def *fx_op_def(const char *op_type)
+{
+	for (size_t i = 0; i < TERN_ARRAY_LEN(fx_ops); i++)
+		if (strcmp(fx_ops[i].op_type, op_type) == 0)
+			return &fx_ops[i];
+	return NULL;
+}
+
+/* One prepared kernel for one block length. */
+typedef struct fx_prepared {
+	tern_kernel_fn kernel;
+	void *params;
+	void (*free_params)(void *);
+} fx_prepared;
+
+typedef struct fx_step {
+	const struct fx_op_def *def;
+	float params[2];
+	const char *param_names[2];
+	int n_params;
+	fx_ref args[FX_MAX_ARGS];
+	int n_args;
+	int reg; /* register of the result; -1 for the last step, which writes the output */
+	/* The node the kernel is prepared for: only its operator and attributes matter. */
+	tern_node node;
+	Onnx__NodeProto proto;
+	Onnx__AttributeProto attrs[2];
+	Onnx__AttributeProto *attr_list[2];
+	fx_prepared prep[2]; /* [0] full blocks, [1] the last, shorter block */
+} fx_step;
+
+/* How an operand (a node input other than x) is read for a block of the output. */
+enum fx_mode { MODE_SCALAR, MODE_FULL, MODE_GATHER };
+
+typedef struct fx_operand {
+	int input;
+	enum fx_mode mode;
+	int64_t inner, span; /* MODE_GATHER: element i of the output reads element (i / inner) % span */
+	int reg;
+} fx_operand;
+
+typedef struct fx_program {
+	fx_step steps[FX_MAX_STEPS];
+	int n_steps;
+	float consts[FX_MAX_CONSTS];
+	int n_consts;
+	fx_operand operands[FX_MAX_OPERANDS];
+	int n_operands;
+	int n_regs;
+	int64_t numel, block;
+	int workers; /* scratch slots: blocks run on at most this many threads at once */
+} fx_program;
+
+static tern_status fx_oom(const tern_node *node) { return tern_node_errorf(node, TERN_EOS, "out of memory"); }
+
+static tern_status fx_add_step(fx_program *pg, const tern_node *node, const char *op_type, const float *params,
+                               int n_params, const fx_ref *args, int n_args)
+{
+	const struct fx_op_def *def = fx_op_def(op_type);
+	if (!def)
+		return tern_node_errorf(node, TERN_EDATA, "'%s' cannot be a step of a fused elementwise program", op_type);
+	if (pg->n_steps == FX_MAX_STEPS)
+		return tern_node_errorf(node, TERN_EDATA, "a fused elementwise program has at most %d steps", FX_MAX_STEPS);
+	if (n_args != def->arity && !(def->arity == 3 && n_args >= 1))
+		return tern_node_errorf(node, TERN_EDATA, "step %d (%s) has %d arguments, expected %d", pg->n_steps, op_type,
+		                        n_args, def->arity);
+	fx_step *s = &pg->steps[pg->n_steps++];
+	s->def = def;
+	for (int i = 0; i < 2 && def->attr[i]; i++)
+		if (i < n_params && !isnan(params[i])) {
+			s->params[s->n_params] = params[i];
+			s->param_names[s->n_params++] = def->attr[i];
+		}
+	memcpy(s->args, args, (size_t)n_args * sizeof *args);
+	s->n_args = n_args;
+	return TERN_OK;
+}
+
+static fx_ref fx_const(fx_program *pg, float v)
+{
+	for (int i = 0; i < pg->n_consts; i++)
+		if (pg->consts[i] == v)
+			return (fx_ref){REF_CONST, i};
+	pg->consts[pg->n_consts] = v;
+	return (fx_ref){REF_CONST, pg->n_consts++};
+}
+
+static fx_ref fx_last(const fx_program *pg) { return (fx_ref){REF_STEP, pg->n_steps - 1}; }
+
+/* The steps of one activation applied to `in`: the vocabulary of FusedConv, FusedGemm and FusedMatMul's
+ * `activation` attribute, which adds Silu (x * sigmoid(x)) and Gelu (exact and tanh) to the
+ * elementwise operators. */
+static tern_status fx_add_activation(fx_program *pg, const tern_node *node, const char *name, const float *params,
+                                     int n_params, fx_ref in)
+{
+	tern_status st;
+	if (!*name)
+		return TERN_OK;
+	if (strcmp(name, "Silu") == 0) {
+		if ((st = fx_add_step(pg, node, "Sigmoid", NULL, 0, &in, 1)))
+			return st;
+		fx_ref mul[2] = {in, fx_last(pg)};
+		return fx_add_step(pg, node, "Mul", NULL, 0, mul, 2);
+	}
+	if (strcmp(name, "Gelu") == 0 || strcmp(name, "GeluTanh") == 0) {
+		if (pg->n_consts + 5 > FX_MAX_CONSTS)
+			return tern_node_errorf(node, TERN_EDATA, "too many constants in a fused elementwise program");
+		fx_ref t = in;
+		if (name[4]) {
+			/* 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))) */
+			fx_ref sq[2] = {in, in};
+			if ((st = fx_add_step(pg, node, "Mul", NULL, 0, sq, 2)))
+				return st;
+			fx_ref cube[2] = {fx_last(pg), in};
+			if ((st = fx_add_step(pg, node, "Mul", NULL, 0, cube, 2)))
+				return st;
+			fx_ref scaled[2] = {fx_last(pg), fx_const(pg, 0.044715f)};
+			if ((st = fx_add_step(pg, node, "Mul", NULL, 0, scaled, 2)))
+				return st;
+			fx_ref sum[2] = {fx_last(pg), in};
+			if ((st = fx_add_step(pg, node, "Add", NULL, 0, sum, 2)))
+				return st;
+			fx_ref inner[2] = {fx_last(pg), fx_const(pg, 0.7978845608028654f)};
+			if ((st = fx_add_step(pg, node, "Mul", NULL, 0, inner, 2)))
+				return st;
+			t = fx_last(pg);
+			if ((st = fx_add_step(pg, node, "Tanh", NULL, 0, &t, 1)))
+				return st;
+		} else {
+			/* 0.5 x (1 + erf(x / sqrt(2))) */
+			fx_ref scaled[2] = {in, fx_const(pg, 0.7071067811865476f)};
+			if ((st = fx_add_step(pg, node, "Mul", NULL, 0, scaled, 2)))
+				return st;
+			t = fx_last(pg);
+			if ((st = fx_add_step(pg, node, "Erf", NULL, 0, &t, 1)))
+				return st;
+		}
+		fx_ref one[2] = {fx_last(pg), fx_const(pg, 1.0f)};
+		if ((st = fx_add_step(pg, node, "Add", NULL, 0, one, 2)))
+			return st;
+		fx_ref times_x[2] = {fx_last(pg), in};
+		if ((st = fx_add_step(pg, node, "Mul", NULL, 0, times_x, 2)))
+			return st;
+		fx_ref half[2] = {fx_last(pg), fx_const(pg, 0.5f)};
+		return fx_add_step(pg, node, "Mul", NULL, 0, half, 2);
+	}
+	if (strcmp(name, "Clip") == 0) {
+		if (pg->n_consts + 2 > FX_MAX_CONSTS)
+			return tern_node_errorf(node, TERN_EDATA, "too many constants in a fused elementwise program");
+		fx_ref args[3] = {in, fx_const(pg, n_params > 0 ? params[0] : -INFINITY),
+		                  fx_const(pg, n_params > 1 ? params[1] : INFINITY)};
+		return fx_add_step(pg, node, "Clip", NULL, 0, args, 3);
+	}
+	const struct fx_op_def *def = fx_op_def(name);
+	if (!def || def->arity != 1)
+		return tern_node_errorf(node, TERN_EDATA, "activation '%s' is not supported", name);
+	return fx_add_step(pg, node, name, params, n_params, &in, 1);
+}
+
+/* The `activation` and `activation_params` attributes of a fused node. */
+static tern_status fx_node_activation(fx_program *pg, const tern_node *node, fx_ref in)
+{
+	size_t n = 0;
+	const float *params = tern_attr_floats(node, "activation_params", &n);
+	return fx_add_activation(pg, node, tern_attr_string(node, "activation", ""), params, (int)(n < 2 ? n : 2), in);
+}
+
+/* How an operand of shape (rank, dims) is read against an output of shape (out_rank, out_dims): its
+ * dimensions other than 1 must be one contiguous run equal to the output's there. */
+static bool fx_classify(int rank, const int64_t *dims, int out_rank, const int64_t *out_dims, fx_operand *o)
+{
+	if (rank > out_rank)
+		return false;
+	int64_t numel = tern_numel(rank, dims);
+	if (numel == 1) {
+		o->mode = MODE_SCALAR;
+		return true;
+	}
+	int first = -1, last = -1;
+	for (int d = 0; d < rank; d++) {
+		int od = d + out_rank - rank;
+		if (dims[d] == 1)
+			continue;
+		if (dims[d] != out_dims[od] || (last >= 0 && last != od - 1))
+			return false;
+		if (first < 0)
+			first = od;
+		last = od;
+	}
+	o->inner = tern_numel(out_rank - last - 1, out_dims + last + 1);
+	o->span = numel;
+	o->mode = o->inner == 1 && numel == tern_numel(out_rank, out_dims) ? MODE_FULL : MODE_GATHER;
+	return true;
+}
+
+bool tern_fused_operand_ok(int rank, const int64_t *dims, int out_rank, const int64_t *out_dims)
+{
+	fx_operand o;
+	return fx_classify(rank, dims, out_rank, out_dims, &o);
+}
+
+/* Registers: each step's result lives from its step to its last reader; gathered operands for the
+ * whole block. */
+static tern_status fx_allocate(fx_program *pg, const tern_node *node)
+{
+	int last_use[FX_MAX_STEPS];
+	for (int s = 0; s < pg->n_steps; s++) {
+		last_use[s] = s;
+		for (int t = s + 1; t < pg->n_steps; t++)
+			for (int a = 0; a < pg->steps[t].n_args; a++)
+				if (pg->steps[t].args[a].kind == REF_STEP && pg->steps[t].args[a].index == s)
+					last_use[s] = t;
+	}
+	int n = 0;
+	for (int i = 0; i < pg->n_operands; i++)
+		pg->operands[i].reg = pg->operands[i].mode == MODE_GATHER ? n++ : -1;
+	int first_free = n;
+	int holder[FX_MAX_REGS];
+	for (int r = 0; r < FX_MAX_REGS; r++)
+		holder[r] = -1;
+	for (int s = 0; s < pg->n_steps; s++) {
+		fx_step *st = &pg->steps[s];
+		if (s == pg->n_steps - 1) {
+			st->reg = -1;
+			break;
+		}
+		/* A register whose value dies at this step may take the result: elementwise kernels read
+		 * each element before writing it. */
+		int r = first_free;
+		while (r < FX_MAX_REGS && holder[r] >= 0 && last_use[holder[r]] > s)
+			r++;
+		if (r == FX_MAX_REGS)
+			return tern_node_errorf(node, TERN_EDATA, "a fused elementwise program needs too many registers");
+		holder[r] = s;
+		st->reg = r;
+		if (r + 1 > n)
+			n = r + 1;
+	}
+	pg->n_regs = n;
+	return TERN_OK;
+}
+
+static int fx_operand_of(const fx_program *pg, int input)
+{
+	for (int i = 0; i < pg->n_operands; i++)
+		if (pg->operands[i].input == input)
+			return i;
+	return -1;
+}
+
+/* Tensors that step kernels see for one block of n elements starting at `off`. */
+typedef struct fx_block {
+	tern_tensor x, out, regs[FX_MAX_REGS], operands[FX_MAX_OPERANDS], consts[FX_MAX_CONSTS];
+} fx_block;
+
+static void fx_view(tern_tensor *t, const void *data, int64_t n)
+{
+	memset(t, 0, sizeof *t);
+	t->dtype = TERN_FLOAT;
+	t->rank = n < 0 ? 0 : 1;
+	t->dims[0] = n;
+	t->data = (void *)data;
+	t->nbytes = (size_t)(n < 0 ? 1 : n) * sizeof(float);
+}
+
+static tern_tensor *fx_resolve(fx_block *b, const fx_program *pg, fx_ref r)
+{
+	switch (r.kind) {
+	case REF_X: return &b->x;
+	case REF_INPUT: return &b->operands[fx_operand_of(pg, r.index)];
+	case REF_CONST: return &b->consts[r.index];
+	case REF_STEP: return pg->steps[r.index].reg < 0 ? &b->out : &b->regs[pg->steps[r.index].reg];
+	default: return NULL;
+	}
+}
+
+/* Prepares every step's kernel for blocks of n elements (which = 0) and for the shorter last block. */
+static tern_status fx_prepare_steps(fx_program *pg, const tern_node *owner, tern_tensor *const *in)
+{
+	int64_t lengths[2] = {pg->block, pg->numel % pg->block};
+	for (int which = 0; which < 2; which++) {
+		int64_t n = lengths[which];
+		if (!n)
+			continue;
+		/* Values that exist only at run time have no data while preparing; scalars keep theirs, which
+		 * are the same at every block. */
+		fx_block b;
+		fx_view(&b.x, NULL, n);
+		fx_view(&b.out, NULL, n);
+		for (int r = 0; r < FX_MAX_REGS; r++)
+			fx_view(&b.regs[r], NULL, n);
+		for (int c = 0; c < pg->n_consts; c++)
+			fx_view(&b.consts[c], &pg->consts[c], -1);
+		for (int i = 0; i < pg->n_operands; i++) {
+			bool scalar = pg->operands[i].mode == MODE_SCALAR;
+			fx_view(&b.operands[i], scalar ? in[pg->operands[i].input]->data : NULL, scalar ? -1 : n);
+		}
+		for (int s = 0; s < pg->n_steps; s++) {
+			fx_step *st = &pg->steps[s];
+			tern_tensor *args[FX_MAX_ARGS];
+			for (int a = 0; a < st->n_args; a++)
+				args[a] = fx_resolve(&b, pg, st->args[a]);
+			tern_tensor result = {0};
+			tern_tensor *outs[1] = {&result};
+			tern_prepare_args p = {0};
+			p.node = &st->node;
+			p.in = args;
+			p.n_in = st->n_args;
+			p.out = outs;
+			p.n_out = 1;
+			tern_status rc = st->node.op ? st->node.op->prepare(&p) : TERN_EINTERNAL;
+			st->prep[which] = (fx_prepared){p.kernel, p.params, p.free_params};
+			if (rc)
+				return rc;
+			if (!p.kernel || p.defer || p.dynamic_output || p.alias_input0 || p.scratch_bytes ||
+			    result.dtype != TERN_FLOAT || result.rank != 1 || result.dims[0] != n)
+				return tern_node_errorf(owner, TERN_EDATA, "step %d (%s) of its elementwise program does not keep "
+				                        "the shape and type of its input", s, st->def->op_type);
+		}
+	}
+	return TERN_OK;
+}
+
+/* Completes a program once its steps are known: the synthetic nodes, operand modes against the output
+ * shape, registers, and the kernels. x_shape is the shape the program runs over. */
+static tern_status fx_finish(fx_program *pg, const tern_node *owner, tern_tensor *const *in, int n_in,
+                             const tern_tensor *x_shape, tern_threadpool *pool)
+{
+	pg->numel = tern_tensor_numel(x_shape);
+	pg->block = pg->numel < FX_BLOCK ? (pg->numel ? pg->numel : 1) : FX_BLOCK;
+	int64_t blocks = (pg->numel + pg->block - 1) / pg->block;
+	pg->workers = tern_threadpool_size(pool);
+	if (pg->workers > blocks)
+		pg->workers = blocks > 0 ? (int)blocks : 1;
+	for (int s = 0; s < pg->n_steps; s++) {
+		fx_step *st = &pg->steps[s];
+		onnx__node_proto__init(&st->proto);
+		st->proto.op_type = (char *)st->def->op_type;
+		st->proto.name = (char *)owner->name;
+		for (int i = 0; i < st->n_params; i++) {
+			onnx__attribute_proto__init(&st->attrs[i]);
+			st->attrs[i].name = (char *)st->param_names[i];
+			st->attrs[i].has_type = 1;
+			st->attrs[i].type = ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__FLOAT;
+			st->attrs[i].has_f = 1;
+			st->attrs[i].f = st->params[i];
+			st->attr_list[i] = &st->attrs[i];
+		}
+		st->proto.n_attribute = (size_t)st->n_params;
+		st->proto.attribute = st->attr_list;
+		st->node.proto = &st->proto;
+		st->node.name = owner->name;
+		st->node.op_type = st->def->op_type;
+		st->node.domain = "";
+		st->node.graph = owner->graph;
+		st->node.opset = FX_OPSET;
+		st->node.op = tern_op_find("", st->def->op_type, FX_OPSET);
+		if (!st->node.op)
+			return tern_node_errorf(owner, TERN_EDATA, "step %d (%s) has no kernel", s, st->def->op_type);
+		for (int a = 0; a < st->n_args; a++) {
+			fx_ref r = st->args[a];
+			if (r.kind == REF_STEP && (r.index < 0 || r.index >= s))
+				return tern_node_errorf(owner, TERN_EDATA, "step %d reads step %d, which does not come before it", s,
+				                        r.index);
+			if (r.kind != REF_INPUT || fx_operand_of(pg, r.index) >= 0)
+				continue;
+			if (r.index < 0 || r.index >= n_in || !in[r.index])
+				return tern_node_errorf(owner, TERN_EDATA, "step %d reads input %d, which is missing", s, r.index);
+			const tern_tensor *t = in[r.index];
+			if (t->dtype != TERN_FLOAT)
+				return tern_node_errorf(owner, TERN_EDATA, "input %d is %s; fused elementwise programs run on float",
+				                        r.index, tern_dtype_name(t->dtype));
+			if (pg->n_operands == FX_MAX_OPERANDS)
+				return tern_node_errorf(owner, TERN_EDATA, "too many operands in a fused elementwise program");
+			fx_operand *o = &pg->operands[pg->n_operands];
+			o->input = r.index;
+			if (!fx_classify(t->rank, t->dims, x_shape->rank, x_shape->dims, o)) {
+				char sa[128], sb[128];
+				return tern_node_errorf(owner, TERN_EDATA, "input %d %s does not broadcast to %s along one run of "
+				                        "dimensions", r.index, tern_shape_str(t->dtype, t->rank, t->dims, sa, sizeof sa),
+				                        tern_shape_str(x_shape->dtype, x_shape->rank, x_shape->dims, sb, sizeof sb));
+			}
+			pg->n_operands++;
+		}
+	}
+	if (!pg->n_steps)
+		return tern_node_errorf(owner, TERN_EDATA, "an empty elementwise program");
+	tern_status st = fx_allocate(pg, owner);
+	if (st)
+		return st;
+	return fx_prepare_steps(pg, owner, in);
+}
+
+static size_t fx_scratch_bytes(const fx_program *pg)
+{
+	return (size_t)pg->workers * (size_t)pg->n_regs * (size_t)pg->block * sizeof(float);
+}
+
+static void fx_program_free(void *p)
+{
+	fx_program *pg = p;
+	if (!pg)
+		return;
+	for (int s = 0; s < pg->n_steps; s++)
+		for (int w = 0; w < 2; w++)
+			if (pg->steps[s].prep[w].free_params && pg->steps[s].prep[w].params)
+				pg->steps[s].prep[w].free_params(pg->steps[s].prep[w].params);
+	free(pg);
+}
+
+/* One run of a program: x is read from `x` (may be the output itself), the result written to out. */
+typedef struct fx_run {
+	const fx_program *pg;
+	const tern_node *node;
+	const float *x;
+	float *out;
+	tern_tensor *const *in;
+	float *scratch;
+	atomic_int status;
+} fx_run;
+
+static tern_status fx_block_run(const fx_run *r, float *regs, int64_t off, int64_t n)
+{
+	const fx_program *pg = r->pg;
+	int which = n == pg->block ? 0 : 1;
+	fx_block b;
+	fx_view(&b.x, r->x + off, n);
+	fx_view(&b.out, r->out + off, n);
+	for (int k = 0; k < pg->n_regs; k++)
+		fx_view(&b.regs[k], regs + (size_t)k * (size_t)pg->block, n);
+	for (int c = 0; c < pg->n_consts; c++)
+		fx_view(&b.consts[c], &pg->consts[c], -1);
+	for (int i = 0; i < pg->n_operands; i++) {
+		const fx_operand *o = &pg->operands[i];
+		const float *src = r->in[o->input]->data;
+		if (o->mode == MODE_SCALAR) {
+			fx_view(&b.operands[i], src, -1);
+		} else if (o->mode == MODE_FULL) {
+			fx_view(&b.operands[i], src + off, n);
+		} else {
+			float *dst = b.regs[o->reg].data;
+			int64_t q = off / o->inner, rem = off % o->inner, j = q % o->span;
+			for (int64_t e = 0; e < n;) {
+				int64_t run = o->inner - rem < n - e ? o->inner - rem : n - e;
+				float v = src[j];
+				for (int64_t k = 0; k < run; k++)
+					dst[e + k] = v;
+				e += run;
+				rem = 0;
+				j = j + 1 == o->span ? 0 : j + 1;
+			}
+			b.operands[i] = b.regs[o->reg];
+		}
+	}
+	for (int s = 0; s < pg->n_steps; s++) {
+		const fx_step *st = &pg->steps[s];
+		tern_tensor *args[FX_MAX_ARGS];
+		for (int a = 0; a < st->n_args; a++)
+			args[a] = fx_resolve(&b, pg, st->args[a]);
+		tern_tensor *dst = st->reg < 0 ? &b.out : &b.regs[st->reg];
+		tern_kernel_args ka = {&st->node, args, st->n_args, &dst, 1, st->prep[which].params, NULL, NULL, NULL};
+		tern_status rc = st->prep[which].kernel(&ka);
+		if (rc)
+			return rc;
+	}
+	return TERN_OK;
+}
+
+static void fx_worker(void *ctx, int64_t w)
+{
+	fx_run *r = ctx;
+	const fx_program *pg = r->pg;
+	int64_t blocks = (pg->numel + pg->block - 1) / pg->block;
+	int64_t lo = blocks * w / pg->workers, hi = blocks * (w + 1) / pg->workers;
+	float *regs = r->scratch + (size_t)w * (size_t)pg->n_regs * (size_t)pg->block;
+	for (int64_t k = lo; k < hi; k++) {
+		int64_t off = k * pg->block, n = pg->numel - off < pg->block ? pg->numel - off : pg->block;
+		tern_status rc = fx_block_run(r, regs, off, n);
+		if (rc)
+			atomic_store(&r->status, (int)rc);
+	}
+}
+
+static tern_status fx_program_run(const fx_program *pg, const tern_kernel_args *a, const float *x, float *out,
+                                  void *scratch)
+{
+	if (!pg->numel)
+		return TERN_OK;
+	fx_run r = {pg, a->node, x, out, a->in, scratch, TERN_OK};
+	if (pg->workers > 1)
+		tern_parallel_for(a->pool, pg->workers, fx_worker, &r);
+	else
+		fx_worker(&r, 0);
+	return (tern_status)atomic_load(&r.status);
+}
+
+/* ---------------------------------------------------------------- a main operator plus an epilogue */
+
+/* The main operator's kernel, run with the first n_main inputs, then the epilogue over its output. */
+typedef struct fx_fused {
+	tern_kernel_fn kernel;
+	void *params;
+	void (*free_params)(void *);
+	int n_main;
+	size_t main_scratch; /* the epilogue's registers follow, aligned */
+	fx_program *pg;      /* NULL: no epilogue */
+} fx_fused;
+
+static void fx_fused_free(void *p)
+{
+	fx_fused *f = p;
+	if (!f)
+		return;
+	if (f->free_params && f->params)
+		f->free_params(f->params);
+	fx_program_free(f->pg);
+	free(f);
+}
+
+static size_t fx_round(size_t n) { return (n + TERN_ALIGN - 1) / TERN_ALIGN * TERN_ALIGN; }
+
+static tern_status fx_fused_kernel(const tern_kernel_args *a)
+{
+	const fx_fused *f = a->params;
+	tern_kernel_args inner = *a;
+	inner.n_in = f->n_main < a->n_in ? f->n_main : a->n_in;
+	inner.params = f->params;
+	tern_status st = f->kernel(&inner);
+	if (st || !f->pg)
+		return st;
+	float *y = a->out[0]->data;
+	return fx_program_run(f->pg, a, y, y, (char *)a->scratch + f->main_scratch);
+}
+
+/* Prepares the default-domain operator op_type on the node's first n_main inputs (the fused node
+ * carries that operator's attributes), leaving the epilogue program empty for the caller to fill. */
+static tern_status fx_prepare_main(tern_prepare_args *p, const char *op_type, int n_main, fx_fused **out)
+{
+	*out = NULL;
+	const tern_op *op = tern_op_find("", op_type, FX_OPSET);
+	if (!op)
+		return tern_node_errorf(p->node, TERN_EINTERNAL, "no %s kernel to fuse with", op_type);
+	if (!p->out[0])
+		return tern_node_errorf(p->node, TERN_EDATA, "output 0 is missing");
+	for (int i = 1; i < p->n_out; i++)
+		if (p->out[i])
+			return tern_node_errorf(p->node, TERN_EDATA, "has one output, not %d", p->n_out);
+	tern_prepare_args inner = *p;
+	inner.n_in = n_main < p->n_in ? n_main : p->n_in;
+	inner.n_out = 1;
+	inner.params = NULL;
+	inner.free_params = NULL;
+	tern_status st = op->prepare(&inner);
+	fx_fused *f = calloc(1, sizeof *f);
+	if (!f) {
+		if (inner.free_params && inner.params)
+			inner.free_params(inner.params);
+		return fx_oom(p->node);
+	}
+	f->kernel = inner.kernel;
+	f->params = inner.params;
+	f->free_params = inner.free_params;
+	f->n_main = n_main;
+	f->main_scratch = fx_round(inner.scratch_bytes);
+	p->params = f;
+	p->free_params = fx_fused_free;
+	if (st)
+		return st;
+	if (inner.defer) {
+		p->defer = 1;
+		return TERN_OK;
+	}
+	if (!inner.kernel || inner.dynamic_output || inner.alias_input0)
+		return tern_node_errorf(p->node, TERN_EINTERNAL, "the %s kernel cannot take an epilogue", op_type);
+	if (p->out[0]->dtype != TERN_FLOAT)
+		return tern_node_errorf(p->node, TERN_EDATA, "output is %s; fused operators run on float",
+		                        tern_dtype_name(p->out[0]->dtype));
+	f->pg = calloc(1, sizeof *f->pg);
+	if (!f->pg)
+		return fx_oom(p->node);
+	p->kernel = fx_fused_kernel;
+	*out = f;
+	return TERN_OK;
+}
+
+/* Completes the epilogue once its steps are in; none at all leaves the main kernel alone. */
+static tern_status fx_prepare_epilogue(tern_prepare_args *p, fx_fused *f)
+{
+	if (!f->pg->n_steps) {
+		free(f->pg);
+		f->pg = NULL;
+		p->scratch_bytes = f->main_scratch;
+		return TERN_OK;
+	}
+	tern_status st = fx_finish(f->pg, p->node, p->in, p->n_in, p->out[0], p->pool);
+	if (st)
+		return st;
+	p->scratch_bytes = f->main_scratch + fx_scratch_bytes(f->pg);
+	return TERN_OK;
+}
+
+/* tern.FusedConv (X, W, [B], [Z]): activation(Conv(X, W, B) + Z), Z of the output's shape. */
+static tern_status fused_conv_prepare(tern_prepare_args *p)
+{
+	fx_fused *f;
+	tern_status st = fx_prepare_main(p, "Conv", 3, &f);
+	if (st || !f)
+		return st;
+	fx_ref x = {REF_X, 0};
+	if (p->n_in > 3 && p->in[3]) {
+		fx_ref add[2] = {x, {REF_INPUT, 3}};
+		if ((st = fx_add_step(f->pg, p->node, "Add", NULL, 0, add, 2)))
+			return st;
+		x = fx_last(f->pg);
+	}
+	if ((st = fx_node_activation(f->pg, p->node, x)))
+		return st;
+	return fx_prepare_epilogue(p, f);
+}
+
+/* tern.FusedGemm (A, B, [C]): activation(Gemm(A, B, C)) with Gemm's attributes. */
+static tern_status fused_gemm_prepare(tern_prepare_args *p)
+{
+	fx_fused *f;
+	tern_status st = fx_prepare_main(p, "Gemm", 3, &f);
+	if (st || !f)
+		return st;
+	if ((st = fx_node_activation(f->pg, p->node, (fx_ref){REF_X, 0})))
+		return st;
+	return fx_prepare_epilogue(p, f);
+}
+
+/* tern.FusedMatMul (A, B, [bias]): activation(alpha * MatMul(A, B) + bias). */
+static tern_status fused_matmul_prepare(tern_prepare_args *p)
+{
+	fx_fused *f;
+	tern_status st = fx_prepare_main(p, "MatMul", 2, &f);
+	if (st || !f)
+		return st;
+	fx_ref x = {REF_X, 0};
+	float alpha = tern_attr_float(p->node, "alpha", 1.0f);
+	if (alpha != 1.0f) {
+		fx_ref mul[2] = {x, fx_const(f->pg, alpha)};
+		if ((st = fx_add_step(f->pg, p->node, "Mul", NULL, 0, mul, 2)))
+			return st;
+		x = fx_last(f->pg);
+	}
+	if (p->n_in > 2 && p->in[2]) {
+		fx_ref add[2] = {x, {REF_INPUT, 2}};
+		if ((st = fx_add_step(f->pg, p->node, "Add", NULL, 0, add, 2)))
+			return st;
+		x = fx_last(f->pg);
+	}
+	if ((st = fx_node_activation(f->pg, p->node, x)))
+		return st;
+	return fx_prepare_epilogue(p, f);
+}
+
+/* ---------------------------------------------------------------- programs on their own */
+
+static tern_status fx_chain_kernel(const tern_kernel_args *a)
+{
+	const fx_program *pg = a->params;
+	return fx_program_run(pg, a, a->in[0]->data, a->out[0]->data, a->scratch);
+}
+
+static tern_status fx_chain_setup(tern_prepare_args *p, fx_program **out)
+{
+	*out = NULL;
+	if (p->n_in < 1 || !p->in[0] || !p->out[0])
+		return tern_node_errorf(p->node, TERN_EDATA, "input 0 and output 0 are required");
+	if (p->in[0]->dtype != TERN_FLOAT)
+		return tern_node_errorf(p->node, TERN_EDATA, "input 0 is %s; fused elementwise programs run on float",
+		                        tern_dtype_name(p->in[0]->dtype));
+	fx_program *pg = calloc(1, sizeof *pg);
+	if (!pg)
+		return fx_oom(p->node);
+	p->params = pg;
+	p->free_params = fx_program_free;
+	tern_set_shape(p->out[0], TERN_FLOAT, p->in[0]->rank, p->in[0]->dims);
+	*out = pg;
+	return TERN_OK;
+}
+
+static tern_status fx_chain_finish(tern_prepare_args *p, fx_program *pg)
+{
+	tern_status st = fx_finish(pg, p->node, p->in, p->n_in, p->in[0], p->pool);
+	if (st)
+		return st;
+	p->kernel = fx_chain_kernel;
+	p->scratch_bytes = fx_scratch_bytes(pg);
+	return TERN_OK;
+}
+
+/* tern.ElementwiseChain (X, operands...): attribute `ops` names each step's operator, `args` gives
+ * FX_MAX_ARGS references per step (k < inputs: input k, where input 0 is X; inputs + j: step j's
+ * result; -1: none) and `params` two floats per step, the values of the operator's attributes (alpha,
+ * beta; NaN: the default; ignored by operators without them). The output, the
+ * last step's result, has X's shape; operands broadcast into it. */
+static tern_status chain_prepare(tern_prepare_args *p)
+{
+	fx_program *pg;
+	tern_status st = fx_chain_setup(p, &pg);
+	if (st)
+		return st;
+	const Onnx__AttributeProto *ops = tern_attr(p->node, "ops");
+	size_t n_args = 0, n_params = 0;
+	const int64_t *args = tern_attr_ints(p->node, "args", &n_args);
+	const float *params = tern_attr_floats(p->node, "params", &n_params);
+	size_t n_ops = ops ? ops->n_strings : 0;
+	if (!n_ops || n_args != n_ops * FX_MAX_ARGS || (n_params && n_params != n_ops * 2))
+		return tern_node_errorf(p->node, TERN_EDATA, "attributes 'ops' (%zu), 'args' (%zu) and 'params' (%zu) do not "
+		                        "describe the same steps", n_ops, n_args, n_params);
+	for (size_t s = 0; s < n_ops; s++) {
+		char name[32];
+		const ProtobufCBinaryData *nm = &ops->strings[s];
+		snprintf(name, sizeof name, "%.*s", (int)(nm->len < 31 ? nm->len : 31), (const char *)nm->data);
+		fx_ref refs[FX_MAX_ARGS];
+		int n = 0;
+		for (int k = 0; k < FX_MAX_ARGS; k++) {
+			int64_t r = args[s * FX_MAX_ARGS + (size_t)k];
+			if (r < 0)
+				break;
+			refs[n++] = r == 0 ? (fx_ref){REF_X, 0}
+			            : r < p->n_in ? (fx_ref){REF_INPUT, (int)r} : (fx_ref){REF_STEP, (int)(r - p->n_in)};
+		}
+		if ((st = fx_add_step(pg, p->node, name, params ? params + 2 * s : NULL, params ? 2 : 0, refs, n)))
+			return st;
+	}
+	return fx_chain_finish(p, pg);
+}
+
+/* tern.Gelu (X): 0.5 x (1 + erf(x / sqrt(2))), or with approximate = "tanh" the tanh form (as the
+ * opset-20 Gelu). */
+static tern_status gelu_prepare(tern_prepare_args *p)
+{
+	fx_program *pg;
+	tern_status st = fx_chain_setup(p, &pg);
+	if (st)
+		return st;
+	const char *approx = tern_attr_string(p->node, "approximate", "none");
+	if (strcmp(approx, "none") != 0 && strcmp(approx, "tanh") != 0)
+		return tern_node_errorf(p->node, TERN_EDATA, "attribute 'approximate' is '%s', not none or tanh", approx);
+	if ((st = fx_add_activation(pg, p->node, approx[0] == 't' ? "GeluTanh" : "Gelu", NULL, 0, (fx_ref){REF_X, 0})))
+		return st;
+	return fx_chain_finish(p, pg);
+}
+
+/* ---------------------------------------------------------------- Add + LayerNormalization */
+
+typedef struct fx_skip_ln {
+	fx_prepared add, norm;
+	size_t add_scratch, norm_scratch, sum_offset; /* the sum lives in scratch unless output 1 holds it */
+	tern_node add_node;
+	Onnx__NodeProto add_proto;
+	tern_tensor sum_shape;
+} fx_skip_ln;
+
+static void fx_skip_ln_free(void *p)
+{
+	fx_skip_ln *s = p;
+	if (!s)
+		return;
+	if (s->add.free_params && s->add.params)
+		s->add.free_params(s->add.params);
+	if (s->norm.free_params && s->norm.params)
+		s->norm.free_params(s->norm.params);
+	free(s);
+}
+
+static tern_status skip_ln_kernel(const tern_kernel_args *a)
+{
+	const fx_skip_ln *s = a->params;
+	tern_tensor sum = s->sum_shape;
+	bool keep = a->n_out > 1 && a->out[1];
+	sum.data = keep ? a->out[1]->data : (char *)a->scratch + s->sum_offset;
+	tern_tensor *sum_p = &sum;
+	tern_kernel_args add = {&s->add_node, a->in, 2, &sum_p, 1, s->add.params, a->scratch, a->pool, a->exec};
+	tern_status st = s->add.kernel(&add);
+	if (st)
+		return st;
+	tern_tensor *norm_in[3] = {&sum, a->in[2], a->n_in > 3 ? a->in[3] : NULL};
+	tern_kernel_args norm = {a->node, norm_in, 3, a->out, 1, s->norm.params, a->scratch, a->pool, a->exec};
+	return s->norm.kernel(&norm);
+}
+
+/* tern.SkipLayerNormalization (X, S, scale, [B]) -> (Y, [sum]): LayerNormalization(X + S) with
+ * LayerNormalization's axis and epsilon; output 1, when present, is X + S. */
+static tern_status skip_ln_prepare(tern_prepare_args *p)
+{
+	const tern_op *add_op = tern_op_find("", "Add", FX_OPSET), *ln_op = tern_op_find("", "LayerNormalization", FX_OPSET);
+	if (!add_op || !ln_op)
+		return tern_node_errorf(p->node, TERN_EINTERNAL, "no Add or LayerNormalization kernel to fuse");
+	if (p->n_in < 3 || !p->in[0] || !p->in[1] || !p->in[2] || !p->out[0])
+		return tern_node_errorf(p->node, TERN_EDATA, "inputs X, S and scale and output Y are required");
+	fx_skip_ln *s = calloc(1, sizeof *s);
+	if (!s)
+		return fx_oom(p->node);
+	p->params = s;
+	p->free_params = fx_skip_ln_free;
+	onnx__node_proto__init(&s->add_proto);
+	s->add_proto.op_type = "Add";
+	s->add_node = (tern_node){.proto = &s->add_proto, .name = p->node->name, .op_type = "Add", .domain = "",
+	                          .graph = p->node->graph, .opset = FX_OPSET};
+	tern_tensor *sum_p = &s->sum_shape;
+	tern_prepare_args add = {.node = &s->add_node, .in = p->in, .n_in = 2, .out = &sum_p, .n_out = 1, .pool = p->pool};
+	tern_status st = add_op->prepare(&add);
+	s->add = (fx_prepared){add.kernel, add.params, add.free_params};
+	if (st)
+		return st;
+	const tern_tensor *x = p->in[0];
+	if (add.defer || !add.kernel || s->sum_shape.rank != x->rank ||
+	    memcmp(s->sum_shape.dims, x->dims, (size_t)x->rank * sizeof x->dims[0]) != 0)
+		return tern_node_errorf(p->node, TERN_EDATA, "input 1 'S' must broadcast to input 0's shape");
+	tern_tensor *norm_in[3] = {&s->sum_shape, p->in[2], p->n_in > 3 ? p->in[3] : NULL};
+	tern_prepare_args norm = {.node = p->node, .in = norm_in, .n_in = 3, .out = p->out, .n_out = 1, .pool = p->pool};
+	st = ln_op->prepare(&norm);
+	s->norm = (fx_prepared){norm.kernel, norm.params, norm.free_params};
+	if (st)
+		return st;
+	if (norm.defer || !norm.kernel)
+		return tern_node_errorf(p->node, TERN_EINTERNAL, "the LayerNormalization kernel cannot be fused");
+	if (p->n_out > 1 && p->out[1])
+		tern_set_shape(p->out[1], x->dtype, x->rank, x->dims);
+	s->add_scratch = add.scratch_bytes;
+	s->norm_scratch = norm.scratch_bytes;
+	size_t shared = s->add_scratch > s->norm_scratch ? s->add_scratch : s->norm_scratch;
+	s->sum_offset = fx_round(shared);
+	p->scratch_bytes = s->sum_offset + (size_t)tern_tensor_numel(x) * tern_dtype_size(x->dtype);
+	p->kernel = skip_ln_kernel;
+	return TERN_OK;
+}
+
+static const tern_op ops[] = {
+	{FX_DOMAIN, "FusedConv", 1, 0, fused_conv_prepare, TERN_DT(FLOAT), "fused"},
+	{FX_DOMAIN, "FusedGemm", 1, 0, fused_gemm_prepare, TERN_DT(FLOAT), "fused"},
+	{FX_DOMAIN, "FusedMatMul", 1, 0, fused_matmul_prepare, TERN_DT(FLOAT), "fused"},
+	{FX_DOMAIN, "ElementwiseChain", 1, 0, chain_prepare, TERN_DT(FLOAT), "fused"},
+	{FX_DOMAIN, "Gelu", 1, 0, gelu_prepare, TERN_DT(FLOAT), "fused"},
+	{FX_DOMAIN, "SkipLayerNormalization", 1, 0, skip_ln_prepare, TERN_DT_FLOATS, "fused"},
+};
+
+const tern_op_table tern_ops_fused = {ops, TERN_ARRAY_LEN(ops)};

@@ -1,0 +1,100 @@
+/* fold_scales.c — a scalar Mul or Div on an input of a matrix product (the 1/sqrt(d) of attention), or
+ * on its output, becomes the product's alpha in tern.FusedMatMul: (a s) b = s (a b). This reassociates
+ * floating-point arithmetic, hence level 3. */
+#include "passes/passes.h"
+
+static bool same_shape(const tern_tensor *a, const tern_tensor *b)
+{
+	return a && b && a->dtype == b->dtype && a->rank == b->rank &&
+	       memcmp(a->dims, b->dims, (size_t)a->rank * sizeof a->dims[0]) == 0;
+}
+
+/* n scales one operand by a float scalar constant; *factor is the multiplier and *operand the
+ * other input. Div only by the constant. */
+static bool scalar_scale(tern_pass_ctx *c, const tern_node *n, double *factor, tern_value **operand)
+{
+	bool mul = tern_pass_is(n, "Mul"), div = tern_pass_is(n, "Div");
+	if ((!mul && !div) || n->n_inputs != 2 || !n->inputs[0] || !n->inputs[1] || !n->outputs[0])
+		return false;
+	for (int k = div ? 1 : 0; k < 2; k++) {
+		double s;
+		const tern_tensor *t = tern_pass_const(c, n->inputs[k]);
+		if (!t || t->dtype != TERN_FLOAT || !tern_pass_scalar(c, n->inputs[k], &s) || (div && s == 0))
+			continue;
+		*operand = n->inputs[1 - k];
+		if (!same_shape(tern_pass_shape(c, *operand), tern_pass_shape(c, n->outputs[0])))
+			return false;
+		*factor = div ? 1.0 / s : s;
+		return true;
+	}
+	return false;
+}
+
+static bool is_fused_matmul(const tern_node *n)
+{
+	return !n->removed && strcmp(n->domain, TERN_DOMAIN) == 0 && strcmp(n->op_type, "FusedMatMul") == 0;
+}
+
+static tern_status fold(tern_pass_ctx *c, tern_node *mm)
+{
+	const tern_tensor *ys = tern_pass_shape(c, mm->outputs[0]);
+	if (!ys || ys->dtype != TERN_FLOAT || mm->n_inputs < 2 || !mm->inputs[0] || !mm->inputs[1])
+		return TERN_OK;
+	bool fused = is_fused_matmul(mm);
+	double alpha = fused ? tern_attr_float(mm, "alpha", 1.0f) : 1.0, f;
+	tern_value *in[3] = {mm->inputs[0], mm->inputs[1], mm->n_inputs > 2 ? mm->inputs[2] : NULL}, *operand;
+	tern_node *gone[3];
+	int n_gone = 0;
+	for (int k = 0; k < 2; k++) {
+		tern_node *p = tern_pass_producer(in[k], NULL);
+		if (p && tern_pass_single_use(in[k]) && in[0] != in[1] && scalar_scale(c, p, &f, &operand)) {
+			alpha *= f;
+			in[k] = operand;
+			gone[n_gone++] = p;
+		}
+	}
+	tern_value *out = mm->outputs[0];
+	bool plain = !in[2] && !*tern_attr_string(mm, "activation", "");
+	tern_node *after = tern_pass_single_use(out) ? out->consumers[0] : NULL;
+	if (plain && after && scalar_scale(c, after, &f, &operand) && operand == out) {
+		alpha *= f;
+		out = after->outputs[0];
+		gone[n_gone++] = after;
+	}
+	if (!n_gone)
+		return TERN_OK;
+	const char *inputs[3] = {in[0]->name, in[1]->name, in[2] ? in[2]->name : ""};
+	const char *outputs[1] = {out->name};
+	tern_node *last = after && gone[n_gone - 1] == after ? after : mm;
+	tern_pass_remove(c, mm);
+	for (int i = 0; i < n_gone; i++)
+		tern_pass_remove(c, gone[i]);
+	tern_node *nf = tern_pass_add(c, last, "FusedMatMul", TERN_DOMAIN, mm->name, inputs, in[2] ? 3 : 2, outputs, 1);
+	if (!nf)
+		return TERN_EOS;
+	c->fused += 1 + n_gone;
+	static const char *const skip[] = {"alpha", NULL};
+	tern_status st = tern_pass_copy_attrs(nf, mm, skip);
+	if (!st)
+		st = tern_node_add_attr_float(nf, "alpha", (float)alpha);
+	return st;
+}
+
+static tern_status run(tern_pass_ctx *c)
+{
+	tern_graph *g = c->graph;
+	tern_status st = TERN_OK;
+	for (size_t i = 0; !st && i < g->n_nodes; i++) {
+		tern_node *n = g->nodes[i];
+		if ((tern_pass_is(n, "MatMul") || is_fused_matmul(n)) && n->n_outputs == 1 && n->outputs[0])
+			st = fold(c, n);
+	}
+	return st;
+}
+
+const tern_pass tern_pass_fold_scales = {
+	"fold-scales",
+	"fold scalar Mul/Div on the inputs or output of a MatMul into tern.FusedMatMul's alpha",
+	3,
+	run,
+};

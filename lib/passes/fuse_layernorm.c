@@ -1,0 +1,62 @@
+/* fuse_layernorm.c — the residual Add before a LayerNormalization joins it in one
+ * tern.SkipLayerNormalization, which also yields the sum when something else reads it. */
+#include "passes/passes.h"
+
+static bool same_shape(const tern_tensor *a, const tern_tensor *b)
+{
+	return a && b && a->dtype == b->dtype && a->rank == b->rank &&
+	       memcmp(a->dims, b->dims, (size_t)a->rank * sizeof a->dims[0]) == 0;
+}
+
+static tern_status fuse(tern_pass_ctx *c, tern_node *ln)
+{
+	tern_value *sum = ln->inputs[0];
+	tern_node *add = tern_pass_producer(sum, "Add");
+	if (!add || add->n_inputs != 2 || !add->inputs[0] || !add->inputs[1] || tern_pass_has_implicit_use(sum) ||
+	    ln->n_inputs < 2 || !ln->inputs[1])
+		return TERN_OK;
+	for (size_t o = 1; o < ln->n_outputs; o++)
+		if (ln->outputs[o] && tern_pass_uses(ln->outputs[o]))
+			return TERN_OK;
+	for (size_t i = 1; i < ln->n_inputs; i++)
+		if (ln->inputs[i] == sum)
+			return TERN_OK;
+	const tern_tensor *ss = tern_pass_shape(c, sum);
+	if (!ss || (ss->dtype != TERN_FLOAT && ss->dtype != TERN_DOUBLE))
+		return TERN_OK;
+	/* Input 0 has the sum's shape; the other broadcasts into it. */
+	int first = same_shape(ss, tern_pass_shape(c, add->inputs[0])) ? 0 : 1;
+	if (!same_shape(ss, tern_pass_shape(c, add->inputs[first])))
+		return TERN_OK;
+	bool keep_sum = tern_pass_uses(sum) > 1;
+	const char *inputs[4] = {add->inputs[first]->name, add->inputs[1 - first]->name, ln->inputs[1]->name,
+	                         ln->n_inputs > 2 && ln->inputs[2] ? ln->inputs[2]->name : ""};
+	const char *outputs[2] = {ln->outputs[0]->name, sum->name};
+	tern_pass_remove(c, add);
+	tern_pass_remove(c, ln);
+	tern_node *f = tern_pass_add(c, ln, "SkipLayerNormalization", TERN_DOMAIN, ln->name, inputs, *inputs[3] ? 4 : 3,
+	                             outputs, keep_sum ? 2 : 1);
+	if (!f)
+		return TERN_EOS;
+	c->fused += 2;
+	return tern_pass_copy_attrs(f, ln, NULL);
+}
+
+static tern_status run(tern_pass_ctx *c)
+{
+	tern_graph *g = c->graph;
+	tern_status st = TERN_OK;
+	for (size_t i = 0; !st && i < g->n_nodes; i++) {
+		tern_node *n = g->nodes[i];
+		if (tern_pass_is(n, "LayerNormalization") && n->n_inputs >= 1 && n->inputs[0] && n->outputs[0])
+			st = fuse(c, n);
+	}
+	return st;
+}
+
+const tern_pass tern_pass_fuse_layernorm = {
+	"fuse-skip-layernorm",
+	"fuse a residual Add with the LayerNormalization after it into tern.SkipLayerNormalization",
+	2,
+	run,
+};

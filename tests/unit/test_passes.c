@@ -1,0 +1,452 @@
+/* test_passes.c — each graph pass on a small graph written in the text syntax: the graph before, the
+ * nodes expected after. Every case is also a property test: random inputs through the graph before and
+ * after give the same outputs, and optimising the result again changes nothing. */
+#include "check.h"
+#include "internal.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+#define HEADER "<ir_version: 8, opset_import: [\"\" : 17]>\n"
+
+typedef struct pass_case {
+	const char *what;
+	const char *passes; /* comma-separated; NULL: the whole pipeline at `level` */
+	int level;
+	const char *before; /* a model */
+	const char *after;  /* the optimised graph's statements, one per line */
+} pass_case;
+
+static const pass_case cases[] = {
+	{"fold-constants: Shape, Gather, Mul, Concat of a static shape fold into Reshape's shape", "fold-constants,dce", 0,
+	 HEADER "g (float[2,3,4] x) => (float[6,4] y) {\n"
+	        "   s = Shape (x)\n"
+	        "   i0 = Constant <value = int64[1] {0}> ()\n"
+	        "   i1 = Constant <value = int64[1] {1}> ()\n"
+	        "   d0 = Gather <axis = 0> (s, i0)\n"
+	        "   d1 = Gather <axis = 0> (s, i1)\n"
+	        "   p = Mul (d0, d1)\n"
+	        "   m = Constant <value = int64[1] {-1}> ()\n"
+	        "   u = Unsqueeze (p, i0)\n"
+	        "   f = Flatten <axis = 0> (u)\n"
+	        "   q = Squeeze (f, i0)\n"
+	        "   shape = Concat <axis = 0> (q, m)\n"
+	        "   y = Reshape (x, shape)\n"
+	        "}\n",
+	 "y = Reshape (x, shape)\n"},
+	{"fold-constants: a dynamic input keeps its shape arithmetic", "fold-constants", 0,
+	 HEADER "g (float[N,4] x) => (float[N,4] y) {\n"
+	        "   s = Shape (x)\n"
+	        "   y = Reshape (x, s)\n"
+	        "}\n",
+	 "s = Shape (x)\n"
+	 "y = Reshape (x, s)\n"},
+	{"eliminate-noops: Identity, Dropout, same-shape Reshape, Cast, Transpose, Pad, Slice, Mul by one",
+	 "eliminate-noops,dce", 0,
+	 HEADER "g (float[2,3] x) => (float[2,3] y) <int64[2] shape = {2,3}, int64[4] zero = {0,0,0,0},\n"
+	        "   int64[1] s0 = {0}, int64[1] s1 = {3}, int64[1] ax = {1}, float one = {1}> {\n"
+	        "   a = Identity (x)\n"
+	        "   b = Dropout (a)\n"
+	        "   c = Reshape (b, shape)\n"
+	        "   d = Cast <to = 1> (c)\n"
+	        "   e = Transpose <perm = [0,1]> (d)\n"
+	        "   f = Pad (e, zero)\n"
+	        "   g = Slice (f, s0, s1, ax)\n"
+	        "   h = Mul (g, one)\n"
+	        "   y = Relu (h)\n"
+	        "}\n",
+	 "y = Relu (x)\n"},
+	{"eliminate-noops: an Identity writing a graph output hands the name to its producer", "eliminate-noops", 0,
+	 HEADER "g (float[2,3] x) => (float[2,3] y) {\n"
+	        "   a = Relu (x)\n"
+	        "   y = Identity (a)\n"
+	        "}\n",
+	 "y = Relu (x)\n"},
+	{"dce: dead nodes, unused optional outputs and initializers go", "dce", 0,
+	 HEADER "g (float[1,1,4,4] x) => (float[1,1,2,2] y) <float[2] unused = {1,2}> {\n"
+	        "   dead = Sigmoid (x)\n"
+	        "   deader = Relu (dead)\n"
+	        "   y, idx = MaxPool <kernel_shape = [2,2], strides = [2,2]> (x)\n"
+	        "}\n",
+	 "y = MaxPool <kernel_shape = [2, 2], strides = [2, 2]> (x)\n"},
+	{"cse: repeated computations and equal initializers merge", "cse,dce", 0,
+	 HEADER "g (float[2,3] x) => (float[2,3] y) <float[3] b1 = {1,2,3}, float[3] b2 = {1,2,3}> {\n"
+	        "   a = Add (x, b1)\n"
+	        "   b = Add (x, b2)\n"
+	        "   ra = Relu (a)\n"
+	        "   rb = Relu (b)\n"
+	        "   y = Mul (ra, rb)\n"
+	        "}\n",
+	 "a = Add (x, b1)\n"
+	 "ra = Relu (a)\n"
+	 "y = Mul (ra, ra)\n"},
+	{"fold-batchnorm: an inference BatchNormalization folds into the Conv", "fold-batchnorm,dce", 0,
+	 HEADER "g (float[1,2,3,3] x) => (float[1,2,3,3] y) <float[2,2,1,1] w = {1,2,3,4}, float[2] cb = {0.5,-1},\n"
+	        "   float[2] scale = {2,0.5}, float[2] bias = {1,-1}, float[2] mean = {0.25,1}, float[2] var = {4,0.25}> {\n"
+	        "   c = Conv (x, w, cb)\n"
+	        "   y = BatchNormalization <epsilon = 0.001> (c, scale, bias, mean, var)\n"
+	        "}\n",
+	 "y = Conv (x, c_W, c_B)\n"},
+	{"matmul-add-to-gemm: a matrix product plus a row bias is a Gemm", "matmul-add-to-gemm", 0,
+	 HEADER "g (float[4,3] a, float[3,5] b, float[5] bias) => (float[4,5] y) {\n"
+	        "   p = MatMul (a, b)\n"
+	        "   y = Add (bias, p)\n"
+	        "}\n",
+	 "y = Gemm (a, b, bias)\n"},
+	{"matmul-add-to-gemm: a batched product stays a MatMul", "matmul-add-to-gemm", 0,
+	 HEADER "g (float[2,4,3] a, float[3,5] b, float[5] bias) => (float[2,4,5] y) {\n"
+	        "   p = MatMul (a, b)\n"
+	        "   y = Add (p, bias)\n"
+	        "}\n",
+	 "p = MatMul (a, b)\n"
+	 "y = Add (p, bias)\n"},
+	{"simplify-reshapes: a Transpose of size-1 dimensions is a Reshape, merged with the Squeeze after it",
+	 "simplify-reshapes,dce", 0,
+	 HEADER "g (float[1,3,1,4] x) => (float[3,4] y) <int64[2] axes = {0,1}> {\n"
+	        "   t = Transpose <perm = [2,0,1,3]> (x)\n"
+	        "   y = Squeeze (t, axes)\n"
+	        "}\n",
+	 "y = Reshape (x, y_shape)\n"},
+	{"simplify-reshapes: consecutive Transposes compose", "simplify-reshapes", 0,
+	 HEADER "g (float[2,3,4] x) => (float[4,2,3] y) {\n"
+	        "   t = Transpose <perm = [1,0,2]> (x)\n"
+	        "   y = Transpose <perm = [2,1,0]> (t)\n"
+	        "}\n",
+	 "y = Transpose <perm = [2, 0, 1]> (x)\n"},
+	{"slices-to-split: three Slices tiling the last axis are one Split", "slices-to-split,dce", 0,
+	 HEADER "g (float[2,6] x) => (float[2,2] q, float[2,1] k, float[2,3] v)\n"
+	        "   <int64[1] s0 = {0}, int64[1] s2 = {2}, int64[1] s3 = {3}, int64[1] end = {9223372036854775807},\n"
+	        "    int64[1] ax = {-1}> {\n"
+	        "   k = Slice (x, s2, s3, ax)\n"
+	        "   q = Slice (x, s0, s2, ax)\n"
+	        "   v = Slice (x, s3, end, ax)\n"
+	        "}\n",
+	 "q, k, v = Split <axis = 1> (x, x_split)\n"},
+	{"fold-pad: zero padding joins the Conv and the AveragePool", "fold-pad", 0,
+	 HEADER "g (float[1,2,4,4] x, float[2,2,3,3] w) => (float[1,2,4,4] y, float[1,2,4,4] z)\n"
+	        "   <int64[8] pads = {0,0,1,1,0,0,1,1}> {\n"
+	        "   p = Pad (x, pads)\n"
+	        "   y = Conv (p, w)\n"
+	        "   q = Pad (x, pads)\n"
+	        "   z = AveragePool <kernel_shape = [3,3]> (q)\n"
+	        "}\n",
+	 "y = Conv <pads = [1, 1, 1, 1]> (x, w)\n"
+	 "z = AveragePool <kernel_shape = [3, 3], pads = [1, 1, 1, 1], count_include_pad = 1> (x)\n"},
+	{"recognize-layernorm: mean, variance, normalise, scale and shift", "recognize-layernorm,dce", 0,
+	 HEADER "g (float[2,3,8] x) => (float[2,3,8] y) <float eps = {0.00001}, float two = {2},\n"
+	        "   float[8] gamma = {1,2,3,4,5,6,7,8}, float[8] beta = {0,1,0,1,0,1,0,1}> {\n"
+	        "   m = ReduceMean <axes = [-1]> (x)\n"
+	        "   d = Sub (x, m)\n"
+	        "   sq = Pow (d, two)\n"
+	        "   v = ReduceMean <axes = [-1]> (sq)\n"
+	        "   ve = Add (v, eps)\n"
+	        "   sd = Sqrt (ve)\n"
+	        "   n = Div (d, sd)\n"
+	        "   s = Mul (n, gamma)\n"
+	        "   y = Add (s, beta)\n"
+	        "}\n",
+	 "y = LayerNormalization <axis = -1, epsilon = 1e-05> (x, y_scale, y_bias)\n"},
+	{"recognize-gelu: the erf form as PyTorch writes it", "recognize-gelu", 0,
+	 HEADER "g (float[2,5] x) => (float[2,5] y) <float r2 = {1.4142135}, float one = {1}, float half = {0.5}> {\n"
+	        "   d = Div (x, r2)\n"
+	        "   e = Erf (d)\n"
+	        "   a = Add (e, one)\n"
+	        "   m = Mul (x, a)\n"
+	        "   y = Mul (m, half)\n"
+	        "}\n",
+	 "y = tern.Gelu (x)\n"},
+	{"recognize-gelu: the tanh form with the products the other way round", "recognize-gelu", 0,
+	 HEADER "g (float[2,5] x) => (float[2,5] y)\n"
+	        "   <float k = {0.044715}, float b = {0.7978845608}, float one = {1}, float half = {0.5}, float three = {3}> {\n"
+	        "   c = Pow (x, three)\n"
+	        "   kc = Mul (k, c)\n"
+	        "   s = Add (x, kc)\n"
+	        "   i = Mul (b, s)\n"
+	        "   t = Tanh (i)\n"
+	        "   a = Add (one, t)\n"
+	        "   h = Mul (half, x)\n"
+	        "   y = Mul (h, a)\n"
+	        "}\n",
+	 "y = tern.Gelu <approximate = \"tanh\"> (x)\n"},
+	{"fuse-conv: bias Add, residual Add and Relu join the Conv", "fuse-conv,dce", 0,
+	 HEADER "g (float[1,2,4,4] x, float[2,2,3,3] w, float[1,2,4,4] r) => (float[1,2,4,4] y)\n"
+	        "   <float[2,1,1] b = {0.5,-0.5}> {\n"
+	        "   c = Conv <pads = [1,1,1,1]> (x, w)\n"
+	        "   cb = Add (c, b)\n"
+	        "   s = Add (r, cb)\n"
+	        "   y = Relu (s)\n"
+	        "}\n",
+	 "y = tern.FusedConv <pads = [1, 1, 1, 1], activation = \"Relu\"> (x, w, c_B, r)\n"},
+	{"fuse-conv: x * Sigmoid(x) after a Conv is its Silu activation", "fuse-conv", 0,
+	 HEADER "g (float[1,2,4,4] x, float[2,2,1,1] w, float[2] b) => (float[1,2,4,4] y) {\n"
+	        "   c = Conv (x, w, b)\n"
+	        "   s = Sigmoid (c)\n"
+	        "   y = Mul (s, c)\n"
+	        "}\n",
+	 "y = tern.FusedConv <activation = \"Silu\"> (x, w, b)\n"},
+	{"fuse-conv: Clip with constant bounds", "fuse-conv", 0,
+	 HEADER "g (float[1,2,4,4] x, float[2,2,1,1] w) => (float[1,2,4,4] y) <float lo = {0}, float hi = {6}> {\n"
+	        "   c = Conv (x, w)\n"
+	        "   y = Clip (c, lo, hi)\n"
+	        "}\n",
+	 "y = tern.FusedConv <activation = \"Clip\", activation_params = [0.0, 6.0]> (x, w)\n"},
+	{"fuse-matmul: a batched MatMul with its bias and LeakyRelu", "fuse-matmul", 0,
+	 HEADER "g (float[2,4,3] a, float[3,5] b, float[5] bias) => (float[2,4,5] y) {\n"
+	        "   p = MatMul (a, b)\n"
+	        "   s = Add (p, bias)\n"
+	        "   y = LeakyRelu <alpha = 0.2> (s)\n"
+	        "}\n",
+	 "y = tern.FusedMatMul <activation = \"LeakyRelu\", activation_params = [0.2]> (a, b, bias)\n"},
+	{"fuse-matmul: Gemm with a following Tanh", "fuse-matmul", 0,
+	 HEADER "g (float[4,3] a, float[5,3] b, float[5] c) => (float[4,5] y) {\n"
+	        "   p = Gemm <transB = 1, alpha = 0.5> (a, b, c)\n"
+	        "   y = Tanh (p)\n"
+	        "}\n",
+	 "y = tern.FusedGemm <transB = 1, alpha = 0.5, activation = \"Tanh\"> (a, b, c)\n"},
+	{"fuse-skip-layernorm: the residual Add joins the LayerNormalization", "fuse-skip-layernorm", 0,
+	 HEADER "g (float[2,3,8] x, float[2,3,8] r, float[8] s, float[8] b) => (float[2,3,8] y, float[2,3,8] sum) {\n"
+	        "   sum = Add (x, r)\n"
+	        "   y = LayerNormalization <axis = -1> (sum, s, b)\n"
+	        "}\n",
+	 "y, sum = tern.SkipLayerNormalization <axis = -1> (x, r, s, b)\n"},
+	{"fuse-elementwise: Add, Relu, Mul by a per-channel constant, Sigmoid in one chain", "fuse-elementwise", 0,
+	 HEADER "g (float[1,3,2,2] x, float[1,3,2,2] z) => (float[1,3,2,2] y) <float[3,1,1] k = {1,2,3}> {\n"
+	        "   a = Add (x, z)\n"
+	        "   r = Relu (a)\n"
+	        "   m = Mul (k, r)\n"
+	        "   y = Sigmoid (m)\n"
+	        "}\n",
+	 "y = tern.ElementwiseChain <ops = [\"Add\", \"Relu\", \"Mul\", \"Sigmoid\"], args = [0, 1, -1, 3, -1, -1, 2, 4, "
+	 "-1, 5, -1, -1], params = [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]> (x, z, k)\n"},
+	{"fold-scales: the 1/sqrt(d) of attention becomes the product's alpha", "fold-scales", 0,
+	 HEADER "g (float[4,8,16] q, float[4,16,8] k) => (float[4,8,8] y) <float c = {4}> {\n"
+	        "   s = Div (q, c)\n"
+	        "   y = MatMul (s, k)\n"
+	        "}\n",
+	 "y = tern.FusedMatMul <alpha = 0.25> (q, k)\n"},
+	{"-O1 keeps standard operators: Conv and Relu stay apart", NULL, 1,
+	 HEADER "g (float[1,2,4,4] x, float[2,2,1,1] w) => (float[1,2,4,4] y) {\n"
+	        "   c = Conv (x, w)\n"
+	        "   i = Identity (c)\n"
+	        "   y = Relu (i)\n"
+	        "}\n",
+	 "c = Conv (x, w)\n"
+	 "y = Relu (c)\n"},
+	{"-O2 runs the whole pipeline to a fixed point", NULL, 2,
+	 HEADER "g (float[1,2,4,4] x, float[2,2,1,1] w) => (float[1,32] y) <int64[2] shape = {1,-1}, int64[1] i = {1}> {\n"
+	        "   c = Conv (x, w)\n"
+	        "   d = Identity (c)\n"
+	        "   r = Relu (d)\n"
+	        "   s = Shape (r)\n"
+	        "   dead = Gather (s, i)\n"
+	        "   y = Reshape (r, shape)\n"
+	        "}\n",
+	 "r = tern.FusedConv <activation = \"Relu\"> (x, w)\n"
+	 "y = Reshape (r, shape)\n"},
+};
+
+/* ---------------------------------------------------------------- helpers */
+
+static tern_model *load(const char *text)
+{
+	tern_model *m = NULL;
+	CHECK_OK(tern_model_load_bytes(text, strlen(text), "case", NULL, &m));
+	return m;
+}
+
+static void optimize(tern_model *m, const pass_case *pc, int *changes)
+{
+	char buf[256];
+	const char *names[16];
+	int n = 0;
+	if (pc->passes) {
+		snprintf(buf, sizeof buf, "%s", pc->passes);
+		for (char *save = NULL, *p = strtok_r(buf, ",", &save); p && n < 16; p = strtok_r(NULL, ",", &save))
+			names[n++] = p;
+	}
+	tern_optimize_options o = {pc->level, names, n, NULL, NULL, 0};
+	tern_pass_stat *st = NULL;
+	int n_st = 0;
+	CHECK_OK(tern_optimize(m, &o, &st, &n_st));
+	*changes = 0;
+	for (int i = 0; i < n_st; i++)
+		*changes += st[i].removed + st[i].added + st[i].fused + st[i].rewritten;
+	free(st);
+}
+
+/* The statements between the graph's braces, each trimmed, one per line. */
+static char *body(tern_model *m)
+{
+	char *text = NULL;
+	size_t size;
+	CHECK_OK(tern_model_save_text(m, 0, &text, &size));
+	if (!text)
+		return NULL;
+	char *open = strstr(text, "{\n");
+	char *out = calloc(strlen(text) + 1, 1);
+	size_t k = 0;
+	for (char *line = open ? open + 2 : text; line && *line && *line != '}';) {
+		char *end = strchr(line, '\n');
+		size_t len = end ? (size_t)(end - line) : strlen(line);
+		size_t lead = strspn(line, " \t");
+		memcpy(out + k, line + lead, len - lead);
+		k += len - lead;
+		out[k++] = '\n';
+		line = end ? end + 1 : NULL;
+	}
+	free(text);
+	return out;
+}
+
+/* Deterministic values in [-2, 2). */
+static void fill(tern_tensor *t, uint64_t *seed)
+{
+	for (int64_t i = 0, n = tern_tensor_numel(t); i < n; i++) {
+		*seed = *seed * 6364136223846793005ull + 1442695040888963407ull;
+		((float *)t->data)[i] = (float)((*seed >> 40) / (double)(1ull << 24) * 4.0 - 2.0);
+	}
+}
+
+/* Runs a model on inputs from seed; outputs copied into out (caller frees). */
+static int run(tern_model *m, uint64_t seed, tern_tensor *out, int max_out)
+{
+	int n_in = tern_model_num_inputs(m);
+	tern_tensor *in = calloc((size_t)n_in + 1, sizeof *in);
+	for (int i = 0; i < n_in; i++) {
+		int dtype, rank;
+		int64_t dims[TERN_MAX_RANK];
+		CHECK_OK(tern_model_input_type(m, i, &dtype, &rank, dims, NULL));
+		for (int d = 0; d < rank; d++)
+			dims[d] = dims[d] < 0 ? 3 : dims[d]; /* a symbolic dimension */
+		CHECK_OK(tern_tensor_alloc(&in[i], dtype, rank, dims));
+		fill(&in[i], &seed);
+	}
+	tern_plan *plan = NULL;
+	tern_plan_options po = {.n_threads = 1};
+	int n_out = 0;
+	tern_status st = tern_plan_create(m, &po, in, n_in, &plan);
+	CHECK_OK(st);
+	if (!st) {
+		CHECK_OK(tern_plan_run(plan, in, n_in));
+		n_out = tern_plan_num_outputs(plan);
+		for (int i = 0; i < n_out && i < max_out; i++)
+			CHECK_OK(tern_tensor_copy(&out[i], tern_plan_output(plan, i)));
+		tern_plan_free(plan);
+	}
+	for (int i = 0; i < n_in; i++)
+		tern_tensor_free(&in[i]);
+	free(in);
+	return n_out < max_out ? n_out : max_out;
+}
+
+static bool close_outputs(const tern_tensor *a, const tern_tensor *b)
+{
+	if (a->dtype != b->dtype || a->rank != b->rank || memcmp(a->dims, b->dims, (size_t)a->rank * sizeof a->dims[0]))
+		return false;
+	double worst = 0, scale = 0;
+	for (int64_t i = 0, n = tern_tensor_numel(a); i < n; i++) {
+		double x = tern_tensor_get_f64(a, i), y = tern_tensor_get_f64(b, i);
+		worst = fmax(worst, fabs(x - y));
+		scale = fmax(scale, fabs(x));
+	}
+	return worst <= 1e-4 * scale + 1e-5;
+}
+
+static void test_case(const pass_case *pc)
+{
+	tern_model *before = load(pc->before), *after = load(pc->before);
+	if (!before || !after) {
+		fprintf(stderr, "case '%s' does not load\n", pc->what);
+		tern_model_free(before);
+		tern_model_free(after);
+		return;
+	}
+	int changes;
+	optimize(after, pc, &changes);
+	char *got = body(after);
+	bool same = got && strcmp(got, pc->after) == 0;
+	CHECK(same);
+	if (!same)
+		fprintf(stderr, "case '%s':\n--- expected\n%s--- got\n%s", pc->what, pc->after, got ? got : "(none)\n");
+	CHECK_OK(tern_model_validate(after));
+
+	/* The same outputs on random inputs. */
+	tern_tensor want[4] = {0}, have[4] = {0};
+	for (uint64_t seed = 1; seed <= 3; seed++) {
+		int nw = run(before, seed, want, 4), nh = run(after, seed, have, 4);
+		CHECK(nw == nh);
+		for (int i = 0; i < nw && i < nh; i++) {
+			bool ok = close_outputs(&want[i], &have[i]);
+			CHECK(ok);
+			if (!ok)
+				fprintf(stderr, "case '%s': output %d differs (seed %llu)\n", pc->what, i, (unsigned long long)seed);
+		}
+		for (int i = 0; i < 4; i++) {
+			tern_tensor_free(&want[i]);
+			tern_tensor_free(&have[i]);
+		}
+	}
+
+	/* A fixed point: optimising the saved result again changes nothing. */
+	void *bytes = NULL;
+	size_t size = 0;
+	CHECK_OK(tern_model_save_bytes(after, &bytes, &size));
+	tern_model *again = NULL;
+	CHECK_OK(tern_model_load_bytes(bytes, size, "again", NULL, &again));
+	if (again) {
+		int more;
+		optimize(again, pc, &more);
+		CHECK(more == 0);
+		char *twice = body(again);
+		CHECK(twice && got && strcmp(twice, got) == 0);
+		free(twice);
+	}
+	free(bytes);
+	free(got);
+	tern_model_free(again);
+	tern_model_free(before);
+	tern_model_free(after);
+}
+
+/* ---------------------------------------------------------------- the rest of the interface */
+
+static void test_interface(void)
+{
+	CHECK(tern_pass_count() >= 15);
+	for (int i = 0; i < tern_pass_count(); i++) {
+		CHECK(tern_pass_name(i) && *tern_pass_name(i));
+		CHECK(tern_pass_description(i) && !strchr(tern_pass_description(i), '\n'));
+		CHECK(tern_pass_level(i) >= 1 && tern_pass_level(i) <= 3);
+	}
+	CHECK(tern_pass_name(tern_pass_count()) == NULL);
+
+	tern_model *m = load(HEADER "g (float[N,4] x) => (float[N,4] y) {\n   y = Relu (x)\n}\n");
+	const char *bad[] = {"no-such-pass"};
+	tern_optimize_options o = {2, bad, 1, NULL, NULL, 0};
+	CHECK(tern_optimize(m, &o, NULL, NULL) == TERN_EUSAGE);
+	CHECK(strstr(tern_error(), "no-such-pass") != NULL);
+	o = (tern_optimize_options){7, NULL, 0, NULL, NULL, 0};
+	CHECK(tern_optimize(m, &o, NULL, NULL) == TERN_EUSAGE);
+
+	/* --dim makes the dimension static in the file. */
+	const char *names[] = {"N"};
+	int64_t values[] = {3};
+	o = (tern_optimize_options){2, NULL, 0, names, values, 1};
+	CHECK_OK(tern_optimize(m, &o, NULL, NULL));
+	int dtype, rank;
+	int64_t dims[TERN_MAX_RANK];
+	CHECK_OK(tern_model_input_type(m, 0, &dtype, &rank, dims, NULL));
+	CHECK(rank == 2 && dims[0] == 3 && dims[1] == 4);
+	const char *unknown[] = {"M"};
+	o = (tern_optimize_options){2, NULL, 0, unknown, values, 1};
+	CHECK(tern_optimize(m, &o, NULL, NULL) == TERN_EUSAGE);
+	tern_model_free(m);
+}
+
+int main(void)
+{
+	for (size_t i = 0; i < TERN_ARRAY_LEN(cases); i++)
+		test_case(&cases[i]);
+	test_interface();
+	return check_report("test_passes");
+}
