@@ -486,7 +486,10 @@ static tern_status check_quant_param(const tern_node *node, const tern_tensor *t
 }
 
 /* Value of a per-tensor or per-row/column parameter for row or column i. */
-static double quant_at(const tern_tensor *t, int64_t i) { return tern_tensor_numel(t) == 1 ? tern_tensor_get_f64(t, 0) : tern_tensor_get_f64(t, i); }
+static double quant_at(const tern_tensor *t, int64_t i)
+{
+	return tern_tensor_get_f64(t, tern_tensor_numel(t) == 1 ? 0 : i);
+}
 
 /* Widens an 8-bit matrix (stacked along leading dimensions) to int32 minus its zero point; rows and
  * columns index the zero point when it has one value per row (A) or per column (B). */

@@ -316,7 +316,7 @@ static tern_status window_read(const tern_node *node, const tern_tensor *x, cons
 	int nsp = x->rank - 2;
 	if (nsp < 1 || nsp > SP) {
 		char s[128];
-		return tern_node_errorf(node, TERN_EDATA, "input 0 %s: 1 to %d spatial dimensions are supported", 
+		return tern_node_errorf(node, TERN_EDATA, "input 0 %s: 1 to %d spatial dimensions are supported",
 		                        tern_shape_str(x->dtype, x->rank, x->dims, s, sizeof s), SP);
 	}
 	window_init(w, nsp);
@@ -1266,7 +1266,8 @@ static tern_status deform_conv_prepare(tern_prepare_args *p)
 	int64_t want_off[4] = {cp->n, og * 2 * cp->kk, w->out[1], w->out[2]};
 	int64_t want_mask[4] = {cp->n, og * cp->kk, w->out[1], w->out[2]};
 	for (int i = 0; i < 4; i++)
-		if (offset->rank != 4 || offset->dims[i] != want_off[i] || (mask && (mask->rank != 4 || mask->dims[i] != want_mask[i]))) {
+		if (offset->rank != 4 || offset->dims[i] != want_off[i] ||
+		    (mask && (mask->rank != 4 || mask->dims[i] != want_mask[i]))) {
 			char so[128], sm[128];
 			return tern_node_errorf(node, TERN_EDATA, "offset %s or mask %s does not match [%lld,%lld,%lld,%lld]",
 			                        tern_shape_str(offset->dtype, offset->rank, offset->dims, so, sizeof so),
@@ -1396,7 +1397,8 @@ static tern_status col2im_kernel(const tern_kernel_args *a)
 	int dtype = a->in[0]->dtype;
 	size_t es = compute_size(dtype);
 	for (int64_t n = 0; n < cp->n; n++)
-		col2im(a->pool, dtype, &cp->w, cp->cin, (const char *)a->in[0]->data + (size_t)(n * cp->cin * cp->kk * cp->out_sp) * es,
+		col2im(a->pool, dtype, &cp->w, cp->cin,
+		       (const char *)a->in[0]->data + (size_t)(n * cp->cin * cp->kk * cp->out_sp) * es,
 		       (char *)a->out[0]->data + (size_t)(n * cp->cin * cp->in_sp) * es);
 	return TERN_OK;
 }
@@ -1800,7 +1802,8 @@ static tern_status layer_norm_prepare(tern_prepare_args *p)
 	lp->scale_scalar = ns == 1;
 	lp->bias_scalar = nb == 1;
 	if ((ns != 1 && ns != lp->cols) || (nb != 1 && nb != lp->cols))
-		return tern_node_errorf(node, TERN_EDATA, "Scale has %lld and B %lld elements; 1 or %lld (the normalised size) expected",
+		return tern_node_errorf(node, TERN_EDATA,
+		                        "Scale has %lld and B %lld elements; 1 or %lld (the normalised size) expected",
 		                        (long long)ns, (long long)nb, (long long)lp->cols);
 	tern_set_shape(p->out[0], x->dtype, x->rank, x->dims);
 	int64_t dims[TERN_MAX_RANK];
@@ -2002,7 +2005,8 @@ static tern_status mvn_kernel(const tern_kernel_args *a)
 	}
 	for (int64_t i = 0; i < n; i++) {
 		int64_t g = mvn_group(mp, i);
-		tern_store_f64(y->dtype, y->data, i, (tern_tensor_get_f64(x, i) - sum[g] / (double)per) / (sqrt(sq[g] / (double)per) + 1e-9));
+		double mean = sum[g] / (double)per, std = sqrt(sq[g] / (double)per);
+		tern_store_f64(y->dtype, y->data, i, (tern_tensor_get_f64(x, i) - mean) / (std + 1e-9));
 	}
 	return TERN_OK;
 }
@@ -2176,7 +2180,8 @@ static tern_status softmax_prepare(tern_prepare_args *p) { return softmax_setup(
 static tern_status log_softmax_prepare(tern_prepare_args *p) { return softmax_setup(p, LOG_SOFTMAX); }
 static tern_status hardmax_prepare(tern_prepare_args *p) { return softmax_setup(p, HARDMAX); }
 
-/* ---------------------------------------------------------------- NegativeLogLikelihoodLoss, SoftmaxCrossEntropyLoss */
+/* ---------------------------------------------------------------- NegativeLogLikelihoodLoss and
+ * SoftmaxCrossEntropyLoss */
 
 enum { REDUCE_NONE, REDUCE_SUM, REDUCE_MEAN };
 
