@@ -2469,34 +2469,31 @@ static tern_status resize_axis_build(const resize_options *o, resize_axis *ax, d
 		double fl = floor(xo);
 		int64_t base = xo == fl ? (int64_t)fl - 1 : (int64_t)fl;
 		double ratio = xo - (double)base;
-		int64_t idx[64];
-		double wt[64];
-		int64_t m = taps > 64 ? 64 : taps;
+		/* tap i reads element first + i; the weights go straight into w[], zero ones squeezed out after */
+		int64_t first = base + start, m = taps;
 		if (o->mode == RESIZE_NEAREST) {
 			bool up = ratio == 1 || (o->nearest == ROUND_PREFER_FLOOR && ratio > 0.5) ||
 			          (o->nearest == ROUND_PREFER_CEIL && ratio >= 0.5) || o->nearest == NEAREST_CEIL;
-			idx[0] = base + (up ? 1 : 0);
-			wt[0] = 1;
-			m = 1;
+			first = base + (up ? 1 : 0);
+			w[0] = 1;
 		} else {
 			double sum = 0;
 			for (int64_t i = 0; i < m; i++) {
 				double arg = ((double)(start + i) - ratio) * s;
-				idx[i] = base + start + i;
-				wt[i] = o->mode == RESIZE_LINEAR ? fmax(0, 1 - fabs(arg)) : cubic_weight(arg, o->cubic_a);
-				if (o->exclude_outside && (idx[i] < 0 || idx[i] >= ax->in))
-					wt[i] = 0;
-				sum += wt[i];
+				w[i] = o->mode == RESIZE_LINEAR ? fmax(0, 1 - fabs(arg)) : cubic_weight(arg, o->cubic_a);
+				if (o->exclude_outside && (first + i < 0 || first + i >= ax->in))
+					w[i] = 0;
+				sum += w[i];
 			}
 			for (int64_t i = 0; i < m && sum != 0; i++)
-				wt[i] /= sum;
+				w[i] /= sum;
 		}
 		for (int64_t i = 0; i < m; i++) {
-			if (wt[i] == 0)
+			if (w[i] == 0)
 				continue;
-			int64_t k = idx[i] < 0 ? 0 : idx[i] >= ax->in ? ax->in - 1 : idx[i];
+			int64_t k = first + i < 0 ? 0 : first + i >= ax->in ? ax->in - 1 : first + i;
 			off[ax->count[x]] = k * ax->stride;
-			w[ax->count[x]++] = wt[i];
+			w[ax->count[x]++] = w[i];
 		}
 	}
 	return TERN_OK;
