@@ -377,11 +377,6 @@ static tern_status fx_finish(fx_program *pg, const tern_node *owner, tern_tensor
                              const tern_tensor *x_shape, tern_threadpool *pool)
 {
 	pg->numel = tern_tensor_numel(x_shape);
-	pg->block = pg->numel < FX_BLOCK ? (pg->numel ? pg->numel : 1) : FX_BLOCK;
-	int64_t blocks = (pg->numel + pg->block - 1) / pg->block;
-	pg->workers = tern_threadpool_size(pool);
-	if (pg->workers > blocks)
-		pg->workers = blocks > 0 ? (int)blocks : 1;
 	for (int s = 0; s < pg->n_steps; s++) {
 		fx_step *st = &pg->steps[s];
 		onnx__node_proto__init(&st->proto);
@@ -435,6 +430,22 @@ static tern_status fx_finish(fx_program *pg, const tern_node *owner, tern_tensor
 	}
 	if (!pg->n_steps)
 		return tern_node_errorf(owner, TERN_EDATA, "an empty elementwise program");
+	/* Blocks of whole periods of the first broadcast operand, so that its gathered register is filled
+	 * once per worker. */
+	pg->block = FX_BLOCK;
+	for (int i = 0; i < pg->n_operands; i++)
+		if (pg->operands[i].mode == MODE_GATHER) {
+			int64_t period = pg->operands[i].inner * pg->operands[i].span;
+			if (period <= FX_BLOCK)
+				pg->block = FX_BLOCK / period * period;
+			break;
+		}
+	if (pg->numel < pg->block)
+		pg->block = pg->numel ? pg->numel : 1;
+	int64_t blocks = (pg->numel + pg->block - 1) / pg->block;
+	pg->workers = tern_threadpool_size(pool);
+	if (pg->workers > blocks)
+		pg->workers = blocks > 0 ? (int)blocks : 1;
 	tern_status st = fx_allocate(pg, owner);
 	if (st)
 		return st;
@@ -469,7 +480,36 @@ typedef struct fx_run {
 	atomic_int status;
 } fx_run;
 
-static tern_status fx_block_run(const fx_run *r, float *regs, int64_t off, int64_t n)
+/* Fills dst with the n elements of a broadcast operand that output elements off.. read. */
+static void fx_gather(const fx_operand *o, const float *src, float *dst, int64_t off, int64_t n)
+{
+	if (o->inner == 1) {
+		/* Periodic: whole runs of the operand. */
+		for (int64_t e = 0, j = off % o->span; e < n; j = 0) {
+			int64_t len = o->span - j < n - e ? o->span - j : n - e;
+			memcpy(dst + e, src + j, (size_t)len * sizeof *dst);
+			e += len;
+		}
+		return;
+	}
+	int64_t rem = off % o->inner, j = (off / o->inner) % o->span;
+	for (int64_t e = 0; e < n;) {
+		int64_t len = o->inner - rem < n - e ? o->inner - rem : n - e;
+		float v = src[j];
+		for (int64_t k = 0; k < len; k++)
+			dst[e + k] = v;
+		e += len;
+		rem = 0;
+		j = j + 1 == o->span ? 0 : j + 1;
+	}
+}
+
+/* What a worker's gathered registers hold: the phase and length of the block they were filled for. */
+typedef struct fx_filled {
+	int64_t phase[FX_MAX_OPERANDS], n[FX_MAX_OPERANDS];
+} fx_filled;
+
+static tern_status fx_block_run(const fx_run *r, float *regs, fx_filled *filled, int64_t off, int64_t n)
 {
 	const fx_program *pg = r->pg;
 	int which = n == pg->block ? 0 : 1;
@@ -488,16 +528,12 @@ static tern_status fx_block_run(const fx_run *r, float *regs, int64_t off, int64
 		} else if (o->mode == MODE_FULL) {
 			fx_view(&b.operands[i], src + off, n);
 		} else {
-			float *dst = b.regs[o->reg].data;
-			int64_t q = off / o->inner, rem = off % o->inner, j = q % o->span;
-			for (int64_t e = 0; e < n;) {
-				int64_t run = o->inner - rem < n - e ? o->inner - rem : n - e;
-				float v = src[j];
-				for (int64_t k = 0; k < run; k++)
-					dst[e + k] = v;
-				e += run;
-				rem = 0;
-				j = j + 1 == o->span ? 0 : j + 1;
+			/* Blocks are whole periods when they can be: then one fill serves every block. */
+			int64_t phase = off % (o->inner * o->span);
+			if (filled->phase[i] != phase || filled->n[i] != n) {
+				fx_gather(o, src, b.regs[o->reg].data, off, n);
+				filled->phase[i] = phase;
+				filled->n[i] = n;
 			}
 			b.operands[i] = b.regs[o->reg];
 		}
@@ -523,9 +559,12 @@ static void fx_worker(void *ctx, int64_t w)
 	int64_t blocks = (pg->numel + pg->block - 1) / pg->block;
 	int64_t lo = blocks * w / pg->workers, hi = blocks * (w + 1) / pg->workers;
 	float *regs = r->scratch + (size_t)w * (size_t)pg->n_regs * (size_t)pg->block;
+	fx_filled filled;
+	for (int i = 0; i < FX_MAX_OPERANDS; i++)
+		filled.phase[i] = filled.n[i] = -1;
 	for (int64_t k = lo; k < hi; k++) {
 		int64_t off = k * pg->block, n = pg->numel - off < pg->block ? pg->numel - off : pg->block;
-		tern_status rc = fx_block_run(r, regs, off, n);
+		tern_status rc = fx_block_run(r, regs, &filled, off, n);
 		if (rc)
 			atomic_store(&r->status, (int)rc);
 	}
