@@ -26,6 +26,10 @@ static const char *const text_attr_type_names[] = {
 /* Words that start a type besides the element type names. */
 static const char *const text_type_keywords[] = {"seq", "map", "optional", "sparse_tensor"};
 
+/* Graphs in attributes and types in types nest: deeper input is refused (by both) rather than
+ * overflowing the stack. */
+#define TEXT_MAX_DEPTH 64
+
 /* Lines that start with this marker carry what the ONNX syntax cannot express (training_info): ONNX's
  * parser skips them as comments, tern's reads the rest of the line as syntax. */
 #define TEXT_EXT_MARKER "#@"

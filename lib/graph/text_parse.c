@@ -9,9 +9,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-/* Graphs in attributes and types in types nest; deeper input is refused rather than overflowing the
- * stack. */
-#define MAX_DEPTH 64
 #define MAX_NUMBER 128
 
 struct parser {
@@ -560,8 +557,8 @@ static tern_status parse_type_body(struct parser *P, Onnx__TypeProto *t)
 
 static tern_status parse_type(struct parser *P, Onnx__TypeProto **out)
 {
-	if (P->depth >= MAX_DEPTH)
-		return fail_at(P, P->p, "types nested more than %d deep", MAX_DEPTH);
+	if (P->depth >= TEXT_MAX_DEPTH)
+		return fail_at(P, P->p, "types nested more than %d deep", TEXT_MAX_DEPTH);
 	NEW(*out, Onnx__TypeProto, ONNX__TYPE_PROTO__INIT);
 	P->depth++;
 	tern_status st = parse_type_body(P, *out);
@@ -675,6 +672,7 @@ static tern_status parse_tensor_data(struct parser *P, Onnx__TensorProto *t, con
 
 static tern_status parse_graph(struct parser *P, Onnx__GraphProto *g, bool name_optional);
 static tern_status parse_graph_body(struct parser *P, Onnx__GraphProto *g);
+static tern_status parse_graph_parts(struct parser *P, Onnx__GraphProto *g);
 
 /* One attribute value as read, before it is stored in a single field or appended to a list. */
 struct value {
@@ -1099,6 +1097,16 @@ static tern_status parse_initializer(struct parser *P, Onnx__GraphProto *g, cons
 /* (inputs) => (outputs) <initializers and value_info> {nodes}, after the graph's name. */
 static tern_status parse_graph_body(struct parser *P, Onnx__GraphProto *g)
 {
+	if (P->depth >= TEXT_MAX_DEPTH)
+		return fail_at(P, P->p, "graphs nested more than %d deep", TEXT_MAX_DEPTH);
+	P->depth++;
+	tern_status st = parse_graph_parts(P, g);
+	P->depth--;
+	return st;
+}
+
+static tern_status parse_graph_parts(struct parser *P, Onnx__GraphProto *g)
+{
 	const char *type_at;
 	if (match(P, '(')) {
 		do {
@@ -1143,17 +1151,12 @@ static tern_status parse_graph_body(struct parser *P, Onnx__GraphProto *g)
 
 static tern_status parse_graph(struct parser *P, Onnx__GraphProto *g, bool name_optional)
 {
-	if (P->depth >= MAX_DEPTH)
-		return fail_at(P, P->p, "graphs nested more than %d deep", MAX_DEPTH);
 	int c = peek(P);
 	if (c == '"' || text_is_ident_start(c) || !name_optional)
 		TRY(take_name(P, "a graph name", &g->name));
 	else if (!(g->name = dup_span("", 0)))
 		return oom();
-	P->depth++;
-	tern_status st = parse_graph_body(P, g);
-	P->depth--;
-	return st;
+	return parse_graph_body(P, g);
 }
 
 /* ---------------------------------------------------------------- functions and the model */

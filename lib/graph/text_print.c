@@ -16,6 +16,7 @@ struct printer {
 	bool oom;
 	int indent; /* spaces before a node line: onnx's printer starts at 3 and adds 3 per subgraph */
 	bool ext;   /* inside the extension block: every line starts with TEXT_EXT_MARKER */
+	int depth;  /* graphs and types being written, counted as the reader counts them */
 	int with_weights;
 	tern_status status; /* the first error that is not out of memory */
 };
@@ -158,13 +159,18 @@ static void put_unambiguous_id(struct printer *P, const char *s)
 
 /* A list of value names. An empty name (an omitted optional input or output) is written as nothing,
  * as onnx does ("x, , z"); only a list of one empty name needs it quoted, since "()" is no name. */
-static void put_id_list(struct printer *P, char *const *names, size_t n)
+static void put_id_list(struct printer *P, char *const *names, size_t n, bool may_be_typed)
 {
 	for (size_t i = 0; i < n; i++) {
 		if (i)
 			put(P, ", ");
 		const char *s = names[i] ? names[i] : "";
-		if (*s || n == 1)
+		if (!*s && n > 1)
+			continue;
+		/* Function inputs and outputs may carry types, so a type word there is quoted. */
+		if (may_be_typed)
+			put_unambiguous_id(P, s);
+		else
 			put_id(P, s);
 	}
 }
@@ -242,10 +248,28 @@ static void put_shape(struct printer *P, const Onnx__TensorShapeProto *shape)
 	put_char(P, ']');
 }
 
+static bool enter(struct printer *P)
+{
+	if (P->depth >= TEXT_MAX_DEPTH) {
+		fail(P, "graphs and types nested more than %d deep have no text form", TEXT_MAX_DEPTH);
+		return false;
+	}
+	P->depth++;
+	return true;
+}
+
+static void put_type_body(struct printer *P, const Onnx__TypeProto *t);
+
 static void put_type(struct printer *P, const Onnx__TypeProto *t)
 {
-	if (!t)
+	if (!t || !enter(P))
 		return;
+	put_type_body(P, t);
+	P->depth--;
+}
+
+static void put_type_body(struct printer *P, const Onnx__TypeProto *t)
+{
 	switch (t->value_case) {
 	case ONNX__TYPE_PROTO__VALUE_TENSOR_TYPE:
 		put_elem_type(P, t->tensor_type->has_elem_type, t->tensor_type->elem_type);
@@ -437,6 +461,10 @@ static void put_string_pairs(struct printer *P, Onnx__StringStringEntryProto *co
  * graph's value-info list. */
 static void put_tensor(struct printer *P, const Onnx__TensorProto *t, bool initializer)
 {
+	/* The reader takes the tensor's type as one more level. */
+	if (!enter(P))
+		return;
+	P->depth--;
 	put_elem_type(P, t->has_data_type, t->data_type);
 	if (t->n_dims) {
 		put_char(P, '[');
@@ -615,7 +643,7 @@ static void put_node(struct printer *P, const Onnx__NodeProto *n)
 		put_id(P, n->name);
 		put(P, "] ");
 	}
-	put_id_list(P, n->output, n->n_output);
+	put_id_list(P, n->output, n->n_output, false);
 	put(P, " = ");
 	put_op(P, n->domain, n->op_type);
 	/* onnx writes the attributes after the inputs when one of them is a graph. */
@@ -635,7 +663,7 @@ static void put_node(struct printer *P, const Onnx__NodeProto *n)
 		}
 		if (pass == 0) {
 			put(P, " (");
-			put_id_list(P, n->input, n->n_input);
+			put_id_list(P, n->input, n->n_input, false);
 			put_char(P, ')');
 		}
 	}
@@ -653,12 +681,22 @@ static void put_nodes(struct printer *P, Onnx__NodeProto *const *nodes, size_t n
 	put_char(P, '}');
 }
 
+static void put_graph_body(struct printer *P, const Onnx__GraphProto *g);
+
 static void put_graph(struct printer *P, const Onnx__GraphProto *g, bool in_attribute)
 {
 	if (in_attribute)
 		put_unambiguous_id(P, g->name);
 	else
 		put_id(P, g->name);
+	if (!enter(P))
+		return;
+	put_graph_body(P, g);
+	P->depth--;
+}
+
+static void put_graph_body(struct printer *P, const Onnx__GraphProto *g)
+{
 	put_char(P, ' ');
 	put_value_infos(P, g->input, g->n_input);
 	put(P, " => ");
@@ -740,9 +778,9 @@ static void put_function(struct printer *P, const Onnx__FunctionProto *f)
 		put_char(P, '>');
 	}
 	put_char(P, '(');
-	put_id_list(P, f->input, f->n_input);
+	put_id_list(P, f->input, f->n_input, true);
 	put(P, ") => (");
-	put_id_list(P, f->output, f->n_output);
+	put_id_list(P, f->output, f->n_output, true);
 	put(P, ")\n");
 	put_nodes(P, f->node, f->n_node);
 }
