@@ -59,7 +59,7 @@ static inline void momentum_update(const optim_step *s, double x, double g, doub
 		const T *restrict x = in[0], *restrict g = in[1], *restrict s1 = in[2];                        \
 		const T *restrict s2 = in[3];                                                                  \
 		T *restrict xo = out[0], *restrict s1o = out[1], *restrict s2o = out[2];                       \
-		double a = 0, b = 0, c = 0;                                                                      \
+		double a = 0, b = 0, c = 0;                                                                    \
 		for (int64_t i = 0; i < s->n; i++) {                                                           \
 			switch (s->o->kind) {                                                                  \
 			case ADAGRAD: adagrad_update(s, x[i], g[i], s1[i], &a, &b); break;                     \
@@ -186,7 +186,21 @@ static tern_status optimizer_setup(tern_prepare_args *p, enum optimizer kind, in
 	optim_params *o = tern_xmalloc(sizeof *o);
 	if (!o)
 		return tern_errorf(TERN_EOS, "out of memory");
-	*o = (optim_params){.kind = kind, .groups = n, .states = states, .largest = largest};
+	/* Every attribute with the schema's default (Momentum requires its own): an operator reads only its
+	 * own. */
+	*o = (optim_params){
+		.kind = kind,
+		.groups = n,
+		.states = states,
+		.alpha = tern_attr_float(node, "alpha", 0.9f),
+		.beta = tern_attr_float(node, "beta", 0.999f),
+		.epsilon = tern_attr_float(node, "epsilon", 1e-6f),
+		.norm = tern_attr_float(node, "norm_coefficient", 0.0f),
+		.norm_post = tern_attr_float(node, "norm_coefficient_post", 0.0f),
+		.decay = tern_attr_float(node, "decay_factor", 0.0f),
+		.nesterov = strcmp(tern_attr_string(node, "mode", ""), "nesterov") == 0,
+		.largest = largest,
+	};
 	p->params = o;
 	p->free_params = free;
 	p->kernel = optimizer_kernel;
@@ -194,31 +208,8 @@ static tern_status optimizer_setup(tern_prepare_args *p, enum optimizer kind, in
 	return TERN_OK;
 }
 
-static tern_status adagrad_prepare(tern_prepare_args *p)
-{
-	tern_status st = optimizer_setup(p, ADAGRAD, 1);
-	if (st)
-		return st;
-	optim_params *o = p->params;
-	o->decay = tern_attr_float(p->node, "decay_factor", 0.0f);
-	o->epsilon = tern_attr_float(p->node, "epsilon", 1e-6f);
-	o->norm = tern_attr_float(p->node, "norm_coefficient", 0.0f);
-	return TERN_OK;
-}
-
-static tern_status adam_prepare(tern_prepare_args *p)
-{
-	tern_status st = optimizer_setup(p, ADAM, 2);
-	if (st)
-		return st;
-	optim_params *o = p->params;
-	o->alpha = tern_attr_float(p->node, "alpha", 0.9f);
-	o->beta = tern_attr_float(p->node, "beta", 0.999f);
-	o->epsilon = tern_attr_float(p->node, "epsilon", 1e-6f);
-	o->norm = tern_attr_float(p->node, "norm_coefficient", 0.0f);
-	o->norm_post = tern_attr_float(p->node, "norm_coefficient_post", 0.0f);
-	return TERN_OK;
-}
+static tern_status adagrad_prepare(tern_prepare_args *p) { return optimizer_setup(p, ADAGRAD, 1); }
+static tern_status adam_prepare(tern_prepare_args *p) { return optimizer_setup(p, ADAM, 2); }
 
 static tern_status momentum_prepare(tern_prepare_args *p)
 {
@@ -232,14 +223,7 @@ static tern_status momentum_prepare(tern_prepare_args *p)
 	if (strcmp(mode, "standard") != 0 && strcmp(mode, "nesterov") != 0)
 		return tern_node_errorf(node, TERN_EDATA, "attribute 'mode' = '%s'; 'standard' or 'nesterov' expected",
 		                        mode);
-	if ((st = optimizer_setup(p, MOMENTUM, 1)))
-		return st;
-	optim_params *o = p->params;
-	o->alpha = tern_attr_float(node, "alpha", 0.0f);
-	o->beta = tern_attr_float(node, "beta", 0.0f);
-	o->norm = tern_attr_float(node, "norm_coefficient", 0.0f);
-	o->nesterov = strcmp(mode, "nesterov") == 0;
-	return TERN_OK;
+	return optimizer_setup(p, MOMENTUM, 1);
 }
 
 static const tern_op ops[] = {

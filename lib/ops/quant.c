@@ -324,10 +324,25 @@ static tern_status dynamic_quantize_kernel(const tern_kernel_args *a)
 	const tern_tensor *x = a->in[0];
 	const float *xd = x->data;
 	int64_t n = tern_tensor_numel(x);
+	/* Minimum and maximum per lane, then across lanes: a loop over lanes vectorises, a reduction of
+	 * selects does not. */
+	enum { LANES = 16 };
+	float lanes_lo[LANES] = {0}, lanes_hi[LANES] = {0};
+	int64_t whole = n - n % LANES;
+	for (int64_t i = 0; i < whole; i += LANES)
+		for (int l = 0; l < LANES; l++) {
+			float v = xd[i + l];
+			lanes_lo[l] = tern_select_f32(v < lanes_lo[l], v, lanes_lo[l]);
+			lanes_hi[l] = tern_select_f32(v > lanes_hi[l], v, lanes_hi[l]);
+		}
+	for (int64_t i = whole; i < n; i++) {
+		lanes_lo[0] = tern_select_f32(xd[i] < lanes_lo[0], xd[i], lanes_lo[0]);
+		lanes_hi[0] = tern_select_f32(xd[i] > lanes_hi[0], xd[i], lanes_hi[0]);
+	}
 	float lo = 0, hi = 0;
-	for (int64_t i = 0; i < n; i++) {
-		lo = tern_select_f32(xd[i] < lo, xd[i], lo);
-		hi = tern_select_f32(xd[i] > hi, xd[i], hi);
+	for (int l = 0; l < LANES; l++) {
+		lo = lanes_lo[l] < lo ? lanes_lo[l] : lo;
+		hi = lanes_hi[l] > hi ? lanes_hi[l] : hi;
 	}
 	float scale = (hi - lo) / 255.0f;
 	/* An all-zero input has no range: scale 0 and zero point 0 quantize it to zeros, where the formula
