@@ -20,7 +20,7 @@ alternating) on a 16-element float tensor and a one-node graph; nanoseconds per 
 OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE are removed from the children's environment.
 
 Usage: .venv/bin/python scripts/bench.py [--models a,b] [--threads 1,2] [--rounds R] [--iters N]
-                                         [--quick] [--no-torch] [--json]
+                                         [--quick] [--no-torch] [--optimize] [--json]
 tern-run is $TERN_BUILD/bin/tern-run (TERN_BUILD defaults to build); models are exported on first
 use into $TERN_BUILD/tests/models/cache, as the models test suite does.
 """
@@ -313,11 +313,11 @@ def ort_optimized_nodes(path):
         return len(onnx.load(so.optimized_model_filepath).graph.node)
 
 
-def check_model(opt, work, name, model, inputs, weights):
+def check_model(opt, work, name, model, tern_model, inputs, weights):
     """Runs every runner once on the same inputs and compares with onnxruntime; returns the latencies
     seen (the iteration counts are sized from them) and the error ratios."""
     dirs = {r: tempfile.mkdtemp(prefix=f"{name}.{r}.", dir=work) for r in ("tern", "ort", "torch")}
-    seen = {"tern": tern_measure(opt.tern_run, model, inputs, 1, 3, 1, out_dir=dirs["tern"])["ms"],
+    seen = {"tern": tern_measure(opt.tern_run, tern_model, inputs, 1, 3, 1, out_dir=dirs["tern"])["ms"],
             "ort": child_measure("ort", model, inputs, 1, 3, 1, out_dir=dirs["ort"])["ms"]}
     check = {"tern": compare_outputs(dirs["ort"], dirs["tern"])}
     if weights:
@@ -331,11 +331,12 @@ def check_model(opt, work, name, model, inputs, weights):
     return seen, check
 
 
-def measure(opt, model, inputs, threads, seen, name=None, weights=None):
-    """Alternating rounds of tern, onnxruntime and (with weights) PyTorch at one thread count."""
+def measure(opt, model, inputs, threads, seen, name=None, weights=None, tern_model=None):
+    """Alternating rounds of tern (on tern_model when given), onnxruntime and (with weights) PyTorch at
+    one thread count."""
     n, w = iterations(max(seen["tern"], seen["ort"]), opt.target, opt.iters)
     runners = {
-        "tern": (lambda: tern_measure(opt.tern_run, model, inputs, threads, n, w), opt.rounds),
+        "tern": (lambda: tern_measure(opt.tern_run, tern_model or model, inputs, threads, n, w), opt.rounds),
         "ort": (lambda: child_measure("ort", model, inputs, threads, n, w), opt.rounds),
     }
     if weights:
@@ -345,6 +346,13 @@ def measure(opt, model, inputs, threads, seen, name=None, weights=None):
     res = {k: summary(v) for k, v in alternate(runners, opt.rounds).items()}
     res["iters"], res["warmup"] = n, w
     return res
+
+
+def optimize(opt, model, work):
+    """tern-optimize's rewrite of model, which tern-run then runs (onnxruntime optimises at load)."""
+    out = os.path.join(work, os.path.basename(model)[: -len(".onnx")] + ".optimized.onnx")
+    run_process([opt.tern_optimize, "-o", out, model])
+    return out
 
 
 def log(msg):
@@ -360,12 +368,13 @@ def run_models(opt, work, baseline):
         model_inputs = export_models.MODELS[name][1]
         inputs = save_inputs(work, name, model_inputs)
         weights = None if opt.no_torch else save_torch_weights(opt.cache, name)
-        seen, check = check_model(opt, work, name, model, inputs, weights)
+        tern_model = optimize(opt, model, work) if opt.optimize else model
+        seen, check = check_model(opt, work, name, model, tern_model, inputs, weights)
         for problem in (p for _, p in check.values() if p):
             raise BenchError(f"{name}: outputs differ from onnxruntime's: {problem}")
         for t in opt.threads:
             log(f"bench: {name}, {t} thread(s)")
-            res = measure(opt, model, inputs, t, seen, name, weights)
+            res = measure(opt, model, inputs, t, seen, name, weights, tern_model)
             res.update(model=name, threads=t, check={k: v[0] for k, v in check.items()})
             res["ratio"] = res["tern"]["ms"] / res["ort"]["ms"]
             for r in ("tern", "ort"):
@@ -457,7 +466,8 @@ def report(opt, info, rows, chains, baseline):
     out = [*header_lines(info),
            f"Versions: " + ", ".join(f"{k} {v}" for k, v in info["versions"].items()) + ".",
            f"Method: {opt.rounds} alternating rounds (PyTorch {min(opt.rounds, opt.torch_rounds)}), each a fresh process; "
-           f"latency = median over rounds of each round's median, batch 1; MB = peak RSS of the whole process; "
+           f"latency = median over rounds of each round's median, batch 1; tern runs "
+           + ("tern-optimize's output" if opt.optimize else "the graph as exported") + f"; MB = peak RSS of the whole process; "
            f"net = minus the same runtime's peak RSS on a one-node graph (tern {baseline['tern']:.1f} MB, "
            f"onnxruntime in Python {baseline['ort']:.1f} MB).", ""]
     header = ["model", "threads", "tern ms", "ort ms", "tern/ort", "torch ms", "tern MB", "ort MB",
@@ -508,8 +518,10 @@ def main():
     ap.add_argument("--quick", action="store_true", help="2 rounds of about 0.3 s: a smoke test, not a measurement")
     ap.add_argument("--no-torch", action="store_true", help="leave PyTorch out")
     ap.add_argument("--no-chain", action="store_true", help="leave the overhead micro-benchmark out")
+    ap.add_argument("--optimize", action="store_true", help="run tern-run on tern-optimize's output")
     ap.add_argument("--json", action="store_true", help="print the results as JSON instead of markdown")
     ap.add_argument("--tern-run", default=os.path.join(build, "bin", "tern-run"))
+    ap.add_argument("--tern-optimize", default=os.path.join(build, "bin", "tern-optimize"))
     ap.add_argument("--cache", default=os.path.join(build, "tests", "models", "cache"), help="exported models")
     opt = ap.parse_args()
     if opt.quick:
@@ -519,8 +531,9 @@ def main():
     for n in opt.models:
         if n not in export_models.MODELS:
             sys.exit(f"bench: unknown model {n!r} (known: {', '.join(export_models.MODELS)})")
-    if not os.access(opt.tern_run, os.X_OK):
-        sys.exit(f"bench: {opt.tern_run}: not an executable (set TERN_BUILD or --tern-run)")
+    for tool in [opt.tern_run] + ([opt.tern_optimize] if opt.optimize else []):
+        if not os.access(tool, os.X_OK):
+            sys.exit(f"bench: {tool}: not an executable (set TERN_BUILD)")
 
     info = machine()
     info["versions"] = versions()
