@@ -20,7 +20,7 @@ alternating) on a 16-element float tensor and a one-node graph; nanoseconds per 
 OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE are removed from the children's environment.
 
 Usage: .venv/bin/python scripts/bench.py [--models a,b] [--threads 1,2] [--rounds R] [--iters N]
-                                         [--quick] [--no-torch] [--optimize] [--json]
+                                         [--quick] [--no-torch] [--optimize] [--json FILE]
 tern-run is $TERN_BUILD/bin/tern-run (TERN_BUILD defaults to build); models are exported on first
 use into $TERN_BUILD/tests/models/cache, as the models test suite does.
 """
@@ -201,12 +201,14 @@ def geomean(values):
 
 
 def machine():
-    cpu = "unknown"
+    cpu, flags = "unknown", set()
     with open("/proc/cpuinfo") as f:
         for line in f:
             if line.startswith("model name"):
                 cpu = line.split(":", 1)[1].strip()
-                break
+            elif line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+    cpu += " (" + next((isa for isa in ("avx512f", "avx2", "sse4_2") if isa in flags), "baseline x86-64") + ")"
     return {
         "date": datetime.datetime.now().astimezone().isoformat(timespec="minutes"),
         "nproc": os.cpu_count(),
@@ -503,6 +505,16 @@ def report(opt, info, rows, chains, baseline):
     return "\n".join(out)
 
 
+def write_results(json_path, results, markdown):
+    """The markdown on standard output, and the results as JSON to json_path ('-': instead of it)."""
+    if json_path != "-":
+        print(markdown())
+    if json_path:
+        with open(sys.stdout.fileno() if json_path == "-" else json_path, "w", closefd=json_path != "-") as f:
+            json.dump(results, f, indent=1)
+            f.write("\n")
+
+
 def main():
     if len(sys.argv) == 3 and sys.argv[1] == "--child":
         child(json.loads(sys.argv[2]))
@@ -519,7 +531,7 @@ def main():
     ap.add_argument("--no-torch", action="store_true", help="leave PyTorch out")
     ap.add_argument("--no-chain", action="store_true", help="leave the overhead micro-benchmark out")
     ap.add_argument("--optimize", action="store_true", help="run tern-run on tern-optimize's output")
-    ap.add_argument("--json", action="store_true", help="print the results as JSON instead of markdown")
+    ap.add_argument("--json", metavar="FILE", help="also write the results as JSON to FILE (-: instead of the markdown)")
     ap.add_argument("--tern-run", default=os.path.join(build, "bin", "tern-run"))
     ap.add_argument("--tern-optimize", default=os.path.join(build, "bin", "tern-optimize"))
     ap.add_argument("--cache", default=os.path.join(build, "tests", "models", "cache"), help="exported models")
@@ -546,12 +558,8 @@ def main():
         except BenchError as e:
             sys.exit(f"bench: {e}")
     info["load_average_end"] = os.getloadavg()
-    if opt.json:
-        json.dump({"machine": info, "models": rows, "chain": chains, "baseline_mb": baseline,
-                   "targets": targets(rows, chains)}, sys.stdout, indent=1)
-        print()
-    else:
-        print(report(opt, info, rows, chains, baseline))
+    write_results(opt.json, {"machine": info, "models": rows, "chain": chains, "baseline_mb": baseline,
+                             "targets": targets(rows, chains)}, lambda: report(opt, info, rows, chains, baseline))
     return 0
 
 

@@ -11,11 +11,10 @@ onnxruntime's (parity tolerance). OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE are rem
 children's environment, as in scripts/bench.py.
 
 Usage: .venv/bin/python scripts/bench_streams.py [--models a,b] [--threads 1,2] [--rounds R] [--iters N]
-                                                 [--quick] [--json]
+                                                 [--quick] [--json FILE]
 tern-run and tern-schedule are in $TERN_BUILD/bin (TERN_BUILD defaults to build).
 """
 import argparse
-import json
 import os
 import re
 import subprocess
@@ -133,7 +132,7 @@ def main():
     ap.add_argument("--iters", type=int, default=None, help="timed iterations per round (default: about --target seconds)")
     ap.add_argument("--target", type=float, default=1.0, help="seconds of timed runs per measurement (default 1)")
     ap.add_argument("--quick", action="store_true", help="2 rounds of about 0.3 s: a smoke test, not a measurement")
-    ap.add_argument("--json", action="store_true", help="print the results as JSON instead of markdown")
+    ap.add_argument("--json", metavar="FILE", help="also write the results as JSON to FILE (-: instead of the markdown)")
     ap.add_argument("--tern-run", default=os.path.join(build, "bin", "tern-run"))
     ap.add_argument("--tern-schedule", default=os.path.join(build, "bin", "tern-schedule"))
     ap.add_argument("--cache", default=os.path.join(build, "tests", "models", "cache"), help="exported models")
@@ -156,11 +155,8 @@ def main():
         except bench.BenchError as e:
             sys.exit(f"bench_streams: {e}")
     info["load_average_end"] = os.getloadavg()
-    if opt.json:
-        json.dump({"machine": info, "models": rows, "targets": targets(rows)}, sys.stdout, indent=1)
-        print()
-    else:
-        print(report(opt, info, rows))
+    bench.write_results(opt.json, {"machine": info, "models": rows, "targets": targets(rows)},
+                        lambda: report(opt, info, rows))
     return 0
 
 
