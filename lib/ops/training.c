@@ -1,4 +1,4 @@
-/* loss.c — the training operators of ai.onnx.preview.training: the Adagrad, Adam and Momentum update
+/* training.c — the training operators of ai.onnx.preview.training: the Adagrad, Adam and Momentum update
  * rules, each over any number of tensors. (The loss functions themselves live with nn.c's softmax.) */
 #include "internal.h"
 
@@ -232,4 +232,4 @@ static const tern_op ops[] = {
 	{TRAINING_DOMAIN, "Momentum", 1, 0, momentum_prepare, 0, "loss"},
 };
 
-const tern_op_table tern_ops_loss = {ops, TERN_ARRAY_LEN(ops)};
+const tern_op_table tern_ops_training = {ops, TERN_ARRAY_LEN(ops)};
