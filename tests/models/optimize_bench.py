@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Latency of the exported models in tern-run before and after tern-optimize -O2: a ratio table and the
 geometric mean over the sequence models (transformer and recurrent). A benchmark, not a test: the rounds
-alternate between the two graphs so that a busy machine slows both alike, and each figure is the median
-over the rounds of each round's median (and of its minimum).
+alternate between the two graphs (in turn first) so that a busy machine slows both alike, and each figure
+is the median over the rounds of each round's median (and of its minimum).
 
 Usage: .venv/bin/python tests/models/optimize_bench.py [--models DIR] [--build DIR] [--rounds R]
        [--iters N] [--threads T] [NAME...]
@@ -49,8 +49,8 @@ def main():
             fast = os.path.join(work, name + ".O2.onnx")
             subprocess.run([os.path.join(opt.build, "bin", "tern-optimize"), "-O2", "-o", fast, path], check=True)
             runs = {path: [], fast: []}
-            for _ in range(opt.rounds):
-                for p in (path, fast):
+            for r in range(opt.rounds):
+                for p in (path, fast) if r % 2 == 0 else (fast, path):
                     runs[p].append(latency(opt.build, p, opt.iters, opt.threads))
             med = {p: statistics.median(r[0] for r in runs[p]) for p in runs}
             low = {p: statistics.median(r[1] for r in runs[p]) for p in runs}
