@@ -148,66 +148,69 @@ static fx_ref fx_const(fx_program *pg, float v)
 
 static fx_ref fx_last(const fx_program *pg) { return (fx_ref){REF_STEP, pg->n_steps - 1}; }
 
+/* Appends the step op(*x) or op(*x, operand) and makes *x its result. */
+static tern_status fx_then(fx_program *pg, const tern_node *node, const char *op, fx_ref *x, fx_ref operand)
+{
+	fx_ref args[2] = {*x, operand};
+	tern_status st = fx_add_step(pg, node, op, NULL, 0, args, operand.kind == REF_NONE ? 1 : 2);
+	if (!st)
+		*x = fx_last(pg);
+	return st;
+}
+
+/* Activations that are several steps, each applied to the running value and nothing, the activation's
+ * input x, or a constant. */
+enum { SEQ_NONE, SEQ_X, SEQ_CONST };
+typedef struct fx_seq_step {
+	const char *op;
+	int operand;
+	float k;
+} fx_seq_step;
+
+static const fx_seq_step silu_seq[] = {{"Sigmoid", SEQ_NONE, 0}, {"Mul", SEQ_X, 0}};
+/* 0.5 x (1 + erf(x / sqrt(2))) */
+static const fx_seq_step gelu_seq[] = {{"Mul", SEQ_CONST, 0.7071067811865476f}, {"Erf", SEQ_NONE, 0},
+                                       {"Add", SEQ_CONST, 1.0f}, {"Mul", SEQ_X, 0}, {"Mul", SEQ_CONST, 0.5f}};
+/* 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))) */
+static const fx_seq_step gelu_tanh_seq[] = {
+	{"Mul", SEQ_X, 0},   {"Mul", SEQ_X, 0},         {"Mul", SEQ_CONST, 0.044715f},
+	{"Add", SEQ_X, 0},   {"Mul", SEQ_CONST, 0.7978845608028654f}, {"Tanh", SEQ_NONE, 0},
+	{"Add", SEQ_CONST, 1.0f}, {"Mul", SEQ_X, 0},    {"Mul", SEQ_CONST, 0.5f},
+};
+
+static const struct {
+	const char *name;
+	const fx_seq_step *steps;
+	int n;
+} fx_seqs[] = {
+	{"Silu", silu_seq, TERN_ARRAY_LEN(silu_seq)},
+	{"Gelu", gelu_seq, TERN_ARRAY_LEN(gelu_seq)},
+	{"GeluTanh", gelu_tanh_seq, TERN_ARRAY_LEN(gelu_tanh_seq)},
+};
+
 /* The steps of one activation applied to `in`: the vocabulary of FusedConv, FusedGemm and FusedMatMul's
  * `activation` attribute, which adds Silu (x * sigmoid(x)) and Gelu (exact and tanh) to the
  * elementwise operators. */
 static tern_status fx_add_activation(fx_program *pg, const tern_node *node, const char *name, const float *params,
                                      int n_params, fx_ref in)
 {
-	tern_status st;
 	if (!*name)
 		return TERN_OK;
-	if (strcmp(name, "Silu") == 0) {
-		if ((st = fx_add_step(pg, node, "Sigmoid", NULL, 0, &in, 1)))
-			return st;
-		fx_ref mul[2] = {in, fx_last(pg)};
-		return fx_add_step(pg, node, "Mul", NULL, 0, mul, 2);
-	}
-	if (strcmp(name, "Gelu") == 0 || strcmp(name, "GeluTanh") == 0) {
-		if (pg->n_consts + 5 > FX_MAX_CONSTS)
-			return tern_node_errorf(node, TERN_EDATA, "too many constants in a fused elementwise program");
-		fx_ref t = in;
-		if (name[4]) {
-			/* 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))) */
-			fx_ref sq[2] = {in, in};
-			if ((st = fx_add_step(pg, node, "Mul", NULL, 0, sq, 2)))
-				return st;
-			fx_ref cube[2] = {fx_last(pg), in};
-			if ((st = fx_add_step(pg, node, "Mul", NULL, 0, cube, 2)))
-				return st;
-			fx_ref scaled[2] = {fx_last(pg), fx_const(pg, 0.044715f)};
-			if ((st = fx_add_step(pg, node, "Mul", NULL, 0, scaled, 2)))
-				return st;
-			fx_ref sum[2] = {fx_last(pg), in};
-			if ((st = fx_add_step(pg, node, "Add", NULL, 0, sum, 2)))
-				return st;
-			fx_ref inner[2] = {fx_last(pg), fx_const(pg, 0.7978845608028654f)};
-			if ((st = fx_add_step(pg, node, "Mul", NULL, 0, inner, 2)))
-				return st;
-			t = fx_last(pg);
-			if ((st = fx_add_step(pg, node, "Tanh", NULL, 0, &t, 1)))
-				return st;
-		} else {
-			/* 0.5 x (1 + erf(x / sqrt(2))) */
-			fx_ref scaled[2] = {in, fx_const(pg, 0.7071067811865476f)};
-			if ((st = fx_add_step(pg, node, "Mul", NULL, 0, scaled, 2)))
-				return st;
-			t = fx_last(pg);
-			if ((st = fx_add_step(pg, node, "Erf", NULL, 0, &t, 1)))
-				return st;
+	if (pg->n_consts + 4 > FX_MAX_CONSTS)
+		return tern_node_errorf(node, TERN_EDATA, "too many constants in a fused elementwise program");
+	for (size_t i = 0; i < TERN_ARRAY_LEN(fx_seqs); i++) {
+		if (strcmp(name, fx_seqs[i].name) != 0)
+			continue;
+		fx_ref x = in;
+		tern_status st = TERN_OK;
+		for (int k = 0; k < fx_seqs[i].n && !st; k++) {
+			const fx_seq_step *q = &fx_seqs[i].steps[k];
+			fx_ref operand = q->operand == SEQ_X ? in : q->operand == SEQ_CONST ? fx_const(pg, q->k) : (fx_ref){REF_NONE, 0};
+			st = fx_then(pg, node, q->op, &x, operand);
 		}
-		fx_ref one[2] = {fx_last(pg), fx_const(pg, 1.0f)};
-		if ((st = fx_add_step(pg, node, "Add", NULL, 0, one, 2)))
-			return st;
-		fx_ref times_x[2] = {fx_last(pg), in};
-		if ((st = fx_add_step(pg, node, "Mul", NULL, 0, times_x, 2)))
-			return st;
-		fx_ref half[2] = {fx_last(pg), fx_const(pg, 0.5f)};
-		return fx_add_step(pg, node, "Mul", NULL, 0, half, 2);
+		return st;
 	}
 	if (strcmp(name, "Clip") == 0) {
-		if (pg->n_consts + 2 > FX_MAX_CONSTS)
-			return tern_node_errorf(node, TERN_EDATA, "too many constants in a fused elementwise program");
 		fx_ref args[3] = {in, fx_const(pg, n_params > 0 ? params[0] : -INFINITY),
 		                  fx_const(pg, n_params > 1 ? params[1] : INFINITY)};
 		return fx_add_step(pg, node, "Clip", NULL, 0, args, 3);
@@ -699,62 +702,34 @@ static tern_status fx_prepare_epilogue(tern_prepare_args *p, fx_fused *f)
 	return TERN_OK;
 }
 
-/* tern.FusedConv (X, W, [B], [Z]): activation(Conv(X, W, B) + Z), Z of the output's shape. */
-static tern_status fused_conv_prepare(tern_prepare_args *p)
+/* The main operator on the first n_main inputs, then: a scale by the `alpha` attribute when `scaled`,
+ * input add_input added when present (-1: none), and the activation. */
+static tern_status fx_prepare_fused(tern_prepare_args *p, const char *main_op, int n_main, bool scaled, int add_input)
 {
 	fx_fused *f;
-	tern_status st = fx_prepare_main(p, "Conv", 3, &f);
+	tern_status st = fx_prepare_main(p, main_op, n_main, &f);
 	if (st || !f)
 		return st;
 	fx_ref x = {REF_X, 0};
-	if (p->n_in > 3 && p->in[3]) {
-		fx_ref add[2] = {x, {REF_INPUT, 3}};
-		if ((st = fx_add_step(f->pg, p->node, "Add", NULL, 0, add, 2)))
-			return st;
-		x = fx_last(f->pg);
-	}
+	float alpha = scaled ? tern_attr_float(p->node, "alpha", 1.0f) : 1.0f;
+	if (alpha != 1.0f && (st = fx_then(f->pg, p->node, "Mul", &x, fx_const(f->pg, alpha))))
+		return st;
+	if (add_input >= 0 && p->n_in > add_input && p->in[add_input] &&
+	    (st = fx_then(f->pg, p->node, "Add", &x, (fx_ref){REF_INPUT, add_input})))
+		return st;
 	if ((st = fx_node_activation(f->pg, p->node, x)))
 		return st;
 	return fx_prepare_epilogue(p, f);
 }
+
+/* tern.FusedConv (X, W, [B], [Z]): activation(Conv(X, W, B) + Z), Z of the output's shape. */
+static tern_status fused_conv_prepare(tern_prepare_args *p) { return fx_prepare_fused(p, "Conv", 3, false, 3); }
 
 /* tern.FusedGemm (A, B, [C]): activation(Gemm(A, B, C)) with Gemm's attributes. */
-static tern_status fused_gemm_prepare(tern_prepare_args *p)
-{
-	fx_fused *f;
-	tern_status st = fx_prepare_main(p, "Gemm", 3, &f);
-	if (st || !f)
-		return st;
-	if ((st = fx_node_activation(f->pg, p->node, (fx_ref){REF_X, 0})))
-		return st;
-	return fx_prepare_epilogue(p, f);
-}
+static tern_status fused_gemm_prepare(tern_prepare_args *p) { return fx_prepare_fused(p, "Gemm", 3, false, -1); }
 
 /* tern.FusedMatMul (A, B, [bias]): activation(alpha * MatMul(A, B) + bias). */
-static tern_status fused_matmul_prepare(tern_prepare_args *p)
-{
-	fx_fused *f;
-	tern_status st = fx_prepare_main(p, "MatMul", 2, &f);
-	if (st || !f)
-		return st;
-	fx_ref x = {REF_X, 0};
-	float alpha = tern_attr_float(p->node, "alpha", 1.0f);
-	if (alpha != 1.0f) {
-		fx_ref mul[2] = {x, fx_const(f->pg, alpha)};
-		if ((st = fx_add_step(f->pg, p->node, "Mul", NULL, 0, mul, 2)))
-			return st;
-		x = fx_last(f->pg);
-	}
-	if (p->n_in > 2 && p->in[2]) {
-		fx_ref add[2] = {x, {REF_INPUT, 2}};
-		if ((st = fx_add_step(f->pg, p->node, "Add", NULL, 0, add, 2)))
-			return st;
-		x = fx_last(f->pg);
-	}
-	if ((st = fx_node_activation(f->pg, p->node, x)))
-		return st;
-	return fx_prepare_epilogue(p, f);
-}
+static tern_status fused_matmul_prepare(tern_prepare_args *p) { return fx_prepare_fused(p, "MatMul", 2, true, 2); }
 
 /* ---------------------------------------------------------------- programs on their own */
 

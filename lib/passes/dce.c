@@ -71,29 +71,27 @@ static void drop_unused_outputs(tern_pass_ctx *c, tern_node *n)
 	}
 }
 
+static tern_status sweep(tern_pass_ctx *c, tern_node *n)
+{
+	if (dead(n))
+		tern_pass_remove(c, n);
+	else
+		drop_unused_outputs(c, n);
+	return TERN_OK;
+}
+
 static tern_status run(tern_pass_ctx *c)
 {
-	tern_graph *g = c->graph;
-	tern_node **order = NULL;
-	size_t count = 0;
-	tern_status st = tern_graph_toposort(g, &order, &count);
-	if (st)
-		return st;
 	/* Consumers first, so a dead chain goes in one sweep. */
-	for (size_t i = count; i-- > 0;) {
-		if (dead(order[i]))
-			tern_pass_remove(c, order[i]);
-		else
-			drop_unused_outputs(c, order[i]);
-	}
-	free(order);
-	for (size_t i = 0; i < g->n_values; i++) {
+	tern_status st = tern_pass_each_sorted(c, true, sweep);
+	tern_graph *g = c->graph;
+	for (size_t i = 0; !st && i < g->n_values; i++) {
 		tern_value *v = g->values[i];
 		if ((v->flags & TERN_VALUE_INITIALIZER) && !(v->flags & (TERN_VALUE_INPUT | TERN_VALUE_OUTPUT)) &&
 		    !tern_pass_uses(v))
 			tern_pass_drop_initializer(c, v);
 	}
-	return TERN_OK;
+	return st;
 }
 
 const tern_pass tern_pass_dce = {

@@ -4,7 +4,6 @@
 
 #include <math.h>
 #include <stdio.h>
-#include <stdlib.h>
 
 static bool inference_bn(const tern_node *bn)
 {
@@ -79,15 +78,7 @@ static tern_status fold(tern_pass_ctx *c, tern_node *bn)
 	return tern_pass_copy_attrs(n, conv, NULL);
 }
 
-static tern_status run(tern_pass_ctx *c)
-{
-	tern_graph *g = c->graph;
-	tern_status st = TERN_OK;
-	for (size_t i = 0; !st && i < g->n_nodes; i++)
-		if (tern_pass_is(g->nodes[i], "BatchNormalization") && g->nodes[i]->inputs[0])
-			st = fold(c, g->nodes[i]);
-	return st;
-}
+static tern_status run(tern_pass_ctx *c) { return tern_pass_each(c, NULL, "BatchNormalization", fold); }
 
 const tern_pass tern_pass_fold_batchnorm = {
 	"fold-batchnorm",

@@ -3,8 +3,6 @@
  * which collapses the Shape → Gather → Unsqueeze → Concat → Reshape arithmetic that exporters write. */
 #include "passes/passes.h"
 
-#include <stdlib.h>
-
 /* A folded result may be bigger than its inputs (Expand, Tile, ConstantOfShape); beyond this size and
  * that ratio it stays a computation rather than bloating the file. */
 #define MAX_GROWN_BYTES (4u << 20)
@@ -86,16 +84,7 @@ static tern_status fold(tern_pass_ctx *c, tern_node *n)
 	return st;
 }
 
-static tern_status run(tern_pass_ctx *c)
-{
-	tern_node **order = NULL;
-	size_t count = 0;
-	tern_status st = tern_graph_toposort(c->graph, &order, &count);
-	for (size_t i = 0; !st && i < count; i++)
-		st = fold(c, order[i]);
-	free(order);
-	return st;
-}
+static tern_status run(tern_pass_ctx *c) { return tern_pass_each_sorted(c, false, fold); }
 
 const tern_pass tern_pass_fold_constants = {
 	"fold-constants",

@@ -2,8 +2,6 @@
  * that counts padding, becomes that operator's own padding. */
 #include "passes/passes.h"
 
-#include <stdlib.h>
-
 /* The Pad's pads when it pads with zeros (rank r: r begins then r ends); false otherwise. */
 static bool zero_pads(tern_pass_ctx *c, const tern_node *pad, int rank, int64_t *pads)
 {
@@ -31,6 +29,8 @@ static bool zero_pads(tern_pass_ctx *c, const tern_node *pad, int rank, int64_t 
 
 static tern_status fold(tern_pass_ctx *c, tern_node *pad)
 {
+	if (pad->n_outputs != 1)
+		return TERN_OK;
 	tern_value *padded = pad->outputs[0];
 	const tern_tensor *xs = tern_pass_shape(c, pad->inputs[0]);
 	if (!xs || xs->rank < 3 || !tern_pass_single_use(padded) || padded->n_consumers < 1)
@@ -82,17 +82,7 @@ static tern_status fold(tern_pass_ctx *c, tern_node *pad)
 	return st;
 }
 
-static tern_status run(tern_pass_ctx *c)
-{
-	tern_graph *g = c->graph;
-	tern_status st = TERN_OK;
-	for (size_t i = 0; !st && i < g->n_nodes; i++) {
-		tern_node *n = g->nodes[i];
-		if (tern_pass_is(n, "Pad") && n->inputs[0] && n->n_outputs == 1 && n->outputs[0])
-			st = fold(c, n);
-	}
-	return st;
-}
+static tern_status run(tern_pass_ctx *c) { return tern_pass_each(c, NULL, "Pad", fold); }
 
 const tern_pass tern_pass_fold_pad = {
 	"fold-pad",

@@ -3,12 +3,6 @@
  * floating-point arithmetic, hence level 3. */
 #include "passes/passes.h"
 
-static bool same_shape(const tern_tensor *a, const tern_tensor *b)
-{
-	return a && b && a->dtype == b->dtype && a->rank == b->rank &&
-	       memcmp(a->dims, b->dims, (size_t)a->rank * sizeof a->dims[0]) == 0;
-}
-
 /* n scales one operand by a float scalar constant; *factor is the multiplier and *operand the
  * other input. Div only by the constant. */
 static bool scalar_scale(tern_pass_ctx *c, const tern_node *n, double *factor, tern_value **operand)
@@ -22,7 +16,7 @@ static bool scalar_scale(tern_pass_ctx *c, const tern_node *n, double *factor, t
 		if (!t || t->dtype != TERN_FLOAT || !tern_pass_scalar(c, n->inputs[k], &s) || (div && s == 0))
 			continue;
 		*operand = n->inputs[1 - k];
-		if (!same_shape(tern_pass_shape(c, *operand), tern_pass_shape(c, n->outputs[0])))
+		if (!tern_pass_same_shape(tern_pass_shape(c, *operand), tern_pass_shape(c, n->outputs[0])))
 			return false;
 		*factor = div ? 1.0 / s : s;
 		return true;
@@ -38,7 +32,7 @@ static bool is_fused_matmul(const tern_node *n)
 static tern_status fold(tern_pass_ctx *c, tern_node *mm)
 {
 	const tern_tensor *ys = tern_pass_shape(c, mm->outputs[0]);
-	if (!ys || ys->dtype != TERN_FLOAT || mm->n_inputs < 2 || !mm->inputs[0] || !mm->inputs[1])
+	if (mm->n_outputs != 1 || !ys || ys->dtype != TERN_FLOAT || mm->n_inputs < 2 || !mm->inputs[0] || !mm->inputs[1])
 		return TERN_OK;
 	bool fused = is_fused_matmul(mm);
 	double alpha = fused ? tern_attr_float(mm, "alpha", 1.0f) : 1.0, f;
@@ -82,14 +76,8 @@ static tern_status fold(tern_pass_ctx *c, tern_node *mm)
 
 static tern_status run(tern_pass_ctx *c)
 {
-	tern_graph *g = c->graph;
-	tern_status st = TERN_OK;
-	for (size_t i = 0; !st && i < g->n_nodes; i++) {
-		tern_node *n = g->nodes[i];
-		if ((tern_pass_is(n, "MatMul") || is_fused_matmul(n)) && n->n_outputs == 1 && n->outputs[0])
-			st = fold(c, n);
-	}
-	return st;
+	tern_status st = tern_pass_each(c, NULL, "MatMul", fold);
+	return st ? st : tern_pass_each(c, TERN_DOMAIN, "FusedMatMul", fold);
 }
 
 const tern_pass tern_pass_fold_scales = {

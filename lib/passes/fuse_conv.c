@@ -3,7 +3,6 @@
 #include "passes/passes.h"
 
 #include <stdio.h>
-#include <stdlib.h>
 
 /* The single reader of v when it is an Add of v and something else; the other operand in *other. */
 static tern_node *add_after(tern_value *v, tern_value **other)
@@ -31,14 +30,10 @@ static const tern_tensor *channel_bias(tern_pass_ctx *c, const tern_value *v, co
 	return t;
 }
 
-static bool same_shape(const tern_tensor *a, const tern_tensor *b)
-{
-	return a && b && a->dtype == b->dtype && a->rank == b->rank &&
-	       memcmp(a->dims, b->dims, (size_t)a->rank * sizeof a->dims[0]) == 0;
-}
-
 static tern_status fuse(tern_pass_ctx *c, tern_node *conv)
 {
+	if (conv->n_outputs != 1)
+		return TERN_OK;
 	tern_value *y = conv->outputs[0];
 	const tern_tensor *ys = tern_pass_shape(c, y);
 	if (!ys || ys->dtype != TERN_FLOAT || ys->rank < 3 || conv->n_inputs < 2 || !conv->inputs[1])
@@ -48,12 +43,12 @@ static tern_status fuse(tern_pass_ctx *c, tern_node *conv)
 	tern_value *bias = conv->n_inputs > 2 ? conv->inputs[2] : NULL, *z = NULL, *other;
 	const tern_tensor *extra = NULL;
 	tern_node *a = add_after(y, &other);
-	if (a && (extra = channel_bias(c, other, ys)) && same_shape(ys, tern_pass_shape(c, a->outputs[0]))) {
+	if (a && (extra = channel_bias(c, other, ys)) && tern_pass_same_shape(ys, tern_pass_shape(c, a->outputs[0]))) {
 		nodes[n++] = a;
 		y = a->outputs[0];
 		a = add_after(y, &other);
 	}
-	if (a && same_shape(ys, tern_pass_shape(c, other)) && same_shape(ys, tern_pass_shape(c, a->outputs[0]))) {
+	if (a && tern_pass_same_shape(ys, tern_pass_shape(c, other)) && tern_pass_same_shape(ys, tern_pass_shape(c, a->outputs[0]))) {
 		nodes[n++] = a;
 		z = other;
 		y = a->outputs[0];
@@ -98,17 +93,7 @@ static tern_status fuse(tern_pass_ctx *c, tern_node *conv)
 	return st;
 }
 
-static tern_status run(tern_pass_ctx *c)
-{
-	tern_graph *g = c->graph;
-	tern_status st = TERN_OK;
-	for (size_t i = 0; !st && i < g->n_nodes; i++) {
-		tern_node *n = g->nodes[i];
-		if (tern_pass_is(n, "Conv") && n->inputs[0] && n->n_outputs == 1 && n->outputs[0])
-			st = fuse(c, n);
-	}
-	return st;
-}
+static tern_status run(tern_pass_ctx *c) { return tern_pass_each(c, NULL, "Conv", fuse); }
 
 const tern_pass tern_pass_fuse_conv = {
 	"fuse-conv",

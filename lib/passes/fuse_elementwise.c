@@ -3,8 +3,6 @@
  * which applies every step block by block in one pass over memory. */
 #include "passes/passes.h"
 
-#include <stdlib.h>
-
 #define MAX_STEPS 24
 #define MAX_INPUTS 8
 #define ARGS 3 /* references per step in the `args` attribute */
@@ -61,12 +59,6 @@ static const struct ew_def *lookup(const tern_node *n)
 	return NULL;
 }
 
-static bool same_shape(const tern_tensor *a, const tern_tensor *b)
-{
-	return a && b && a->dtype == b->dtype && a->rank == b->rank &&
-	       memcmp(a->dims, b->dims, (size_t)a->rank * sizeof a->dims[0]) == 0;
-}
-
 /* The reference for v: the running value, an input already taken, or a new operand input. */
 static bool ref_for(tern_pass_ctx *c, chain *ch, tern_value *v, tern_value *cur, ref *r)
 {
@@ -92,7 +84,7 @@ static bool ref_for(tern_pass_ctx *c, chain *ch, tern_value *v, tern_value *cur,
 static bool append(tern_pass_ctx *c, chain *ch, tern_node *m, tern_value *cur)
 {
 	const struct ew_def *d = lookup(m);
-	if (!d || ch->n == MAX_STEPS || !same_shape(ch->shape, tern_pass_shape(c, m->outputs[0])))
+	if (!d || ch->n == MAX_STEPS || !tern_pass_same_shape(ch->shape, tern_pass_shape(c, m->outputs[0])))
 		return false;
 	int n_args = d->arity == 3 ? (m->n_inputs > 1 && m->inputs[1] ? 3 : 1) : d->arity;
 	if (d->arity == 3 && (m->n_inputs > 3 || (n_args == 3 && (m->n_inputs < 3 || !m->inputs[2])) ||
@@ -153,13 +145,15 @@ static tern_status emit(tern_pass_ctx *c, chain *ch)
 
 static tern_status grow(tern_pass_ctx *c, tern_node *head)
 {
+	if (!head->n_inputs || !head->inputs[0])
+		return TERN_OK;
 	const tern_tensor *ys = tern_pass_shape(c, head->outputs[0]);
 	if (!lookup(head) || !ys || ys->dtype != TERN_FLOAT)
 		return TERN_OK;
 	chain ch = {.shape = ys};
 	/* x is the head's input of the output's shape. */
-	int xi = same_shape(ys, tern_pass_shape(c, head->inputs[0])) ? 0
-	         : head->n_inputs > 1 && same_shape(ys, tern_pass_shape(c, head->inputs[1])) ? 1 : -1;
+	int xi = tern_pass_same_shape(ys, tern_pass_shape(c, head->inputs[0])) ? 0
+	         : head->n_inputs > 1 && tern_pass_same_shape(ys, tern_pass_shape(c, head->inputs[1])) ? 1 : -1;
 	if (xi < 0 || tern_pass_has_implicit_use(head->inputs[xi]))
 		return TERN_OK;
 	ch.inputs[ch.n_inputs++] = head->inputs[xi];
@@ -171,17 +165,7 @@ static tern_status grow(tern_pass_ctx *c, tern_node *head)
 	return ch.n >= 2 ? emit(c, &ch) : TERN_OK;
 }
 
-static tern_status run(tern_pass_ctx *c)
-{
-	tern_node **order = NULL;
-	size_t count = 0;
-	tern_status st = tern_graph_toposort(c->graph, &order, &count);
-	for (size_t i = 0; !st && i < count; i++)
-		if (!order[i]->removed && order[i]->n_inputs && order[i]->inputs[0])
-			st = grow(c, order[i]);
-	free(order);
-	return st;
-}
+static tern_status run(tern_pass_ctx *c) { return tern_pass_each_sorted(c, false, grow); }
 
 const tern_pass tern_pass_fuse_elementwise = {
 	"fuse-elementwise",

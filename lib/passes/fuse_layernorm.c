@@ -2,12 +2,6 @@
  * tern.SkipLayerNormalization, which also yields the sum when something else reads it. */
 #include "passes/passes.h"
 
-static bool same_shape(const tern_tensor *a, const tern_tensor *b)
-{
-	return a && b && a->dtype == b->dtype && a->rank == b->rank &&
-	       memcmp(a->dims, b->dims, (size_t)a->rank * sizeof a->dims[0]) == 0;
-}
-
 static tern_status fuse(tern_pass_ctx *c, tern_node *ln)
 {
 	tern_value *sum = ln->inputs[0];
@@ -25,8 +19,8 @@ static tern_status fuse(tern_pass_ctx *c, tern_node *ln)
 	if (!ss || (ss->dtype != TERN_FLOAT && ss->dtype != TERN_DOUBLE))
 		return TERN_OK;
 	/* Input 0 has the sum's shape; the other broadcasts into it. */
-	int first = same_shape(ss, tern_pass_shape(c, add->inputs[0])) ? 0 : 1;
-	if (!same_shape(ss, tern_pass_shape(c, add->inputs[first])))
+	int first = tern_pass_same_shape(ss, tern_pass_shape(c, add->inputs[0])) ? 0 : 1;
+	if (!tern_pass_same_shape(ss, tern_pass_shape(c, add->inputs[first])))
 		return TERN_OK;
 	bool keep_sum = tern_pass_uses(sum) > 1;
 	const char *inputs[4] = {add->inputs[first]->name, add->inputs[1 - first]->name, ln->inputs[1]->name,
@@ -42,17 +36,7 @@ static tern_status fuse(tern_pass_ctx *c, tern_node *ln)
 	return tern_pass_copy_attrs(f, ln, NULL);
 }
 
-static tern_status run(tern_pass_ctx *c)
-{
-	tern_graph *g = c->graph;
-	tern_status st = TERN_OK;
-	for (size_t i = 0; !st && i < g->n_nodes; i++) {
-		tern_node *n = g->nodes[i];
-		if (tern_pass_is(n, "LayerNormalization") && n->n_inputs >= 1 && n->inputs[0] && n->outputs[0])
-			st = fuse(c, n);
-	}
-	return st;
-}
+static tern_status run(tern_pass_ctx *c) { return tern_pass_each(c, NULL, "LayerNormalization", fuse); }
 
 const tern_pass tern_pass_fuse_layernorm = {
 	"fuse-skip-layernorm",

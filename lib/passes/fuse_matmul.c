@@ -2,12 +2,6 @@
  * bias Add and activation becomes tern.FusedMatMul (for any rank: what MatMul + Add → Gemm cannot). */
 #include "passes/passes.h"
 
-static bool same_shape(const tern_tensor *a, const tern_tensor *b)
-{
-	return a && b && a->dtype == b->dtype && a->rank == b->rank &&
-	       memcmp(a->dims, b->dims, (size_t)a->rank * sizeof a->dims[0]) == 0;
-}
-
 static tern_status emit(tern_pass_ctx *c, tern_node *main, const char *op_type, const char **inputs, size_t n_inputs,
                         tern_node **nodes, int n, tern_value *out, const tern_activation *act)
 {
@@ -50,7 +44,7 @@ static tern_status fuse_matmul(tern_pass_ctx *c, tern_node *mm)
 	if (tern_pass_is(a, "Add") && a->n_inputs == 2 && a->inputs[0] != a->inputs[1] && a->outputs[0]) {
 		tern_value *b = a->inputs[0] == y ? a->inputs[1] : a->inputs[0];
 		const tern_tensor *bs = tern_pass_shape(c, b);
-		if (bs && bs->dtype == TERN_FLOAT && same_shape(ys, tern_pass_shape(c, a->outputs[0])) &&
+		if (bs && bs->dtype == TERN_FLOAT && tern_pass_same_shape(ys, tern_pass_shape(c, a->outputs[0])) &&
 		    tern_fused_operand_ok(bs->rank, bs->dims, ys->rank, ys->dims)) {
 			nodes[n++] = a;
 			bias = b;

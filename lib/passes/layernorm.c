@@ -4,7 +4,6 @@
 #include "passes/passes.h"
 
 #include <stdio.h>
-#include <stdlib.h>
 
 /* The operand of binary node n other than `known`, or NULL when n does not read known once. */
 static tern_value *other_operand(const tern_node *n, const tern_value *known)
@@ -75,6 +74,8 @@ static tern_value *normalised_const(tern_pass_ctx *c, const tern_value *v, const
 
 static tern_status match(tern_pass_ctx *c, tern_node *div)
 {
+	if (div->n_inputs != 2 || !div->inputs[1])
+		return TERN_OK;
 	tern_value *d = div->inputs[0];
 	tern_node *sqrt_n = tern_pass_producer(div->inputs[1], "Sqrt");
 	tern_node *sub = tern_pass_producer(d, "Sub");
@@ -150,16 +151,7 @@ static tern_status match(tern_pass_ctx *c, tern_node *div)
 
 static tern_status run(tern_pass_ctx *c)
 {
-	if (tern_model_opset(c->model, "") < 17)
-		return TERN_OK;
-	tern_graph *g = c->graph;
-	tern_status st = TERN_OK;
-	for (size_t i = 0; !st && i < g->n_nodes; i++) {
-		tern_node *n = g->nodes[i];
-		if (tern_pass_is(n, "Div") && n->n_inputs == 2 && n->inputs[0] && n->inputs[1] && n->outputs[0])
-			st = match(c, n);
-	}
-	return st;
+	return tern_model_opset(c->model, "") < 17 ? TERN_OK : tern_pass_each(c, NULL, "Div", match);
 }
 
 const tern_pass tern_pass_layernorm = {

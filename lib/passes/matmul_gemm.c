@@ -18,6 +18,8 @@ static bool gemm_c(const tern_tensor *cs, int64_t m, int64_t n)
 
 static tern_status fuse(tern_pass_ctx *c, tern_node *mm)
 {
+	if (mm->n_inputs != 2 || !mm->inputs[1])
+		return TERN_OK;
 	tern_value *y = mm->outputs[0];
 	const tern_tensor *as = tern_pass_shape(c, mm->inputs[0]), *bs = tern_pass_shape(c, mm->inputs[1]);
 	const tern_tensor *ys = tern_pass_shape(c, y);
@@ -42,17 +44,7 @@ static tern_status fuse(tern_pass_ctx *c, tern_node *mm)
 	return TERN_OK;
 }
 
-static tern_status run(tern_pass_ctx *c)
-{
-	tern_graph *g = c->graph;
-	tern_status st = TERN_OK;
-	for (size_t i = 0; !st && i < g->n_nodes; i++) {
-		tern_node *n = g->nodes[i];
-		if (tern_pass_is(n, "MatMul") && n->n_inputs == 2 && n->inputs[0] && n->inputs[1] && n->outputs[0])
-			st = fuse(c, n);
-	}
-	return st;
-}
+static tern_status run(tern_pass_ctx *c) { return tern_pass_each(c, NULL, "MatMul", fuse); }
 
 const tern_pass tern_pass_matmul_add_gemm = {
 	"matmul-add-to-gemm",

@@ -72,6 +72,16 @@ bool tern_pass_has_implicit_use(const tern_value *v);
 /* Number of live consumers (explicit or implicit), plus one if v is a graph output. */
 size_t tern_pass_uses(const tern_value *v);
 
+/* Same dtype and dimensions (false when either is unknown). */
+bool tern_pass_same_shape(const tern_tensor *a, const tern_tensor *b);
+/* Calls fn on every live node of op_type in domain (NULL: the default domain) whose input 0 and output 0
+ * are present, in the current node order, until one fails. */
+tern_status tern_pass_each(tern_pass_ctx *c, const char *domain, const char *op_type,
+                           tern_status (*fn)(tern_pass_ctx *c, tern_node *n));
+
+/* Calls fn on every live node in topological order (the reverse when backwards) until one fails. */
+tern_status tern_pass_each_sorted(tern_pass_ctx *c, bool backwards, tern_status (*fn)(tern_pass_ctx *c, tern_node *n));
+
 /* Marks the node removed and counts it. */
 void tern_pass_remove(tern_pass_ctx *c, tern_node *n);
 /* Adds a node of op_type in domain (NULL: default), taking the position of `at` in the node order

@@ -53,6 +53,41 @@ bool tern_pass_single_use(const tern_value *v)
 	return v && !(v->flags & TERN_VALUE_OUTPUT) && tern_pass_uses(v) == 1 && !tern_pass_has_implicit_use(v);
 }
 
+bool tern_pass_same_shape(const tern_tensor *a, const tern_tensor *b)
+{
+	return a && b && a->dtype == b->dtype && a->rank == b->rank &&
+	       memcmp(a->dims, b->dims, (size_t)a->rank * sizeof a->dims[0]) == 0;
+}
+
+tern_status tern_pass_each(tern_pass_ctx *c, const char *domain, const char *op_type,
+                           tern_status (*fn)(tern_pass_ctx *c, tern_node *n))
+{
+	tern_graph *g = c->graph;
+	tern_status st = TERN_OK;
+	/* Nodes a rewrite adds take the place of removed ones or go to the end: the bound is re-read. */
+	for (size_t i = 0; !st && i < g->n_nodes; i++) {
+		tern_node *n = g->nodes[i];
+		if (!n->removed && strcmp(n->domain, domain ? domain : "") == 0 && strcmp(n->op_type, op_type) == 0 &&
+		    n->n_inputs && n->inputs[0] && n->n_outputs && n->outputs[0])
+			st = fn(c, n);
+	}
+	return st;
+}
+
+tern_status tern_pass_each_sorted(tern_pass_ctx *c, bool backwards, tern_status (*fn)(tern_pass_ctx *c, tern_node *n))
+{
+	tern_node **order = NULL;
+	size_t count = 0;
+	tern_status st = tern_graph_toposort(c->graph, &order, &count);
+	for (size_t i = 0; !st && i < count; i++) {
+		tern_node *n = order[backwards ? count - 1 - i : i];
+		if (!n->removed)
+			st = fn(c, n);
+	}
+	free(order);
+	return st;
+}
+
 static void changed(tern_pass_ctx *c) { c->analyzed = false; }
 
 void tern_pass_remove(tern_pass_ctx *c, tern_node *n)
