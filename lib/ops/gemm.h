@@ -14,6 +14,17 @@ void tern_gemm_f64(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, 
 /* C = A x B for row-major int32 matrices without gaps (A is m x k, B is k x n). */
 void tern_gemm_i32(int64_t m, int64_t n, int64_t k, const int32_t *a, const int32_t *b, int32_t *c);
 
+/* A constant left operand (convolution weights) packed once for tern_gemm_packed, float32 only. */
+typedef struct tern_packed tern_packed;
+/* Packs the m x k matrix A (row i at a + i * lda), or with trans the k x m matrix whose transpose is A
+ * (row p at a + p * lda). NULL when out of memory. */
+tern_packed *tern_pack_a(int64_t m, int64_t k, const float *a, int64_t lda, bool trans);
+void tern_packed_free(tern_packed *p);
+/* C = A B (+ bias[i] on row i when bias is given) for packed A, B k x n with rows ldb apart and C m x n
+ * with rows ldc apart; split over the pool. */
+void tern_gemm_packed(tern_threadpool *pool, const tern_packed *a, int64_t n, const float *b, int64_t ldb,
+                      const float *bias, float *c, int64_t ldc);
+
 /* float16 and bfloat16 storage to and from float, for kernels that compute in float. */
 void tern_half_to_f32(int dtype, const uint16_t *src, float *dst, int64_t n);
 void tern_f32_to_half(int dtype, const float *src, uint16_t *dst, int64_t n);

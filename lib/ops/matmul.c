@@ -127,6 +127,153 @@ void tern_f32_to_half(int dtype, const float *src, uint16_t *dst, int64_t n)
 			dst[i] = tern_f32_to_f16(src[i]);
 }
 
+/* ---------------------------------------------------------------- products with a packed left operand */
+
+/* Convolution weights stay the same from run to run, so they are packed once into panels of MR rows
+ * (for each column of A, the panel's MR values together) instead of being copied by BLAS on every
+ * call. A register-blocked kernel then multiplies a panel with NR columns of row-major B: MR x NR
+ * sums live in vector registers while the loop runs down the shared dimension. Kernels for AVX-512,
+ * AVX2 with FMA and the baseline are compiled; packing picks the machine's best. */
+
+#define PACK_KC 256 /* rows of B per pass: a pass's block of B stays in the first-level cache */
+#define PACK_MAX_NR 32
+
+typedef void (*micro_fn)(int64_t kc, const float *a, const float *b, int64_t ldb, float *c, int64_t ldc, int rows,
+                         int cols, const float *init);
+
+struct tern_packed {
+	int64_t m, k, mr, nr, panels;
+	micro_fn micro;
+	float *data; /* panels x k x mr, rows past m zero */
+};
+
+/* Writes rows x cols of the MR x NR block of C: init[r] + the product when init is given (the first
+ * pass), else C + the product. Multiply-adds may contract into FMA instructions. */
+#pragma GCC push_options
+#pragma GCC optimize("fp-contract=fast")
+#define DEF_MICRO(NAME, ATTR, VEC, VL, MR, NV)                                                                     \
+	ATTR static void NAME(int64_t kc, const float *restrict a, const float *restrict b, int64_t ldb,              \
+	                      float *restrict c, int64_t ldc, int rows, int cols, const float *init)                  \
+	{                                                                                                           \
+		VEC acc[MR][NV] = {{{0}}}; /* initialised, not cleared with memset: that keeps it in registers */         \
+		for (int64_t p = 0; p < kc; p++) {                                                                      \
+			VEC bv[NV];                                                                                         \
+			memcpy(bv, b + p * ldb, sizeof bv);                                                                 \
+			for (int r = 0; r < MR; r++)                                                                        \
+				for (int v = 0; v < NV; v++)                                                                    \
+					acc[r][v] += a[p * MR + r] * bv[v];                                                         \
+		}                                                                                                       \
+		float tile[MR][NV * VL];                                                                                \
+		memcpy(tile, acc, sizeof tile);                                                                         \
+		for (int r = 0; r < rows; r++) {                                                                        \
+			float *cr = c + r * ldc;                                                                            \
+			if (init)                                                                                           \
+				for (int j = 0; j < cols; j++)                                                                  \
+					cr[j] = init[r] + tile[r][j];                                                               \
+			else                                                                                                \
+				for (int j = 0; j < cols; j++)                                                                  \
+					cr[j] += tile[r][j];                                                                        \
+		}                                                                                                       \
+	}
+
+typedef float vec4f __attribute__((vector_size(16)));
+DEF_MICRO(micro_base, , vec4f, 4, 4, 2)
+#if defined(__x86_64__) && defined(__GNUC__)
+#define HAVE_WIDE_MICRO 1
+typedef float vec8f __attribute__((vector_size(32)));
+typedef float vec16f __attribute__((vector_size(64)));
+DEF_MICRO(micro_avx2, __attribute__((target("arch=x86-64-v3"))), vec8f, 8, 6, 2)
+DEF_MICRO(micro_avx512, __attribute__((target("arch=x86-64-v4"))), vec16f, 16, 8, 2)
+#endif
+#pragma GCC pop_options
+
+tern_packed *tern_pack_a(int64_t m, int64_t k, const float *a, int64_t lda, bool trans)
+{
+	tern_packed *pa = calloc(1, sizeof *pa);
+	if (!pa)
+		return NULL;
+	pa->micro = micro_base;
+	pa->mr = 4;
+	pa->nr = 8;
+#ifdef HAVE_WIDE_MICRO
+	if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw") &&
+	    __builtin_cpu_supports("avx512dq")) {
+		pa->micro = micro_avx512;
+		pa->mr = 8;
+		pa->nr = 32;
+	} else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+		pa->micro = micro_avx2;
+		pa->mr = 6;
+		pa->nr = 16;
+	}
+#endif
+	pa->m = m;
+	pa->k = k;
+	pa->panels = (m + pa->mr - 1) / pa->mr;
+	pa->data = tern_aligned_alloc((size_t)(pa->panels * pa->mr * (k ? k : 1)) * sizeof(float));
+	if (!pa->data) {
+		free(pa);
+		return NULL;
+	}
+	for (int64_t i = 0; i < m; i++)
+		for (int64_t p = 0; p < k; p++)
+			pa->data[((i / pa->mr) * k + p) * pa->mr + i % pa->mr] = trans ? a[p * lda + i] : a[i * lda + p];
+	return pa;
+}
+
+void tern_packed_free(tern_packed *p)
+{
+	if (p)
+		free(p->data);
+	free(p);
+}
+
+typedef struct packed_job {
+	const tern_packed *pa;
+	int64_t n, ldb, ldc, groups, per_group;
+	const float *b, *bias;
+	float *c;
+} packed_job;
+
+/* One task: NR columns of C for a group of panels, PACK_KC rows of B at a time. Those rows are copied
+ * together first (zero past column n): read in place, every row would sit on its own memory page. */
+static void packed_task(void *ctx, int64_t t)
+{
+	static const float zeros[PACK_MAX_NR];
+	const packed_job *j = ctx;
+	const tern_packed *pa = j->pa;
+	int64_t col0 = t / j->groups * pa->nr, cols = j->n - col0 < pa->nr ? j->n - col0 : pa->nr;
+	int64_t p0 = t % j->groups * j->per_group, p1 = p0 + j->per_group < pa->panels ? p0 + j->per_group : pa->panels;
+	float block[PACK_KC * PACK_MAX_NR];
+	for (int64_t k0 = 0; k0 < pa->k || k0 == 0; k0 += PACK_KC) {
+		int64_t kc = pa->k - k0 < PACK_KC ? pa->k - k0 : PACK_KC;
+		const float *b = j->b + k0 * j->ldb + col0;
+		for (int64_t p = 0; p < kc; p++) {
+			memcpy(block + p * pa->nr, b + p * j->ldb, (size_t)cols * sizeof *block);
+			memset(block + p * pa->nr + cols, 0, (size_t)(pa->nr - cols) * sizeof *block);
+		}
+		for (int64_t p = p0; p < p1; p++) {
+			int64_t row0 = p * pa->mr, rows = pa->m - row0 < pa->mr ? pa->m - row0 : pa->mr;
+			const float *init = k0 ? NULL : j->bias ? j->bias + row0 : zeros;
+			pa->micro(kc, pa->data + (p * pa->k + k0) * pa->mr, block, pa->nr, j->c + row0 * j->ldc + col0, j->ldc,
+			          (int)rows, (int)cols, init);
+		}
+	}
+}
+
+void tern_gemm_packed(tern_threadpool *pool, const tern_packed *a, int64_t n, const float *b, int64_t ldb,
+                      const float *bias, float *c, int64_t ldc)
+{
+	if (a->m <= 0 || n <= 0)
+		return;
+	/* Enough tasks to spread: column blocks first, panels split too when there are few of those. */
+	int64_t blocks = (n + a->nr - 1) / a->nr, want = 4 * (int64_t)(pool ? tern_threadpool_size(pool) : 1);
+	int64_t groups = blocks >= want ? 1 : (want + blocks - 1) / blocks;
+	int64_t per_group = (a->panels + groups - 1) / (groups < a->panels ? groups : a->panels);
+	packed_job job = {a, n, ldb, ldc, (a->panels + per_group - 1) / per_group, per_group, b, bias, c};
+	tern_parallel_for(pool, blocks * job.groups, packed_task, &job);
+}
+
 static bool is_half(int dtype) { return dtype == TERN_FLOAT16 || dtype == TERN_BFLOAT16; }
 
 static size_t round_up(size_t n) { return (n + TERN_ALIGN - 1) / TERN_ALIGN * TERN_ALIGN; }

@@ -719,14 +719,33 @@ typedef struct conv_params {
 	bool padded;
 	int64_t ph, pw, slots, slot_elems;
 	int64_t offset_group; /* DeformConv */
+	tern_packed **packed; /* float32 weights known when planning, packed per group */
 } conv_params;
 
 static void conv_params_free(void *p)
 {
 	conv_params *cp = p;
-	if (cp)
+	if (cp) {
 		free(cp->rows2);
+		for (int64_t g = 0; cp->packed && g < cp->group; g++)
+			tern_packed_free(cp->packed[g]);
+		free(cp->packed);
+	}
 	free(cp);
+}
+
+/* Packs each group's float32 weights, m x k (or, transposed, k x m), when they are known already. */
+static tern_status pack_groups(const tern_node *node, conv_params *cp, const tern_tensor *wt, int64_t m, int64_t k,
+                               bool trans)
+{
+	if (wt->dtype != TERN_FLOAT || !wt->data)
+		return TERN_OK;
+	if (!(cp->packed = calloc((size_t)cp->group, sizeof *cp->packed)))
+		return no_memory(node);
+	for (int64_t g = 0; g < cp->group; g++)
+		if (!(cp->packed[g] = tern_pack_a(m, k, (const float *)wt->data + g * m * k, trans ? m : k, trans)))
+			return no_memory(node);
+	return TERN_OK;
 }
 
 typedef struct im2col_ctx {
@@ -960,6 +979,21 @@ static void gemm_typed(int dtype, bool ta, int64_t m, int64_t n, int64_t k, cons
 		tern_gemm_f32(ta, false, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, n);
 }
 
+/* One group's product Y = op(W_g) B (m x n, shared dimension k), plus bias[i] on row i when given:
+ * through the weights packed when planning if there are some, else the shared gemm. */
+static void group_product(const tern_kernel_args *a, const conv_params *cp, int64_t g, bool trans, int64_t m,
+                          int64_t n, int64_t k, const void *w, const void *b, const void *bias, void *y)
+{
+	int dtype = a->in[0]->dtype;
+	if (cp->packed) {
+		tern_gemm_packed(a->pool, cp->packed[g], n, b, n, bias, y, n);
+		return;
+	}
+	gemm_typed(dtype, trans, m, n, k, w, trans ? m : k, b, n, y);
+	if (bias)
+		add_bias_rows(dtype, y, bias, m, n);
+}
+
 static tern_status conv_kernel(const tern_kernel_args *a)
 {
 	const conv_params *cp = a->params;
@@ -989,10 +1023,8 @@ static tern_status conv_kernel(const tern_kernel_args *a)
 				col = a->scratch;
 			}
 			char *yg = y + (size_t)((n * cp->cout + g * cp->mg) * cp->out_sp) * es;
-			gemm_typed(dtype, false, cp->mg, cp->out_sp, ck, wt + (size_t)(g * cp->mg * ck) * es, ck, col,
-			           cp->out_sp, yg);
-			if (bias)
-				add_bias_rows(dtype, yg, (const char *)bias + (size_t)(g * cp->mg) * es, cp->mg, cp->out_sp);
+			group_product(a, cp, g, false, cp->mg, cp->out_sp, ck, wt + (size_t)(g * cp->mg * ck) * es, col,
+			              bias ? (const char *)bias + (size_t)(g * cp->mg) * es : NULL, yg);
 		}
 	return TERN_OK;
 }
@@ -1073,6 +1105,8 @@ static tern_status conv_prepare(tern_prepare_args *p)
 	}
 	if (!cp->pointwise && !cp->depthwise)
 		p->scratch_bytes = (size_t)(cp->cg * cp->kk * cp->out_sp) * compute_size(x->dtype);
+	if (!cp->depthwise && (st = pack_groups(node, cp, p->in[1], cp->mg, cp->cg * cp->kk, false)))
+		return st;
 	p->kernel = conv_kernel;
 	return stage_halves(p);
 }
@@ -1255,10 +1289,9 @@ static tern_status deform_conv_kernel(const tern_kernel_args *a)
 			parallel_range(a->pool, cp->cg, grain_for(cp->kk * cp->out_sp * 8),
 			               dtype == TERN_DOUBLE ? deform_cols_f64 : deform_cols_f32, &c);
 			char *yg = (char *)a->out[0]->data + (size_t)((c.n * cp->cout + c.g * cp->mg) * cp->out_sp) * es;
-			gemm_typed(dtype, false, cp->mg, cp->out_sp, ck, (const char *)a->in[1]->data + (size_t)(c.g * cp->mg * ck) * es,
-			           ck, a->scratch, cp->out_sp, yg);
-			if (bias)
-				add_bias_rows(dtype, yg, (const char *)bias->data + (size_t)(c.g * cp->mg) * es, cp->mg, cp->out_sp);
+			group_product(a, cp, c.g, false, cp->mg, cp->out_sp, ck,
+			              (const char *)a->in[1]->data + (size_t)(c.g * cp->mg * ck) * es, a->scratch,
+			              bias ? (const char *)bias->data + (size_t)(c.g * cp->mg) * es : NULL, yg);
 		}
 	return TERN_OK;
 }
@@ -1297,6 +1330,8 @@ static tern_status deform_conv_prepare(tern_prepare_args *p)
 	if ((st = check_numel(node, b, 3, "B", cp->cout)))
 		return st;
 	p->scratch_bytes = (size_t)(cp->cg * cp->kk * cp->out_sp) * compute_size(x->dtype);
+	if ((st = pack_groups(node, cp, p->in[1], cp->mg, cp->cg * cp->kk, false)))
+		return st;
 	p->kernel = deform_conv_kernel;
 	return stage_halves(p);
 }
@@ -1314,8 +1349,8 @@ static tern_status conv_transpose_kernel(const tern_kernel_args *a)
 	for (int64_t n = 0; n < cp->n; n++)
 		for (int64_t g = 0; g < cp->group; g++) {
 			const char *xg = x + (size_t)((n * cp->cin + g * cp->cg) * cp->out_sp) * es;
-			gemm_typed(dtype, true, rows, cp->out_sp, cp->cg, wt + (size_t)(g * cp->cg * rows) * es, rows, xg,
-			           cp->out_sp, a->scratch);
+			group_product(a, cp, g, true, rows, cp->out_sp, cp->cg, wt + (size_t)(g * cp->cg * rows) * es, xg, NULL,
+			              a->scratch);
 			char *yg = y + (size_t)((n * cp->cout + g * cp->mg) * cp->in_sp) * es;
 			col2im(a->pool, dtype, &cp->w, cp->mg, a->scratch, yg);
 			if (bias)
@@ -1343,7 +1378,7 @@ static tern_status conv_transpose_prepare(tern_prepare_args *p)
 	if (!cp)
 		return no_memory(node);
 	p->params = cp;
-	p->free_params = free;
+	p->free_params = conv_params_free;
 	cp->group = tern_attr_int(node, "group", 1);
 	cp->n = x->dims[0];
 	cp->cin = x->dims[1];
@@ -1405,6 +1440,8 @@ static tern_status conv_transpose_prepare(tern_prepare_args *p)
 	cp->out_sp = sp_numel(w->out);
 	tern_set_shape(p->out[0], x->dtype, x->rank, dims);
 	p->scratch_bytes = (size_t)(cp->mg * cp->kk * cp->out_sp) * compute_size(x->dtype);
+	if ((st = pack_groups(node, cp, wt, cp->mg * cp->kk, cp->cg, true)))
+		return st;
 	p->kernel = conv_transpose_kernel;
 	return stage_halves(p);
 }
@@ -1443,7 +1480,7 @@ static tern_status col2im_prepare(tern_prepare_args *p)
 	if (!cp)
 		return no_memory(node);
 	p->params = cp;
-	p->free_params = free;
+	p->free_params = conv_params_free;
 	window *w = &cp->w;
 	window_init(w, nsp);
 	for (int i = 0; i < nsp; i++) {
