@@ -69,13 +69,9 @@ static tern_status fold(tern_pass_ctx *c, tern_node *bn)
 		return st;
 	const char *inputs[3] = {conv->inputs[0]->name, wv->name, bv->name};
 	const char *outputs[1] = {bn->outputs[0]->name};
-	tern_pass_remove(c, conv);
-	tern_pass_remove(c, bn);
-	tern_node *n = tern_pass_add(c, bn, "Conv", NULL, conv->name, inputs, 3, outputs, 1);
-	if (!n)
-		return TERN_EOS;
-	c->fused++;
-	return tern_pass_copy_attrs(n, conv, NULL);
+	tern_node *old[2] = {conv, bn};
+	tern_pass_node conv2 = {"Conv", NULL, conv->name, inputs, 3, outputs, 1, conv, NULL};
+	return tern_pass_replace(c, old, 2, &conv2) ? TERN_OK : TERN_EOS;
 }
 
 static tern_status run(tern_pass_ctx *c) { return tern_pass_each(c, NULL, "BatchNormalization", fold); }

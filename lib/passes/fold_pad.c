@@ -66,17 +66,14 @@ static tern_status fold(tern_pass_ctx *c, tern_node *pad)
 	for (size_t i = 0; i < user->n_inputs && i < 3; i++)
 		inputs[i] = i == 0 ? pad->inputs[0]->name : user->inputs[i] ? user->inputs[i]->name : "";
 	const char *outputs[1] = {user->outputs[0]->name};
-	tern_pass_remove(c, pad);
-	tern_pass_remove(c, user);
-	tern_node *n = tern_pass_add(c, user, user->op_type, NULL, user->name, inputs, user->n_inputs < 3 ? user->n_inputs : 3,
-	                             outputs, 1);
+	static const char *const skip[] = {"pads", "count_include_pad", NULL};
+	tern_node *pair[2] = {pad, user};
+	tern_pass_node nw = {user->op_type, NULL, user->name, inputs, user->n_inputs < 3 ? user->n_inputs : 3, outputs, 1,
+	                     user, skip};
+	tern_node *n = tern_pass_replace(c, pair, 2, &nw);
 	if (!n)
 		return TERN_EOS;
-	c->fused++;
-	static const char *const skip[] = {"pads", "count_include_pad", NULL};
-	tern_status st = tern_pass_copy_attrs(n, user, skip);
-	if (!st)
-		st = tern_node_add_attr_ints(n, "pads", merged, (size_t)(2 * sp));
+	tern_status st = tern_node_add_attr_ints(n, "pads", merged, (size_t)(2 * sp));
 	if (!st && avg)
 		st = tern_node_add_attr_int(n, "count_include_pad", 1);
 	return st;

@@ -37,14 +37,14 @@ static tern_status fold(tern_pass_ctx *c, tern_node *mm)
 	bool fused = is_fused_matmul(mm);
 	double alpha = fused ? tern_attr_float(mm, "alpha", 1.0f) : 1.0, f;
 	tern_value *in[3] = {mm->inputs[0], mm->inputs[1], mm->n_inputs > 2 ? mm->inputs[2] : NULL}, *operand;
-	tern_node *gone[3];
-	int n_gone = 0;
+	tern_node *old[4] = {mm};
+	int n_old = 1;
 	for (int k = 0; k < 2; k++) {
 		tern_node *p = tern_pass_producer(in[k], NULL);
 		if (p && tern_pass_single_use(in[k]) && in[0] != in[1] && scalar_scale(c, p, &f, &operand)) {
 			alpha *= f;
 			in[k] = operand;
-			gone[n_gone++] = p;
+			old[n_old++] = p;
 		}
 	}
 	tern_value *out = mm->outputs[0];
@@ -53,25 +53,16 @@ static tern_status fold(tern_pass_ctx *c, tern_node *mm)
 	if (plain && after && scalar_scale(c, after, &f, &operand) && operand == out) {
 		alpha *= f;
 		out = after->outputs[0];
-		gone[n_gone++] = after;
+		old[n_old++] = after;
 	}
-	if (!n_gone)
+	if (n_old == 1)
 		return TERN_OK;
 	const char *inputs[3] = {in[0]->name, in[1]->name, in[2] ? in[2]->name : ""};
 	const char *outputs[1] = {out->name};
-	tern_node *last = after && gone[n_gone - 1] == after ? after : mm;
-	tern_pass_remove(c, mm);
-	for (int i = 0; i < n_gone; i++)
-		tern_pass_remove(c, gone[i]);
-	tern_node *nf = tern_pass_add(c, last, "FusedMatMul", TERN_DOMAIN, mm->name, inputs, in[2] ? 3 : 2, outputs, 1);
-	if (!nf)
-		return TERN_EOS;
-	c->fused += 1 + n_gone;
 	static const char *const skip[] = {"alpha", NULL};
-	tern_status st = tern_pass_copy_attrs(nf, mm, skip);
-	if (!st)
-		st = tern_node_add_attr_float(nf, "alpha", (float)alpha);
-	return st;
+	tern_pass_node nw = {"FusedMatMul", TERN_DOMAIN, mm->name, inputs, in[2] ? 3 : 2, outputs, 1, mm, skip};
+	tern_node *nf = tern_pass_replace(c, old, n_old, &nw);
+	return nf ? tern_node_add_attr_float(nf, "alpha", (float)alpha) : TERN_EOS;
 }
 
 static tern_status run(tern_pass_ctx *c)

@@ -80,17 +80,11 @@ static tern_status fuse(tern_pass_ctx *c, tern_node *conv)
 	tern_value *out = has_act ? act.out : y;
 	const char *inputs[4] = {conv->inputs[0]->name, conv->inputs[1]->name, bias ? bias->name : "", z ? z->name : ""};
 	const char *outputs[1] = {out->name};
-	for (int i = 0; i < n; i++)
-		tern_pass_remove(c, nodes[i]);
-	tern_node *f = tern_pass_add(c, nodes[n - 1], "FusedConv", TERN_DOMAIN, conv->name, inputs, z ? 4 : bias ? 3 : 2,
-	                             outputs, 1);
+	tern_pass_node nw = {"FusedConv", TERN_DOMAIN, conv->name, inputs, z ? 4 : bias ? 3 : 2, outputs, 1, conv, NULL};
+	tern_node *f = tern_pass_replace(c, nodes, n, &nw);
 	if (!f)
 		return TERN_EOS;
-	c->fused += n;
-	tern_status st = tern_pass_copy_attrs(f, conv, NULL);
-	if (!st && has_act)
-		st = tern_pass_set_activation(f, &act);
-	return st;
+	return has_act ? tern_pass_set_activation(f, &act) : TERN_OK;
 }
 
 static tern_status run(tern_pass_ctx *c) { return tern_pass_each(c, NULL, "Conv", fuse); }

@@ -128,13 +128,10 @@ static tern_status emit(tern_pass_ctx *c, chain *ch)
 		inputs[i] = ch->inputs[i]->name;
 	tern_node *last = ch->nodes[ch->n - 1];
 	const char *outputs[1] = {last->outputs[0]->name};
-	for (int s = 0; s < ch->n; s++)
-		tern_pass_remove(c, ch->nodes[s]);
-	tern_node *f = tern_pass_add(c, last, "ElementwiseChain", TERN_DOMAIN, ch->nodes[0]->name, inputs,
-	                             (size_t)ch->n_inputs, outputs, 1);
+	tern_pass_node nw = {"ElementwiseChain", TERN_DOMAIN, ch->nodes[0]->name, inputs, (size_t)ch->n_inputs, outputs, 1};
+	tern_node *f = tern_pass_replace(c, ch->nodes, ch->n, &nw);
 	if (!f)
 		return TERN_EOS;
-	c->fused += ch->n;
 	tern_status st = tern_pass_add_attr_strings(f, "ops", ch->ops, (size_t)ch->n);
 	if (!st)
 		st = tern_node_add_attr_ints(f, "args", args, (size_t)ch->n * ARGS);

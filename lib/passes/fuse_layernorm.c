@@ -26,14 +26,10 @@ static tern_status fuse(tern_pass_ctx *c, tern_node *ln)
 	const char *inputs[4] = {add->inputs[first]->name, add->inputs[1 - first]->name, ln->inputs[1]->name,
 	                         ln->n_inputs > 2 && ln->inputs[2] ? ln->inputs[2]->name : ""};
 	const char *outputs[2] = {ln->outputs[0]->name, sum->name};
-	tern_pass_remove(c, add);
-	tern_pass_remove(c, ln);
-	tern_node *f = tern_pass_add(c, ln, "SkipLayerNormalization", TERN_DOMAIN, ln->name, inputs, *inputs[3] ? 4 : 3,
-	                             outputs, keep_sum ? 2 : 1);
-	if (!f)
-		return TERN_EOS;
-	c->fused += 2;
-	return tern_pass_copy_attrs(f, ln, NULL);
+	tern_node *old[2] = {add, ln};
+	tern_pass_node nw = {"SkipLayerNormalization", TERN_DOMAIN, ln->name, inputs, *inputs[3] ? 4 : 3, outputs,
+	                     keep_sum ? 2 : 1, ln, NULL};
+	return tern_pass_replace(c, old, 2, &nw) ? TERN_OK : TERN_EOS;
 }
 
 static tern_status run(tern_pass_ctx *c) { return tern_pass_each(c, NULL, "LayerNormalization", fuse); }

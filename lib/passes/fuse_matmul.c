@@ -6,16 +6,11 @@ static tern_status emit(tern_pass_ctx *c, tern_node *main, const char *op_type, 
                         tern_node **nodes, int n, tern_value *out, const tern_activation *act)
 {
 	const char *outputs[1] = {out->name};
-	for (int i = 0; i < n; i++)
-		tern_pass_remove(c, nodes[i]);
-	tern_node *f = tern_pass_add(c, nodes[n - 1], op_type, TERN_DOMAIN, main->name, inputs, n_inputs, outputs, 1);
+	tern_pass_node nw = {op_type, TERN_DOMAIN, main->name, inputs, n_inputs, outputs, 1, main, NULL};
+	tern_node *f = tern_pass_replace(c, nodes, n, &nw);
 	if (!f)
 		return TERN_EOS;
-	c->fused += n;
-	tern_status st = tern_pass_copy_attrs(f, main, NULL);
-	if (!st && act)
-		st = tern_pass_set_activation(f, act);
-	return st;
+	return act ? tern_pass_set_activation(f, act) : TERN_OK;
 }
 
 static tern_status fuse_gemm(tern_pass_ctx *c, tern_node *gemm)

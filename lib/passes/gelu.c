@@ -4,7 +4,6 @@
 #include "passes/passes.h"
 
 #include <math.h>
-#include <stdlib.h>
 
 #define MAX_NODES 12
 
@@ -146,16 +145,10 @@ static tern_status rewrite(tern_pass_ctx *c, match *m, tern_value *y, bool tanh_
 			last = m->nodes[i];
 	const char *inputs[1] = {m->x->name};
 	const char *outputs[1] = {y->name};
-	char *name = tern_strdup(last->name);
-	if (!name)
-		return tern_errorf(TERN_EOS, "out of memory");
-	for (int i = 0; i < m->n; i++)
-		tern_pass_remove(c, m->nodes[i]);
-	tern_node *g = tern_pass_add(c, last, "Gelu", TERN_DOMAIN, name, inputs, 1, outputs, 1);
-	free(name);
+	tern_pass_node nw = {"Gelu", TERN_DOMAIN, last->name, inputs, 1, outputs, 1};
+	tern_node *g = tern_pass_replace(c, m->nodes, m->n, &nw);
 	if (!g)
 		return TERN_EOS;
-	c->fused += m->n;
 	return tanh_form ? tern_node_add_attr_string(g, "approximate", "tanh") : TERN_OK;
 }
 

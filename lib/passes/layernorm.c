@@ -136,13 +136,10 @@ static tern_status match(tern_pass_ctx *c, tern_node *div)
 		return TERN_EOS;
 	const char *inputs[3] = {x->name, sv->name, bv ? bv->name : NULL};
 	const char *outputs[1] = {out->name};
-	for (int i = 0; i < n_nodes; i++)
-		tern_pass_remove(c, nodes[i]);
-	tern_node *ln = tern_pass_add(c, nodes[n_nodes - 1], "LayerNormalization", NULL, div->name, inputs, bv ? 3 : 2,
-	                              outputs, 1);
+	tern_pass_node nw = {"LayerNormalization", NULL, div->name, inputs, bv ? 3 : 2, outputs, 1};
+	tern_node *ln = tern_pass_replace(c, nodes, n_nodes, &nw);
 	if (!ln)
 		return TERN_EOS;
-	c->fused += n_nodes;
 	tern_status st = tern_node_add_attr_int(ln, "axis", -k);
 	if (!st)
 		st = tern_node_add_attr_float(ln, "epsilon", (float)eps);

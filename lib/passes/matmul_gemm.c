@@ -36,12 +36,9 @@ static tern_status fuse(tern_pass_ctx *c, tern_node *mm)
 		return TERN_OK;
 	const char *inputs[3] = {mm->inputs[0]->name, mm->inputs[1]->name, cv->name};
 	const char *outputs[1] = {add->outputs[0]->name};
-	tern_pass_remove(c, mm);
-	tern_pass_remove(c, add);
-	if (!tern_pass_add(c, add, "Gemm", NULL, mm->name, inputs, 3, outputs, 1))
-		return TERN_EOS;
-	c->fused += 2;
-	return TERN_OK;
+	tern_node *old[2] = {mm, add};
+	tern_pass_node nw = {"Gemm", NULL, mm->name, inputs, 3, outputs, 1};
+	return tern_pass_replace(c, old, 2, &nw) ? TERN_OK : TERN_EOS;
 }
 
 static tern_status run(tern_pass_ctx *c) { return tern_pass_each(c, NULL, "MatMul", fuse); }

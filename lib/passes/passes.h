@@ -84,12 +84,23 @@ tern_status tern_pass_each_sorted(tern_pass_ctx *c, bool backwards, tern_status 
 
 /* Marks the node removed and counts it. */
 void tern_pass_remove(tern_pass_ctx *c, tern_node *n);
-/* Adds a node of op_type in domain (NULL: default), taking the position of `at` in the node order
- * (at is removed or about to be). Counts it as added. NULL when out of memory (error set). */
-tern_node *tern_pass_add(tern_pass_ctx *c, tern_node *at, const char *op_type, const char *domain, const char *name,
-                         const char *const *inputs, size_t n_inputs, const char *const *outputs, size_t n_outputs);
-/* Copies every attribute of src to dst except those named in skip (NULL-terminated, may be NULL). */
-tern_status tern_pass_copy_attrs(tern_node *dst, const tern_node *src, const char *const *skip);
+/* A node to add: inputs and outputs by name ("" for an omitted one), and the node whose attributes it
+ * copies (NULL: none) but for those named in skip (NULL-terminated, may be NULL). */
+typedef struct tern_pass_node {
+	const char *op_type;
+	const char *domain; /* NULL: the default domain */
+	const char *name;
+	const char *const *inputs;
+	size_t n_inputs;
+	const char *const *outputs;
+	size_t n_outputs;
+	const tern_node *attrs_from;
+	const char *const *skip;
+} tern_pass_node;
+
+/* Replaces nodes old[0..n_old) by one new node, placed where the last of them stood in the node order,
+ * and counts them as fused. NULL when out of memory (error set). */
+tern_node *tern_pass_replace(tern_pass_ctx *c, tern_node *const *old, int n_old, const tern_pass_node *nw);
 /* Makes `from` disappear in favour of `to`: every reader of `from` reads `to`. When `from` is a graph
  * output its name must survive, so the producer of `to` is made to write `from` instead (possible
  * only when `to` is a node output that nothing else reads); returns false when neither works. */

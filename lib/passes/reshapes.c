@@ -4,7 +4,6 @@
 #include "passes/passes.h"
 
 #include <stdio.h>
-#include <stdlib.h>
 
 static bool is_reshape(const tern_node *n)
 {
@@ -20,8 +19,9 @@ static bool nonzero_dims(const tern_tensor *s)
 	return true;
 }
 
-/* Replaces `at` (about to be removed) with out = Reshape(in, dims of out's static shape). */
-static tern_status make_reshape(tern_pass_ctx *c, tern_node *at, tern_value *in, tern_value *out, const tern_tensor *shape)
+/* Replaces old[0..n_old) with out = Reshape(in, dims of out's static shape). */
+static tern_status make_reshape(tern_pass_ctx *c, tern_node *const *old, int n_old, tern_value *in, tern_value *out,
+                                const tern_tensor *shape)
 {
 	char stem[256];
 	snprintf(stem, sizeof stem, "%s_shape", out->name);
@@ -31,12 +31,8 @@ static tern_status make_reshape(tern_pass_ctx *c, tern_node *at, tern_value *in,
 		return tern_errorf(TERN_EOS, "out of memory");
 	const char *inputs[2] = {in->name, sv ? sv->name : NULL};
 	const char *outputs[1] = {out->name};
-	char *name = tern_strdup(at->name);
-	if (!name)
-		return tern_errorf(TERN_EOS, "out of memory");
-	tern_pass_remove(c, at);
-	tern_node *r = tern_pass_add(c, at, "Reshape", NULL, name, inputs, from_input ? 2 : 1, outputs, 1);
-	free(name);
+	tern_pass_node nw = {"Reshape", NULL, old[n_old - 1]->name, inputs, from_input ? 2 : 1, outputs, 1};
+	tern_node *r = tern_pass_replace(c, old, n_old, &nw);
 	if (!r)
 		return TERN_EOS;
 	return from_input ? TERN_OK : tern_node_add_attr_ints(r, "shape", shape->dims, (size_t)shape->rank);
@@ -78,8 +74,7 @@ static tern_status transpose_as_reshape(tern_pass_ctx *c, tern_node *n, bool *do
 		return TERN_OK;
 	tern_tensor shape = *out;
 	*done = true;
-	c->fused++;
-	return make_reshape(c, n, n->inputs[0], n->outputs[0], &shape);
+	return make_reshape(c, &n, 1, n->inputs[0], n->outputs[0], &shape);
 }
 
 static tern_status merge_reshapes(tern_pass_ctx *c, tern_node *n, bool *done)
@@ -92,11 +87,9 @@ static tern_status merge_reshapes(tern_pass_ctx *c, tern_node *n, bool *done)
 	if (!out || !nonzero_dims(out))
 		return TERN_OK;
 	tern_tensor shape = *out;
-	tern_value *src = first->inputs[0];
-	tern_pass_remove(c, first);
+	tern_node *old[2] = {first, n};
 	*done = true;
-	c->fused++;
-	return make_reshape(c, n, src, n->outputs[0], &shape);
+	return make_reshape(c, old, 2, first->inputs[0], n->outputs[0], &shape);
 }
 
 static tern_status merge_transposes(tern_pass_ctx *c, tern_node *n, bool *done)
@@ -117,15 +110,10 @@ static tern_status merge_transposes(tern_pass_ctx *c, tern_node *n, bool *done)
 	}
 	const char *inputs[1] = {first->inputs[0]->name};
 	const char *outputs[1] = {n->outputs[0]->name};
-	char *name = tern_strdup(n->name);
-	if (!name)
-		return tern_errorf(TERN_EOS, "out of memory");
-	tern_pass_remove(c, first);
-	tern_pass_remove(c, n);
-	tern_node *t = tern_pass_add(c, n, "Transpose", NULL, name, inputs, 1, outputs, 1);
-	free(name);
+	tern_node *old[2] = {first, n};
+	tern_pass_node nw = {"Transpose", NULL, n->name, inputs, 1, outputs, 1};
+	tern_node *t = tern_pass_replace(c, old, 2, &nw);
 	*done = true;
-	c->fused++;
 	return t ? tern_node_add_attr_ints(t, "perm", perm, n1) : TERN_EOS;
 }
 

@@ -99,35 +99,8 @@ void tern_pass_remove(tern_pass_ctx *c, tern_node *n)
 	changed(c);
 }
 
-tern_node *tern_pass_add(tern_pass_ctx *c, tern_node *at, const char *op_type, const char *domain, const char *name,
-                         const char *const *inputs, size_t n_inputs, const char *const *outputs, size_t n_outputs)
-{
-	tern_graph *g = c->graph;
-	tern_node *n = tern_graph_add_node(g, op_type, domain, name, inputs, n_inputs, outputs, n_outputs);
-	if (!n) {
-		tern_errorf(TERN_EOS, "out of memory");
-		return NULL;
-	}
-	c->added++;
-	changed(c);
-	if (!name || !*name) {
-		/* Unnamed as the nodes it replaces: an absent name rather than an empty one. */
-		free(n->proto->name);
-		n->proto->name = NULL;
-		n->name = "";
-	}
-	if (at && (size_t)at->index < g->n_nodes && g->nodes[at->index] == at) {
-		/* Swap places: the new node goes where `at` was, `at` (removed) to the end. */
-		int slot = at->index;
-		g->nodes[slot] = n;
-		g->nodes[n->index] = at;
-		at->index = n->index;
-		n->index = slot;
-	}
-	return n;
-}
-
-tern_status tern_pass_copy_attrs(tern_node *dst, const tern_node *src, const char *const *skip)
+/* Appends every attribute of src to dst except those named in skip. */
+static tern_status copy_attrs(tern_node *dst, const tern_node *src, const char *const *skip)
 {
 	Onnx__NodeProto *dp = dst->proto;
 	const Onnx__NodeProto *sp = src->proto;
@@ -156,6 +129,43 @@ tern_status tern_pass_copy_attrs(tern_node *dst, const tern_node *src, const cha
 		dp->attribute[dp->n_attribute++] = copy;
 	}
 	return TERN_OK;
+}
+
+tern_node *tern_pass_replace(tern_pass_ctx *c, tern_node *const *old, int n_old, const tern_pass_node *nw)
+{
+	tern_graph *g = c->graph;
+	tern_node *at = NULL;
+	for (int i = 0; i < n_old; i++) {
+		if (!at || old[i]->index > at->index)
+			at = old[i];
+		tern_pass_remove(c, old[i]);
+	}
+	tern_node *n = tern_graph_add_node(g, nw->op_type, nw->domain, nw->name, nw->inputs, nw->n_inputs, nw->outputs,
+	                                   nw->n_outputs);
+	if (!n) {
+		tern_errorf(TERN_EOS, "out of memory");
+		return NULL;
+	}
+	c->added++;
+	c->fused += n_old;
+	changed(c);
+	if (!nw->name || !*nw->name) {
+		/* Unnamed as the nodes it replaces: an absent name rather than an empty one. */
+		free(n->proto->name);
+		n->proto->name = NULL;
+		n->name = "";
+	}
+	if (at && (size_t)at->index < g->n_nodes && g->nodes[at->index] == at) {
+		/* Swap places: the new node goes where `at` was, `at` (removed) to the end. */
+		int slot = at->index;
+		g->nodes[slot] = n;
+		g->nodes[n->index] = at;
+		at->index = n->index;
+		n->index = slot;
+	}
+	if (nw->attrs_from && copy_attrs(n, nw->attrs_from, nw->skip))
+		return NULL;
+	return n;
 }
 
 /* Makes node n write v as output o (v had no producer). */

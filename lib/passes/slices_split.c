@@ -88,44 +88,27 @@ static tern_status split_value(tern_pass_ctx *c, tern_value *v)
 	for (size_t k = 1; tiles && k < n; k++)
 		tiles = pieces[k].axis == pieces[0].axis && pieces[k].start == pieces[k - 1].end;
 	tern_status st = TERN_OK;
-	if (tiles) {
+	if (tiles && n <= 64) {
 		int64_t sizes[64];
 		const char *outs[64];
-		tern_node *at = pieces[0].slice;
-		if (n > 64)
-			goto done;
+		tern_node *old[64];
 		for (size_t k = 0; k < n; k++) {
 			sizes[k] = pieces[k].end - pieces[k].start;
 			outs[k] = pieces[k].slice->outputs[0]->name;
-			if (pieces[k].slice->index < at->index)
-				at = pieces[k].slice;
+			old[k] = pieces[k].slice;
 		}
-		bool split_input = at->opset >= 13;
+		bool split_input = old[0]->opset >= 13;
 		tern_value *sv = NULL;
-		if (split_input) {
-			char stem[256];
-			snprintf(stem, sizeof stem, "%s_split", v->name);
-			if (!(sv = tern_pass_add_ints(c, stem, sizes, (int)n))) {
-				st = TERN_EOS;
-				goto done;
-			}
-		}
-		const char *inputs[2] = {v->name, sv ? sv->name : NULL};
-		char *name = tern_strdup(at->name);
-		if (!name) {
-			st = tern_errorf(TERN_EOS, "out of memory");
-			goto done;
-		}
-		for (size_t k = 0; k < n; k++)
-			tern_pass_remove(c, pieces[k].slice);
-		tern_node *split = tern_pass_add(c, at, "Split", NULL, name, inputs, split_input ? 2 : 1, outs, n);
-		free(name);
-		if (!split) {
+		char stem[256];
+		snprintf(stem, sizeof stem, "%s_split", v->name);
+		if (split_input && !(sv = tern_pass_add_ints(c, stem, sizes, (int)n))) {
 			st = TERN_EOS;
 			goto done;
 		}
-		c->fused += (int)n;
-		st = tern_node_add_attr_int(split, "axis", pieces[0].axis);
+		const char *inputs[2] = {v->name, sv ? sv->name : NULL};
+		tern_pass_node nw = {"Split", NULL, old[0]->name, inputs, split_input ? 2 : 1, outs, n};
+		tern_node *split = tern_pass_replace(c, old, (int)n, &nw);
+		st = split ? tern_node_add_attr_int(split, "axis", pieces[0].axis) : TERN_EOS;
 		if (!st && !split_input)
 			st = tern_node_add_attr_ints(split, "split", sizes, n);
 	}
