@@ -3,6 +3,7 @@
  * Each runs the registry's own kernels: the main operator's, then an epilogue program of elementwise
  * kernels applied block by block over the output, so that a chain makes one pass over memory. */
 #include "internal.h"
+#include "ops/gemm.h"
 
 #include <math.h>
 #include <stdatomic.h>
@@ -113,6 +114,18 @@ typedef struct fx_program {
 } fx_program;
 
 static tern_status fx_oom(const tern_node *node) { return tern_node_errorf(node, TERN_EOS, "out of memory"); }
+
+/* A node of a default-domain operator at FX_OPSET, standing for part of the fused node `owner` (whose
+ * name messages give): the registry's prepare and kernel for op_type run on it. */
+static void fx_synthetic(tern_node *node, Onnx__NodeProto *proto, const tern_node *owner, const char *op_type)
+{
+	onnx__node_proto__init(proto);
+	proto->op_type = (char *)op_type;
+	proto->name = (char *)owner->name;
+	*node = (tern_node){.proto = proto, .name = owner->name, .op_type = op_type, .domain = "", .graph = owner->graph,
+	                    .opset = FX_OPSET};
+	node->op = tern_op_find("", op_type, FX_OPSET);
+}
 
 static tern_status fx_add_step(fx_program *pg, const tern_node *node, const char *op_type, const float *params,
                                int n_params, const fx_ref *args, int n_args)
@@ -393,9 +406,7 @@ static tern_status fx_finish(fx_program *pg, const tern_node *owner, tern_tensor
 	pg->numel = tern_tensor_numel(x_shape);
 	for (int s = 0; s < pg->n_steps; s++) {
 		fx_step *st = &pg->steps[s];
-		onnx__node_proto__init(&st->proto);
-		st->proto.op_type = (char *)st->def->op_type;
-		st->proto.name = (char *)owner->name;
+		fx_synthetic(&st->node, &st->proto, owner, st->def->op_type);
 		for (int i = 0; i < st->n_params; i++) {
 			onnx__attribute_proto__init(&st->attrs[i]);
 			st->attrs[i].name = (char *)st->param_names[i];
@@ -407,13 +418,6 @@ static tern_status fx_finish(fx_program *pg, const tern_node *owner, tern_tensor
 		}
 		st->proto.n_attribute = (size_t)st->n_params;
 		st->proto.attribute = st->attr_list;
-		st->node.proto = &st->proto;
-		st->node.name = owner->name;
-		st->node.op_type = st->def->op_type;
-		st->node.domain = "";
-		st->node.graph = owner->graph;
-		st->node.opset = FX_OPSET;
-		st->node.op = tern_op_find("", st->def->op_type, FX_OPSET);
 		if (!st->node.op)
 			return tern_node_errorf(owner, TERN_EDATA, "step %d (%s) has no kernel", s, st->def->op_type);
 		for (int a = 0; a < st->n_args; a++) {
@@ -969,8 +973,8 @@ static bool skip_ln_fast(tern_prepare_args *p, fx_skip_ln *s)
  * LayerNormalization's axis and epsilon; output 1, when present, is X + S. */
 static tern_status skip_ln_prepare(tern_prepare_args *p)
 {
-	const tern_op *add_op = tern_op_find("", "Add", FX_OPSET), *ln_op = tern_op_find("", "LayerNormalization", FX_OPSET);
-	if (!add_op || !ln_op)
+	const tern_op *ln_op = tern_op_find("", "LayerNormalization", FX_OPSET);
+	if (!ln_op)
 		return tern_node_errorf(p->node, TERN_EINTERNAL, "no Add or LayerNormalization kernel to fuse");
 	if (p->n_in < 3 || !p->in[0] || !p->in[1] || !p->in[2] || !p->out[0])
 		return tern_node_errorf(p->node, TERN_EDATA, "inputs X, S and scale and output Y are required");
@@ -981,13 +985,12 @@ static tern_status skip_ln_prepare(tern_prepare_args *p)
 	p->free_params = fx_skip_ln_free;
 	if (skip_ln_fast(p, s))
 		return TERN_OK;
-	onnx__node_proto__init(&s->add_proto);
-	s->add_proto.op_type = "Add";
-	s->add_node = (tern_node){.proto = &s->add_proto, .name = p->node->name, .op_type = "Add", .domain = "",
-	                          .graph = p->node->graph, .opset = FX_OPSET};
+	fx_synthetic(&s->add_node, &s->add_proto, p->node, "Add");
 	tern_tensor *sum_p = &s->sum_shape;
 	tern_prepare_args add = {.node = &s->add_node, .in = p->in, .n_in = 2, .out = &sum_p, .n_out = 1, .pool = p->pool};
-	tern_status st = add_op->prepare(&add);
+	if (!s->add_node.op)
+		return tern_node_errorf(p->node, TERN_EINTERNAL, "no Add kernel to fuse");
+	tern_status st = s->add_node.op->prepare(&add);
 	s->add = (fx_prepared){add.kernel, add.params, add.free_params};
 	if (st)
 		return st;
@@ -1014,6 +1017,125 @@ static tern_status skip_ln_prepare(tern_prepare_args *p)
 	return TERN_OK;
 }
 
+/* ---------------------------------------------------------------- attention */
+
+typedef struct fx_attention {
+	int64_t l, s, n, d, dv; /* Q [l, n, d], K [s, n, d], V [s, n, dv] */
+	float scale;
+	int workers;
+	tern_node softmax_node;
+	Onnx__NodeProto softmax_proto;
+	fx_prepared softmax;
+	size_t softmax_scratch, per_worker; /* bytes of scratch per worker: scores, weights, softmax's own */
+} fx_attention;
+
+static void fx_attention_free(void *p)
+{
+	fx_attention *at = p;
+	if (at && at->softmax.free_params && at->softmax.params)
+		at->softmax.free_params(at->softmax.params);
+	free(at);
+}
+
+typedef struct fx_attention_run {
+	const fx_attention *at;
+	const tern_kernel_args *a;
+	atomic_int status;
+} fx_attention_run;
+
+/* The heads of one worker: scores = scale Q_h K_h^T, softmax over each row, then weights V_h written
+ * straight into the output's [l, n, dv] layout; Q_h, K_h and V_h are read where they lie, as every
+ * n-th row segment. */
+static void attention_heads(void *ctx, int64_t w)
+{
+	fx_attention_run *r = ctx;
+	const fx_attention *at = r->at;
+	const tern_kernel_args *a = r->a;
+	const float *q = a->in[0]->data, *k = a->in[1]->data, *v = a->in[2]->data;
+	float *out = a->out[0]->data;
+	char *scratch = (char *)a->scratch + (size_t)w * at->per_worker;
+	float *scores = (float *)scratch, *weights = scores + at->l * at->s;
+	void *softmax_scratch = scratch + fx_round((size_t)(2 * at->l * at->s) * sizeof(float));
+	int64_t lo = at->n * w / at->workers, hi = at->n * (w + 1) / at->workers;
+	int64_t dims[2] = {at->l, at->s};
+	tern_tensor st = {TERN_FLOAT, 2, {dims[0], dims[1]}}, wt = st;
+	st.data = scores;
+	wt.data = weights;
+	tern_tensor *sp = &st, *wp = &wt;
+	for (int64_t h = lo; h < hi; h++) {
+		tern_gemm_f32(false, true, at->l, at->s, at->d, at->scale, q + h * at->d, at->n * at->d, k + h * at->d,
+		              at->n * at->d, 0.0f, scores, at->s);
+		tern_kernel_args sa = {&at->softmax_node, &sp, 1, &wp, 1, at->softmax.params, softmax_scratch, NULL, NULL};
+		tern_status rc = at->softmax.kernel(&sa);
+		if (rc) {
+			atomic_store(&r->status, (int)rc);
+			return;
+		}
+		tern_gemm_f32(false, false, at->l, at->dv, at->s, 1.0f, weights, at->s, v + h * at->dv, at->n * at->dv, 0.0f,
+		              out + h * at->dv, at->n * at->dv);
+	}
+}
+
+static tern_status attention_kernel(const tern_kernel_args *a)
+{
+	fx_attention_run r = {a->params, a, TERN_OK};
+	if (r.at->workers > 1)
+		tern_parallel_for(a->pool, r.at->workers, attention_heads, &r);
+	else
+		attention_heads(&r, 0);
+	return (tern_status)atomic_load(&r.status);
+}
+
+/* tern.Attention (Q, K, V): multi-head scaled dot-product attention on sequence-major tensors, Q
+ * [L, N, d], K [S, N, d], V [S, N, dv] with N the batch times the heads; output [L, N, dv] with
+ * out[l, n] = sum over s of softmax_s(scale Q[l, n] . K[s, n]) V[s, n]. Attribute `scale` (default 1). */
+static tern_status attention_prepare(tern_prepare_args *p)
+{
+	if (p->n_in < 3 || !p->in[0] || !p->in[1] || !p->in[2] || !p->out[0])
+		return tern_node_errorf(p->node, TERN_EDATA, "inputs Q, K and V and the output are required");
+	const tern_tensor *q = p->in[0], *k = p->in[1], *v = p->in[2];
+	char sq[96], sk[96], sv[96];
+	if (q->dtype != TERN_FLOAT || k->dtype != TERN_FLOAT || v->dtype != TERN_FLOAT || q->rank != 3 || k->rank != 3 ||
+	    v->rank != 3 || k->dims[0] != v->dims[0] || q->dims[1] != k->dims[1] || k->dims[1] != v->dims[1] ||
+	    q->dims[2] != k->dims[2])
+		return tern_node_errorf(p->node, TERN_EDATA, "Q %s, K %s and V %s are not float [L,N,d], [S,N,d], [S,N,dv]",
+		                        tern_shape_str(q->dtype, q->rank, q->dims, sq, sizeof sq),
+		                        tern_shape_str(k->dtype, k->rank, k->dims, sk, sizeof sk),
+		                        tern_shape_str(v->dtype, v->rank, v->dims, sv, sizeof sv));
+	fx_attention *at = calloc(1, sizeof *at);
+	if (!at)
+		return fx_oom(p->node);
+	p->params = at;
+	p->free_params = fx_attention_free;
+	at->l = q->dims[0];
+	at->n = q->dims[1];
+	at->d = q->dims[2];
+	at->s = k->dims[0];
+	at->dv = v->dims[2];
+	at->scale = tern_attr_float(p->node, "scale", 1.0f);
+	fx_synthetic(&at->softmax_node, &at->softmax_proto, p->node, "Softmax");
+	if (!at->softmax_node.op)
+		return tern_node_errorf(p->node, TERN_EINTERNAL, "no Softmax kernel to fuse");
+	tern_tensor scores = {TERN_FLOAT, 2, {at->l, at->s}}, weights = {0};
+	tern_tensor *sp = &scores, *wp = &weights;
+	tern_prepare_args sm = {.node = &at->softmax_node, .in = &sp, .n_in = 1, .out = &wp, .n_out = 1};
+	tern_status st = at->softmax_node.op->prepare(&sm);
+	at->softmax = (fx_prepared){sm.kernel, sm.params, sm.free_params};
+	if (st)
+		return st;
+	if (!sm.kernel || sm.defer || sm.dynamic_output || sm.alias_input0)
+		return tern_node_errorf(p->node, TERN_EINTERNAL, "the Softmax kernel cannot be fused");
+	at->workers = tern_threadpool_size(p->pool);
+	if (at->workers > at->n)
+		at->workers = at->n > 0 ? (int)at->n : 1;
+	at->per_worker = fx_round((size_t)(2 * at->l * at->s) * sizeof(float)) + fx_round(sm.scratch_bytes);
+	int64_t dims[3] = {at->l, at->n, at->dv};
+	tern_set_shape(p->out[0], TERN_FLOAT, 3, dims);
+	p->scratch_bytes = (size_t)at->workers * at->per_worker;
+	p->kernel = attention_kernel;
+	return TERN_OK;
+}
+
 static const tern_op ops[] = {
 	{FX_DOMAIN, "FusedConv", 1, 0, fused_conv_prepare, TERN_DT(FLOAT), "fused"},
 	{FX_DOMAIN, "FusedGemm", 1, 0, fused_gemm_prepare, TERN_DT(FLOAT), "fused"},
@@ -1021,6 +1143,7 @@ static const tern_op ops[] = {
 	{FX_DOMAIN, "ElementwiseChain", 1, 0, chain_prepare, TERN_DT(FLOAT), "fused"},
 	{FX_DOMAIN, "Gelu", 1, 0, gelu_prepare, TERN_DT(FLOAT), "fused"},
 	{FX_DOMAIN, "SkipLayerNormalization", 1, 0, skip_ln_prepare, TERN_DT_FLOATS, "fused"},
+	{FX_DOMAIN, "Attention", 1, 0, attention_prepare, TERN_DT(FLOAT), "fused"},
 };
 
 const tern_op_table tern_ops_fused = {ops, TERN_ARRAY_LEN(ops)};

@@ -6,7 +6,7 @@
 
 /* tern's own operators that compute and nothing else (communication operators have effects). */
 static const char *const pure_tern_ops[] = {"FusedConv", "FusedGemm", "FusedMatMul", "ElementwiseChain", "Gelu",
-                                            "SkipLayerNormalization"};
+                                            "SkipLayerNormalization", "Attention"};
 
 static bool pure(const tern_node *n)
 {
