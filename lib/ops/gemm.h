@@ -1,5 +1,6 @@
-/* gemm.h — the dense matrix product shared by MatMul, Gemm, Einsum (matmul.c) and the convolutions
- * (nn.c): OpenBLAS when the build has it, plain C otherwise. */
+/* gemm.h — the dense matrix products shared by MatMul, Gemm, Einsum (matmul.c) and the convolutions
+ * (nn.c): OpenBLAS when the build has it, plain C otherwise, and a product with a packed constant left
+ * operand for convolution weights. */
 #ifndef TERN_OPS_GEMM_H
 #define TERN_OPS_GEMM_H
 
@@ -24,6 +25,14 @@ void tern_packed_free(tern_packed *p);
  * with rows ldc apart; split over the pool. */
 void tern_gemm_packed(tern_threadpool *pool, const tern_packed *a, int64_t n, const float *b, int64_t ldb,
                       const float *bias, float *c, int64_t ldc);
+/* The same with B made block by block where it is needed (a convolution's columns, never stored whole):
+ * fill writes rows [k0, k0 + kc) x columns [col0, col0 + cols) of B as kc rows of nr floats, zero from
+ * column cols on. It runs on several threads at once. */
+#define TERN_PACKED_MAX_NR 32 /* the widest block of B a fill is asked for */
+typedef void (*tern_fill_b)(const void *ctx, int64_t k0, int64_t kc, int64_t col0, int64_t cols, float *block,
+                            int64_t nr);
+void tern_gemm_packed_fill(tern_threadpool *pool, const tern_packed *a, int64_t n, tern_fill_b fill, const void *ctx,
+                           const float *bias, float *c, int64_t ldc);
 
 /* float16 and bfloat16 storage to and from float, for kernels that compute in float. */
 void tern_half_to_f32(int dtype, const uint16_t *src, float *dst, int64_t n);

@@ -1,5 +1,6 @@
 /* matmul.c — matrix products: MatMul, Gemm, MatMulInteger, QLinearMatMul and Einsum. float and double
- * go to OpenBLAS; float16 and bfloat16 are widened to float; integers use plain C. */
+ * go to OpenBLAS; float16 and bfloat16 are widened to float; integers use plain C. Also the product
+ * with packed weights that the convolutions use. */
 #include "internal.h"
 #include "ops/gemm.h"
 
@@ -136,7 +137,6 @@ void tern_f32_to_half(int dtype, const float *src, uint16_t *dst, int64_t n)
  * AVX2 with FMA and the baseline are compiled; packing picks the machine's best. */
 
 #define PACK_KC 256 /* rows of B per pass: a pass's block of B stays in the first-level cache */
-#define PACK_MAX_NR 32
 
 typedef void (*micro_fn)(int64_t kc, const float *a, const float *b, int64_t ldb, float *c, int64_t ldc, int rows,
                          int cols, const float *init);
@@ -230,28 +230,26 @@ void tern_packed_free(tern_packed *p)
 
 typedef struct packed_job {
 	const tern_packed *pa;
-	int64_t n, ldb, ldc, groups, per_group;
-	const float *b, *bias;
+	int64_t n, ldc, groups, per_group;
+	tern_fill_b fill;
+	const void *fill_ctx;
+	const float *bias;
 	float *c;
 } packed_job;
 
-/* One task: NR columns of C for a group of panels, PACK_KC rows of B at a time. Those rows are copied
- * together first (zero past column n): read in place, every row would sit on its own memory page. */
+/* One task: NR columns of C for a group of panels, PACK_KC rows of B at a time, each block of B made
+ * (copied or computed) once into contiguous memory and used by every panel. */
 static void packed_task(void *ctx, int64_t t)
 {
-	static const float zeros[PACK_MAX_NR];
+	static const float zeros[TERN_PACKED_MAX_NR];
 	const packed_job *j = ctx;
 	const tern_packed *pa = j->pa;
 	int64_t col0 = t / j->groups * pa->nr, cols = j->n - col0 < pa->nr ? j->n - col0 : pa->nr;
 	int64_t p0 = t % j->groups * j->per_group, p1 = p0 + j->per_group < pa->panels ? p0 + j->per_group : pa->panels;
-	float block[PACK_KC * PACK_MAX_NR];
+	float block[PACK_KC * TERN_PACKED_MAX_NR];
 	for (int64_t k0 = 0; k0 < pa->k || k0 == 0; k0 += PACK_KC) {
 		int64_t kc = pa->k - k0 < PACK_KC ? pa->k - k0 : PACK_KC;
-		const float *b = j->b + k0 * j->ldb + col0;
-		for (int64_t p = 0; p < kc; p++) {
-			memcpy(block + p * pa->nr, b + p * j->ldb, (size_t)cols * sizeof *block);
-			memset(block + p * pa->nr + cols, 0, (size_t)(pa->nr - cols) * sizeof *block);
-		}
+		j->fill(j->fill_ctx, k0, kc, col0, cols, block, pa->nr);
 		for (int64_t p = p0; p < p1; p++) {
 			int64_t row0 = p * pa->mr, rows = pa->m - row0 < pa->mr ? pa->m - row0 : pa->mr;
 			const float *init = k0 ? NULL : j->bias ? j->bias + row0 : zeros;
@@ -261,8 +259,8 @@ static void packed_task(void *ctx, int64_t t)
 	}
 }
 
-void tern_gemm_packed(tern_threadpool *pool, const tern_packed *a, int64_t n, const float *b, int64_t ldb,
-                      const float *bias, float *c, int64_t ldc)
+void tern_gemm_packed_fill(tern_threadpool *pool, const tern_packed *a, int64_t n, tern_fill_b fill, const void *ctx,
+                           const float *bias, float *c, int64_t ldc)
 {
 	if (a->m <= 0 || n <= 0)
 		return;
@@ -270,8 +268,29 @@ void tern_gemm_packed(tern_threadpool *pool, const tern_packed *a, int64_t n, co
 	int64_t blocks = (n + a->nr - 1) / a->nr, want = 4 * (int64_t)(pool ? tern_threadpool_size(pool) : 1);
 	int64_t groups = blocks >= want ? 1 : (want + blocks - 1) / blocks;
 	int64_t per_group = (a->panels + groups - 1) / (groups < a->panels ? groups : a->panels);
-	packed_job job = {a, n, ldb, ldc, (a->panels + per_group - 1) / per_group, per_group, b, bias, c};
+	packed_job job = {a, n, ldc, (a->panels + per_group - 1) / per_group, per_group, fill, ctx, bias, c};
 	tern_parallel_for(pool, blocks * job.groups, packed_task, &job);
+}
+
+typedef struct row_major {
+	const float *b;
+	int64_t ldb;
+} row_major;
+
+static void fill_row_major(const void *ctx, int64_t k0, int64_t kc, int64_t col0, int64_t cols, float *block, int64_t nr)
+{
+	const row_major *rm = ctx;
+	for (int64_t p = 0; p < kc; p++) {
+		memcpy(block + p * nr, rm->b + (k0 + p) * rm->ldb + col0, (size_t)cols * sizeof *block);
+		memset(block + p * nr + cols, 0, (size_t)(nr - cols) * sizeof *block);
+	}
+}
+
+void tern_gemm_packed(tern_threadpool *pool, const tern_packed *a, int64_t n, const float *b, int64_t ldb,
+                      const float *bias, float *c, int64_t ldc)
+{
+	row_major rm = {b, ldb};
+	tern_gemm_packed_fill(pool, a, n, fill_row_major, &rm, bias, c, ldc);
 }
 
 static bool is_half(int dtype) { return dtype == TERN_FLOAT16 || dtype == TERN_BFLOAT16; }

@@ -1,6 +1,8 @@
-/* nn.c — neural-network operators: convolutions, pooling, normalisations, softmax, dropout, resizing.
- * Convolution is im2col + the shared gemm; the rest loops over (batch, channel) planes or rows in
- * parallel. Kernels exist for float and double; float16 and bfloat16 are computed in float. */
+/* nn.c — neural-network operators: convolutions, pooling, normalisations, softmax, losses, dropout,
+ * resizing. Convolution multiplies weights packed when planning with its column matrix made block by
+ * block (else im2col + the shared gemm); depthwise ones loop directly; the rest loops over (batch,
+ * channel) planes or rows in parallel. Kernels exist for float and double; float16 and bfloat16 are
+ * computed in float. */
 #include "internal.h"
 #include "ops/gemm.h"
 #include "ops/ops_common.h"
@@ -720,13 +722,21 @@ typedef struct conv_params {
 	int64_t ph, pw, slots, slot_elems;
 	int64_t offset_group; /* DeformConv */
 	tern_packed **packed; /* float32 weights known when planning, packed per group */
+	struct conv_tap *taps; /* with packed weights: per kernel tap, its offsets and reach */
 } conv_params;
+
+/* A kernel tap's input offsets (d0, d1 in slots 0 and 1; d2, padding included, in slot 2) and the
+ * output positions [lo, hi) of a row whose input under the tap is inside the input. */
+typedef struct conv_tap {
+	int64_t d0, d1, d2, lo, hi;
+} conv_tap;
 
 static void conv_params_free(void *p)
 {
 	conv_params *cp = p;
 	if (cp) {
 		free(cp->rows2);
+		free(cp->taps);
 		for (int64_t g = 0; cp->packed && g < cp->group; g++)
 			tern_packed_free(cp->packed[g]);
 		free(cp->packed);
@@ -994,6 +1004,69 @@ static void group_product(const tern_kernel_args *a, const conv_params *cp, int6
 		add_bias_rows(dtype, y, bias, m, n);
 }
 
+/* The column matrix one block at a time, for the packed product: rows [k0, k0 + kc) (input channel,
+ * kernel tap) by output positions [col0, col0 + cols). The positions are cut once into runs along
+ * output rows; each row of the block then copies its input row segments and pads the rest. */
+typedef struct conv_fill_ctx {
+	const conv_params *cp;
+	const float *x; /* the group's first input channel */
+} conv_fill_ctx;
+
+typedef struct fill_run {
+	int64_t at, o2, end; /* block columns from `at`: output positions o2 .. end - 1 of one output row */
+	int64_t i0, i1;      /* that row's first input position in slots 0 and 1, before the tap's offset */
+} fill_run;
+
+HOT static void conv_fill(const void *ctx, int64_t k0, int64_t kc, int64_t col0, int64_t cols, float *block, int64_t nr)
+{
+	const conv_fill_ctx *f = ctx;
+	const conv_params *cp = f->cp;
+	const window *w = &cp->w;
+	fill_run runs[TERN_PACKED_MAX_NR];
+	int n_runs = 0;
+	int64_t o2 = col0 % w->out[2], o1 = col0 / w->out[2] % w->out[1], o0 = col0 / w->out[2] / w->out[1];
+	for (int64_t done = 0; done < cols; n_runs++) {
+		int64_t len = cols - done < w->out[2] - o2 ? cols - done : w->out[2] - o2;
+		runs[n_runs] = (fill_run){done, o2, o2 + len, o0 * w->s[0] - w->pb[0], o1 * w->s[1] - w->pb[1]};
+		done += len;
+		o2 = 0;
+		if (++o1 == w->out[1]) {
+			o1 = 0;
+			o0++;
+		}
+	}
+	int64_t s2 = w->s[2];
+	for (int64_t r = 0; r < kc; r++) {
+		int64_t ch = (k0 + r) / cp->kk;
+		const conv_tap *t = &cp->taps[(k0 + r) % cp->kk];
+		const float *xc = f->x + ch * cp->in_sp;
+		float *dst = block + r * nr;
+		for (int i = 0; i < n_runs; i++) {
+			const fill_run *u = &runs[i];
+			int64_t i0 = u->i0 + t->d0, i1 = u->i1 + t->d1;
+			float *d = dst + u->at - u->o2;
+			/* outputs [lo, hi) of the run read inside the input row; the others are padding */
+			int64_t lo = t->lo < u->o2 ? u->o2 : t->lo > u->end ? u->end : t->lo;
+			int64_t hi = t->hi < lo ? lo : t->hi > u->end ? u->end : t->hi;
+			if (i0 < 0 || i0 >= w->in[0] || i1 < 0 || i1 >= w->in[1])
+				lo = hi = u->end;
+			const float *xr = xc + (i0 * w->in[1] + i1) * w->in[2] + t->d2;
+			for (int64_t o = u->o2; o < lo; o++)
+				d[o] = 0;
+			if (s2 == 1)
+				for (int64_t o = lo; o < hi; o++)
+					d[o] = xr[o];
+			else
+				for (int64_t o = lo; o < hi; o++)
+					d[o] = xr[o * s2];
+			for (int64_t o = hi; o < u->end; o++)
+				d[o] = 0;
+		}
+		for (int64_t o = cols; o < nr; o++)
+			dst[o] = 0;
+	}
+}
+
 static tern_status conv_kernel(const tern_kernel_args *a)
 {
 	const conv_params *cp = a->params;
@@ -1017,14 +1090,19 @@ static tern_status conv_kernel(const tern_kernel_args *a)
 	for (int64_t n = 0; n < cp->n; n++)
 		for (int64_t g = 0; g < cp->group; g++) {
 			const char *xg = x + (size_t)((n * cp->cin + g * cp->cg) * cp->in_sp) * es;
+			char *yg = y + (size_t)((n * cp->cout + g * cp->mg) * cp->out_sp) * es;
+			const void *bg = bias ? (const char *)bias + (size_t)(g * cp->mg) * es : NULL;
+			if (cp->packed && !cp->pointwise) {
+				conv_fill_ctx f = {cp, (const float *)xg};
+				tern_gemm_packed_fill(a->pool, cp->packed[g], cp->out_sp, conv_fill, &f, bg, (float *)yg, cp->out_sp);
+				continue;
+			}
 			const void *col = xg;
 			if (!cp->pointwise) {
 				im2col(a->pool, &cp->w, es, cp->cg, xg, a->scratch);
 				col = a->scratch;
 			}
-			char *yg = y + (size_t)((n * cp->cout + g * cp->mg) * cp->out_sp) * es;
-			group_product(a, cp, g, false, cp->mg, cp->out_sp, ck, wt + (size_t)(g * cp->mg * ck) * es, col,
-			              bias ? (const char *)bias + (size_t)(g * cp->mg) * es : NULL, yg);
+			group_product(a, cp, g, false, cp->mg, cp->out_sp, ck, wt + (size_t)(g * cp->mg * ck) * es, col, bg, yg);
 		}
 	return TERN_OK;
 }
@@ -1103,10 +1181,23 @@ static tern_status conv_prepare(tern_prepare_args *p)
 		for (int64_t k = 0; k < w->k[2]; k++)
 			outputs_within(k * w->d[2] - w->pb[2], w->s[2], w->in[2], w->out[2], &cp->rows2[2 * k], &cp->rows2[2 * k + 1]);
 	}
-	if (!cp->pointwise && !cp->depthwise)
-		p->scratch_bytes = (size_t)(cp->cg * cp->kk * cp->out_sp) * compute_size(x->dtype);
 	if (!cp->depthwise && (st = pack_groups(node, cp, p->in[1], cp->mg, cp->cg * cp->kk, false)))
 		return st;
+	if (cp->packed && !cp->pointwise) {
+		if (!(cp->taps = malloc((size_t)cp->kk * sizeof *cp->taps)))
+			return no_memory(node);
+		for (int64_t k = 0; k < cp->kk; k++) {
+			conv_tap *t = &cp->taps[k];
+			int64_t t2 = k % w->k[2];
+			t->d0 = k / (w->k[1] * w->k[2]) * w->d[0];
+			t->d1 = k / w->k[2] % w->k[1] * w->d[1];
+			t->d2 = t2 * w->d[2] - w->pb[2];
+			outputs_within(t->d2, w->s[2], w->in[2], w->out[2], &t->lo, &t->hi);
+		}
+	}
+	/* the column matrix, unless the product makes it block by block or needs none */
+	if (!cp->pointwise && !cp->depthwise && !cp->packed)
+		p->scratch_bytes = (size_t)(cp->cg * cp->kk * cp->out_sp) * compute_size(x->dtype);
 	p->kernel = conv_kernel;
 	return stage_halves(p);
 }
