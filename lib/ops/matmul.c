@@ -148,9 +148,12 @@ struct tern_packed {
 };
 
 /* Writes rows x cols of the MR x NR block of C: init[r] + the product when init is given (the first
- * pass), else C + the product. Multiply-adds may contract into FMA instructions. */
+ * pass), else C + the product. Multiply-adds may contract into FMA instructions (GCC only does so in
+ * ISO C mode when told; clang does by default). */
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC push_options
 #pragma GCC optimize("fp-contract=fast")
+#endif
 #define DEF_MICRO(NAME, ATTR, VEC, VL, MR, NV)                                                                     \
 	ATTR static void NAME(int64_t kc, const float *restrict a, const float *restrict b, int64_t ldb,              \
 	                      float *restrict c, int64_t ldc, int rows, int cols, const float *init)                  \
@@ -185,7 +188,9 @@ typedef float vec16f __attribute__((vector_size(64)));
 DEF_MICRO(micro_avx2, __attribute__((target("arch=x86-64-v3"))), vec8f, 8, 6, 2)
 DEF_MICRO(micro_avx512, __attribute__((target("arch=x86-64-v4"))), vec16f, 16, 8, 2)
 #endif
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC pop_options
+#endif
 
 tern_packed *tern_pack_a(int64_t m, int64_t k, const float *a, int64_t lda, bool trans)
 {
