@@ -2,7 +2,9 @@
 """Latency of the exported models in tern-run before and after tern-optimize -O2: a ratio table and the
 geometric mean over the sequence models (transformer and recurrent). A benchmark, not a test: the rounds
 alternate between the two graphs (in turn first) so that a busy machine slows both alike, and each figure
-is the median over the rounds of each round's median (and of its minimum).
+is the median over the rounds of each round's median wall-clock latency. On a shared machine the CPU
+time per run is steadier: it is measured too, as the CPU time of a process that runs the graph iters + 1
+times less that of one that runs it once, divided by iters.
 
 Usage: .venv/bin/python tests/models/optimize_bench.py [--models DIR] [--build DIR] [--rounds R]
        [--iters N] [--threads T] [NAME...]
@@ -11,6 +13,7 @@ import argparse
 import json
 import math
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -22,12 +25,22 @@ from parity import export_models  # noqa: E402
 SEQUENCE_MODELS = ("transformer_encoder", "lstm_lm", "gru_classifier")
 
 
-def latency(build, path, iters, threads):
-    cmd = [os.path.join(build, "bin", "tern-run"), "--random", "--json", "--iters", str(iters), "--warmup",
-           str(max(2, iters // 10)), "--threads", str(threads), path]
+def run(build, path, iters, threads):
+    """Runs tern-run; returns (median wall-clock ms per run, CPU seconds of the whole process)."""
+    cmd = [os.path.join(build, "bin", "tern-run"), "--random", "--json", "--iters", str(iters), "--threads",
+           str(threads), path]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     p = subprocess.run(cmd, capture_output=True, text=True, check=True)
-    ms = json.loads(p.stdout)["latency_ms"]
-    return ms["median"], ms["min"]
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return json.loads(p.stdout)["latency_ms"]["median"], cpu
+
+
+def latency(build, path, iters, threads):
+    """(median wall-clock ms, CPU ms) per run."""
+    wall, cpu = run(build, path, iters + 1, threads)
+    _, once = run(build, path, 1, threads)
+    return wall, (cpu - once) * 1000 / iters
 
 
 def main():
@@ -41,8 +54,8 @@ def main():
     ap.add_argument("names", nargs="*", metavar="NAME")
     opt = ap.parse_args()
     names = opt.names or list(export_models.MODELS)
-    print(f"{'model':<22} {'orig ms':>9} {'-O2 ms':>9} {'ratio':>6} {'orig min':>9} {'-O2 min':>9} {'ratio':>6}")
-    ratios = {}
+    print(f"{'model':<22} {'orig ms':>9} {'-O2 ms':>9} {'ratio':>6} {'orig cpu':>9} {'-O2 cpu':>9} {'ratio':>6}")
+    ratios, cpu_ratios = {}, {}
     with tempfile.TemporaryDirectory() as work:
         for name in names:
             path = export_models.export(opt.models, name)
@@ -53,15 +66,18 @@ def main():
                 for p in (path, fast) if r % 2 == 0 else (fast, path):
                     runs[p].append(latency(opt.build, p, opt.iters, opt.threads))
             med = {p: statistics.median(r[0] for r in runs[p]) for p in runs}
-            low = {p: statistics.median(r[1] for r in runs[p]) for p in runs}
+            cpu = {p: statistics.median(r[1] for r in runs[p]) for p in runs}
             ratios[name] = med[fast] / med[path]
-            print(f"{name:<22} {med[path]:>9.3f} {med[fast]:>9.3f} {ratios[name]:>6.3f} {low[path]:>9.3f} "
-                  f"{low[fast]:>9.3f} {low[fast] / low[path]:>6.3f}")
+            cpu_ratios[name] = cpu[fast] / cpu[path] if cpu[path] > 0 else float("nan")
+            print(f"{name:<22} {med[path]:>9.3f} {med[fast]:>9.3f} {ratios[name]:>6.3f} {cpu[path]:>9.3f} "
+                  f"{cpu[fast]:>9.3f} {cpu_ratios[name]:>6.3f}")
             sys.stdout.flush()
-    seq = [ratios[n] for n in names if n in SEQUENCE_MODELS]
+    seq = [n for n in names if n in SEQUENCE_MODELS]
     if seq:
-        print(f"geometric mean of the ratios on {', '.join(n for n in names if n in SEQUENCE_MODELS)}: "
-              f"{math.exp(sum(map(math.log, seq)) / len(seq)):.3f}")
+        def geomean(r):
+            return math.exp(sum(math.log(r[n]) for n in seq) / len(seq))
+        print(f"geometric mean of the ratios on {', '.join(seq)}: wall {geomean(ratios):.3f}, "
+              f"cpu {geomean(cpu_ratios):.3f}")
     return 0
 
 
