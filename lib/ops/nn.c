@@ -53,6 +53,16 @@ static tern_status check_same(const tern_node *node, const tern_tensor *x, const
 	                        tern_dtype_name(x->dtype));
 }
 
+/* Input 0 of a real type and inputs 1 .. n - 1, where present, of the same type. */
+static tern_status check_real_same(const tern_prepare_args *p, int n)
+{
+	tern_status st = check_real(p->node, p->in[0], 0);
+	for (int i = 1; i < n && i < p->n_in && !st; i++)
+		if (p->in[i])
+			st = check_same(p->node, p->in[0], p->in[i], i);
+	return st;
+}
+
 static tern_status check_rank(const tern_node *node, const tern_tensor *t, int index, int lo, int hi)
 {
 	if (t->rank >= lo && t->rank <= hi)
@@ -1153,11 +1163,7 @@ static tern_status conv_prepare(tern_prepare_args *p)
 {
 	const tern_node *node = p->node;
 	const tern_tensor *x = p->in[0], *b = p->n_in > 2 ? p->in[2] : NULL;
-	tern_status st = check_real(node, x, 0);
-	if (!st)
-		st = check_same(node, x, p->in[1], 1);
-	if (!st && b)
-		st = check_same(node, x, b, 2);
+	tern_status st = check_real_same(p, 3);
 	conv_params *cp = NULL;
 	if (st || (st = conv_setup(p, x, p->in[1], 1, &cp)))
 		return st;
@@ -1392,10 +1398,7 @@ static tern_status deform_conv_prepare(tern_prepare_args *p)
 	const tern_node *node = p->node;
 	const tern_tensor *x = p->in[0], *offset = p->in[2];
 	const tern_tensor *b = p->n_in > 3 ? p->in[3] : NULL, *mask = p->n_in > 4 ? p->in[4] : NULL;
-	tern_status st = check_real(node, x, 0);
-	for (int i = 1; i < p->n_in && !st; i++)
-		if (p->in[i])
-			st = check_same(node, x, p->in[i], i);
+	tern_status st = check_real_same(p, 5);
 	if (!st)
 		st = check_rank(node, x, 0, 4, 4);
 	conv_params *cp = NULL;
@@ -1454,11 +1457,7 @@ static tern_status conv_transpose_prepare(tern_prepare_args *p)
 {
 	const tern_node *node = p->node;
 	const tern_tensor *x = p->in[0], *wt = p->in[1], *b = p->n_in > 2 ? p->in[2] : NULL;
-	tern_status st = check_real(node, x, 0);
-	if (!st)
-		st = check_same(node, x, wt, 1);
-	if (!st && b)
-		st = check_same(node, x, b, 2);
+	tern_status st = check_real_same(p, 3);
 	if (!st)
 		st = check_rank(node, x, 0, 3, SP + 2);
 	if (!st)
@@ -1919,11 +1918,7 @@ static tern_status layer_norm_prepare(tern_prepare_args *p)
 {
 	const tern_node *node = p->node;
 	const tern_tensor *x = p->in[0], *scale = p->in[1], *bias = p->n_in > 2 ? p->in[2] : NULL;
-	tern_status st = check_real(node, x, 0);
-	if (!st)
-		st = check_same(node, x, scale, 1);
-	if (!st && bias)
-		st = check_same(node, x, bias, 2);
+	tern_status st = check_real_same(p, 3);
 	int axis = 0;
 	if (st || (st = axis_in(node, tern_attr_int(node, "axis", -1), x->rank, &axis)))
 		return st;
