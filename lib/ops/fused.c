@@ -866,10 +866,12 @@ static tern_status skip_ln_kernel(const tern_kernel_args *a)
 	return s->norm.kernel(&norm);
 }
 
-static float fx_lanes_sum(fx_vf8 v)
+/* By pointer: a vector argument would be passed differently by the AVX2 clone of the caller and by
+ * this baseline function. */
+static float fx_lanes_sum(const fx_vf8 *v)
 {
 	float l[8];
-	memcpy(l, &v, sizeof l);
+	memcpy(l, v, sizeof l);
 	return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
 }
 
@@ -889,7 +891,7 @@ FX_CLONES static void skip_ln_row(const float *x, const float *s, const float *g
 		memcpy(t + i, &u, sizeof u);
 		acc += u;
 	}
-	float total = fx_lanes_sum(acc);
+	float total = fx_lanes_sum(&acc);
 	for (; i < n; i++) {
 		t[i] = x[i] + s[i];
 		total += t[i];
@@ -902,7 +904,7 @@ FX_CLONES static void skip_ln_row(const float *x, const float *s, const float *g
 		u -= mean;
 		sq += u * u;
 	}
-	float var = fx_lanes_sum(sq);
+	float var = fx_lanes_sum(&sq);
 	for (; i < n; i++)
 		var += (t[i] - mean) * (t[i] - mean);
 	float inv = 1.0f / sqrtf(var / (float)n + eps);

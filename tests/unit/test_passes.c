@@ -221,6 +221,12 @@ static const pass_case cases[] = {
 	        "   y = LayerNormalization <axis = -1> (sum, s, b)\n"
 	        "}\n",
 	 "y, sum = tern.SkipLayerNormalization <axis = -1> (x, r, s, b)\n"},
+	{"fuse-skip-layernorm: without the sum as an output, over two trailing axes", "fuse-skip-layernorm", 0,
+	 HEADER "g (float[2,3,9] x, float[2,3,9] r, float[3,9] s) => (float[2,3,9] y) {\n"
+	        "   sum = Add (r, x)\n"
+	        "   y = LayerNormalization <axis = -2, epsilon = 0.001> (sum, s)\n"
+	        "}\n",
+	 "y = tern.SkipLayerNormalization <axis = -2, epsilon = 0.001> (r, x, s)\n"},
 	{"fuse-elementwise: Add, Relu, Mul by a per-channel constant, Sigmoid in one chain", "fuse-elementwise", 0,
 	 HEADER "g (float[1,3,2,2] x, float[1,3,2,2] z) => (float[1,3,2,2] y) <float[3,1,1] k = {1,2,3}> {\n"
 	        "   a = Add (x, z)\n"
