@@ -190,6 +190,14 @@ static const pass_case cases[] = {
 	        "   y = Clip (c, lo, hi)\n"
 	        "}\n",
 	 "y = tern.FusedConv <activation = \"Clip\", activation_params = [0.0, 6.0]> (x, w)\n"},
+	{"fuse-conv: an output of several blocks, residual and Silu, split between threads", "fuse-conv", 0,
+	 HEADER "g (float[1,3,64,64] x, float[4,3,3,3] w, float[4] b, float[1,4,64,64] r) => (float[1,4,64,64] y) {\n"
+	        "   c = Conv <pads = [1,1,1,1]> (x, w, b)\n"
+	        "   z = Add (c, r)\n"
+	        "   s = Sigmoid (z)\n"
+	        "   y = Mul (z, s)\n"
+	        "}\n",
+	 "y = tern.FusedConv <pads = [1, 1, 1, 1], activation = \"Silu\"> (x, w, b, r)\n"},
 	{"fuse-matmul: a batched MatMul with its bias and LeakyRelu", "fuse-matmul", 0,
 	 HEADER "g (float[2,4,3] a, float[3,5] b, float[5] bias) => (float[2,4,5] y) {\n"
 	        "   p = MatMul (a, b)\n"
@@ -227,6 +235,12 @@ static const pass_case cases[] = {
 	        "   y = LayerNormalization <axis = -2, epsilon = 0.001> (sum, s)\n"
 	        "}\n",
 	 "y = tern.SkipLayerNormalization <axis = -2, epsilon = 0.001> (r, x, s)\n"},
+	{"fuse-skip-layernorm: enough rows for two threads", "fuse-skip-layernorm", 0,
+	 HEADER "g (float[96,128] x, float[96,128] r, float[128] s, float[128] b) => (float[96,128] y) {\n"
+	        "   sum = Add (x, r)\n"
+	        "   y = LayerNormalization <axis = -1> (sum, s, b)\n"
+	        "}\n",
+	 "y = tern.SkipLayerNormalization <axis = -1> (x, r, s, b)\n"},
 	{"fuse-elementwise: Add, Relu, Mul by a per-channel constant, Sigmoid in one chain", "fuse-elementwise", 0,
 	 HEADER "g (float[1,3,2,2] x, float[1,3,2,2] z) => (float[1,3,2,2] y) <float[3,1,1] k = {1,2,3}> {\n"
 	        "   a = Add (x, z)\n"
@@ -325,8 +339,8 @@ static void fill(tern_tensor *t, uint64_t *seed)
 	}
 }
 
-/* Runs a model on inputs from seed; outputs copied into out (caller frees). */
-static int run(tern_model *m, uint64_t seed, tern_tensor *out, int max_out)
+/* Runs a model on inputs from seed with n_threads; outputs copied into out (caller frees). */
+static int run(tern_model *m, uint64_t seed, int n_threads, tern_tensor *out, int max_out)
 {
 	int n_in = tern_model_num_inputs(m);
 	tern_tensor *in = calloc((size_t)n_in + 1, sizeof *in);
@@ -340,7 +354,7 @@ static int run(tern_model *m, uint64_t seed, tern_tensor *out, int max_out)
 		fill(&in[i], &seed);
 	}
 	tern_plan *plan = NULL;
-	tern_plan_options po = {.n_threads = 1};
+	tern_plan_options po = {.n_threads = n_threads};
 	int n_out = 0;
 	tern_status st = tern_plan_create(m, &po, in, n_in, &plan);
 	CHECK_OK(st);
@@ -388,10 +402,10 @@ static void test_case(const pass_case *pc)
 		fprintf(stderr, "case '%s':\n--- expected\n%s--- got\n%s", pc->what, pc->after, got ? got : "(none)\n");
 	CHECK_OK(tern_model_validate(after));
 
-	/* The same outputs on random inputs. */
+	/* The same outputs on random inputs, the optimised graph also on two threads. */
 	tern_tensor want[4] = {0}, have[4] = {0};
 	for (uint64_t seed = 1; seed <= 3; seed++) {
-		int nw = run(before, seed, want, 4), nh = run(after, seed, have, 4);
+		int nw = run(before, seed, 1, want, 4), nh = run(after, seed, seed == 3 ? 2 : 1, have, 4);
 		CHECK(nw == nh);
 		for (int i = 0; i < nw && i < nh; i++) {
 			bool ok = close_outputs(&want[i], &have[i]);
