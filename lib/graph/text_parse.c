@@ -347,75 +347,58 @@ static tern_status take_number(struct parser *P, char buf[MAX_NUMBER], enum lite
 	return TERN_OK;
 }
 
-static tern_status convert_int(struct parser *P, const char *buf, const char *at, int64_t *v)
+/* What a number is read as. */
+enum number { N_INT64, N_UINT64, N_FLOAT, N_DOUBLE };
+
+/* The literal in buf (read at `at`) as the number wanted, into *out (an int64_t, uint64_t, float or
+ * double). Underflow gives the nearest value; overflow is a mistake. */
+static tern_status convert(struct parser *P, const char *buf, enum literal kind, const char *at, enum number want,
+                           void *out)
 {
 	errno = 0;
-	long long x = strtoll(buf, NULL, 10);
-	if (errno == ERANGE)
-		return fail_at(P, at, "integer %s is out of range", buf);
-	*v = x;
-	return TERN_OK;
+	switch (want) {
+	case N_INT64: {
+		if (kind != LIT_INT)
+			return fail_at(P, at, "expected an integer, found %s", buf);
+		long long x = strtoll(buf, NULL, 10);
+		if (errno == ERANGE)
+			return fail_at(P, at, "integer %s is out of range", buf);
+		*(int64_t *)out = x;
+		return TERN_OK;
+	}
+	case N_UINT64: {
+		if (kind != LIT_INT || buf[0] == '-')
+			return fail_at(P, at, "expected an unsigned integer, found %s", buf);
+		unsigned long long x = strtoull(buf, NULL, 10);
+		if (errno == ERANGE)
+			return fail_at(P, at, "integer %s is out of range", buf);
+		*(uint64_t *)out = x;
+		return TERN_OK;
+	}
+	case N_FLOAT: {
+		float x = strtof(buf, NULL);
+		if (errno == ERANGE && isinf(x))
+			return fail_at(P, at, "number %s is out of the range of float", buf);
+		*(float *)out = x;
+		return TERN_OK;
+	}
+	default: {
+		double x = strtod(buf, NULL);
+		if (errno == ERANGE && isinf(x))
+			return fail_at(P, at, "number %s is out of the range of double", buf);
+		*(double *)out = x;
+		return TERN_OK;
+	}
+	}
 }
 
-static tern_status convert_float(struct parser *P, const char *buf, const char *at, float *v)
-{
-	errno = 0;
-	float x = strtof(buf, NULL);
-	/* Underflow to a subnormal or zero is the nearest float; overflow is a mistake. */
-	if (errno == ERANGE && isinf(x))
-		return fail_at(P, at, "number %s is out of the range of float", buf);
-	*v = x;
-	return TERN_OK;
-}
-
-static tern_status read_int64(struct parser *P, int64_t *v)
+static tern_status read_number(struct parser *P, enum number want, void *out)
 {
 	char buf[MAX_NUMBER];
 	enum literal kind;
 	const char *at;
 	TRY(take_number(P, buf, &kind, &at));
-	if (kind != LIT_INT)
-		return fail_at(P, at, "expected an integer, found %s", buf);
-	return convert_int(P, buf, at, v);
-}
-
-static tern_status read_uint64(struct parser *P, uint64_t *v)
-{
-	char buf[MAX_NUMBER];
-	enum literal kind;
-	const char *at;
-	TRY(take_number(P, buf, &kind, &at));
-	if (kind != LIT_INT || buf[0] == '-')
-		return fail_at(P, at, "expected an unsigned integer, found %s", buf);
-	errno = 0;
-	unsigned long long x = strtoull(buf, NULL, 10);
-	if (errno == ERANGE)
-		return fail_at(P, at, "integer %s is out of range", buf);
-	*v = x;
-	return TERN_OK;
-}
-
-static tern_status read_float(struct parser *P, float *v)
-{
-	char buf[MAX_NUMBER];
-	enum literal kind;
-	const char *at;
-	TRY(take_number(P, buf, &kind, &at));
-	return convert_float(P, buf, at, v);
-}
-
-static tern_status read_double(struct parser *P, double *v)
-{
-	char buf[MAX_NUMBER];
-	enum literal kind;
-	const char *at;
-	TRY(take_number(P, buf, &kind, &at));
-	errno = 0;
-	double x = strtod(buf, NULL);
-	if (errno == ERANGE && isinf(x))
-		return fail_at(P, at, "number %s is out of the range of double", buf);
-	*v = x;
-	return TERN_OK;
+	return convert(P, buf, kind, at, want, out);
 }
 
 /* ---------------------------------------------------------------- types */
@@ -435,7 +418,7 @@ static int elem_type_of(const char *s, size_t n)
 }
 
 /* Whether a type starts here. "undefined" (what onnx writes for a missing element type) counts only
- * where a type can stand: before a shape or a name. */
+ * where a type can stand: before a shape, a name or a tensor's values. */
 static bool next_is_type(struct parser *P)
 {
 	size_t n = ident_len(P);
@@ -453,7 +436,7 @@ static bool next_is_type(struct parser *P)
 	struct parser after = *P;
 	after.p += n;
 	int c = peek(&after);
-	return c == '[' || c == '"' || text_is_ident_start(c);
+	return c == '[' || c == '"' || c == '{' || text_is_ident_start(c);
 }
 
 static tern_status parse_type(struct parser *P, Onnx__TypeProto **out);
@@ -494,7 +477,7 @@ static tern_status parse_shape(struct parser *P, Onnx__TensorShapeProto **out)
 			TRY(take_name(P, "a dimension", &d->dim_param));
 			d->value_case = ONNX__TENSOR_SHAPE_PROTO__DIMENSION__VALUE_DIM_PARAM;
 		} else {
-			TRY(read_int64(P, &d->dim_value));
+			TRY(read_number(P, N_INT64, &d->dim_value));
 			d->value_case = ONNX__TENSOR_SHAPE_PROTO__DIMENSION__VALUE_DIM_VALUE;
 		}
 	} while (match(P, ','));
@@ -589,7 +572,7 @@ static tern_status parse_element(struct parser *P, Onnx__TensorProto *t)
 	switch (text_field_of(t->data_type)) {
 	case F_INT32: {
 		const char *at = (peek(P), P->p);
-		TRY(read_int64(P, &i));
+		TRY(read_number(P, N_INT64, &i));
 		if (i < INT32_MIN || i > INT32_MAX)
 			return fail_at(P, at, "value %lld does not fit a %s tensor", (long long)i,
 			               tern_dtype_name(t->data_type));
@@ -597,24 +580,24 @@ static tern_status parse_element(struct parser *P, Onnx__TensorProto *t)
 		return TERN_OK;
 	}
 	case F_INT64:
-		TRY(read_int64(P, &i));
+		TRY(read_number(P, N_INT64, &i));
 		PUSH(t->int64_data, t->n_int64_data, i);
 		return TERN_OK;
 	case F_UINT64: {
 		uint64_t u = 0;
-		TRY(read_uint64(P, &u));
+		TRY(read_number(P, N_UINT64, &u));
 		PUSH(t->uint64_data, t->n_uint64_data, u);
 		return TERN_OK;
 	}
 	case F_FLOAT: {
 		float f = 0;
-		TRY(read_float(P, &f));
+		TRY(read_number(P, N_FLOAT, &f));
 		PUSH(t->float_data, t->n_float_data, f);
 		return TERN_OK;
 	}
 	case F_DOUBLE: {
 		double d = 0;
-		TRY(read_double(P, &d));
+		TRY(read_number(P, N_DOUBLE, &d));
 		PUSH(t->double_data, t->n_double_data, d);
 		return TERN_OK;
 	}
@@ -734,7 +717,7 @@ static tern_status parse_single(struct parser *P, struct value *v)
 			return TERN_OK;
 		}
 		if (is_float_word(P->p, n)) {
-			TRY(read_float(P, &v->f));
+			TRY(read_number(P, N_FLOAT, &v->f));
 			v->type = ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__FLOAT;
 			return TERN_OK;
 		}
@@ -766,10 +749,10 @@ static tern_status parse_single(struct parser *P, struct value *v)
 	TRY(take_number(P, buf, &kind, &at));
 	if (kind == LIT_INT) {
 		v->type = ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__INT;
-		return convert_int(P, buf, at, &v->i);
+		return convert(P, buf, kind, at, N_INT64, &v->i);
 	}
 	v->type = ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__FLOAT;
-	return convert_float(P, buf, at, &v->f);
+	return convert(P, buf, kind, at, N_FLOAT, &v->f);
 }
 
 static const char *attr_type_name(int type)
@@ -1171,7 +1154,7 @@ static tern_status parse_opsets(struct parser *P, Onnx__OperatorSetIdProto ***ar
 		ADD_NEW(*arr, *n, o, Onnx__OperatorSetIdProto, ONNX__OPERATOR_SET_ID_PROTO__INIT);
 		TRY(take_string_value(P, "a domain in quotes", &o->domain));
 		TRY(expect(P, ':', "after the opset domain"));
-		TRY(read_int64(P, &o->version));
+		TRY(read_number(P, N_INT64, &o->version));
 		o->has_version = 1;
 	} while (match(P, ','));
 	return expect(P, ']', "to close the opset imports");
@@ -1298,11 +1281,11 @@ static tern_status model_key(struct parser *P, void *target, const char *key, si
 	Onnx__ModelProto *m = target;
 	if (key_is(key, n, "ir_version")) {
 		m->has_ir_version = 1;
-		return read_int64(P, &m->ir_version);
+		return read_number(P, N_INT64, &m->ir_version);
 	}
 	if (key_is(key, n, "model_version")) {
 		m->has_model_version = 1;
-		return read_int64(P, &m->model_version);
+		return read_number(P, N_INT64, &m->model_version);
 	}
 	if (key_is(key, n, "opset_import"))
 		return parse_opsets(P, &m->opset_import, &m->n_opset_import);

@@ -104,7 +104,8 @@ static void put_quoted(struct printer *P, const char *s, size_t n)
 			run = i + 1;
 		}
 	}
-	put_mem(P, s + run, n - run);
+	if (run < n)
+		put_mem(P, s + run, n - run);
 	put_char(P, '"');
 }
 
@@ -268,6 +269,14 @@ static void put_type(struct printer *P, const Onnx__TypeProto *t)
 	P->depth--;
 }
 
+/* "seq(T)", "optional(T)", "map(K, T)": prefix, the inner type, ")". */
+static void put_inner_type(struct printer *P, const char *prefix, const Onnx__TypeProto *inner)
+{
+	put(P, prefix);
+	put_type(P, inner);
+	put_char(P, ')');
+}
+
 static void put_type_body(struct printer *P, const Onnx__TypeProto *t)
 {
 	switch (t->value_case) {
@@ -276,21 +285,15 @@ static void put_type_body(struct printer *P, const Onnx__TypeProto *t)
 		put_shape(P, t->tensor_type->shape);
 		break;
 	case ONNX__TYPE_PROTO__VALUE_SEQUENCE_TYPE:
-		put(P, "seq(");
-		put_type(P, t->sequence_type->elem_type);
-		put_char(P, ')');
+		put_inner_type(P, "seq(", t->sequence_type->elem_type);
 		break;
 	case ONNX__TYPE_PROTO__VALUE_MAP_TYPE:
 		put(P, "map(");
 		put_elem_type(P, t->map_type->has_key_type, t->map_type->key_type);
-		put(P, ", ");
-		put_type(P, t->map_type->value_type);
-		put_char(P, ')');
+		put_inner_type(P, ", ", t->map_type->value_type);
 		break;
 	case ONNX__TYPE_PROTO__VALUE_OPTIONAL_TYPE:
-		put(P, "optional(");
-		put_type(P, t->optional_type->elem_type);
-		put_char(P, ')');
+		put_inner_type(P, "optional(", t->optional_type->elem_type);
 		break;
 	case ONNX__TYPE_PROTO__VALUE_SPARSE_TENSOR_TYPE:
 		put(P, "sparse_tensor(");
@@ -646,11 +649,16 @@ static void put_node(struct printer *P, const Onnx__NodeProto *n)
 	put_id_list(P, n->output, n->n_output, false);
 	put(P, " = ");
 	put_op(P, n->domain, n->op_type);
-	/* onnx writes the attributes after the inputs when one of them is a graph. */
+	/* onnx writes the attributes after the inputs when one of them is a graph (going by the graphs
+	 * written, not by fields of other types' attributes, so the text reads back the same). */
 	bool has_subgraph = false;
-	for (size_t i = 0; i < n->n_attribute; i++)
-		if (n->attribute[i]->g || n->attribute[i]->n_graphs)
+	for (size_t i = 0; i < n->n_attribute; i++) {
+		const Onnx__AttributeProto *a = n->attribute[i];
+		if (!a->ref_attr_name && a->has_type &&
+		    ((a->type == ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__GRAPH && a->g) ||
+		     (a->type == ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__GRAPHS && a->n_graphs)))
 			has_subgraph = true;
+	}
 	for (int pass = 0; pass < 2; pass++) {
 		if (n->n_attribute && has_subgraph == (pass == 1)) {
 			put(P, " <");
@@ -701,10 +709,11 @@ static void put_graph_body(struct printer *P, const Onnx__GraphProto *g)
 	put_value_infos(P, g->input, g->n_input);
 	put(P, " => ");
 	put_value_infos(P, g->output, g->n_output);
-	put_char(P, ' ');
 	/* Initializers and value_info: the list onnx's parser reads between the outputs and the nodes,
-	 * laid out as onnx's newer printer does, one entry a line. */
+	 * on lines of their own as onnx's newer printer writes them, one entry a line. */
 	size_t n_extra = g->n_initializer + g->n_value_info;
+	if (!n_extra)
+		put_char(P, ' ');
 	for (size_t i = 0; i < n_extra; i++) {
 		if (i == 0) {
 			newline(P);
