@@ -101,7 +101,10 @@ def tern_measure(tern_run, model, inputs, threads, iters, warmup, extra=(), out_
     if out_dir:
         cmd += ["-O", out_dir]
     cmd.append(model)
-    stdout, mb, cpu, wall = run_process(cmd)
+    try:
+        stdout, mb, cpu, wall = run_process(cmd)
+    except BenchError as e:
+        raise BenchError(f"{e} (on {os.path.basename(model)}, --threads {threads}{''.join(' ' + x for x in extra)})")
     report = json.loads(stdout)
     return {"ms": report["latency_ms"]["median"], "mb": mb, "cores": cpu / wall if wall else float("nan")}
 

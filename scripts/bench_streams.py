@@ -58,19 +58,31 @@ def variant_args(variant):
 
 
 def check(opt, work, name, graphs, inputs):
-    """Runs every variant once (2 threads) and onnxruntime; returns the latencies seen and the largest
-    error / bound."""
+    """Runs every variant once (2 threads) against onnxruntime; returns the latencies seen, the largest
+    error / bound, and the variants whose outputs are wrong (not worth timing). A variant that crashes
+    here is still measured: it may run at other thread counts, and the table says where it fails."""
     ort_dir = tempfile.mkdtemp(prefix=f"{name}.ort.", dir=work)
     bench.child_measure("ort", graphs["auto"], inputs, 1, 1, 0, out_dir=ort_dir)
-    seen, worst = {}, 0.0
+    seen, worst, failed = {}, 0.0, {}
     for v, sched in VARIANTS.items():
         d = tempfile.mkdtemp(prefix=f"{name}.{v}.", dir=work)
-        seen[v] = bench.tern_measure(opt.tern_run, graphs[sched], inputs, 2, 3, 1, variant_args(v), out_dir=d)["ms"]
+        try:
+            seen[v] = bench.tern_measure(opt.tern_run, graphs[sched], inputs, 2, 3, 1, variant_args(v), out_dir=d)["ms"]
+        except bench.BenchError:
+            continue
         ratio, problem = bench.compare_outputs(ort_dir, d)
         if problem:
-            raise bench.BenchError(f"{name} ({v}): outputs differ from onnxruntime's: {problem}")
+            failed[v] = f"outputs differ from onnxruntime's: {problem}"
         worst = max(worst, ratio)
-    return seen, worst
+    return seen, worst, failed
+
+
+def guarded(measure):
+    """A measurement that reports a failing tern-run as {"error": message} rather than stopping the run."""
+    try:
+        return measure()
+    except bench.BenchError as e:
+        return {"error": str(e)}
 
 
 def run(opt, work):
@@ -82,16 +94,23 @@ def run(opt, work):
         for sched in set(VARIANTS.values()):
             graphs[sched] = os.path.join(work, f"{name}.streams-{sched}.onnx")
             streams[sched] = schedule(opt.tern_schedule, path, sched, graphs[sched])
-        seen, err = check(opt, work, name, graphs, inputs)
+        seen, err, failed = check(opt, work, name, graphs, inputs)
+        if not seen:
+            raise bench.BenchError(f"{name}: every variant fails: {failed}")
         n, w = bench.iterations(max(seen.values()), opt.target, opt.iters)
         for t in opt.threads:
             bench.log(f"bench_streams: {name}, {t} thread(s)")
-            runners = {v: (lambda v=v: bench.tern_measure(opt.tern_run, graphs[VARIANTS[v]], inputs, t, n, w,
-                                                          variant_args(v)), opt.rounds) for v in VARIANTS}
-            res = {v: bench.summary(r) for v, r in bench.alternate(runners, opt.rounds).items()}
+            runners = {v: (lambda v=v: guarded(lambda: bench.tern_measure(
+                opt.tern_run, graphs[VARIANTS[v]], inputs, t, n, w, variant_args(v))), opt.rounds)
+                for v in VARIANTS if v not in failed}
+            res = {v: {"error": msg} for v, msg in failed.items()}
+            for v, results in bench.alternate(runners, opt.rounds).items():
+                errors = [r["error"] for r in results if "error" in r]
+                res[v] = {"error": errors[0]} if errors else bench.summary(results)
+            ms = {v: res[v].get("ms") for v in VARIANTS}
             res.update(model=name, threads=t, streams=streams, iters=n, warmup=w, check=err,
-                       speedup=res["single"]["ms"] / res["multi"]["ms"],
-                       speedup2=res["single"]["ms"] / res["multi2"]["ms"])
+                       speedup=ms["single"] / ms["multi"] if ms["single"] and ms["multi"] else None,
+                       speedup2=ms["single"] / ms["multi2"] if ms["single"] and ms["multi2"] else None)
             rows.append(res)
     return rows
 
@@ -100,14 +119,18 @@ def targets(rows):
     lines = []
     for r in rows:
         if r["model"] == CELL_NETWORK and r["threads"] == 2:
-            lines.append(f"- cell network, 2 threads: multi-stream {r['speedup']:.2f}× single-stream (target ≥ 1.3): "
-                         + ("met" if r["speedup"] >= 1.3 else "NOT met"))
-    slower = [f"{r['model']}/{r['threads']}/{v}" for r in rows if r["model"] != CELL_NETWORK
-              for v, s in (("auto", r["speedup"]), ("2 streams", r["speedup2"])) if 1 / s > 1.05]
+            lines.append("- cell network, 2 threads: multi-stream " + (f"{r['speedup']:.2f}×" if r["speedup"] else "fails,")
+                         + " single-stream (target ≥ 1.3): " + ("met" if r["speedup"] and r["speedup"] >= 1.3 else "NOT met"))
+    slower = [f"{r['model']}/{r['threads']}/{v}" + ("" if s else " (fails)") for r in rows if r["model"] != CELL_NETWORK
+              for v, s in (("auto", r["speedup"]), ("2 streams", r["speedup2"])) if not s or 1 / s > 1.05]
     if any(r["model"] != CELL_NETWORK for r in rows):
         lines.append("- torchvision models: multi-stream never more than 5% slower than single-stream: "
                      + ("met" if not slower else "NOT met: " + ", ".join(slower)))
     return lines
+
+
+def cell(res, key="ms", digits=3):
+    return "fails" if "error" in res else bench.fmt(res[key], digits)
 
 
 def report(opt, info, rows):
@@ -115,10 +138,12 @@ def report(opt, info, rows):
            f"Method: {opt.rounds} alternating rounds, each a fresh tern-run process; latency = median over rounds "
            "of each round's median, batch 1; speed-up = single-stream ms / multi-stream ms.", ""]
     header = ["model", "threads", "streams", "single ms", "multi ms", "speed-up", "2-stream ms", "speed-up (2)", "iters"]
-    table = [[r["model"], r["threads"], r["streams"]["auto"], bench.fmt(r["single"]["ms"], 3),
-              bench.fmt(r["multi"]["ms"], 3), bench.fmt(r["speedup"]), bench.fmt(r["multi2"]["ms"], 3),
-              bench.fmt(r["speedup2"]), r["iters"]] for r in rows]
+    table = [[r["model"], r["threads"], r["streams"]["auto"], cell(r["single"]), cell(r["multi"]),
+              bench.fmt(r["speedup"]), cell(r["multi2"]), bench.fmt(r["speedup2"]), r["iters"]] for r in rows]
     out.append(bench.markdown_table(header, table))
+    errors = sorted({f"{r['model']} ({v}): {r[v]['error']}" for r in rows for v in VARIANTS if "error" in r[v]})
+    if errors:
+        out += ["", "Failures:", *(f"- {e}" for e in errors)]
     out += ["", "Targets:", *targets(rows)]
     return "\n".join(out)
 
