@@ -12,7 +12,8 @@
 
 typedef Onnx__AttributeProto__AttributeType attr_type;
 
-/* Attribute names whose type is the same in every default-domain operator that has them. */
+/* Attribute names whose type is the same in every default-domain operator and version that has them
+ * ("seed" is FLOAT in the random operators but INT in Dropout; Cast-1's "to" is a STRING). */
 static const struct {
 	const char *name;
 	attr_type type;
@@ -21,7 +22,7 @@ static const struct {
 	A("axis", INT), A("axes", INTS), A("perm", INTS), A("kernel_shape", INTS), A("strides", INTS),
 	A("pads", INTS), A("dilations", INTS), A("group", INT), A("alpha", FLOAT), A("beta", FLOAT),
 	A("epsilon", FLOAT), A("momentum", FLOAT), A("transA", INT), A("transB", INT), A("keepdims", INT),
-	A("to", INT), A("auto_pad", STRING), A("mode", STRING), A("then_branch", GRAPH),
+	A("auto_pad", STRING), A("mode", STRING), A("then_branch", GRAPH),
 	A("else_branch", GRAPH), A("body", GRAPH), A("ceil_mode", INT), A("count_include_pad", INT),
 	A("storage_order", INT), A("output_padding", INTS), A("output_shape", INTS), A("direction", STRING),
 	A("hidden_size", INT), A("activations", STRINGS), A("activation_alpha", FLOATS),
@@ -36,7 +37,7 @@ static const struct {
 	A("scan_input_directions", INTS), A("scan_output_directions", INTS), A("value_float", FLOAT),
 	A("value_floats", FLOATS), A("value_int", INT), A("value_ints", INTS), A("value_string", STRING),
 	A("value_strings", STRINGS), A("detect_negative", INT), A("detect_positive", INT), A("lambd", FLOAT),
-	A("gamma", FLOAT), A("bias", FLOAT), A("size", INT), A("p", INT), A("seed", FLOAT), A("dtype", INT),
+	A("gamma", FLOAT), A("bias", FLOAT), A("size", INT), A("p", INT), A("dtype", INT),
 	A("high", FLOAT), A("low", FLOAT), A("mean", FLOAT), A("scale", FLOAT),
 #undef A
 };
