@@ -204,6 +204,7 @@ static tern_status fold_step(tern_exec *e, step *st)
 			s->t.nbytes = slot_bytes(&s->t);
 			s->kind = SLOT_CONST;
 			s->owns = 0;
+			s->known = 1;
 			continue;
 		}
 		if (!st->dynamic_output) {
@@ -214,6 +215,7 @@ static tern_status fold_step(tern_exec *e, step *st)
 		}
 		s->kind = SLOT_CONST;
 		s->owns = 1;
+		s->known = 1;
 	}
 	if (st->alias)
 		return TERN_OK;
