@@ -121,6 +121,7 @@ struct tern_model {
 	size_t n_functions;
 	char *source;   /* display name for messages */
 	char *base_dir; /* for external data */
+	int ir_complete; /* the IR describes every proto node (a load did not stop half way) */
 };
 
 /* Builds the IR of a model from its proto (graph, subgraphs, functions). */
@@ -179,7 +180,7 @@ tern_status tern_node_errorf(const tern_node *node, tern_status status, const ch
 void tern_type_from_proto(const Onnx__TypeProto *tp, tern_type *out);
 void tern_type_unknown(tern_type *t);
 
-/* Text syntax (lib/graph/text.c). */
+/* Text syntax (lib/graph/text_parse.c, text_print.c). */
 tern_status tern_text_parse_model(const char *text, size_t len, const char *source, Onnx__ModelProto **out);
 tern_status tern_text_print_model(const Onnx__ModelProto *model, int with_weights, char **out, size_t *size);
 

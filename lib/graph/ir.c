@@ -451,6 +451,7 @@ static tern_status build_function(tern_model *m, tern_graph *g)
 tern_status tern_model_build_ir(tern_model *m)
 {
 	tern_model_free_ir(m);
+	m->ir_complete = 0;
 	m->graph = graph_new(m, TERN_GRAPH_MAIN, NULL, NULL);
 	if (!m->graph)
 		return oom(m);
@@ -474,6 +475,7 @@ tern_status tern_model_build_ir(tern_model *m)
 		if ((st = build_function(m, f)))
 			return st;
 	}
+	m->ir_complete = 1;
 	return TERN_OK;
 }
 

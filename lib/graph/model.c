@@ -7,21 +7,21 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-/* Text is printable: no NUL and no control bytes other than white space in the first kilobytes.
- * Binary ModelProto starts with a field tag (0x08 ir_version, 0x3a graph, 0x42 opset...) followed
- * by varints and lengths, which nearly always include control bytes. */
+/* The text syntax starts with its header '<', a comment '#', or a graph name. Binary ModelProto starts
+ * with a field tag (0x08 ir_version, 0x12 producer, 0x3a graph, 0x42 opset_import) followed by a varint
+ * or a length, so a letter-like tag is followed by a control byte. Text may hold raw control bytes
+ * inside strings, so only the opening is looked at. */
 static bool looks_like_text(const unsigned char *p, size_t n)
 {
-	size_t limit = n < 4096 ? n : 4096;
 	size_t i = 0;
-	while (i < limit && (p[i] == ' ' || p[i] == '\t' || p[i] == '\n' || p[i] == '\r'))
+	while (i < n && (p[i] == ' ' || p[i] == '\t' || p[i] == '\n' || p[i] == '\r'))
 		i++;
-	if (i == limit || p[i] == ':')
+	if (i == n)
 		return false;
-	for (; i < limit; i++)
-		if (p[i] == 0 || (p[i] < 32 && p[i] != '\t' && p[i] != '\n' && p[i] != '\r'))
-			return false;
-	return true;
+	if (p[i] == '<' || p[i] == '#')
+		return true;
+	bool name_start = (p[i] >= 'A' && p[i] <= 'Z') || (p[i] >= 'a' && p[i] <= 'z') || p[i] == '_' || p[i] == '"';
+	return name_start && i + 1 < n && p[i + 1] >= 0x20 && p[i + 1] < 0x7f;
 }
 
 static tern_model *model_new(const char *source, const char *base_dir)
@@ -153,8 +153,10 @@ void tern_model_free(tern_model *m)
 {
 	if (!m)
 		return;
-	/* Nodes added or removed since the last save are owned by the IR until synced into the protos. */
-	tern_model_sync(m);
+	/* Nodes added or removed since the last save are owned by the IR until synced into the protos. A
+	 * partly built IR (a load that failed) does not describe the protos: nothing to sync then. */
+	if (m->ir_complete)
+		tern_model_sync(m);
 	tern_model_free_ir(m);
 	if (m->proto)
 		onnx__model_proto__free_unpacked(m->proto, NULL);

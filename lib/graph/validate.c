@@ -115,6 +115,10 @@ static tern_status check_attrs(const tern_node *n)
 			int want = (int)known_attrs[k].type;
 			/* Operators that share a name with different types: Constant's value_* are checked by
 			 * the table; "size" (LRN INT) and "scale" (ImageScaler FLOAT) are unambiguous. */
+			/* An integer where a float is expected ("alpha = 1", as onnx's printer writes it) still
+			 * means that number; tern_attr_float reads it so. */
+			if (actual == ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__INT && want == ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__FLOAT)
+				continue;
 			if (actual && actual != want)
 				return tern_node_errorf(n, TERN_EDATA, "attribute '%s' must be %s, not %s", a->name,
 				                        attr_type_name(want), attr_type_name(actual));
