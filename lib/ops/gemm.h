@@ -1,6 +1,6 @@
-/* gemm.h — the dense matrix products shared by MatMul, Gemm, Einsum (matmul.c) and the convolutions
- * (nn.c): OpenBLAS when the build has it, plain C otherwise, and a product with a packed constant left
- * operand for convolution weights. */
+/* gemm.h — the dense matrix products shared by MatMul, Gemm, Einsum (matmul.c), the convolutions (nn.c)
+ * and the recurrent layers (rnn.c): OpenBLAS when the build has it, plain C otherwise, and products with
+ * a constant left operand (weights) packed once for register-blocked kernels. */
 #ifndef TERN_OPS_GEMM_H
 #define TERN_OPS_GEMM_H
 
@@ -15,19 +15,52 @@ void tern_gemm_f64(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, 
 /* C = A x B for row-major int32 matrices without gaps (A is m x k, B is k x n). */
 void tern_gemm_i32(int64_t m, int64_t n, int64_t k, const int32_t *a, const int32_t *b, int32_t *c);
 
-/* A constant left operand (convolution weights) packed once for tern_gemm_packed, float32 only. */
+/* A constant left operand packed once, float32 only. */
 typedef struct tern_packed tern_packed;
-/* Packs the m x k matrix A (row i at a + i * lda), or with trans the k x m matrix whose transpose is A
- * (row p at a + p * lda). NULL when out of memory. */
-tern_packed *tern_pack_a(int64_t m, int64_t k, const float *a, int64_t lda, bool trans);
+/* Packs alpha times the m x k matrix A (row i at a + i * lda), or with trans the k x m matrix whose
+ * transpose is A (row p at a + p * lda). NULL when out of memory. */
+tern_packed *tern_pack_a(int64_t m, int64_t k, const float *a, int64_t lda, bool trans, float alpha);
 void tern_packed_free(tern_packed *p);
-/* C = A B (+ bias[i] on row i when bias is given) for packed A, B k x n with rows ldb apart and C m x n
- * with rows ldc apart; split over the pool. */
+
+/* The right operand B, k x n, read where it lies: row p starts at data + row_off[p] (row_off NULL: at
+ * data + p * ldb). Its columns come in runs of `width` (0: one run of n): column j = r * width + x is at
+ * r * stride + x * step from the start of a row. A convolution's taps over a padded input are rows with
+ * offsets; the transpose of a row-major matrix has step = its row length. */
+typedef struct tern_gemm_b {
+	const float *data;
+	const int64_t *row_off;
+	int64_t ldb, width, stride, step;
+} tern_gemm_b;
+
+/* Where C = A B goes: element (i, j) at data + i * ldc + j, or with trans at data + j * ldc + i.
+ * accumulate adds the product to C; otherwise C = A B + bias[i] (bias NULL: none). */
+typedef struct tern_gemm_c {
+	float *data;
+	int64_t ldc;
+	bool trans, accumulate;
+	const float *bias;
+} tern_gemm_c;
+
+/* Two kernels multiply a packed A: "rows" (blocks of A's rows by wide runs of contiguous columns of B)
+ * and "cols" (a panel of A's rows by a few columns of B, each tile inside one run of columns). */
+typedef enum tern_gemm_kind { TERN_GEMM_AUTO, TERN_GEMM_ROWS, TERN_GEMM_COLS } tern_gemm_kind;
+
+/* Which kernel is expected to be faster: the rows kernel over n_dense contiguous columns, or the cols
+ * kernel over runs x width columns (stored with trans when c_trans). */
+tern_gemm_kind tern_gemm_choose(const tern_packed *a, int64_t n_dense, int64_t runs, int64_t width, bool c_trans);
+
+/* C = A B for packed A (m x k) and B k x n, split over the pool. The rows kernel needs B's columns
+ * contiguous (step 1 and, with several runs, stride == width) and C untransposed. */
+void tern_gemm_packed_run(tern_threadpool *pool, const tern_packed *a, int64_t n, const tern_gemm_b *b,
+                          const tern_gemm_c *c, tern_gemm_kind kind);
+
+/* The common case: B row-major with rows ldb apart, C row-major with rows ldc apart, plus bias. */
 void tern_gemm_packed(tern_threadpool *pool, const tern_packed *a, int64_t n, const float *b, int64_t ldb,
                       const float *bias, float *c, int64_t ldc);
-/* The same with B made block by block where it is needed (a convolution's columns, never stored whole):
- * fill writes rows [k0, k0 + kc) x columns [col0, col0 + cols) of B as kc rows of nr floats, zero from
- * column cols on. It runs on several threads at once. */
+
+/* The rows kernel with B made block by block where it is needed (a convolution's columns, never stored
+ * whole): fill writes rows [k0, k0 + kc) x columns [col0, col0 + cols) of B as kc rows of nr floats,
+ * zero from column cols on. It runs on several threads at once. */
 #define TERN_PACKED_MAX_NR 32 /* the widest block of B a fill is asked for */
 typedef void (*tern_fill_b)(const void *ctx, int64_t k0, int64_t kc, int64_t col0, int64_t cols, float *block,
                             int64_t nr);

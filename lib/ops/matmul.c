@@ -130,99 +130,227 @@ void tern_f32_to_half(int dtype, const float *src, uint16_t *dst, int64_t n)
 
 /* ---------------------------------------------------------------- products with a packed left operand */
 
-/* Convolution weights stay the same from run to run, so they are packed once into panels of MR rows
- * (for each column of A, the panel's MR values together) instead of being copied by BLAS on every
- * call. A register-blocked kernel then multiplies a panel with NR columns of row-major B: MR x NR
- * sums live in vector registers while the loop runs down the shared dimension. Kernels for AVX-512,
- * AVX2 with FMA and the baseline are compiled; packing picks the machine's best. */
+/* Weights stay the same from run to run, so they are packed once into panels of P rows (P = two
+ * vectors of the machine; for each column of A, the panel's P values together) instead of being copied
+ * by BLAS on every call. Two register-blocked kernels multiply a panel with B where B lies, so that
+ * a convolution needs no column matrix:
+ *   rows: R rows of the panel by NR contiguous columns of B; each step broadcasts R values of A and
+ *         loads NR / VL vectors of a row of B. Suits many columns: C is written row by row.
+ *   cols: the whole panel by up to NB columns of B, anywhere in memory; each step loads the panel's
+ *         column and broadcasts NB values of a row of B, so short rows (a 7 x 7 image, a matrix-vector
+ *         product) waste nothing, and C may be stored transposed (MatMul with constant B: the product
+ *         is computed as (X B)^T = B^T X^T).
+ * Both keep their sums in vector registers while the loop runs down the shared dimension. Kernels for
+ * AVX-512, AVX2 with FMA and the baseline are compiled; packing picks the machine's best. */
 
-#define PACK_KC 256 /* rows of B per pass: a pass's block of B stays in the first-level cache */
+#define PACK_KC 256    /* rows of B per pass of the rows kernel: a pass's block of B stays in cache */
+#define COLS_MAX_NB 14 /* the widest tile of the cols kernel */
 
-typedef void (*micro_fn)(int64_t kc, const float *a, const float *b, int64_t ldb, float *c, int64_t ldc, int rows,
-                         int cols, const float *init);
+typedef void (*rows_fn)(int64_t kc, const float *a, const float *b, const int64_t *off, float *c, int64_t ldc,
+                        int rows, int cols, const float *bias, bool add);
+typedef void (*cols_fn)(int64_t k, const float *a, const float *b, const int64_t *off, int64_t ldb, int64_t step,
+                        float *c, int64_t ldc, int rows, const float *bias, bool add, bool trans);
+
+typedef struct gemm_isa {
+	int p, r, nr, nb; /* panel rows, rows and columns of a rows-kernel block, widest cols tile */
+	rows_fn rows;
+	cols_fn cols[COLS_MAX_NB + 1]; /* by tile width */
+} gemm_isa;
 
 struct tern_packed {
-	int64_t m, k, mr, nr, panels;
-	micro_fn micro;
-	float *data; /* panels x k x mr, rows past m zero */
+	int64_t m, k, panels;
+	const gemm_isa *isa;
+	float *data; /* panels x k x p, rows past m zero */
 };
 
-/* Writes rows x cols of the MR x NR block of C: init[r] + the product when init is given (the first
- * pass), else C + the product. Multiply-adds may contract into FMA instructions (GCC only does so in
- * ISO C mode when told; clang does by default). */
+/* Multiply-adds may contract into FMA instructions (GCC only does so in ISO C mode when told; clang
+ * does by default). */
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC push_options
 #pragma GCC optimize("fp-contract=fast")
 #endif
-#define DEF_MICRO(NAME, ATTR, VEC, VL, MR, NV)                                                                     \
-	ATTR static void NAME(int64_t kc, const float *restrict a, const float *restrict b, int64_t ldb,              \
-	                      float *restrict c, int64_t ldc, int rows, int cols, const float *init)                  \
+/* The loops over a block's registers unroll fully, so that the sums stay in registers from first to last. */
+#define UNROLL _Pragma("GCC unroll 16")
+
+/* R x NV vectors of C += the product over kc rows of B (row p at b + off[p]); then C = the sums (+ bias
+ * per row) when !add, else C + the sums. Only rows x cols of the block are written. */
+#define DEF_ROWS(NAME, ATTR, V, VU, VL, R, NV)                                                                     \
+	ATTR static void NAME(int64_t kc, const float *restrict a, const float *restrict b, const int64_t *restrict off, \
+	                      float *restrict c, int64_t ldc, int rows, int cols, const float *bias, bool add)         \
 	{                                                                                                           \
-		VEC acc[MR][NV] = {{{0}}}; /* initialised, not cleared with memset: that keeps it in registers */         \
+		V acc[R][NV];                                                                                           \
+		UNROLL for (int r = 0; r < R; r++)                                                                             \
+			UNROLL for (int v = 0; v < NV; v++)                                                                        \
+				acc[r][v] = (V){0};                                                                             \
 		for (int64_t p = 0; p < kc; p++) {                                                                      \
-			VEC bv[NV];                                                                                         \
-			memcpy(bv, b + p * ldb, sizeof bv);                                                                 \
-			for (int r = 0; r < MR; r++)                                                                        \
-				for (int v = 0; v < NV; v++)                                                                    \
-					acc[r][v] += a[p * MR + r] * bv[v];                                                         \
+			const float *bp = b + off[p];                                                                       \
+			V bv[NV];                                                                                           \
+			UNROLL for (int v = 0; v < NV; v++)                                                                        \
+				bv[v] = *(const VU *)(bp + v * VL);                                                             \
+			UNROLL for (int r = 0; r < R; r++)                                                                         \
+				UNROLL for (int v = 0; v < NV; v++)                                                                    \
+					acc[r][v] += a[p * 2 * VL + r] * bv[v];                                                     \
 		}                                                                                                       \
-		float tile[MR][NV * VL];                                                                                \
-		memcpy(tile, acc, sizeof tile);                                                                         \
+		if (rows == R && cols == NV * VL) {                                                                     \
+			UNROLL for (int r = 0; r < R; r++)                                                                         \
+				UNROLL for (int v = 0; v < NV; v++) {                                                                  \
+					VU *cv = (VU *)(c + r * ldc + v * VL);                                                      \
+					V s = acc[r][v];                                                                            \
+					*cv = add ? s + (V)*cv : bias ? s + bias[r] : s;                                            \
+				}                                                                                               \
+			return;                                                                                             \
+		}                                                                                                       \
+		float tile[R][NV * VL];                                                                                 \
+		UNROLL for (int r = 0; r < R; r++)                                                                             \
+			UNROLL for (int v = 0; v < NV; v++)                                                                        \
+				*(VU *)&tile[r][v * VL] = acc[r][v];                                                            \
 		for (int r = 0; r < rows; r++) {                                                                        \
-			float *cr = c + r * ldc;                                                                            \
-			if (init)                                                                                           \
-				for (int j = 0; j < cols; j++)                                                                  \
-					cr[j] = init[r] + tile[r][j];                                                               \
-			else                                                                                                \
-				for (int j = 0; j < cols; j++)                                                                  \
-					cr[j] += tile[r][j];                                                                        \
+			float *cr = c + r * ldc, base = bias && !add ? bias[r] : 0;                                         \
+			for (int j = 0; j < cols; j++)                                                                      \
+				cr[j] = (add ? cr[j] : base) + tile[r][j];                                                      \
 		}                                                                                                       \
 	}
 
+/* A panel (two vectors of rows) by nb columns of B (column j of row p at b + off[p] + j * step, or
+ * b + p * ldb + j * step without offsets) over all k rows. With few columns the sums are split over
+ * several rows of B in turn, so that enough of them are in flight. C then gets the sums (+ bias, a
+ * whole panel's worth) or, with add, C + the sums; with trans element (i, j) is at c + j * ldc + i. */
+#define DEF_COLS(S, ATTR, V, VU, VL)                                                                            \
+	ATTR static inline __attribute__((always_inline)) void cols_body_##S(                                       \
+		const int nb, int64_t k, const float *restrict a, const float *restrict b, const int64_t *restrict off,   \
+		int64_t ldb, int64_t step, float *restrict c, int64_t ldc, int rows, const float *bias, bool add, bool trans) \
+	{                                                                                                           \
+		const int u = nb == 1 ? 4 : nb <= 3 ? 2 : 1;                                                            \
+		V acc[COLS_MAX_NB][2];                                                                                  \
+		UNROLL for (int q = 0; q < nb * u; q++)                                                                        \
+			acc[q][0] = acc[q][1] = (V){0};                                                                     \
+		int64_t p = 0;                                                                                          \
+		for (; p + u <= k; p += u)                                                                              \
+			UNROLL for (int i = 0; i < u; i++) {                                                                       \
+				const float *bp = off ? b + off[p + i] : b + (p + i) * ldb;                                     \
+				V a0 = *(const V *)(a + (p + i) * 2 * VL), a1 = *(const V *)(a + (p + i) * 2 * VL + VL);        \
+				UNROLL for (int j = 0; j < nb; j++) {                                                                  \
+					float s = bp[j * step];                                                                     \
+					acc[i * nb + j][0] += s * a0;                                                               \
+					acc[i * nb + j][1] += s * a1;                                                               \
+				}                                                                                               \
+			}                                                                                                   \
+		for (; p < k; p++) {                                                                                    \
+			const float *bp = off ? b + off[p] : b + p * ldb;                                                   \
+			V a0 = *(const V *)(a + p * 2 * VL), a1 = *(const V *)(a + p * 2 * VL + VL);                        \
+			UNROLL for (int j = 0; j < nb; j++) {                                                                      \
+				float s = bp[j * step];                                                                         \
+				acc[j][0] += s * a0;                                                                            \
+				acc[j][1] += s * a1;                                                                            \
+			}                                                                                                   \
+		}                                                                                                       \
+		UNROLL for (int i = 1; i < u; i++)                                                                             \
+			UNROLL for (int j = 0; j < nb; j++) {                                                                      \
+				acc[j][0] += acc[i * nb + j][0];                                                                \
+				acc[j][1] += acc[i * nb + j][1];                                                                \
+			}                                                                                                   \
+		if (trans && rows == 2 * VL) {                                                                          \
+			UNROLL for (int j = 0; j < nb; j++)                                                                        \
+				UNROLL for (int v = 0; v < 2; v++) {                                                                   \
+					VU *cv = (VU *)(c + j * ldc + v * VL);                                                      \
+					V s = acc[j][v];                                                                            \
+					*cv = add ? s + (V)*cv : bias ? s + (V) * (const VU *)(bias + v * VL) : s;                  \
+				}                                                                                               \
+			return;                                                                                             \
+		}                                                                                                       \
+		float t[COLS_MAX_NB][2 * VL];                                                                           \
+		UNROLL for (int j = 0; j < nb; j++)                                                                            \
+			UNROLL for (int v = 0; v < 2; v++)                                                                         \
+				*(VU *)&t[j][v * VL] = acc[j][v];                                                               \
+		int64_t si = trans ? 1 : ldc, sj = trans ? ldc : 1;                                                     \
+		for (int i = 0; i < rows; i++) {                                                                        \
+			float *ci = c + i * si, base = bias && !add ? bias[i] : 0;                                          \
+			UNROLL for (int j = 0; j < nb; j++)                                                                        \
+				ci[j * sj] = (add ? ci[j * sj] : base) + t[j][i];                                               \
+		}                                                                                                       \
+	}
+
+#define COLS_ARGS                                                                                               \
+	int64_t k, const float *restrict a, const float *restrict b, const int64_t *restrict off, int64_t ldb,      \
+		int64_t step, float *restrict c, int64_t ldc, int rows, const float *bias, bool add, bool trans
+#define DEF_COLS_NB(S, ATTR, NB)                                                                                \
+	ATTR static void cols_##S##_##NB(COLS_ARGS)                                                                 \
+	{                                                                                                           \
+		cols_body_##S(NB, k, a, b, off, ldb, step, c, ldc, rows, bias, add, trans);                             \
+	}
+#define DEF_COLS_1_6(S, ATTR)                                                                                   \
+	DEF_COLS_NB(S, ATTR, 1) DEF_COLS_NB(S, ATTR, 2) DEF_COLS_NB(S, ATTR, 3) DEF_COLS_NB(S, ATTR, 4)             \
+	DEF_COLS_NB(S, ATTR, 5) DEF_COLS_NB(S, ATTR, 6)
+#define COLS_1_6(S) cols_##S##_1, cols_##S##_2, cols_##S##_3, cols_##S##_4, cols_##S##_5, cols_##S##_6
+
+/* Vectors of floats; the unaligned kind reads and writes B and C wherever their rows start. */
 typedef float vec4f __attribute__((vector_size(16)));
-DEF_MICRO(micro_base, , vec4f, 4, 4, 2)
+typedef float vec4fu __attribute__((vector_size(16), aligned(4), may_alias));
+DEF_ROWS(rows_base, , vec4f, vec4fu, 4, 4, 3)
+DEF_COLS(base, , vec4f, vec4fu, 4)
+DEF_COLS_1_6(base, )
+static const gemm_isa isa_base = {8, 4, 12, 6, rows_base, {NULL, COLS_1_6(base)}};
+
 #if defined(__x86_64__) && defined(__GNUC__)
-#define HAVE_WIDE_MICRO 1
+#define HAVE_WIDE_KERNELS 1
+#define AVX2 __attribute__((target("arch=x86-64-v3")))
+#define AVX512 __attribute__((target("arch=x86-64-v4")))
 typedef float vec8f __attribute__((vector_size(32)));
+typedef float vec8fu __attribute__((vector_size(32), aligned(4), may_alias));
 typedef float vec16f __attribute__((vector_size(64)));
-DEF_MICRO(micro_avx2, __attribute__((target("arch=x86-64-v3"))), vec8f, 8, 6, 2)
-DEF_MICRO(micro_avx512, __attribute__((target("arch=x86-64-v4"))), vec16f, 16, 8, 2)
+typedef float vec16fu __attribute__((vector_size(64), aligned(4), may_alias));
+DEF_ROWS(rows_avx2, AVX2, vec8f, vec8fu, 8, 4, 3)
+DEF_COLS(avx2, AVX2, vec8f, vec8fu, 8)
+DEF_COLS_1_6(avx2, AVX2)
+DEF_ROWS(rows_avx512, AVX512, vec16f, vec16fu, 16, 8, 2)
+DEF_COLS(avx512, AVX512, vec16f, vec16fu, 16)
+DEF_COLS_1_6(avx512, AVX512)
+DEF_COLS_NB(avx512, AVX512, 7) DEF_COLS_NB(avx512, AVX512, 8) DEF_COLS_NB(avx512, AVX512, 9)
+DEF_COLS_NB(avx512, AVX512, 10) DEF_COLS_NB(avx512, AVX512, 11) DEF_COLS_NB(avx512, AVX512, 12)
+DEF_COLS_NB(avx512, AVX512, 13) DEF_COLS_NB(avx512, AVX512, 14)
+static const gemm_isa isa_avx2 = {16, 4, 24, 6, rows_avx2, {NULL, COLS_1_6(avx2)}};
+static const gemm_isa isa_avx512 = {
+	32, 8, 32, 14, rows_avx512,
+	{NULL, COLS_1_6(avx512), cols_avx512_7, cols_avx512_8, cols_avx512_9, cols_avx512_10, cols_avx512_11,
+	 cols_avx512_12, cols_avx512_13, cols_avx512_14}};
 #endif
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC pop_options
 #endif
 
-tern_packed *tern_pack_a(int64_t m, int64_t k, const float *a, int64_t lda, bool trans)
+static const gemm_isa *machine_isa(void)
+{
+#ifdef HAVE_WIDE_KERNELS
+	if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw") &&
+	    __builtin_cpu_supports("avx512dq"))
+		return &isa_avx512;
+	if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+		return &isa_avx2;
+#endif
+	return &isa_base;
+}
+
+static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+static int64_t ceil_div64(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+tern_packed *tern_pack_a(int64_t m, int64_t k, const float *a, int64_t lda, bool trans, float alpha)
 {
 	tern_packed *pa = calloc(1, sizeof *pa);
 	if (!pa)
 		return NULL;
-	pa->micro = micro_base;
-	pa->mr = 4;
-	pa->nr = 8;
-#ifdef HAVE_WIDE_MICRO
-	if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw") &&
-	    __builtin_cpu_supports("avx512dq")) {
-		pa->micro = micro_avx512;
-		pa->mr = 8;
-		pa->nr = 32;
-	} else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
-		pa->micro = micro_avx2;
-		pa->mr = 6;
-		pa->nr = 16;
-	}
-#endif
+	pa->isa = machine_isa();
+	int64_t p = pa->isa->p;
 	pa->m = m;
 	pa->k = k;
-	pa->panels = (m + pa->mr - 1) / pa->mr;
-	pa->data = tern_aligned_alloc((size_t)(pa->panels * pa->mr * (k ? k : 1)) * sizeof(float));
+	pa->panels = ceil_div64(m, p);
+	pa->data = tern_aligned_alloc((size_t)(pa->panels * p * (k ? k : 1)) * sizeof(float));
 	if (!pa->data) {
 		free(pa);
 		return NULL;
 	}
 	for (int64_t i = 0; i < m; i++)
-		for (int64_t p = 0; p < k; p++)
-			pa->data[((i / pa->mr) * k + p) * pa->mr + i % pa->mr] = trans ? a[p * lda + i] : a[i * lda + p];
+		for (int64_t q = 0; q < k; q++)
+			pa->data[((i / p) * k + q) * p + i % p] = alpha * (trans ? a[q * lda + i] : a[i * lda + q]);
 	return pa;
 }
 
@@ -233,35 +361,155 @@ void tern_packed_free(tern_packed *p)
 	free(p);
 }
 
-typedef struct packed_job {
+/* Tiles of one run of `width` columns: as few as the widest tile allows, of nearly equal widths. */
+static int64_t tiles_per_run(const gemm_isa *isa, int64_t width) { return ceil_div64(width, isa->nb); }
+
+tern_gemm_kind tern_gemm_choose(const tern_packed *a, int64_t n_dense, int64_t runs, int64_t width, bool c_trans)
+{
+	const gemm_isa *isa = a->isa;
+	if (c_trans)
+		return TERN_GEMM_COLS;
+	/* Multiply-adds each kernel does, padding included. A cols tile narrower than a few columns runs no
+	 * faster than one of a few; its untransposed store costs about what 24 steps of the shared dimension do. */
+	double k = (double)(a->k > 0 ? a->k : 1);
+	double rows = (double)(ceil_div64(a->m, isa->r) * isa->r) * (double)(ceil_div64(n_dense, isa->nr) * isa->nr) * k;
+	int64_t tiles = tiles_per_run(isa, width), narrow = width / tiles;
+	double run_cost = (double)(narrow < 3 ? 3 * tiles : width) * k + 24.0 * (double)width;
+	double cols = (double)(a->panels * isa->p) * (double)runs * run_cost;
+	return cols < rows ? TERN_GEMM_COLS : TERN_GEMM_ROWS;
+}
+
+/* Enough tasks to spread over the pool: want per thread. */
+static int64_t tasks_wanted(tern_threadpool *pool) { return 4 * (int64_t)(pool ? tern_threadpool_size(pool) : 1); }
+
+typedef struct rows_job {
 	const tern_packed *pa;
-	int64_t n, ldc, groups, per_group;
+	int64_t n, groups, per_group;
+	const tern_gemm_b *b;
+	const tern_gemm_c *c;
 	tern_fill_b fill;
 	const void *fill_ctx;
-	const float *bias;
-	float *c;
-} packed_job;
+} rows_job;
 
-/* One task: NR columns of C for a group of panels, PACK_KC rows of B at a time, each block of B made
- * (copied or computed) once into contiguous memory and used by every panel. */
-static void packed_task(void *ctx, int64_t t)
+/* One task: NR columns of C for a group of panels, PACK_KC rows of B at a time. B is read in place, but
+ * a block made by fill, or the last columns (which must not be read past), is copied to contiguous memory
+ * first; either way every panel of the group uses it. */
+static void rows_task(void *ctx, int64_t t)
 {
-	static const float zeros[TERN_PACKED_MAX_NR];
-	const packed_job *j = ctx;
+	const rows_job *j = ctx;
 	const tern_packed *pa = j->pa;
-	int64_t col0 = t / j->groups * pa->nr, cols = j->n - col0 < pa->nr ? j->n - col0 : pa->nr;
-	int64_t p0 = t % j->groups * j->per_group, p1 = p0 + j->per_group < pa->panels ? p0 + j->per_group : pa->panels;
+	const gemm_isa *isa = pa->isa;
+	const tern_gemm_c *c = j->c;
+	int64_t nr = isa->nr, col0 = t / j->groups * nr, cols = min64(nr, j->n - col0);
+	int64_t p0 = t % j->groups * j->per_group, p1 = min64(p0 + j->per_group, pa->panels);
 	float block[PACK_KC * TERN_PACKED_MAX_NR];
+	int64_t off[PACK_KC];
 	for (int64_t k0 = 0; k0 < pa->k || k0 == 0; k0 += PACK_KC) {
-		int64_t kc = pa->k - k0 < PACK_KC ? pa->k - k0 : PACK_KC;
-		j->fill(j->fill_ctx, k0, kc, col0, cols, block, pa->nr);
-		for (int64_t p = p0; p < p1; p++) {
-			int64_t row0 = p * pa->mr, rows = pa->m - row0 < pa->mr ? pa->m - row0 : pa->mr;
-			const float *init = k0 ? NULL : j->bias ? j->bias + row0 : zeros;
-			pa->micro(kc, pa->data + (p * pa->k + k0) * pa->mr, block, pa->nr, j->c + row0 * j->ldc + col0, j->ldc,
-			          (int)rows, (int)cols, init);
+		int64_t kc = min64(PACK_KC, pa->k - k0);
+		const float *bb = block;
+		if (j->fill) {
+			j->fill(j->fill_ctx, k0, kc, col0, cols, block, nr);
+			for (int64_t p = 0; p < kc; p++)
+				off[p] = p * nr;
+		} else {
+			const tern_gemm_b *b = j->b;
+			for (int64_t p = 0; p < kc; p++)
+				off[p] = b->row_off ? b->row_off[k0 + p] : (k0 + p) * b->ldb;
+			bb = b->data + col0;
+			if (cols < nr) {
+				for (int64_t p = 0; p < kc; p++) {
+					memcpy(block + p * nr, bb + off[p], (size_t)cols * sizeof *block);
+					memset(block + p * nr + cols, 0, (size_t)(nr - cols) * sizeof *block);
+					off[p] = p * nr;
+				}
+				bb = block;
+			}
 		}
+		bool add = k0 > 0 || c->accumulate;
+		for (int64_t panel = p0; panel < p1; panel++)
+			for (int64_t r0 = 0; r0 < isa->p && panel * isa->p + r0 < pa->m; r0 += isa->r) {
+				int64_t row0 = panel * isa->p + r0;
+				isa->rows(kc, pa->data + (panel * pa->k + k0) * isa->p + r0, bb, off, c->data + row0 * c->ldc + col0,
+				          c->ldc, (int)min64(isa->r, pa->m - row0), (int)cols, c->bias ? c->bias + row0 : NULL, add);
+			}
 	}
+}
+
+static void run_rows(tern_threadpool *pool, const tern_packed *a, int64_t n, const tern_gemm_b *b, const tern_gemm_c *c,
+                     tern_fill_b fill, const void *fill_ctx)
+{
+	int64_t blocks = ceil_div64(n, a->isa->nr), want = tasks_wanted(pool);
+	int64_t groups = blocks >= want ? 1 : ceil_div64(want, blocks);
+	int64_t per_group = ceil_div64(a->panels, min64(groups, a->panels));
+	rows_job job = {a, n, ceil_div64(a->panels, per_group), per_group, b, c, fill, fill_ctx};
+	tern_parallel_for(pool, blocks * job.groups, rows_task, &job);
+}
+
+typedef struct cols_job {
+	const tern_packed *pa;
+	const tern_gemm_b *b;
+	const tern_gemm_c *c;
+	int64_t width, per_run, tiles, tile_groups, per_tile_group;
+} cols_job;
+
+/* One task: one panel by a group of tiles, each over the whole shared dimension. */
+static void cols_task(void *ctx, int64_t t)
+{
+	const cols_job *j = ctx;
+	const tern_packed *pa = j->pa;
+	const gemm_isa *isa = pa->isa;
+	const tern_gemm_b *b = j->b;
+	const tern_gemm_c *c = j->c;
+	int64_t panel = t / j->tile_groups, q0 = t % j->tile_groups * j->per_tile_group;
+	int64_t q1 = min64(q0 + j->per_tile_group, j->tiles), row0 = panel * isa->p;
+	int rows = (int)min64(isa->p, pa->m - row0);
+	const float *bias = c->bias && !c->accumulate ? c->bias + row0 : NULL;
+	float bias_rows[2 * 16];
+	if (bias && rows < isa->p) {
+		memset(bias_rows, 0, sizeof bias_rows);
+		memcpy(bias_rows, bias, (size_t)rows * sizeof *bias);
+		bias = bias_rows;
+	}
+	const float *a = pa->data + panel * pa->k * isa->p;
+	for (int64_t q = q0; q < q1; q++) {
+		int64_t r = q / j->per_run, i = q % j->per_run;
+		int64_t x0 = i * j->width / j->per_run, x1 = (i + 1) * j->width / j->per_run, col = r * j->width + x0;
+		float *cp = c->trans ? c->data + col * c->ldc + row0 : c->data + row0 * c->ldc + col;
+		isa->cols[x1 - x0](pa->k, a, b->data + r * b->stride + x0 * b->step, b->row_off, b->ldb, b->step, cp, c->ldc,
+		                   rows, bias, c->accumulate, c->trans);
+	}
+}
+
+static void run_cols(tern_threadpool *pool, const tern_packed *a, int64_t n, const tern_gemm_b *b, const tern_gemm_c *c)
+{
+	int64_t width = b->width ? b->width : n, per_run = tiles_per_run(a->isa, width), tiles = n / width * per_run;
+	int64_t groups = ceil_div64(tasks_wanted(pool), a->panels);
+	int64_t per_group = ceil_div64(tiles, min64(groups, tiles));
+	cols_job job = {a, b, c, width, per_run, tiles, ceil_div64(tiles, per_group), per_group};
+	tern_parallel_for(pool, a->panels * job.tile_groups, cols_task, &job);
+}
+
+void tern_gemm_packed_run(tern_threadpool *pool, const tern_packed *a, int64_t n, const tern_gemm_b *b,
+                          const tern_gemm_c *c, tern_gemm_kind kind)
+{
+	if (a->m <= 0 || n <= 0)
+		return;
+	int64_t width = b->width ? b->width : n;
+	bool contiguous = b->step == 1 && (width == n || b->stride == width);
+	if (kind == TERN_GEMM_AUTO)
+		kind = contiguous ? tern_gemm_choose(a, n, n / width, width, c->trans) : TERN_GEMM_COLS;
+	if (kind == TERN_GEMM_ROWS && contiguous && !c->trans)
+		run_rows(pool, a, n, b, c, NULL, NULL);
+	else
+		run_cols(pool, a, n, b, c);
+}
+
+void tern_gemm_packed(tern_threadpool *pool, const tern_packed *a, int64_t n, const float *b, int64_t ldb,
+                      const float *bias, float *c, int64_t ldc)
+{
+	tern_gemm_b bd = {b, NULL, ldb, n, n, 1};
+	tern_gemm_c cd = {c, ldc, false, false, bias};
+	tern_gemm_packed_run(pool, a, n, &bd, &cd, TERN_GEMM_AUTO);
 }
 
 void tern_gemm_packed_fill(tern_threadpool *pool, const tern_packed *a, int64_t n, tern_fill_b fill, const void *ctx,
@@ -269,33 +517,8 @@ void tern_gemm_packed_fill(tern_threadpool *pool, const tern_packed *a, int64_t 
 {
 	if (a->m <= 0 || n <= 0)
 		return;
-	/* Enough tasks to spread: column blocks first, panels split too when there are few of those. */
-	int64_t blocks = (n + a->nr - 1) / a->nr, want = 4 * (int64_t)(pool ? tern_threadpool_size(pool) : 1);
-	int64_t groups = blocks >= want ? 1 : (want + blocks - 1) / blocks;
-	int64_t per_group = (a->panels + groups - 1) / (groups < a->panels ? groups : a->panels);
-	packed_job job = {a, n, ldc, (a->panels + per_group - 1) / per_group, per_group, fill, ctx, bias, c};
-	tern_parallel_for(pool, blocks * job.groups, packed_task, &job);
-}
-
-typedef struct row_major {
-	const float *b;
-	int64_t ldb;
-} row_major;
-
-static void fill_row_major(const void *ctx, int64_t k0, int64_t kc, int64_t col0, int64_t cols, float *block, int64_t nr)
-{
-	const row_major *rm = ctx;
-	for (int64_t p = 0; p < kc; p++) {
-		memcpy(block + p * nr, rm->b + (k0 + p) * rm->ldb + col0, (size_t)cols * sizeof *block);
-		memset(block + p * nr + cols, 0, (size_t)(nr - cols) * sizeof *block);
-	}
-}
-
-void tern_gemm_packed(tern_threadpool *pool, const tern_packed *a, int64_t n, const float *b, int64_t ldb,
-                      const float *bias, float *c, int64_t ldc)
-{
-	row_major rm = {b, ldb};
-	tern_gemm_packed_fill(pool, a, n, fill_row_major, &rm, bias, c, ldc);
+	tern_gemm_c cd = {c, ldc, false, false, bias};
+	run_rows(pool, a, n, NULL, &cd, fill, ctx);
 }
 
 static bool is_half(int dtype) { return dtype == TERN_FLOAT16 || dtype == TERN_BFLOAT16; }

@@ -732,7 +732,20 @@ typedef struct conv_params {
 	int64_t ph, pw, slots, slot_elems;
 	int64_t offset_group; /* DeformConv */
 	tern_packed **packed; /* float32 weights known when planning, packed per group */
-	struct conv_tap *taps; /* with packed weights: per kernel tap, its offsets and reach */
+	struct conv_tap *taps; /* with packed weights, 3-D: per kernel tap, its offsets and reach */
+	/* With packed weights, 1-D and 2-D: the product reads its column matrix in place from the input,
+	 * zero-padded and split by stride phase into planes hq x wq: tap (k1, k2) of channel c at output
+	 * (o1, o2) is element (o1 + (k1 d1) / s1, o2 + (k2 d2) / s2) of channel c's plane of phase
+	 * ((k1 d1) % s1, (k2 d2) % s2), so that each row of the column matrix is a plane shifted by
+	 * row_off. Without padding and strides the input is its own plane. The rows kernel then
+	 * computes a grid of out[1] x wq positions (the columns past out[2] are dropped when copied to
+	 * the output); the cols kernel computes the output rows directly. */
+	bool direct, split;
+	tern_gemm_kind kind;
+	int64_t hq, wq, n_phases, grid_n;
+	int64_t *phases;  /* per phase plane: its first row and column in the padded input */
+	int64_t *row_off; /* per row (channel, tap) of the column matrix */
+	size_t grid_off;  /* scratch: phase planes first, then the rows kernel's grid */
 } conv_params;
 
 /* A kernel tap's input offsets (d0, d1 in slots 0 and 1; d2, padding included, in slot 2) and the
@@ -747,6 +760,8 @@ static void conv_params_free(void *p)
 	if (cp) {
 		free(cp->rows2);
 		free(cp->taps);
+		free(cp->phases);
+		free(cp->row_off);
 		for (int64_t g = 0; cp->packed && g < cp->group; g++)
 			tern_packed_free(cp->packed[g]);
 		free(cp->packed);
@@ -763,7 +778,7 @@ static tern_status pack_groups(const tern_node *node, conv_params *cp, const ter
 	if (!(cp->packed = calloc((size_t)cp->group, sizeof *cp->packed)))
 		return no_memory(node);
 	for (int64_t g = 0; g < cp->group; g++)
-		if (!(cp->packed[g] = tern_pack_a(m, k, (const float *)wt->data + g * m * k, trans ? m : k, trans)))
+		if (!(cp->packed[g] = tern_pack_a(m, k, (const float *)wt->data + g * m * k, trans ? m : k, trans, 1.0f)))
 			return no_memory(node);
 	return TERN_OK;
 }
@@ -1077,6 +1092,91 @@ HOT static void conv_fill(const void *ctx, int64_t k0, int64_t kc, int64_t col0,
 	}
 }
 
+typedef struct phase_ctx {
+	const conv_params *cp;
+	const float *x;
+	float *planes;
+} phase_ctx;
+
+/* The phase planes of channels [begin, end). */
+HOT static void phase_planes(void *ctx, int64_t begin, int64_t end)
+{
+	const phase_ctx *c = ctx;
+	const conv_params *cp = c->cp;
+	const window *w = &cp->w;
+	int64_t s1 = w->s[1], s2 = w->s[2], in1 = w->in[1], in2 = w->in[2], wq = cp->wq;
+	for (int64_t ch = begin; ch < end; ch++) {
+		const float *xc = c->x + ch * cp->in_sp;
+		for (int64_t q = 0; q < cp->n_phases; q++) {
+			float *plane = c->planes + (ch * cp->n_phases + q) * cp->hq * wq;
+			int64_t r0 = cp->phases[2 * q] - w->pb[1], c0 = cp->phases[2 * q + 1] - w->pb[2], lo, hi;
+			/* plane columns j whose input column c0 + j * s2 lies inside the row */
+			outputs_within(c0, s2, in2, wq, &lo, &hi);
+			for (int64_t i = 0; i < cp->hq; i++) {
+				float *dst = plane + i * wq;
+				int64_t r = r0 + i * s1;
+				if (r < 0 || r >= in1) {
+					memset(dst, 0, (size_t)wq * sizeof *dst);
+					continue;
+				}
+				const float *restrict src = xc + r * in2 + c0;
+				memset(dst, 0, (size_t)lo * sizeof *dst);
+				if (s2 == 1)
+					memcpy(dst + lo, src + lo, (size_t)(hi - lo) * sizeof *dst);
+				else
+					for (int64_t j = lo; j < hi; j++)
+						dst[j] = src[j * s2];
+				memset(dst + hi, 0, (size_t)(wq - hi) * sizeof *dst);
+			}
+		}
+	}
+}
+
+typedef struct grid_ctx {
+	const conv_params *cp;
+	const float *grid;
+	float *y;
+} grid_ctx;
+
+/* Output channels [begin, end) of the rows kernel's grid, without the columns past out[2]. */
+static void grid_copy(void *ctx, int64_t begin, int64_t end)
+{
+	const grid_ctx *c = ctx;
+	const conv_params *cp = c->cp;
+	int64_t o1 = cp->w.out[1], o2 = cp->w.out[2];
+	for (int64_t m = begin; m < end; m++)
+		for (int64_t i = 0; i < o1; i++)
+			memcpy(c->y + (m * o1 + i) * o2, c->grid + m * cp->grid_n + i * cp->wq, (size_t)o2 * sizeof *c->y);
+}
+
+/* One group of one image through the packed weights, its column matrix read in place. */
+static void conv_direct(const tern_kernel_args *a, const conv_params *cp, int64_t g, const float *x, const float *bias,
+                        float *y)
+{
+	const window *w = &cp->w;
+	const float *planes = x;
+	if (cp->split) {
+		phase_ctx pc = {cp, x, a->scratch};
+		parallel_range(a->pool, cp->cg, grain_for(cp->n_phases * cp->hq * cp->wq), phase_planes, &pc);
+		planes = a->scratch;
+	}
+	if (cp->kind == TERN_GEMM_COLS) {
+		tern_gemm_b b = {planes, cp->row_off, 0, w->out[2], cp->wq, 1};
+		tern_gemm_c c = {y, cp->out_sp, false, false, bias};
+		tern_gemm_packed_run(a->pool, cp->packed[g], cp->out_sp, &b, &c, TERN_GEMM_COLS);
+		return;
+	}
+	bool gaps = cp->wq != w->out[2];
+	float *grid = gaps ? (float *)((char *)a->scratch + cp->grid_off) : y;
+	tern_gemm_b b = {planes, cp->row_off, 0, cp->grid_n, cp->grid_n, 1};
+	tern_gemm_c c = {grid, gaps ? cp->grid_n : cp->out_sp, false, false, bias};
+	tern_gemm_packed_run(a->pool, cp->packed[g], cp->grid_n, &b, &c, TERN_GEMM_ROWS);
+	if (gaps) {
+		grid_ctx gc = {cp, grid, y};
+		parallel_range(a->pool, cp->mg, grain_for(cp->out_sp), grid_copy, &gc);
+	}
+}
+
 static tern_status conv_kernel(const tern_kernel_args *a)
 {
 	const conv_params *cp = a->params;
@@ -1102,6 +1202,10 @@ static tern_status conv_kernel(const tern_kernel_args *a)
 			const char *xg = x + (size_t)((n * cp->cin + g * cp->cg) * cp->in_sp) * es;
 			char *yg = y + (size_t)((n * cp->cout + g * cp->mg) * cp->out_sp) * es;
 			const void *bg = bias ? (const char *)bias + (size_t)(g * cp->mg) * es : NULL;
+			if (cp->direct) {
+				conv_direct(a, cp, g, (const float *)xg, bg, (float *)yg);
+				continue;
+			}
 			if (cp->packed && !cp->pointwise) {
 				conv_fill_ctx f = {cp, (const float *)xg};
 				tern_gemm_packed_fill(a->pool, cp->packed[g], cp->out_sp, conv_fill, &f, bg, (float *)yg, cp->out_sp);
@@ -1159,6 +1263,58 @@ static tern_status conv_setup(tern_prepare_args *p, const tern_tensor *x, const 
 	return TERN_OK;
 }
 
+/* The phase planes, row offsets and kernel of a 1-D or 2-D convolution with packed weights. */
+static tern_status conv_direct_setup(tern_prepare_args *p, conv_params *cp)
+{
+	const window *w = &cp->w;
+	int64_t s1 = w->s[1], s2 = w->s[2];
+	cp->direct = true;
+	cp->split = s1 > 1 || s2 > 1 || w->pb[1] || w->pb[2] || w->pe[1] || w->pe[2];
+	if (cp->split) {
+		/* the padded input, or as much of it as the taps reach, in whole strides */
+		int64_t hp = w->pb[1] + w->in[1] + w->pe[1], need_h = (w->out[1] - 1) * s1 + (w->k[1] - 1) * w->d[1] + 1;
+		int64_t wp = w->pb[2] + w->in[2] + w->pe[2], need_w = (w->out[2] - 1) * s2 + (w->k[2] - 1) * w->d[2] + 1;
+		cp->hq = ceil_div(hp > need_h ? hp : need_h, s1);
+		cp->wq = ceil_div(wp > need_w ? wp : need_w, s2);
+	} else {
+		cp->hq = w->in[1];
+		cp->wq = w->in[2];
+	}
+	/* the phases the taps use, numbered in order of first use */
+	int64_t *phase_at = malloc((size_t)(s1 * s2) * sizeof *phase_at);
+	cp->phases = malloc((size_t)(2 * s1 * s2) * sizeof *cp->phases);
+	cp->row_off = malloc((size_t)(cp->cg * cp->kk) * sizeof *cp->row_off);
+	if (!phase_at || !cp->phases || !cp->row_off) {
+		free(phase_at);
+		return no_memory(p->node);
+	}
+	for (int64_t i = 0; i < s1 * s2; i++)
+		phase_at[i] = -1;
+	for (int64_t t = 0; t < cp->kk; t++) {
+		int64_t r = t / w->k[2] * w->d[1], c = t % w->k[2] * w->d[2], ph = r % s1 * s2 + c % s2;
+		if (phase_at[ph] < 0) {
+			phase_at[ph] = cp->n_phases;
+			cp->phases[2 * cp->n_phases] = r % s1;
+			cp->phases[2 * cp->n_phases++ + 1] = c % s2;
+		}
+	}
+	int64_t plane = cp->hq * cp->wq;
+	for (int64_t t = 0; t < cp->kk; t++) {
+		int64_t r = t / w->k[2] * w->d[1], c = t % w->k[2] * w->d[2], ph = r % s1 * s2 + c % s2;
+		for (int64_t ch = 0; ch < cp->cg; ch++)
+			cp->row_off[ch * cp->kk + t] = (ch * cp->n_phases + phase_at[ph]) * plane + r / s1 * cp->wq + c / s2;
+	}
+	free(phase_at);
+	cp->grid_n = (w->out[1] - 1) * cp->wq + w->out[2];
+	cp->kind = tern_gemm_choose(cp->packed[0], cp->grid_n, w->out[1], w->out[2], false);
+	size_t planes = cp->split ? round_up((size_t)(cp->cg * cp->n_phases * plane) * sizeof(float)) : 0;
+	cp->grid_off = planes;
+	bool gaps = cp->kind == TERN_GEMM_ROWS && cp->wq != w->out[2];
+	p->scratch_bytes = planes + (gaps ? (size_t)(cp->mg * cp->grid_n) * sizeof(float) : 0);
+	p->kernel = conv_kernel;
+	return stage_halves(p);
+}
+
 static tern_status conv_prepare(tern_prepare_args *p)
 {
 	const tern_node *node = p->node;
@@ -1189,6 +1345,8 @@ static tern_status conv_prepare(tern_prepare_args *p)
 	}
 	if (!cp->depthwise && (st = pack_groups(node, cp, p->in[1], cp->mg, cp->cg * cp->kk, false)))
 		return st;
+	if (cp->packed && !cp->pointwise && w->k[0] == 1 && w->in[0] == 1)
+		return conv_direct_setup(p, cp);
 	if (cp->packed && !cp->pointwise) {
 		if (!(cp->taps = malloc((size_t)cp->kk * sizeof *cp->taps)))
 			return no_memory(node);
