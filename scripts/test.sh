@@ -31,7 +31,7 @@ run_suites() { # DIR SUITES...
 }
 
 build build -Dcuda=auto -Dwerror=true || { echo "0 passed, 1 failed"; exit 1; }
-run_suites build unit cli conformance models fuzz
+run_suites build unit cli compat conformance models fuzz
 if [ $quick = 0 ]; then
 	if build build-asan -Dcuda=disabled -Db_sanitize=address,undefined -Db_lundef=false -Dbuildtype=debugoptimized; then
 		run_suites build-asan unit cli conformance
