@@ -114,10 +114,10 @@ struct parse_ctx {
 };
 
 static const struct argp_option common_options[] = {
-	{"output", 'o', "FILE", 0, "write to FILE instead of standard output; FILE is replaced only on success", -2},
-	{"verbose", 'v', NULL, 0, "say what is done on standard error (repeat for more)", -2},
-	{"quiet", 'q', NULL, 0, "print only errors", -2},
-	{0},
+        {"output", 'o', "FILE", 0, "write to FILE instead of standard output; FILE is replaced only on success", -2},
+        {"verbose", 'v', NULL, 0, "say what is done on standard error (repeat for more)", -2},
+        {"quiet", 'q', NULL, 0, "print only errors", -2},
+        {0},
 };
 
 static error_t parse_common(int key, char *arg, struct argp_state *state)
@@ -128,15 +128,9 @@ static error_t parse_common(int key, char *arg, struct argp_state *state)
 		if (state->root_argp->children)
 			state->child_inputs[0] = ctx->tool->input;
 		return 0;
-	case 'o':
-		ctx->cli->output = strcmp(arg, "-") ? arg : NULL;
-		return 0;
-	case 'v':
-		ctx->cli->verbose++;
-		return 0;
-	case 'q':
-		ctx->cli->quiet = 1;
-		return 0;
+	case 'o': ctx->cli->output = strcmp(arg, "-") ? arg : NULL; return 0;
+	case 'v': ctx->cli->verbose++; return 0;
+	case 'q': ctx->cli->quiet = 1; return 0;
 	case ARGP_KEY_ARG:
 		if (ctx->tool->args_doc)
 			return ARGP_ERR_UNKNOWN;
@@ -145,8 +139,7 @@ static error_t parse_common(int key, char *arg, struct argp_state *state)
 			           ctx->cli->input ? ctx->cli->input : "-");
 		ctx->cli->input = strcmp(arg, "-") ? arg : NULL;
 		return 0;
-	default:
-		return ARGP_ERR_UNKNOWN;
+	default: return ARGP_ERR_UNKNOWN;
 	}
 }
 
@@ -166,13 +159,13 @@ void tern_cli_parse(tern_cli *cli, const tern_cli_tool *tool, int argc, char **a
 	const struct argp own = {tool->options, tool->parser, NULL, NULL, NULL, NULL, NULL};
 	const struct argp_child children[] = {{&own, 0, NULL, 0}, {0}};
 	const struct argp root = {
-		common_options,
-		parse_common,
-		tool->args_doc ? tool->args_doc : "[GRAPH]",
-		tool->doc,
-		tool->options || tool->parser ? children : NULL,
-		NULL,
-		NULL,
+	        common_options,
+	        parse_common,
+	        tool->args_doc ? tool->args_doc : "[GRAPH]",
+	        tool->doc,
+	        tool->options || tool->parser ? children : NULL,
+	        NULL,
+	        NULL,
 	};
 	struct parse_ctx ctx = {cli, tool};
 	argp_parse(&root, argc, argv, 0, NULL, &ctx);

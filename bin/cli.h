@@ -10,10 +10,10 @@
 
 /* The common options, as parsed. */
 typedef struct tern_cli {
-	const char *input;  /* the GRAPH argument; NULL means standard input */
+	const char *input; /* the GRAPH argument; NULL means standard input */
 	const char *output; /* -o; NULL means standard output */
-	int verbose;        /* -v, once per -v */
-	int quiet;          /* -q */
+	int verbose; /* -v, once per -v */
+	int quiet; /* -q */
 } tern_cli;
 
 /* What a tool tells the shared parser about itself. */
@@ -22,7 +22,7 @@ typedef struct tern_cli_tool {
 	/* argp's doc: a one-line summary, optionally "\v" and text shown after the options. */
 	const char *doc;
 	const struct argp_option *options; /* the tool's own options; may be NULL */
-	argp_parser_t parser;              /* parses them; state->input is `input` below */
+	argp_parser_t parser; /* parses them; state->input is `input` below */
 	void *input;
 	/* NULL: the tool reads one optional GRAPH argument, parsed here into tern_cli.input.
 	 * Otherwise the tool's parser takes the positional arguments, which this string describes. */

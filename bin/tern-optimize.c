@@ -21,13 +21,15 @@ typedef struct options {
 } options;
 
 static const struct argp_option option_table[] = {
-	{"level", 'O', "LEVEL", 0, "0 nothing; 1 rewrites that keep a standard ONNX graph; 2 (default) adds tern's fused "
-	                           "operators; 3 adds rewrites that reassociate floating-point arithmetic", 0},
-	{"passes", OPT_PASSES, "A,B,...", 0, "run exactly these passes, in this order, instead of a level", 0},
-	{"list-passes", OPT_LIST, NULL, 0, "list the passes with their level and what they do, and exit", 0},
-	{"stats", OPT_STATS, NULL, 0, "print on standard error what each pass changed and how long it took", 0},
-	{"dim", OPT_DIM, "NAME=N", 0, "make symbolic dimension NAME static, of size N (repeatable)", 0},
-	{0},
+        {"level", 'O', "LEVEL", 0,
+         "0 nothing; 1 rewrites that keep a standard ONNX graph; 2 (default) adds tern's fused "
+         "operators; 3 adds rewrites that reassociate floating-point arithmetic",
+         0},
+        {"passes", OPT_PASSES, "A,B,...", 0, "run exactly these passes, in this order, instead of a level", 0},
+        {"list-passes", OPT_LIST, NULL, 0, "list the passes with their level and what they do, and exit", 0},
+        {"stats", OPT_STATS, NULL, 0, "print on standard error what each pass changed and how long it took", 0},
+        {"dim", OPT_DIM, "NAME=N", 0, "make symbolic dimension NAME static, of size N (repeatable)", 0},
+        {0},
 };
 
 static void *grow_or_fail(void *items, size_t n, size_t size)
@@ -76,17 +78,10 @@ static error_t parse_option(int key, char *arg, struct argp_state *state)
 		if (!o->n_passes)
 			argp_error(state, "--passes needs at least one pass name");
 		return 0;
-	case OPT_LIST:
-		o->list = 1;
-		return 0;
-	case OPT_STATS:
-		o->stats = 1;
-		return 0;
-	case OPT_DIM:
-		parse_dim(o, arg, state);
-		return 0;
-	default:
-		return ARGP_ERR_UNKNOWN;
+	case OPT_LIST: o->list = 1; return 0;
+	case OPT_STATS: o->stats = 1; return 0;
+	case OPT_DIM: parse_dim(o, arg, state); return 0;
+	default: return ARGP_ERR_UNKNOWN;
 	}
 }
 
@@ -144,12 +139,15 @@ int main(int argc, char **argv)
 	tern_cli cli;
 	options opts = {.level = 2};
 	const tern_cli_tool tool = {
-		"tern-optimize",
-		"Rewrite a graph so that it computes the same outputs with less work.\v"
-		"Passes repeat until the graph stops changing, so optimising an optimised graph changes nothing. "
-		"-O1 output is a standard ONNX graph; -O2 and -O3 use operators of the domain 'tern' that tern-run "
-		"executes. Annotations of the old graph (keys starting tern.) are dropped when anything changed.",
-		option_table, parse_option, &opts, NULL};
+	        "tern-optimize",
+	        "Rewrite a graph so that it computes the same outputs with less work.\v"
+	        "Passes repeat until the graph stops changing, so optimising an optimised graph changes nothing. "
+	        "-O1 output is a standard ONNX graph; -O2 and -O3 use operators of the domain 'tern' that tern-run "
+	        "executes. Annotations of the old graph (keys starting tern.) are dropped when anything changed.",
+	        option_table,
+	        parse_option,
+	        &opts,
+	        NULL};
 	tern_cli_parse(&cli, &tool, argc, argv);
 	if (opts.list) {
 		list_passes();
@@ -158,7 +156,8 @@ int main(int argc, char **argv)
 	FILE *out = tern_cli_open_output(&cli, 1);
 	tern_model *m = tern_cli_load(&cli);
 	size_t before = live_nodes(m);
-	tern_optimize_options o = {opts.level, opts.passes, opts.n_passes, opts.dim_names, opts.dim_values, opts.n_dims};
+	tern_optimize_options o = {opts.level,     opts.passes,     opts.n_passes,
+	                           opts.dim_names, opts.dim_values, opts.n_dims};
 	tern_pass_stat *stats = NULL;
 	int n_stats = 0;
 	tern_cli_check(tern_optimize(m, &o, &stats, &n_stats));

@@ -49,25 +49,26 @@ enum {
 };
 
 static const struct argp_option options[] = {
-	{NULL, 0, NULL, 0, "Inputs:", 1},
-	{"input", 'i', "[NAME=]FILE", 0,
-	 "a graph input from a .npy or .pb file; without NAME, the next input in graph order", 1},
-	{"random", OPT_RANDOM, NULL, 0, "fill inputs not given with -i with random values", 1},
-	{"seed", OPT_SEED, "S", 0, "seed of --random (default 0)", 1},
-	{"dim", OPT_DIM, "NAME=N", 0, "the value of symbolic dimension NAME", 1},
-	{NULL, 0, NULL, 0, "Outputs:", 2},
-	{"output-dir", 'O', "DIR", 0, "write each output to DIR/NAME.npy", 2},
-	{"output-format", OPT_OUTPUT_FORMAT, "FMT", 0, "npy (the default) or pb, for -O", 2},
-	{"print", OPT_PRINT, NULL, 0,
-	 "print each output's name, type, first values and checksums (the default without -O and --json)", 2},
-	{"json", OPT_JSON, NULL, 0, "print timings, memory and output checksums as one JSON object", 2},
-	{"profile", OPT_PROFILE, "FILE", 0, "write a Chrome trace of the last timed run to FILE", 2},
-	{NULL, 0, NULL, 0, "Running:", 3},
-	{"iters", OPT_ITERS, "N", 0, "timed runs (default 1)", 3},
-	{"warmup", OPT_WARMUP, "W", 0, "untimed runs before them (default 0)", 3},
-	{"threads", OPT_THREADS, "N", 0, "threads for streams and within operators (default 1; 0: one per CPU)", 3},
-	{"single-stream", OPT_SINGLE_STREAM, NULL, 0, "run nodes one after another, ignoring a schedule in the graph", 3},
-	{0},
+        {NULL, 0, NULL, 0, "Inputs:", 1},
+        {"input", 'i', "[NAME=]FILE", 0,
+         "a graph input from a .npy or .pb file; without NAME, the next input in graph order", 1},
+        {"random", OPT_RANDOM, NULL, 0, "fill inputs not given with -i with random values", 1},
+        {"seed", OPT_SEED, "S", 0, "seed of --random (default 0)", 1},
+        {"dim", OPT_DIM, "NAME=N", 0, "the value of symbolic dimension NAME", 1},
+        {NULL, 0, NULL, 0, "Outputs:", 2},
+        {"output-dir", 'O', "DIR", 0, "write each output to DIR/NAME.npy", 2},
+        {"output-format", OPT_OUTPUT_FORMAT, "FMT", 0, "npy (the default) or pb, for -O", 2},
+        {"print", OPT_PRINT, NULL, 0,
+         "print each output's name, type, first values and checksums (the default without -O and --json)", 2},
+        {"json", OPT_JSON, NULL, 0, "print timings, memory and output checksums as one JSON object", 2},
+        {"profile", OPT_PROFILE, "FILE", 0, "write a Chrome trace of the last timed run to FILE", 2},
+        {NULL, 0, NULL, 0, "Running:", 3},
+        {"iters", OPT_ITERS, "N", 0, "timed runs (default 1)", 3},
+        {"warmup", OPT_WARMUP, "W", 0, "untimed runs before them (default 0)", 3},
+        {"threads", OPT_THREADS, "N", 0, "threads for streams and within operators (default 1; 0: one per CPU)", 3},
+        {"single-stream", OPT_SINGLE_STREAM, NULL, 0, "run nodes one after another, ignoring a schedule in the graph",
+         3},
+        {0},
 };
 
 static int64_t parse_count(struct argp_state *state, const char *what, const char *arg, int64_t min, int64_t max)
@@ -76,7 +77,8 @@ static int64_t parse_count(struct argp_state *state, const char *what, const cha
 	errno = 0;
 	long long v = strtoll(arg, &end, 10);
 	if (errno || end == arg || *end || v < min || v > max)
-		argp_error(state, "%s must be an integer from %" PRId64 " to %" PRId64 ", not '%s'", what, min, max, arg);
+		argp_error(state, "%s must be an integer from %" PRId64 " to %" PRId64 ", not '%s'", what, min, max,
+		           arg);
 	return v;
 }
 
@@ -112,12 +114,8 @@ static error_t parse_option(int key, char *arg, struct argp_state *state)
 		run->input_args = grow_or_fail(run->input_args, (size_t)run->n_input_args + 1, sizeof *run->input_args);
 		run->input_args[run->n_input_args++] = arg;
 		return 0;
-	case OPT_RANDOM:
-		run->random = 1;
-		return 0;
-	case OPT_SEED:
-		run->seed = (uint64_t)parse_count(state, "--seed", arg, 0, INT64_MAX);
-		return 0;
+	case OPT_RANDOM: run->random = 1; return 0;
+	case OPT_SEED: run->seed = (uint64_t)parse_count(state, "--seed", arg, 0, INT64_MAX); return 0;
 	case OPT_DIM: {
 		char *eq = strchr(arg, '=');
 		if (!eq || eq == arg)
@@ -128,37 +126,20 @@ static error_t parse_option(int key, char *arg, struct argp_state *state)
 		add_dim(run, arg, parse_count(state, "--dim value", eq + 1, 0, INT64_MAX));
 		return 0;
 	}
-	case 'O':
-		run->out_dir = arg;
-		return 0;
+	case 'O': run->out_dir = arg; return 0;
 	case OPT_OUTPUT_FORMAT:
 		if (strcmp(arg, "npy") && strcmp(arg, "pb"))
 			argp_error(state, "unknown output format '%s' (npy or pb)", arg);
 		run->out_pb = strcmp(arg, "pb") == 0;
 		return 0;
-	case OPT_PRINT:
-		run->print = 1;
-		return 0;
-	case OPT_JSON:
-		run->json = 1;
-		return 0;
-	case OPT_PROFILE:
-		run->profile = arg;
-		return 0;
-	case OPT_ITERS:
-		run->iters = (int)parse_count(state, "--iters", arg, 1, 1000000000);
-		return 0;
-	case OPT_WARMUP:
-		run->warmup = (int)parse_count(state, "--warmup", arg, 0, 1000000000);
-		return 0;
-	case OPT_THREADS:
-		run->threads = (int)parse_count(state, "--threads", arg, 0, 4096);
-		return 0;
-	case OPT_SINGLE_STREAM:
-		run->single_stream = 1;
-		return 0;
-	default:
-		return ARGP_ERR_UNKNOWN;
+	case OPT_PRINT: run->print = 1; return 0;
+	case OPT_JSON: run->json = 1; return 0;
+	case OPT_PROFILE: run->profile = arg; return 0;
+	case OPT_ITERS: run->iters = (int)parse_count(state, "--iters", arg, 1, 1000000000); return 0;
+	case OPT_WARMUP: run->warmup = (int)parse_count(state, "--warmup", arg, 0, 1000000000); return 0;
+	case OPT_THREADS: run->threads = (int)parse_count(state, "--threads", arg, 0, 4096); return 0;
+	case OPT_SINGLE_STREAM: run->single_stream = 1; return 0;
+	default: return ARGP_ERR_UNKNOWN;
 	}
 }
 
@@ -207,16 +188,18 @@ static void check_input(struct run *run, tern_model *model, int i, const tern_te
 	for (int k = 0; d.rank >= 0 && k < d.rank; k++) {
 		if (d.dims[k] >= 0) {
 			if (d.dims[k] != t->dims[k])
-				tern_cli_fail(TERN_EDATA, "input '%s': %s holds %s, the graph wants %s", name, path, have,
-				              d.text);
+				tern_cli_fail(TERN_EDATA, "input '%s': %s holds %s, the graph wants %s", name, path,
+				              have, d.text);
 			continue;
 		}
 		if (!d.params[k] || !*d.params[k])
 			continue;
 		const int64_t *bound = find_dim(run, d.params[k]);
 		if (bound && *bound != t->dims[k])
-			tern_cli_fail(TERN_EDATA, "input '%s': %s holds %s, but dimension '%s' is %" PRId64
-			              " (from --dim or an earlier input)", name, path, have, d.params[k], *bound);
+			tern_cli_fail(TERN_EDATA,
+			              "input '%s': %s holds %s, but dimension '%s' is %" PRId64
+			              " (from --dim or an earlier input)",
+			              name, path, have, d.params[k], *bound);
 		if (!bound)
 			add_dim(run, d.params[k], t->dims[k]);
 	}
@@ -274,10 +257,14 @@ static void fill_random(tern_tensor *t, uint64_t *state, const char *name)
 			break;
 		}
 		case TERN_BOOL: ((uint8_t *)t->data)[j] = (uint8_t)(small & 1); break;
-		case TERN_INT8: case TERN_UINT8: ((uint8_t *)t->data)[j] = (uint8_t)small; break;
-		case TERN_INT16: case TERN_UINT16: ((uint16_t *)t->data)[j] = (uint16_t)small; break;
-		case TERN_INT32: case TERN_UINT32: ((uint32_t *)t->data)[j] = (uint32_t)small; break;
-		case TERN_INT64: case TERN_UINT64: ((uint64_t *)t->data)[j] = small; break;
+		case TERN_INT8:
+		case TERN_UINT8: ((uint8_t *)t->data)[j] = (uint8_t)small; break;
+		case TERN_INT16:
+		case TERN_UINT16: ((uint16_t *)t->data)[j] = (uint16_t)small; break;
+		case TERN_INT32:
+		case TERN_UINT32: ((uint32_t *)t->data)[j] = (uint32_t)small; break;
+		case TERN_INT64:
+		case TERN_UINT64: ((uint64_t *)t->data)[j] = small; break;
 		default:
 			tern_cli_fail(TERN_EDATA, "input '%s': --random cannot make %s values; give it with -i", name,
 			              tern_dtype_name(t->dtype));
@@ -299,11 +286,11 @@ static void make_random(struct run *run, tern_model *model, int i, tern_tensor *
 			continue;
 		const int64_t *bound = d.params[k] && *d.params[k] ? find_dim(run, d.params[k]) : NULL;
 		if (!bound && d.params[k] && *d.params[k])
-			tern_cli_fail(TERN_EDATA, "input '%s' (%s): give the size of dimension '%s' with --dim %s=SIZE", name,
-			              d.text, d.params[k], d.params[k]);
+			tern_cli_fail(TERN_EDATA, "input '%s' (%s): give the size of dimension '%s' with --dim %s=SIZE",
+			              name, d.text, d.params[k], d.params[k]);
 		if (!bound)
-			tern_cli_fail(TERN_EDATA, "input '%s' (%s): dimension %d has no size or name; give it with -i", name,
-			              d.text, k);
+			tern_cli_fail(TERN_EDATA, "input '%s' (%s): dimension %d has no size or name; give it with -i",
+			              name, d.text, k);
 		dims[k] = *bound;
 	}
 	tern_cli_check(tern_tensor_alloc(t, d.dtype, d.rank, dims));
@@ -325,7 +312,8 @@ static void load_input(struct run *run, tern_model *model, tern_tensor *inputs, 
 	if (inputs[i].dtype)
 		tern_cli_fail(TERN_EUSAGE, "input '%s' is given twice", tern_model_input_name(model, i));
 	if (run->graph_from_stdin && strcmp(path, "-") == 0)
-		tern_cli_fail(TERN_EUSAGE, "input '%s': standard input holds the graph; give GRAPH as a file to read -i -",
+		tern_cli_fail(TERN_EUSAGE,
+		              "input '%s': standard input holds the graph; give GRAPH as a file to read -i -",
 		              tern_model_input_name(model, i));
 	tern_cli_check(tern_tensor_read_file(path, &inputs[i]));
 	check_input(run, model, i, &inputs[i], path);
@@ -357,7 +345,8 @@ static tern_tensor *read_inputs(struct run *run, tern_model *model, int n)
 		while (next < n && inputs[next].dtype)
 			next++;
 		if (next == n)
-			tern_cli_fail(TERN_EUSAGE, "-i %s: the graph has only %d input%s", bare[b], n, n == 1 ? "" : "s");
+			tern_cli_fail(TERN_EUSAGE, "-i %s: the graph has only %d input%s", bare[b], n,
+			              n == 1 ? "" : "s");
 		load_input(run, model, inputs, next, bare[b]);
 	}
 	free(bare);
@@ -369,7 +358,8 @@ static tern_tensor *read_inputs(struct run *run, tern_model *model, int n)
 		struct declared d;
 		declared_type(model, i, &d);
 		if (!run->random)
-			tern_cli_fail(TERN_EDATA, "input '%s' (%s) has no value; give it with -i %s=FILE or use --random",
+			tern_cli_fail(TERN_EDATA,
+			              "input '%s' (%s) has no value; give it with -i %s=FILE or use --random",
 			              tern_model_input_name(model, i), d.text, tern_model_input_name(model, i));
 		make_random(run, model, i, &inputs[i], &state);
 	}
@@ -415,7 +405,7 @@ static void write_outputs(const struct run *run, const tern_plan *plan)
 {
 	make_dirs(run->out_dir);
 	int n = tern_plan_num_outputs(plan);
-	char (*names)[232] = calloc((size_t)n + 1, sizeof *names);
+	char(*names)[232] = calloc((size_t)n + 1, sizeof *names);
 	if (!names)
 		tern_cli_fail(TERN_EOS, "out of memory");
 	const char *ext = run->out_pb ? ".pb" : ".npy";
@@ -461,7 +451,7 @@ static int64_t n_components(const tern_tensor *t)
 static bool is_integer(int dtype)
 {
 	return dtype != TERN_FLOAT && dtype != TERN_DOUBLE && dtype != TERN_FLOAT16 && dtype != TERN_BFLOAT16 &&
-	       dtype != TERN_COMPLEX64 && dtype != TERN_COMPLEX128;
+	        dtype != TERN_COMPLEX64 && dtype != TERN_COMPLEX128;
 }
 
 struct checksum {
@@ -584,8 +574,7 @@ static double peak_rss_mb(void)
 	return (double)ru.ru_maxrss / 1024.0; /* ru_maxrss is in KiB on Linux */
 }
 
-static void print_json(FILE *f, const struct run *run, const char *graph, const tern_plan *plan,
-                       const struct timing *t)
+static void print_json(FILE *f, const struct run *run, const char *graph, const tern_plan *plan, const struct timing *t)
 {
 	fputs("{\"graph\": ", f);
 	json_string(f, graph);
@@ -645,13 +634,16 @@ static void write_profile(const char *path, const tern_plan *plan)
 		json_string(f, ev[i].name && *ev[i].name ? ev[i].name : ev[i].op_type ? ev[i].op_type : "?");
 		fputs(", \"cat\": ", f);
 		json_string(f, ev[i].op_type ? ev[i].op_type : "?");
-		fprintf(f, ", \"ph\": \"X\", \"ts\": %.3f, \"dur\": %.3f, \"pid\": 0, \"tid\": %d, "
+		fprintf(f,
+		        ", \"ph\": \"X\", \"ts\": %.3f, \"dur\": %.3f, \"pid\": 0, \"tid\": %d, "
 		        "\"args\": {\"thread\": %d}}",
 		        ev[i].start_us - t0, ev[i].dur_us, track, ev[i].thread);
 	}
 	for (int s = 0; s <= max_track; s++)
-		fprintf(f, ",\n {\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": 0, \"tid\": %d, \"args\": {\"name\": "
-		        "\"stream %d\"}}", s, s);
+		fprintf(f,
+		        ",\n {\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": 0, \"tid\": %d, \"args\": {\"name\": "
+		        "\"stream %d\"}}",
+		        s, s);
 	fputs("\n]}\n", f);
 	tern_cli_close_output();
 }
@@ -675,16 +667,16 @@ int main(int argc, char **argv)
 {
 	struct run run = {.iters = 1, .threads = 1};
 	const tern_cli_tool tool = {
-		.name = "tern-run",
-		.doc = "Run a graph on inputs from .npy or .pb files, or random ones; write, print and time its "
-		       "outputs.\v"
-		       "GRAPH is binary ONNX or the text syntax, read from standard input when absent or '-'. "
-		       "-o FILE sends the printed outputs and --json to FILE. Exit status: 0 success, 64 usage, "
-		       "65 bad graph or input (wrong shape or type, missing input, unsupported operator), "
-		       "66 a file cannot be opened, 74 write failed.",
-		.options = options,
-		.parser = parse_option,
-		.input = &run,
+	        .name = "tern-run",
+	        .doc = "Run a graph on inputs from .npy or .pb files, or random ones; write, print and time its "
+	               "outputs.\v"
+	               "GRAPH is binary ONNX or the text syntax, read from standard input when absent or '-'. "
+	               "-o FILE sends the printed outputs and --json to FILE. Exit status: 0 success, 64 usage, "
+	               "65 bad graph or input (wrong shape or type, missing input, unsupported operator), "
+	               "66 a file cannot be opened, 74 write failed.",
+	        .options = options,
+	        .parser = parse_option,
+	        .input = &run,
 	};
 	tern_cli cli;
 	tern_cli_parse(&cli, &tool, argc, argv);
@@ -701,11 +693,11 @@ int main(int argc, char **argv)
 	tern_tensor *inputs = read_inputs(&run, model, n_inputs);
 
 	const tern_plan_options plan_opts = {
-		.n_threads = run.threads,
-		.dim_names = run.dim_names,
-		.dim_values = run.dim_values,
-		.n_dims = run.n_dims,
-		.single_stream = run.single_stream,
+	        .n_threads = run.threads,
+	        .dim_names = run.dim_names,
+	        .dim_values = run.dim_values,
+	        .n_dims = run.n_dims,
+	        .single_stream = run.single_stream,
 	};
 	struct timing timing = {.ms = calloc((size_t)run.iters, sizeof(double)), .n = run.iters};
 	if (!timing.ms)

@@ -10,8 +10,8 @@ typedef struct options {
 } options;
 
 static const struct argp_option option_table[] = {
-	{"streams", 's', "N|auto", 0, "At most N streams (default auto: as many as the graph's concurrency needs)", 0},
-	{0},
+        {"streams", 's', "N|auto", 0, "At most N streams (default auto: as many as the graph's concurrency needs)", 0},
+        {0},
 };
 
 static error_t parse_option(int key, char *arg, struct argp_state *state)
@@ -67,12 +67,15 @@ int main(int argc, char **argv)
 	tern_cli cli;
 	options opts = {0};
 	const tern_cli_tool tool = {
-		"tern-schedule",
-		"Compute an ahead-of-time multi-stream schedule (Nimble) and write it into the graph.\v"
-		"Independent operators go to different streams; a node waits only on the cross-stream edges of "
-		"the graph's transitive reduction, the fewest synchronisations possible. The schedule is stored "
-		"in metadata_props under tern.schedule; `tern-show -f plan` prints it.",
-		option_table, parse_option, &opts, NULL};
+	        "tern-schedule",
+	        "Compute an ahead-of-time multi-stream schedule (Nimble) and write it into the graph.\v"
+	        "Independent operators go to different streams; a node waits only on the cross-stream edges of "
+	        "the graph's transitive reduction, the fewest synchronisations possible. The schedule is stored "
+	        "in metadata_props under tern.schedule; `tern-show -f plan` prints it.",
+	        option_table,
+	        parse_option,
+	        &opts,
+	        NULL};
 	tern_cli_parse(&cli, &tool, argc, argv);
 	FILE *out = tern_cli_open_output(&cli, 1);
 	tern_model *m = tern_cli_load(&cli);

@@ -38,9 +38,8 @@ static tern_status write_dot(tern_model *model, const struct show *show, char **
 	tern_status status = tern_model_stream_groups(model, &streams);
 	if (status)
 		return status;
-	const tern_dot_options opts = {.show_weights = show->weights,
-	                               .node_group = streams ? tern_stream_group : NULL,
-	                               .user = streams};
+	const tern_dot_options opts = {
+	        .show_weights = show->weights, .node_group = streams ? tern_stream_group : NULL, .user = streams};
 	status = tern_model_save_dot(model, &opts, out, size);
 	free(streams);
 	return status;
@@ -57,23 +56,20 @@ static tern_status write_stats(tern_model *model, const struct show *show, char 
 }
 
 static const struct format formats[] = {
-	{"text", 0, write_text},
-	{"onnx", 1, write_onnx},
-	{"dot", 0, write_dot},
-	{"stats", 0, write_stats},
-	{"plan", 0, write_plan},
+        {"text", 0, write_text},   {"onnx", 1, write_onnx}, {"dot", 0, write_dot},
+        {"stats", 0, write_stats}, {"plan", 0, write_plan},
 };
 
 enum { OPT_TEXT = 256, OPT_ONNX, OPT_DOT, OPT_STATS };
 
 static const struct argp_option options[] = {
-	{"format", 'f', "FORMAT", 0, "text (the default), onnx, dot, stats or plan", 0},
-	{"text", OPT_TEXT, NULL, 0, "same as -f text", 0},
-	{"onnx", OPT_ONNX, NULL, 0, "same as -f onnx", 0},
-	{"dot", OPT_DOT, NULL, 0, "same as -f dot", 0},
-	{"stats", OPT_STATS, NULL, 0, "same as -f stats", 0},
-	{"weights", 'w', NULL, 0, "text: write every initializer in full; dot: draw initializers", 0},
-	{0},
+        {"format", 'f', "FORMAT", 0, "text (the default), onnx, dot, stats or plan", 0},
+        {"text", OPT_TEXT, NULL, 0, "same as -f text", 0},
+        {"onnx", OPT_ONNX, NULL, 0, "same as -f onnx", 0},
+        {"dot", OPT_DOT, NULL, 0, "same as -f dot", 0},
+        {"stats", OPT_STATS, NULL, 0, "same as -f stats", 0},
+        {"weights", 'w', NULL, 0, "text: write every initializer in full; dot: draw initializers", 0},
+        {0},
 };
 
 static const struct format *find_format(const char *name)
@@ -95,14 +91,9 @@ static error_t parse_option(int key, char *arg, struct argp_state *state)
 	case OPT_TEXT:
 	case OPT_ONNX:
 	case OPT_DOT:
-	case OPT_STATS:
-		show->format = &formats[key - OPT_TEXT];
-		return 0;
-	case 'w':
-		show->weights = 1;
-		return 0;
-	default:
-		return ARGP_ERR_UNKNOWN;
+	case OPT_STATS: show->format = &formats[key - OPT_TEXT]; return 0;
+	case 'w': show->weights = 1; return 0;
+	default: return ARGP_ERR_UNKNOWN;
 	}
 }
 
@@ -110,15 +101,15 @@ int main(int argc, char **argv)
 {
 	struct show show = {.format = &formats[0]};
 	const tern_cli_tool tool = {
-		.name = "tern-show",
-		.doc = "Print a graph as ONNX text syntax, binary ONNX, Graphviz DOT, statistics, or its schedule.\v"
-		       "plan: one line per node in launch order, NODE<TAB>STREAM<TAB>WAITS (see tern-schedule(1)). "
-		       "GRAPH is binary ONNX or the text syntax, read from standard input when absent or '-'. "
-		       "It must be a valid graph. Exit status: 0 success, 64 usage, 65 bad graph, "
-		       "66 GRAPH cannot be opened, 74 write failed.",
-		.options = options,
-		.parser = parse_option,
-		.input = &show,
+	        .name = "tern-show",
+	        .doc = "Print a graph as ONNX text syntax, binary ONNX, Graphviz DOT, statistics, or its schedule.\v"
+	               "plan: one line per node in launch order, NODE<TAB>STREAM<TAB>WAITS (see tern-schedule(1)). "
+	               "GRAPH is binary ONNX or the text syntax, read from standard input when absent or '-'. "
+	               "It must be a valid graph. Exit status: 0 success, 64 usage, 65 bad graph, "
+	               "66 GRAPH cannot be opened, 74 write failed.",
+	        .options = options,
+	        .parser = parse_option,
+	        .input = &show,
 	};
 	tern_cli cli;
 	tern_cli_parse(&cli, &tool, argc, argv);

@@ -13,13 +13,13 @@ static const struct {
 	const char *name;
 	const char *summary;
 } tools[] = {
-	{"show", "print a graph as text, binary ONNX, Graphviz DOT, statistics or its schedule"},
-	{"run", "run a graph on tensor files and write its outputs"},
-	{"optimize", "rewrite a graph into a faster equivalent one"},
-	{"partition", "split a graph for data-parallel training on several ranks"},
-	{"schedule", "assign streams and synchronisation ahead of time"},
-	{"trace", "record a graph from an imperative program"},
-	{"dist-run", "run a partitioned graph on several ranks"},
+        {"show", "print a graph as text, binary ONNX, Graphviz DOT, statistics or its schedule"},
+        {"run", "run a graph on tensor files and write its outputs"},
+        {"optimize", "rewrite a graph into a faster equivalent one"},
+        {"partition", "split a graph for data-parallel training on several ranks"},
+        {"schedule", "assign streams and synchronisation ahead of time"},
+        {"trace", "record a graph from an imperative program"},
+        {"dist-run", "run a partitioned graph on several ranks"},
 };
 
 /* The folder this program was run from, where its tools are installed beside it. */

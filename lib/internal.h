@@ -23,7 +23,7 @@
 
 /* ---------------------------------------------------------------- core helpers */
 
-void *tern_xmalloc(size_t n);  /* NULL on failure; callers report TERN_EOS */
+void *tern_xmalloc(size_t n); /* NULL on failure; callers report TERN_EOS */
 void *tern_aligned_alloc(size_t n); /* 64-byte aligned, zeroed; free with free() */
 char *tern_strdup(const char *s);
 /* Growable array: *items of *count with capacity *cap; returns false when out of memory. */
@@ -51,10 +51,10 @@ typedef struct tern_type {
 } tern_type;
 
 enum tern_value_flags {
-	TERN_VALUE_INPUT = 1 << 0,       /* a graph input the caller provides */
+	TERN_VALUE_INPUT = 1 << 0, /* a graph input the caller provides */
 	TERN_VALUE_INITIALIZER = 1 << 1, /* constant data in the graph */
-	TERN_VALUE_OUTPUT = 1 << 2,      /* a graph output */
-	TERN_VALUE_OUTER = 1 << 3,       /* defined in an enclosing graph (subgraph reference) */
+	TERN_VALUE_OUTPUT = 1 << 2, /* a graph output */
+	TERN_VALUE_OUTER = 1 << 3, /* defined in an enclosing graph (subgraph reference) */
 };
 
 struct tern_value {
@@ -66,15 +66,15 @@ struct tern_value {
 	tern_node **consumers;
 	size_t n_consumers, cap_consumers;
 	Onnx__TensorProto *initializer; /* points into the proto when TERN_VALUE_INITIALIZER */
-	tern_value *outer;              /* the enclosing graph's value when TERN_VALUE_OUTER */
-	int index;                      /* dense index within its graph */
+	tern_value *outer; /* the enclosing graph's value when TERN_VALUE_OUTER */
+	int index; /* dense index within its graph */
 };
 
 struct tern_node {
 	Onnx__NodeProto *proto; /* the node as stored; attributes and unknown fields stay here */
-	const char *name;       /* proto->name, or "" */
+	const char *name; /* proto->name, or "" */
 	const char *op_type;
-	const char *domain;     /* "" for the default domain */
+	const char *domain; /* "" for the default domain */
 	tern_graph *graph;
 	tern_value **inputs; /* NULL entries for omitted optional inputs */
 	size_t n_inputs;
@@ -86,8 +86,8 @@ struct tern_node {
 	tern_value **implicit;
 	size_t n_implicit, cap_implicit;
 	const struct tern_op *op; /* resolved registry entry, NULL until resolved */
-	int64_t opset;            /* version of the node's domain in this model */
-	int index;                /* position in graph->nodes */
+	int64_t opset; /* version of the node's domain in this model */
+	int index; /* position in graph->nodes */
 	int removed;
 };
 
@@ -95,11 +95,11 @@ enum tern_graph_kind { TERN_GRAPH_MAIN, TERN_GRAPH_SUBGRAPH, TERN_GRAPH_FUNCTION
 
 struct tern_graph {
 	enum tern_graph_kind kind;
-	Onnx__GraphProto *proto;    /* for MAIN and SUBGRAPH */
+	Onnx__GraphProto *proto; /* for MAIN and SUBGRAPH */
 	Onnx__FunctionProto *fproto; /* for FUNCTION */
 	tern_model *model;
 	tern_graph *parent; /* enclosing graph of a subgraph */
-	tern_node *owner;   /* node whose attribute holds this subgraph */
+	tern_node *owner; /* node whose attribute holds this subgraph */
 	const char *name;
 	tern_node **nodes;
 	size_t n_nodes, cap_nodes;
@@ -119,7 +119,7 @@ struct tern_model {
 	tern_graph *graph;
 	tern_graph **functions;
 	size_t n_functions;
-	char *source;   /* display name for messages */
+	char *source; /* display name for messages */
 	char *base_dir; /* for external data */
 	int ir_complete; /* the IR describes every proto node (a load did not stop half way) */
 };
@@ -174,7 +174,7 @@ tern_graph *tern_attr_graph(const tern_node *node, const char *name);
 const char *tern_node_desc(const tern_node *node, char *buf, size_t size);
 /* Sets an error that names the model source and the node: "SRC: node 'x' (Op): message". */
 tern_status tern_node_errorf(const tern_node *node, tern_status status, const char *fmt, ...)
-	__attribute__((format(printf, 3, 4)));
+        __attribute__((format(printf, 3, 4)));
 
 /* Type of a value from a ValueInfoProto / TypeProto. */
 void tern_type_from_proto(const Onnx__TypeProto *tp, tern_type *out);
@@ -201,7 +201,7 @@ typedef struct tern_kernel_args {
 	int n_in;
 	tern_tensor **out; /* NULL for omitted optional outputs */
 	int n_out;
-	void *params;  /* op-private, from prepare */
+	void *params; /* op-private, from prepare */
 	void *scratch; /* scratch_bytes of per-run scratch, aligned */
 	tern_threadpool *pool;
 	tern_exec_ptr exec; /* the executor running this node (for operators that run subgraphs) */
@@ -238,10 +238,10 @@ typedef struct tern_prepare_args {
 } tern_prepare_args;
 
 typedef struct tern_op {
-	const char *domain;  /* "" for ai.onnx */
+	const char *domain; /* "" for ai.onnx */
 	const char *op_type;
-	int since_version;   /* first opset this entry handles */
-	int until_version;   /* last opset it handles (0: up to the newest) */
+	int since_version; /* first opset this entry handles */
+	int until_version; /* last opset it handles (0: up to the newest) */
 	tern_status (*prepare)(tern_prepare_args *p);
 	/* Dtypes the kernel accepts for input 0, as a bit mask (1u << dtype); 0 = prepare checks. */
 	uint32_t dtypes;
@@ -250,7 +250,7 @@ typedef struct tern_op {
 
 #define TERN_DT(x) (1u << TERN_##x)
 #define TERN_DT_FLOATS (TERN_DT(FLOAT) | TERN_DT(DOUBLE) | TERN_DT(FLOAT16) | TERN_DT(BFLOAT16))
-#define TERN_DT_INTS                                                                               \
+#define TERN_DT_INTS                                                                                           \
 	(TERN_DT(INT8) | TERN_DT(INT16) | TERN_DT(INT32) | TERN_DT(INT64) | TERN_DT(UINT8) | TERN_DT(UINT16) | \
 	 TERN_DT(UINT32) | TERN_DT(UINT64))
 #define TERN_DT_NUMERIC (TERN_DT_FLOATS | TERN_DT_INTS)
@@ -272,8 +272,8 @@ const tern_op *tern_op_at(size_t i);
 
 /* Helpers for prepare functions. */
 /* Numpy-style broadcast of shapes; TERN_EDATA (naming the node) when incompatible. */
-tern_status tern_broadcast_shape(const tern_node *node, int ra, const int64_t *da, int rb, const int64_t *db,
-                                 int *rank, int64_t *dims);
+tern_status tern_broadcast_shape(const tern_node *node, int ra, const int64_t *da, int rb, const int64_t *db, int *rank,
+                                 int64_t *dims);
 /* Set output i to (dtype, rank, dims). */
 void tern_set_shape(tern_tensor *t, int dtype, int rank, const int64_t *dims);
 /* float16/bfloat16 conversions. */
@@ -290,18 +290,18 @@ uint16_t tern_f32_to_bf16(float f);
 typedef struct tern_schedule {
 	int n_nodes;
 	tern_node **order; /* launch order (a topological order) */
-	int *stream;       /* per launch position */
-	int **waits;       /* per launch position: launch positions of the nodes it waits for */
+	int *stream; /* per launch position */
+	int **waits; /* per launch position: launch positions of the nodes it waits for */
 	int *n_waits;
 	int n_streams;
 } tern_schedule;
 
 typedef struct tern_schedule_stats {
 	int reduced_edges; /* edges of the transitive reduction */
-	int matching;      /* size of the maximum matching */
-	int chains;        /* minimum path cover */
-	int streams;       /* after merging and capping */
-	int waits;         /* cross-stream waits placed */
+	int matching; /* size of the maximum matching */
+	int chains; /* minimum path cover */
+	int streams; /* after merging and capping */
+	int waits; /* cross-stream waits placed */
 	int64_t lost_pairs; /* concurrent node pairs put on one stream by the cap */
 } tern_schedule_stats;
 

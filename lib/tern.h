@@ -15,13 +15,13 @@ extern "C" {
 /* Status codes are the sysexits(3) values, so a tool can exit with the status it got. */
 typedef enum tern_status {
 	TERN_OK = 0,
-	TERN_EUSAGE = 64,       /* bad call: wrong arguments, unknown option value */
-	TERN_EDATA = 65,        /* bad graph or tensor data, unsupported operator */
-	TERN_ENOINPUT = 66,     /* a file cannot be opened */
+	TERN_EUSAGE = 64, /* bad call: wrong arguments, unknown option value */
+	TERN_EDATA = 65, /* bad graph or tensor data, unsupported operator */
+	TERN_ENOINPUT = 66, /* a file cannot be opened */
 	TERN_EUNAVAILABLE = 69, /* a backend or service is not available */
-	TERN_EINTERNAL = 70,    /* a bug in tern */
-	TERN_EOS = 71,          /* out of memory, a system call failed */
-	TERN_EIO = 74,          /* read or write failed */
+	TERN_EINTERNAL = 70, /* a bug in tern */
+	TERN_EOS = 71, /* out of memory, a system call failed */
+	TERN_EIO = 74, /* read or write failed */
 } tern_status;
 
 /* The message of the last failure in this thread ("" when none). */
@@ -81,7 +81,10 @@ typedef struct tern_tensor {
 } tern_tensor;
 
 int64_t tern_numel(int rank, const int64_t *dims);
-static inline int64_t tern_tensor_numel(const tern_tensor *t) { return tern_numel(t->rank, t->dims); }
+static inline int64_t tern_tensor_numel(const tern_tensor *t)
+{
+	return tern_numel(t->rank, t->dims);
+}
 /* Sets dtype/shape and allocates zeroed, 64-byte aligned storage. */
 tern_status tern_tensor_alloc(tern_tensor *t, int dtype, int rank, const int64_t *dims);
 /* Frees what the tensor owns and zeroes it. */
@@ -167,7 +170,7 @@ void tern_threadpool_free(tern_threadpool *pool);
 int tern_threadpool_size(const tern_threadpool *pool);
 
 typedef struct tern_plan_options {
-	int n_threads;          /* intra-operator threads (>= 1) */
+	int n_threads; /* intra-operator threads (>= 1) */
 	const char **dim_names; /* symbolic dimension values (--dim NAME=N) */
 	const int64_t *dim_values;
 	int n_dims;
@@ -177,8 +180,8 @@ typedef struct tern_plan_options {
 /* Plans the main graph for the given input tensors (shape and dtype matter, values do not):
  * shapes, kernels, memory, launch order. n_inputs must equal the number of graph inputs that are not
  * initializers, in graph order. */
-tern_status tern_plan_create(tern_model *model, const tern_plan_options *opts, const tern_tensor *inputs,
-                             int n_inputs, tern_plan **out);
+tern_status tern_plan_create(tern_model *model, const tern_plan_options *opts, const tern_tensor *inputs, int n_inputs,
+                             tern_plan **out);
 void tern_plan_free(tern_plan *plan);
 /* Runs once. Inputs must have the shapes the plan was made for (re-plan otherwise). Outputs are
  * written into outputs[0..n_outputs), which the plan owns until the next run or free. */
@@ -231,8 +234,7 @@ typedef struct tern_pass_stat {
 
 /* Optimises the main graph in place. *stats (malloc'd, one entry per pass that ran, in pipeline order)
  * may be NULL. TERN_EUSAGE names an unknown pass. */
-tern_status tern_optimize(tern_model *model, const tern_optimize_options *opts, tern_pass_stat **stats,
-                          int *n_stats);
+tern_status tern_optimize(tern_model *model, const tern_optimize_options *opts, tern_pass_stat **stats, int *n_stats);
 /* The passes, in pipeline order: name, one-line description, and the lowest level that runs each. */
 int tern_pass_count(void);
 const char *tern_pass_name(int index);

@@ -6,9 +6,15 @@
 
 static _Thread_local char message[1024];
 
-const char *tern_error(void) { return message; }
+const char *tern_error(void)
+{
+	return message;
+}
 
-void tern_error_clear(void) { message[0] = '\0'; }
+void tern_error_clear(void)
+{
+	message[0] = '\0';
+}
 
 tern_status tern_errorf(tern_status status, const char *fmt, ...)
 {

@@ -14,14 +14,27 @@ static const struct {
 	const char *name;
 	size_t size;
 } dtype_info[TERN_DTYPE_COUNT] = {
-	[TERN_UNDEFINED] = {"undefined", 0}, [TERN_FLOAT] = {"float", 4},     [TERN_UINT8] = {"uint8", 1},
-	[TERN_INT8] = {"int8", 1},           [TERN_UINT16] = {"uint16", 2},   [TERN_INT16] = {"int16", 2},
-	[TERN_INT32] = {"int32", 4},         [TERN_INT64] = {"int64", 8},     [TERN_STRING] = {"string", 0},
-	[TERN_BOOL] = {"bool", 1},           [TERN_FLOAT16] = {"float16", 2}, [TERN_DOUBLE] = {"double", 8},
-	[TERN_UINT32] = {"uint32", 4},       [TERN_UINT64] = {"uint64", 8},   [TERN_COMPLEX64] = {"complex64", 8},
-	[TERN_COMPLEX128] = {"complex128", 16}, [TERN_BFLOAT16] = {"bfloat16", 2},
-	[TERN_FLOAT8E4M3FN] = {"float8e4m3fn", 1}, [TERN_FLOAT8E4M3FNUZ] = {"float8e4m3fnuz", 1},
-	[TERN_FLOAT8E5M2] = {"float8e5m2", 1}, [TERN_FLOAT8E5M2FNUZ] = {"float8e5m2fnuz", 1},
+        [TERN_UNDEFINED] = {"undefined", 0},
+        [TERN_FLOAT] = {"float", 4},
+        [TERN_UINT8] = {"uint8", 1},
+        [TERN_INT8] = {"int8", 1},
+        [TERN_UINT16] = {"uint16", 2},
+        [TERN_INT16] = {"int16", 2},
+        [TERN_INT32] = {"int32", 4},
+        [TERN_INT64] = {"int64", 8},
+        [TERN_STRING] = {"string", 0},
+        [TERN_BOOL] = {"bool", 1},
+        [TERN_FLOAT16] = {"float16", 2},
+        [TERN_DOUBLE] = {"double", 8},
+        [TERN_UINT32] = {"uint32", 4},
+        [TERN_UINT64] = {"uint64", 8},
+        [TERN_COMPLEX64] = {"complex64", 8},
+        [TERN_COMPLEX128] = {"complex128", 16},
+        [TERN_BFLOAT16] = {"bfloat16", 2},
+        [TERN_FLOAT8E4M3FN] = {"float8e4m3fn", 1},
+        [TERN_FLOAT8E4M3FNUZ] = {"float8e4m3fnuz", 1},
+        [TERN_FLOAT8E5M2] = {"float8e5m2", 1},
+        [TERN_FLOAT8E5M2FNUZ] = {"float8e5m2fnuz", 1},
 };
 
 size_t tern_dtype_size(int dtype)
@@ -158,7 +171,8 @@ double tern_tensor_get_f64(const tern_tensor *t, int64_t i)
 	case TERN_INT16: return ((const int16_t *)d)[i];
 	case TERN_INT32: return ((const int32_t *)d)[i];
 	case TERN_INT64: return (double)((const int64_t *)d)[i];
-	case TERN_UINT8: case TERN_BOOL: return ((const uint8_t *)d)[i];
+	case TERN_UINT8:
+	case TERN_BOOL: return ((const uint8_t *)d)[i];
 	case TERN_UINT16: return ((const uint16_t *)d)[i];
 	case TERN_UINT32: return ((const uint32_t *)d)[i];
 	case TERN_UINT64: return (double)((const uint64_t *)d)[i];
@@ -174,7 +188,8 @@ int64_t tern_tensor_get_i64(const tern_tensor *t, int64_t i)
 	case TERN_INT16: return ((const int16_t *)d)[i];
 	case TERN_INT32: return ((const int32_t *)d)[i];
 	case TERN_INT64: return ((const int64_t *)d)[i];
-	case TERN_UINT8: case TERN_BOOL: return ((const uint8_t *)d)[i];
+	case TERN_UINT8:
+	case TERN_BOOL: return ((const uint8_t *)d)[i];
 	case TERN_UINT16: return ((const uint16_t *)d)[i];
 	case TERN_UINT32: return ((const uint32_t *)d)[i];
 	case TERN_UINT64: return (int64_t)((const uint64_t *)d)[i];
@@ -184,8 +199,8 @@ int64_t tern_tensor_get_i64(const tern_tensor *t, int64_t i)
 
 /* ---------------------------------------------------------------- TensorProto */
 
-static tern_status read_external(const Onnx__TensorProto *tp, const char *base_dir, const char *what,
-                                 size_t nbytes, void *dst)
+static tern_status read_external(const Onnx__TensorProto *tp, const char *base_dir, const char *what, size_t nbytes,
+                                 void *dst)
 {
 	const char *location = NULL;
 	long long offset = 0, length = -1;
@@ -227,11 +242,16 @@ static void unpack_int32_field(const int32_t *src, int dtype, size_t n, void *ds
 	for (size_t i = 0; i < n; i++) {
 		switch (dtype) {
 		case TERN_INT8: ((int8_t *)dst)[i] = (int8_t)src[i]; break;
-		case TERN_UINT8: case TERN_BOOL: case TERN_FLOAT8E4M3FN: case TERN_FLOAT8E4M3FNUZ:
-		case TERN_FLOAT8E5M2: case TERN_FLOAT8E5M2FNUZ:
-			((uint8_t *)dst)[i] = (uint8_t)src[i]; break;
+		case TERN_UINT8:
+		case TERN_BOOL:
+		case TERN_FLOAT8E4M3FN:
+		case TERN_FLOAT8E4M3FNUZ:
+		case TERN_FLOAT8E5M2:
+		case TERN_FLOAT8E5M2FNUZ: ((uint8_t *)dst)[i] = (uint8_t)src[i]; break;
 		case TERN_INT16: ((int16_t *)dst)[i] = (int16_t)src[i]; break;
-		case TERN_UINT16: case TERN_FLOAT16: case TERN_BFLOAT16: ((uint16_t *)dst)[i] = (uint16_t)src[i]; break;
+		case TERN_UINT16:
+		case TERN_FLOAT16:
+		case TERN_BFLOAT16: ((uint16_t *)dst)[i] = (uint16_t)src[i]; break;
 		default: ((int32_t *)dst)[i] = src[i]; break;
 		}
 	}
@@ -250,7 +270,8 @@ tern_status tern_tensor_from_proto(const Onnx__TensorProto *tp, const char *base
 		return tern_errorf(TERN_EDATA, "tensor '%s': rank %zu exceeds %d", what, tp->n_dims, TERN_MAX_RANK);
 	for (size_t i = 0; i < tp->n_dims; i++)
 		if (tp->dims[i] < 0)
-			return tern_errorf(TERN_EDATA, "tensor '%s': negative dimension %lld", what, (long long)tp->dims[i]);
+			return tern_errorf(TERN_EDATA, "tensor '%s': negative dimension %lld", what,
+			                   (long long)tp->dims[i]);
 	tern_status st = tern_tensor_alloc(out, dtype, (int)tp->n_dims, tp->dims);
 	if (st)
 		return tern_error_prefix(st, what);
@@ -264,7 +285,8 @@ tern_status tern_tensor_from_proto(const Onnx__TensorProto *tp, const char *base
 			st = read_external(tp, base_dir, what, out->nbytes, out->data);
 	} else if (dtype == TERN_STRING) {
 		if (tp->n_string_data != n)
-			st = tern_errorf(TERN_EDATA, "tensor '%s': %zu strings for %zu elements", what, tp->n_string_data, n);
+			st = tern_errorf(TERN_EDATA, "tensor '%s': %zu strings for %zu elements", what,
+			                 tp->n_string_data, n);
 		char **s = out->data;
 		for (size_t i = 0; !st && i < n; i++) {
 			s[i] = malloc(tp->string_data[i].len + 1);
@@ -309,7 +331,8 @@ tern_status tern_tensor_from_proto(const Onnx__TensorProto *tp, const char *base
 			if (have == n && n)
 				memcpy(out->data, tp->int64_data, n * 8);
 			break;
-		case TERN_UINT32: case TERN_UINT64:
+		case TERN_UINT32:
+		case TERN_UINT64:
 			have = tp->n_uint64_data;
 			if (have == n)
 				for (size_t i = 0; i < n; i++) {
@@ -326,7 +349,8 @@ tern_status tern_tensor_from_proto(const Onnx__TensorProto *tp, const char *base
 			break;
 		}
 		if (have != n)
-			st = tern_errorf(TERN_EDATA, "tensor '%s': %zu values stored, its shape needs %zu", what, have, n);
+			st = tern_errorf(TERN_EDATA, "tensor '%s': %zu values stored, its shape needs %zu", what, have,
+			                 n);
 	}
 	(void)es;
 	if (!st && tp->name && !(out->name = tern_strdup(tp->name)))

@@ -19,10 +19,10 @@ static const struct {
 	char kind;
 	int size;
 } npy_types[] = {
-	{TERN_FLOAT16, 'f', 2}, {TERN_FLOAT, 'f', 4},       {TERN_DOUBLE, 'f', 8},      {TERN_INT8, 'i', 1},
-	{TERN_INT16, 'i', 2},   {TERN_INT32, 'i', 4},       {TERN_INT64, 'i', 8},       {TERN_UINT8, 'u', 1},
-	{TERN_UINT16, 'u', 2},  {TERN_UINT32, 'u', 4},      {TERN_UINT64, 'u', 8},      {TERN_BOOL, 'b', 1},
-	{TERN_COMPLEX64, 'c', 8}, {TERN_COMPLEX128, 'c', 16},
+        {TERN_FLOAT16, 'f', 2},   {TERN_FLOAT, 'f', 4},       {TERN_DOUBLE, 'f', 8}, {TERN_INT8, 'i', 1},
+        {TERN_INT16, 'i', 2},     {TERN_INT32, 'i', 4},       {TERN_INT64, 'i', 8},  {TERN_UINT8, 'u', 1},
+        {TERN_UINT16, 'u', 2},    {TERN_UINT32, 'u', 4},      {TERN_UINT64, 'u', 8}, {TERN_BOOL, 'b', 1},
+        {TERN_COMPLEX64, 'c', 8}, {TERN_COMPLEX128, 'c', 16},
 };
 
 static bool host_is_little_endian(void)
@@ -99,8 +99,8 @@ static bool accept(header_reader *r, char c)
 
 static tern_status header_error(header_reader *r, const char *expected)
 {
-	return tern_errorf(TERN_EDATA, "%s: malformed .npy header: expected %s at header byte %td", r->what,
-	                   expected, r->p - r->start);
+	return tern_errorf(TERN_EDATA, "%s: malformed .npy header: expected %s at header byte %td", r->what, expected,
+	                   r->p - r->start);
 }
 
 static tern_status read_quoted(header_reader *r, char *buf, size_t size)
@@ -147,7 +147,8 @@ static tern_status read_shape(header_reader *r, int *rank, int64_t *dims)
 		int64_t v = 0;
 		while (r->p < r->end && *r->p >= '0' && *r->p <= '9') {
 			if (v > (INT64_MAX - 9) / 10)
-				return tern_errorf(TERN_EDATA, "%s: malformed .npy header: dimension too large", r->what);
+				return tern_errorf(TERN_EDATA, "%s: malformed .npy header: dimension too large",
+				                   r->what);
 			v = v * 10 + (*r->p++ - '0');
 		}
 		if (r->p < r->end && *r->p == 'L') /* Python 2 long */
@@ -214,7 +215,9 @@ static tern_status parse_header(const char *text, size_t len, const char *what, 
 	}
 	if (!have_descr || !have_order || !have_shape)
 		return tern_errorf(TERN_EDATA, "%s: malformed .npy header: missing '%s'", what,
-		                   !have_descr ? "descr" : !have_order ? "fortran_order" : "shape");
+		                   !have_descr           ? "descr"
+		                           : !have_order ? "fortran_order"
+		                                         : "shape");
 	return npy_parse_descr(descr, what, &h->dtype, &h->swap);
 }
 
@@ -372,8 +375,7 @@ tern_status tern_tensor_write_npy(FILE *f, const tern_tensor *t)
 
 /* ---------------------------------------------------------------- TensorProto */
 
-static tern_status read_pb_in(const void *bytes, size_t size, const char *what, const char *base_dir,
-                              tern_tensor *out)
+static tern_status read_pb_in(const void *bytes, size_t size, const char *what, const char *base_dir, tern_tensor *out)
 {
 	memset(out, 0, sizeof *out);
 	if (!what)

@@ -106,7 +106,10 @@ void tern_threadpool_free(tern_threadpool *p)
 	free(p);
 }
 
-int tern_threadpool_size(const tern_threadpool *p) { return p ? p->n_threads : 1; }
+int tern_threadpool_size(const tern_threadpool *p)
+{
+	return p ? p->n_threads : 1;
+}
 
 void tern_parallel_for(tern_threadpool *p, int64_t n, void (*fn)(void *ctx, int64_t i), void *ctx)
 {

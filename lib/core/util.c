@@ -7,7 +7,10 @@
 #include <sys/stat.h>
 #include <time.h>
 
-void *tern_xmalloc(size_t n) { return malloc(n ? n : 1); }
+void *tern_xmalloc(size_t n)
+{
+	return malloc(n ? n : 1);
+}
 
 void *tern_aligned_alloc(size_t n)
 {
@@ -84,4 +87,3 @@ tern_status tern_read_stream(FILE *f, const char *name, uint8_t **out, size_t *s
 	*size = n;
 	return TERN_OK;
 }
-

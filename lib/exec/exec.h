@@ -7,11 +7,11 @@
 
 enum slot_kind {
 	SLOT_UNSET,
-	SLOT_CONST,   /* data known while planning (initializer, folded); owned unless aliasing */
-	SLOT_INPUT,   /* bound to the caller's tensor at each run */
-	SLOT_OUTER,   /* a value of an enclosing graph: reads the parent's slot */
-	SLOT_ARENA,   /* lives at `offset` in the arena */
-	SLOT_ALIAS,   /* the bytes of slot `alias_of` with its own shape */
+	SLOT_CONST, /* data known while planning (initializer, folded); owned unless aliasing */
+	SLOT_INPUT, /* bound to the caller's tensor at each run */
+	SLOT_OUTER, /* a value of an enclosing graph: reads the parent's slot */
+	SLOT_ARENA, /* lives at `offset` in the arena */
+	SLOT_ALIAS, /* the bytes of slot `alias_of` with its own shape */
 	SLOT_DYNAMIC, /* shape known only at run time: allocated then */
 };
 
@@ -20,8 +20,8 @@ typedef struct slot {
 	enum slot_kind kind;
 	int known; /* dtype and shape are known */
 	size_t offset;
-	int alias_of;          /* SLOT_ALIAS: the slot whose bytes these are */
-	tern_tensor *outer;    /* SLOT_OUTER: the parent's tensor */
+	int alias_of; /* SLOT_ALIAS: the slot whose bytes these are */
+	tern_tensor *outer; /* SLOT_OUTER: the parent's tensor */
 	int first_def; /* producing step, for the memory plan */
 	int owns; /* t.data is owned (CONST) */
 } slot;
@@ -35,14 +35,14 @@ typedef struct step {
 	tern_tensor **out;
 	int n_out;
 	int *in_slot, *out_slot; /* -1 for omitted */
-	int *use_slot;           /* every slot read (inputs and implicit), for liveness */
+	int *use_slot; /* every slot read (inputs and implicit), for liveness */
 	int n_use;
 	void *params;
 	void (*free_params)(void *);
 	size_t scratch_bytes;
-	int late;           /* prepared at run time */
+	int late; /* prepared at run time */
 	int dynamic_output; /* the kernel allocates its outputs */
-	int alias;          /* output 0 aliases input 0: nothing to launch */
+	int alias; /* output 0 aliases input 0: nothing to launch */
 	int stream;
 	int *waits; /* steps on other streams that must finish first */
 	int n_waits;
@@ -71,7 +71,7 @@ struct tern_exec {
 	const tern_schedule *schedule;
 	int n_streams;
 	int n_workers; /* threads running the streams: min(streams, --threads); the caller is worker 0 */
-	int **queue;   /* per worker: its steps in launch order */
+	int **queue; /* per worker: its steps in launch order */
 	int *queue_len;
 	void **stream_scratch; /* per worker */
 	stream_worker *workers;

@@ -16,7 +16,7 @@ static bool reads_shape_only(const tern_node *n)
 static bool is_random_op(const tern_node *n)
 {
 	return strncmp(n->op_type, "Random", 6) == 0 || strcmp(n->op_type, "Bernoulli") == 0 ||
-	       strcmp(n->op_type, "Multinomial") == 0;
+	        strcmp(n->op_type, "Multinomial") == 0;
 }
 
 /* The slot that holds the data of slot i (following aliases). */
@@ -95,7 +95,8 @@ static tern_status bind_inputs(tern_exec *e, tern_tensor *const *inputs, int n_i
 		if (!(g->inputs[i]->flags & TERN_VALUE_INITIALIZER))
 			want++;
 	if (n_inputs != want)
-		return tern_errorf(TERN_EDATA, "%s: %d inputs given, the graph has %d", g->model->source, n_inputs, want);
+		return tern_errorf(TERN_EDATA, "%s: %d inputs given, the graph has %d", g->model->source, n_inputs,
+		                   want);
 	e->input_slot = calloc((size_t)want + 1, sizeof *e->input_slot);
 	if (!e->input_slot)
 		return tern_errorf(TERN_EOS, "out of memory");
@@ -107,8 +108,8 @@ static tern_status bind_inputs(tern_exec *e, tern_tensor *const *inputs, int n_i
 		const tern_tensor *in = inputs[k];
 		slot *s = &e->slots[v->index];
 		if (g->kind == TERN_GRAPH_MAIN && v->type.dtype && in->dtype != v->type.dtype)
-			return tern_errorf(TERN_EDATA, "%s: input '%s' is %s, the graph declares %s", g->model->source, v->name,
-			                   tern_dtype_name(in->dtype), tern_dtype_name(v->type.dtype));
+			return tern_errorf(TERN_EDATA, "%s: input '%s' is %s, the graph declares %s", g->model->source,
+			                   v->name, tern_dtype_name(in->dtype), tern_dtype_name(v->type.dtype));
 		if (g->kind == TERN_GRAPH_MAIN && v->type.rank >= 0) {
 			bool ok = v->type.rank == in->rank;
 			for (int d = 0; ok && d < in->rank; d++)
@@ -117,7 +118,8 @@ static tern_status bind_inputs(tern_exec *e, tern_tensor *const *inputs, int n_i
 				char got[160], decl[160];
 				tern_shape_str(in->dtype, in->rank, in->dims, got, sizeof got);
 				tern_shape_str(v->type.dtype, v->type.rank, v->type.dims, decl, sizeof decl);
-				return tern_errorf(TERN_EDATA, "%s: input '%s' has shape %s, the graph declares %s (-1: any)",
+				return tern_errorf(TERN_EDATA,
+				                   "%s: input '%s' has shape %s, the graph declares %s (-1: any)",
 				                   g->model->source, v->name, got, decl);
 			}
 		}
@@ -136,7 +138,8 @@ static bool borrow_weights(const Onnx__TensorProto *tp, tern_tensor *t)
 {
 	int dtype = tp->has_data_type ? tp->data_type : 0;
 	if (!tp->has_raw_data || dtype == TERN_STRING || dtype <= 0 || dtype >= TERN_DTYPE_COUNT ||
-	    tp->n_dims > TERN_MAX_RANK || (tp->has_data_location && tp->data_location == ONNX__TENSOR_PROTO__DATA_LOCATION__EXTERNAL))
+	    tp->n_dims > TERN_MAX_RANK ||
+	    (tp->has_data_location && tp->data_location == ONNX__TENSOR_PROTO__DATA_LOCATION__EXTERNAL))
 		return false;
 	memset(t, 0, sizeof *t);
 	t->dtype = dtype;
@@ -178,7 +181,8 @@ static tern_status init_slots(tern_exec *e)
 		} else if (v->flags & TERN_VALUE_OUTER) {
 			s->outer = outer_tensor(e, v);
 			if (!s->outer)
-				return tern_errorf(TERN_EINTERNAL, "%s: outer value '%s' has no slot in the enclosing plan",
+				return tern_errorf(TERN_EINTERNAL,
+				                   "%s: outer value '%s' has no slot in the enclosing plan",
 				                   g->model->source, v->name);
 			s->kind = SLOT_OUTER;
 			s->t = *s->outer;
@@ -251,7 +255,8 @@ tern_status tern_exec_prepare_step(tern_exec *e, step *st, int at_run)
 	st->free_params = p.free_params;
 	if (p.defer) {
 		if (at_run)
-			return tern_node_errorf(st->node, TERN_EINTERNAL, "prepare deferred although every input is known");
+			return tern_node_errorf(st->node, TERN_EINTERNAL,
+			                        "prepare deferred although every input is known");
 		st->late = 1;
 		return TERN_OK;
 	}
@@ -273,7 +278,8 @@ static tern_status unsupported(const tern_node *n)
 {
 	if (tern_op_known(n->domain, n->op_type))
 		return tern_node_errorf(n, TERN_EDATA, "unsupported operator: %s%s%s version %lld is not implemented",
-		                        *n->domain ? n->domain : "", *n->domain ? "." : "", n->op_type, (long long)n->opset);
+		                        *n->domain ? n->domain : "", *n->domain ? "." : "", n->op_type,
+		                        (long long)n->opset);
 	return tern_node_errorf(n, TERN_EDATA, "unsupported operator: %s%s%s (opset %lld) is unknown to tern",
 	                        *n->domain ? n->domain : "", *n->domain ? "." : "", n->op_type, (long long)n->opset);
 }
@@ -657,7 +663,10 @@ void tern_exec_free(tern_exec *e)
 	free(e);
 }
 
-int tern_exec_num_outputs(const tern_exec *e) { return e->n_outputs; }
+int tern_exec_num_outputs(const tern_exec *e)
+{
+	return e->n_outputs;
+}
 
 tern_tensor *tern_exec_output(tern_exec *e, int i)
 {

@@ -83,8 +83,8 @@ tern_status tern_exec_run_step(tern_exec *e, int k, void *scratch)
 tern_status tern_exec_run(tern_exec *e, tern_tensor *const *inputs, int n_inputs)
 {
 	if (n_inputs != e->n_inputs)
-		return tern_errorf(TERN_EDATA, "%s: %d inputs given, the plan has %d", e->graph->model->source, n_inputs,
-		                   e->n_inputs);
+		return tern_errorf(TERN_EDATA, "%s: %d inputs given, the plan has %d", e->graph->model->source,
+		                   n_inputs, e->n_inputs);
 	bool replan = false;
 	for (int i = 0; i < n_inputs && !replan; i++)
 		replan = !same_shape(inputs[i], &e->slots[e->input_slot[i]].t);
@@ -148,8 +148,8 @@ struct tern_plan {
 	tern_schedule *schedule;
 };
 
-tern_status tern_plan_create(tern_model *model, const tern_plan_options *opts, const tern_tensor *inputs,
-                             int n_inputs, tern_plan **out)
+tern_status tern_plan_create(tern_model *model, const tern_plan_options *opts, const tern_tensor *inputs, int n_inputs,
+                             tern_plan **out)
 {
 	*out = NULL;
 	tern_plan *p = calloc(1, sizeof *p);
@@ -213,15 +213,27 @@ tern_status tern_plan_run(tern_plan *p, const tern_tensor *inputs, int n_inputs)
 	return rc;
 }
 
-int tern_plan_num_outputs(const tern_plan *p) { return tern_exec_num_outputs(p->exec); }
-const tern_tensor *tern_plan_output(const tern_plan *p, int i) { return tern_exec_output(p->exec, i); }
+int tern_plan_num_outputs(const tern_plan *p)
+{
+	return tern_exec_num_outputs(p->exec);
+}
+const tern_tensor *tern_plan_output(const tern_plan *p, int i)
+{
+	return tern_exec_output(p->exec, i);
+}
 const char *tern_plan_output_name(const tern_plan *p, int i)
 {
 	return i >= 0 && i < p->exec->n_outputs ? p->model->graph->outputs[i]->name : NULL;
 }
-size_t tern_plan_arena_bytes(const tern_plan *p) { return p->exec->arena_bytes; }
+size_t tern_plan_arena_bytes(const tern_plan *p)
+{
+	return p->exec->arena_bytes;
+}
 
-void tern_plan_enable_profile(tern_plan *p, int enable) { p->exec->profile = enable; }
+void tern_plan_enable_profile(tern_plan *p, int enable)
+{
+	p->exec->profile = enable;
+}
 
 const tern_profile_event *tern_plan_profile(const tern_plan *p, int *count)
 {

@@ -42,7 +42,10 @@ static void fail(struct stream_sync *y, tern_status rc)
 	atomic_store(&y->failed, 1);
 }
 
-static int worker_of(const tern_exec *e, int stream) { return stream % e->n_workers; }
+static int worker_of(const tern_exec *e, int stream)
+{
+	return stream % e->n_workers;
+}
 
 static void run_queue(tern_exec *e, int s, uint64_t gen)
 {

@@ -27,7 +27,10 @@ static void text_add(struct text *t, const char *s, size_t n)
 	t->s[t->len] = '\0';
 }
 
-static void text_str(struct text *t, const char *s) { text_add(t, s, strlen(s)); }
+static void text_str(struct text *t, const char *s)
+{
+	text_add(t, s, strlen(s));
+}
 
 static void text_reset(struct text *t)
 {
@@ -38,9 +41,11 @@ static void text_reset(struct text *t)
 /* Length of the valid UTF-8 sequence at s (of at most n bytes), or 0 when it is not valid. */
 static size_t utf8_length(const unsigned char *s, size_t n)
 {
-	size_t len = s[0] < 0x80 ? 1 : s[0] >= 0xc2 && s[0] <= 0xdf ? 2 : s[0] >= 0xe0 && s[0] <= 0xef ? 3
-	           : s[0] >= 0xf0 && s[0] <= 0xf4                 ? 4
-	                                                          : 0;
+	size_t len = s[0] < 0x80               ? 1
+	        : s[0] >= 0xc2 && s[0] <= 0xdf ? 2
+	        : s[0] >= 0xe0 && s[0] <= 0xef ? 3
+	        : s[0] >= 0xf0 && s[0] <= 0xf4 ? 4
+	                                       : 0;
 	if (len == 0 || len > n)
 		return 0;
 	for (size_t i = 1; i < len; i++)
@@ -108,7 +113,7 @@ static void text_type(struct text *t, const tern_type *type)
 /* The Agnodes of one graph, and those of the graphs around it, for edges that cross into clusters. */
 struct scope {
 	const tern_graph *graph;
-	Agnode_t **nodes;  /* by node index */
+	Agnode_t **nodes; /* by node index */
 	Agnode_t **values; /* by value index: graph inputs, and initializers when drawn */
 	const struct scope *parent;
 };
@@ -273,10 +278,10 @@ static tern_status draw_subgraphs(struct dot *d, Agraph_t *ag, const tern_node *
 static tern_status draw_graph(struct dot *d, Agraph_t *ag, const tern_graph *g, const struct scope *parent)
 {
 	struct scope scope = {
-		.graph = g,
-		.nodes = calloc(g->n_nodes + 1, sizeof(Agnode_t *)),
-		.values = calloc(g->n_values + 1, sizeof(Agnode_t *)),
-		.parent = parent,
+	        .graph = g,
+	        .nodes = calloc(g->n_nodes + 1, sizeof(Agnode_t *)),
+	        .values = calloc(g->n_values + 1, sizeof(Agnode_t *)),
+	        .parent = parent,
 	};
 	tern_status status = TERN_OK;
 	if (!scope.nodes || !scope.values) {

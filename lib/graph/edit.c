@@ -8,7 +8,8 @@ static void drop_consumer(tern_value *v, tern_node *n)
 {
 	for (size_t i = 0; i < v->n_consumers; i++)
 		if (v->consumers[i] == n) {
-			memmove(&v->consumers[i], &v->consumers[i + 1], (v->n_consumers - i - 1) * sizeof *v->consumers);
+			memmove(&v->consumers[i], &v->consumers[i + 1],
+			        (v->n_consumers - i - 1) * sizeof *v->consumers);
 			v->n_consumers--;
 			return;
 		}
@@ -38,8 +39,7 @@ static char **copy_names(const char *const *names, size_t n)
 }
 
 tern_node *tern_graph_add_node(tern_graph *g, const char *op_type, const char *domain, const char *name,
-                               const char *const *inputs, size_t n_inputs, const char *const *outputs,
-                               size_t n_outputs)
+                               const char *const *inputs, size_t n_inputs, const char *const *outputs, size_t n_outputs)
 {
 	Onnx__NodeProto *np = malloc(sizeof *np);
 	tern_node *n = calloc(1, sizeof *n);

@@ -160,7 +160,10 @@ tern_status tern_node_errorf(const tern_node *node, tern_status status, const ch
 
 /* ---------------------------------------------------------------- building */
 
-static tern_status oom(const tern_model *m) { return tern_errorf(TERN_EOS, "%s: out of memory", m->source); }
+static tern_status oom(const tern_model *m)
+{
+	return tern_errorf(TERN_EOS, "%s: out of memory", m->source);
+}
 
 static bool add_consumer(tern_value *v, tern_node *n)
 {
@@ -300,7 +303,8 @@ static tern_status declare_outputs(tern_model *m, tern_graph *g, tern_node *n)
 			char desc[256];
 			tern_node_desc(n, desc, sizeof desc);
 			return tern_errorf(TERN_EDATA, "%s: %s: output '%s' is already defined %s", m->source, desc,
-			                   v->name, v->producer ? "by another node" : "as a graph input or initializer");
+			                   v->name,
+			                   v->producer ? "by another node" : "as a graph input or initializer");
 		}
 		v->producer = n;
 		v->producer_output = (int)o;
@@ -324,8 +328,8 @@ static tern_status resolve_inputs(tern_model *m, tern_graph *g, tern_node *n)
 	return TERN_OK;
 }
 
-static tern_status list_values(tern_model *m, tern_graph *g, Onnx__ValueInfoProto **infos, size_t n,
-                               unsigned flag, tern_value ***list, size_t *count)
+static tern_status list_values(tern_model *m, tern_graph *g, Onnx__ValueInfoProto **infos, size_t n, unsigned flag,
+                               tern_value ***list, size_t *count)
 {
 	*list = calloc(n ? n : 1, sizeof **list);
 	if (!*list)

@@ -192,8 +192,14 @@ tern_status tern_model_save_text(tern_model *m, int with_weights, char **out, si
 	return tern_text_print_model(m->proto, with_weights, out, size);
 }
 
-tern_graph *tern_model_graph(tern_model *m) { return m->graph; }
-const char *tern_model_source(const tern_model *m) { return m->source; }
+tern_graph *tern_model_graph(tern_model *m)
+{
+	return m->graph;
+}
+const char *tern_model_source(const tern_model *m)
+{
+	return m->source;
+}
 
 const char *tern_model_meta(const tern_model *m, const char *key)
 {

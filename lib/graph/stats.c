@@ -169,7 +169,8 @@ static void print_footer(FILE *f, const tern_model *model)
 		for (size_t i = 0; i < model->n_functions; i++) {
 			const tern_graph *fn = model->functions[i];
 			const char *domain = fn->fproto && fn->fproto->domain ? fn->fproto->domain : "";
-			print_entry(f, domain, fn->name ? fn->name : "", fn->n_nodes, fn->n_nodes == 1 ? " node" : " nodes");
+			print_entry(f, domain, fn->name ? fn->name : "", fn->n_nodes,
+			            fn->n_nodes == 1 ? " node" : " nodes");
 		}
 	}
 	for (size_t i = 0; i < mp->n_training_info; i++)

@@ -7,20 +7,20 @@
 
 /* Attribute type names as written in "name: type = value", indexed by AttributeType. */
 static const char *const text_attr_type_names[] = {
-	[ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__FLOAT] = "float",
-	[ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__INT] = "int",
-	[ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__STRING] = "string",
-	[ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__TENSOR] = "tensor",
-	[ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__GRAPH] = "graph",
-	[ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__SPARSE_TENSOR] = "sparse_tensor",
-	[ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__TYPE_PROTO] = "type_proto",
-	[ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__FLOATS] = "floats",
-	[ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__INTS] = "ints",
-	[ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__STRINGS] = "strings",
-	[ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__TENSORS] = "tensors",
-	[ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__GRAPHS] = "graphs",
-	[ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__SPARSE_TENSORS] = "sparse_tensors",
-	[ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__TYPE_PROTOS] = "type_protos",
+        [ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__FLOAT] = "float",
+        [ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__INT] = "int",
+        [ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__STRING] = "string",
+        [ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__TENSOR] = "tensor",
+        [ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__GRAPH] = "graph",
+        [ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__SPARSE_TENSOR] = "sparse_tensor",
+        [ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__TYPE_PROTO] = "type_proto",
+        [ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__FLOATS] = "floats",
+        [ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__INTS] = "ints",
+        [ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__STRINGS] = "strings",
+        [ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__TENSORS] = "tensors",
+        [ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__GRAPHS] = "graphs",
+        [ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__SPARSE_TENSORS] = "sparse_tensors",
+        [ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__TYPE_PROTOS] = "type_protos",
 };
 
 /* Words that start a type besides the element type names. */
@@ -41,14 +41,25 @@ enum text_field { F_NONE, F_INT32, F_INT64, F_UINT64, F_FLOAT, F_DOUBLE, F_STRIN
 static inline enum text_field text_field_of(int dtype)
 {
 	switch (dtype) {
-	case TERN_INT8: case TERN_INT16: case TERN_INT32: case TERN_UINT8: case TERN_UINT16: case TERN_BOOL:
-	case TERN_FLOAT16: case TERN_BFLOAT16: case TERN_FLOAT8E4M3FN: case TERN_FLOAT8E4M3FNUZ:
-	case TERN_FLOAT8E5M2: case TERN_FLOAT8E5M2FNUZ:
-		return F_INT32;
+	case TERN_INT8:
+	case TERN_INT16:
+	case TERN_INT32:
+	case TERN_UINT8:
+	case TERN_UINT16:
+	case TERN_BOOL:
+	case TERN_FLOAT16:
+	case TERN_BFLOAT16:
+	case TERN_FLOAT8E4M3FN:
+	case TERN_FLOAT8E4M3FNUZ:
+	case TERN_FLOAT8E5M2:
+	case TERN_FLOAT8E5M2FNUZ: return F_INT32;
 	case TERN_INT64: return F_INT64;
-	case TERN_UINT32: case TERN_UINT64: return F_UINT64;
-	case TERN_FLOAT: case TERN_COMPLEX64: return F_FLOAT;
-	case TERN_DOUBLE: case TERN_COMPLEX128: return F_DOUBLE;
+	case TERN_UINT32:
+	case TERN_UINT64: return F_UINT64;
+	case TERN_FLOAT:
+	case TERN_COMPLEX64: return F_FLOAT;
+	case TERN_DOUBLE:
+	case TERN_COMPLEX128: return F_DOUBLE;
 	case TERN_STRING: return F_STRING;
 	default: return F_NONE;
 	}

@@ -17,14 +17,17 @@ struct parser {
 	int depth;
 };
 
-#define TRY(expr)                                                                                  \
-	do {                                                                                       \
-		tern_status try_st_ = (expr);                                                      \
-		if (try_st_)                                                                       \
-			return try_st_;                                                            \
+#define TRY(expr)                             \
+	do {                                  \
+		tern_status try_st_ = (expr); \
+		if (try_st_)                  \
+			return try_st_;       \
 	} while (0)
 
-static tern_status oom(void) { return tern_errorf(TERN_EOS, "out of memory reading the text syntax"); }
+static tern_status oom(void)
+{
+	return tern_errorf(TERN_EOS, "out of memory reading the text syntax");
+}
 
 /* Repeated fields carry only their count: the capacity is the count rounded up to a power of two, so
  * an array grows when its count is zero or a power of two. */
@@ -38,36 +41,36 @@ static void *grow(void *arr, size_t n, size_t size)
 	return realloc(arr, cap * size);
 }
 
-#define RESERVE(arr, n)                                                                            \
-	do {                                                                                       \
-		void *grown_ = grow((arr), (n), sizeof *(arr));                                    \
-		if (!grown_)                                                                       \
-			return oom();                                                              \
-		(arr) = grown_;                                                                    \
+#define RESERVE(arr, n)                                         \
+	do {                                                    \
+		void *grown_ = grow((arr), (n), sizeof *(arr)); \
+		if (!grown_)                                    \
+			return oom();                           \
+		(arr) = grown_;                                 \
 	} while (0)
 
-#define PUSH(arr, n, value)                                                                        \
-	do {                                                                                       \
-		RESERVE(arr, n);                                                                   \
-		(arr)[(n)++] = (value);                                                            \
+#define PUSH(arr, n, value)             \
+	do {                            \
+		RESERVE(arr, n);        \
+		(arr)[(n)++] = (value); \
 	} while (0)
 
 /* A new message, initialised and attached to its parent before anything can fail. */
-#define NEW(dst, T, ...)                                                                           \
-	do {                                                                                       \
-		T *new_ = malloc(sizeof(T));                                                       \
-		if (!new_)                                                                         \
-			return oom();                                                              \
-		*new_ = (T)__VA_ARGS__;                                                            \
-		(dst) = new_;                                                                      \
+#define NEW(dst, T, ...)                     \
+	do {                                 \
+		T *new_ = malloc(sizeof(T)); \
+		if (!new_)                   \
+			return oom();        \
+		*new_ = (T)__VA_ARGS__;      \
+		(dst) = new_;                \
 	} while (0)
 
 /* out = a new message appended to arr; the initialiser comes last because it holds commas. */
-#define ADD_NEW(arr, n, out, T, ...)                                                               \
-	do {                                                                                       \
-		RESERVE(arr, n);                                                                   \
-		NEW((arr)[n], T, __VA_ARGS__);                                                     \
-		(out) = (arr)[(n)++];                                                              \
+#define ADD_NEW(arr, n, out, T, ...)           \
+	do {                                   \
+		RESERVE(arr, n);               \
+		NEW((arr)[n], T, __VA_ARGS__); \
+		(out) = (arr)[(n)++];          \
 	} while (0)
 
 static tern_status push_string(char ***arr, size_t *n, char *s)
@@ -142,7 +145,10 @@ static bool match(struct parser *P, char c)
 	return true;
 }
 
-static bool is_digit(int c) { return c >= '0' && c <= '9'; }
+static bool is_digit(int c)
+{
+	return c >= '0' && c <= '9';
+}
 
 /* Length of the identifier at the current position (after white space), 0 when there is none. */
 static size_t ident_len(struct parser *P)
@@ -178,7 +184,7 @@ static const char *describe(struct parser *P, char *buf, size_t size)
 }
 
 static tern_status fail_at(const struct parser *P, const char *at, const char *fmt, ...)
-	__attribute__((format(printf, 3, 4)));
+        __attribute__((format(printf, 3, 4)));
 static tern_status fail_at(const struct parser *P, const char *at, const char *fmt, ...)
 {
 	unsigned long line = 1, column = 1;
@@ -647,7 +653,8 @@ static tern_status parse_tensor_data(struct parser *P, Onnx__TensorProto *t, con
 		return parse_pairs(P, &t->external_data, &t->n_external_data);
 	}
 	if (P->end - P->p >= 3 && !memcmp(P->p, "...", 3))
-		return fail_at(P, P->p, "the tensor's values were left out ('...'): the text was written without weights");
+		return fail_at(P, P->p,
+		               "the tensor's values were left out ('...'): the text was written without weights");
 	return fail_expected(P, "'{' and the tensor's values");
 }
 
@@ -757,8 +764,8 @@ static tern_status parse_single(struct parser *P, struct value *v)
 
 static const char *attr_type_name(int type)
 {
-	const char *s = type > 0 && (size_t)type < TERN_ARRAY_LEN(text_attr_type_names) ? text_attr_type_names[type]
-	                                                                                : NULL;
+	const char *s =
+	        type > 0 && (size_t)type < TERN_ARRAY_LEN(text_attr_type_names) ? text_attr_type_names[type] : NULL;
 	return s ? s : "undefined";
 }
 
@@ -767,7 +774,8 @@ static tern_status check_declared(struct parser *P, struct value *v, int declare
 {
 	if (!declared || declared == v->type || v->type == ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__UNDEFINED)
 		return TERN_OK;
-	if (declared == ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__FLOAT && v->type == ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__INT) {
+	if (declared == ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__FLOAT &&
+	    v->type == ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__INT) {
 		v->f = (float)v->i;
 		v->type = ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__FLOAT;
 		return TERN_OK;
@@ -822,7 +830,8 @@ static int list_type_of(int single)
 	case ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__STRING: return ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__STRINGS;
 	case ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__TENSOR: return ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__TENSORS;
 	case ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__GRAPH: return ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__GRAPHS;
-	case ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__TYPE_PROTO: return ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__TYPE_PROTOS;
+	case ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__TYPE_PROTO:
+		return ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__TYPE_PROTOS;
 	default: return 0;
 	}
 }
@@ -846,7 +855,8 @@ static tern_status append_value(struct parser *P, Onnx__AttributeProto *a, struc
 		return fail_at(P, at, "attribute '%s': a list cannot hold a %s", a->name,
 		               v->type ? attr_type_name(v->type) : "reference");
 	if (a->has_type && (int)a->type != list) {
-		if (a->type == ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__FLOATS && list == ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__INTS) {
+		if (a->type == ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__FLOATS &&
+		    list == ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__INTS) {
 			v->f = (float)v->i;
 			v->type = ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__FLOAT;
 		} else if (a->type == ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__INTS &&
@@ -885,7 +895,10 @@ static tern_status append_value(struct parser *P, Onnx__AttributeProto *a, struc
 	return TERN_OK;
 }
 
-static bool is_list_type(int type) { return single_type_of(type) != 0; }
+static bool is_list_type(int type)
+{
+	return single_type_of(type) != 0;
+}
 
 /* After an attribute's name: [: type] = value | [: type] = [value, ...]. */
 static tern_status parse_attr_rest(struct parser *P, Onnx__AttributeProto *a)
@@ -894,7 +907,8 @@ static tern_status parse_attr_rest(struct parser *P, Onnx__AttributeProto *a)
 	if (match(P, ':')) {
 		size_t n = ident_len(P);
 		for (int t = 1; t < (int)TERN_ARRAY_LEN(text_attr_type_names) && !declared; t++)
-			if (text_attr_type_names[t] && strlen(text_attr_type_names[t]) == n && !memcmp(P->p, text_attr_type_names[t], n))
+			if (text_attr_type_names[t] && strlen(text_attr_type_names[t]) == n &&
+			    !memcmp(P->p, text_attr_type_names[t], n))
 				declared = t;
 		if (!declared)
 			return fail_expected(P, "an attribute type (int, floats, tensor, graph, ...)");
@@ -906,7 +920,8 @@ static tern_status parse_attr_rest(struct parser *P, Onnx__AttributeProto *a)
 	if (match(P, '[')) {
 		if (peek(P) == ']') {
 			if (!is_list_type(declared))
-				return fail_at(P, P->p, "the empty list of attribute '%s' needs a list type: '%s: ints = []'",
+				return fail_at(P, P->p,
+				               "the empty list of attribute '%s' needs a list type: '%s: ints = []'",
 				               a->name, a->name);
 		} else if (declared && !is_list_type(declared)) {
 			return fail_at(P, P->p, "attribute '%s' is declared %s but its value is a list", a->name,
@@ -1118,8 +1133,7 @@ static tern_status parse_graph_parts(struct parser *P, Onnx__GraphProto *g)
 			if (peek(P) == '>')
 				break;
 			Onnx__ValueInfoProto *vi;
-			ADD_NEW(g->value_info, g->n_value_info, vi, Onnx__ValueInfoProto,
-			        ONNX__VALUE_INFO_PROTO__INIT);
+			ADD_NEW(g->value_info, g->n_value_info, vi, Onnx__ValueInfoProto, ONNX__VALUE_INFO_PROTO__INIT);
 			TRY(parse_value_info(P, vi, &type_at));
 			if (match(P, '=')) {
 				TRY(parse_initializer(P, g, vi, type_at));
@@ -1180,7 +1194,10 @@ static tern_status parse_header(struct parser *P, void *target,
 	return expect(P, '>', "to close the header");
 }
 
-static bool key_is(const char *key, size_t n, const char *word) { return strlen(word) == n && !memcmp(key, word, n); }
+static bool key_is(const char *key, size_t n, const char *word)
+{
+	return strlen(word) == n && !memcmp(key, word, n);
+}
 
 static tern_status unknown_key(struct parser *P, const char *key, size_t n, const char *what)
 {

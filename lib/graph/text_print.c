@@ -15,8 +15,8 @@ struct printer {
 	size_t len, cap;
 	bool oom;
 	int indent; /* spaces before a node line: onnx's printer starts at 3 and adds 3 per subgraph */
-	bool ext;   /* inside the extension block: every line starts with TEXT_EXT_MARKER */
-	int depth;  /* graphs and types being written, counted as the reader counts them */
+	bool ext; /* inside the extension block: every line starts with TEXT_EXT_MARKER */
+	int depth; /* graphs and types being written, counted as the reader counts them */
 	int with_weights;
 	tern_status status; /* the first error that is not out of memory */
 };
@@ -46,9 +46,15 @@ static void put_mem(struct printer *P, const char *s, size_t n)
 	P->len += n;
 }
 
-static void put(struct printer *P, const char *s) { put_mem(P, s, strlen(s)); }
+static void put(struct printer *P, const char *s)
+{
+	put_mem(P, s, strlen(s));
+}
 
-static void put_char(struct printer *P, char c) { put_mem(P, &c, 1); }
+static void put_char(struct printer *P, char c)
+{
+	put_mem(P, &c, 1);
+}
 
 static void put_spaces(struct printer *P, int n)
 {
@@ -109,7 +115,10 @@ static void put_quoted(struct printer *P, const char *s, size_t n)
 	put_char(P, '"');
 }
 
-static void put_string(struct printer *P, const char *s) { put_quoted(P, s ? s : "", s ? strlen(s) : 0); }
+static void put_string(struct printer *P, const char *s)
+{
+	put_quoted(P, s ? s : "", s ? strlen(s) : 0);
+}
 
 static bool is_identifier(const char *s)
 {
@@ -284,29 +293,27 @@ static void put_type_body(struct printer *P, const Onnx__TypeProto *t)
 		put_elem_type(P, t->tensor_type->has_elem_type, t->tensor_type->elem_type);
 		put_shape(P, t->tensor_type->shape);
 		break;
-	case ONNX__TYPE_PROTO__VALUE_SEQUENCE_TYPE:
-		put_inner_type(P, "seq(", t->sequence_type->elem_type);
-		break;
+	case ONNX__TYPE_PROTO__VALUE_SEQUENCE_TYPE: put_inner_type(P, "seq(", t->sequence_type->elem_type); break;
 	case ONNX__TYPE_PROTO__VALUE_MAP_TYPE:
 		put(P, "map(");
 		put_elem_type(P, t->map_type->has_key_type, t->map_type->key_type);
 		put_inner_type(P, ", ", t->map_type->value_type);
 		break;
-	case ONNX__TYPE_PROTO__VALUE_OPTIONAL_TYPE:
-		put_inner_type(P, "optional(", t->optional_type->elem_type);
-		break;
+	case ONNX__TYPE_PROTO__VALUE_OPTIONAL_TYPE: put_inner_type(P, "optional(", t->optional_type->elem_type); break;
 	case ONNX__TYPE_PROTO__VALUE_SPARSE_TENSOR_TYPE:
 		put(P, "sparse_tensor(");
 		put_elem_type(P, t->sparse_tensor_type->has_elem_type, t->sparse_tensor_type->elem_type);
 		put_shape(P, t->sparse_tensor_type->shape);
 		put_char(P, ')');
 		break;
-	default:
-		break;
+	default: break;
 	}
 }
 
-static bool has_type(const Onnx__TypeProto *t) { return t && t->value_case != ONNX__TYPE_PROTO__VALUE__NOT_SET; }
+static bool has_type(const Onnx__TypeProto *t)
+{
+	return t && t->value_case != ONNX__TYPE_PROTO__VALUE__NOT_SET;
+}
 
 static void put_value_info(struct printer *P, const Onnx__ValueInfoProto *vi)
 {
@@ -338,29 +345,44 @@ static enum raw raw_of(int dtype)
 {
 	switch (dtype) {
 	case TERN_INT8: return R_I8;
-	case TERN_UINT8: case TERN_BOOL: case TERN_FLOAT8E4M3FN: case TERN_FLOAT8E4M3FNUZ: case TERN_FLOAT8E5M2:
-	case TERN_FLOAT8E5M2FNUZ:
-		return R_U8;
+	case TERN_UINT8:
+	case TERN_BOOL:
+	case TERN_FLOAT8E4M3FN:
+	case TERN_FLOAT8E4M3FNUZ:
+	case TERN_FLOAT8E5M2:
+	case TERN_FLOAT8E5M2FNUZ: return R_U8;
 	case TERN_INT16: return R_I16;
-	case TERN_UINT16: case TERN_FLOAT16: case TERN_BFLOAT16: return R_U16;
+	case TERN_UINT16:
+	case TERN_FLOAT16:
+	case TERN_BFLOAT16: return R_U16;
 	case TERN_INT32: return R_I32;
 	case TERN_INT64: return R_I64;
 	case TERN_UINT32: return R_U32;
 	case TERN_UINT64: return R_U64;
-	case TERN_FLOAT: case TERN_COMPLEX64: return R_F32;
-	case TERN_DOUBLE: case TERN_COMPLEX128: return R_F64;
+	case TERN_FLOAT:
+	case TERN_COMPLEX64: return R_F32;
+	case TERN_DOUBLE:
+	case TERN_COMPLEX128: return R_F64;
 	default: return R_NONE;
 	}
 }
 
-static const size_t raw_size[] = {[R_I8] = 1, [R_U8] = 1, [R_I16] = 2, [R_U16] = 2, [R_I32] = 4, [R_I64] = 8,
-                                  [R_U32] = 4, [R_U64] = 8, [R_F32] = 4, [R_F64] = 8};
+static const size_t raw_size[] = {[R_I8] = 1,  [R_U8] = 1,  [R_I16] = 2, [R_U16] = 2, [R_I32] = 4,
+                                  [R_I64] = 8, [R_U32] = 4, [R_U64] = 8, [R_F32] = 4, [R_F64] = 8};
 
 static void put_raw_element(struct printer *P, enum raw kind, const uint8_t *p)
 {
 	union {
-		int8_t i8; uint8_t u8; int16_t i16; uint16_t u16; int32_t i32; int64_t i64; uint32_t u32;
-		uint64_t u64; float f32; double f64;
+		int8_t i8;
+		uint8_t u8;
+		int16_t i16;
+		uint16_t u16;
+		int32_t i32;
+		int64_t i64;
+		uint32_t u32;
+		uint64_t u64;
+		float f32;
+		double f64;
 	} v;
 	/* raw_data is little-endian, as is every machine tern builds on. */
 	memcpy(&v, p, raw_size[kind]);
@@ -602,7 +624,8 @@ static void put_attr(struct printer *P, const Onnx__NodeProto *node, const Onnx_
 			if (has_type(a->type_protos[i]))
 				put_type(P, a->type_protos[i]);
 			else
-				fail(P, "node '%s': attribute '%s' has an empty type", node->name ? node->name : "", a->name);
+				fail(P, "node '%s': attribute '%s' has an empty type", node->name ? node->name : "",
+				     a->name);
 			break;
 		}
 	}
@@ -807,10 +830,10 @@ static void put_training_info(struct printer *P, const Onnx__TrainingInfoProto *
 		Onnx__StringStringEntryProto *const *pairs;
 		size_t n_pairs;
 	} items[] = {
-		{"initialization", t->initialization, NULL, 0},
-		{"algorithm", t->algorithm, NULL, 0},
-		{"initialization_binding", NULL, t->initialization_binding, t->n_initialization_binding},
-		{"update_binding", NULL, t->update_binding, t->n_update_binding},
+	        {"initialization", t->initialization, NULL, 0},
+	        {"algorithm", t->algorithm, NULL, 0},
+	        {"initialization_binding", NULL, t->initialization_binding, t->n_initialization_binding},
+	        {"update_binding", NULL, t->update_binding, t->n_update_binding},
 	};
 	for (size_t i = 0; i < TERN_ARRAY_LEN(items); i++) {
 		if (!items[i].graph && !items[i].n_pairs)
@@ -842,9 +865,9 @@ static void put_model(struct printer *P, const Onnx__ModelProto *m)
 		const char *key;
 		const char *value;
 	} strings[] = {
-		{"producer_name", m->producer_name},
-		{"producer_version", m->producer_version},
-		{"domain", m->domain},
+	        {"producer_name", m->producer_name},
+	        {"producer_version", m->producer_version},
+	        {"domain", m->domain},
 	};
 	for (size_t i = 0; i < TERN_ARRAY_LEN(strings); i++) {
 		if (strings[i].value) {

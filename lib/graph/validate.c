@@ -18,35 +18,96 @@ static const struct {
 	const char *name;
 	attr_type type;
 } known_attrs[] = {
-#define A(n, t) {n, ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__##t}
-	A("axis", INT), A("axes", INTS), A("perm", INTS), A("kernel_shape", INTS), A("strides", INTS),
-	A("pads", INTS), A("dilations", INTS), A("group", INT), A("alpha", FLOAT), A("beta", FLOAT),
-	A("epsilon", FLOAT), A("momentum", FLOAT), A("transA", INT), A("transB", INT), A("keepdims", INT),
-	A("auto_pad", STRING), A("mode", STRING), A("then_branch", GRAPH),
-	A("else_branch", GRAPH), A("body", GRAPH), A("ceil_mode", INT), A("count_include_pad", INT),
-	A("storage_order", INT), A("output_padding", INTS), A("output_shape", INTS), A("direction", STRING),
-	A("hidden_size", INT), A("activations", STRINGS), A("activation_alpha", FLOATS),
-	A("activation_beta", FLOATS), A("clip", FLOAT), A("linear_before_reset", INT), A("input_forget", INT),
-	A("layout", INT), A("blocksize", INT), A("batch_dims", INT), A("noop_with_empty_axes", INT),
-	A("select_last_index", INT), A("largest", INT), A("sorted", INT), A("exclusive", INT),
-	A("reverse", INT), A("num_outputs", INT), A("equation", STRING), A("allowzero", INT),
-	A("stash_type", INT), A("training_mode", INT), A("upper", INT), A("fmod", INT),
-	A("coordinate_transformation_mode", STRING), A("nearest_mode", STRING), A("cubic_coeff_a", FLOAT),
-	A("exclude_outside", INT), A("extrapolation_value", FLOAT), A("reduction", STRING),
-	A("num_scan_inputs", INT), A("scan_input_axes", INTS), A("scan_output_axes", INTS),
-	A("scan_input_directions", INTS), A("scan_output_directions", INTS), A("value_float", FLOAT),
-	A("value_floats", FLOATS), A("value_int", INT), A("value_ints", INTS), A("value_string", STRING),
-	A("value_strings", STRINGS), A("detect_negative", INT), A("detect_positive", INT), A("lambd", FLOAT),
-	A("gamma", FLOAT), A("bias", FLOAT), A("size", INT), A("p", INT), A("dtype", INT),
-	A("high", FLOAT), A("low", FLOAT), A("mean", FLOAT), A("scale", FLOAT),
+#define A(n, t)                                               \
+	{                                                     \
+		n, ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__##t \
+	}
+        A("axis", INT),
+        A("axes", INTS),
+        A("perm", INTS),
+        A("kernel_shape", INTS),
+        A("strides", INTS),
+        A("pads", INTS),
+        A("dilations", INTS),
+        A("group", INT),
+        A("alpha", FLOAT),
+        A("beta", FLOAT),
+        A("epsilon", FLOAT),
+        A("momentum", FLOAT),
+        A("transA", INT),
+        A("transB", INT),
+        A("keepdims", INT),
+        A("auto_pad", STRING),
+        A("mode", STRING),
+        A("then_branch", GRAPH),
+        A("else_branch", GRAPH),
+        A("body", GRAPH),
+        A("ceil_mode", INT),
+        A("count_include_pad", INT),
+        A("storage_order", INT),
+        A("output_padding", INTS),
+        A("output_shape", INTS),
+        A("direction", STRING),
+        A("hidden_size", INT),
+        A("activations", STRINGS),
+        A("activation_alpha", FLOATS),
+        A("activation_beta", FLOATS),
+        A("clip", FLOAT),
+        A("linear_before_reset", INT),
+        A("input_forget", INT),
+        A("layout", INT),
+        A("blocksize", INT),
+        A("batch_dims", INT),
+        A("noop_with_empty_axes", INT),
+        A("select_last_index", INT),
+        A("largest", INT),
+        A("sorted", INT),
+        A("exclusive", INT),
+        A("reverse", INT),
+        A("num_outputs", INT),
+        A("equation", STRING),
+        A("allowzero", INT),
+        A("stash_type", INT),
+        A("training_mode", INT),
+        A("upper", INT),
+        A("fmod", INT),
+        A("coordinate_transformation_mode", STRING),
+        A("nearest_mode", STRING),
+        A("cubic_coeff_a", FLOAT),
+        A("exclude_outside", INT),
+        A("extrapolation_value", FLOAT),
+        A("reduction", STRING),
+        A("num_scan_inputs", INT),
+        A("scan_input_axes", INTS),
+        A("scan_output_axes", INTS),
+        A("scan_input_directions", INTS),
+        A("scan_output_directions", INTS),
+        A("value_float", FLOAT),
+        A("value_floats", FLOATS),
+        A("value_int", INT),
+        A("value_ints", INTS),
+        A("value_string", STRING),
+        A("value_strings", STRINGS),
+        A("detect_negative", INT),
+        A("detect_positive", INT),
+        A("lambd", FLOAT),
+        A("gamma", FLOAT),
+        A("bias", FLOAT),
+        A("size", INT),
+        A("p", INT),
+        A("dtype", INT),
+        A("high", FLOAT),
+        A("low", FLOAT),
+        A("mean", FLOAT),
+        A("scale", FLOAT),
 #undef A
 };
 
 static const char *attr_type_name(int t)
 {
-	static const char *names[] = {"UNDEFINED", "FLOAT",  "INT",          "STRING",        "TENSOR",
-	                              "GRAPH",     "FLOATS", "INTS",         "STRINGS",       "TENSORS",
-	                              "GRAPHS",    "SPARSE_TENSOR", "SPARSE_TENSORS", "TYPE_PROTO", "TYPE_PROTOS"};
+	static const char *names[] = {
+	        "UNDEFINED", "FLOAT",   "INT",    "STRING",        "TENSOR",         "GRAPH",      "FLOATS",     "INTS",
+	        "STRINGS",   "TENSORS", "GRAPHS", "SPARSE_TENSOR", "SPARSE_TENSORS", "TYPE_PROTO", "TYPE_PROTOS"};
 	return t >= 0 && t < (int)TERN_ARRAY_LEN(names) ? names[t] : "?";
 }
 
@@ -54,10 +115,10 @@ static const char *attr_type_name(int t)
 static int populated_type(const Onnx__AttributeProto *a)
 {
 	int t = 0, count = 0;
-#define F(cond, ty)                                                                                \
-	if (cond) {                                                                                 \
-		t = ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__##ty;                                    \
-		count++;                                                                            \
+#define F(cond, ty)                                              \
+	if (cond) {                                              \
+		t = ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__##ty; \
+		count++;                                         \
 	}
 	F(a->has_f, FLOAT)
 	F(a->has_i, INT)
@@ -79,8 +140,9 @@ static int populated_type(const Onnx__AttributeProto *a)
 
 static bool is_list_type(int t)
 {
-	return t >= ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__FLOATS && t != ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__SPARSE_TENSOR &&
-	       t != ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__TYPE_PROTO;
+	return t >= ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__FLOATS &&
+	        t != ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__SPARSE_TENSOR &&
+	        t != ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__TYPE_PROTO;
 }
 
 static tern_status check_attrs(const tern_node *n)
@@ -103,9 +165,10 @@ static tern_status check_attrs(const tern_node *n)
 		if (declared && have && declared != have)
 			return tern_node_errorf(n, TERN_EDATA, "attribute '%s' is declared %s but holds %s", a->name,
 			                        attr_type_name(declared), attr_type_name(have));
-		if (declared && !have && !is_list_type(declared) && declared != ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__STRING)
-			return tern_node_errorf(n, TERN_EDATA, "attribute '%s' is declared %s but has no value", a->name,
-			                        attr_type_name(declared));
+		if (declared && !have && !is_list_type(declared) &&
+		    declared != ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__STRING)
+			return tern_node_errorf(n, TERN_EDATA, "attribute '%s' is declared %s but has no value",
+			                        a->name, attr_type_name(declared));
 		int actual = declared ? declared : have;
 		if (*n->domain)
 			continue;
@@ -117,7 +180,8 @@ static tern_status check_attrs(const tern_node *n)
 			 * the table; "size" (LRN INT) and "scale" (ImageScaler FLOAT) are unambiguous. */
 			/* An integer where a float is expected ("alpha = 1", as onnx's printer writes it) still
 			 * means that number; tern_attr_float reads it so. */
-			if (actual == ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__INT && want == ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__FLOAT)
+			if (actual == ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__INT &&
+			    want == ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__FLOAT)
 				continue;
 			if (actual && actual != want)
 				return tern_node_errorf(n, TERN_EDATA, "attribute '%s' must be %s, not %s", a->name,
@@ -181,15 +245,16 @@ static tern_status check_initializer(const tern_model *m, const Onnx__TensorProt
 	uint64_t numel = 1;
 	for (size_t i = 0; i < t->n_dims; i++) {
 		if (t->dims[i] < 0 || t->dims[i] > TERN_MAX_DIM)
-			return tern_errorf(TERN_EDATA, "%s: initializer '%s': dimension %zu is %s (%lld)", m->source, name, i,
-			                   t->dims[i] < 0 ? "negative" : "absurdly large", (long long)t->dims[i]);
+			return tern_errorf(TERN_EDATA, "%s: initializer '%s': dimension %zu is %s (%lld)", m->source,
+			                   name, i, t->dims[i] < 0 ? "negative" : "absurdly large",
+			                   (long long)t->dims[i]);
 		if (t->dims[i] && numel > (uint64_t)TERN_MAX_DIM / (uint64_t)t->dims[i])
-			return tern_errorf(TERN_EDATA, "%s: initializer '%s': more than 2^40 elements is absurdly many", m->source,
-			                   name);
+			return tern_errorf(TERN_EDATA, "%s: initializer '%s': more than 2^40 elements is absurdly many",
+			                   m->source, name);
 		numel *= (uint64_t)t->dims[i];
 		if (numel > (uint64_t)TERN_MAX_DIM)
-			return tern_errorf(TERN_EDATA, "%s: initializer '%s': %llu elements is absurdly many", m->source, name,
-			                   (unsigned long long)numel);
+			return tern_errorf(TERN_EDATA, "%s: initializer '%s': %llu elements is absurdly many",
+			                   m->source, name, (unsigned long long)numel);
 	}
 	if (t->has_data_location && t->data_location == ONNX__TENSOR_PROTO__DATA_LOCATION__EXTERNAL)
 		return TERN_OK;
@@ -197,7 +262,8 @@ static tern_status check_initializer(const tern_model *m, const Onnx__TensorProt
 	if (t->has_raw_data) {
 		size_t es = tern_dtype_size(dt);
 		if (dt != TERN_STRING && t->raw_data.len != numel * es)
-			return tern_errorf(TERN_EDATA, "%s: initializer '%s': raw_data has %zu bytes, its shape needs %llu",
+			return tern_errorf(TERN_EDATA,
+			                   "%s: initializer '%s': raw_data has %zu bytes, its shape needs %llu",
 			                   m->source, name, t->raw_data.len, (unsigned long long)(numel * es));
 		return TERN_OK;
 	}
@@ -207,13 +273,14 @@ static tern_status check_initializer(const tern_model *m, const Onnx__TensorProt
 	case TERN_DOUBLE: have = t->n_double_data; break;
 	case TERN_COMPLEX128: have = t->n_double_data / 2; break;
 	case TERN_INT64: have = t->n_int64_data; break;
-	case TERN_UINT32: case TERN_UINT64: have = t->n_uint64_data; break;
+	case TERN_UINT32:
+	case TERN_UINT64: have = t->n_uint64_data; break;
 	case TERN_STRING: have = t->n_string_data; break;
 	default: have = t->n_int32_data; break;
 	}
 	if (have != numel)
-		return tern_errorf(TERN_EDATA, "%s: initializer '%s': %zu values stored, its shape needs %llu", m->source,
-		                   name, have, (unsigned long long)numel);
+		return tern_errorf(TERN_EDATA, "%s: initializer '%s': %zu values stored, its shape needs %llu",
+		                   m->source, name, have, (unsigned long long)numel);
 	return TERN_OK;
 }
 
@@ -261,9 +328,11 @@ static tern_status validate_graph(tern_model *m, tern_graph *g)
 			                        *n->domain ? n->domain : "ai.onnx");
 		for (size_t k = 0; k < n->n_inputs; k++) {
 			const tern_value *v = n->inputs[k];
-			if (v && !v->producer && !(v->flags & (TERN_VALUE_INPUT | TERN_VALUE_INITIALIZER | TERN_VALUE_OUTER)))
-				return tern_node_errorf(n, TERN_EDATA, "input %zu '%s' is not defined by any node, input or initializer",
-				                        k, v->name);
+			if (v && !v->producer &&
+			    !(v->flags & (TERN_VALUE_INPUT | TERN_VALUE_INITIALIZER | TERN_VALUE_OUTER)))
+				return tern_node_errorf(
+				        n, TERN_EDATA,
+				        "input %zu '%s' is not defined by any node, input or initializer", k, v->name);
 		}
 		if ((st = check_attrs(n)))
 			return st;
@@ -274,7 +343,8 @@ static tern_status validate_graph(tern_model *m, tern_graph *g)
 	for (size_t i = 0; i < g->n_outputs; i++) {
 		const tern_value *v = g->outputs[i];
 		if (!v->producer && !(v->flags & (TERN_VALUE_INPUT | TERN_VALUE_INITIALIZER | TERN_VALUE_OUTER)))
-			return tern_errorf(TERN_EDATA, "%s: graph output '%s' is not defined by any node, input or initializer",
+			return tern_errorf(TERN_EDATA,
+			                   "%s: graph output '%s' is not defined by any node, input or initializer",
 			                   m->source, v->name);
 	}
 	tern_node **order;
@@ -299,13 +369,15 @@ tern_status tern_model_validate(tern_model *m)
 		for (size_t j = 0; j < i; j++) {
 			const char *dj = p->opset_import[j]->domain ? p->opset_import[j]->domain : "";
 			if (strcmp(d, dj) == 0)
-				return tern_errorf(TERN_EDATA, "%s: opset_import lists domain '%s' twice", m->source, d);
+				return tern_errorf(TERN_EDATA, "%s: opset_import lists domain '%s' twice", m->source,
+				                   d);
 		}
 		if (v < 1)
-			return tern_errorf(TERN_EDATA, "%s: opset_import: domain '%s' has invalid version %lld", m->source,
-			                   *d ? d : "ai.onnx", (long long)v);
+			return tern_errorf(TERN_EDATA, "%s: opset_import: domain '%s' has invalid version %lld",
+			                   m->source, *d ? d : "ai.onnx", (long long)v);
 		if ((!*d || strcmp(d, "ai.onnx") == 0) && v > TERN_MAX_ONNX_OPSET)
-			return tern_errorf(TERN_EDATA, "%s: opset_import: ai.onnx version %lld is unknown (tern knows 1 to %d)",
+			return tern_errorf(TERN_EDATA,
+			                   "%s: opset_import: ai.onnx version %lld is unknown (tern knows 1 to %d)",
 			                   m->source, (long long)v, TERN_MAX_ONNX_OPSET);
 	}
 	tern_status st = validate_graph(m, m->graph);

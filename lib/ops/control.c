@@ -56,8 +56,8 @@ static tern_status if_run(const tern_kernel_args *a)
 		return rc;
 	if (tern_exec_num_outputs(b->exec[which]) != a->n_out)
 		return tern_node_errorf(a->node, TERN_EDATA, "the %s has %d outputs, the node %d",
-		                        which == 0 ? "then_branch" : "else_branch", tern_exec_num_outputs(b->exec[which]),
-		                        a->n_out);
+		                        which == 0 ? "then_branch" : "else_branch",
+		                        tern_exec_num_outputs(b->exec[which]), a->n_out);
 	for (int o = 0; o < a->n_out; o++)
 		if (a->out[o] && (rc = copy_out(a->node, a->out[o], tern_exec_output(b->exec[which], o))))
 			return rc;
@@ -136,8 +136,8 @@ static tern_status stack(const tern_node *node, tern_tensor *dst, const tensor_l
 	for (int64_t i = 0; i < l->n; i++) {
 		const tern_tensor *src = &l->items[reverse ? l->n - 1 - i : i];
 		for (int64_t o = 0; o < outer; o++)
-			memcpy((char *)dst->data + ((o * l->n + i) * inner) * es, (const char *)src->data + o * inner * es,
-			       (size_t)inner * es);
+			memcpy((char *)dst->data + ((o * l->n + i) * inner) * es,
+			       (const char *)src->data + o * inner * es, (size_t)inner * es);
 	}
 	return TERN_OK;
 }
@@ -150,8 +150,9 @@ static tern_status loop_run(const tern_kernel_args *a)
 	if (n_carried < 0)
 		return tern_node_errorf(a->node, TERN_EDATA, "Loop needs at least 2 inputs (M, cond)");
 	if ((int)body->n_inputs != n_carried + 2 || (int)body->n_outputs < n_carried + 1)
-		return tern_node_errorf(a->node, TERN_EDATA, "the body has %zu inputs and %zu outputs for %d carried values",
-		                        body->n_inputs, body->n_outputs, n_carried);
+		return tern_node_errorf(a->node, TERN_EDATA,
+		                        "the body has %zu inputs and %zu outputs for %d carried values", body->n_inputs,
+		                        body->n_outputs, n_carried);
 	int n_scan = (int)body->n_outputs - 1 - n_carried;
 	int64_t max_trips = a->in[0] && tern_tensor_numel(a->in[0]) ? tern_tensor_get_i64(a->in[0], 0) : INT64_MAX;
 	bool cond = a->in[1] && tern_tensor_numel(a->in[1]) ? tern_tensor_get_f64(a->in[1], 0) != 0 : true;
@@ -166,7 +167,8 @@ static tern_status loop_run(const tern_kernel_args *a)
 		rc = tern_errorf(TERN_EOS, "out of memory");
 		goto done;
 	}
-	if ((rc = tern_tensor_alloc(&iter, TERN_INT64, 0, scalar_dims)) || (rc = tern_tensor_alloc(&cond_t, TERN_BOOL, 0, scalar_dims)))
+	if ((rc = tern_tensor_alloc(&iter, TERN_INT64, 0, scalar_dims)) ||
+	    (rc = tern_tensor_alloc(&cond_t, TERN_BOOL, 0, scalar_dims)))
 		goto done;
 	for (int i = 0; i < n_carried; i++) {
 		if (!a->in[2 + i]) {
@@ -216,7 +218,8 @@ static tern_status loop_run(const tern_kernel_args *a)
 		}
 	for (int s = 0; s < n_scan && n_carried + s < a->n_out; s++)
 		if (a->out[n_carried + s] &&
-		    (rc = stack(a->node, a->out[n_carried + s], &scans[s], 0, 0, body->outputs[1 + n_carried + s]->type.dtype)))
+		    (rc = stack(a->node, a->out[n_carried + s], &scans[s], 0, 0,
+		                body->outputs[1 + n_carried + s]->type.dtype)))
 			goto done;
 done:
 	for (int i = 0; carried && i < 2 * n_carried; i++)
@@ -268,8 +271,10 @@ static tern_status scan_run(const tern_kernel_args *a)
 	int m = (int)tern_attr_int(a->node, "num_scan_inputs", 0);
 	int n_state = a->n_in - m;
 	int n_scan_out = a->n_out - n_state;
-	if (m < 1 || n_state < 0 || n_scan_out < 0 || (int)body->n_inputs != a->n_in || (int)body->n_outputs != a->n_out)
-		return tern_node_errorf(a->node, TERN_EDATA, "inputs, outputs and num_scan_inputs=%d do not match the body", m);
+	if (m < 1 || n_state < 0 || n_scan_out < 0 || (int)body->n_inputs != a->n_in ||
+	    (int)body->n_outputs != a->n_out)
+		return tern_node_errorf(a->node, TERN_EDATA,
+		                        "inputs, outputs and num_scan_inputs=%d do not match the body", m);
 	size_t n_axes, n_dirs, n_oaxes, n_odirs;
 	const int64_t *in_axes = tern_attr_ints(a->node, "scan_input_axes", &n_axes);
 	const int64_t *in_dirs = tern_attr_ints(a->node, "scan_input_directions", &n_dirs);
@@ -344,7 +349,8 @@ static tern_status scan_run(const tern_kernel_args *a)
 			continue;
 		int axis = out_axes && (size_t)s < n_oaxes ? (int)out_axes[s] : 0;
 		int reverse = out_dirs && (size_t)s < n_odirs && out_dirs[s];
-		if ((rc = stack(a->node, a->out[n_state + s], &outs[s], axis, reverse, body->outputs[n_state + s]->type.dtype)))
+		if ((rc = stack(a->node, a->out[n_state + s], &outs[s], axis, reverse,
+		                body->outputs[n_state + s]->type.dtype)))
 			goto done;
 	}
 done:
@@ -370,9 +376,9 @@ static tern_status scan_prepare(tern_prepare_args *p)
 }
 
 static const tern_op ops[] = {
-	{"", "If", 1, 0, if_prepare, 0, "control"},
-	{"", "Loop", 1, 0, loop_prepare, 0, "control"},
-	{"", "Scan", 9, 0, scan_prepare, 0, "control"},
+        {"", "If", 1, 0, if_prepare, 0, "control"},
+        {"", "Loop", 1, 0, loop_prepare, 0, "control"},
+        {"", "Scan", 9, 0, scan_prepare, 0, "control"},
 };
 
 const tern_op_table tern_ops_control = {ops, TERN_ARRAY_LEN(ops)};

@@ -29,9 +29,9 @@
 /* Values a row kernel reads besides its inputs. */
 typedef struct ew_attrs {
 	double alpha, beta, gamma; /* activation attributes; gamma is Mean's divisor */
-	int64_t flag;              /* IsInf: bit 0 detects -inf, bit 1 +inf */
-	uint64_t lo, hi;           /* Clip bounds: one element's bytes (a float where halves are widened) */
-	int from, to;              /* Cast and mixed-type Pow: element types */
+	int64_t flag; /* IsInf: bit 0 detects -inf, bit 1 +inf */
+	uint64_t lo, hi; /* Clip bounds: one element's bytes (a float where halves are widened) */
+	int from, to; /* Cast and mixed-type Pow: element types */
 } ew_attrs;
 
 typedef struct ew_row ew_row;
@@ -43,8 +43,8 @@ typedef struct ew_step {
 	int n_in;
 	int src[EW_MAX_IN]; /* kernel input index, or EW_SRC_OUT for the output itself */
 	ew_fn fn;
-	ew_fn inner;  /* the float kernel that ew_half_row runs on widened blocks */
-	int half;     /* the 16-bit float type ew_half_row widens */
+	ew_fn inner; /* the float kernel that ew_half_row runs on widened blocks */
+	int half; /* the 16-bit float type ew_half_row widens */
 	int out_bool; /* ew_half_row: the output is bool and needs no narrowing */
 } ew_step;
 
@@ -69,54 +69,54 @@ typedef struct ew_params {
 
 /* Loop bodies see the element as v (unary) or x0, x1 (binary), its type as ET, a type in which
  * integer arithmetic wraps without undefined behaviour as WT, and the attributes as at. */
-#define EW_TYPES(T, W)                                                                                         \
-	typedef T ET __attribute__((unused));                                                                  \
-	typedef W WT __attribute__((unused));                                                                  \
-	const ew_attrs *at = r->at;                                                                            \
+#define EW_TYPES(T, W)                        \
+	typedef T ET __attribute__((unused)); \
+	typedef W WT __attribute__((unused)); \
+	const ew_attrs *at = r->at;           \
 	(void)at
 
-#define EW_UNARY_LOOP(T, W, TY, EXPR)                                                                          \
-	EW_TYPES(T, W);                                                                                        \
-	const T *x = r->in[0];                                                                                 \
-	TY *y = r->out;                                                                                        \
-	EW_IVDEP for (int64_t i = 0; i < r->n; i++)                                                            \
-	{                                                                                                      \
-		const T v = x[i];                                                                              \
-		y[i] = (TY)(EXPR);                                                                             \
+#define EW_UNARY_LOOP(T, W, TY, EXPR)               \
+	EW_TYPES(T, W);                             \
+	const T *x = r->in[0];                      \
+	TY *y = r->out;                             \
+	EW_IVDEP for (int64_t i = 0; i < r->n; i++) \
+	{                                           \
+		const T v = x[i];                   \
+		y[i] = (TY)(EXPR);                  \
 	}
 
 /* One pass of a binary loop; X0 and X1 read the operands (a[i], or a value hoisted out of the loop). */
-#define EW_BINARY_PASS(T, TY, EXPR, X0, X1)                                                                    \
-	EW_IVDEP for (int64_t i = 0; i < n; i++)                                                               \
-	{                                                                                                      \
-		const T x0 = (X0), x1 = (X1);                                                                  \
-		y[i] = (TY)(EXPR);                                                                             \
+#define EW_BINARY_PASS(T, TY, EXPR, X0, X1)      \
+	EW_IVDEP for (int64_t i = 0; i < n; i++) \
+	{                                        \
+		const T x0 = (X0), x1 = (X1);    \
+		y[i] = (TY)(EXPR);               \
 	}
 
-#define EW_BINARY_LOOP(T, W, TY, EXPR)                                                                         \
-	EW_TYPES(T, W);                                                                                        \
-	const T *a = r->in[0], *b = r->in[1];                                                                  \
-	TY *y = r->out;                                                                                        \
-	const int64_t n = r->n;                                                                                \
-	const T a0 = a[0], b0 = b[0];                                                                          \
-	if (r->st[0] && r->st[1])                                                                              \
-		EW_BINARY_PASS(T, TY, EXPR, a[i], b[i])                                                        \
-	else if (r->st[0])                                                                                     \
-		EW_BINARY_PASS(T, TY, EXPR, a[i], b0)                                                          \
-	else if (r->st[1])                                                                                     \
-		EW_BINARY_PASS(T, TY, EXPR, a0, b[i])                                                          \
-	else                                                                                                   \
+#define EW_BINARY_LOOP(T, W, TY, EXPR)                  \
+	EW_TYPES(T, W);                                 \
+	const T *a = r->in[0], *b = r->in[1];           \
+	TY *y = r->out;                                 \
+	const int64_t n = r->n;                         \
+	const T a0 = a[0], b0 = b[0];                   \
+	if (r->st[0] && r->st[1])                       \
+		EW_BINARY_PASS(T, TY, EXPR, a[i], b[i]) \
+	else if (r->st[0])                              \
+		EW_BINARY_PASS(T, TY, EXPR, a[i], b0)   \
+	else if (r->st[1])                              \
+		EW_BINARY_PASS(T, TY, EXPR, a0, b[i])   \
+	else                                            \
 		EW_BINARY_PASS(T, TY, EXPR, a0, b0)
 
 /* X-macro type lists: X(name, expr, suffix, element type, wrapping type). */
 #define EW_FLOATS(X, ...) X(__VA_ARGS__, f32, float, float) X(__VA_ARGS__, f64, double, double)
-#define EW_SINTS(X, ...)                                                                                       \
-	X(__VA_ARGS__, i8, int8_t, uint32_t)                                                                   \
-	X(__VA_ARGS__, i16, int16_t, uint32_t)                                                                 \
+#define EW_SINTS(X, ...)                       \
+	X(__VA_ARGS__, i8, int8_t, uint32_t)   \
+	X(__VA_ARGS__, i16, int16_t, uint32_t) \
 	X(__VA_ARGS__, i32, int32_t, uint32_t) X(__VA_ARGS__, i64, int64_t, uint64_t)
-#define EW_UINTS(X, ...)                                                                                       \
-	X(__VA_ARGS__, u8, uint8_t, uint32_t)                                                                  \
-	X(__VA_ARGS__, u16, uint16_t, uint32_t)                                                                \
+#define EW_UINTS(X, ...)                        \
+	X(__VA_ARGS__, u8, uint8_t, uint32_t)   \
+	X(__VA_ARGS__, u16, uint16_t, uint32_t) \
 	X(__VA_ARGS__, u32, uint32_t, uint32_t) X(__VA_ARGS__, u64, uint64_t, uint64_t)
 #define EW_BOOLS(X, ...) X(__VA_ARGS__, b8, uint8_t, uint32_t)
 #define EW_INTS(X, ...) EW_SINTS(X, __VA_ARGS__) EW_UINTS(X, __VA_ARGS__)
@@ -158,14 +158,26 @@ typedef struct ew_params {
 #define EW_ATTR_b8
 
 /* Definers: same-type unary, unary to bool, same-type binary, binary to bool; and a table entry. */
-#define EW_U(name, expr, sfx, T, W)                                                                            \
-	EW_ATTR_##sfx static void ew_##name##_##sfx(const ew_row *r) { EW_UNARY_LOOP(T, W, T, expr) }
-#define EW_UB(name, expr, sfx, T, W)                                                                           \
-	EW_ATTR_##sfx static void ew_##name##_##sfx(const ew_row *r) { EW_UNARY_LOOP(T, W, uint8_t, expr) }
-#define EW_B(name, expr, sfx, T, W)                                                                            \
-	EW_ATTR_##sfx static void ew_##name##_##sfx(const ew_row *r) { EW_BINARY_LOOP(T, W, T, expr) }
-#define EW_BB(name, expr, sfx, T, W)                                                                           \
-	EW_ATTR_##sfx static void ew_##name##_##sfx(const ew_row *r) { EW_BINARY_LOOP(T, W, uint8_t, expr) }
+#define EW_U(name, expr, sfx, T, W)                                  \
+	EW_ATTR_##sfx static void ew_##name##_##sfx(const ew_row *r) \
+	{                                                            \
+		EW_UNARY_LOOP(T, W, T, expr)                         \
+	}
+#define EW_UB(name, expr, sfx, T, W)                                 \
+	EW_ATTR_##sfx static void ew_##name##_##sfx(const ew_row *r) \
+	{                                                            \
+		EW_UNARY_LOOP(T, W, uint8_t, expr)                   \
+	}
+#define EW_B(name, expr, sfx, T, W)                                  \
+	EW_ATTR_##sfx static void ew_##name##_##sfx(const ew_row *r) \
+	{                                                            \
+		EW_BINARY_LOOP(T, W, T, expr)                        \
+	}
+#define EW_BB(name, expr, sfx, T, W)                                 \
+	EW_ATTR_##sfx static void ew_##name##_##sfx(const ew_row *r) \
+	{                                                            \
+		EW_BINARY_LOOP(T, W, uint8_t, expr)                  \
+	}
 #define EW_ENTRY(name, expr, sfx, T, W) [EW_DT_##sfx] = ew_##name##_##sfx,
 
 #define EW_TABLE(name, ...) static const ew_fn name##_fns[TERN_DTYPE_COUNT] = {__VA_ARGS__}
@@ -175,13 +187,15 @@ typedef struct ew_params {
 #define EW_SOFTPLUS(v) ((v) > 0 ? (v) + log1p(exp(-(v))) : log1p(exp(v)))
 
 /* c ? a : b for any element type; integers need no help. */
-#define EW_SEL(c, a, b)                                                                                        \
-	_Generic((a) + (b), float: tern_select_f32((c), (float)(a), (float)(b)),                               \
-	         double: tern_select_f64((c), (double)(a), (double)(b)), default: (c) ? (a) : (b))
+#define EW_SEL(c, a, b)                                                    \
+	_Generic((a) + (b), float                                          \
+	         : tern_select_f32((c), (float)(a), (float)(b)), double    \
+	         : tern_select_f64((c), (double)(a), (double)(b)), default \
+	         : (c) ? (a) : (b))
 
 /* Unary math; tgmath.h picks the float or double function. */
-#define EW_MATH(f)                                                                                             \
-	EW_FLOATS(EW_U, f, f(v))                                                                               \
+#define EW_MATH(f)               \
+	EW_FLOATS(EW_U, f, f(v)) \
 	EW_TABLE(f, EW_FLOATS(EW_ENTRY, f, ~));
 EW_MATH(floor)
 EW_MATH(ceil)
@@ -201,9 +215,9 @@ EW_MATH(acosh)
 EW_MATH(atanh)
 
 /* Float32 uses the vectorisable versions. */
-#define EW_FAST_MATH(fn)                                                                                       \
-	EW_U(fn, tern_fast_##fn##f(v), f32, float, float)                                                      \
-	EW_U(fn, fn(v), f64, double, double)                                                                   \
+#define EW_FAST_MATH(fn)                                  \
+	EW_U(fn, tern_fast_##fn##f(v), f32, float, float) \
+	EW_U(fn, fn(v), f64, double, double)              \
 	EW_TABLE(fn, EW_FLOATS(EW_ENTRY, fn, ~));
 EW_FAST_MATH(exp)
 EW_FAST_MATH(tanh)
@@ -243,7 +257,7 @@ EW_TABLE(isinf, EW_FLOATS(EW_ENTRY, isinf, ~));
 EW_SIGNED(EW_U, relu, EW_SEL(v < 0, 0, v))
 EW_TABLE(relu, EW_SIGNED(EW_ENTRY, relu, ~));
 
-EW_FLOATS(EW_U, leaky_relu, EW_SEL(v < 0, v * (ET)at->alpha, v))
+EW_FLOATS(EW_U, leaky_relu, EW_SEL(v < 0, v *(ET)at->alpha, v))
 EW_TABLE(leaky_relu, EW_FLOATS(EW_ENTRY, leaky_relu, ~));
 
 EW_FLOATS(EW_U, elu, v < 0 ? (ET)at->alpha * expm1(v) : v)
@@ -259,10 +273,10 @@ EW_U(sigmoid, 1 / (1 + tern_fast_expf(-v)), f32, float, float)
 EW_U(sigmoid, 1 / (1 + exp(-v)), f64, double, double)
 EW_TABLE(sigmoid, EW_FLOATS(EW_ENTRY, sigmoid, ~));
 
-EW_FLOATS(EW_U, hard_sigmoid, EW_UNIT((ET)at->alpha * v + (ET)at->beta))
+EW_FLOATS(EW_U, hard_sigmoid, EW_UNIT((ET)at->alpha *v + (ET)at->beta))
 EW_TABLE(hard_sigmoid, EW_FLOATS(EW_ENTRY, hard_sigmoid, ~));
 
-EW_FLOATS(EW_U, hard_swish, v * EW_UNIT((ET)at->alpha * v + (ET)at->beta))
+EW_FLOATS(EW_U, hard_swish, v *EW_UNIT((ET)at->alpha *v + (ET)at->beta))
 EW_TABLE(hard_swish, EW_FLOATS(EW_ENTRY, hard_swish, ~));
 
 EW_FLOATS(EW_U, softplus, EW_SOFTPLUS(v))
@@ -274,13 +288,12 @@ EW_TABLE(softsign, EW_FLOATS(EW_ENTRY, softsign, ~));
 EW_FLOATS(EW_U, thresholded_relu, EW_SEL(v > (ET)at->alpha, v, 0))
 EW_TABLE(thresholded_relu, EW_FLOATS(EW_ENTRY, thresholded_relu, ~));
 
-EW_FLOATS(EW_U, mish, v * tanh(EW_SOFTPLUS(v)))
+EW_FLOATS(EW_U, mish, v *tanh(EW_SOFTPLUS(v)))
 EW_TABLE(mish, EW_FLOATS(EW_ENTRY, mish, ~));
 
 /* Shrink: alpha is lambd, beta is bias; integers go through double as the float attributes do. */
-EW_FLOATS(EW_U, shrink, v < -(ET)at->alpha ? v + (ET)at->beta : v > (ET)at->alpha ? v - (ET)at->beta : 0)
-EW_INTS(EW_U, shrink,
-        (double)v < -at->alpha ? (double)v + at->beta : (double)v > at->alpha ? (double)v - at->beta : 0)
+EW_FLOATS(EW_U, shrink, v<-(ET)at->alpha ? v + (ET)at->beta : v>(ET) at->alpha ? v - (ET)at->beta : 0)
+EW_INTS(EW_U, shrink, (double)v<-at->alpha ? (double)v + at->beta : (double)v> at->alpha ? (double)v - at->beta : 0)
 EW_TABLE(shrink, EW_NUMERIC(EW_ENTRY, shrink, ~));
 
 /* Mean's last pass. */
@@ -288,19 +301,19 @@ EW_FLOATS(EW_U, divide_by, v / (ET)at->gamma)
 EW_TABLE(divide_by, EW_FLOATS(EW_ENTRY, divide_by, ~));
 
 /* Clip: bounds in the element type, applied in numpy.clip's order. */
-#define EW_CLIP(name, expr, sfx, T, W)                                                                         \
-	static void ew_clip_##sfx(const ew_row *r)                                                             \
-	{                                                                                                      \
-		T lo, hi;                                                                                      \
-		memcpy(&lo, &r->at->lo, sizeof lo);                                                            \
-		memcpy(&hi, &r->at->hi, sizeof hi);                                                            \
-		const T *x = r->in[0];                                                                         \
-		T *y = r->out;                                                                                 \
-		EW_IVDEP for (int64_t i = 0; i < r->n; i++)                                                    \
-		{                                                                                              \
-			const T t = EW_SEL(x[i] < lo, lo, x[i]);                                               \
-			y[i] = EW_SEL(t > hi, hi, t);                                                          \
-		}                                                                                              \
+#define EW_CLIP(name, expr, sfx, T, W)                           \
+	static void ew_clip_##sfx(const ew_row *r)               \
+	{                                                        \
+		T lo, hi;                                        \
+		memcpy(&lo, &r->at->lo, sizeof lo);              \
+		memcpy(&hi, &r->at->hi, sizeof hi);              \
+		const T *x = r->in[0];                           \
+		T *y = r->out;                                   \
+		EW_IVDEP for (int64_t i = 0; i < r->n; i++)      \
+		{                                                \
+			const T t = EW_SEL(x[i] < lo, lo, x[i]); \
+			y[i] = EW_SEL(t > hi, hi, t);            \
+		}                                                \
 	}
 EW_NUMERIC(EW_CLIP, clip, ~)
 EW_TABLE(clip, EW_NUMERIC(EW_ENTRY, clip, ~));
@@ -310,7 +323,7 @@ EW_NUMERIC(EW_B, add, (ET)((WT)x0 + (WT)x1))
 EW_TABLE(add, EW_NUMERIC(EW_ENTRY, add, ~));
 EW_NUMERIC(EW_B, sub, (ET)((WT)x0 - (WT)x1))
 EW_TABLE(sub, EW_NUMERIC(EW_ENTRY, sub, ~));
-EW_NUMERIC(EW_B, mul, (ET)((WT)x0 * (WT)x1))
+EW_NUMERIC(EW_B, mul, (ET)((WT)x0 *(WT)x1))
 EW_TABLE(mul, EW_NUMERIC(EW_ENTRY, mul, ~));
 
 /* Integer Div truncates, as the reference's float division cast back to the integer type does. */
@@ -326,7 +339,9 @@ EW_SINTS(EW_B, fmod, x1 == 0 || x1 == -1 ? 0 : (ET)(x0 % x1))
 EW_UINTS(EW_B, fmod, x1 == 0 ? 0 : (ET)(x0 % x1))
 EW_TABLE(fmod, EW_NUMERIC(EW_ENTRY, fmod, ~));
 EW_SINTS(EW_B, mod,
-         x1 == 0 || x1 == -1 ? 0 : x0 % x1 != 0 && (x0 % x1 < 0) != (x1 < 0) ? (ET)(x0 % x1 + x1) : (ET)(x0 % x1))
+         x1 == 0 || x1 == -1                                 ? 0
+                 : x0 % x1 != 0 && (x0 % x1 < 0) != (x1 < 0) ? (ET)(x0 % x1 + x1)
+                                                             : (ET)(x0 % x1))
 EW_TABLE(mod, EW_FLOATS(EW_ENTRY, fmod, ~) EW_SINTS(EW_ENTRY, mod, ~) EW_UINTS(EW_ENTRY, fmod, ~));
 
 EW_FLOATS(EW_B, pow, pow(x0, x1))
@@ -338,7 +353,7 @@ EW_TABLE(shift_left, EW_UINTS(EW_ENTRY, shift_left, ~));
 EW_UINTS(EW_B, shift_right, x1 >= sizeof(ET) * 8 ? 0 : (ET)(x0 >> x1))
 EW_TABLE(shift_right, EW_UINTS(EW_ENTRY, shift_right, ~));
 
-EW_INTS(EW_B, bitwise_and, (ET)(x0 & x1))
+EW_INTS(EW_B, bitwise_and, (ET)(x0 &x1))
 EW_TABLE(bitwise_and, EW_INTS(EW_ENTRY, bitwise_and, ~));
 EW_INTS(EW_B, bitwise_or, (ET)(x0 | x1))
 EW_TABLE(bitwise_or, EW_INTS(EW_ENTRY, bitwise_or, ~));
@@ -372,7 +387,7 @@ EW_FLOATS(EW_B, min, EW_SEL(x0 < x1 || x0 != x0, x0, x1))
 EW_INTS(EW_B, min, x0 < x1 ? x0 : x1)
 EW_TABLE(min, EW_NUMERIC(EW_ENTRY, min, ~));
 
-EW_FLOATS(EW_B, prelu, EW_SEL(x0 < 0, x0 * x1, x0))
+EW_FLOATS(EW_B, prelu, EW_SEL(x0 < 0, x0 *x1, x0))
 EW_SINTS(EW_B, prelu, x0 < 0 ? (ET)((WT)x0 * (WT)x1) : x0)
 EW_UINTS(EW_B, prelu, ((void)x1, x0))
 EW_TABLE(prelu, EW_NUMERIC(EW_ENTRY, prelu, ~));
@@ -391,15 +406,15 @@ static ew_fn ew_copy_fn(int dtype)
 }
 
 /* Where selects by element size; inputs may each be broadcast. */
-#define EW_WHERE(name, expr, sfx, T, W)                                                                        \
-	static void ew_where_##sfx(const ew_row *r)                                                            \
-	{                                                                                                      \
-		const uint8_t *c = r->in[0];                                                                   \
-		const T *x = r->in[1], *z = r->in[2];                                                          \
-		T *y = r->out;                                                                                 \
-		const int64_t sc = r->st[0], sx = r->st[1], sz = r->st[2];                                     \
-		for (int64_t i = 0; i < r->n; i++)                                                             \
-			y[i] = c[i * sc] ? x[i * sx] : z[i * sz];                                              \
+#define EW_WHERE(name, expr, sfx, T, W)                                    \
+	static void ew_where_##sfx(const ew_row *r)                        \
+	{                                                                  \
+		const uint8_t *c = r->in[0];                               \
+		const T *x = r->in[1], *z = r->in[2];                      \
+		T *y = r->out;                                             \
+		const int64_t sc = r->st[0], sx = r->st[1], sz = r->st[2]; \
+		for (int64_t i = 0; i < r->n; i++)                         \
+			y[i] = c[i * sc] ? x[i * sx] : z[i * sz];          \
 	}
 EW_UINTS(EW_WHERE, where, ~)
 
@@ -407,8 +422,7 @@ EW_UINTS(EW_WHERE, where, ~)
 
 /* Converting v to each destination: integers from integers wrap (numpy's astype), from floats
  * saturate (tern_sat_*); bool is v != 0. */
-#define EW_TO_INT(sfx, T, v)                                                                                   \
-	_Generic((v), float: tern_sat_##sfx(v), double: tern_sat_##sfx(v), default: (T)(v))
+#define EW_TO_INT(sfx, T, v) _Generic((v), float : tern_sat_##sfx(v), double : tern_sat_##sfx(v), default : (T)(v))
 #define EW_CVT_f32(v) ((float)(v))
 #define EW_CVT_f64(v) ((double)(v))
 #define EW_CVT_i8(v) EW_TO_INT(i8, int8_t, v)
@@ -423,22 +437,22 @@ EW_UINTS(EW_WHERE, where, ~)
 
 /* Cast kernels for every pair of source (EW_NUMERIC; bool reads as uint8) and destination. The
  * destinations are a list of their own so that it can expand inside the sources' list. */
-#define EW_CAST_DESTS(X, ...)                                                                                  \
-	X(__VA_ARGS__, f32, float)                                                                             \
-	X(__VA_ARGS__, f64, double)                                                                            \
-	X(__VA_ARGS__, i8, int8_t)                                                                             \
-	X(__VA_ARGS__, i16, int16_t)                                                                           \
-	X(__VA_ARGS__, i32, int32_t)                                                                           \
-	X(__VA_ARGS__, i64, int64_t)                                                                           \
-	X(__VA_ARGS__, u8, uint8_t)                                                                            \
-	X(__VA_ARGS__, u16, uint16_t)                                                                          \
+#define EW_CAST_DESTS(X, ...)         \
+	X(__VA_ARGS__, f32, float)    \
+	X(__VA_ARGS__, f64, double)   \
+	X(__VA_ARGS__, i8, int8_t)    \
+	X(__VA_ARGS__, i16, int16_t)  \
+	X(__VA_ARGS__, i32, int32_t)  \
+	X(__VA_ARGS__, i64, int64_t)  \
+	X(__VA_ARGS__, u8, uint8_t)   \
+	X(__VA_ARGS__, u16, uint16_t) \
 	X(__VA_ARGS__, u32, uint32_t) X(__VA_ARGS__, u64, uint64_t) X(__VA_ARGS__, b8, uint8_t)
-#define EW_CAST_DEF(ssfx, TF, dsfx, TT)                                                                        \
-	static void ew_cast_##ssfx##_##dsfx(const ew_row *r)                                                   \
-	{                                                                                                      \
-		const TF *x = r->in[0];                                                                        \
-		TT *y = r->out;                                                                                \
-		EW_IVDEP for (int64_t i = 0; i < r->n; i++) y[i] = EW_CVT_##dsfx(x[i]);                        \
+#define EW_CAST_DEF(ssfx, TF, dsfx, TT)                                                 \
+	static void ew_cast_##ssfx##_##dsfx(const ew_row *r)                            \
+	{                                                                               \
+		const TF *x = r->in[0];                                                 \
+		TT *y = r->out;                                                         \
+		EW_IVDEP for (int64_t i = 0; i < r->n; i++) y[i] = EW_CVT_##dsfx(x[i]); \
 	}
 #define EW_CAST_DEFS_FROM(unused, ssfx, TF, W) EW_CAST_DESTS(EW_CAST_DEF, ssfx, TF)
 EW_NUMERIC(EW_CAST_DEFS_FROM, ~)
@@ -446,7 +460,10 @@ EW_NUMERIC(EW_CAST_DEFS_FROM, ~)
 #define EW_CAST_ROW(unused, ssfx, TF, W) [EW_DT_##ssfx] = {EW_CAST_DESTS(EW_CAST_ENTRY, ssfx, TF)},
 static const ew_fn ew_cast_fns[TERN_DTYPE_COUNT][TERN_DTYPE_COUNT] = {EW_NUMERIC(EW_CAST_ROW, ~)};
 
-static bool ew_is_half(int dtype) { return dtype == TERN_FLOAT16 || dtype == TERN_BFLOAT16; }
+static bool ew_is_half(int dtype)
+{
+	return dtype == TERN_FLOAT16 || dtype == TERN_BFLOAT16;
+}
 
 static bool ew_is_int(int dtype)
 {
@@ -718,8 +735,9 @@ static tern_status ew_check_inputs(const tern_prepare_args *p, int first, int n)
 		if (!p->in[i])
 			return tern_node_errorf(p->node, TERN_EDATA, "input %d is missing", i);
 		if (p->in[i]->dtype != p->in[first]->dtype)
-			return tern_node_errorf(p->node, TERN_EDATA, "input %d '%s' has type %s, input %d '%s' has type %s",
-			                        i, ew_input_name(p->node, i), tern_dtype_name(p->in[i]->dtype), first,
+			return tern_node_errorf(p->node, TERN_EDATA,
+			                        "input %d '%s' has type %s, input %d '%s' has type %s", i,
+			                        ew_input_name(p->node, i), tern_dtype_name(p->in[i]->dtype), first,
 			                        ew_input_name(p->node, first), tern_dtype_name(p->in[first]->dtype));
 	}
 	return TERN_OK;
@@ -738,8 +756,8 @@ static tern_status ew_legacy_view(const tern_prepare_args *p, tern_tensor *view)
 		axis += a->rank;
 	if (axis < 0 || axis + b->rank > a->rank)
 		return tern_node_errorf(p->node, TERN_EDATA,
-		                        "axis %lld does not place input 1's %d dimensions within rank %d", (long long)axis,
-		                        b->rank, a->rank);
+		                        "axis %lld does not place input 1's %d dimensions within rank %d",
+		                        (long long)axis, b->rank, a->rank);
 	view->rank = a->rank;
 	for (int i = 0; i < view->rank; i++)
 		view->dims[i] = i < axis || i >= axis + b->rank ? 1 : b->dims[i - axis];
@@ -790,61 +808,65 @@ typedef struct ew_desc {
 } ew_desc;
 
 static const ew_desc ew_descs[] = {
-	{"Abs", 1, false, abs_fns},
-	{"Neg", 1, false, neg_fns},
-	{"Sign", 1, false, sign_fns},
-	{"Reciprocal", 1, false, reciprocal_fns},
-	{"Floor", 1, false, floor_fns},
-	{"Ceil", 1, false, ceil_fns},
-	{"Round", 1, false, rint_fns}, /* rint rounds half to even, as numpy.round */
-	{"Sqrt", 1, false, sqrt_fns},
-	{"Exp", 1, false, exp_fns},
-	{"Log", 1, false, log_fns},
-	{"Sin", 1, false, sin_fns},
-	{"Cos", 1, false, cos_fns},
-	{"Tan", 1, false, tan_fns},
-	{"Asin", 1, false, asin_fns},
-	{"Acos", 1, false, acos_fns},
-	{"Atan", 1, false, atan_fns},
-	{"Sinh", 1, false, sinh_fns},
-	{"Cosh", 1, false, cosh_fns},
-	{"Asinh", 1, false, asinh_fns},
-	{"Acosh", 1, false, acosh_fns},
-	{"Atanh", 1, false, atanh_fns},
-	{"Erf", 1, false, erf_fns},
-	{"Tanh", 1, false, tanh_fns},
-	{"Not", 1, false, not_fns},
-	{"BitwiseNot", 1, false, bitwise_not_fns},
-	{"IsNaN", 1, true, isnan_fns},
-	{"Relu", 1, false, relu_fns},
-	{"LeakyRelu", 1, false, leaky_relu_fns, {"alpha"}, {0.01f}},
-	{"Elu", 1, false, elu_fns, {"alpha"}, {1.0f}},
-	{"Selu", 1, false, selu_fns, {"alpha", NULL, "gamma"},
-	 {1.67326319217681884765625f, 0, 1.05070102214813232421875f}},
-	{"Celu", 1, false, celu_fns, {"alpha"}, {1.0f}},
-	{"Sigmoid", 1, false, sigmoid_fns},
-	{"HardSigmoid", 1, false, hard_sigmoid_fns, {"alpha", "beta"}, {0.2f, 0.5f}},
-	{"HardSwish", 1, false, hard_swish_fns, {NULL, NULL}, {1.0f / 6, 0.5f}},
-	{"Softplus", 1, false, softplus_fns},
-	{"Softsign", 1, false, softsign_fns},
-	{"ThresholdedRelu", 1, false, thresholded_relu_fns, {"alpha"}, {1.0f}},
-	{"Mish", 1, false, mish_fns},
-	{"Shrink", 1, false, shrink_fns, {"lambd", "bias"}, {0.5f, 0.0f}},
-	{"Add", 2, false, add_fns},
-	{"Sub", 2, false, sub_fns},
-	{"Mul", 2, false, mul_fns},
-	{"Div", 2, false, div_fns},
-	{"BitwiseAnd", 2, false, bitwise_and_fns},
-	{"BitwiseOr", 2, false, bitwise_or_fns},
-	{"BitwiseXor", 2, false, bitwise_xor_fns},
-	{"And", 2, true, and_fns},
-	{"Or", 2, true, or_fns},
-	{"Xor", 2, true, xor_fns},
-	{"Equal", 2, true, equal_fns},
-	{"Less", 2, true, less_fns},
-	{"LessOrEqual", 2, true, less_equal_fns},
-	{"Greater", 2, true, greater_fns},
-	{"GreaterOrEqual", 2, true, greater_equal_fns},
+        {"Abs", 1, false, abs_fns},
+        {"Neg", 1, false, neg_fns},
+        {"Sign", 1, false, sign_fns},
+        {"Reciprocal", 1, false, reciprocal_fns},
+        {"Floor", 1, false, floor_fns},
+        {"Ceil", 1, false, ceil_fns},
+        {"Round", 1, false, rint_fns}, /* rint rounds half to even, as numpy.round */
+        {"Sqrt", 1, false, sqrt_fns},
+        {"Exp", 1, false, exp_fns},
+        {"Log", 1, false, log_fns},
+        {"Sin", 1, false, sin_fns},
+        {"Cos", 1, false, cos_fns},
+        {"Tan", 1, false, tan_fns},
+        {"Asin", 1, false, asin_fns},
+        {"Acos", 1, false, acos_fns},
+        {"Atan", 1, false, atan_fns},
+        {"Sinh", 1, false, sinh_fns},
+        {"Cosh", 1, false, cosh_fns},
+        {"Asinh", 1, false, asinh_fns},
+        {"Acosh", 1, false, acosh_fns},
+        {"Atanh", 1, false, atanh_fns},
+        {"Erf", 1, false, erf_fns},
+        {"Tanh", 1, false, tanh_fns},
+        {"Not", 1, false, not_fns},
+        {"BitwiseNot", 1, false, bitwise_not_fns},
+        {"IsNaN", 1, true, isnan_fns},
+        {"Relu", 1, false, relu_fns},
+        {"LeakyRelu", 1, false, leaky_relu_fns, {"alpha"}, {0.01f}},
+        {"Elu", 1, false, elu_fns, {"alpha"}, {1.0f}},
+        {"Selu",
+         1,
+         false,
+         selu_fns,
+         {"alpha", NULL, "gamma"},
+         {1.67326319217681884765625f, 0, 1.05070102214813232421875f}},
+        {"Celu", 1, false, celu_fns, {"alpha"}, {1.0f}},
+        {"Sigmoid", 1, false, sigmoid_fns},
+        {"HardSigmoid", 1, false, hard_sigmoid_fns, {"alpha", "beta"}, {0.2f, 0.5f}},
+        {"HardSwish", 1, false, hard_swish_fns, {NULL, NULL}, {1.0f / 6, 0.5f}},
+        {"Softplus", 1, false, softplus_fns},
+        {"Softsign", 1, false, softsign_fns},
+        {"ThresholdedRelu", 1, false, thresholded_relu_fns, {"alpha"}, {1.0f}},
+        {"Mish", 1, false, mish_fns},
+        {"Shrink", 1, false, shrink_fns, {"lambd", "bias"}, {0.5f, 0.0f}},
+        {"Add", 2, false, add_fns},
+        {"Sub", 2, false, sub_fns},
+        {"Mul", 2, false, mul_fns},
+        {"Div", 2, false, div_fns},
+        {"BitwiseAnd", 2, false, bitwise_and_fns},
+        {"BitwiseOr", 2, false, bitwise_or_fns},
+        {"BitwiseXor", 2, false, bitwise_xor_fns},
+        {"And", 2, true, and_fns},
+        {"Or", 2, true, or_fns},
+        {"Xor", 2, true, xor_fns},
+        {"Equal", 2, true, equal_fns},
+        {"Less", 2, true, less_fns},
+        {"LessOrEqual", 2, true, less_equal_fns},
+        {"Greater", 2, true, greater_fns},
+        {"GreaterOrEqual", 2, true, greater_equal_fns},
 };
 
 static tern_status prep_simple_body(tern_prepare_args *p)
@@ -854,7 +876,8 @@ static tern_status prep_simple_body(tern_prepare_args *p)
 		if (strcmp(ew_descs[i].op_type, p->node->op_type) == 0)
 			d = &ew_descs[i];
 	if (!d)
-		return tern_node_errorf(p->node, TERN_EINTERNAL, "no elementwise kernel table for %s", p->node->op_type);
+		return tern_node_errorf(p->node, TERN_EINTERNAL, "no elementwise kernel table for %s",
+		                        p->node->op_type);
 	ew_params *e;
 	tern_status st = ew_prepare_map(p, d->arity, d->out_bool, d->fns, &e);
 	if (st)
@@ -872,7 +895,7 @@ static tern_status prep_isinf_body(tern_prepare_args *p)
 	if (st)
 		return st;
 	e->at.flag = (tern_attr_int(p->node, "detect_negative", 1) ? 1 : 0) |
-	             (tern_attr_int(p->node, "detect_positive", 1) ? 2 : 0);
+	        (tern_attr_int(p->node, "detect_positive", 1) ? 2 : 0);
 	return TERN_OK;
 }
 
@@ -885,11 +908,12 @@ static tern_status prep_mod_body(tern_prepare_args *p)
 static tern_status prep_bitshift_body(tern_prepare_args *p)
 {
 	const char *dir = tern_attr_string(p->node, "direction", "");
-	const ew_fn *fns = strcmp(dir, "LEFT") == 0    ? shift_left_fns
-	                   : strcmp(dir, "RIGHT") == 0 ? shift_right_fns
-	                                               : NULL;
+	const ew_fn *fns = strcmp(dir, "LEFT") == 0 ? shift_left_fns
+	        : strcmp(dir, "RIGHT") == 0         ? shift_right_fns
+	                                            : NULL;
 	if (!fns)
-		return tern_node_errorf(p->node, TERN_EDATA, "attribute 'direction' is \"%s\", expected LEFT or RIGHT", dir);
+		return tern_node_errorf(p->node, TERN_EDATA, "attribute 'direction' is \"%s\", expected LEFT or RIGHT",
+		                        dir);
 	ew_params *e;
 	return ew_prepare_map(p, 2, false, fns, &e);
 }
@@ -922,7 +946,8 @@ static tern_status prep_pow_body(tern_prepare_args *p)
 	for (int i = 0; i < 2; i++) {
 		int dt = p->in[i]->dtype;
 		if (dt <= 0 || dt >= TERN_DTYPE_COUNT || !(TERN_DT_NUMERIC & (1u << dt)))
-			return tern_node_errorf(p->node, TERN_EDATA, "input %d '%s' has type %s, which Pow does not support", i,
+			return tern_node_errorf(p->node, TERN_EDATA,
+			                        "input %d '%s' has type %s, which Pow does not support", i,
 			                        ew_input_name(p->node, i), tern_dtype_name(dt));
 	}
 	/* Same shapes and broadcasting as the single-type case; only the kernel differs. */
@@ -1004,7 +1029,8 @@ static tern_status prep_where_body(tern_prepare_args *p)
 	if (st)
 		return st;
 	if (!p->in[0] || p->in[0]->dtype != TERN_BOOL)
-		return tern_node_errorf(p->node, TERN_EDATA, "input 0 '%s' must be a bool tensor", ew_input_name(p->node, 0));
+		return tern_node_errorf(p->node, TERN_EDATA, "input 0 '%s' must be a bool tensor",
+		                        ew_input_name(p->node, 0));
 	int dtype = p->in[1]->dtype;
 	ew_fn fn = NULL;
 	switch (dtype == TERN_STRING ? 0 : tern_dtype_size(dtype)) {
@@ -1034,14 +1060,16 @@ static tern_status prep_where_body(tern_prepare_args *p)
 static uint64_t ew_limit(int dtype, bool upper)
 {
 	uint64_t bits = 0;
-#define EW_LIMIT(T, LO, HI)                                                                                    \
-	{                                                                                                      \
-		T v = upper ? (HI) : (LO);                                                                     \
-		memcpy(&bits, &v, sizeof v);                                                                   \
-		break;                                                                                         \
+#define EW_LIMIT(T, LO, HI)                  \
+	{                                    \
+		T v = upper ? (HI) : (LO);   \
+		memcpy(&bits, &v, sizeof v); \
+		break;                       \
 	}
 	switch (dtype) {
-	case TERN_FLOAT: case TERN_FLOAT16: case TERN_BFLOAT16: EW_LIMIT(float, -INFINITY, INFINITY)
+	case TERN_FLOAT:
+	case TERN_FLOAT16:
+	case TERN_BFLOAT16: EW_LIMIT(float, -INFINITY, INFINITY)
 	case TERN_DOUBLE: EW_LIMIT(double, -INFINITY, INFINITY)
 	case TERN_INT8: EW_LIMIT(int8_t, INT8_MIN, INT8_MAX)
 	case TERN_INT16: EW_LIMIT(int16_t, INT16_MIN, INT16_MAX)
@@ -1092,10 +1120,12 @@ static tern_status prep_clip_body(tern_prepare_args *p)
 		if (!t)
 			continue;
 		if (t->dtype != dtype)
-			return tern_node_errorf(p->node, TERN_EDATA, "input %d '%s' has type %s, input 0 has type %s", k,
-			                        ew_input_name(p->node, k), tern_dtype_name(t->dtype), tern_dtype_name(dtype));
+			return tern_node_errorf(p->node, TERN_EDATA, "input %d '%s' has type %s, input 0 has type %s",
+			                        k, ew_input_name(p->node, k), tern_dtype_name(t->dtype),
+			                        tern_dtype_name(dtype));
 		if (tern_tensor_numel(t) != 1)
-			return tern_node_errorf(p->node, TERN_EDATA, "input %d '%s' has %lld elements, expected a scalar", k,
+			return tern_node_errorf(p->node, TERN_EDATA,
+			                        "input %d '%s' has %lld elements, expected a scalar", k,
 			                        ew_input_name(p->node, k), (long long)tern_tensor_numel(t));
 		e->clip_inputs = 1;
 	}
@@ -1114,8 +1144,8 @@ static tern_status ew_prepare_cast(tern_prepare_args *p, int to)
 		return st;
 	int from = p->in[0]->dtype;
 	if (!ew_castable(from) || !ew_castable(to))
-		return tern_node_errorf(p->node, TERN_EDATA, "cast from %s to %s is not supported", tern_dtype_name(from),
-		                        tern_dtype_name(to));
+		return tern_node_errorf(p->node, TERN_EDATA, "cast from %s to %s is not supported",
+		                        tern_dtype_name(from), tern_dtype_name(to));
 	tern_set_shape(p->out[0], to, p->in[0]->rank, p->in[0]->dims);
 	ew_params *e = ew_params_new(p, 1);
 	if (!e)
@@ -1160,16 +1190,16 @@ static tern_status prep_cast_like_body(tern_prepare_args *p)
 }
 
 /* A failed prepare leaves no parameters behind. */
-#define EW_PREPARE(name)                                                                                       \
-	static tern_status prep_##name(tern_prepare_args *p)                                                   \
-	{                                                                                                      \
-		tern_status st = prep_##name##_body(p);                                                        \
-		if (st) {                                                                                      \
-			free(p->params);                                                                       \
-			p->params = NULL;                                                                      \
-			p->free_params = NULL;                                                                 \
-		}                                                                                              \
-		return st;                                                                                     \
+#define EW_PREPARE(name)                                     \
+	static tern_status prep_##name(tern_prepare_args *p) \
+	{                                                    \
+		tern_status st = prep_##name##_body(p);      \
+		if (st) {                                    \
+			free(p->params);                     \
+			p->params = NULL;                    \
+			p->free_params = NULL;               \
+		}                                            \
+		return st;                                   \
 	}
 EW_PREPARE(simple)
 EW_PREPARE(isinf)
@@ -1184,76 +1214,79 @@ EW_PREPARE(cast)
 EW_PREPARE(cast_like)
 
 #define EW_FAMILY "elementwise"
-#define EW_OP(name, since, prep) {"", name, since, 0, prep, 0, EW_FAMILY}
+#define EW_OP(name, since, prep)                       \
+	{                                              \
+		"", name, since, 0, prep, 0, EW_FAMILY \
+	}
 
 static const tern_op ops[] = {
-	EW_OP("Abs", 1, prep_simple),
-	EW_OP("Neg", 1, prep_simple),
-	EW_OP("Sign", 9, prep_simple),
-	EW_OP("Reciprocal", 1, prep_simple),
-	EW_OP("Floor", 1, prep_simple),
-	EW_OP("Ceil", 1, prep_simple),
-	EW_OP("Round", 11, prep_simple),
-	EW_OP("Sqrt", 1, prep_simple),
-	EW_OP("Exp", 1, prep_simple),
-	EW_OP("Log", 1, prep_simple),
-	EW_OP("Sin", 7, prep_simple),
-	EW_OP("Cos", 7, prep_simple),
-	EW_OP("Tan", 7, prep_simple),
-	EW_OP("Asin", 7, prep_simple),
-	EW_OP("Acos", 7, prep_simple),
-	EW_OP("Atan", 7, prep_simple),
-	EW_OP("Sinh", 9, prep_simple),
-	EW_OP("Cosh", 9, prep_simple),
-	EW_OP("Asinh", 9, prep_simple),
-	EW_OP("Acosh", 9, prep_simple),
-	EW_OP("Atanh", 9, prep_simple),
-	EW_OP("Erf", 9, prep_simple),
-	EW_OP("Tanh", 1, prep_simple),
-	EW_OP("Not", 1, prep_simple),
-	EW_OP("BitwiseNot", 18, prep_simple),
-	EW_OP("IsNaN", 9, prep_simple),
-	EW_OP("IsInf", 10, prep_isinf),
-	EW_OP("Relu", 1, prep_simple),
-	EW_OP("LeakyRelu", 1, prep_simple),
-	EW_OP("Elu", 1, prep_simple),
-	EW_OP("Selu", 1, prep_simple),
-	EW_OP("Celu", 12, prep_simple),
-	EW_OP("Sigmoid", 1, prep_simple),
-	EW_OP("HardSigmoid", 1, prep_simple),
-	EW_OP("HardSwish", 14, prep_simple),
-	EW_OP("Softplus", 1, prep_simple),
-	EW_OP("Softsign", 1, prep_simple),
-	EW_OP("ThresholdedRelu", 10, prep_simple),
-	EW_OP("Mish", 18, prep_simple),
-	EW_OP("Shrink", 9, prep_simple),
-	EW_OP("PRelu", 1, prep_prelu),
-	EW_OP("Add", 1, prep_simple),
-	EW_OP("Sub", 1, prep_simple),
-	EW_OP("Mul", 1, prep_simple),
-	EW_OP("Div", 1, prep_simple),
-	EW_OP("Pow", 1, prep_pow),
-	EW_OP("Mod", 10, prep_mod),
-	EW_OP("BitShift", 11, prep_bitshift),
-	EW_OP("BitwiseAnd", 18, prep_simple),
-	EW_OP("BitwiseOr", 18, prep_simple),
-	EW_OP("BitwiseXor", 18, prep_simple),
-	EW_OP("And", 1, prep_simple),
-	EW_OP("Or", 1, prep_simple),
-	EW_OP("Xor", 1, prep_simple),
-	EW_OP("Equal", 1, prep_simple),
-	EW_OP("Less", 1, prep_simple),
-	EW_OP("LessOrEqual", 12, prep_simple),
-	EW_OP("Greater", 1, prep_simple),
-	EW_OP("GreaterOrEqual", 12, prep_simple),
-	EW_OP("Sum", 1, prep_variadic),
-	EW_OP("Mean", 1, prep_variadic),
-	EW_OP("Max", 1, prep_variadic),
-	EW_OP("Min", 1, prep_variadic),
-	EW_OP("Where", 9, prep_where),
-	EW_OP("Clip", 1, prep_clip),
-	EW_OP("Cast", 1, prep_cast),
-	EW_OP("CastLike", 15, prep_cast_like),
+        EW_OP("Abs", 1, prep_simple),
+        EW_OP("Neg", 1, prep_simple),
+        EW_OP("Sign", 9, prep_simple),
+        EW_OP("Reciprocal", 1, prep_simple),
+        EW_OP("Floor", 1, prep_simple),
+        EW_OP("Ceil", 1, prep_simple),
+        EW_OP("Round", 11, prep_simple),
+        EW_OP("Sqrt", 1, prep_simple),
+        EW_OP("Exp", 1, prep_simple),
+        EW_OP("Log", 1, prep_simple),
+        EW_OP("Sin", 7, prep_simple),
+        EW_OP("Cos", 7, prep_simple),
+        EW_OP("Tan", 7, prep_simple),
+        EW_OP("Asin", 7, prep_simple),
+        EW_OP("Acos", 7, prep_simple),
+        EW_OP("Atan", 7, prep_simple),
+        EW_OP("Sinh", 9, prep_simple),
+        EW_OP("Cosh", 9, prep_simple),
+        EW_OP("Asinh", 9, prep_simple),
+        EW_OP("Acosh", 9, prep_simple),
+        EW_OP("Atanh", 9, prep_simple),
+        EW_OP("Erf", 9, prep_simple),
+        EW_OP("Tanh", 1, prep_simple),
+        EW_OP("Not", 1, prep_simple),
+        EW_OP("BitwiseNot", 18, prep_simple),
+        EW_OP("IsNaN", 9, prep_simple),
+        EW_OP("IsInf", 10, prep_isinf),
+        EW_OP("Relu", 1, prep_simple),
+        EW_OP("LeakyRelu", 1, prep_simple),
+        EW_OP("Elu", 1, prep_simple),
+        EW_OP("Selu", 1, prep_simple),
+        EW_OP("Celu", 12, prep_simple),
+        EW_OP("Sigmoid", 1, prep_simple),
+        EW_OP("HardSigmoid", 1, prep_simple),
+        EW_OP("HardSwish", 14, prep_simple),
+        EW_OP("Softplus", 1, prep_simple),
+        EW_OP("Softsign", 1, prep_simple),
+        EW_OP("ThresholdedRelu", 10, prep_simple),
+        EW_OP("Mish", 18, prep_simple),
+        EW_OP("Shrink", 9, prep_simple),
+        EW_OP("PRelu", 1, prep_prelu),
+        EW_OP("Add", 1, prep_simple),
+        EW_OP("Sub", 1, prep_simple),
+        EW_OP("Mul", 1, prep_simple),
+        EW_OP("Div", 1, prep_simple),
+        EW_OP("Pow", 1, prep_pow),
+        EW_OP("Mod", 10, prep_mod),
+        EW_OP("BitShift", 11, prep_bitshift),
+        EW_OP("BitwiseAnd", 18, prep_simple),
+        EW_OP("BitwiseOr", 18, prep_simple),
+        EW_OP("BitwiseXor", 18, prep_simple),
+        EW_OP("And", 1, prep_simple),
+        EW_OP("Or", 1, prep_simple),
+        EW_OP("Xor", 1, prep_simple),
+        EW_OP("Equal", 1, prep_simple),
+        EW_OP("Less", 1, prep_simple),
+        EW_OP("LessOrEqual", 12, prep_simple),
+        EW_OP("Greater", 1, prep_simple),
+        EW_OP("GreaterOrEqual", 12, prep_simple),
+        EW_OP("Sum", 1, prep_variadic),
+        EW_OP("Mean", 1, prep_variadic),
+        EW_OP("Max", 1, prep_variadic),
+        EW_OP("Min", 1, prep_variadic),
+        EW_OP("Where", 9, prep_where),
+        EW_OP("Clip", 1, prep_clip),
+        EW_OP("Cast", 1, prep_cast),
+        EW_OP("CastLike", 15, prep_cast_like),
 };
 
 const tern_op_table tern_ops_elementwise = {ops, TERN_ARRAY_LEN(ops)};

@@ -15,8 +15,8 @@ static const char *dims_str(int rank, const int64_t *dims, char *buf, size_t siz
 	return buf;
 }
 
-tern_status tern_broadcast_shape(const tern_node *node, int ra, const int64_t *da, int rb, const int64_t *db,
-                                 int *rank, int64_t *dims)
+tern_status tern_broadcast_shape(const tern_node *node, int ra, const int64_t *da, int rb, const int64_t *db, int *rank,
+                                 int64_t *dims)
 {
 	int r = ra > rb ? ra : rb;
 	if (r > TERN_MAX_RANK)
@@ -45,8 +45,7 @@ tern_status tern_broadcast_shape(const tern_node *node, int ra, const int64_t *d
 	return TERN_OK;
 }
 
-tern_status tern_broadcast_tensors(const tern_node *node, int n, const tern_tensor *const *in, int *rank,
-                                   int64_t *dims)
+tern_status tern_broadcast_tensors(const tern_node *node, int n, const tern_tensor *const *in, int *rank, int64_t *dims)
 {
 	*rank = 0;
 	for (int i = 0; i < n; i++) {

@@ -16,7 +16,7 @@ static bool is_float_dtype(int dt)
 static bool is_numeric_dtype(int dt)
 {
 	return dt != TERN_STRING && dt != TERN_BOOL && dt > TERN_UNDEFINED && dt <= TERN_BFLOAT16 &&
-	       dt != TERN_COMPLEX64 && dt != TERN_COMPLEX128;
+	        dt != TERN_COMPLEX64 && dt != TERN_COMPLEX128;
 }
 
 /* The value of a scalar (or one-element) input known while planning; false when it is not known yet. */
@@ -36,7 +36,10 @@ static tern_status scalar_input(tern_prepare_args *p, int i, const char *name, b
 	return TERN_OK;
 }
 
-static tern_status out_of_memory(void) { return tern_errorf(TERN_EOS, "out of memory"); }
+static tern_status out_of_memory(void)
+{
+	return tern_errorf(TERN_EOS, "out of memory");
+}
 
 /* The position of a string attribute's value in the NULL-terminated list of choices. */
 static tern_status attr_choice(const tern_node *node, const char *name, const char *dflt, const char *const *choices,
@@ -67,7 +70,10 @@ static uint64_t rng_next(uint64_t *state)
 }
 
 /* Uniform in [0, 1). */
-static double rng_uniform(uint64_t *state) { return (double)(rng_next(state) >> 11) * 0x1.0p-53; }
+static double rng_uniform(uint64_t *state)
+{
+	return (double)(rng_next(state) >> 11) * 0x1.0p-53;
+}
 
 static double rng_normal(uint64_t *state)
 {
@@ -160,8 +166,8 @@ static tern_status rand_prepare(tern_prepare_args *p)
 	p->free_params = free;
 	rp->state = seed_of(node);
 	rp->kind = strncmp(op, "RandomUniform", 13) == 0 ? RAND_UNIFORM
-	           : strncmp(op, "RandomNormal", 12) == 0 ? RAND_NORMAL
-	           : strcmp(op, "Bernoulli") == 0        ? RAND_BERNOULLI
+	        : strncmp(op, "RandomNormal", 12) == 0   ? RAND_NORMAL
+	        : strcmp(op, "Bernoulli") == 0           ? RAND_BERNOULLI
 	                                                 : RAND_MULTINOMIAL;
 	bool uniform = rp->kind == RAND_UNIFORM;
 	rp->a = tern_attr_float(node, uniform ? "low" : "mean", 0);
@@ -176,7 +182,8 @@ static tern_status rand_prepare(tern_prepare_args *p)
 		                        tern_dtype_name(dtype));
 	if (rp->kind == RAND_MULTINOMIAL) {
 		if (!x || x->rank != 2)
-			return tern_node_errorf(node, TERN_EDATA, "input 0 must be [batch_size, class_size], not rank %d",
+			return tern_node_errorf(node, TERN_EDATA,
+			                        "input 0 must be [batch_size, class_size], not rank %d",
 			                        x ? x->rank : -1);
 		if (dtype != TERN_INT32 && dtype != TERN_INT64)
 			return tern_node_errorf(node, TERN_EDATA, "attribute 'dtype' is %s, not int32 or int64",
@@ -196,11 +203,13 @@ static tern_status rand_prepare(tern_prepare_args *p)
 		size_t rank;
 		const int64_t *shape = tern_attr_ints(node, "shape", &rank);
 		if (!tern_attr(node, "shape") || rank > TERN_MAX_RANK)
-			return tern_node_errorf(node, TERN_EDATA, "attribute 'shape' is missing or has more than %d dimensions",
+			return tern_node_errorf(node, TERN_EDATA,
+			                        "attribute 'shape' is missing or has more than %d dimensions",
 			                        TERN_MAX_RANK);
 		for (size_t i = 0; i < rank; i++)
 			if (shape[i] < 0)
-				return tern_node_errorf(node, TERN_EDATA, "attribute 'shape' has negative dimension %lld",
+				return tern_node_errorf(node, TERN_EDATA,
+				                        "attribute 'shape' has negative dimension %lld",
 				                        (long long)shape[i]);
 		tern_set_shape(p->out[0], dtype, (int)rank, shape);
 	}
@@ -272,7 +281,7 @@ static tern_status nms_kernel(const tern_kernel_args *a)
 		max_out = n_boxes;
 	/* Scratch: the candidates of one class, the corners of the kept ones, and every selected triple. */
 	scored_box *cand = a->scratch;
-	double (*kept)[4] = (double (*)[4])(cand + n_boxes);
+	double(*kept)[4] = (double(*)[4])(cand + n_boxes);
 	int64_t *sel = (int64_t *)(kept + n_boxes), n_sel = 0;
 	for (int64_t b = 0; b < batches; b++)
 		for (int64_t c = 0; c < classes && max_out > 0; c++) {
@@ -310,17 +319,18 @@ static tern_status nms_kernel(const tern_kernel_args *a)
 static tern_status nms_prepare(tern_prepare_args *p)
 {
 	const tern_tensor *boxes = p->in[0], *scores = p->n_in > 1 ? p->in[1] : NULL;
-	if (!scores || boxes->rank != 3 || boxes->dims[2] != 4 || scores->rank != 3 || scores->dims[0] != boxes->dims[0] ||
-	    scores->dims[2] != boxes->dims[1]) {
+	if (!scores || boxes->rank != 3 || boxes->dims[2] != 4 || scores->rank != 3 ||
+	    scores->dims[0] != boxes->dims[0] || scores->dims[2] != boxes->dims[1]) {
 		char b[96], s[96];
 		return tern_node_errorf(p->node, TERN_EDATA,
 		                        "boxes %s and scores %s must be [batch, boxes, 4] and [batch, classes, boxes]",
 		                        tern_shape_str(boxes->dtype, boxes->rank, boxes->dims, b, sizeof b),
-		                        scores ? tern_shape_str(scores->dtype, scores->rank, scores->dims, s, sizeof s) : "missing");
+		                        scores ? tern_shape_str(scores->dtype, scores->rank, scores->dims, s, sizeof s)
+		                               : "missing");
 	}
 	int64_t n = boxes->dims[1];
 	p->scratch_bytes = (size_t)n * (sizeof(scored_box) + 4 * sizeof(double)) +
-	                   (size_t)(boxes->dims[0] * scores->dims[1] * n) * 3 * sizeof(int64_t);
+	        (size_t)(boxes->dims[0] * scores->dims[1] * n) * 3 * sizeof(int64_t);
 	p->dynamic_output = 1;
 	int64_t dims[2] = {-1, 3};
 	tern_set_shape(p->out[0], TERN_INT64, 2, dims);
@@ -342,7 +352,10 @@ typedef struct roi_sample {
 	double w[4];
 } roi_sample;
 
-static double rnd(bool single, double v) { return single ? (double)(float)v : v; }
+static double rnd(bool single, double v)
+{
+	return single ? (double)(float)v : v;
+}
 
 static roi_sample roi_sample_at(double y, double x, int64_t height, int64_t width)
 {
@@ -381,15 +394,19 @@ static tern_status roi_kernel(const tern_kernel_args *a)
 	for (int64_t r = 0; r < n_rois; r++) {
 		int64_t batch = tern_tensor_get_i64(idx, r);
 		if (batch < 0 || batch >= x->dims[0])
-			return tern_node_errorf(a->node, TERN_EDATA, "input 2 'batch_indices' element %lld is %lld, outside [0, %lld)",
+			return tern_node_errorf(a->node, TERN_EDATA,
+			                        "input 2 'batch_indices' element %lld is %lld, outside [0, %lld)",
 			                        (long long)r, (long long)batch, (long long)x->dims[0]);
 		/* The geometry is rounded to the element type at each step, as the reference computes it, so
 		 * that sample counts (a ceiling) agree. */
 		bool single = x->dtype != TERN_DOUBLE;
 		double start_w = rnd(single, rnd(single, tern_tensor_get_f64(rois, r * 4) * p->spatial_scale) - offset);
-		double start_h = rnd(single, rnd(single, tern_tensor_get_f64(rois, r * 4 + 1) * p->spatial_scale) - offset);
-		double end_w = rnd(single, rnd(single, tern_tensor_get_f64(rois, r * 4 + 2) * p->spatial_scale) - offset);
-		double end_h = rnd(single, rnd(single, tern_tensor_get_f64(rois, r * 4 + 3) * p->spatial_scale) - offset);
+		double start_h =
+		        rnd(single, rnd(single, tern_tensor_get_f64(rois, r * 4 + 1) * p->spatial_scale) - offset);
+		double end_w =
+		        rnd(single, rnd(single, tern_tensor_get_f64(rois, r * 4 + 2) * p->spatial_scale) - offset);
+		double end_h =
+		        rnd(single, rnd(single, tern_tensor_get_f64(rois, r * 4 + 3) * p->spatial_scale) - offset);
 		double roi_w = rnd(single, end_w - start_w), roi_h = rnd(single, end_h - start_h);
 		if (!p->half_pixel) {
 			roi_w = fmax(roi_w, 1.0);
@@ -405,10 +422,16 @@ static tern_status roi_kernel(const tern_kernel_args *a)
 				double *acc = a->scratch; /* one per channel */
 				for (int64_t iy = 0; iy < grid_h; iy++)
 					for (int64_t ix = 0; ix < grid_w; ix++) {
-						double yy = rnd(single, rnd(single, start_h + rnd(single, (double)ph * bin_h)) +
-						                            rnd(single, rnd(single, ((double)iy + 0.5) * bin_h) / (double)grid_h));
-						double xx = rnd(single, rnd(single, start_w + rnd(single, (double)pw * bin_w)) +
-						                            rnd(single, rnd(single, ((double)ix + 0.5) * bin_w) / (double)grid_w));
+						double yy = rnd(single,
+						                rnd(single, start_h + rnd(single, (double)ph * bin_h)) +
+						                        rnd(single,
+						                            rnd(single, ((double)iy + 0.5) * bin_h) /
+						                                    (double)grid_h));
+						double xx = rnd(single,
+						                rnd(single, start_w + rnd(single, (double)pw * bin_w)) +
+						                        rnd(single,
+						                            rnd(single, ((double)ix + 0.5) * bin_w) /
+						                                    (double)grid_w));
 						roi_sample s = roi_sample_at(yy, xx, height, width);
 						bool first = iy == 0 && ix == 0;
 						for (int64_t c = 0; c < channels; c++) {
@@ -421,12 +444,14 @@ static tern_status roi_kernel(const tern_kernel_args *a)
 								double m = fmax(fmax(v[0], v[1]), fmax(v[2], v[3]));
 								acc[c] = first ? m : fmax(acc[c], m);
 							} else {
-								acc[c] = (first ? 0 : acc[c]) + (v[0] + v[1] + v[2] + v[3]) / count;
+								acc[c] = (first ? 0 : acc[c]) +
+								        (v[0] + v[1] + v[2] + v[3]) / count;
 							}
 						}
 					}
 				for (int64_t c = 0; c < channels; c++)
-					tern_store_f64(y->dtype, y->data, base_out + (c * oh + ph) * ow + pw, grid_h * grid_w > 0 ? acc[c] : 0);
+					tern_store_f64(y->dtype, y->data, base_out + (c * oh + ph) * ow + pw,
+					               grid_h * grid_w > 0 ? acc[c] : 0);
 			}
 	}
 	return TERN_OK;
@@ -438,10 +463,12 @@ static tern_status roi_prepare(tern_prepare_args *p)
 	const tern_tensor *x = p->in[0], *rois = p->n_in > 1 ? p->in[1] : NULL, *idx = p->n_in > 2 ? p->in[2] : NULL;
 	if (!rois || !idx || x->rank != 4 || rois->rank != 2 || rois->dims[1] != 4 || idx->rank != 1 ||
 	    idx->dims[0] != rois->dims[0])
-		return tern_node_errorf(node, TERN_EDATA,
-		                        "inputs must be X [N, C, H, W], rois [num_rois, 4] and batch_indices [num_rois]");
+		return tern_node_errorf(
+		        node, TERN_EDATA,
+		        "inputs must be X [N, C, H, W], rois [num_rois, 4] and batch_indices [num_rois]");
 	if (!is_float_dtype(x->dtype))
-		return tern_node_errorf(node, TERN_EDATA, "input 0 'X' has unsupported type %s", tern_dtype_name(x->dtype));
+		return tern_node_errorf(node, TERN_EDATA, "input 0 'X' has unsupported type %s",
+		                        tern_dtype_name(x->dtype));
 	roi_params *rp = calloc(1, sizeof *rp);
 	if (!rp)
 		return out_of_memory();
@@ -451,7 +478,8 @@ static tern_status roi_prepare(tern_prepare_args *p)
 	rp->out_w = tern_attr_int(node, "output_width", 1);
 	rp->sampling_ratio = tern_attr_int(node, "sampling_ratio", 0);
 	rp->spatial_scale = tern_attr_float(node, "spatial_scale", 1.0f);
-	static const char *const modes[] = {"avg", "max", NULL}, *const ctms[] = {"output_half_pixel", "half_pixel", NULL};
+	static const char *const modes[] = {"avg", "max", NULL},
+	                         *const ctms[] = {"output_half_pixel", "half_pixel", NULL};
 	int mode, ctm;
 	tern_status st;
 	if ((st = attr_choice(node, "mode", "avg", modes, &mode)) ||
@@ -498,8 +526,7 @@ static double grid_reflect(double x, double lo, double hi)
 static int64_t grid_pixel(const grid_params *p, int64_t r, int64_t c, int64_t h, int64_t w, const double border[4])
 {
 	switch (p->pad) {
-	case PAD_ZEROS:
-		return r >= 0 && r < h && c >= 0 && c < w ? r * w + c : -1;
+	case PAD_ZEROS: return r >= 0 && r < h && c >= 0 && c < w ? r * w + c : -1;
 	case PAD_BORDER:
 		r = r < 0 ? 0 : r >= h ? h - 1 : r;
 		c = c < 0 ? 0 : c >= w ? w - 1 : c;
@@ -540,7 +567,8 @@ static tern_status grid_kernel(const tern_kernel_args *a)
 	}
 	for (int64_t n = 0; n < n_batch; n++)
 		for (int64_t o = 0; o < oh * ow; o++) {
-			double gx = tern_tensor_get_f64(grid, (n * oh * ow + o) * 2), gy = tern_tensor_get_f64(grid, (n * oh * ow + o) * 2 + 1);
+			double gx = tern_tensor_get_f64(grid, (n * oh * ow + o) * 2),
+			       gy = tern_tensor_get_f64(grid, (n * oh * ow + o) * 2 + 1);
 			double fx = p->align_corners ? (gx + 1) / 2 * (double)(w - 1) : ((gx + 1) * (double)w - 1) / 2;
 			double fy = p->align_corners ? (gy + 1) / 2 * (double)(h - 1) : ((gy + 1) * (double)h - 1) / 2;
 			if (p->mode == GRID_NEAREST) {
@@ -564,7 +592,8 @@ static tern_status grid_kernel(const tern_kernel_args *a)
 				pos[0] = grid_pixel(p, (int64_t)fy, (int64_t)fx, h, w, border);
 				wt[taps++] = 1;
 			} else {
-				int64_t x0 = (int64_t)floor(fx), y0 = (int64_t)floor(fy), k = p->mode == GRID_CUBIC ? 4 : 2;
+				int64_t x0 = (int64_t)floor(fx), y0 = (int64_t)floor(fy),
+				        k = p->mode == GRID_CUBIC ? 4 : 2;
 				double cx[4], cy[4];
 				if (k == 4) {
 					cubic_weights(fx - (double)x0, cx);
@@ -600,11 +629,12 @@ static tern_status grid_prepare(tern_prepare_args *p)
 	const tern_node *node = p->node;
 	const tern_tensor *x = p->in[0], *grid = p->n_in > 1 ? p->in[1] : NULL;
 	if (!grid || x->rank != 4 || grid->rank != 4 || grid->dims[0] != x->dims[0] || grid->dims[3] != 2)
-		return tern_node_errorf(node, TERN_EDATA,
-		                        "inputs must be X [N, C, H, W] and grid [N, H_out, W_out, 2] (only 2-D sampling is supported)");
+		return tern_node_errorf(
+		        node, TERN_EDATA,
+		        "inputs must be X [N, C, H, W] and grid [N, H_out, W_out, 2] (only 2-D sampling is supported)");
 	if (!is_float_dtype(x->dtype) || !is_float_dtype(grid->dtype))
-		return tern_node_errorf(node, TERN_EDATA, "inputs have unsupported types %s and %s", tern_dtype_name(x->dtype),
-		                        tern_dtype_name(grid->dtype));
+		return tern_node_errorf(node, TERN_EDATA, "inputs have unsupported types %s and %s",
+		                        tern_dtype_name(x->dtype), tern_dtype_name(grid->dtype));
 	grid_params *gp = calloc(1, sizeof *gp);
 	if (!gp)
 		return out_of_memory();
@@ -699,12 +729,14 @@ static tern_status dft_kernel(const tern_kernel_args *a)
 			for (int64_t k = 0; k < p->length; k++)
 				for (int q = 0; q < 2; q++) {
 					int64_t at = ((o * p->n_in + k) * p->inner + i) * p->complex_in + q;
-					line[2 * k + q] = k < p->n_in && q < p->complex_in ? tern_tensor_get_f64(x, at) : 0;
+					line[2 * k + q] =
+					        k < p->n_in && q < p->complex_in ? tern_tensor_get_f64(x, at) : 0;
 				}
 			dft_line(line, p->length, p->inverse, tw, tmp);
 			for (int64_t k = 0; k < p->n_out; k++)
 				for (int q = 0; q < 2; q++)
-					tern_store_f64(y->dtype, y->data, ((o * p->n_out + k) * p->inner + i) * 2 + q, line[2 * k + q] * scale);
+					tern_store_f64(y->dtype, y->data, ((o * p->n_out + k) * p->inner + i) * 2 + q,
+					               line[2 * k + q] * scale);
 		}
 	return TERN_OK;
 }
@@ -752,15 +784,15 @@ static tern_status dft_prepare(tern_prepare_args *p)
 		return TERN_OK;
 	}
 	if (x->rank < 2 || (x->dims[x->rank - 1] != 1 && x->dims[x->rank - 1] != 2))
-		return tern_node_errorf(node, TERN_EDATA, "input 0 must end in a dimension of 1 (real) or 2 (complex), rank %d",
-		                        x->rank);
+		return tern_node_errorf(node, TERN_EDATA,
+		                        "input 0 must end in a dimension of 1 (real) or 2 (complex), rank %d", x->rank);
 	if (!is_float_dtype(x->dtype))
 		return tern_node_errorf(node, TERN_EDATA, "input 0 has unsupported type %s", tern_dtype_name(x->dtype));
 	if (axis < 0)
 		axis += x->rank;
 	if (axis < 0 || axis >= x->rank - 1)
-		return tern_node_errorf(node, TERN_EDATA, "axis %lld is not a signal axis of input 0 (rank %d)", (long long)axis,
-		                        x->rank);
+		return tern_node_errorf(node, TERN_EDATA, "axis %lld is not a signal axis of input 0 (rank %d)",
+		                        (long long)axis, x->rank);
 	dft_params *dp = NULL;
 	if ((st = dft_params_new(p, &dp)))
 		return st;
@@ -771,7 +803,8 @@ static tern_status dft_prepare(tern_prepare_args *p)
 	dp->length = p->n_in > 1 && p->in[1] ? length : dp->n_in;
 	dp->inverse = tern_attr_int(node, "inverse", 0) != 0;
 	if (dp->length < 1)
-		return tern_node_errorf(node, TERN_EDATA, "input 1 'dft_length' is %lld, not positive", (long long)dp->length);
+		return tern_node_errorf(node, TERN_EDATA, "input 1 'dft_length' is %lld, not positive",
+		                        (long long)dp->length);
 	dp->n_out = tern_attr_int(node, "onesided", 0) ? dp->length / 2 + 1 : dp->length;
 	int64_t dims[TERN_MAX_RANK];
 	memcpy(dims, x->dims, sizeof dims);
@@ -796,13 +829,14 @@ static tern_status stft_kernel(const tern_kernel_args *a)
 				double w = window ? tern_tensor_get_f64(window, k) : 1;
 				for (int q = 0; q < 2; q++)
 					line[2 * k + q] = t < p->n_in && q < p->complex_in
-					                      ? w * tern_tensor_get_f64(x, (b * p->n_in + t) * p->complex_in + q)
-					                      : 0;
+					        ? w * tern_tensor_get_f64(x, (b * p->n_in + t) * p->complex_in + q)
+					        : 0;
 			}
 			dft_line(line, p->length, false, tw, tmp);
 			for (int64_t k = 0; k < p->n_out; k++)
 				for (int q = 0; q < 2; q++)
-					tern_store_f64(y->dtype, y->data, ((b * p->frames + f) * p->n_out + k) * 2 + q, line[2 * k + q]);
+					tern_store_f64(y->dtype, y->data, ((b * p->frames + f) * p->n_out + k) * 2 + q,
+					               line[2 * k + q]);
 		}
 	return TERN_OK;
 }
@@ -822,13 +856,16 @@ static tern_status stft_prepare(tern_prepare_args *p)
 		return TERN_OK;
 	}
 	if (x->rank != 3 || (x->dims[2] != 1 && x->dims[2] != 2))
-		return tern_node_errorf(node, TERN_EDATA, "input 0 'signal' must be [batch, length, 1 or 2], not rank %d", x->rank);
+		return tern_node_errorf(node, TERN_EDATA,
+		                        "input 0 'signal' must be [batch, length, 1 or 2], not rank %d", x->rank);
 	if (!is_float_dtype(x->dtype))
 		return tern_node_errorf(node, TERN_EDATA, "input 0 has unsupported type %s", tern_dtype_name(x->dtype));
 	if (window && (window->rank != 1 || window->dims[0] != length))
-		return tern_node_errorf(node, TERN_EDATA, "input 2 'window' must be [%lld], the frame length", (long long)length);
+		return tern_node_errorf(node, TERN_EDATA, "input 2 'window' must be [%lld], the frame length",
+		                        (long long)length);
 	if (step < 1 || length < 1 || length > x->dims[1])
-		return tern_node_errorf(node, TERN_EDATA, "frame_step %lld and frame_length %lld do not fit a signal of %lld",
+		return tern_node_errorf(node, TERN_EDATA,
+		                        "frame_step %lld and frame_length %lld do not fit a signal of %lld",
 		                        (long long)step, (long long)length, (long long)x->dims[1]);
 	dft_params *dp = NULL;
 	if ((st = dft_params_new(p, &dp)))
@@ -854,9 +891,9 @@ static const struct window_def {
 	const char *op_type;
 	double a0, a1, a2;
 } window_defs[] = {
-	{"HannWindow", 0.5, 0.5, 0},
-	{"HammingWindow", 25.0 / 46.0, 21.0 / 46.0, 0},
-	{"BlackmanWindow", 0.42, 0.5, 0.08},
+        {"HannWindow", 0.5, 0.5, 0},
+        {"HammingWindow", 25.0 / 46.0, 21.0 / 46.0, 0},
+        {"BlackmanWindow", 0.42, 0.5, 0.08},
 };
 
 static tern_status window_kernel(const tern_kernel_args *a)
@@ -889,7 +926,8 @@ static tern_status window_prepare(tern_prepare_args *p)
 	}
 	int dtype = (int)tern_attr_int(p->node, "output_datatype", TERN_FLOAT);
 	if (!is_numeric_dtype(dtype))
-		return tern_node_errorf(p->node, TERN_EDATA, "attribute 'output_datatype' is %d, not a numeric type", dtype);
+		return tern_node_errorf(p->node, TERN_EDATA, "attribute 'output_datatype' is %d, not a numeric type",
+		                        dtype);
 	if (size < 0)
 		return tern_node_errorf(p->node, TERN_EDATA, "input 0 'size' is %lld, negative", (long long)size);
 	tern_set_shape(p->out[0], dtype, 1, &size);
@@ -898,7 +936,10 @@ static tern_status window_prepare(tern_prepare_args *p)
 	return TERN_OK;
 }
 
-static double hz_to_mel(double hz) { return 2595 * log10(1 + hz / 700); }
+static double hz_to_mel(double hz)
+{
+	return 2595 * log10(1 + hz / 700);
+}
 
 /* The FFT bin of mel point i (of n_mel + 2 evenly spaced between the edges). */
 static int64_t mel_bin(int64_t i, int64_t n_mel, int64_t dft_length, double rate, double lo, double hi)
@@ -923,10 +964,12 @@ static tern_status mel_kernel(const tern_kernel_args *a)
 		/* Rising edge up to the centre, then the falling edge (which rewrites the centre as 1). */
 		for (int64_t j = left; j <= center; j++)
 			if (j >= 0 && j < n_spec)
-				tern_store_f64(y->dtype, y->data, j * n_mel + m, center == left ? 1 : (double)(j - left) / (double)(center - left));
+				tern_store_f64(y->dtype, y->data, j * n_mel + m,
+				               center == left ? 1 : (double)(j - left) / (double)(center - left));
 		for (int64_t j = center; j < right; j++)
 			if (j >= 0 && j < n_spec)
-				tern_store_f64(y->dtype, y->data, j * n_mel + m, (double)(right - j) / (double)(right - center));
+				tern_store_f64(y->dtype, y->data, j * n_mel + m,
+				               (double)(right - j) / (double)(right - center));
 	}
 	return TERN_OK;
 }
@@ -950,10 +993,12 @@ static tern_status mel_prepare(tern_prepare_args *p)
 	}
 	int dtype = (int)tern_attr_int(p->node, "output_datatype", TERN_FLOAT);
 	if (!is_numeric_dtype(dtype))
-		return tern_node_errorf(p->node, TERN_EDATA, "attribute 'output_datatype' is %d, not a numeric type", dtype);
+		return tern_node_errorf(p->node, TERN_EDATA, "attribute 'output_datatype' is %d, not a numeric type",
+		                        dtype);
 	if (v[0] < 1 || v[1] < 1 || v[2] <= 0)
-		return tern_node_errorf(p->node, TERN_EDATA, "num_mel_bins %g, dft_length %g and sample_rate %g must be positive",
-		                        v[0], v[1], v[2]);
+		return tern_node_errorf(p->node, TERN_EDATA,
+		                        "num_mel_bins %g, dft_length %g and sample_rate %g must be positive", v[0],
+		                        v[1], v[2]);
 	int64_t dims[2] = {(int64_t)v[1] / 2 + 1, (int64_t)v[0]};
 	tern_set_shape(p->out[0], dtype, 2, dims);
 	p->kernel = mel_kernel;
@@ -963,21 +1008,21 @@ static tern_status mel_prepare(tern_prepare_args *p)
 /* ---------------------------------------------------------------- table */
 
 static const tern_op ops[] = {
-	{"", "RandomUniform", 1, 0, rand_prepare, 0, "misc"},
-	{"", "RandomNormal", 1, 0, rand_prepare, 0, "misc"},
-	{"", "RandomUniformLike", 1, 0, rand_prepare, 0, "misc"},
-	{"", "RandomNormalLike", 1, 0, rand_prepare, 0, "misc"},
-	{"", "Bernoulli", 15, 0, rand_prepare, TERN_DT_FLOATS, "misc"},
-	{"", "Multinomial", 7, 0, rand_prepare, TERN_DT_FLOATS, "misc"},
-	{"", "NonMaxSuppression", 10, 0, nms_prepare, TERN_DT(FLOAT), "misc"},
-	{"", "RoiAlign", 10, 0, roi_prepare, TERN_DT_FLOATS, "misc"},
-	{"", "GridSample", 16, 0, grid_prepare, TERN_DT_FLOATS, "misc"},
-	{"", "DFT", 17, 0, dft_prepare, TERN_DT_FLOATS, "misc"},
-	{"", "STFT", 17, 0, stft_prepare, TERN_DT_FLOATS, "misc"},
-	{"", "HannWindow", 17, 0, window_prepare, TERN_DT(INT32) | TERN_DT(INT64), "misc"},
-	{"", "HammingWindow", 17, 0, window_prepare, TERN_DT(INT32) | TERN_DT(INT64), "misc"},
-	{"", "BlackmanWindow", 17, 0, window_prepare, TERN_DT(INT32) | TERN_DT(INT64), "misc"},
-	{"", "MelWeightMatrix", 17, 0, mel_prepare, TERN_DT(INT32) | TERN_DT(INT64), "misc"},
+        {"", "RandomUniform", 1, 0, rand_prepare, 0, "misc"},
+        {"", "RandomNormal", 1, 0, rand_prepare, 0, "misc"},
+        {"", "RandomUniformLike", 1, 0, rand_prepare, 0, "misc"},
+        {"", "RandomNormalLike", 1, 0, rand_prepare, 0, "misc"},
+        {"", "Bernoulli", 15, 0, rand_prepare, TERN_DT_FLOATS, "misc"},
+        {"", "Multinomial", 7, 0, rand_prepare, TERN_DT_FLOATS, "misc"},
+        {"", "NonMaxSuppression", 10, 0, nms_prepare, TERN_DT(FLOAT), "misc"},
+        {"", "RoiAlign", 10, 0, roi_prepare, TERN_DT_FLOATS, "misc"},
+        {"", "GridSample", 16, 0, grid_prepare, TERN_DT_FLOATS, "misc"},
+        {"", "DFT", 17, 0, dft_prepare, TERN_DT_FLOATS, "misc"},
+        {"", "STFT", 17, 0, stft_prepare, TERN_DT_FLOATS, "misc"},
+        {"", "HannWindow", 17, 0, window_prepare, TERN_DT(INT32) | TERN_DT(INT64), "misc"},
+        {"", "HammingWindow", 17, 0, window_prepare, TERN_DT(INT32) | TERN_DT(INT64), "misc"},
+        {"", "BlackmanWindow", 17, 0, window_prepare, TERN_DT(INT32) | TERN_DT(INT64), "misc"},
+        {"", "MelWeightMatrix", 17, 0, mel_prepare, TERN_DT(INT32) | TERN_DT(INT64), "misc"},
 };
 
 const tern_op_table tern_ops_misc = {ops, TERN_ARRAY_LEN(ops)};

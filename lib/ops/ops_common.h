@@ -32,16 +32,15 @@ void tern_bcast_seek(const tern_bcast *b, int64_t row, int64_t *idx, int64_t *of
 /* Advances idx and off to the next row. */
 void tern_bcast_next_row(const tern_bcast *b, int64_t *idx, int64_t *off);
 
-
 /* Stores v as element i of data of the given numeric type or bool: floats round, integers saturate
  * (NaN gives 0), bool is v != 0. */
 void tern_store_f64(int dtype, void *data, int64_t i, double v);
 
 /* Float to integer conversions that saturate and map NaN to 0, where C's conversion is undefined. */
-#define TERN_SATURATE(name, T, LO, HI)                                                                         \
-	static inline T name(double v)                                                                         \
-	{                                                                                                      \
-		return v != v ? 0 : v <= (double)(LO) ? (LO) : v >= (double)(HI) ? (HI) : (T)v;                \
+#define TERN_SATURATE(name, T, LO, HI)                                                          \
+	static inline T name(double v)                                                          \
+	{                                                                                       \
+		return v != v ? 0 : v <= (double)(LO) ? (LO) : v >= (double)(HI) ? (HI) : (T)v; \
 	}
 TERN_SATURATE(tern_sat_i8, int8_t, INT8_MIN, INT8_MAX)
 TERN_SATURATE(tern_sat_i16, int16_t, INT16_MIN, INT16_MAX)
@@ -55,16 +54,16 @@ TERN_SATURATE(tern_sat_u64, uint64_t, 0, UINT64_MAX)
 
 /* Selects without branches. With the default -ftrapping-math GCC will not turn a float ?: into a select,
  * which keeps the loop from vectorising; a select on the bits does vectorise. */
-#define TERN_SELECT(name, T, U)                                                                                \
-	static inline T name(int c, T a, T b)                                                                  \
-	{                                                                                                      \
-		U ua, ub, m = 0u - (U)(c != 0);                                                                \
-		memcpy(&ua, &a, sizeof ua);                                                                    \
-		memcpy(&ub, &b, sizeof ub);                                                                    \
-		U r = (ua & m) | (ub & ~m);                                                                    \
-		T f;                                                                                           \
-		memcpy(&f, &r, sizeof f);                                                                      \
-		return f;                                                                                      \
+#define TERN_SELECT(name, T, U)                 \
+	static inline T name(int c, T a, T b)   \
+	{                                       \
+		U ua, ub, m = 0u - (U)(c != 0); \
+		memcpy(&ua, &a, sizeof ua);     \
+		memcpy(&ub, &b, sizeof ub);     \
+		U r = (ua & m) | (ub & ~m);     \
+		T f;                            \
+		memcpy(&f, &r, sizeof f);       \
+		return f;                       \
 	}
 TERN_SELECT(tern_select_f32, float, uint32_t)
 TERN_SELECT(tern_select_f64, double, uint64_t)

@@ -37,7 +37,7 @@ static bool is_quant_int(int dtype)
 static bool is_float8(int dtype)
 {
 	return dtype == TERN_FLOAT8E4M3FN || dtype == TERN_FLOAT8E4M3FNUZ || dtype == TERN_FLOAT8E5M2 ||
-	       dtype == TERN_FLOAT8E5M2FNUZ;
+	        dtype == TERN_FLOAT8E5M2FNUZ;
 }
 
 static tern_status bad_dtype(const tern_node *node, int index, const char *what, int dtype, const char *allowed)
@@ -59,7 +59,8 @@ static tern_status layout_setup(tern_prepare_args *p, const char *scale_name, co
 		return tern_node_errorf(node, TERN_EDATA, "input 1 '%s' is required", scale_name);
 	int64_t block_size = tern_attr_int(node, "block_size", 0);
 	if (block_size != 0)
-		return tern_node_errorf(node, TERN_EDATA, "attribute 'block_size' = %lld: blocked quantization is not supported",
+		return tern_node_errorf(node, TERN_EDATA,
+		                        "attribute 'block_size' = %lld: blocked quantization is not supported",
 		                        (long long)block_size);
 	if (scale->rank > 1)
 		return tern_node_errorf(node, TERN_EDATA, "input 1 '%s' %s must be a scalar or 1-D", scale_name,
@@ -67,7 +68,8 @@ static tern_status layout_setup(tern_prepare_args *p, const char *scale_name, co
 	int64_t n = tern_tensor_numel(scale);
 	if (zp && (zp->rank != scale->rank || tern_tensor_numel(zp) != n))
 		return tern_node_errorf(node, TERN_EDATA, "input 2 '%s' %s must have the shape of input 1 '%s' %s",
-		                        zero_name, tern_shape_str(zp->dtype, zp->rank, zp->dims, s1, sizeof s1), scale_name,
+		                        zero_name, tern_shape_str(zp->dtype, zp->rank, zp->dims, s1, sizeof s1),
+		                        scale_name,
 		                        tern_shape_str(scale->dtype, scale->rank, scale->dims, s2, sizeof s2));
 	quant_layout l = {1, 1, tern_tensor_numel(x)};
 	if (n != 1) {
@@ -78,14 +80,14 @@ static tern_status layout_setup(tern_prepare_args *p, const char *scale_name, co
 		int64_t axis = tern_attr_int(node, "axis", 1);
 		int64_t a = axis < 0 ? axis + x->rank : axis;
 		if (a < 0 || a >= x->rank)
-			return tern_node_errorf(node, TERN_EDATA, "attribute 'axis' = %lld is out of range for input 0 %s",
-			                        (long long)axis, tern_shape_str(x->dtype, x->rank, x->dims, s1, sizeof s1));
+			return tern_node_errorf(
+			        node, TERN_EDATA, "attribute 'axis' = %lld is out of range for input 0 %s",
+			        (long long)axis, tern_shape_str(x->dtype, x->rank, x->dims, s1, sizeof s1));
 		if (x->dims[a] != n)
-			return tern_node_errorf(node, TERN_EDATA,
-			                        "input 1 '%s' has %lld elements; input 0 %s has %lld along axis %lld",
-			                        scale_name, (long long)n,
-			                        tern_shape_str(x->dtype, x->rank, x->dims, s1, sizeof s1),
-			                        (long long)x->dims[a], (long long)axis);
+			return tern_node_errorf(
+			        node, TERN_EDATA, "input 1 '%s' has %lld elements; input 0 %s has %lld along axis %lld",
+			        scale_name, (long long)n, tern_shape_str(x->dtype, x->rank, x->dims, s1, sizeof s1),
+			        (long long)x->dims[a], (long long)axis);
 		l.outer = tern_numel((int)a, x->dims);
 		l.channels = n;
 		l.inner = tern_numel(x->rank - (int)a - 1, x->dims + a + 1);
@@ -136,12 +138,12 @@ static inline float quantize_value(float x, float s, float z, float lo, float hi
 	return tern_select_f32(q > hi, hi, q);
 }
 
-#define QUANTIZE_ROW(name, T, LO, HI)                                                                          \
-	static void name(const float *restrict x, void *restrict out, int64_t n, float s, float z)             \
-	{                                                                                                      \
-		T *restrict y = out;                                                                           \
-		for (int64_t i = 0; i < n; i++)                                                                \
-			y[i] = (T)quantize_value(x[i], s, z, LO, HI);                                          \
+#define QUANTIZE_ROW(name, T, LO, HI)                                                              \
+	static void name(const float *restrict x, void *restrict out, int64_t n, float s, float z) \
+	{                                                                                          \
+		T *restrict y = out;                                                               \
+		for (int64_t i = 0; i < n; i++)                                                    \
+			y[i] = (T)quantize_value(x[i], s, z, LO, HI);                              \
 	}
 QUANTIZE_ROW(quantize_u8, uint8_t, 0.0f, 255.0f)
 QUANTIZE_ROW(quantize_i8, int8_t, -128.0f, 127.0f)
@@ -205,7 +207,10 @@ static void quantize_segment(void *ctx, int64_t i)
 
 static tern_status quantize_kernel(const tern_kernel_args *a)
 {
-	quant_job j = {.l = a->params, .x = a->in[0], .scale = a->in[1], .zero_point = a->n_in > 2 ? a->in[2] : NULL,
+	quant_job j = {.l = a->params,
+	               .x = a->in[0],
+	               .scale = a->in[1],
+	               .zero_point = a->n_in > 2 ? a->in[2] : NULL,
 	               .y = a->out[0]};
 	run_segments(a, &j, quantize_segment);
 	return TERN_OK;
@@ -232,13 +237,13 @@ static tern_status quantize_prepare(tern_prepare_args *p)
 /* ---------------------------------------------------------------- DequantizeLinear */
 
 /* y = (x - z) * s, the difference taken exactly in the integer type W. */
-#define DEQUANTIZE_ROW(name, T, W)                                                                             \
-	static void name(const void *restrict in, float *restrict y, int64_t n, int64_t z, float s)            \
-	{                                                                                                      \
-		const T *restrict x = in;                                                                      \
-		W zw = (W)z;                                                                                   \
-		for (int64_t i = 0; i < n; i++)                                                                \
-			y[i] = (float)((W)x[i] - zw) * s;                                                      \
+#define DEQUANTIZE_ROW(name, T, W)                                                                  \
+	static void name(const void *restrict in, float *restrict y, int64_t n, int64_t z, float s) \
+	{                                                                                           \
+		const T *restrict x = in;                                                           \
+		W zw = (W)z;                                                                        \
+		for (int64_t i = 0; i < n; i++)                                                     \
+			y[i] = (float)((W)x[i] - zw) * s;                                           \
 	}
 DEQUANTIZE_ROW(dequantize_u8, uint8_t, int32_t)
 DEQUANTIZE_ROW(dequantize_i8, int8_t, int32_t)
@@ -291,7 +296,10 @@ static void dequantize_segment(void *ctx, int64_t i)
 
 static tern_status dequantize_kernel(const tern_kernel_args *a)
 {
-	quant_job j = {.l = a->params, .x = a->in[0], .scale = a->in[1], .zero_point = a->n_in > 2 ? a->in[2] : NULL,
+	quant_job j = {.l = a->params,
+	               .x = a->in[0],
+	               .scale = a->in[1],
+	               .zero_point = a->n_in > 2 ? a->in[2] : NULL,
 	               .y = a->out[0]};
 	run_segments(a, &j, dequantize_segment);
 	return TERN_OK;
@@ -384,9 +392,9 @@ static tern_status dynamic_quantize_prepare(tern_prepare_args *p)
 }
 
 static const tern_op ops[] = {
-	{"", "QuantizeLinear", 10, 0, quantize_prepare, 0, "quant"},
-	{"", "DequantizeLinear", 10, 0, dequantize_prepare, 0, "quant"},
-	{"", "DynamicQuantizeLinear", 11, 0, dynamic_quantize_prepare, TERN_DT(FLOAT), "quant"},
+        {"", "QuantizeLinear", 10, 0, quantize_prepare, 0, "quant"},
+        {"", "DequantizeLinear", 10, 0, dequantize_prepare, 0, "quant"},
+        {"", "DynamicQuantizeLinear", 11, 0, dynamic_quantize_prepare, TERN_DT(FLOAT), "quant"},
 };
 
 const tern_op_table tern_ops_quant = {ops, TERN_ARRAY_LEN(ops)};

@@ -25,10 +25,14 @@ static void store_i64(int dt, void *d, int64_t i, int64_t v)
 {
 	switch (dt) {
 	case TERN_BOOL: ((uint8_t *)d)[i] = v != 0; break;
-	case TERN_INT8: case TERN_UINT8: ((uint8_t *)d)[i] = (uint8_t)v; break;
-	case TERN_INT16: case TERN_UINT16: ((uint16_t *)d)[i] = (uint16_t)v; break;
-	case TERN_INT32: case TERN_UINT32: ((uint32_t *)d)[i] = (uint32_t)v; break;
-	case TERN_INT64: case TERN_UINT64: ((int64_t *)d)[i] = v; break;
+	case TERN_INT8:
+	case TERN_UINT8: ((uint8_t *)d)[i] = (uint8_t)v; break;
+	case TERN_INT16:
+	case TERN_UINT16: ((uint16_t *)d)[i] = (uint16_t)v; break;
+	case TERN_INT32:
+	case TERN_UINT32: ((uint32_t *)d)[i] = (uint32_t)v; break;
+	case TERN_INT64:
+	case TERN_UINT64: ((int64_t *)d)[i] = v; break;
 	default: tern_store_f64(dt, d, i, (double)v); break;
 	}
 }
@@ -92,7 +96,16 @@ static void split_at_axis(const tern_tensor *x, int axis, int64_t *outer, int64_
 /* ---------------------------------------------------------------- Reduce* */
 
 enum reduce_kind {
-	R_SUM, R_MEAN, R_MAX, R_MIN, R_PROD, R_L1, R_L2, R_LOGSUM, R_LOGSUMEXP, R_SUMSQUARE,
+	R_SUM,
+	R_MEAN,
+	R_MAX,
+	R_MIN,
+	R_PROD,
+	R_L1,
+	R_L2,
+	R_LOGSUM,
+	R_LOGSUMEXP,
+	R_SUMSQUARE,
 };
 
 /* What each pass folds: the map applied to each element and how mapped values combine. */
@@ -105,75 +118,75 @@ static const struct reduce_def {
 	enum fold fold;
 	bool int_in_double; /* integer inputs accumulate in double (the result is not a sum) */
 } reduce_defs[] = {
-	{"ReduceSum", R_SUM, 13, F_SUM, false},
-	{"ReduceMean", R_MEAN, 18, F_SUM, true},
-	{"ReduceMax", R_MAX, 18, F_MAX, false},
-	{"ReduceMin", R_MIN, 18, F_MIN, false},
-	{"ReduceProd", R_PROD, 18, F_PROD, false},
-	{"ReduceL1", R_L1, 18, F_ABS, false},
-	{"ReduceL2", R_L2, 18, F_SUMSQ, true},
-	{"ReduceLogSum", R_LOGSUM, 18, F_SUM, true},
-	{"ReduceLogSumExp", R_LOGSUMEXP, 18, F_MAXFINITE, true},
-	{"ReduceSumSquare", R_SUMSQUARE, 18, F_SUMSQ, false},
+        {"ReduceSum", R_SUM, 13, F_SUM, false},
+        {"ReduceMean", R_MEAN, 18, F_SUM, true},
+        {"ReduceMax", R_MAX, 18, F_MAX, false},
+        {"ReduceMin", R_MIN, 18, F_MIN, false},
+        {"ReduceProd", R_PROD, 18, F_PROD, false},
+        {"ReduceL1", R_L1, 18, F_ABS, false},
+        {"ReduceL2", R_L2, 18, F_SUMSQ, true},
+        {"ReduceLogSum", R_LOGSUM, 18, F_SUM, true},
+        {"ReduceLogSumExp", R_LOGSUMEXP, 18, F_MAXFINITE, true},
+        {"ReduceSumSquare", R_SUMSQUARE, 18, F_SUMSQ, false},
 };
 
 /* The input shape with size-1 dimensions dropped and neighbours of the same kind merged. */
 typedef struct reduce_params {
 	const struct reduce_def *def;
 	int acc_dtype; /* TERN_FLOAT, TERN_DOUBLE or TERN_INT64 */
-	int rank;      /* >= 1 */
+	int rank; /* >= 1 */
 	int64_t dims[TERN_MAX_RANK];
 	bool reduced[TERN_MAX_RANK];
 	int64_t out_strides[TERN_MAX_RANK]; /* 0 for reduced dimensions */
 	int64_t numel_in, numel_out, group; /* group: input elements per output */
-	bool flip_sign;                     /* uint64 max/min compare as sign-flipped int64 */
+	bool flip_sign; /* uint64 max/min compare as sign-flipped int64 */
 } reduce_params;
 
 /* Folds `in` into `out` (already holding the identity or a partial result) for the slices
  * [d0, d0_end) of the first merged dimension (one slice when the rank is 1). Walks the input in memory
  * order: when the last merged dimension is reduced, each row folds into one output through eight
  * lanes (so the loop vectorises); when it is kept, a row folds elementwise into a row of outputs. */
-#define DEFINE_FOLD(NAME, T, MAP, COMBINE)                                                           \
-	static void NAME(const reduce_params *p, const void *vin, void *vout, const void *vsh, int64_t d0,   \
+#define DEFINE_FOLD(NAME, T, MAP, COMBINE)                                                                 \
+	static void NAME(const reduce_params *p, const void *vin, void *vout, const void *vsh, int64_t d0, \
 	                 int64_t d0_end)                                                                   \
-	{                                                                                              \
+	{                                                                                                  \
 		const T *restrict in = vin, *restrict sh = vsh;                                            \
 		T *restrict out = vout;                                                                    \
 		if (p->numel_in == 0)                                                                      \
-			return;                                                                                \
+			return;                                                                            \
 		int last = p->rank - 1;                                                                    \
 		int64_t len = p->dims[last], rows_per = p->numel_in / len / (last ? p->dims[0] : 1);       \
 		int64_t idx[TERN_MAX_RANK] = {d0}, o = last ? d0 * p->out_strides[0] : 0;                  \
 		for (int64_t r = d0 * rows_per; r < d0_end * rows_per; r++) {                              \
-			const T *x = in + r * len;                                                             \
-			if (p->reduced[last]) {                                                                \
-				T lane[8], acc = out[o], s = sh ? sh[o] : 0;                                       \
-				int64_t j = 0;                                                                     \
-				(void)s;                                                                           \
-				if (len >= 16) {                                                                   \
-					for (int l = 0; l < 8; l++)                                                    \
-						lane[l] = MAP(x[l], s);                                                    \
-					for (j = 8; j + 8 <= len; j += 8)                                              \
-						for (int l = 0; l < 8; l++)                                                \
-							lane[l] = COMBINE(lane[l], MAP(x[j + l], s));                          \
-					for (int l = 0; l < 8; l++)                                                    \
-						acc = COMBINE(acc, lane[l]);                                               \
-				}                                                                                  \
-				for (; j < len; j++)                                                               \
-					acc = COMBINE(acc, MAP(x[j], s));                                              \
-				out[o] = acc;                                                                      \
-			} else {                                                                               \
-				T *restrict y = out + o;                                                           \
-				for (int64_t j = 0; j < len; j++)                                                  \
-					y[j] = COMBINE(y[j], MAP(x[j], sh[o + j]));                                    \
-			}                                                                                      \
-			for (int d = last - 1; d >= 0; d--) {                                                  \
-				o += p->out_strides[d];                                                            \
-				if (++idx[d] < p->dims[d])                                                         \
-					break;                                                                         \
-				o -= idx[d] * p->out_strides[d];                                                   \
-				idx[d] = 0;                                                                        \
-			}                                                                                      \
+			const T *x = in + r * len;                                                         \
+			if (p->reduced[last]) {                                                            \
+				T lane[8], acc = out[o], s = sh ? sh[o] : 0;                               \
+				int64_t j = 0;                                                             \
+				(void)s;                                                                   \
+				if (len >= 16) {                                                           \
+					for (int l = 0; l < 8; l++)                                        \
+						lane[l] = MAP(x[l], s);                                    \
+					for (j = 8; j + 8 <= len; j += 8)                                  \
+						for (int l = 0; l < 8; l++)                                \
+							lane[l] = COMBINE(lane[l], MAP(x[j + l], s));      \
+					for (int l = 0; l < 8; l++)                                        \
+						acc = COMBINE(acc, lane[l]);                               \
+				}                                                                          \
+				for (; j < len; j++)                                                       \
+					acc = COMBINE(acc, MAP(x[j], s));                                  \
+				out[o] = acc;                                                              \
+			} else {                                                                           \
+				T *restrict y = out + o;                                                   \
+				for (int64_t j = 0; j < len; j++)                                          \
+					y[j] = COMBINE(y[j], MAP(x[j], sh[o + j]));                        \
+			}                                                                                  \
+			for (int d = last - 1; d >= 0; d--) {                                              \
+				o += p->out_strides[d];                                                    \
+				if (++idx[d] < p->dims[d])                                                 \
+					break;                                                             \
+				o -= idx[d] * p->out_strides[d];                                           \
+				idx[d] = 0;                                                                \
+			}                                                                                  \
 		}                                                                                          \
 	}
 
@@ -192,14 +205,14 @@ typedef struct reduce_params {
 /* Infinities do not shift LogSumExp: the largest finite value does. */
 #define MAP_FINITE(x, s) (isinf(x) ? -INFINITY : (x))
 
-#define DEFINE_FLOAT_FOLDS(T, SFX, FABS, EXP)                                                         \
-	DEFINE_FOLD(fold_sum_##SFX, T, MAP_ID, ADD)                                                    \
-	DEFINE_FOLD(fold_sumsq_##SFX, T, MAP_SQ, ADD)                                                  \
-	DEFINE_FOLD(fold_abs_##SFX, T, FABS, ADD)                                                      \
-	DEFINE_FOLD(fold_prod_##SFX, T, MAP_ID, MUL)                                                   \
-	DEFINE_FOLD(fold_max_##SFX, T, MAP_ID, MAXOF)                                                  \
-	DEFINE_FOLD(fold_min_##SFX, T, MAP_ID, MINOF)                                                  \
-	DEFINE_FOLD(fold_maxfinite_##SFX, T, MAP_FINITE, MAXOF)                                        \
+#define DEFINE_FLOAT_FOLDS(T, SFX, FABS, EXP)                   \
+	DEFINE_FOLD(fold_sum_##SFX, T, MAP_ID, ADD)             \
+	DEFINE_FOLD(fold_sumsq_##SFX, T, MAP_SQ, ADD)           \
+	DEFINE_FOLD(fold_abs_##SFX, T, FABS, ADD)               \
+	DEFINE_FOLD(fold_prod_##SFX, T, MAP_ID, MUL)            \
+	DEFINE_FOLD(fold_max_##SFX, T, MAP_ID, MAXOF)           \
+	DEFINE_FOLD(fold_min_##SFX, T, MAP_ID, MINOF)           \
+	DEFINE_FOLD(fold_maxfinite_##SFX, T, MAP_FINITE, MAXOF) \
 	DEFINE_FOLD(fold_expsum_##SFX, T, EXP, ADD)
 
 #define MAP_FABSF(x, s) fabsf(x)
@@ -218,16 +231,18 @@ DEFINE_FOLD(fold_min_i64, int64_t, MAP_ID, MINOF)
 typedef void (*fold_fn)(const reduce_params *, const void *, void *, const void *, int64_t, int64_t);
 
 static const fold_fn folds_f32[] = {fold_sum_f32, fold_sumsq_f32, fold_abs_f32,       fold_prod_f32,
-                                   fold_max_f32, fold_min_f32,   fold_maxfinite_f32, fold_expsum_f32};
+                                    fold_max_f32, fold_min_f32,   fold_maxfinite_f32, fold_expsum_f32};
 static const fold_fn folds_f64[] = {fold_sum_f64, fold_sumsq_f64, fold_abs_f64,       fold_prod_f64,
-                                   fold_max_f64, fold_min_f64,   fold_maxfinite_f64, fold_expsum_f64};
-static const fold_fn folds_i64[] = {fold_sum_i64, fold_sumsq_i64, fold_abs_i64, fold_prod_i64, fold_max_i64, fold_min_i64};
+                                    fold_max_f64, fold_min_f64,   fold_maxfinite_f64, fold_expsum_f64};
+static const fold_fn folds_i64[] = {fold_sum_i64,  fold_sumsq_i64, fold_abs_i64,
+                                    fold_prod_i64, fold_max_i64,   fold_min_i64};
 
 static double fold_identity(enum fold f)
 {
 	switch (f) {
 	case F_PROD: return 1;
-	case F_MAX: case F_MAXFINITE: return -INFINITY;
+	case F_MAX:
+	case F_MAXFINITE: return -INFINITY;
 	case F_MIN: return INFINITY;
 	default: return 0;
 	}
@@ -298,7 +313,8 @@ static void reduce_float(tern_threadpool *pool, const reduce_params *p, const vo
 	}
 	if (k == R_MEAN || k == R_L2 || k == R_LOGSUM || k == R_LOGSUMEXP)
 		for (int64_t i = 0; i < p->numel_out; i++)
-			tern_store_f64(dt, out, i, finish(k, acc_get(dt, out, i), shift ? acc_get(dt, shift, i) : 0, p->group));
+			tern_store_f64(dt, out, i,
+			               finish(k, acc_get(dt, out, i), shift ? acc_get(dt, shift, i) : 0, p->group));
 }
 
 static tern_status reduce_kernel(const tern_kernel_args *a)
@@ -320,7 +336,10 @@ static tern_status reduce_kernel(const tern_kernel_args *a)
 	if (p->acc_dtype == TERN_INT64) {
 		int64_t *yi = out, init;
 		enum fold f = p->def->fold;
-		init = f == F_PROD ? 1 : f == F_MAX ? int_dtype_min(x->dtype) : f == F_MIN ? int_dtype_max(x->dtype) : 0;
+		init = f == F_PROD   ? 1
+		        : f == F_MAX ? int_dtype_min(x->dtype)
+		        : f == F_MIN ? int_dtype_max(x->dtype)
+		                     : 0;
 		for (int64_t i = 0; i < p->numel_out; i++)
 			yi[i] = init;
 		if (p->flip_sign)
@@ -366,8 +385,7 @@ static void reduce_merge_shape(reduce_params *p, const tern_tensor *x, const boo
 }
 
 /* The reduced axes from the `axes` input (newer opsets) or attribute; *n = 0 when none are given. */
-static tern_status reduce_axes(tern_prepare_args *p, const struct reduce_def *def, int64_t *axes, int *n,
-                               bool *known)
+static tern_status reduce_axes(tern_prepare_args *p, const struct reduce_def *def, int64_t *axes, int *n, bool *known)
 {
 	*n = 0;
 	*known = true;
@@ -381,8 +399,8 @@ static tern_status reduce_axes(tern_prepare_args *p, const struct reduce_def *de
 		}
 		int64_t count = tern_tensor_numel(t);
 		if (count > TERN_MAX_RANK)
-			return tern_node_errorf(p->node, TERN_EDATA, "input 1 'axes' has %lld values, more than the rank",
-			                        (long long)count);
+			return tern_node_errorf(p->node, TERN_EDATA,
+			                        "input 1 'axes' has %lld values, more than the rank", (long long)count);
 		for (int64_t i = 0; i < count; i++)
 			axes[i] = tern_tensor_get_i64(t, i);
 		*n = (int)count;
@@ -391,7 +409,8 @@ static tern_status reduce_axes(tern_prepare_args *p, const struct reduce_def *de
 	size_t count = 0;
 	const int64_t *v = tern_attr_ints(p->node, "axes", &count);
 	if (count > TERN_MAX_RANK)
-		return tern_node_errorf(p->node, TERN_EDATA, "attribute 'axes' has %zu values, more than the rank", count);
+		return tern_node_errorf(p->node, TERN_EDATA, "attribute 'axes' has %zu values, more than the rank",
+		                        count);
 	for (size_t i = 0; i < count; i++)
 		axes[i] = v[i];
 	*n = (int)count;
@@ -479,27 +498,28 @@ static tern_status reduce_prepare(tern_prepare_args *p)
 
 typedef struct axis_params {
 	int64_t outer, n, inner;
-	bool is_max, last;      /* ArgMax/ArgMin: which extreme, and which index among ties */
+	bool is_max, last; /* ArgMax/ArgMin: which extreme, and which index among ties */
 	bool exclusive, reverse; /* CumSum */
 } axis_params;
 
-#define ARG_LOOP(T, X)                                                                              \
-	do {                                                                                           \
-		const T *x = (const T *)(X);                                                               \
-		for (int64_t o = 0; o < p->outer; o++)                                                     \
-			for (int64_t i = 0; i < p->inner; i++) {                                               \
-				const T *v = x + o * p->n * p->inner + i;                                          \
-				T best = v[0];                                                                     \
-				int64_t at = 0;                                                                    \
-				for (int64_t k = 1; k < p->n; k++) {                                               \
-					T c = v[k * p->inner];                                                         \
-					if (p->is_max ? (p->last ? c >= best : c > best) : (p->last ? c <= best : c < best)) { \
-						best = c;                                                                  \
-						at = k;                                                                    \
-					}                                                                              \
-				}                                                                                  \
-				y[o * p->inner + i] = at;                                                          \
-			}                                                                                      \
+#define ARG_LOOP(T, X)                                                                      \
+	do {                                                                                \
+		const T *x = (const T *)(X);                                                \
+		for (int64_t o = 0; o < p->outer; o++)                                      \
+			for (int64_t i = 0; i < p->inner; i++) {                            \
+				const T *v = x + o * p->n * p->inner + i;                   \
+				T best = v[0];                                              \
+				int64_t at = 0;                                             \
+				for (int64_t k = 1; k < p->n; k++) {                        \
+					T c = v[k * p->inner];                              \
+					if (p->is_max ? (p->last ? c >= best : c > best)    \
+					              : (p->last ? c <= best : c < best)) { \
+						best = c;                                   \
+						at = k;                                     \
+					}                                                   \
+				}                                                           \
+				y[o * p->inner + i] = at;                                   \
+			}                                                                   \
 	} while (0)
 
 static tern_status arg_kernel(const tern_kernel_args *a)
@@ -525,7 +545,9 @@ static tern_status arg_kernel(const tern_kernel_args *a)
 	case TERN_UINT16: ARG_LOOP(uint16_t, t->data); break;
 	case TERN_UINT32: ARG_LOOP(uint32_t, t->data); break;
 	case TERN_UINT64: ARG_LOOP(uint64_t, t->data); break;
-	default: return tern_node_errorf(a->node, TERN_EDATA, "input 0 has unsupported type %s", tern_dtype_name(t->dtype));
+	default:
+		return tern_node_errorf(a->node, TERN_EDATA, "input 0 has unsupported type %s",
+		                        tern_dtype_name(t->dtype));
 	}
 	return TERN_OK;
 }
@@ -558,7 +580,8 @@ static tern_status arg_prepare(tern_prepare_args *p)
 	ap->is_max = strcmp(p->node->op_type, "ArgMax") == 0;
 	ap->last = tern_attr_int(p->node, "select_last_index", 0) != 0;
 	if (ap->n == 0 && ap->outer * ap->inner != 0)
-		return tern_node_errorf(p->node, TERN_EDATA, "axis %d of input 0 is empty: there is no extreme to find", ax);
+		return tern_node_errorf(p->node, TERN_EDATA, "axis %d of input 0 is empty: there is no extreme to find",
+		                        ax);
 	int64_t dims[TERN_MAX_RANK];
 	int rank = 0;
 	bool keepdims = tern_attr_int(p->node, "keepdims", 1) != 0;
@@ -577,28 +600,28 @@ static tern_status arg_prepare(tern_prepare_args *p)
 /* ---------------------------------------------------------------- CumSum */
 
 /* Each step along the axis adds a row of `inner` elements to the previous row of sums. */
-#define CUMSUM_LOOP(T, X, Y)                                                                        \
-	do {                                                                                           \
-		const T *x = (const T *)(X);                                                               \
-		T *y = (T *)(Y);                                                                           \
-		for (int64_t o = 0; o < p->outer; o++) {                                                   \
-			const T *xs = x + o * p->n * p->inner;                                                 \
-			T *ys = y + o * p->n * p->inner;                                                       \
-			for (int64_t s = 0; s < p->n; s++) {                                                   \
-				int64_t k = p->reverse ? p->n - 1 - s : s, prev = p->reverse ? k + 1 : k - 1;      \
-				T *restrict yk = ys + k * p->inner;                                                \
-				const T *xk = xs + k * p->inner;                                                   \
-				if (s == 0) {                                                                      \
-					for (int64_t i = 0; i < p->inner; i++)                                         \
-						yk[i] = p->exclusive ? 0 : xk[i];                                          \
-					continue;                                                                      \
-				}                                                                                  \
-				const T *restrict yp = ys + prev * p->inner;                                       \
-				const T *restrict xp = p->exclusive ? xs + prev * p->inner : xk;                   \
-				for (int64_t i = 0; i < p->inner; i++)                                             \
-					yk[i] = yp[i] + xp[i];                                                         \
-			}                                                                                      \
-		}                                                                                          \
+#define CUMSUM_LOOP(T, X, Y)                                                                                  \
+	do {                                                                                                  \
+		const T *x = (const T *)(X);                                                                  \
+		T *y = (T *)(Y);                                                                              \
+		for (int64_t o = 0; o < p->outer; o++) {                                                      \
+			const T *xs = x + o * p->n * p->inner;                                                \
+			T *ys = y + o * p->n * p->inner;                                                      \
+			for (int64_t s = 0; s < p->n; s++) {                                                  \
+				int64_t k = p->reverse ? p->n - 1 - s : s, prev = p->reverse ? k + 1 : k - 1; \
+				T *restrict yk = ys + k * p->inner;                                           \
+				const T *xk = xs + k * p->inner;                                              \
+				if (s == 0) {                                                                 \
+					for (int64_t i = 0; i < p->inner; i++)                                \
+						yk[i] = p->exclusive ? 0 : xk[i];                             \
+					continue;                                                             \
+				}                                                                             \
+				const T *restrict yp = ys + prev * p->inner;                                  \
+				const T *restrict xp = p->exclusive ? xs + prev * p->inner : xk;              \
+				for (int64_t i = 0; i < p->inner; i++)                                        \
+					yk[i] = yp[i] + xp[i];                                                \
+			}                                                                                     \
+		}                                                                                             \
 	} while (0)
 
 static tern_status cumsum_kernel(const tern_kernel_args *a)
@@ -615,8 +638,10 @@ static tern_status cumsum_kernel(const tern_kernel_args *a)
 	case TERN_FLOAT: CUMSUM_LOOP(float, t->data, a->out[0]->data); break;
 	case TERN_DOUBLE: CUMSUM_LOOP(double, t->data, a->out[0]->data); break;
 	/* Two's complement sums wrap the same signed or unsigned. */
-	case TERN_INT32: case TERN_UINT32: CUMSUM_LOOP(uint32_t, t->data, a->out[0]->data); break;
-	case TERN_INT64: case TERN_UINT64: CUMSUM_LOOP(uint64_t, t->data, a->out[0]->data); break;
+	case TERN_INT32:
+	case TERN_UINT32: CUMSUM_LOOP(uint32_t, t->data, a->out[0]->data); break;
+	case TERN_INT64:
+	case TERN_UINT64: CUMSUM_LOOP(uint64_t, t->data, a->out[0]->data); break;
 	case TERN_FLOAT16:
 	case TERN_BFLOAT16: {
 		float *fx = a->scratch, *fy = fx + n;
@@ -625,7 +650,9 @@ static tern_status cumsum_kernel(const tern_kernel_args *a)
 		convert(TERN_FLOAT, fy, t->dtype, a->out[0]->data, n);
 		break;
 	}
-	default: return tern_node_errorf(a->node, TERN_EDATA, "input 0 has unsupported type %s", tern_dtype_name(t->dtype));
+	default:
+		return tern_node_errorf(a->node, TERN_EDATA, "input 0 has unsupported type %s",
+		                        tern_dtype_name(t->dtype));
 	}
 	return TERN_OK;
 }
@@ -662,7 +689,10 @@ typedef struct ranked {
 	int64_t idx;
 } ranked;
 
-static bool ranks_before(ranked a, ranked b) { return a.key > b.key || (a.key == b.key && a.idx < b.idx); }
+static bool ranks_before(ranked a, ranked b)
+{
+	return a.key > b.key || (a.key == b.key && a.idx < b.idx);
+}
 
 static uint64_t rank_key(const tern_tensor *t, int64_t i, bool largest)
 {
@@ -781,7 +811,8 @@ static tern_status topk_prepare(tern_prepare_args *p)
 		return tern_node_errorf(p->node, TERN_EDATA, "k = %lld is outside [0, %lld], the size of axis %d",
 		                        (long long)k, (long long)x->dims[ax], ax);
 	if (x->dtype == TERN_STRING || x->dtype == TERN_BOOL || tern_dtype_size(x->dtype) == 0)
-		return tern_node_errorf(p->node, TERN_EDATA, "input 0 has unsupported type %s", tern_dtype_name(x->dtype));
+		return tern_node_errorf(p->node, TERN_EDATA, "input 0 has unsupported type %s",
+		                        tern_dtype_name(x->dtype));
 	topk_params *tp = calloc(1, sizeof *tp);
 	if (!tp)
 		return tern_errorf(TERN_EOS, "out of memory");
@@ -848,7 +879,8 @@ static tern_status det_prepare(tern_prepare_args *p)
 {
 	const tern_tensor *x = p->in[0];
 	if (x->rank < 2 || x->dims[x->rank - 1] != x->dims[x->rank - 2])
-		return tern_node_errorf(p->node, TERN_EDATA, "input 0 must be square matrices [..., M, M], not rank %d", x->rank);
+		return tern_node_errorf(p->node, TERN_EDATA, "input 0 must be square matrices [..., M, M], not rank %d",
+		                        x->rank);
 	tern_set_shape(p->out[0], x->dtype, x->rank - 2, x->dims);
 	p->scratch_bytes = (size_t)(x->dims[x->rank - 1] * x->dims[x->rank - 1]) * sizeof(double);
 	p->kernel = det_kernel;
@@ -860,22 +892,22 @@ static tern_status det_prepare(tern_prepare_args *p)
 #define REDUCE_DTYPES (TERN_DT_NUMERIC | TERN_DT(BOOL))
 
 static const tern_op ops[] = {
-	{"", "ReduceSum", 1, 0, reduce_prepare, TERN_DT_NUMERIC, "reduce"},
-	{"", "ReduceMean", 1, 0, reduce_prepare, TERN_DT_NUMERIC, "reduce"},
-	{"", "ReduceMax", 1, 0, reduce_prepare, REDUCE_DTYPES, "reduce"},
-	{"", "ReduceMin", 1, 0, reduce_prepare, REDUCE_DTYPES, "reduce"},
-	{"", "ReduceProd", 1, 0, reduce_prepare, TERN_DT_NUMERIC, "reduce"},
-	{"", "ReduceL1", 1, 0, reduce_prepare, TERN_DT_NUMERIC, "reduce"},
-	{"", "ReduceL2", 1, 0, reduce_prepare, TERN_DT_NUMERIC, "reduce"},
-	{"", "ReduceLogSum", 1, 0, reduce_prepare, TERN_DT_NUMERIC, "reduce"},
-	{"", "ReduceLogSumExp", 1, 0, reduce_prepare, TERN_DT_NUMERIC, "reduce"},
-	{"", "ReduceSumSquare", 1, 0, reduce_prepare, TERN_DT_NUMERIC, "reduce"},
-	{"", "ArgMax", 1, 0, arg_prepare, TERN_DT_NUMERIC, "reduce"},
-	{"", "ArgMin", 1, 0, arg_prepare, TERN_DT_NUMERIC, "reduce"},
-	{"", "CumSum", 11, 0, cumsum_prepare,
-	 TERN_DT_FLOATS | TERN_DT(INT32) | TERN_DT(INT64) | TERN_DT(UINT32) | TERN_DT(UINT64), "reduce"},
-	{"", "TopK", 1, 0, topk_prepare, TERN_DT_NUMERIC, "reduce"},
-	{"", "Det", 11, 0, det_prepare, TERN_DT_FLOATS, "reduce"},
+        {"", "ReduceSum", 1, 0, reduce_prepare, TERN_DT_NUMERIC, "reduce"},
+        {"", "ReduceMean", 1, 0, reduce_prepare, TERN_DT_NUMERIC, "reduce"},
+        {"", "ReduceMax", 1, 0, reduce_prepare, REDUCE_DTYPES, "reduce"},
+        {"", "ReduceMin", 1, 0, reduce_prepare, REDUCE_DTYPES, "reduce"},
+        {"", "ReduceProd", 1, 0, reduce_prepare, TERN_DT_NUMERIC, "reduce"},
+        {"", "ReduceL1", 1, 0, reduce_prepare, TERN_DT_NUMERIC, "reduce"},
+        {"", "ReduceL2", 1, 0, reduce_prepare, TERN_DT_NUMERIC, "reduce"},
+        {"", "ReduceLogSum", 1, 0, reduce_prepare, TERN_DT_NUMERIC, "reduce"},
+        {"", "ReduceLogSumExp", 1, 0, reduce_prepare, TERN_DT_NUMERIC, "reduce"},
+        {"", "ReduceSumSquare", 1, 0, reduce_prepare, TERN_DT_NUMERIC, "reduce"},
+        {"", "ArgMax", 1, 0, arg_prepare, TERN_DT_NUMERIC, "reduce"},
+        {"", "ArgMin", 1, 0, arg_prepare, TERN_DT_NUMERIC, "reduce"},
+        {"", "CumSum", 11, 0, cumsum_prepare,
+         TERN_DT_FLOATS | TERN_DT(INT32) | TERN_DT(INT64) | TERN_DT(UINT32) | TERN_DT(UINT64), "reduce"},
+        {"", "TopK", 1, 0, topk_prepare, TERN_DT_NUMERIC, "reduce"},
+        {"", "Det", 11, 0, det_prepare, TERN_DT_FLOATS, "reduce"},
 };
 
 const tern_op_table tern_ops_reduce = {ops, TERN_ARRAY_LEN(ops)};

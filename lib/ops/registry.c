@@ -3,13 +3,12 @@
 
 /* Family tables; each family file defines one. */
 extern const tern_op_table tern_ops_elementwise, tern_ops_shape, tern_ops_nn, tern_ops_matmul, tern_ops_reduce,
-	tern_ops_rnn, tern_ops_misc, tern_ops_control, tern_ops_quant, tern_ops_training;
+        tern_ops_rnn, tern_ops_misc, tern_ops_control, tern_ops_quant, tern_ops_training;
 extern const tern_op_table tern_ops_fused;
 
 static const tern_op_table *const families[] = {
-	&tern_ops_elementwise, &tern_ops_shape, &tern_ops_nn,   &tern_ops_matmul,
-	&tern_ops_reduce,      &tern_ops_rnn,   &tern_ops_misc, &tern_ops_control,
-	&tern_ops_quant,       &tern_ops_training, &tern_ops_fused,
+        &tern_ops_elementwise, &tern_ops_shape,   &tern_ops_nn,    &tern_ops_matmul,   &tern_ops_reduce, &tern_ops_rnn,
+        &tern_ops_misc,        &tern_ops_control, &tern_ops_quant, &tern_ops_training, &tern_ops_fused,
 };
 
 static bool same_domain(const char *a, const char *b)
@@ -40,7 +39,8 @@ bool tern_op_known(const char *domain, const char *op_type)
 {
 	for (size_t f = 0; f < TERN_ARRAY_LEN(families); f++)
 		for (size_t i = 0; i < families[f]->n_ops; i++)
-			if (strcmp(families[f]->ops[i].op_type, op_type) == 0 && same_domain(families[f]->ops[i].domain, domain))
+			if (strcmp(families[f]->ops[i].op_type, op_type) == 0 &&
+			    same_domain(families[f]->ops[i].domain, domain))
 				return true;
 	return false;
 }

@@ -104,11 +104,11 @@ static void free_strings(void *data, int64_t n)
 	}
 }
 
-#define STORE_AS(T, x)                                                                                       \
-	{                                                                                                        \
-		T value = (x);                                                                                       \
-		memcpy(dst, &value, sizeof value);                                                                   \
-		break;                                                                                               \
+#define STORE_AS(T, x)                             \
+	{                                          \
+		T value = (x);                     \
+		memcpy(dst, &value, sizeof value); \
+		break;                             \
 	}
 
 /* Stores v as one element of dtype (for float attributes that give a value of the tensor's type). dst
@@ -207,8 +207,8 @@ static bool is_index_dtype(int dtype)
 }
 
 /* The values of a 1-D (or scalar) integer tensor whose data is known. */
-static tern_status tensor_int_list(const tern_node *node, const tern_tensor *t, const char *what, int64_t *out,
-                                   int max, int *n)
+static tern_status tensor_int_list(const tern_node *node, const tern_tensor *t, const char *what, int64_t *out, int max,
+                                   int *n)
 {
 	if (!is_index_dtype(t->dtype))
 		return tern_node_errorf(node, TERN_EDATA, "%s must be int64 or int32, not %s", what,
@@ -273,9 +273,10 @@ static tern_status fix_index(const tern_node *node, int64_t *k, int64_t n, int64
 {
 	int64_t v = *k < 0 ? *k + n : *k;
 	if (v < 0 || v >= n)
-		return tern_node_errorf(node, TERN_EDATA,
-		                        "index %lld at position %lld of 'indices' is out of range for axis %d of size %lld",
-		                        (long long)*k, (long long)position, axis, (long long)n);
+		return tern_node_errorf(
+		        node, TERN_EDATA,
+		        "index %lld at position %lld of 'indices' is out of range for axis %d of size %lld",
+		        (long long)*k, (long long)position, axis, (long long)n);
 	*k = v;
 	return TERN_OK;
 }
@@ -388,7 +389,7 @@ static void plan_finish(copy_plan *c)
 static bool plan_is_whole(const copy_plan *c, int64_t numel)
 {
 	return !c->empty && c->rank == 1 && c->src_stride[0] == 1 && c->dst_stride[0] == 1 && c->src_offset == 0 &&
-	       c->dst_offset == 0 && c->dims[0] == numel;
+	        c->dst_offset == 0 && c->dims[0] == numel;
 }
 
 /* Dimensions iterated outside the innermost row (or tile). */
@@ -404,8 +405,8 @@ static int plan_outer(const copy_plan *c, int *od, int64_t *n_outer)
 	return n;
 }
 
-#define COPY_STRIDED(ES)                                                                                     \
-	for (int64_t i = 0; i < n; i++)                                                                          \
+#define COPY_STRIDED(ES)                \
+	for (int64_t i = 0; i < n; i++) \
 		memcpy(dst + i * ds * (ES), src + i * ss * (ES), ES);
 
 static void copy_row(const copy_plan *c, char *dst, const char *src)
@@ -428,13 +429,13 @@ static void copy_row(const copy_plan *c, char *dst, const char *src)
 	}
 }
 
-#define COPY_TILE(ES)                                                                                        \
-	for (int64_t jb = 0; jb < nj; jb += TILE)                                                                \
-		for (int64_t lb = 0; lb < nl; lb += TILE) {                                                          \
-			int64_t je = jb + TILE < nj ? jb + TILE : nj, le = lb + TILE < nl ? lb + TILE : nl;              \
-			for (int64_t j = jb; j < je; j++)                                                                \
-				for (int64_t l = lb; l < le; l++)                                                            \
-					memcpy(dst + (j * dj + l) * (ES), src + (j + l * sl) * (ES), ES);                        \
+#define COPY_TILE(ES)                                                                                       \
+	for (int64_t jb = 0; jb < nj; jb += TILE)                                                           \
+		for (int64_t lb = 0; lb < nl; lb += TILE) {                                                 \
+			int64_t je = jb + TILE < nj ? jb + TILE : nj, le = lb + TILE < nl ? lb + TILE : nl; \
+			for (int64_t j = jb; j < je; j++)                                                   \
+				for (int64_t l = lb; l < le; l++)                                           \
+					memcpy(dst + (j * dj + l) * (ES), src + (j + l * sl) * (ES), ES);   \
 		}
 
 /* A 2-D transpose between the tile dimension (unit source stride) and the last one (unit destination
@@ -613,16 +614,19 @@ static tern_status reshape_prepare(tern_prepare_args *p)
 	for (int i = 0; i < n; i++) {
 		if (shape[i] == 0 && !allowzero) {
 			if (i >= x->rank)
-				return tern_node_errorf(p->node, TERN_EDATA, "shape[%d] = 0 copies a dimension that input %s lacks",
-				                        i, shape_str(x, buf, sizeof buf));
+				return tern_node_errorf(p->node, TERN_EDATA,
+				                        "shape[%d] = 0 copies a dimension that input %s lacks", i,
+				                        shape_str(x, buf, sizeof buf));
 			shape[i] = x->dims[i];
 		}
 		if (shape[i] == -1) {
 			if (infer >= 0)
-				return tern_node_errorf(p->node, TERN_EDATA, "shape has more than one -1 (at %d and %d)", infer, i);
+				return tern_node_errorf(p->node, TERN_EDATA,
+				                        "shape has more than one -1 (at %d and %d)", infer, i);
 			infer = i;
 		} else if (shape[i] < 0) {
-			return tern_node_errorf(p->node, TERN_EDATA, "shape[%d] = %lld is negative", i, (long long)shape[i]);
+			return tern_node_errorf(p->node, TERN_EDATA, "shape[%d] = %lld is negative", i,
+			                        (long long)shape[i]);
 		} else {
 			known *= shape[i];
 		}
@@ -630,12 +634,13 @@ static tern_status reshape_prepare(tern_prepare_args *p)
 	int64_t total = tern_tensor_numel(x);
 	if (infer >= 0) {
 		if (known == 0 || total % known != 0)
-			return tern_node_errorf(p->node, TERN_EDATA, "cannot infer shape[%d]: input %s has %lld elements",
-			                        infer, shape_str(x, buf, sizeof buf), (long long)total);
+			return tern_node_errorf(p->node, TERN_EDATA,
+			                        "cannot infer shape[%d]: input %s has %lld elements", infer,
+			                        shape_str(x, buf, sizeof buf), (long long)total);
 		shape[infer] = total / known;
 	} else if (known != total) {
-		return tern_node_errorf(p->node, TERN_EDATA, "shape has %lld elements, input %s has %lld", (long long)known,
-		                        shape_str(x, buf, sizeof buf), (long long)total);
+		return tern_node_errorf(p->node, TERN_EDATA, "shape has %lld elements, input %s has %lld",
+		                        (long long)known, shape_str(x, buf, sizeof buf), (long long)total);
 	}
 	return alias_to(p, n, shape);
 }
@@ -736,8 +741,9 @@ static tern_status transpose_prepare(tern_prepare_args *p)
 	bool seen[TERN_MAX_RANK] = {0};
 	for (int i = 0; i < n; i++) {
 		if (perm[i] < 0 || perm[i] >= n || seen[perm[i]])
-			return tern_node_errorf(p->node, TERN_EDATA, "perm is not a permutation of 0..%d (perm[%d] = %lld)",
-			                        n - 1, i, (long long)perm[i]);
+			return tern_node_errorf(p->node, TERN_EDATA,
+			                        "perm is not a permutation of 0..%d (perm[%d] = %lld)", n - 1, i,
+			                        (long long)perm[i]);
 		seen[perm[i]] = true;
 	}
 	int64_t stride[TERN_MAX_RANK], dims[TERN_MAX_RANK];
@@ -777,7 +783,8 @@ static tern_status concat_prepare(tern_prepare_args *p)
 		for (int d = 0; same && d < x->rank; d++)
 			same = d == axis || x->dims[d] == x0->dims[d];
 		if (!same)
-			return tern_node_errorf(p->node, TERN_EDATA, "input %d %s does not match input 0 %s outside axis %d", i,
+			return tern_node_errorf(p->node, TERN_EDATA,
+			                        "input %d %s does not match input 0 %s outside axis %d", i,
 			                        shape_str(x, b1, sizeof b1), shape_str(x0, b0, sizeof b0), axis);
 		dims[axis] += x->dims[axis];
 	}
@@ -833,7 +840,8 @@ static tern_status split_prepare(tern_prepare_args *p)
 		size_t n;
 		const int64_t *v = tern_attr_ints(node, "split", &n);
 		if (n != (size_t)n_out)
-			st = tern_node_errorf(node, TERN_EDATA, "attribute 'split' has %zu values for %d outputs", n, n_out);
+			st = tern_node_errorf(node, TERN_EDATA, "attribute 'split' has %zu values for %d outputs", n,
+			                      n_out);
 		for (size_t i = 0; !st && i < n; i++)
 			sizes[i] = v[i];
 		have = true;
@@ -842,7 +850,8 @@ static tern_status split_prepare(tern_prepare_args *p)
 		int64_t sum = 0;
 		for (int i = 0; i < n_out; i++) {
 			if (sizes[i] < 0)
-				st = tern_node_errorf(node, TERN_EDATA, "split[%d] = %lld is negative", i, (long long)sizes[i]);
+				st = tern_node_errorf(node, TERN_EDATA, "split[%d] = %lld is negative", i,
+				                      (long long)sizes[i]);
 			sum += sizes[i];
 		}
 		if (!st && sum != dim)
@@ -860,7 +869,8 @@ static tern_status split_prepare(tern_prepare_args *p)
 		}
 	} else if (!st) {
 		if (n_out < 1 || dim % n_out != 0)
-			st = tern_node_errorf(node, TERN_EDATA, "axis %d of size %lld does not split into %d equal parts", axis,
+			st = tern_node_errorf(node, TERN_EDATA,
+			                      "axis %d of size %lld does not split into %d equal parts", axis,
 			                      (long long)dim, n_out);
 		for (int i = 0; !st && i < n_out; i++)
 			sizes[i] = dim / n_out;
@@ -916,8 +926,8 @@ static tern_status slice_prepare(tern_prepare_args *p)
 	if (ns < 0 || ne < 0)
 		return tern_node_errorf(node, TERN_EDATA, "'starts' and 'ends' are required");
 	if (ns != ne || (na >= 0 && na != ns) || (nst >= 0 && nst != ns))
-		return tern_node_errorf(node, TERN_EDATA, "starts, ends, axes and steps have %d, %d, %d and %d values", ns,
-		                        ne, na, nst);
+		return tern_node_errorf(node, TERN_EDATA, "starts, ends, axes and steps have %d, %d, %d and %d values",
+		                        ns, ne, na, nst);
 	if (na < 0)
 		for (int i = 0; i < ns; i++)
 			axes[i] = i;
@@ -1028,7 +1038,8 @@ static tern_status tile_prepare(tern_prepare_args *p)
 	int64_t loop_dims[MAX_LOOP] = {0};
 	for (int d = 0; d < n; d++) {
 		if (reps[d] < 0)
-			return tern_node_errorf(p->node, TERN_EDATA, "repeats[%d] = %lld is negative", d, (long long)reps[d]);
+			return tern_node_errorf(p->node, TERN_EDATA, "repeats[%d] = %lld is negative", d,
+			                        (long long)reps[d]);
 		dims[d] = x->dims[d] * reps[d];
 		loop_dims[2 * d] = reps[d];
 		loop_dims[2 * d + 1] = x->dims[d];
@@ -1098,8 +1109,9 @@ static tern_status space_to_depth_prepare(tern_prepare_args *p)
 		return st;
 	int64_t n = x->dims[0], c = x->dims[1], h = x->dims[2], w = x->dims[3];
 	if (h % b != 0 || w % b != 0)
-		return tern_node_errorf(p->node, TERN_EDATA, "height %lld and width %lld are not multiples of blocksize %lld",
-		                        (long long)h, (long long)w, (long long)b);
+		return tern_node_errorf(p->node, TERN_EDATA,
+		                        "height %lld and width %lld are not multiples of blocksize %lld", (long long)h,
+		                        (long long)w, (long long)b);
 	int64_t dims[4] = {n, c * b * b, h / b, w / b};
 	tern_set_shape(p->out[0], x->dtype, 4, dims);
 	/* Output seen as [N, b, b, C, H/b, W/b]. */
@@ -1160,7 +1172,8 @@ static tern_status center_crop_pad_prepare(tern_prepare_args *p)
 	for (int i = 0; i < na; i++) {
 		int d = ax[i];
 		if (shape[i] < 0)
-			return tern_node_errorf(p->node, TERN_EDATA, "shape[%d] = %lld is negative", i, (long long)shape[i]);
+			return tern_node_errorf(p->node, TERN_EDATA, "shape[%d] = %lld is negative", i,
+			                        (long long)shape[i]);
 		if (shape[i] < x->dims[d]) {
 			src_begin[d] = (x->dims[d] - shape[i]) / 2;
 			copy_dims[d] = shape[i];
@@ -1202,7 +1215,7 @@ typedef struct pad_params {
 	unsigned char value[16];
 	int64_t in_dims[TERN_MAX_RANK], out_dims[TERN_MAX_RANK];
 	int64_t keep_begin[TERN_MAX_RANK], keep[TERN_MAX_RANK]; /* source range left after negative pads */
-	int64_t pad_begin[TERN_MAX_RANK];                        /* positive padding before it */
+	int64_t pad_begin[TERN_MAX_RANK]; /* positive padding before it */
 } pad_params;
 
 /* The source coordinate that output coordinate o of axis d reads, or -1 for the constant. */
@@ -1239,8 +1252,9 @@ static tern_status pad_border(const tern_node *node, const pad_params *pp, char 
 	size_t es = pp->es;
 	for (int64_t o = from; o < to; o++) {
 		int64_t j = pad_source(pp, last, o);
-		tern_status st = j < 0 ? fill_elems(node, row + (size_t)o * es, value, 1, es, pp->string)
-		                       : copy_elems(node, row + (size_t)o * es, src_row + (size_t)j * es, 1, es, pp->string);
+		tern_status st = j < 0
+		        ? fill_elems(node, row + (size_t)o * es, value, 1, es, pp->string)
+		        : copy_elems(node, row + (size_t)o * es, src_row + (size_t)j * es, 1, es, pp->string);
 		if (st)
 			return st;
 	}
@@ -1283,7 +1297,8 @@ static tern_status pad_kernel(const tern_kernel_args *a)
 			st = fill_elems(a->node, d, value, row_len, es, pp->string);
 		} else {
 			const char *s = src + (size_t)base * es;
-			st = copy_elems(a->node, d + (size_t)lo * es, s + (size_t)pp->keep_begin[last] * es, mid, es, pp->string);
+			st = copy_elems(a->node, d + (size_t)lo * es, s + (size_t)pp->keep_begin[last] * es, mid, es,
+			                pp->string);
 			if (!st)
 				st = pad_border(a->node, pp, d, s, value, 0, lo);
 			if (!st)
@@ -1362,14 +1377,16 @@ static tern_status pad_prepare(tern_prepare_args *p)
 		int64_t begin = pads[i], end = pads[na + i], n = x->dims[d];
 		int64_t cut_begin = begin < 0 ? -begin : 0, cut_end = end < 0 ? -end : 0;
 		if (cut_begin + cut_end > n)
-			st = tern_node_errorf(node, TERN_EDATA, "pads %lld and %lld remove more than axis %d's %lld elements",
+			st = tern_node_errorf(node, TERN_EDATA,
+			                      "pads %lld and %lld remove more than axis %d's %lld elements",
 			                      (long long)begin, (long long)end, d, (long long)n);
 		pp->keep_begin[d] = cut_begin;
 		pp->keep[d] = n - cut_begin - cut_end;
 		pp->pad_begin[d] = begin > 0 ? begin : 0;
 		pp->out_dims[d] = n + begin + end;
 		if (!st && pp->keep[d] == 0 && pp->out_dims[d] > 0 && pp->mode != PAD_CONSTANT)
-			st = tern_node_errorf(node, TERN_EDATA, "mode '%s' cannot pad axis %d, which has no elements left", mode, d);
+			st = tern_node_errorf(node, TERN_EDATA,
+			                      "mode '%s' cannot pad axis %d, which has no elements left", mode, d);
 	}
 	if (st) {
 		free(pp);
@@ -1536,14 +1553,14 @@ static tern_status elements_params_make(tern_prepare_args *p, const tern_tensor 
 }
 
 /* Row by row along the last axis, so the multi-index advances once per row. */
-#define GATHER_ELEMENTS(ES)                                                                                  \
-	for (int64_t r = 0; r < n; r += row) {                                                                   \
-		for (int64_t i = 0; i < row; i++) {                                                                  \
-			int64_t k = index_at(idx, r + i);                                                                \
-			k += k < 0 ? e->n_axis : 0;                                                                      \
-			memcpy(dst + (r + i) * (ES), src + (off + i * step + k * e->axis_stride) * (ES), ES);            \
-		}                                                                                                    \
-		advance(e->rank - 1, e->idx_dims, pos, e->data_stride, &off);                                        \
+#define GATHER_ELEMENTS(ES)                                                                                   \
+	for (int64_t r = 0; r < n; r += row) {                                                                \
+		for (int64_t i = 0; i < row; i++) {                                                           \
+			int64_t k = index_at(idx, r + i);                                                     \
+			k += k < 0 ? e->n_axis : 0;                                                           \
+			memcpy(dst + (r + i) * (ES), src + (off + i * step + k * e->axis_stride) * (ES), ES); \
+		}                                                                                             \
+		advance(e->rank - 1, e->idx_dims, pos, e->data_stride, &off);                                 \
 	}
 
 static tern_status gather_elements_kernel(const tern_kernel_args *a)
@@ -1560,7 +1577,8 @@ static tern_status gather_elements_kernel(const tern_kernel_args *a)
 		for (int64_t i = 0; i < n; i++) {
 			int64_t k = index_at(idx, i);
 			k += k < 0 ? e->n_axis : 0;
-			if ((st = dup_string(a->node, (char **)dst + i, ((char *const *)src)[off + k * e->axis_stride])))
+			if ((st = dup_string(a->node, (char **)dst + i,
+			                     ((char *const *)src)[off + k * e->axis_stride])))
 				return st;
 			advance(e->rank, e->idx_dims, pos, e->data_stride, &off);
 		}
@@ -1595,7 +1613,7 @@ typedef struct nd_params {
 	bool string;
 	int dtype;
 	int64_t batches, tuples, slice; /* tuples per batch; elements per slice */
-	int64_t batch_stride;          /* elements of data per batch */
+	int64_t batch_stride; /* elements of data per batch */
 	int64_t dims[TERN_MAX_RANK], stride[TERN_MAX_RANK]; /* of the addressed data axes */
 } nd_params;
 
@@ -1609,8 +1627,8 @@ static tern_status nd_params_make(tern_prepare_args *p, const tern_tensor *x, co
 		return st;
 	char b0[128], b1[128];
 	if (idx->rank < 1 || batch_dims < 0 || batch_dims >= idx->rank || batch_dims >= x->rank)
-		return tern_node_errorf(p->node, TERN_EDATA, "batch_dims %d does not fit indices %s and data %s", batch_dims,
-		                        shape_str(idx, b1, sizeof b1), shape_str(x, b0, sizeof b0));
+		return tern_node_errorf(p->node, TERN_EDATA, "batch_dims %d does not fit indices %s and data %s",
+		                        batch_dims, shape_str(idx, b1, sizeof b1), shape_str(x, b0, sizeof b0));
 	int depth = (int)idx->dims[idx->rank - 1];
 	if (depth < 1 || depth > x->rank - batch_dims)
 		return tern_node_errorf(p->node, TERN_EDATA, "indices %s: last dimension %d must be 1..%d for data %s",
@@ -1667,8 +1685,8 @@ static tern_status gather_nd_kernel(const tern_kernel_args *a)
 		int64_t off;
 		tern_status st = nd_offset(a->node, nd, a->in[1], t, &off);
 		if (!st)
-			st = copy_elems(a->node, dst + (size_t)(t * nd->slice) * nd->es, src + (size_t)off * nd->es, nd->slice,
-			                nd->es, nd->string);
+			st = copy_elems(a->node, dst + (size_t)(t * nd->slice) * nd->es, src + (size_t)off * nd->es,
+			                nd->slice, nd->es, nd->string);
 		if (st)
 			return st;
 	}
@@ -1701,60 +1719,60 @@ static tern_status gather_nd_prepare(tern_prepare_args *p)
 enum reduction { REDUCE_NONE, REDUCE_ADD, REDUCE_MUL, REDUCE_MAX, REDUCE_MIN };
 
 /* max and min propagate NaN, as NumPy's maximum and minimum do. */
-#define COMBINE(r, a, b)                                                                                     \
-	((r) == REDUCE_ADD   ? (a) + (b)                                                                        \
-	 : (r) == REDUCE_MUL ? (a) * (b)                                                                        \
-	 : (r) == REDUCE_MAX ? ((a) != (a) || (a) >= (b) ? (a) : (b))                                            \
-	                     : ((a) != (a) || (a) <= (b) ? (a) : (b)))
+#define COMBINE(r, a, b)                                                      \
+	((r) == REDUCE_ADD           ? (a) + (b)                              \
+	         : (r) == REDUCE_MUL ? (a) * (b)                              \
+	         : (r) == REDUCE_MAX ? ((a) != (a) || (a) >= (b) ? (a) : (b)) \
+	                             : ((a) != (a) || (a) <= (b) ? (a) : (b)))
 
-#define REDUCE_NATIVE(DT, T)                                                                                 \
-	case DT: {                                                                                               \
-		T *d = dst;                                                                                          \
-		const T *s = src;                                                                                    \
-		for (int64_t i = 0; i < n; i++)                                                                      \
-			d[i] = COMBINE(r, d[i], s[i]);                                                                   \
-		return;                                                                                              \
+#define REDUCE_NATIVE(DT, T)                           \
+	case DT: {                                     \
+		T *d = dst;                            \
+		const T *s = src;                      \
+		for (int64_t i = 0; i < n; i++)        \
+			d[i] = COMBINE(r, d[i], s[i]); \
+		return;                                \
 	}
 
 /* Integer sums and products wrap instead of overflowing. */
-#define REDUCE_INT(DT, T, U)                                                                                 \
-	case DT: {                                                                                               \
-		T *d = dst;                                                                                          \
-		const T *s = src;                                                                                    \
-		for (int64_t i = 0; i < n; i++)                                                                      \
-			d[i] = r == REDUCE_ADD   ? (T)((U)d[i] + (U)s[i])                                                \
-			       : r == REDUCE_MUL ? (T)((U)d[i] * (U)s[i])                                                \
-			                         : COMBINE(r, d[i], s[i]);                                               \
-		return;                                                                                              \
+#define REDUCE_INT(DT, T, U)                                                \
+	case DT: {                                                          \
+		T *d = dst;                                                 \
+		const T *s = src;                                           \
+		for (int64_t i = 0; i < n; i++)                             \
+			d[i] = r == REDUCE_ADD    ? (T)((U)d[i] + (U)s[i])  \
+			        : r == REDUCE_MUL ? (T)((U)d[i] * (U)s[i])  \
+			                          : COMBINE(r, d[i], s[i]); \
+		return;                                                     \
 	}
 
-#define REDUCE_HALF(DT, TO, FROM)                                                                            \
-	case DT: {                                                                                               \
-		uint16_t *d = dst;                                                                                   \
-		const uint16_t *s = src;                                                                             \
-		for (int64_t i = 0; i < n; i++) {                                                                    \
-			float x = TO(d[i]), y = TO(s[i]);                                                                \
-			d[i] = FROM(COMBINE(r, x, y));                                                                   \
-		}                                                                                                    \
-		return;                                                                                              \
+#define REDUCE_HALF(DT, TO, FROM)                         \
+	case DT: {                                        \
+		uint16_t *d = dst;                        \
+		const uint16_t *s = src;                  \
+		for (int64_t i = 0; i < n; i++) {         \
+			float x = TO(d[i]), y = TO(s[i]); \
+			d[i] = FROM(COMBINE(r, x, y));    \
+		}                                         \
+		return;                                   \
 	}
 
 /* dst[i] = dst[i] (op) src[i] for n elements of dtype. */
 static void reduce_into(int dtype, int r, void *dst, const void *src, int64_t n)
 {
 	switch (dtype) {
-	REDUCE_NATIVE(TERN_FLOAT, float)
-	REDUCE_NATIVE(TERN_DOUBLE, double)
-	REDUCE_HALF(TERN_FLOAT16, tern_f16_to_f32, tern_f32_to_f16)
-	REDUCE_HALF(TERN_BFLOAT16, tern_bf16_to_f32, tern_f32_to_bf16)
-	REDUCE_INT(TERN_INT8, int8_t, uint32_t)
-	REDUCE_INT(TERN_INT16, int16_t, uint32_t)
-	REDUCE_INT(TERN_INT32, int32_t, uint32_t)
-	REDUCE_INT(TERN_INT64, int64_t, uint64_t)
-	REDUCE_INT(TERN_UINT8, uint8_t, uint32_t)
-	REDUCE_INT(TERN_UINT16, uint16_t, uint32_t)
-	REDUCE_INT(TERN_UINT32, uint32_t, uint32_t)
-	REDUCE_INT(TERN_UINT64, uint64_t, uint64_t)
+		REDUCE_NATIVE(TERN_FLOAT, float)
+		REDUCE_NATIVE(TERN_DOUBLE, double)
+		REDUCE_HALF(TERN_FLOAT16, tern_f16_to_f32, tern_f32_to_f16)
+		REDUCE_HALF(TERN_BFLOAT16, tern_bf16_to_f32, tern_f32_to_bf16)
+		REDUCE_INT(TERN_INT8, int8_t, uint32_t)
+		REDUCE_INT(TERN_INT16, int16_t, uint32_t)
+		REDUCE_INT(TERN_INT32, int32_t, uint32_t)
+		REDUCE_INT(TERN_INT64, int64_t, uint64_t)
+		REDUCE_INT(TERN_UINT8, uint8_t, uint32_t)
+		REDUCE_INT(TERN_UINT16, uint16_t, uint32_t)
+		REDUCE_INT(TERN_UINT32, uint32_t, uint32_t)
+		REDUCE_INT(TERN_UINT64, uint64_t, uint64_t)
 	default: return;
 	}
 }
@@ -1767,17 +1785,18 @@ static tern_status reduction_attr(const tern_node *node, int dtype, int *out)
 	for (int r = 0; r < (int)TERN_ARRAY_LEN(names); r++)
 		if (strcmp(name, names[r]) == 0) {
 			*out = r;
-			if (r != REDUCE_NONE && (dtype == TERN_STRING || dtype == TERN_BOOL || !(TERN_DT_NUMERIC & (1u << dtype))))
-				return tern_node_errorf(node, TERN_EDATA, "reduction '%s' is not supported for %s", name,
-				                        tern_dtype_name(dtype));
+			if (r != REDUCE_NONE &&
+			    (dtype == TERN_STRING || dtype == TERN_BOOL || !(TERN_DT_NUMERIC & (1u << dtype))))
+				return tern_node_errorf(node, TERN_EDATA, "reduction '%s' is not supported for %s",
+				                        name, tern_dtype_name(dtype));
 			return TERN_OK;
 		}
 	return tern_node_errorf(node, TERN_EDATA, "reduction '%s' is not none, add, mul, max or min", name);
 }
 
 /* Writes n updates at dst: a plain store, or a reduction with what is there. */
-static tern_status scatter_store(const tern_node *node, int dtype, int reduction, size_t es, void *dst,
-                                 const void *src, int64_t n)
+static tern_status scatter_store(const tern_node *node, int dtype, int reduction, size_t es, void *dst, const void *src,
+                                 int64_t n)
 {
 	if (reduction != REDUCE_NONE) {
 		reduce_into(dtype, reduction, dst, src, n);
@@ -1801,8 +1820,8 @@ static tern_status scatter_elements_kernel(const tern_kernel_args *a)
 	for (int64_t i = 0; !st && i < n; i++) {
 		int64_t k = index_at(idx, i);
 		k += k < 0 ? e->n_axis : 0;
-		st = scatter_store(a->node, x->dtype, e->reduction, e->es, dst + (size_t)(off + k * e->axis_stride) * e->es,
-		                   upd + (size_t)i * e->es, 1);
+		st = scatter_store(a->node, x->dtype, e->reduction, e->es,
+		                   dst + (size_t)(off + k * e->axis_stride) * e->es, upd + (size_t)i * e->es, 1);
 		advance(e->rank, e->idx_dims, pos, e->data_stride, &off);
 	}
 	return st;
@@ -1873,7 +1892,8 @@ static tern_status scatter_nd_prepare(tern_prepare_args *p)
 	char b0[128], b1[128], b2[128];
 	if (!same)
 		st = tern_node_errorf(p->node, TERN_EDATA, "updates %s do not fit indices %s and data %s",
-		                      shape_str(upd, b0, sizeof b0), shape_str(idx, b1, sizeof b1), shape_str(x, b2, sizeof b2));
+		                      shape_str(upd, b0, sizeof b0), shape_str(idx, b1, sizeof b1),
+		                      shape_str(x, b2, sizeof b2));
 	if (!st)
 		st = reduction_attr(p->node, x->dtype, &nd->reduction);
 	tern_set_shape(p->out[0], x->dtype, x->rank, x->dims);
@@ -1953,7 +1973,8 @@ static tern_status constant_value(const tern_node *node, tern_tensor *t)
 		return st ? tern_node_errorf(node, st, "attribute 'value': %s", tern_error()) : TERN_OK;
 	}
 	if (tern_attr(node, "sparse_value"))
-		return tern_node_errorf(node, TERN_EDATA, "attribute 'sparse_value' (a sparse constant) is not supported");
+		return tern_node_errorf(node, TERN_EDATA,
+		                        "attribute 'sparse_value' (a sparse constant) is not supported");
 	if ((at = tern_attr(node, "value_float"))) {
 		if (tern_tensor_alloc(t, TERN_FLOAT, 0, NULL))
 			return out_of_memory(node);
@@ -1988,8 +2009,9 @@ static tern_status constant_value(const tern_node *node, tern_tensor *t)
 			s[i][b->len] = '\0';
 		}
 	} else {
-		return tern_node_errorf(node, TERN_EDATA, "no value attribute (value, value_float(s), value_int(s), "
-		                                          "value_string(s))");
+		return tern_node_errorf(node, TERN_EDATA,
+		                        "no value attribute (value, value_float(s), value_int(s), "
+		                        "value_string(s))");
 	}
 	return TERN_OK;
 }
@@ -2027,7 +2049,8 @@ static tern_status constant_of_shape_prepare(tern_prepare_args *p)
 		return st;
 	for (int i = 0; i < n; i++)
 		if (shape[i] < 0)
-			return tern_node_errorf(p->node, TERN_EDATA, "shape[%d] = %lld is negative", i, (long long)shape[i]);
+			return tern_node_errorf(p->node, TERN_EDATA, "shape[%d] = %lld is negative", i,
+			                        (long long)shape[i]);
 	tern_tensor *v = calloc(1, sizeof *v);
 	if (!v)
 		return out_of_memory(p->node);
@@ -2056,12 +2079,12 @@ static tern_status constant_of_shape_prepare(tern_prepare_args *p)
 
 /* ---------------------------------------------------------------- Range */
 
-#define RANGE_INT(T)                                                                                         \
-	{                                                                                                        \
-		int64_t s = tern_tensor_get_i64(start, 0), d = tern_tensor_get_i64(delta, 0);                       \
-		T *o = y->data;                                                                                      \
-		for (int64_t i = 0; i < n; i++)                                                                      \
-			o[i] = (T)(s + i * d);                                                                           \
+#define RANGE_INT(T)                                                                          \
+	{                                                                                     \
+		int64_t s = tern_tensor_get_i64(start, 0), d = tern_tensor_get_i64(delta, 0); \
+		T *o = y->data;                                                               \
+		for (int64_t i = 0; i < n; i++)                                               \
+			o[i] = (T)(s + i * d);                                                \
 	}
 
 static tern_status range_kernel(const tern_kernel_args *a)
@@ -2098,8 +2121,9 @@ static tern_status range_prepare(tern_prepare_args *p)
 		if (!t)
 			return missing_input(p->node, i, names[i]);
 		if (t->dtype != dtype || tern_tensor_numel(t) != 1)
-			return tern_node_errorf(p->node, TERN_EDATA, "input %d '%s' must be a scalar of input 0's type %s", i,
-			                        names[i], tern_dtype_name(dtype));
+			return tern_node_errorf(p->node, TERN_EDATA,
+			                        "input %d '%s' must be a scalar of input 0's type %s", i, names[i],
+			                        tern_dtype_name(dtype));
 	}
 	if (!(dtype == TERN_FLOAT || dtype == TERN_DOUBLE || dtype == TERN_INT16 || dtype == TERN_INT32 ||
 	      dtype == TERN_INT64))
@@ -2113,7 +2137,8 @@ static tern_status range_prepare(tern_prepare_args *p)
 		double d = tern_tensor_get_f64(p->in[2], 0);
 		double count = ceil((l - s) / d);
 		if (d == 0 || !(count < 1e15))
-			return tern_node_errorf(p->node, TERN_EDATA, "range %g to %g by %g has no finite length", s, l, d);
+			return tern_node_errorf(p->node, TERN_EDATA, "range %g to %g by %g has no finite length", s, l,
+			                        d);
 		n = count > 0 ? (int64_t)count : 0;
 	} else {
 		int64_t s = tern_tensor_get_i64(p->in[0], 0), l = tern_tensor_get_i64(p->in[1], 0);
@@ -2124,8 +2149,8 @@ static tern_status range_prepare(tern_prepare_args *p)
 		long double span = (long double)l - (long double)s;
 		long double count = ceill(span / (long double)d);
 		if (count > 1e15L)
-			return tern_node_errorf(p->node, TERN_EDATA, "range %lld to %lld by %lld is too long", (long long)s,
-			                        (long long)l, (long long)d);
+			return tern_node_errorf(p->node, TERN_EDATA, "range %lld to %lld by %lld is too long",
+			                        (long long)s, (long long)l, (long long)d);
 		n = count > 0 ? (int64_t)count : 0;
 	}
 	tern_set_shape(p->out[0], dtype, 1, &n);
@@ -2155,7 +2180,8 @@ static tern_status one_hot_kernel(const tern_kernel_args *a)
 				int64_t k = tern_tensor_get_i64(idx, o * oh->inner + i);
 				k += k < 0 ? oh->depth : 0;
 				size_t at = (size_t)((o * oh->depth + d) * oh->inner + i) * es;
-				tern_status st = copy_elems(a->node, dst + at, values + (k == d ? es : 0), 1, es, oh->string);
+				tern_status st =
+				        copy_elems(a->node, dst + at, values + (k == d ? es : 0), 1, es, oh->string);
 				if (st)
 					return st;
 			}
@@ -2171,7 +2197,8 @@ static tern_status one_hot_prepare(tern_prepare_args *p)
 		return tern_node_errorf(p->node, TERN_EDATA, "indices (%s) and depth (%s) must be numeric",
 		                        tern_dtype_name(idx->dtype), tern_dtype_name(depth->dtype));
 	if (tern_tensor_numel(depth) != 1 || tern_tensor_numel(values) != 2)
-		return tern_node_errorf(p->node, TERN_EDATA, "depth has %lld elements (1 expected), values %lld (2 expected)",
+		return tern_node_errorf(p->node, TERN_EDATA,
+		                        "depth has %lld elements (1 expected), values %lld (2 expected)",
 		                        (long long)tern_tensor_numel(depth), (long long)tern_tensor_numel(values));
 	tern_status st = check_copyable(p->node, values->dtype);
 	if (st || defer_for(p, 1))
@@ -2227,8 +2254,8 @@ static tern_status trilu_kernel(const tern_kernel_args *a)
 			int64_t keep_lo = upper ? edge : 0, keep_hi = upper ? cols : edge;
 			tern_status st = fill_elems(a->node, d, zv, keep_lo, es, string);
 			if (!st)
-				st = copy_elems(a->node, d + (size_t)keep_lo * es, s + (size_t)keep_lo * es, keep_hi - keep_lo, es,
-				                string);
+				st = copy_elems(a->node, d + (size_t)keep_lo * es, s + (size_t)keep_lo * es,
+				                keep_hi - keep_lo, es, string);
 			if (!st)
 				st = fill_elems(a->node, d + (size_t)keep_hi * es, zv, cols - keep_hi, es, string);
 			if (st)
@@ -2279,7 +2306,8 @@ static tern_status eye_like_prepare(tern_prepare_args *p)
 		return tern_node_errorf(p->node, TERN_EDATA, "input must have rank 2, has rank %d", x->rank);
 	int dtype = (int)tern_attr_int(p->node, "dtype", x->dtype);
 	if (dtype <= 0 || dtype >= TERN_DTYPE_COUNT || !((TERN_DT_NUMERIC | TERN_DT(BOOL)) & (1u << dtype)))
-		return tern_node_errorf(p->node, TERN_EDATA, "dtype %d (%s) is not supported", dtype, tern_dtype_name(dtype));
+		return tern_node_errorf(p->node, TERN_EDATA, "dtype %d (%s) is not supported", dtype,
+		                        tern_dtype_name(dtype));
 	eye_params *ep = calloc(1, sizeof *ep);
 	if (!ep)
 		return out_of_memory(p->node);
@@ -2311,8 +2339,9 @@ static tern_status reverse_sequence_kernel(const tern_kernel_args *a)
 			int64_t from = t < len ? len - 1 - t : t;
 			int64_t dst_at = batch_axis == 0 ? b * steps + t : t * batches + b;
 			int64_t src_at = batch_axis == 0 ? b * steps + from : from * batches + b;
-			tern_status st = copy_elems(a->node, (char *)a->out[0]->data + (size_t)(dst_at * inner) * es,
-			                            (const char *)x->data + (size_t)(src_at * inner) * es, inner, es, string);
+			tern_status st =
+			        copy_elems(a->node, (char *)a->out[0]->data + (size_t)(dst_at * inner) * es,
+			                   (const char *)x->data + (size_t)(src_at * inner) * es, inner, es, string);
 			if (st)
 				return st;
 		}
@@ -2328,10 +2357,12 @@ static tern_status reverse_sequence_prepare(tern_prepare_args *p)
 		return st;
 	if (!lens)
 		return missing_input(p->node, 1, "sequence_lens");
-	int64_t batch_axis = tern_attr_int(p->node, "batch_axis", 1), time_axis = tern_attr_int(p->node, "time_axis", 0);
+	int64_t batch_axis = tern_attr_int(p->node, "batch_axis", 1),
+	        time_axis = tern_attr_int(p->node, "time_axis", 0);
 	if (x->rank < 2 || !((batch_axis == 0 && time_axis == 1) || (batch_axis == 1 && time_axis == 0)))
-		return tern_node_errorf(p->node, TERN_EDATA, "batch_axis %lld and time_axis %lld must be 0 and 1 of rank >= 2 "
-		                                             "input (rank %d)",
+		return tern_node_errorf(p->node, TERN_EDATA,
+		                        "batch_axis %lld and time_axis %lld must be 0 and 1 of rank >= 2 "
+		                        "input (rank %d)",
 		                        (long long)batch_axis, (long long)time_axis, x->rank);
 	if (!is_index_dtype(lens->dtype) || lens->rank != 1 || lens->dims[0] != x->dims[batch_axis])
 		return tern_node_errorf(p->node, TERN_EDATA, "input 1 'sequence_lens' must be int64 [%lld]",
@@ -2414,8 +2445,9 @@ static tern_status compress_kernel(const tern_kernel_args *a)
 		if (!c[i])
 			continue;
 		if (i >= n_axis)
-			return tern_node_errorf(a->node, TERN_EDATA, "condition[%lld] is true, axis %d has only %lld elements",
-			                        (long long)i, axis, (long long)n_axis);
+			return tern_node_errorf(a->node, TERN_EDATA,
+			                        "condition[%lld] is true, axis %d has only %lld elements", (long long)i,
+			                        axis, (long long)n_axis);
 		kept++;
 	}
 	int64_t dims[TERN_MAX_RANK];
@@ -2432,7 +2464,8 @@ static tern_status compress_kernel(const tern_kernel_args *a)
 		for (int64_t i = 0; i < n_axis && i < n_cond; i++) {
 			if (!c[i])
 				continue;
-			st = copy_elems(a->node, dst, src + (size_t)(o * n_axis + i) * block, inner, es, x->dtype == TERN_STRING);
+			st = copy_elems(a->node, dst, src + (size_t)(o * n_axis + i) * block, inner, es,
+			                x->dtype == TERN_STRING);
 			if (st)
 				return st;
 			dst += block;
@@ -2493,7 +2526,8 @@ static int compare_elem(int dtype, const void *a, const void *b)
 	switch (dtype) {
 	case TERN_FLOAT: return compare_f64(*(const float *)a, *(const float *)b);
 	case TERN_DOUBLE: return compare_f64(*(const double *)a, *(const double *)b);
-	case TERN_FLOAT16: return compare_f64(tern_f16_to_f32(*(const uint16_t *)a), tern_f16_to_f32(*(const uint16_t *)b));
+	case TERN_FLOAT16:
+		return compare_f64(tern_f16_to_f32(*(const uint16_t *)a), tern_f16_to_f32(*(const uint16_t *)b));
 	case TERN_BFLOAT16:
 		return compare_f64(tern_bf16_to_f32(*(const uint16_t *)a), tern_bf16_to_f32(*(const uint16_t *)b));
 	case TERN_STRING: return strcmp(*(char *const *)a, *(char *const *)b);
@@ -2592,7 +2626,8 @@ static tern_status unique_kernel(const tern_kernel_args *a)
 	for (int64_t o = 0; o < u.outer; o++)
 		for (int64_t g = 0; g < groups; g++) {
 			st = copy_elems(a->node, (char *)a->out[0]->data + (size_t)(o * groups + g) * block,
-			                u.data + (size_t)(o * n + out_first[g]) * block, u.inner, u.es, x->dtype == TERN_STRING);
+			                u.data + (size_t)(o * n + out_first[g]) * block, u.inner, u.es,
+			                x->dtype == TERN_STRING);
 			if (st)
 				return st;
 		}
@@ -2623,40 +2658,40 @@ static tern_status unique_prepare(tern_prepare_args *p)
 #define COPYABLE (TERN_DT_ALL)
 
 static const tern_op ops[] = {
-	{"", "Reshape", 1, 0, reshape_prepare, COPYABLE, "shape"},
-	{"", "Flatten", 1, 0, flatten_prepare, COPYABLE, "shape"},
-	{"", "Squeeze", 1, 0, squeeze_prepare, COPYABLE, "shape"},
-	{"", "Unsqueeze", 1, 0, unsqueeze_prepare, COPYABLE, "shape"},
-	{"", "Identity", 1, 0, identity_prepare, COPYABLE, "shape"},
-	{"", "Transpose", 1, 0, transpose_prepare, COPYABLE, "shape"},
-	{"", "Concat", 1, 0, concat_prepare, COPYABLE, "shape"},
-	{"", "Split", 1, 0, split_prepare, COPYABLE, "shape"},
-	{"", "Slice", 1, 0, slice_prepare, COPYABLE, "shape"},
-	{"", "Gather", 1, 0, gather_prepare, COPYABLE, "shape"},
-	{"", "GatherElements", 11, 0, gather_elements_prepare, COPYABLE, "shape"},
-	{"", "GatherND", 11, 0, gather_nd_prepare, COPYABLE, "shape"},
-	{"", "ScatterElements", 11, 0, scatter_elements_prepare, COPYABLE, "shape"},
-	{"", "ScatterND", 11, 0, scatter_nd_prepare, COPYABLE, "shape"},
-	{"", "Scatter", 9, 10, scatter_elements_prepare, COPYABLE, "shape"},
-	{"", "Expand", 8, 0, expand_prepare, COPYABLE, "shape"},
-	{"", "Tile", 6, 0, tile_prepare, COPYABLE, "shape"},
-	{"", "Pad", 1, 0, pad_prepare, COPYABLE, "shape"},
-	{"", "Shape", 1, 0, shape_prepare, 0, "shape"},
-	{"", "Size", 1, 0, size_prepare, 0, "shape"},
-	{"", "ConstantOfShape", 9, 0, constant_of_shape_prepare, TERN_DT(INT64), "shape"},
-	{"", "Constant", 1, 0, constant_prepare, 0, "shape"},
-	{"", "Range", 11, 0, range_prepare,
-	 TERN_DT(FLOAT) | TERN_DT(DOUBLE) | TERN_DT(INT16) | TERN_DT(INT32) | TERN_DT(INT64), "shape"},
-	{"", "OneHot", 9, 0, one_hot_prepare, TERN_DT_NUMERIC, "shape"},
-	{"", "DepthToSpace", 1, 0, depth_to_space_prepare, COPYABLE, "shape"},
-	{"", "SpaceToDepth", 1, 0, space_to_depth_prepare, COPYABLE, "shape"},
-	{"", "Trilu", 14, 0, trilu_prepare, COPYABLE, "shape"},
-	{"", "NonZero", 9, 0, non_zero_prepare, TERN_DT_NUMERIC | TERN_DT(BOOL), "shape"},
-	{"", "Compress", 9, 0, compress_prepare, COPYABLE, "shape"},
-	{"", "EyeLike", 9, 0, eye_like_prepare, TERN_DT_NUMERIC | TERN_DT(BOOL), "shape"},
-	{"", "ReverseSequence", 10, 0, reverse_sequence_prepare, COPYABLE, "shape"},
-	{"", "CenterCropPad", 18, 0, center_crop_pad_prepare, COPYABLE, "shape"},
-	{"", "Unique", 11, 0, unique_prepare, COPYABLE, "shape"},
+        {"", "Reshape", 1, 0, reshape_prepare, COPYABLE, "shape"},
+        {"", "Flatten", 1, 0, flatten_prepare, COPYABLE, "shape"},
+        {"", "Squeeze", 1, 0, squeeze_prepare, COPYABLE, "shape"},
+        {"", "Unsqueeze", 1, 0, unsqueeze_prepare, COPYABLE, "shape"},
+        {"", "Identity", 1, 0, identity_prepare, COPYABLE, "shape"},
+        {"", "Transpose", 1, 0, transpose_prepare, COPYABLE, "shape"},
+        {"", "Concat", 1, 0, concat_prepare, COPYABLE, "shape"},
+        {"", "Split", 1, 0, split_prepare, COPYABLE, "shape"},
+        {"", "Slice", 1, 0, slice_prepare, COPYABLE, "shape"},
+        {"", "Gather", 1, 0, gather_prepare, COPYABLE, "shape"},
+        {"", "GatherElements", 11, 0, gather_elements_prepare, COPYABLE, "shape"},
+        {"", "GatherND", 11, 0, gather_nd_prepare, COPYABLE, "shape"},
+        {"", "ScatterElements", 11, 0, scatter_elements_prepare, COPYABLE, "shape"},
+        {"", "ScatterND", 11, 0, scatter_nd_prepare, COPYABLE, "shape"},
+        {"", "Scatter", 9, 10, scatter_elements_prepare, COPYABLE, "shape"},
+        {"", "Expand", 8, 0, expand_prepare, COPYABLE, "shape"},
+        {"", "Tile", 6, 0, tile_prepare, COPYABLE, "shape"},
+        {"", "Pad", 1, 0, pad_prepare, COPYABLE, "shape"},
+        {"", "Shape", 1, 0, shape_prepare, 0, "shape"},
+        {"", "Size", 1, 0, size_prepare, 0, "shape"},
+        {"", "ConstantOfShape", 9, 0, constant_of_shape_prepare, TERN_DT(INT64), "shape"},
+        {"", "Constant", 1, 0, constant_prepare, 0, "shape"},
+        {"", "Range", 11, 0, range_prepare,
+         TERN_DT(FLOAT) | TERN_DT(DOUBLE) | TERN_DT(INT16) | TERN_DT(INT32) | TERN_DT(INT64), "shape"},
+        {"", "OneHot", 9, 0, one_hot_prepare, TERN_DT_NUMERIC, "shape"},
+        {"", "DepthToSpace", 1, 0, depth_to_space_prepare, COPYABLE, "shape"},
+        {"", "SpaceToDepth", 1, 0, space_to_depth_prepare, COPYABLE, "shape"},
+        {"", "Trilu", 14, 0, trilu_prepare, COPYABLE, "shape"},
+        {"", "NonZero", 9, 0, non_zero_prepare, TERN_DT_NUMERIC | TERN_DT(BOOL), "shape"},
+        {"", "Compress", 9, 0, compress_prepare, COPYABLE, "shape"},
+        {"", "EyeLike", 9, 0, eye_like_prepare, TERN_DT_NUMERIC | TERN_DT(BOOL), "shape"},
+        {"", "ReverseSequence", 10, 0, reverse_sequence_prepare, COPYABLE, "shape"},
+        {"", "CenterCropPad", 18, 0, center_crop_pad_prepare, COPYABLE, "shape"},
+        {"", "Unique", 11, 0, unique_prepare, COPYABLE, "shape"},
 };
 
 const tern_op_table tern_ops_shape = {ops, TERN_ARRAY_LEN(ops)};

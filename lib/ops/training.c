@@ -12,7 +12,7 @@ enum optimizer { ADAGRAD, ADAM, MOMENTUM };
 typedef struct optim_params {
 	enum optimizer kind;
 	int64_t groups; /* tensors updated */
-	int states;     /* state tensors per updated tensor: H; V and H; V */
+	int states; /* state tensors per updated tensor: H; V and H; V */
 	double alpha, beta, epsilon, norm, norm_post, decay;
 	bool nesterov;
 	int64_t largest; /* elements of the largest tensor, for outputs the node leaves out */
@@ -21,9 +21,9 @@ typedef struct optim_params {
 /* One run's constants: what depends only on R and T, folded once. Elements are updated in double. */
 typedef struct optim_step {
 	const optim_params *o;
-	double r;      /* learning rate after Adagrad's decay or Adam's bias correction */
+	double r; /* learning rate after Adagrad's decay or Adam's bias correction */
 	double beta_t; /* Momentum's gradient factor */
-	int64_t n;     /* elements of the group being updated */
+	int64_t n; /* elements of the group being updated */
 } optim_step;
 
 static inline void adagrad_update(const optim_step *s, double x, double g, double h, double *xn, double *hn)
@@ -53,25 +53,25 @@ static inline void momentum_update(const optim_step *s, double x, double g, doub
 
 /* One group's update for element type T: in[0..2+states) are X, G and the states; out[0..1+states) the
  * new X and states. */
-#define OPTIMIZER_LOOP(name, T)                                                                                \
-	static void name(const optim_step *s, const void *const *in, void *const *out)                         \
-	{                                                                                                      \
-		const T *restrict x = in[0], *restrict g = in[1], *restrict s1 = in[2];                        \
-		const T *restrict s2 = in[3];                                                                  \
-		T *restrict xo = out[0], *restrict s1o = out[1], *restrict s2o = out[2];                       \
-		double a = 0, b = 0, c = 0;                                                                    \
-		for (int64_t i = 0; i < s->n; i++) {                                                           \
-			switch (s->o->kind) {                                                                  \
-			case ADAGRAD: adagrad_update(s, x[i], g[i], s1[i], &a, &b); break;                     \
-			case ADAM:                                                                             \
-				adam_update(s, x[i], g[i], s1[i], s2[i], &a, &b, &c);                          \
-				s2o[i] = (T)c;                                                                 \
-				break;                                                                         \
-			case MOMENTUM: momentum_update(s, x[i], g[i], s1[i], &a, &b); break;                   \
-			}                                                                                      \
-			xo[i] = (T)a;                                                                          \
-			s1o[i] = (T)b;                                                                         \
-		}                                                                                              \
+#define OPTIMIZER_LOOP(name, T)                                                              \
+	static void name(const optim_step *s, const void *const *in, void *const *out)       \
+	{                                                                                    \
+		const T *restrict x = in[0], *restrict g = in[1], *restrict s1 = in[2];      \
+		const T *restrict s2 = in[3];                                                \
+		T *restrict xo = out[0], *restrict s1o = out[1], *restrict s2o = out[2];     \
+		double a = 0, b = 0, c = 0;                                                  \
+		for (int64_t i = 0; i < s->n; i++) {                                         \
+			switch (s->o->kind) {                                                \
+			case ADAGRAD: adagrad_update(s, x[i], g[i], s1[i], &a, &b); break;   \
+			case ADAM:                                                           \
+				adam_update(s, x[i], g[i], s1[i], s2[i], &a, &b, &c);        \
+				s2o[i] = (T)c;                                               \
+				break;                                                       \
+			case MOMENTUM: momentum_update(s, x[i], g[i], s1[i], &a, &b); break; \
+			}                                                                    \
+			xo[i] = (T)a;                                                        \
+			s1o[i] = (T)b;                                                       \
+		}                                                                            \
 	}
 OPTIMIZER_LOOP(optimize_f32, float)
 OPTIMIZER_LOOP(optimize_f64, double)
@@ -106,7 +106,8 @@ static tern_status optimizer_kernel(const tern_kernel_args *a)
 			in[i] = a->in[2 + i * n + k]->data;
 		for (int i = 0; i < 1 + o->states; i++) {
 			int64_t idx = i * n + k;
-			out[i] = idx < a->n_out && a->out[idx] ? a->out[idx]->data : (char *)a->scratch + (size_t)i * slot;
+			out[i] = idx < a->n_out && a->out[idx] ? a->out[idx]->data
+			                                       : (char *)a->scratch + (size_t)i * slot;
 		}
 		const tern_tensor *x = a->in[2 + k];
 		s.n = tern_tensor_numel(x);
@@ -154,8 +155,9 @@ static tern_status optimizer_setup(tern_prepare_args *p, enum optimizer kind, in
 		                        per_group);
 	int64_t n = (p->n_in - 2) / per_group;
 	if (p->n_out > (1 + states) * n)
-		return tern_node_errorf(node, TERN_EDATA, "%d outputs for %lld optimized tensors; at most %lld expected",
-		                        p->n_out, (long long)n, (long long)((1 + states) * n));
+		return tern_node_errorf(node, TERN_EDATA,
+		                        "%d outputs for %lld optimized tensors; at most %lld expected", p->n_out,
+		                        (long long)n, (long long)((1 + states) * n));
 	if ((st = scalar_input(node, p->in[0], 0, "R", TERN_DT(FLOAT) | TERN_DT(DOUBLE))) ||
 	    (st = scalar_input(node, p->in[1], 1, "T", TERN_DT(INT64))))
 		return st;
@@ -170,10 +172,10 @@ static tern_status optimizer_setup(tern_prepare_args *p, enum optimizer kind, in
 			const tern_tensor *t = p->in[2 + i * n + k];
 			if (!t || t->dtype != x->dtype || !same_shape(t, x))
 				return tern_node_errorf(
-					node, TERN_EDATA, "input %lld %s must match input %lld %s",
-					(long long)(2 + i * n + k),
-					t ? tern_shape_str(t->dtype, t->rank, t->dims, s1, sizeof s1) : "(missing)",
-					(long long)(2 + k), tern_shape_str(x->dtype, x->rank, x->dims, s2, sizeof s2));
+				        node, TERN_EDATA, "input %lld %s must match input %lld %s",
+				        (long long)(2 + i * n + k),
+				        t ? tern_shape_str(t->dtype, t->rank, t->dims, s1, sizeof s1) : "(missing)",
+				        (long long)(2 + k), tern_shape_str(x->dtype, x->rank, x->dims, s2, sizeof s2));
 		}
 		for (int i = 0; i < 1 + states; i++) {
 			int64_t idx = i * n + k;
@@ -189,17 +191,17 @@ static tern_status optimizer_setup(tern_prepare_args *p, enum optimizer kind, in
 	/* Every attribute with the schema's default (Momentum requires its own): an operator reads only its
 	 * own. */
 	*o = (optim_params){
-		.kind = kind,
-		.groups = n,
-		.states = states,
-		.alpha = tern_attr_float(node, "alpha", 0.9f),
-		.beta = tern_attr_float(node, "beta", 0.999f),
-		.epsilon = tern_attr_float(node, "epsilon", 1e-6f),
-		.norm = tern_attr_float(node, "norm_coefficient", 0.0f),
-		.norm_post = tern_attr_float(node, "norm_coefficient_post", 0.0f),
-		.decay = tern_attr_float(node, "decay_factor", 0.0f),
-		.nesterov = strcmp(tern_attr_string(node, "mode", ""), "nesterov") == 0,
-		.largest = largest,
+	        .kind = kind,
+	        .groups = n,
+	        .states = states,
+	        .alpha = tern_attr_float(node, "alpha", 0.9f),
+	        .beta = tern_attr_float(node, "beta", 0.999f),
+	        .epsilon = tern_attr_float(node, "epsilon", 1e-6f),
+	        .norm = tern_attr_float(node, "norm_coefficient", 0.0f),
+	        .norm_post = tern_attr_float(node, "norm_coefficient_post", 0.0f),
+	        .decay = tern_attr_float(node, "decay_factor", 0.0f),
+	        .nesterov = strcmp(tern_attr_string(node, "mode", ""), "nesterov") == 0,
+	        .largest = largest,
 	};
 	p->params = o;
 	p->free_params = free;
@@ -208,8 +210,14 @@ static tern_status optimizer_setup(tern_prepare_args *p, enum optimizer kind, in
 	return TERN_OK;
 }
 
-static tern_status adagrad_prepare(tern_prepare_args *p) { return optimizer_setup(p, ADAGRAD, 1); }
-static tern_status adam_prepare(tern_prepare_args *p) { return optimizer_setup(p, ADAM, 2); }
+static tern_status adagrad_prepare(tern_prepare_args *p)
+{
+	return optimizer_setup(p, ADAGRAD, 1);
+}
+static tern_status adam_prepare(tern_prepare_args *p)
+{
+	return optimizer_setup(p, ADAM, 2);
+}
 
 static tern_status momentum_prepare(tern_prepare_args *p)
 {
@@ -227,9 +235,9 @@ static tern_status momentum_prepare(tern_prepare_args *p)
 }
 
 static const tern_op ops[] = {
-	{TRAINING_DOMAIN, "Adagrad", 1, 0, adagrad_prepare, 0, "loss"},
-	{TRAINING_DOMAIN, "Adam", 1, 0, adam_prepare, 0, "loss"},
-	{TRAINING_DOMAIN, "Momentum", 1, 0, momentum_prepare, 0, "loss"},
+        {TRAINING_DOMAIN, "Adagrad", 1, 0, adagrad_prepare, 0, "loss"},
+        {TRAINING_DOMAIN, "Adam", 1, 0, adam_prepare, 0, "loss"},
+        {TRAINING_DOMAIN, "Momentum", 1, 0, momentum_prepare, 0, "loss"},
 };
 
 const tern_op_table tern_ops_training = {ops, TERN_ARRAY_LEN(ops)};

@@ -12,14 +12,10 @@ static const struct {
 	float dflt[2];
 	int n_params;
 } plain[] = {
-	{"Relu", {0}, {0}, 0},
-	{"Sigmoid", {0}, {0}, 0},
-	{"Tanh", {0}, {0}, 0},
-	{"HardSwish", {0}, {0}, 0},
-	{"Softplus", {0}, {0}, 0},
-	{"LeakyRelu", {"alpha"}, {0.01f}, 1},
-	{"Elu", {"alpha"}, {1.0f}, 1},
-	{"HardSigmoid", {"alpha", "beta"}, {0.2f, 0.5f}, 2},
+        {"Relu", {0}, {0}, 0},         {"Sigmoid", {0}, {0}, 0},
+        {"Tanh", {0}, {0}, 0},         {"HardSwish", {0}, {0}, 0},
+        {"Softplus", {0}, {0}, 0},     {"LeakyRelu", {"alpha"}, {0.01f}, 1},
+        {"Elu", {"alpha"}, {1.0f}, 1}, {"HardSigmoid", {"alpha", "beta"}, {0.2f, 0.5f}, 2},
 };
 
 /* Clip's bounds: attributes before opset 11, optional constant inputs since. */
@@ -122,7 +118,7 @@ bool tern_pass_match_activation(tern_pass_ctx *c, tern_value *x, tern_activation
 	    mul->n_inputs != 2 || !mul->outputs[0] || !tern_pass_single_use(sig->outputs[0]))
 		return false;
 	bool pair = (mul->inputs[0] == x && mul->inputs[1] == sig->outputs[0]) ||
-	            (mul->inputs[1] == x && mul->inputs[0] == sig->outputs[0]);
+	        (mul->inputs[1] == x && mul->inputs[0] == sig->outputs[0]);
 	if (!pair)
 		return false;
 	act->name = "Silu";

@@ -16,8 +16,8 @@ static uint64_t hash_bytes(const void *p, size_t n)
 static bool same_tensor(const tern_tensor *a, const tern_tensor *b)
 {
 	return a->dtype == b->dtype && a->rank == b->rank && a->nbytes == b->nbytes &&
-	       memcmp(a->dims, b->dims, (size_t)a->rank * sizeof a->dims[0]) == 0 &&
-	       (a->nbytes == 0 || memcmp(a->data, b->data, a->nbytes) == 0);
+	        memcmp(a->dims, b->dims, (size_t)a->rank * sizeof a->dims[0]) == 0 &&
+	        (a->nbytes == 0 || memcmp(a->data, b->data, a->nbytes) == 0);
 }
 
 typedef struct keyed {
@@ -36,7 +36,7 @@ static int by_hash(const void *x, const void *y)
 static bool mergeable_const(const tern_value *v)
 {
 	return tern_pass_is_const(v) && !(v->flags & TERN_VALUE_OUTPUT) && !tern_pass_has_implicit_use(v) &&
-	       tern_pass_uses(v) > 0;
+	        tern_pass_uses(v) > 0;
 }
 
 static tern_status merge_initializers(tern_pass_ctx *c)
@@ -52,7 +52,7 @@ static tern_status merge_initializers(tern_pass_ctx *c)
 		if (!t || t->dtype == TERN_STRING)
 			continue;
 		k[n].hash = hash_bytes(t->data, t->nbytes) ^ hash_bytes(t->dims, (size_t)t->rank * sizeof t->dims[0]) ^
-		            (uint64_t)t->dtype;
+		        (uint64_t)t->dtype;
 		k[n++].v = v;
 	}
 	qsort(k, n, sizeof *k, by_hash);
@@ -100,8 +100,8 @@ static bool same_attrs(const tern_node *a, const tern_node *b)
 static bool candidate(const tern_node *n)
 {
 	return !n->removed && !n->n_subgraphs && !*n->domain && n->n_outputs > 0 &&
-	       strncmp(n->op_type, "Random", 6) != 0 && strcmp(n->op_type, "Bernoulli") != 0 &&
-	       strcmp(n->op_type, "Multinomial") != 0;
+	        strncmp(n->op_type, "Random", 6) != 0 && strcmp(n->op_type, "Bernoulli") != 0 &&
+	        strcmp(n->op_type, "Multinomial") != 0;
 }
 
 static bool same_node(const tern_node *a, const tern_node *b)
@@ -169,8 +169,8 @@ static tern_status run(tern_pass_ctx *c)
 }
 
 const tern_pass tern_pass_cse = {
-	"cse",
-	"merge identical initializers and nodes that repeat an earlier computation",
-	1,
-	run,
+        "cse",
+        "merge identical initializers and nodes that repeat an earlier computation",
+        1,
+        run,
 };

@@ -5,8 +5,8 @@
 #include <stdlib.h>
 
 /* tern's own operators that compute and nothing else (communication operators have effects). */
-static const char *const pure_tern_ops[] = {"FusedConv", "FusedGemm", "FusedMatMul", "ElementwiseChain", "Gelu",
-                                            "SkipLayerNormalization", "Attention"};
+static const char *const pure_tern_ops[] = {
+        "FusedConv", "FusedGemm", "FusedMatMul", "ElementwiseChain", "Gelu", "SkipLayerNormalization", "Attention"};
 
 static bool pure(const tern_node *n)
 {
@@ -35,7 +35,7 @@ static const struct {
 	const char *op_type;
 	size_t first_optional;
 } optional_outputs[] = {
-	{"Dropout", 1}, {"MaxPool", 1}, {"LayerNormalization", 1}, {"LSTM", 0}, {"GRU", 0}, {"RNN", 0},
+        {"Dropout", 1}, {"MaxPool", 1}, {"LayerNormalization", 1}, {"LSTM", 0}, {"GRU", 0}, {"RNN", 0},
 };
 
 static void drop_unused_outputs(tern_pass_ctx *c, tern_node *n)
@@ -95,8 +95,8 @@ static tern_status run(tern_pass_ctx *c)
 }
 
 const tern_pass tern_pass_dce = {
-	"dce",
-	"remove nodes, optional outputs and initializers whose values nothing reads",
-	1,
-	run,
+        "dce",
+        "remove nodes, optional outputs and initializers whose values nothing reads",
+        1,
+        run,
 };

@@ -74,11 +74,14 @@ static tern_status fold(tern_pass_ctx *c, tern_node *bn)
 	return tern_pass_replace(c, old, 2, &conv2) ? TERN_OK : TERN_EOS;
 }
 
-static tern_status run(tern_pass_ctx *c) { return tern_pass_each(c, NULL, "BatchNormalization", fold); }
+static tern_status run(tern_pass_ctx *c)
+{
+	return tern_pass_each(c, NULL, "BatchNormalization", fold);
+}
 
 const tern_pass tern_pass_fold_batchnorm = {
-	"fold-batchnorm",
-	"fold an inference BatchNormalization into the Conv before it",
-	1,
-	run,
+        "fold-batchnorm",
+        "fold an inference BatchNormalization into the Conv before it",
+        1,
+        run,
 };

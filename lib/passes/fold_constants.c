@@ -10,7 +10,7 @@
 static bool deterministic(const tern_node *n)
 {
 	return strncmp(n->op_type, "Random", 6) != 0 && strcmp(n->op_type, "Bernoulli") != 0 &&
-	       strcmp(n->op_type, "Multinomial") != 0;
+	        strcmp(n->op_type, "Multinomial") != 0;
 }
 
 static bool reads_shape_only(const tern_node *n)
@@ -84,11 +84,14 @@ static tern_status fold(tern_pass_ctx *c, tern_node *n)
 	return st;
 }
 
-static tern_status run(tern_pass_ctx *c) { return tern_pass_each_sorted(c, false, fold); }
+static tern_status run(tern_pass_ctx *c)
+{
+	return tern_pass_each_sorted(c, false, fold);
+}
 
 const tern_pass tern_pass_fold_constants = {
-	"fold-constants",
-	"compute nodes whose inputs are constants (and Shape/Size of static shapes) into initializers",
-	1,
-	run,
+        "fold-constants",
+        "compute nodes whose inputs are constants (and Shape/Size of static shapes) into initializers",
+        1,
+        run,
 };

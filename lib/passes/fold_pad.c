@@ -55,7 +55,8 @@ static tern_status fold(tern_pass_ctx *c, tern_node *pad)
 	bool old_zero = true;
 	for (size_t i = 0; old && i < n_old; i++)
 		old_zero &= old[i] == 0;
-	if (avg && (tern_attr_int(user, "ceil_mode", 0) != 0 || (!old_zero && !tern_attr_int(user, "count_include_pad", 0))))
+	if (avg &&
+	    (tern_attr_int(user, "ceil_mode", 0) != 0 || (!old_zero && !tern_attr_int(user, "count_include_pad", 0))))
 		return TERN_OK;
 	int64_t merged[2 * TERN_MAX_RANK];
 	for (int i = 0; i < sp; i++) {
@@ -68,8 +69,8 @@ static tern_status fold(tern_pass_ctx *c, tern_node *pad)
 	const char *outputs[1] = {user->outputs[0]->name};
 	static const char *const skip[] = {"pads", "count_include_pad", NULL};
 	tern_node *pair[2] = {pad, user};
-	tern_pass_node nw = {user->op_type, NULL, user->name, inputs, user->n_inputs < 3 ? user->n_inputs : 3, outputs, 1,
-	                     user, skip};
+	tern_pass_node nw = {user->op_type, NULL, user->name, inputs, user->n_inputs < 3 ? user->n_inputs : 3,
+	                     outputs,       1,    user,       skip};
 	tern_node *n = tern_pass_replace(c, pair, 2, &nw);
 	if (!n)
 		return TERN_EOS;
@@ -79,11 +80,14 @@ static tern_status fold(tern_pass_ctx *c, tern_node *pad)
 	return st;
 }
 
-static tern_status run(tern_pass_ctx *c) { return tern_pass_each(c, NULL, "Pad", fold); }
+static tern_status run(tern_pass_ctx *c)
+{
+	return tern_pass_each(c, NULL, "Pad", fold);
+}
 
 const tern_pass tern_pass_fold_pad = {
-	"fold-pad",
-	"fold a zero Pad of spatial dimensions into the Conv or count-including AveragePool after it",
-	1,
-	run,
+        "fold-pad",
+        "fold a zero Pad of spatial dimensions into the Conv or count-including AveragePool after it",
+        1,
+        run,
 };

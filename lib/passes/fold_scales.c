@@ -32,7 +32,8 @@ static bool is_fused_matmul(const tern_node *n)
 static tern_status fold(tern_pass_ctx *c, tern_node *mm)
 {
 	const tern_tensor *ys = tern_pass_shape(c, mm->outputs[0]);
-	if (mm->n_outputs != 1 || !ys || ys->dtype != TERN_FLOAT || mm->n_inputs < 2 || !mm->inputs[0] || !mm->inputs[1])
+	if (mm->n_outputs != 1 || !ys || ys->dtype != TERN_FLOAT || mm->n_inputs < 2 || !mm->inputs[0] ||
+	    !mm->inputs[1])
 		return TERN_OK;
 	bool fused = is_fused_matmul(mm);
 	double alpha = fused ? tern_attr_float(mm, "alpha", 1.0f) : 1.0, f;
@@ -72,8 +73,8 @@ static tern_status run(tern_pass_ctx *c)
 }
 
 const tern_pass tern_pass_fold_scales = {
-	"fold-scales",
-	"fold scalar Mul/Div on the inputs or output of a MatMul into tern.FusedMatMul's alpha",
-	3,
-	run,
+        "fold-scales",
+        "fold scalar Mul/Div on the inputs or output of a MatMul into tern.FusedMatMul's alpha",
+        3,
+        run,
 };

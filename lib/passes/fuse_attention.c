@@ -23,7 +23,8 @@ static tern_value *unscale(tern_pass_ctx *c, tern_value *v, double *factor, tern
 	for (int k = div ? 1 : 0; k < 2; k++) {
 		const tern_tensor *t = tern_pass_const(c, n->inputs[k]);
 		double s;
-		if (!t || t->dtype != TERN_FLOAT || !tern_pass_scalar(c, n->inputs[k], &s) || s == 0 || !n->inputs[1 - k])
+		if (!t || t->dtype != TERN_FLOAT || !tern_pass_scalar(c, n->inputs[k], &s) || s == 0 ||
+		    !n->inputs[1 - k])
 			continue;
 		*factor *= div ? 1.0 / s : s;
 		*scale = n;
@@ -66,8 +67,8 @@ static tern_status fuse(tern_pass_ctx *c, tern_node *sm)
 	tern_node *kt = tern_pass_producer(unscale(c, qk->inputs[1], &scale, &ks), NULL);
 	tern_node *vt = tern_pass_producer(pv->inputs[1], NULL);
 	if (!qt || !kt || !vt || !transpose_of(qt, swap01, 3) || !transpose_of(kt, to_keys, 3) ||
-	    !transpose_of(vt, swap01, 3) || !tern_pass_single_use(qt->outputs[0]) || !tern_pass_single_use(kt->outputs[0]) ||
-	    !tern_pass_single_use(vt->outputs[0]))
+	    !transpose_of(vt, swap01, 3) || !tern_pass_single_use(qt->outputs[0]) ||
+	    !tern_pass_single_use(kt->outputs[0]) || !tern_pass_single_use(vt->outputs[0]))
 		return TERN_OK;
 	tern_value *q = qt->inputs[0], *k = kt->inputs[0], *v = vt->inputs[0];
 	const tern_tensor *qs_ = tern_pass_shape(c, q), *ks_ = tern_pass_shape(c, k), *vs_ = tern_pass_shape(c, v);
@@ -88,11 +89,14 @@ static tern_status fuse(tern_pass_ctx *c, tern_node *sm)
 	return scale == 1 ? TERN_OK : tern_node_add_attr_float(f, "scale", (float)scale);
 }
 
-static tern_status run(tern_pass_ctx *c) { return tern_pass_each(c, NULL, "Softmax", fuse); }
+static tern_status run(tern_pass_ctx *c)
+{
+	return tern_pass_each(c, NULL, "Softmax", fuse);
+}
 
 const tern_pass tern_pass_fuse_attention = {
-	"fuse-attention",
-	"fuse multi-head attention (Transposes, scaled MatMul, Softmax, MatMul, Transpose) into tern.Attention",
-	2,
-	run,
+        "fuse-attention",
+        "fuse multi-head attention (Transposes, scaled MatMul, Softmax, MatMul, Transpose) into tern.Attention",
+        2,
+        run,
 };

@@ -48,7 +48,8 @@ static tern_status fuse(tern_pass_ctx *c, tern_node *conv)
 		y = a->outputs[0];
 		a = add_after(y, &other);
 	}
-	if (a && tern_pass_same_shape(ys, tern_pass_shape(c, other)) && tern_pass_same_shape(ys, tern_pass_shape(c, a->outputs[0]))) {
+	if (a && tern_pass_same_shape(ys, tern_pass_shape(c, other)) &&
+	    tern_pass_same_shape(ys, tern_pass_shape(c, a->outputs[0]))) {
 		nodes[n++] = a;
 		z = other;
 		y = a->outputs[0];
@@ -67,7 +68,8 @@ static tern_status fuse(tern_pass_ctx *c, tern_node *conv)
 		if (tern_tensor_alloc(&nb, TERN_FLOAT, 1, &ch))
 			return TERN_EOS;
 		for (int64_t k = 0; k < ch; k++)
-			((float *)nb.data)[k] = ((const float *)extra->data)[k] + (b0 ? ((const float *)b0->data)[k] : 0.0f);
+			((float *)nb.data)[k] =
+			        ((const float *)extra->data)[k] + (b0 ? ((const float *)b0->data)[k] : 0.0f);
 		char stem[256];
 		snprintf(stem, sizeof stem, "%s_B", conv->outputs[0]->name);
 		bias = tern_pass_add_const(c, stem, &nb);
@@ -78,20 +80,25 @@ static tern_status fuse(tern_pass_ctx *c, tern_node *conv)
 	for (int i = 0; has_act && i < act.n_nodes; i++)
 		nodes[n++] = act.nodes[i];
 	tern_value *out = has_act ? act.out : y;
-	const char *inputs[4] = {conv->inputs[0]->name, conv->inputs[1]->name, bias ? bias->name : "", z ? z->name : ""};
+	const char *inputs[4] = {conv->inputs[0]->name, conv->inputs[1]->name, bias ? bias->name : "",
+	                         z ? z->name : ""};
 	const char *outputs[1] = {out->name};
-	tern_pass_node nw = {"FusedConv", TERN_DOMAIN, conv->name, inputs, z ? 4 : bias ? 3 : 2, outputs, 1, conv, NULL};
+	tern_pass_node nw = {"FusedConv", TERN_DOMAIN, conv->name, inputs, z ? 4 : bias ? 3 : 2,
+	                     outputs,     1,           conv,       NULL};
 	tern_node *f = tern_pass_replace(c, nodes, n, &nw);
 	if (!f)
 		return TERN_EOS;
 	return has_act ? tern_pass_set_activation(f, &act) : TERN_OK;
 }
 
-static tern_status run(tern_pass_ctx *c) { return tern_pass_each(c, NULL, "Conv", fuse); }
+static tern_status run(tern_pass_ctx *c)
+{
+	return tern_pass_each(c, NULL, "Conv", fuse);
+}
 
 const tern_pass tern_pass_fuse_conv = {
-	"fuse-conv",
-	"fuse Conv with a following bias Add, residual Add and activation into tern.FusedConv",
-	2,
-	run,
+        "fuse-conv",
+        "fuse Conv with a following bias Add, residual Add and activation into tern.FusedConv",
+        2,
+        run,
 };

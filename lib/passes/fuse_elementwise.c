@@ -13,17 +13,36 @@ static const struct ew_def {
 	const char *attr[2];
 	float dflt[2];
 } defs[] = {
-	{"Relu", 1},        {"Sigmoid", 1},  {"Tanh", 1},     {"HardSwish", 1}, {"Softplus", 1},   {"Softsign", 1},
-	{"Erf", 1},         {"Exp", 1},      {"Log", 1},      {"Sqrt", 1},      {"Abs", 1},        {"Neg", 1},
-	{"Reciprocal", 1},  {"Floor", 1},    {"Ceil", 1},
-	{"LeakyRelu", 1, {"alpha"}, {0.01f}},
-	{"Elu", 1, {"alpha"}, {1.0f}},
-	{"Celu", 1, {"alpha"}, {1.0f}},
-	{"ThresholdedRelu", 1, {"alpha"}, {1.0f}},
-	{"HardSigmoid", 1, {"alpha", "beta"}, {0.2f, 0.5f}},
-	{"Selu", 1, {"alpha", "gamma"}, {1.67326319217681884765625f, 1.05070102214813232421875f}},
-	{"Add", 2},         {"Sub", 2},      {"Mul", 2},      {"Div", 2},       {"Pow", 2},        {"PRelu", 2},
-	{"Max", 2},         {"Min", 2},      {"Clip", 3},
+        {"Relu", 1},
+        {"Sigmoid", 1},
+        {"Tanh", 1},
+        {"HardSwish", 1},
+        {"Softplus", 1},
+        {"Softsign", 1},
+        {"Erf", 1},
+        {"Exp", 1},
+        {"Log", 1},
+        {"Sqrt", 1},
+        {"Abs", 1},
+        {"Neg", 1},
+        {"Reciprocal", 1},
+        {"Floor", 1},
+        {"Ceil", 1},
+        {"LeakyRelu", 1, {"alpha"}, {0.01f}},
+        {"Elu", 1, {"alpha"}, {1.0f}},
+        {"Celu", 1, {"alpha"}, {1.0f}},
+        {"ThresholdedRelu", 1, {"alpha"}, {1.0f}},
+        {"HardSigmoid", 1, {"alpha", "beta"}, {0.2f, 0.5f}},
+        {"Selu", 1, {"alpha", "gamma"}, {1.67326319217681884765625f, 1.05070102214813232421875f}},
+        {"Add", 2},
+        {"Sub", 2},
+        {"Mul", 2},
+        {"Div", 2},
+        {"Pow", 2},
+        {"PRelu", 2},
+        {"Max", 2},
+        {"Min", 2},
+        {"Clip", 3},
 };
 
 /* A reference while building: input k of the chain node, or step j's result. */
@@ -87,8 +106,9 @@ static bool append(tern_pass_ctx *c, chain *ch, tern_node *m, tern_value *cur)
 	if (!d || ch->n == MAX_STEPS || !tern_pass_same_shape(ch->shape, tern_pass_shape(c, m->outputs[0])))
 		return false;
 	int n_args = d->arity == 3 ? (m->n_inputs > 1 && m->inputs[1] ? 3 : 1) : d->arity;
-	if (d->arity == 3 && (m->n_inputs > 3 || (n_args == 3 && (m->n_inputs < 3 || !m->inputs[2])) ||
-	                      (n_args == 1 && m->n_inputs > 2 && m->inputs[2])))
+	if (d->arity == 3 &&
+	    (m->n_inputs > 3 || (n_args == 3 && (m->n_inputs < 3 || !m->inputs[2])) ||
+	     (n_args == 1 && m->n_inputs > 2 && m->inputs[2])))
 		return false;
 	if ((int)m->n_inputs < n_args)
 		return false;
@@ -128,7 +148,8 @@ static tern_status emit(tern_pass_ctx *c, chain *ch)
 		inputs[i] = ch->inputs[i]->name;
 	tern_node *last = ch->nodes[ch->n - 1];
 	const char *outputs[1] = {last->outputs[0]->name};
-	tern_pass_node nw = {"ElementwiseChain", TERN_DOMAIN, ch->nodes[0]->name, inputs, (size_t)ch->n_inputs, outputs, 1};
+	tern_pass_node nw = {
+	        "ElementwiseChain", TERN_DOMAIN, ch->nodes[0]->name, inputs, (size_t)ch->n_inputs, outputs, 1};
 	tern_node *f = tern_pass_replace(c, ch->nodes, ch->n, &nw);
 	if (!f)
 		return TERN_EOS;
@@ -149,8 +170,9 @@ static tern_status grow(tern_pass_ctx *c, tern_node *head)
 		return TERN_OK;
 	chain ch = {.shape = ys};
 	/* x is the head's input of the output's shape. */
-	int xi = tern_pass_same_shape(ys, tern_pass_shape(c, head->inputs[0])) ? 0
-	         : head->n_inputs > 1 && tern_pass_same_shape(ys, tern_pass_shape(c, head->inputs[1])) ? 1 : -1;
+	int xi = tern_pass_same_shape(ys, tern_pass_shape(c, head->inputs[0]))                        ? 0
+	        : head->n_inputs > 1 && tern_pass_same_shape(ys, tern_pass_shape(c, head->inputs[1])) ? 1
+	                                                                                              : -1;
 	if (xi < 0 || tern_pass_has_implicit_use(head->inputs[xi]))
 		return TERN_OK;
 	ch.inputs[ch.n_inputs++] = head->inputs[xi];
@@ -162,11 +184,14 @@ static tern_status grow(tern_pass_ctx *c, tern_node *head)
 	return ch.n >= 2 ? emit(c, &ch) : TERN_OK;
 }
 
-static tern_status run(tern_pass_ctx *c) { return tern_pass_each_sorted(c, false, grow); }
+static tern_status run(tern_pass_ctx *c)
+{
+	return tern_pass_each_sorted(c, false, grow);
+}
 
 const tern_pass tern_pass_fuse_elementwise = {
-	"fuse-elementwise",
-	"fuse chains of float elementwise operators into tern.ElementwiseChain",
-	2,
-	run,
+        "fuse-elementwise",
+        "fuse chains of float elementwise operators into tern.ElementwiseChain",
+        2,
+        run,
 };

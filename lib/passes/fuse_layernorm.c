@@ -28,15 +28,18 @@ static tern_status fuse(tern_pass_ctx *c, tern_node *ln)
 	const char *outputs[2] = {ln->outputs[0]->name, sum->name};
 	tern_node *old[2] = {add, ln};
 	tern_pass_node nw = {"SkipLayerNormalization", TERN_DOMAIN, ln->name, inputs, *inputs[3] ? 4 : 3, outputs,
-	                     keep_sum ? 2 : 1, ln, NULL};
+	                     keep_sum ? 2 : 1,         ln,          NULL};
 	return tern_pass_replace(c, old, 2, &nw) ? TERN_OK : TERN_EOS;
 }
 
-static tern_status run(tern_pass_ctx *c) { return tern_pass_each(c, NULL, "LayerNormalization", fuse); }
+static tern_status run(tern_pass_ctx *c)
+{
+	return tern_pass_each(c, NULL, "LayerNormalization", fuse);
+}
 
 const tern_pass tern_pass_fuse_layernorm = {
-	"fuse-skip-layernorm",
-	"fuse a residual Add with the LayerNormalization after it into tern.SkipLayerNormalization",
-	2,
-	run,
+        "fuse-skip-layernorm",
+        "fuse a residual Add with the LayerNormalization after it into tern.SkipLayerNormalization",
+        2,
+        run,
 };

@@ -22,8 +22,8 @@ static tern_status fuse_gemm(tern_pass_ctx *c, tern_node *gemm)
 	const char *inputs[3];
 	for (size_t i = 0; i < gemm->n_inputs && i < 3; i++)
 		inputs[i] = gemm->inputs[i] ? gemm->inputs[i]->name : "";
-	return emit(c, gemm, "FusedGemm", inputs, gemm->n_inputs < 3 ? gemm->n_inputs : 3, nodes, 1 + act.n_nodes, act.out,
-	            &act);
+	return emit(c, gemm, "FusedGemm", inputs, gemm->n_inputs < 3 ? gemm->n_inputs : 3, nodes, 1 + act.n_nodes,
+	            act.out, &act);
 }
 
 static tern_status fuse_matmul(tern_pass_ctx *c, tern_node *mm)
@@ -73,8 +73,8 @@ static tern_status run(tern_pass_ctx *c)
 }
 
 const tern_pass tern_pass_fuse_matmul = {
-	"fuse-matmul",
-	"fuse Gemm with its activation, and MatMul with its bias Add and activation, into tern operators",
-	2,
-	run,
+        "fuse-matmul",
+        "fuse Gemm with its activation, and MatMul with its bias Add and activation, into tern operators",
+        2,
+        run,
 };

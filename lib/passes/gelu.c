@@ -13,7 +13,10 @@ typedef struct match {
 	tern_value *x;
 } match;
 
-static bool near(double a, double b) { return fabs(a - b) <= 1e-4 * fabs(b); }
+static bool near(double a, double b)
+{
+	return fabs(a - b) <= 1e-4 * fabs(b);
+}
 
 /* n is a binary node of op_type reading v and a scalar constant close to k; returns n's output. */
 static bool with_const(tern_pass_ctx *c, const tern_node *n, const char *op_type, const tern_value *v, double k,
@@ -28,7 +31,10 @@ static bool with_const(tern_pass_ctx *c, const tern_node *n, const char *op_type
 }
 
 /* The only node reading v (NULL when v has other readers or is a graph output). */
-static tern_node *only_reader(const tern_value *v) { return tern_pass_single_use(v) ? v->consumers[0] : NULL; }
+static tern_node *only_reader(const tern_value *v)
+{
+	return tern_pass_single_use(v) ? v->consumers[0] : NULL;
+}
 
 static bool add(match *m, tern_node *n)
 {
@@ -42,7 +48,7 @@ static bool add(match *m, tern_node *n)
 static bool mul_of(const tern_node *n, const tern_value *x, const tern_value *b)
 {
 	return tern_pass_is(n, "Mul") && n->n_inputs == 2 &&
-	       ((n->inputs[0] == x && n->inputs[1] == b) || (n->inputs[0] == b && n->inputs[1] == x));
+	        ((n->inputs[0] == x && n->inputs[1] == b) || (n->inputs[0] == b && n->inputs[1] == x));
 }
 
 /* From t = Erf(..) or Tanh(..): 1 + t, times x and times 0.5 in any association. Returns y. */
@@ -76,7 +82,8 @@ static bool match_erf_arg(tern_pass_ctx *c, match *m, tern_node *e)
 		return false;
 	for (int k = 0; k < 2; k++) {
 		tern_value *x = s->inputs[k];
-		if ((k == 0 && with_const(c, s, "Div", x, M_SQRT2, false)) || with_const(c, s, "Mul", x, M_SQRT1_2, true)) {
+		if ((k == 0 && with_const(c, s, "Div", x, M_SQRT2, false)) ||
+		    with_const(c, s, "Mul", x, M_SQRT1_2, true)) {
 			m->x = x;
 			return add(m, s);
 		}
@@ -171,8 +178,8 @@ static tern_status run(tern_pass_ctx *c)
 }
 
 const tern_pass tern_pass_gelu = {
-	"recognize-gelu",
-	"replace Gelu written in primitives (erf or tanh form) by tern.Gelu",
-	2,
-	run,
+        "recognize-gelu",
+        "replace Gelu written in primitives (erf or tanh form) by tern.Gelu",
+        2,
+        run,
 };

@@ -97,11 +97,12 @@ static tern_status match(tern_pass_ctx *c, tern_node *div)
 	if (!sq || !tern_pass_single_use(var_mean->inputs[0]))
 		return TERN_OK;
 	bool squares = (tern_pass_is(sq, "Mul") && sq->inputs[0] == d && sq->inputs[1] == d) ||
-	               (tern_pass_is(sq, "Pow") && sq->inputs[0] == d && sq->n_inputs == 2 && tern_pass_const_all(c, sq->inputs[1], 2));
+	        (tern_pass_is(sq, "Pow") && sq->inputs[0] == d && sq->n_inputs == 2 &&
+	         tern_pass_const_all(c, sq->inputs[1], 2));
 	tern_value *x = sub->inputs[0];
 	tern_node *mean = tern_pass_producer(sub->inputs[1], "ReduceMean");
-	if (!squares || !mean || mean->inputs[0] != x || !tern_pass_single_use(sub->inputs[1]) || tern_pass_uses(d) != 2 ||
-	    (d->flags & TERN_VALUE_OUTPUT) || tern_pass_has_implicit_use(d))
+	if (!squares || !mean || mean->inputs[0] != x || !tern_pass_single_use(sub->inputs[1]) ||
+	    tern_pass_uses(d) != 2 || (d->flags & TERN_VALUE_OUTPUT) || tern_pass_has_implicit_use(d))
 		return TERN_OK;
 	const tern_tensor *xs = tern_pass_shape(c, x);
 	if (!xs || xs->dtype != TERN_FLOAT)
@@ -152,8 +153,8 @@ static tern_status run(tern_pass_ctx *c)
 }
 
 const tern_pass tern_pass_layernorm = {
-	"recognize-layernorm",
-	"replace layer normalisation written in primitives by LayerNormalization (opset 17 and later)",
-	1,
-	run,
+        "recognize-layernorm",
+        "replace layer normalisation written in primitives by LayerNormalization (opset 17 and later)",
+        1,
+        run,
 };

@@ -6,24 +6,51 @@
 #include <stdlib.h>
 
 static const tern_pass *const pipeline[] = {
-	&tern_pass_fold_constants, &tern_pass_noop,      &tern_pass_reshapes,      &tern_pass_fold_batchnorm,
-	&tern_pass_fold_pad,       &tern_pass_slices_split, &tern_pass_layernorm,  &tern_pass_matmul_add_gemm,
-	&tern_pass_cse,            &tern_pass_dce,       &tern_pass_gelu,          &tern_pass_fuse_conv,
-	&tern_pass_fuse_matmul,    &tern_pass_fuse_attention, &tern_pass_fuse_layernorm, &tern_pass_fuse_elementwise,
-	&tern_pass_fold_scales,
+        &tern_pass_fold_constants,
+        &tern_pass_noop,
+        &tern_pass_reshapes,
+        &tern_pass_fold_batchnorm,
+        &tern_pass_fold_pad,
+        &tern_pass_slices_split,
+        &tern_pass_layernorm,
+        &tern_pass_matmul_add_gemm,
+        &tern_pass_cse,
+        &tern_pass_dce,
+        &tern_pass_gelu,
+        &tern_pass_fuse_conv,
+        &tern_pass_fuse_matmul,
+        &tern_pass_fuse_attention,
+        &tern_pass_fuse_layernorm,
+        &tern_pass_fuse_elementwise,
+        &tern_pass_fold_scales,
 };
 
 /* Rounds of the whole pipeline before giving up on a fixed point (each round that changes something
  * removes or fuses nodes, so this is never reached on a sane graph). */
 #define MAX_ROUNDS 16
 
-int tern_pass_count(void) { return (int)TERN_ARRAY_LEN(pipeline); }
+int tern_pass_count(void)
+{
+	return (int)TERN_ARRAY_LEN(pipeline);
+}
 
-static const tern_pass *pass_at(int i) { return i >= 0 && i < tern_pass_count() ? pipeline[i] : NULL; }
+static const tern_pass *pass_at(int i)
+{
+	return i >= 0 && i < tern_pass_count() ? pipeline[i] : NULL;
+}
 
-const char *tern_pass_name(int i) { return pass_at(i) ? pass_at(i)->name : NULL; }
-const char *tern_pass_description(int i) { return pass_at(i) ? pass_at(i)->description : NULL; }
-int tern_pass_level(int i) { return pass_at(i) ? pass_at(i)->level : -1; }
+const char *tern_pass_name(int i)
+{
+	return pass_at(i) ? pass_at(i)->name : NULL;
+}
+const char *tern_pass_description(int i)
+{
+	return pass_at(i) ? pass_at(i)->description : NULL;
+}
+int tern_pass_level(int i)
+{
+	return pass_at(i) ? pass_at(i)->level : -1;
+}
 
 static const tern_pass *find_pass(const char *name)
 {
@@ -85,7 +112,8 @@ static tern_status bind_dims(tern_model *m, const tern_optimize_options *o)
 	tern_status st = TERN_OK;
 	for (int k = 0; k < o->n_dims && !st; k++)
 		if (!used[k])
-			st = tern_errorf(TERN_EUSAGE, "%s: --dim %s: no graph input, output or value has a dimension named '%s'",
+			st = tern_errorf(TERN_EUSAGE,
+			                 "%s: --dim %s: no graph input, output or value has a dimension named '%s'",
 			                 m->source, o->dim_names[k], o->dim_names[k]);
 	free(used);
 	return st;
@@ -121,11 +149,11 @@ static tern_status stable_order(tern_graph *g)
 				pending[i]++;
 		}
 	}
-#define HEAP_SWAP(a, b)                                                                                    \
-	do {                                                                                                   \
-		size_t t_ = heap[a];                                                                               \
-		heap[a] = heap[b];                                                                                 \
-		heap[b] = t_;                                                                                      \
+#define HEAP_SWAP(a, b)              \
+	do {                         \
+		size_t t_ = heap[a]; \
+		heap[a] = heap[b];   \
+		heap[b] = t_;        \
 	} while (0)
 	for (size_t i = 0; i < n; i++) {
 		if (g->nodes[i]->removed || pending[i])
@@ -200,7 +228,8 @@ static void drop_tern_import(tern_model *m)
 	for (size_t i = 0; i < mp->n_opset_import; i++)
 		if (mp->opset_import[i]->domain && strcmp(mp->opset_import[i]->domain, TERN_DOMAIN) == 0) {
 			onnx__operator_set_id_proto__free_unpacked(mp->opset_import[i], NULL);
-			memmove(&mp->opset_import[i], &mp->opset_import[i + 1], (mp->n_opset_import - i - 1) * sizeof *mp->opset_import);
+			memmove(&mp->opset_import[i], &mp->opset_import[i + 1],
+			        (mp->n_opset_import - i - 1) * sizeof *mp->opset_import);
 			mp->n_opset_import--;
 			return;
 		}
@@ -256,7 +285,8 @@ tern_status tern_optimize(tern_model *m, const tern_optimize_options *o, tern_pa
 			return tern_errorf(TERN_EUSAGE, "at most %zu passes", TERN_ARRAY_LEN(chosen));
 		for (int i = 0; i < o->n_passes; i++) {
 			if (!(chosen[n++] = find_pass(o->passes[i])))
-				return tern_errorf(TERN_EUSAGE, "unknown pass '%s' (tern-optimize --list-passes lists them)",
+				return tern_errorf(TERN_EUSAGE,
+				                   "unknown pass '%s' (tern-optimize --list-passes lists them)",
 				                   o->passes[i]);
 		}
 	} else {

@@ -7,7 +7,7 @@ static bool same_type(tern_pass_ctx *c, const tern_value *a, const tern_value *b
 {
 	const tern_tensor *sa = tern_pass_shape(c, a), *sb = tern_pass_shape(c, b);
 	return sa && sb && sa->dtype == sb->dtype && sa->rank == sb->rank &&
-	       memcmp(sa->dims, sb->dims, (size_t)sa->rank * sizeof sa->dims[0]) == 0;
+	        memcmp(sa->dims, sb->dims, (size_t)sa->rank * sizeof sa->dims[0]) == 0;
 }
 
 static bool input_const_all(tern_pass_ctx *c, const tern_node *n, size_t i, double x)
@@ -84,7 +84,7 @@ static int passthrough(tern_pass_ctx *c, const tern_node *n)
 		return same_type(c, n->inputs[k], n->outputs[0]) ? k : -1;
 	if (!same_type(c, n->inputs[0], n->outputs[0]))
 		return -1;
-	static const char *const same_when_shape_kept[] = {"Reshape", "Flatten", "Squeeze", "Unsqueeze",
+	static const char *const same_when_shape_kept[] = {"Reshape", "Flatten", "Squeeze",  "Unsqueeze",
 	                                                   "Expand",  "Cast",    "CastLike", "Tile"};
 	for (size_t i = 0; i < TERN_ARRAY_LEN(same_when_shape_kept); i++)
 		if (tern_pass_is(n, same_when_shape_kept[i]))
@@ -127,8 +127,8 @@ static tern_status run(tern_pass_ctx *c)
 }
 
 const tern_pass tern_pass_noop = {
-	"eliminate-noops",
-	"bypass nodes that change nothing: Identity, inference Dropout, Reshape/Cast/Transpose/Pad/Slice to the same",
-	1,
-	run,
+        "eliminate-noops",
+        "bypass nodes that change nothing: Identity, inference Dropout, Reshape/Cast/Transpose/Pad/Slice to the same",
+        1,
+        run,
 };

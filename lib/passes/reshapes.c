@@ -8,7 +8,7 @@
 static bool is_reshape(const tern_node *n)
 {
 	return tern_pass_is(n, "Reshape") || tern_pass_is(n, "Flatten") || tern_pass_is(n, "Squeeze") ||
-	       tern_pass_is(n, "Unsqueeze");
+	        tern_pass_is(n, "Unsqueeze");
 }
 
 static bool nonzero_dims(const tern_tensor *s)
@@ -140,8 +140,8 @@ static tern_status run(tern_pass_ctx *c)
 }
 
 const tern_pass tern_pass_reshapes = {
-	"simplify-reshapes",
-	"turn Transposes that move only size-1 dimensions into Reshapes; merge chains of reshapes and of Transposes",
-	1,
-	run,
+        "simplify-reshapes",
+        "turn Transposes that move only size-1 dimensions into Reshapes; merge chains of reshapes and of Transposes",
+        1,
+        run,
 };

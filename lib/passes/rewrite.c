@@ -56,7 +56,7 @@ bool tern_pass_single_use(const tern_value *v)
 bool tern_pass_same_shape(const tern_tensor *a, const tern_tensor *b)
 {
 	return a && b && a->dtype == b->dtype && a->rank == b->rank &&
-	       memcmp(a->dims, b->dims, (size_t)a->rank * sizeof a->dims[0]) == 0;
+	        memcmp(a->dims, b->dims, (size_t)a->rank * sizeof a->dims[0]) == 0;
 }
 
 tern_status tern_pass_each(tern_pass_ctx *c, const char *domain, const char *op_type,
@@ -88,7 +88,10 @@ tern_status tern_pass_each_sorted(tern_pass_ctx *c, bool backwards, tern_status 
 	return st;
 }
 
-static void changed(tern_pass_ctx *c) { c->analyzed = false; }
+static void changed(tern_pass_ctx *c)
+{
+	c->analyzed = false;
+}
 
 void tern_pass_remove(tern_pass_ctx *c, tern_node *n)
 {
@@ -242,7 +245,8 @@ void tern_pass_drop_initializer(tern_pass_ctx *c, tern_value *v)
 	for (size_t i = 0; i < gp->n_initializer; i++)
 		if (gp->initializer[i] == v->initializer) {
 			onnx__tensor_proto__free_unpacked(gp->initializer[i], NULL);
-			memmove(&gp->initializer[i], &gp->initializer[i + 1], (gp->n_initializer - i - 1) * sizeof *gp->initializer);
+			memmove(&gp->initializer[i], &gp->initializer[i + 1],
+			        (gp->n_initializer - i - 1) * sizeof *gp->initializer);
 			gp->n_initializer--;
 			break;
 		}

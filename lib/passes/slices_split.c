@@ -44,7 +44,8 @@ static bool read_piece(tern_pass_ctx *c, tern_node *s, const tern_tensor *xs, pi
 	bool has_axes = s->opset < 10 ? tern_attr(s, "axes") != NULL : s->n_inputs > 3 && s->inputs[3];
 	if (has_axes && (!const_ints(c, s, 3, "axes", axes, &na) || na != 1))
 		return false;
-	if (s->opset >= 10 && s->n_inputs > 4 && s->inputs[4] && (!const_ints(c, s, 4, "", steps, &nst) || nst != 1 || steps[0] != 1))
+	if (s->opset >= 10 && s->n_inputs > 4 && s->inputs[4] &&
+	    (!const_ints(c, s, 4, "", steps, &nst) || nst != 1 || steps[0] != 1))
 		return false;
 	int64_t axis = axes[0] < 0 ? axes[0] + xs->rank : axes[0];
 	if (axis < 0 || axis >= xs->rank)
@@ -128,8 +129,8 @@ static tern_status run(tern_pass_ctx *c)
 }
 
 const tern_pass tern_pass_slices_split = {
-	"slices-to-split",
-	"replace Slices that cut a tensor into consecutive pieces along one axis by one Split",
-	1,
-	run,
+        "slices-to-split",
+        "replace Slices that cut a tensor into consecutive pieces along one axis by one Split",
+        1,
+        run,
 };

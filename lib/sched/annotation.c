@@ -28,7 +28,8 @@ tern_status tern_schedule_format(const tern_schedule *s, char **out)
 		if (!name_ok(n->name)) {
 			fclose(f);
 			free(buf);
-			return tern_node_errorf(n, TERN_EDATA, "a scheduled node needs a name without tabs, commas or newlines");
+			return tern_node_errorf(n, TERN_EDATA,
+			                        "a scheduled node needs a name without tabs, commas or newlines");
 		}
 		fprintf(f, "%s\t%d\t", n->name, s->stream[i]);
 		if (!s->n_waits[i])
@@ -155,8 +156,10 @@ tern_status tern_schedule_parse(tern_graph *g, const char *text, tern_schedule *
 		for (char *w = strtok_r(waits, ",", &wsave); w; w = strtok_r(NULL, ",", &wsave)) {
 			int wi = find_node(tab, nn, w);
 			if (wi < 0 || pos_of[wi] < 0) {
-				rc = fault(g, line, wi < 0 ? "waits for '%s', which no node is named" :
-				                             "waits for '%s', which is launched later", w);
+				rc = fault(g, line,
+				           wi < 0 ? "waits for '%s', which no node is named"
+				                  : "waits for '%s', which is launched later",
+				           w);
 				goto done;
 			}
 			s->waits[p][s->n_waits[p]++] = pos_of[wi];
@@ -165,7 +168,9 @@ tern_status tern_schedule_parse(tern_graph *g, const char *text, tern_schedule *
 	if ((size_t)s->n_nodes != nn) {
 		for (size_t i = 0; i < g->n_nodes; i++)
 			if (!g->nodes[i]->removed && pos_of[i] < 0) {
-				rc = tern_errorf(TERN_EDATA, "%s: %s: node '%s' is not scheduled (the schedule is stale: re-run tern-schedule)",
+				rc = tern_errorf(TERN_EDATA,
+				                 "%s: %s: node '%s' is not scheduled (the schedule is stale: re-run "
+				                 "tern-schedule)",
 				                 g->model->source, TERN_SCHEDULE_KEY, g->nodes[i]->name);
 				goto done;
 			}
@@ -203,7 +208,8 @@ tern_status tern_schedule_parse(tern_graph *g, const char *text, tern_schedule *
 				continue;
 			int q = pos_of[v->producer->index];
 			if (cp[s->stream[q]] < q)
-				rc = tern_node_errorf(n, TERN_EDATA, "%s does not order it after '%s', whose output it reads",
+				rc = tern_node_errorf(n, TERN_EDATA,
+				                      "%s does not order it after '%s', whose output it reads",
 				                      TERN_SCHEDULE_KEY, v->producer->name);
 		}
 	}

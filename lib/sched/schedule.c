@@ -9,7 +9,7 @@
 typedef struct dag {
 	int n;
 	tern_node **order; /* topological */
-	int **succ;        /* reduced successors, by position */
+	int **succ; /* reduced successors, by position */
 	int *n_succ;
 	int **pred; /* reduced predecessors */
 	int *n_pred;
@@ -17,7 +17,10 @@ typedef struct dag {
 	size_t words;
 } dag;
 
-static bool reaches(const dag *d, int u, int v) { return (d->reach[(size_t)u * d->words + (size_t)v / 64] >> (v % 64)) & 1; }
+static bool reaches(const dag *d, int u, int v)
+{
+	return (d->reach[(size_t)u * d->words + (size_t)v / 64] >> (v % 64)) & 1;
+}
 
 static void dag_free(dag *d)
 {
@@ -55,7 +58,10 @@ static int direct_successors(tern_graph *g, const int *pos, tern_node *u, int *o
 	return k;
 }
 
-static int cmp_int(const void *a, const void *b) { return *(const int *)a - *(const int *)b; }
+static int cmp_int(const void *a, const void *b)
+{
+	return *(const int *)a - *(const int *)b;
+}
 
 static tern_status build_dag(tern_graph *g, dag *d, tern_schedule_stats *stats)
 {
@@ -322,7 +328,8 @@ tern_status tern_schedule_compute(tern_graph *g, int max_streams, tern_schedule 
 			int keep = a < b ? a : b, gone = a < b ? b : a;
 			for (int u = 0; u < n; u++)
 				for (int v = u + 1; v < n; v++)
-					if (((s->stream[u] == keep && s->stream[v] == gone) || (s->stream[u] == gone && s->stream[v] == keep)) &&
+					if (((s->stream[u] == keep && s->stream[v] == gone) ||
+					     (s->stream[u] == gone && s->stream[v] == keep)) &&
 					    !reaches(&d, u, v))
 						stats->lost_pairs++;
 			for (int u = 0; u < n; u++) {

@@ -16,11 +16,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-static const char usage[] =
-	"usage: node-test [--report FILE] [--rtol R] [--atol A] [--threads N] [--timeout S]\n"
-	"                 [--min-pass-rate P] [--no-fork] DIR...\n"
-	"       node-test --list-ops\n"
-	"DIR is a node test folder (model.onnx, test_data_set_*) or a folder of them.\n";
+static const char usage[] = "usage: node-test [--report FILE] [--rtol R] [--atol A] [--threads N] [--timeout S]\n"
+                            "                 [--min-pass-rate P] [--no-fork] DIR...\n"
+                            "       node-test --list-ops\n"
+                            "DIR is a node test folder (model.onnx, test_data_set_*) or a folder of them.\n";
 
 enum result { PASS, FAIL, UNSUPPORTED, SKIP };
 static const char *const result_names[] = {"PASS", "FAIL", "UNSUPPORTED", "SKIP"};
@@ -105,7 +104,8 @@ static uint64_t bf16_mask(Onnx__ValueInfoProto *const *values, size_t n)
 	uint64_t mask = 0;
 	for (size_t i = 0; i < n && i < 64; i++) {
 		const Onnx__TypeProto *t = values[i]->type;
-		if (t && t->value_case == ONNX__TYPE_PROTO__VALUE_TENSOR_TYPE && t->tensor_type->elem_type == TERN_BFLOAT16)
+		if (t && t->value_case == ONNX__TYPE_PROTO__VALUE_TENSOR_TYPE &&
+		    t->tensor_type->elem_type == TERN_BFLOAT16)
 			mask |= UINT64_C(1) << i;
 	}
 	return mask;
@@ -225,14 +225,10 @@ static bool is_float_dtype(int dt)
 static double float_at(const tern_tensor *t, int64_t i)
 {
 	switch (t->dtype) {
-	case TERN_FLOAT:
-		return ((const float *)t->data)[i];
-	case TERN_DOUBLE:
-		return ((const double *)t->data)[i];
-	case TERN_FLOAT16:
-		return tern_f16_to_f32(((const uint16_t *)t->data)[i]);
-	default:
-		return tern_bf16_to_f32(((const uint16_t *)t->data)[i]);
+	case TERN_FLOAT: return ((const float *)t->data)[i];
+	case TERN_DOUBLE: return ((const double *)t->data)[i];
+	case TERN_FLOAT16: return tern_f16_to_f32(((const uint16_t *)t->data)[i]);
+	default: return tern_bf16_to_f32(((const uint16_t *)t->data)[i]);
 	}
 }
 
@@ -265,8 +261,8 @@ static enum result compare(const tern_tensor *got, const tern_tensor *want, int 
 		for (int64_t i = 0; i < n; i++) {
 			double g = float_at(got, i), w = float_at(want, i);
 			if (!close_enough(g, w, opt->rtol, opt->atol))
-				return failf(o, "output %d '%s' element %lld is %.9g, want %.9g (rtol %g, atol %g)", index,
-				             name, (long long)i, g, w, opt->rtol, opt->atol);
+				return failf(o, "output %d '%s' element %lld is %.9g, want %.9g (rtol %g, atol %g)",
+				             index, name, (long long)i, g, w, opt->rtol, opt->atol);
 		}
 		return o->result = PASS;
 	}
@@ -283,8 +279,7 @@ static enum result compare(const tern_tensor *got, const tern_tensor *want, int 
 }
 
 /* Reads prefix_0.pb, prefix_1.pb, ... until one is missing; returns the count or -1 (o set). */
-static int read_tensors(const char *set_dir, const char *prefix, uint64_t bf16, tern_tensor **out,
-                        struct outcome *o)
+static int read_tensors(const char *set_dir, const char *prefix, uint64_t bf16, tern_tensor **out, struct outcome *o)
 {
 	int n = 0, cap = 0;
 	*out = NULL;
@@ -367,8 +362,7 @@ out:
 	return o->result;
 }
 
-static enum result run_test(const char *dir, const struct test_info *info, const struct options *opt,
-                            struct outcome *o)
+static enum result run_test(const char *dir, const struct test_info *info, const struct options *opt, struct outcome *o)
 {
 	o->result = FAIL;
 	o->message[0] = '\0';

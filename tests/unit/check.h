@@ -6,24 +6,24 @@
 static int check_failures;
 static int check_count;
 
-#define CHECK(cond)                                                                                 \
-	do {                                                                                        \
-		check_count++;                                                                      \
-		if (!(cond)) {                                                                      \
-			check_failures++;                                                           \
-			fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond);    \
-		}                                                                                   \
+#define CHECK(cond)                                                                              \
+	do {                                                                                     \
+		check_count++;                                                                   \
+		if (!(cond)) {                                                                   \
+			check_failures++;                                                        \
+			fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
+		}                                                                                \
 	} while (0)
 
-#define CHECK_OK(expr)                                                                              \
-	do {                                                                                        \
-		check_count++;                                                                      \
-		tern_status check_st_ = (expr);                                                     \
-		if (check_st_ != TERN_OK) {                                                         \
-			check_failures++;                                                           \
-			fprintf(stderr, "%s:%d: %s failed (%d): %s\n", __FILE__, __LINE__, #expr,   \
-			        (int)check_st_, tern_error());                                      \
-		}                                                                                   \
+#define CHECK_OK(expr)                                                                                            \
+	do {                                                                                                      \
+		check_count++;                                                                                    \
+		tern_status check_st_ = (expr);                                                                   \
+		if (check_st_ != TERN_OK) {                                                                       \
+			check_failures++;                                                                         \
+			fprintf(stderr, "%s:%d: %s failed (%d): %s\n", __FILE__, __LINE__, #expr, (int)check_st_, \
+			        tern_error());                                                                    \
+		}                                                                                                 \
 	} while (0)
 
 static inline int check_report(const char *name)

@@ -11,7 +11,10 @@ typedef struct spec_node {
 	const char *name, *op, *in0, *in1, *out;
 } spec_node;
 
-static char *dup(const char *s) { return tern_strdup(s); }
+static char *dup(const char *s)
+{
+	return tern_strdup(s);
+}
 
 static Onnx__ValueInfoProto *value_info(const char *name, int dtype, int64_t dim0)
 {

@@ -14,267 +14,273 @@ typedef struct pass_case {
 	const char *passes; /* comma-separated; NULL: the whole pipeline at `level` */
 	int level;
 	const char *before; /* a model */
-	const char *after;  /* the optimised graph's statements, one per line */
+	const char *after; /* the optimised graph's statements, one per line */
 } pass_case;
 
 static const pass_case cases[] = {
-	{"fold-constants: Shape, Gather, Mul, Concat of a static shape fold into Reshape's shape", "fold-constants,dce", 0,
-	 HEADER "g (float[2,3,4] x) => (float[6,4] y) {\n"
-	        "   s = Shape (x)\n"
-	        "   i0 = Constant <value = int64[1] {0}> ()\n"
-	        "   i1 = Constant <value = int64[1] {1}> ()\n"
-	        "   d0 = Gather <axis = 0> (s, i0)\n"
-	        "   d1 = Gather <axis = 0> (s, i1)\n"
-	        "   p = Mul (d0, d1)\n"
-	        "   m = Constant <value = int64[1] {-1}> ()\n"
-	        "   u = Unsqueeze (p, i0)\n"
-	        "   f = Flatten <axis = 0> (u)\n"
-	        "   q = Squeeze (f, i0)\n"
-	        "   shape = Concat <axis = 0> (q, m)\n"
-	        "   y = Reshape (x, shape)\n"
-	        "}\n",
-	 "y = Reshape (x, shape)\n"},
-	{"fold-constants: a dynamic input keeps its shape arithmetic", "fold-constants", 0,
-	 HEADER "g (float[N,4] x) => (float[N,4] y) {\n"
-	        "   s = Shape (x)\n"
-	        "   y = Reshape (x, s)\n"
-	        "}\n",
-	 "s = Shape (x)\n"
-	 "y = Reshape (x, s)\n"},
-	{"eliminate-noops: Identity, Dropout, same-shape Reshape, Cast, Transpose, Pad, Slice, Mul by one",
-	 "eliminate-noops,dce", 0,
-	 HEADER "g (float[2,3] x) => (float[2,3] y) <int64[2] shape = {2,3}, int64[4] zero = {0,0,0,0},\n"
-	        "   int64[1] s0 = {0}, int64[1] s1 = {3}, int64[1] ax = {1}, float one = {1}> {\n"
-	        "   a = Identity (x)\n"
-	        "   b = Dropout (a)\n"
-	        "   c = Reshape (b, shape)\n"
-	        "   d = Cast <to = 1> (c)\n"
-	        "   e = Transpose <perm = [0,1]> (d)\n"
-	        "   f = Pad (e, zero)\n"
-	        "   g = Slice (f, s0, s1, ax)\n"
-	        "   h = Mul (g, one)\n"
-	        "   y = Relu (h)\n"
-	        "}\n",
-	 "y = Relu (x)\n"},
-	{"eliminate-noops: an Identity writing a graph output hands the name to its producer", "eliminate-noops", 0,
-	 HEADER "g (float[2,3] x) => (float[2,3] y) {\n"
-	        "   a = Relu (x)\n"
-	        "   y = Identity (a)\n"
-	        "}\n",
-	 "y = Relu (x)\n"},
-	{"dce: dead nodes, unused optional outputs and initializers go", "dce", 0,
-	 HEADER "g (float[1,1,4,4] x) => (float[1,1,2,2] y) <float[2] unused = {1,2}> {\n"
-	        "   dead = Sigmoid (x)\n"
-	        "   deader = Relu (dead)\n"
-	        "   y, idx = MaxPool <kernel_shape = [2,2], strides = [2,2]> (x)\n"
-	        "}\n",
-	 "y = MaxPool <kernel_shape = [2, 2], strides = [2, 2]> (x)\n"},
-	{"cse: repeated computations and equal initializers merge", "cse,dce", 0,
-	 HEADER "g (float[2,3] x) => (float[2,3] y) <float[3] b1 = {1,2,3}, float[3] b2 = {1,2,3}> {\n"
-	        "   a = Add (x, b1)\n"
-	        "   b = Add (x, b2)\n"
-	        "   ra = Relu (a)\n"
-	        "   rb = Relu (b)\n"
-	        "   y = Mul (ra, rb)\n"
-	        "}\n",
-	 "a = Add (x, b1)\n"
-	 "ra = Relu (a)\n"
-	 "y = Mul (ra, ra)\n"},
-	{"fold-batchnorm: an inference BatchNormalization folds into the Conv", "fold-batchnorm,dce", 0,
-	 HEADER "g (float[1,2,3,3] x) => (float[1,2,3,3] y) <float[2,2,1,1] w = {1,2,3,4}, float[2] cb = {0.5,-1},\n"
-	        "   float[2] scale = {2,0.5}, float[2] bias = {1,-1}, float[2] mean = {0.25,1}, float[2] var = {4,0.25}> {\n"
-	        "   c = Conv (x, w, cb)\n"
-	        "   y = BatchNormalization <epsilon = 0.001> (c, scale, bias, mean, var)\n"
-	        "}\n",
-	 "y = Conv (x, c_W, c_B)\n"},
-	{"matmul-add-to-gemm: a matrix product plus a row bias is a Gemm", "matmul-add-to-gemm", 0,
-	 HEADER "g (float[4,3] a, float[3,5] b, float[5] bias) => (float[4,5] y) {\n"
-	        "   p = MatMul (a, b)\n"
-	        "   y = Add (bias, p)\n"
-	        "}\n",
-	 "y = Gemm (a, b, bias)\n"},
-	{"matmul-add-to-gemm: a batched product stays a MatMul", "matmul-add-to-gemm", 0,
-	 HEADER "g (float[2,4,3] a, float[3,5] b, float[5] bias) => (float[2,4,5] y) {\n"
-	        "   p = MatMul (a, b)\n"
-	        "   y = Add (p, bias)\n"
-	        "}\n",
-	 "p = MatMul (a, b)\n"
-	 "y = Add (p, bias)\n"},
-	{"simplify-reshapes: a Transpose of size-1 dimensions is a Reshape, merged with the Squeeze after it",
-	 "simplify-reshapes,dce", 0,
-	 HEADER "g (float[1,3,1,4] x) => (float[3,4] y) <int64[2] axes = {0,1}> {\n"
-	        "   t = Transpose <perm = [2,0,1,3]> (x)\n"
-	        "   y = Squeeze (t, axes)\n"
-	        "}\n",
-	 "y = Reshape (x, y_shape)\n"},
-	{"simplify-reshapes: consecutive Transposes compose", "simplify-reshapes", 0,
-	 HEADER "g (float[2,3,4] x) => (float[4,2,3] y) {\n"
-	        "   t = Transpose <perm = [1,0,2]> (x)\n"
-	        "   y = Transpose <perm = [2,1,0]> (t)\n"
-	        "}\n",
-	 "y = Transpose <perm = [2, 0, 1]> (x)\n"},
-	{"slices-to-split: three Slices tiling the last axis are one Split", "slices-to-split,dce", 0,
-	 HEADER "g (float[2,6] x) => (float[2,2] q, float[2,1] k, float[2,3] v)\n"
-	        "   <int64[1] s0 = {0}, int64[1] s2 = {2}, int64[1] s3 = {3}, int64[1] end = {9223372036854775807},\n"
-	        "    int64[1] ax = {-1}> {\n"
-	        "   k = Slice (x, s2, s3, ax)\n"
-	        "   q = Slice (x, s0, s2, ax)\n"
-	        "   v = Slice (x, s3, end, ax)\n"
-	        "}\n",
-	 "q, k, v = Split <axis = 1> (x, x_split)\n"},
-	{"fold-pad: zero padding joins the Conv and the AveragePool", "fold-pad", 0,
-	 HEADER "g (float[1,2,4,4] x, float[2,2,3,3] w) => (float[1,2,4,4] y, float[1,2,4,4] z)\n"
-	        "   <int64[8] pads = {0,0,1,1,0,0,1,1}> {\n"
-	        "   p = Pad (x, pads)\n"
-	        "   y = Conv (p, w)\n"
-	        "   q = Pad (x, pads)\n"
-	        "   z = AveragePool <kernel_shape = [3,3]> (q)\n"
-	        "}\n",
-	 "y = Conv <pads = [1, 1, 1, 1]> (x, w)\n"
-	 "z = AveragePool <kernel_shape = [3, 3], pads = [1, 1, 1, 1], count_include_pad = 1> (x)\n"},
-	{"recognize-layernorm: mean, variance, normalise, scale and shift", "recognize-layernorm,dce", 0,
-	 HEADER "g (float[2,3,8] x) => (float[2,3,8] y) <float eps = {0.00001}, float two = {2},\n"
-	        "   float[8] gamma = {1,2,3,4,5,6,7,8}, float[8] beta = {0,1,0,1,0,1,0,1}> {\n"
-	        "   m = ReduceMean <axes = [-1]> (x)\n"
-	        "   d = Sub (x, m)\n"
-	        "   sq = Pow (d, two)\n"
-	        "   v = ReduceMean <axes = [-1]> (sq)\n"
-	        "   ve = Add (v, eps)\n"
-	        "   sd = Sqrt (ve)\n"
-	        "   n = Div (d, sd)\n"
-	        "   s = Mul (n, gamma)\n"
-	        "   y = Add (s, beta)\n"
-	        "}\n",
-	 "y = LayerNormalization <axis = -1, epsilon = 1e-05> (x, y_scale, y_bias)\n"},
-	{"recognize-gelu: the erf form as PyTorch writes it", "recognize-gelu", 0,
-	 HEADER "g (float[2,5] x) => (float[2,5] y) <float r2 = {1.4142135}, float one = {1}, float half = {0.5}> {\n"
-	        "   d = Div (x, r2)\n"
-	        "   e = Erf (d)\n"
-	        "   a = Add (e, one)\n"
-	        "   m = Mul (x, a)\n"
-	        "   y = Mul (m, half)\n"
-	        "}\n",
-	 "y = tern.Gelu (x)\n"},
-	{"recognize-gelu: the tanh form with the products the other way round", "recognize-gelu", 0,
-	 HEADER "g (float[2,5] x) => (float[2,5] y)\n"
-	        "   <float k = {0.044715}, float b = {0.7978845608}, float one = {1}, float half = {0.5}, float three = {3}> {\n"
-	        "   c = Pow (x, three)\n"
-	        "   kc = Mul (k, c)\n"
-	        "   s = Add (x, kc)\n"
-	        "   i = Mul (b, s)\n"
-	        "   t = Tanh (i)\n"
-	        "   a = Add (one, t)\n"
-	        "   h = Mul (half, x)\n"
-	        "   y = Mul (h, a)\n"
-	        "}\n",
-	 "y = tern.Gelu <approximate = \"tanh\"> (x)\n"},
-	{"fuse-conv: bias Add, residual Add and Relu join the Conv", "fuse-conv,dce", 0,
-	 HEADER "g (float[1,2,4,4] x, float[2,2,3,3] w, float[1,2,4,4] r) => (float[1,2,4,4] y)\n"
-	        "   <float[2,1,1] b = {0.5,-0.5}> {\n"
-	        "   c = Conv <pads = [1,1,1,1]> (x, w)\n"
-	        "   cb = Add (c, b)\n"
-	        "   s = Add (r, cb)\n"
-	        "   y = Relu (s)\n"
-	        "}\n",
-	 "y = tern.FusedConv <pads = [1, 1, 1, 1], activation = \"Relu\"> (x, w, c_B, r)\n"},
-	{"fuse-conv: x * Sigmoid(x) after a Conv is its Silu activation", "fuse-conv", 0,
-	 HEADER "g (float[1,2,4,4] x, float[2,2,1,1] w, float[2] b) => (float[1,2,4,4] y) {\n"
-	        "   c = Conv (x, w, b)\n"
-	        "   s = Sigmoid (c)\n"
-	        "   y = Mul (s, c)\n"
-	        "}\n",
-	 "y = tern.FusedConv <activation = \"Silu\"> (x, w, b)\n"},
-	{"fuse-conv: Clip with constant bounds", "fuse-conv", 0,
-	 HEADER "g (float[1,2,4,4] x, float[2,2,1,1] w) => (float[1,2,4,4] y) <float lo = {0}, float hi = {6}> {\n"
-	        "   c = Conv (x, w)\n"
-	        "   y = Clip (c, lo, hi)\n"
-	        "}\n",
-	 "y = tern.FusedConv <activation = \"Clip\", activation_params = [0.0, 6.0]> (x, w)\n"},
-	{"fuse-conv: an output of several blocks, residual and Silu, split between threads", "fuse-conv", 0,
-	 HEADER "g (float[1,3,64,64] x, float[4,3,3,3] w, float[4] b, float[1,4,64,64] r) => (float[1,4,64,64] y) {\n"
-	        "   c = Conv <pads = [1,1,1,1]> (x, w, b)\n"
-	        "   z = Add (c, r)\n"
-	        "   s = Sigmoid (z)\n"
-	        "   y = Mul (z, s)\n"
-	        "}\n",
-	 "y = tern.FusedConv <pads = [1, 1, 1, 1], activation = \"Silu\"> (x, w, b, r)\n"},
-	{"fuse-matmul: a batched MatMul with its bias and LeakyRelu", "fuse-matmul", 0,
-	 HEADER "g (float[2,4,3] a, float[3,5] b, float[5] bias) => (float[2,4,5] y) {\n"
-	        "   p = MatMul (a, b)\n"
-	        "   s = Add (p, bias)\n"
-	        "   y = LeakyRelu <alpha = 0.2> (s)\n"
-	        "}\n",
-	 "y = tern.FusedMatMul <activation = \"LeakyRelu\", activation_params = [0.2]> (a, b, bias)\n"},
-	{"fuse-matmul: Gemm with a following Tanh", "fuse-matmul", 0,
-	 HEADER "g (float[4,3] a, float[5,3] b, float[5] c) => (float[4,5] y) {\n"
-	        "   p = Gemm <transB = 1, alpha = 0.5> (a, b, c)\n"
-	        "   y = Tanh (p)\n"
-	        "}\n",
-	 "y = tern.FusedGemm <transB = 1, alpha = 0.5, activation = \"Tanh\"> (a, b, c)\n"},
-	{"fuse-attention: heads transposed forward, scaled scores, Softmax, values, transposed back", "fuse-attention", 0,
-	 HEADER "g (float[4,2,3] q, float[5,2,3] k, float[5,2,6] v) => (float[4,2,6] y) <float c = {2}> {\n"
-	        "   qt = Transpose <perm = [1,0,2]> (q)\n"
-	        "   qs = Div (qt, c)\n"
-	        "   kt = Transpose <perm = [1,2,0]> (k)\n"
-	        "   s = MatMul (qs, kt)\n"
-	        "   p = Softmax <axis = -1> (s)\n"
-	        "   vt = Transpose <perm = [1,0,2]> (v)\n"
-	        "   o = MatMul (p, vt)\n"
-	        "   y = Transpose <perm = [1,0,2]> (o)\n"
-	        "}\n",
-	 "y = tern.Attention <scale = 0.5> (q, k, v)\n"},
-	{"fuse-skip-layernorm: the residual Add joins the LayerNormalization", "fuse-skip-layernorm", 0,
-	 HEADER "g (float[2,3,8] x, float[2,3,8] r, float[8] s, float[8] b) => (float[2,3,8] y, float[2,3,8] sum) {\n"
-	        "   sum = Add (x, r)\n"
-	        "   y = LayerNormalization <axis = -1> (sum, s, b)\n"
-	        "}\n",
-	 "y, sum = tern.SkipLayerNormalization <axis = -1> (x, r, s, b)\n"},
-	{"fuse-skip-layernorm: without the sum as an output, over two trailing axes", "fuse-skip-layernorm", 0,
-	 HEADER "g (float[2,3,9] x, float[2,3,9] r, float[3,9] s) => (float[2,3,9] y) {\n"
-	        "   sum = Add (r, x)\n"
-	        "   y = LayerNormalization <axis = -2, epsilon = 0.001> (sum, s)\n"
-	        "}\n",
-	 "y = tern.SkipLayerNormalization <axis = -2, epsilon = 0.001> (r, x, s)\n"},
-	{"fuse-skip-layernorm: enough rows for two threads", "fuse-skip-layernorm", 0,
-	 HEADER "g (float[96,128] x, float[96,128] r, float[128] s, float[128] b) => (float[96,128] y) {\n"
-	        "   sum = Add (x, r)\n"
-	        "   y = LayerNormalization <axis = -1> (sum, s, b)\n"
-	        "}\n",
-	 "y = tern.SkipLayerNormalization <axis = -1> (x, r, s, b)\n"},
-	{"fuse-elementwise: Add, Relu, Mul by a per-channel constant, Sigmoid in one chain", "fuse-elementwise", 0,
-	 HEADER "g (float[1,3,2,2] x, float[1,3,2,2] z) => (float[1,3,2,2] y) <float[3,1,1] k = {1,2,3}> {\n"
-	        "   a = Add (x, z)\n"
-	        "   r = Relu (a)\n"
-	        "   m = Mul (k, r)\n"
-	        "   y = Sigmoid (m)\n"
-	        "}\n",
-	 "y = tern.ElementwiseChain <ops = [\"Add\", \"Relu\", \"Mul\", \"Sigmoid\"], args = [0, 1, -1, 3, -1, -1, 2, 4, "
-	 "-1, 5, -1, -1], params = [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]> (x, z, k)\n"},
-	{"fold-scales: the 1/sqrt(d) of attention becomes the product's alpha", "fold-scales", 0,
-	 HEADER "g (float[4,8,16] q, float[4,16,8] k) => (float[4,8,8] y) <float c = {4}> {\n"
-	        "   s = Div (q, c)\n"
-	        "   y = MatMul (s, k)\n"
-	        "}\n",
-	 "y = tern.FusedMatMul <alpha = 0.25> (q, k)\n"},
-	{"-O1 keeps standard operators: Conv and Relu stay apart", NULL, 1,
-	 HEADER "g (float[1,2,4,4] x, float[2,2,1,1] w) => (float[1,2,4,4] y) {\n"
-	        "   c = Conv (x, w)\n"
-	        "   i = Identity (c)\n"
-	        "   y = Relu (i)\n"
-	        "}\n",
-	 "c = Conv (x, w)\n"
-	 "y = Relu (c)\n"},
-	{"-O2 runs the whole pipeline to a fixed point", NULL, 2,
-	 HEADER "g (float[1,2,4,4] x, float[2,2,1,1] w) => (float[1,32] y) <int64[2] shape = {1,-1}, int64[1] i = {1}> {\n"
-	        "   c = Conv (x, w)\n"
-	        "   d = Identity (c)\n"
-	        "   r = Relu (d)\n"
-	        "   s = Shape (r)\n"
-	        "   dead = Gather (s, i)\n"
-	        "   y = Reshape (r, shape)\n"
-	        "}\n",
-	 "r = tern.FusedConv <activation = \"Relu\"> (x, w)\n"
-	 "y = Reshape (r, shape)\n"},
+        {"fold-constants: Shape, Gather, Mul, Concat of a static shape fold into Reshape's shape", "fold-constants,dce",
+         0,
+         HEADER "g (float[2,3,4] x) => (float[6,4] y) {\n"
+                "   s = Shape (x)\n"
+                "   i0 = Constant <value = int64[1] {0}> ()\n"
+                "   i1 = Constant <value = int64[1] {1}> ()\n"
+                "   d0 = Gather <axis = 0> (s, i0)\n"
+                "   d1 = Gather <axis = 0> (s, i1)\n"
+                "   p = Mul (d0, d1)\n"
+                "   m = Constant <value = int64[1] {-1}> ()\n"
+                "   u = Unsqueeze (p, i0)\n"
+                "   f = Flatten <axis = 0> (u)\n"
+                "   q = Squeeze (f, i0)\n"
+                "   shape = Concat <axis = 0> (q, m)\n"
+                "   y = Reshape (x, shape)\n"
+                "}\n",
+         "y = Reshape (x, shape)\n"},
+        {"fold-constants: a dynamic input keeps its shape arithmetic", "fold-constants", 0,
+         HEADER "g (float[N,4] x) => (float[N,4] y) {\n"
+                "   s = Shape (x)\n"
+                "   y = Reshape (x, s)\n"
+                "}\n",
+         "s = Shape (x)\n"
+         "y = Reshape (x, s)\n"},
+        {"eliminate-noops: Identity, Dropout, same-shape Reshape, Cast, Transpose, Pad, Slice, Mul by one",
+         "eliminate-noops,dce", 0,
+         HEADER "g (float[2,3] x) => (float[2,3] y) <int64[2] shape = {2,3}, int64[4] zero = {0,0,0,0},\n"
+                "   int64[1] s0 = {0}, int64[1] s1 = {3}, int64[1] ax = {1}, float one = {1}> {\n"
+                "   a = Identity (x)\n"
+                "   b = Dropout (a)\n"
+                "   c = Reshape (b, shape)\n"
+                "   d = Cast <to = 1> (c)\n"
+                "   e = Transpose <perm = [0,1]> (d)\n"
+                "   f = Pad (e, zero)\n"
+                "   g = Slice (f, s0, s1, ax)\n"
+                "   h = Mul (g, one)\n"
+                "   y = Relu (h)\n"
+                "}\n",
+         "y = Relu (x)\n"},
+        {"eliminate-noops: an Identity writing a graph output hands the name to its producer", "eliminate-noops", 0,
+         HEADER "g (float[2,3] x) => (float[2,3] y) {\n"
+                "   a = Relu (x)\n"
+                "   y = Identity (a)\n"
+                "}\n",
+         "y = Relu (x)\n"},
+        {"dce: dead nodes, unused optional outputs and initializers go", "dce", 0,
+         HEADER "g (float[1,1,4,4] x) => (float[1,1,2,2] y) <float[2] unused = {1,2}> {\n"
+                "   dead = Sigmoid (x)\n"
+                "   deader = Relu (dead)\n"
+                "   y, idx = MaxPool <kernel_shape = [2,2], strides = [2,2]> (x)\n"
+                "}\n",
+         "y = MaxPool <kernel_shape = [2, 2], strides = [2, 2]> (x)\n"},
+        {"cse: repeated computations and equal initializers merge", "cse,dce", 0,
+         HEADER "g (float[2,3] x) => (float[2,3] y) <float[3] b1 = {1,2,3}, float[3] b2 = {1,2,3}> {\n"
+                "   a = Add (x, b1)\n"
+                "   b = Add (x, b2)\n"
+                "   ra = Relu (a)\n"
+                "   rb = Relu (b)\n"
+                "   y = Mul (ra, rb)\n"
+                "}\n",
+         "a = Add (x, b1)\n"
+         "ra = Relu (a)\n"
+         "y = Mul (ra, ra)\n"},
+        {"fold-batchnorm: an inference BatchNormalization folds into the Conv", "fold-batchnorm,dce", 0,
+         HEADER
+         "g (float[1,2,3,3] x) => (float[1,2,3,3] y) <float[2,2,1,1] w = {1,2,3,4}, float[2] cb = {0.5,-1},\n"
+         "   float[2] scale = {2,0.5}, float[2] bias = {1,-1}, float[2] mean = {0.25,1}, float[2] var = {4,0.25}> {\n"
+         "   c = Conv (x, w, cb)\n"
+         "   y = BatchNormalization <epsilon = 0.001> (c, scale, bias, mean, var)\n"
+         "}\n",
+         "y = Conv (x, c_W, c_B)\n"},
+        {"matmul-add-to-gemm: a matrix product plus a row bias is a Gemm", "matmul-add-to-gemm", 0,
+         HEADER "g (float[4,3] a, float[3,5] b, float[5] bias) => (float[4,5] y) {\n"
+                "   p = MatMul (a, b)\n"
+                "   y = Add (bias, p)\n"
+                "}\n",
+         "y = Gemm (a, b, bias)\n"},
+        {"matmul-add-to-gemm: a batched product stays a MatMul", "matmul-add-to-gemm", 0,
+         HEADER "g (float[2,4,3] a, float[3,5] b, float[5] bias) => (float[2,4,5] y) {\n"
+                "   p = MatMul (a, b)\n"
+                "   y = Add (p, bias)\n"
+                "}\n",
+         "p = MatMul (a, b)\n"
+         "y = Add (p, bias)\n"},
+        {"simplify-reshapes: a Transpose of size-1 dimensions is a Reshape, merged with the Squeeze after it",
+         "simplify-reshapes,dce", 0,
+         HEADER "g (float[1,3,1,4] x) => (float[3,4] y) <int64[2] axes = {0,1}> {\n"
+                "   t = Transpose <perm = [2,0,1,3]> (x)\n"
+                "   y = Squeeze (t, axes)\n"
+                "}\n",
+         "y = Reshape (x, y_shape)\n"},
+        {"simplify-reshapes: consecutive Transposes compose", "simplify-reshapes", 0,
+         HEADER "g (float[2,3,4] x) => (float[4,2,3] y) {\n"
+                "   t = Transpose <perm = [1,0,2]> (x)\n"
+                "   y = Transpose <perm = [2,1,0]> (t)\n"
+                "}\n",
+         "y = Transpose <perm = [2, 0, 1]> (x)\n"},
+        {"slices-to-split: three Slices tiling the last axis are one Split", "slices-to-split,dce", 0,
+         HEADER "g (float[2,6] x) => (float[2,2] q, float[2,1] k, float[2,3] v)\n"
+                "   <int64[1] s0 = {0}, int64[1] s2 = {2}, int64[1] s3 = {3}, int64[1] end = {9223372036854775807},\n"
+                "    int64[1] ax = {-1}> {\n"
+                "   k = Slice (x, s2, s3, ax)\n"
+                "   q = Slice (x, s0, s2, ax)\n"
+                "   v = Slice (x, s3, end, ax)\n"
+                "}\n",
+         "q, k, v = Split <axis = 1> (x, x_split)\n"},
+        {"fold-pad: zero padding joins the Conv and the AveragePool", "fold-pad", 0,
+         HEADER "g (float[1,2,4,4] x, float[2,2,3,3] w) => (float[1,2,4,4] y, float[1,2,4,4] z)\n"
+                "   <int64[8] pads = {0,0,1,1,0,0,1,1}> {\n"
+                "   p = Pad (x, pads)\n"
+                "   y = Conv (p, w)\n"
+                "   q = Pad (x, pads)\n"
+                "   z = AveragePool <kernel_shape = [3,3]> (q)\n"
+                "}\n",
+         "y = Conv <pads = [1, 1, 1, 1]> (x, w)\n"
+         "z = AveragePool <kernel_shape = [3, 3], pads = [1, 1, 1, 1], count_include_pad = 1> (x)\n"},
+        {"recognize-layernorm: mean, variance, normalise, scale and shift", "recognize-layernorm,dce", 0,
+         HEADER "g (float[2,3,8] x) => (float[2,3,8] y) <float eps = {0.00001}, float two = {2},\n"
+                "   float[8] gamma = {1,2,3,4,5,6,7,8}, float[8] beta = {0,1,0,1,0,1,0,1}> {\n"
+                "   m = ReduceMean <axes = [-1]> (x)\n"
+                "   d = Sub (x, m)\n"
+                "   sq = Pow (d, two)\n"
+                "   v = ReduceMean <axes = [-1]> (sq)\n"
+                "   ve = Add (v, eps)\n"
+                "   sd = Sqrt (ve)\n"
+                "   n = Div (d, sd)\n"
+                "   s = Mul (n, gamma)\n"
+                "   y = Add (s, beta)\n"
+                "}\n",
+         "y = LayerNormalization <axis = -1, epsilon = 1e-05> (x, y_scale, y_bias)\n"},
+        {"recognize-gelu: the erf form as PyTorch writes it", "recognize-gelu", 0,
+         HEADER "g (float[2,5] x) => (float[2,5] y) <float r2 = {1.4142135}, float one = {1}, float half = {0.5}> {\n"
+                "   d = Div (x, r2)\n"
+                "   e = Erf (d)\n"
+                "   a = Add (e, one)\n"
+                "   m = Mul (x, a)\n"
+                "   y = Mul (m, half)\n"
+                "}\n",
+         "y = tern.Gelu (x)\n"},
+        {"recognize-gelu: the tanh form with the products the other way round", "recognize-gelu", 0,
+         HEADER "g (float[2,5] x) => (float[2,5] y)\n"
+                "   <float k = {0.044715}, float b = {0.7978845608}, float one = {1}, float half = {0.5}, float three "
+                "= {3}> {\n"
+                "   c = Pow (x, three)\n"
+                "   kc = Mul (k, c)\n"
+                "   s = Add (x, kc)\n"
+                "   i = Mul (b, s)\n"
+                "   t = Tanh (i)\n"
+                "   a = Add (one, t)\n"
+                "   h = Mul (half, x)\n"
+                "   y = Mul (h, a)\n"
+                "}\n",
+         "y = tern.Gelu <approximate = \"tanh\"> (x)\n"},
+        {"fuse-conv: bias Add, residual Add and Relu join the Conv", "fuse-conv,dce", 0,
+         HEADER "g (float[1,2,4,4] x, float[2,2,3,3] w, float[1,2,4,4] r) => (float[1,2,4,4] y)\n"
+                "   <float[2,1,1] b = {0.5,-0.5}> {\n"
+                "   c = Conv <pads = [1,1,1,1]> (x, w)\n"
+                "   cb = Add (c, b)\n"
+                "   s = Add (r, cb)\n"
+                "   y = Relu (s)\n"
+                "}\n",
+         "y = tern.FusedConv <pads = [1, 1, 1, 1], activation = \"Relu\"> (x, w, c_B, r)\n"},
+        {"fuse-conv: x * Sigmoid(x) after a Conv is its Silu activation", "fuse-conv", 0,
+         HEADER "g (float[1,2,4,4] x, float[2,2,1,1] w, float[2] b) => (float[1,2,4,4] y) {\n"
+                "   c = Conv (x, w, b)\n"
+                "   s = Sigmoid (c)\n"
+                "   y = Mul (s, c)\n"
+                "}\n",
+         "y = tern.FusedConv <activation = \"Silu\"> (x, w, b)\n"},
+        {"fuse-conv: Clip with constant bounds", "fuse-conv", 0,
+         HEADER "g (float[1,2,4,4] x, float[2,2,1,1] w) => (float[1,2,4,4] y) <float lo = {0}, float hi = {6}> {\n"
+                "   c = Conv (x, w)\n"
+                "   y = Clip (c, lo, hi)\n"
+                "}\n",
+         "y = tern.FusedConv <activation = \"Clip\", activation_params = [0.0, 6.0]> (x, w)\n"},
+        {"fuse-conv: an output of several blocks, residual and Silu, split between threads", "fuse-conv", 0,
+         HEADER "g (float[1,3,64,64] x, float[4,3,3,3] w, float[4] b, float[1,4,64,64] r) => (float[1,4,64,64] y) {\n"
+                "   c = Conv <pads = [1,1,1,1]> (x, w, b)\n"
+                "   z = Add (c, r)\n"
+                "   s = Sigmoid (z)\n"
+                "   y = Mul (z, s)\n"
+                "}\n",
+         "y = tern.FusedConv <pads = [1, 1, 1, 1], activation = \"Silu\"> (x, w, b, r)\n"},
+        {"fuse-matmul: a batched MatMul with its bias and LeakyRelu", "fuse-matmul", 0,
+         HEADER "g (float[2,4,3] a, float[3,5] b, float[5] bias) => (float[2,4,5] y) {\n"
+                "   p = MatMul (a, b)\n"
+                "   s = Add (p, bias)\n"
+                "   y = LeakyRelu <alpha = 0.2> (s)\n"
+                "}\n",
+         "y = tern.FusedMatMul <activation = \"LeakyRelu\", activation_params = [0.2]> (a, b, bias)\n"},
+        {"fuse-matmul: Gemm with a following Tanh", "fuse-matmul", 0,
+         HEADER "g (float[4,3] a, float[5,3] b, float[5] c) => (float[4,5] y) {\n"
+                "   p = Gemm <transB = 1, alpha = 0.5> (a, b, c)\n"
+                "   y = Tanh (p)\n"
+                "}\n",
+         "y = tern.FusedGemm <transB = 1, alpha = 0.5, activation = \"Tanh\"> (a, b, c)\n"},
+        {"fuse-attention: heads transposed forward, scaled scores, Softmax, values, transposed back", "fuse-attention",
+         0,
+         HEADER "g (float[4,2,3] q, float[5,2,3] k, float[5,2,6] v) => (float[4,2,6] y) <float c = {2}> {\n"
+                "   qt = Transpose <perm = [1,0,2]> (q)\n"
+                "   qs = Div (qt, c)\n"
+                "   kt = Transpose <perm = [1,2,0]> (k)\n"
+                "   s = MatMul (qs, kt)\n"
+                "   p = Softmax <axis = -1> (s)\n"
+                "   vt = Transpose <perm = [1,0,2]> (v)\n"
+                "   o = MatMul (p, vt)\n"
+                "   y = Transpose <perm = [1,0,2]> (o)\n"
+                "}\n",
+         "y = tern.Attention <scale = 0.5> (q, k, v)\n"},
+        {"fuse-skip-layernorm: the residual Add joins the LayerNormalization", "fuse-skip-layernorm", 0,
+         HEADER "g (float[2,3,8] x, float[2,3,8] r, float[8] s, float[8] b) => (float[2,3,8] y, float[2,3,8] sum) {\n"
+                "   sum = Add (x, r)\n"
+                "   y = LayerNormalization <axis = -1> (sum, s, b)\n"
+                "}\n",
+         "y, sum = tern.SkipLayerNormalization <axis = -1> (x, r, s, b)\n"},
+        {"fuse-skip-layernorm: without the sum as an output, over two trailing axes", "fuse-skip-layernorm", 0,
+         HEADER "g (float[2,3,9] x, float[2,3,9] r, float[3,9] s) => (float[2,3,9] y) {\n"
+                "   sum = Add (r, x)\n"
+                "   y = LayerNormalization <axis = -2, epsilon = 0.001> (sum, s)\n"
+                "}\n",
+         "y = tern.SkipLayerNormalization <axis = -2, epsilon = 0.001> (r, x, s)\n"},
+        {"fuse-skip-layernorm: enough rows for two threads", "fuse-skip-layernorm", 0,
+         HEADER "g (float[96,128] x, float[96,128] r, float[128] s, float[128] b) => (float[96,128] y) {\n"
+                "   sum = Add (x, r)\n"
+                "   y = LayerNormalization <axis = -1> (sum, s, b)\n"
+                "}\n",
+         "y = tern.SkipLayerNormalization <axis = -1> (x, r, s, b)\n"},
+        {"fuse-elementwise: Add, Relu, Mul by a per-channel constant, Sigmoid in one chain", "fuse-elementwise", 0,
+         HEADER "g (float[1,3,2,2] x, float[1,3,2,2] z) => (float[1,3,2,2] y) <float[3,1,1] k = {1,2,3}> {\n"
+                "   a = Add (x, z)\n"
+                "   r = Relu (a)\n"
+                "   m = Mul (k, r)\n"
+                "   y = Sigmoid (m)\n"
+                "}\n",
+         "y = tern.ElementwiseChain <ops = [\"Add\", \"Relu\", \"Mul\", \"Sigmoid\"], args = [0, 1, -1, 3, -1, -1, 2, "
+         "4, "
+         "-1, 5, -1, -1], params = [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]> (x, z, k)\n"},
+        {"fold-scales: the 1/sqrt(d) of attention becomes the product's alpha", "fold-scales", 0,
+         HEADER "g (float[4,8,16] q, float[4,16,8] k) => (float[4,8,8] y) <float c = {4}> {\n"
+                "   s = Div (q, c)\n"
+                "   y = MatMul (s, k)\n"
+                "}\n",
+         "y = tern.FusedMatMul <alpha = 0.25> (q, k)\n"},
+        {"-O1 keeps standard operators: Conv and Relu stay apart", NULL, 1,
+         HEADER "g (float[1,2,4,4] x, float[2,2,1,1] w) => (float[1,2,4,4] y) {\n"
+                "   c = Conv (x, w)\n"
+                "   i = Identity (c)\n"
+                "   y = Relu (i)\n"
+                "}\n",
+         "c = Conv (x, w)\n"
+         "y = Relu (c)\n"},
+        {"-O2 runs the whole pipeline to a fixed point", NULL, 2,
+         HEADER
+         "g (float[1,2,4,4] x, float[2,2,1,1] w) => (float[1,32] y) <int64[2] shape = {1,-1}, int64[1] i = {1}> {\n"
+         "   c = Conv (x, w)\n"
+         "   d = Identity (c)\n"
+         "   r = Relu (d)\n"
+         "   s = Shape (r)\n"
+         "   dead = Gather (s, i)\n"
+         "   y = Reshape (r, shape)\n"
+         "}\n",
+         "r = tern.FusedConv <activation = \"Relu\"> (x, w)\n"
+         "y = Reshape (r, shape)\n"},
 };
 
 /* ---------------------------------------------------------------- helpers */
@@ -411,7 +417,8 @@ static void test_case(const pass_case *pc)
 			bool ok = close_outputs(&want[i], &have[i]);
 			CHECK(ok);
 			if (!ok)
-				fprintf(stderr, "case '%s': output %d differs (seed %llu)\n", pc->what, i, (unsigned long long)seed);
+				fprintf(stderr, "case '%s': output %d differs (seed %llu)\n", pc->what, i,
+				        (unsigned long long)seed);
 		}
 		for (int i = 0; i < 4; i++) {
 			tern_tensor_free(&want[i]);

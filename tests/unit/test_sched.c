@@ -104,7 +104,10 @@ static bool kuhn(int u, int n, const unsigned char *red, int *match_r, char *see
 	return false;
 }
 
-static int node_id(const tern_node *n) { return atoi(n->name + 1); }
+static int node_id(const tern_node *n)
+{
+	return atoi(n->name + 1);
+}
 
 static void check_schedule(int n, const unsigned char *adj, const unsigned char *reach, const tern_schedule *s,
                            bool capped)
@@ -223,12 +226,12 @@ static void test_bad_annotations(void)
 	tern_graph *g = tern_model_graph(m);
 	tern_schedule *s = NULL;
 	const char *bad[] = {
-		"n0\t0\t-\nn1\t0\t-\n",             /* n2 missing */
-		"n0\t0\t-\nn0\t0\t-\nn1\t0\t-\nn2\t0\t-\n", /* twice */
-		"n0\tx\t-\nn1\t0\t-\nn2\t0\t-\n",   /* stream not a number */
-		"n0\t0\t-\nn1\t0\tnope\nn2\t0\t-\n", /* unknown wait */
-		"zz\t0\t-\n",                       /* unknown node */
-		"n0 0 -\n",                         /* no tabs */
+	        "n0\t0\t-\nn1\t0\t-\n", /* n2 missing */
+	        "n0\t0\t-\nn0\t0\t-\nn1\t0\t-\nn2\t0\t-\n", /* twice */
+	        "n0\tx\t-\nn1\t0\t-\nn2\t0\t-\n", /* stream not a number */
+	        "n0\t0\t-\nn1\t0\tnope\nn2\t0\t-\n", /* unknown wait */
+	        "zz\t0\t-\n", /* unknown node */
+	        "n0 0 -\n", /* no tabs */
 	};
 	for (size_t i = 0; i < TERN_ARRAY_LEN(bad); i++) {
 		CHECK(tern_schedule_parse(g, bad[i], &s) == TERN_EDATA && s == NULL);

@@ -64,7 +64,7 @@ static tern_model *branchy(int n_nodes)
 	if (base_model(&m) != TERN_OK)
 		return NULL;
 	tern_graph *g = tern_model_graph(m);
-	char (*names)[16] = calloc((size_t)n_nodes + 1, sizeof *names);
+	char(*names)[16] = calloc((size_t)n_nodes + 1, sizeof *names);
 	char *used = calloc((size_t)n_nodes + 1, 1);
 	strcpy(names[0], "x");
 	for (int i = 1; i <= n_nodes; i++) {

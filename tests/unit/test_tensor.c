@@ -24,8 +24,8 @@ static void test_half(void)
 	CHECK(tern_f32_to_f16(1.0f) == 0x3c00);
 	CHECK(tern_f32_to_f16(-2.0f) == 0xc000);
 	CHECK(tern_f32_to_f16(65504.0f) == 0x7bff);
-	CHECK(tern_f32_to_f16(1e6f) == 0x7c00);             /* overflow to infinity */
-	CHECK(tern_f32_to_f16(5.9604645e-08f) == 0x0001);   /* smallest subnormal */
+	CHECK(tern_f32_to_f16(1e6f) == 0x7c00); /* overflow to infinity */
+	CHECK(tern_f32_to_f16(5.9604645e-08f) == 0x0001); /* smallest subnormal */
 	CHECK(tern_f32_to_f16(1e-9f) == 0x0000);
 	CHECK(tern_f16_to_f32(0x3555) == 0.33325195f);
 	CHECK(isnan(tern_f16_to_f32(tern_f32_to_f16(NAN))));
@@ -63,9 +63,9 @@ static void test_alloc_and_copy(void)
 
 static void test_proto_round_trip(void)
 {
-	static const int dtypes[] = {TERN_FLOAT,  TERN_DOUBLE, TERN_INT8,   TERN_INT16,  TERN_INT32,   TERN_INT64,
-	                             TERN_UINT8,  TERN_UINT16, TERN_UINT32, TERN_UINT64, TERN_BOOL,    TERN_FLOAT16,
-	                             TERN_BFLOAT16};
+	static const int dtypes[] = {TERN_FLOAT, TERN_DOUBLE,  TERN_INT8,    TERN_INT16,  TERN_INT32,
+	                             TERN_INT64, TERN_UINT8,   TERN_UINT16,  TERN_UINT32, TERN_UINT64,
+	                             TERN_BOOL,  TERN_FLOAT16, TERN_BFLOAT16};
 	for (size_t k = 0; k < TERN_ARRAY_LEN(dtypes); k++) {
 		tern_tensor t = {0}, back = {0};
 		int64_t dims[3] = {2, 3, 2};

@@ -7,9 +7,8 @@
 #include <unistd.h>
 
 static const int all_dtypes[] = {
-	TERN_FLOAT, TERN_UINT8,  TERN_INT8,   TERN_UINT16, TERN_INT16,     TERN_INT32,      TERN_INT64,
-	TERN_BOOL,  TERN_FLOAT16, TERN_DOUBLE, TERN_UINT32, TERN_UINT64, TERN_COMPLEX64, TERN_COMPLEX128,
-	TERN_BFLOAT16,
+        TERN_FLOAT,   TERN_UINT8,  TERN_INT8,   TERN_UINT16, TERN_INT16,     TERN_INT32,      TERN_INT64,    TERN_BOOL,
+        TERN_FLOAT16, TERN_DOUBLE, TERN_UINT32, TERN_UINT64, TERN_COMPLEX64, TERN_COMPLEX128, TERN_BFLOAT16,
 };
 
 static char tmpdir[] = "/tmp/test_tensorfile.XXXXXX";
@@ -188,26 +187,27 @@ static void test_npy_malformed(void)
 		size_t nbytes;
 		const char *needle;
 	} bad_headers[] = {
-		{"{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }", 20, "needs 24 bytes"},
-		{"{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }", 28, "the file has 28"},
-		{"{'descr': '<f4', 'fortran_order': False, 'shape': (4000000000, 4000000000, 4000000000), }", 0, "too large"},
-		{"{'descr': '<U3', 'fortran_order': False, 'shape': (1,), }", 12, "string arrays"},
-		{"{'descr': '|O', 'fortran_order': False, 'shape': (1,), }", 8, "object arrays"},
-		{"{'descr': '<f3', 'fortran_order': False, 'shape': (1,), }", 3, "not supported"},
-		{"{'descr': 'f4', 'fortran_order': False, 'shape': (1,), }", 4, "byte order"},
-		{"{'descr': '|f4', 'fortran_order': False, 'shape': (1,), }", 4, "needs a byte order"},
-		{"{'descr': '<f4', 'fortran_order': maybe, 'shape': (1,), }", 4, "True or False"},
-		{"{'descr': '<f4', 'shape': (1,), }", 4, "missing 'fortran_order'"},
-		{"{'descr': '<f4', 'fortran_order': False, 'shape': (1,), 'x': 1}", 4, "unexpected key"},
-		{"{'descr': '<f4', 'fortran_order': False, 'shape': (-1,), }", 4, "non-negative"},
-		{"{'descr': '<f4', 'fortran_order': False, 'shape': (1, 1, 1, 1, 1, 1, 1, 1, 1), }", 4, "more than 8"},
-		{"{'descr': '<f4', 'fortran_order': False, 'shape': (1 2), }", 4, "',' or ')'"},
-		{"{'descr': [('a', '<f4')], 'fortran_order': False, 'shape': (1,), }", 4, "structured"},
-		{"{'descr': '<f4', 'fortran_order': False, 'shape': (1,), ", 4, "quoted string"},
-		{"{'descr': '<f4", 0, "string"},
-		{"['descr']", 0, "'{'"},
-		{"{'descr': '<f4', 'fortran_order': False, 'shape': 99999999999999999999, }", 0, "'('"},
-		{"{'descr': '<f4', 'fortran_order': False, 'shape': (99999999999999999999,), }", 0, "too large"},
+	        {"{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }", 20, "needs 24 bytes"},
+	        {"{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }", 28, "the file has 28"},
+	        {"{'descr': '<f4', 'fortran_order': False, 'shape': (4000000000, 4000000000, 4000000000), }", 0,
+	         "too large"},
+	        {"{'descr': '<U3', 'fortran_order': False, 'shape': (1,), }", 12, "string arrays"},
+	        {"{'descr': '|O', 'fortran_order': False, 'shape': (1,), }", 8, "object arrays"},
+	        {"{'descr': '<f3', 'fortran_order': False, 'shape': (1,), }", 3, "not supported"},
+	        {"{'descr': 'f4', 'fortran_order': False, 'shape': (1,), }", 4, "byte order"},
+	        {"{'descr': '|f4', 'fortran_order': False, 'shape': (1,), }", 4, "needs a byte order"},
+	        {"{'descr': '<f4', 'fortran_order': maybe, 'shape': (1,), }", 4, "True or False"},
+	        {"{'descr': '<f4', 'shape': (1,), }", 4, "missing 'fortran_order'"},
+	        {"{'descr': '<f4', 'fortran_order': False, 'shape': (1,), 'x': 1}", 4, "unexpected key"},
+	        {"{'descr': '<f4', 'fortran_order': False, 'shape': (-1,), }", 4, "non-negative"},
+	        {"{'descr': '<f4', 'fortran_order': False, 'shape': (1, 1, 1, 1, 1, 1, 1, 1, 1), }", 4, "more than 8"},
+	        {"{'descr': '<f4', 'fortran_order': False, 'shape': (1 2), }", 4, "',' or ')'"},
+	        {"{'descr': [('a', '<f4')], 'fortran_order': False, 'shape': (1,), }", 4, "structured"},
+	        {"{'descr': '<f4', 'fortran_order': False, 'shape': (1,), ", 4, "quoted string"},
+	        {"{'descr': '<f4", 0, "string"},
+	        {"['descr']", 0, "'{'"},
+	        {"{'descr': '<f4', 'fortran_order': False, 'shape': 99999999999999999999, }", 0, "'('"},
+	        {"{'descr': '<f4', 'fortran_order': False, 'shape': (99999999999999999999,), }", 0, "too large"},
 	};
 	for (size_t i = 0; i < TERN_ARRAY_LEN(bad_headers); i++)
 		expect_bad_npy(1, bad_headers[i].dict, bad_headers[i].nbytes, bad_headers[i].needle);

@@ -66,70 +66,70 @@ static void check_stable(const char *what, const char *text)
 }
 
 static const char *const graphs[] = {
-	/* onnx 1.14's printer output, as written */
-	"<\n   ir_version: 7,\n   opset_import: [\"\" : 14],\n   producer_name: \"backend-test\"\n>\n"
-	"test_gru_defaults (float[1,3,2] X, float[1,15,2] W, float[1,15,5] R) => (float[1,3,5] Y_h) {\n"
-	"   , Y_h = GRU <hidden_size = 5> (X, W, R)\n}",
+        /* onnx 1.14's printer output, as written */
+        "<\n   ir_version: 7,\n   opset_import: [\"\" : 14],\n   producer_name: \"backend-test\"\n>\n"
+        "test_gru_defaults (float[1,3,2] X, float[1,15,2] W, float[1,15,5] R) => (float[1,3,5] Y_h) {\n"
+        "   , Y_h = GRU <hidden_size = 5> (X, W, R)\n}",
 
-	/* comments, trailing commas, spacing, a model with every header key */
-	"# a model\n<ir_version: 8, opset_import: [\"\": 17, \"com.x\" : 2,], producer_name: \"p\",\n"
-	" producer_version: \"1.0\", domain: \"org.x\", model_version: 4, doc_string: \"two\nlines \\\"q\\\"\",\n"
-	" metadata_props: [\"tern.schedule\": \"s 0\", \"k\": \"\",],>\n"
-	"g(float[N, 3] x, int64 n,) => (float[N,3] y,) # outputs\n{\n  y = Relu(x)   # a node\n}\n",
+        /* comments, trailing commas, spacing, a model with every header key */
+        "# a model\n<ir_version: 8, opset_import: [\"\": 17, \"com.x\" : 2,], producer_name: \"p\",\n"
+        " producer_version: \"1.0\", domain: \"org.x\", model_version: 4, doc_string: \"two\nlines \\\"q\\\"\",\n"
+        " metadata_props: [\"tern.schedule\": \"s 0\", \"k\": \"\",],>\n"
+        "g(float[N, 3] x, int64 n,) => (float[N,3] y,) # outputs\n{\n  y = Relu(x)   # a node\n}\n",
 
-	/* types: scalars, unknown rank, symbolic and unknown dims, seq, map, optional, sparse, untyped */
-	"<ir_version: 8, opset_import: [\"\" : 17]>\n"
-	"g (float s, float[] r, float[?,M,2] d, seq(float[N]) q, map(string, optional(int64)) p,"
-	" sparse_tensor(float[3,3]) z, untyped, \"odd name\") => (float[] y)\n"
-	"  <float[?] between, uint8[2] w = {0, 255}, string[2] names = {\"a\", \"b \\\"c\\\"\"}>\n"
-	"{ y = Identity(r) }",
+        /* types: scalars, unknown rank, symbolic and unknown dims, seq, map, optional, sparse, untyped */
+        "<ir_version: 8, opset_import: [\"\" : 17]>\n"
+        "g (float s, float[] r, float[?,M,2] d, seq(float[N]) q, map(string, optional(int64)) p,"
+        " sparse_tensor(float[3,3]) z, untyped, \"odd name\") => (float[] y)\n"
+        "  <float[?] between, uint8[2] w = {0, 255}, string[2] names = {\"a\", \"b \\\"c\\\"\"}>\n"
+        "{ y = Identity(r) }",
 
-	/* attributes of every kind, inferred and declared, before or after the inputs */
-	"<ir_version: 8, opset_import: [\"\" : 17, \"x\" : 1]>\n"
-	"g (float[2] a) => (float[2] b) {\n"
-	"  b = x.Op <i = -3, f = 1.5, e = 2e-3, s = \"str\", is = [1, 2, 3], fs = [1, 2.5], ss = [\"a\", \"b\"],\n"
-	"    t = float[2] {1, 2}, tn = int64[2] named {3, 4}, tp = float[2], tps = [float, seq(int64)],\n"
-	"    ts = [int32[1] {1}, string {\"s\"}], f2: float = 2, ei: ints = [], ef: floats = [],\n"
-	"    ninf = -inf, pnan = NaN, big = 9223372036854775807, small = -9223372036854775808> (a)\n"
-	"  [named] c, , d = x.Other (a, , a) <g = body (float[2] u) => (float[2] v) { v = Neg(u) },\n"
-	"    gs = [first () => (float o) { o = Constant <value_float = 1.0> () }, \"\" () => () {}]>\n"
-	"}",
+        /* attributes of every kind, inferred and declared, before or after the inputs */
+        "<ir_version: 8, opset_import: [\"\" : 17, \"x\" : 1]>\n"
+        "g (float[2] a) => (float[2] b) {\n"
+        "  b = x.Op <i = -3, f = 1.5, e = 2e-3, s = \"str\", is = [1, 2, 3], fs = [1, 2.5], ss = [\"a\", \"b\"],\n"
+        "    t = float[2] {1, 2}, tn = int64[2] named {3, 4}, tp = float[2], tps = [float, seq(int64)],\n"
+        "    ts = [int32[1] {1}, string {\"s\"}], f2: float = 2, ei: ints = [], ef: floats = [],\n"
+        "    ninf = -inf, pnan = NaN, big = 9223372036854775807, small = -9223372036854775808> (a)\n"
+        "  [named] c, , d = x.Other (a, , a) <g = body (float[2] u) => (float[2] v) { v = Neg(u) },\n"
+        "    gs = [first () => (float o) { o = Constant <value_float = 1.0> () }, \"\" () => () {}]>\n"
+        "}",
 
-	/* names in quotes, node names, domains, empty names, a lone empty name */
-	"<ir_version: 8, opset_import: [\"\" : 17, \"my-domain\" : 1, \"ai.onnx.ml\" : 3]>\n"
-	"\"main graph\" (float[2] \"input.1\") => (float[2] \"out/0\") {\n"
-	"  [\"/conv/Conv\"] \"out/0\" = \"my-domain\".Op (\"input.1\")\n"
-	"  [] e = ai.onnx.ml.Binarizer <threshold = 1.0> (\"input.1\")\n"
-	"  f = OptionalHasElement (\"\")\n"
-	"  , g, = Split (\"input.1\", )\n"
-	"}",
+        /* names in quotes, node names, domains, empty names, a lone empty name */
+        "<ir_version: 8, opset_import: [\"\" : 17, \"my-domain\" : 1, \"ai.onnx.ml\" : 3]>\n"
+        "\"main graph\" (float[2] \"input.1\") => (float[2] \"out/0\") {\n"
+        "  [\"/conv/Conv\"] \"out/0\" = \"my-domain\".Op (\"input.1\")\n"
+        "  [] e = ai.onnx.ml.Binarizer <threshold = 1.0> (\"input.1\")\n"
+        "  f = OptionalHasElement (\"\")\n"
+        "  , g, = Split (\"input.1\", )\n"
+        "}",
 
-	/* functions: header, attributes with references and defaults, typed inputs, nested calls */
-	"<ir_version: 8, opset_import: [\"\" : 17, \"local\" : 1]>\n"
-	"g (float[2] x) => (float[2] y) { y = local.Scale <k = 2.0> (x) }\n"
-	"<domain: \"local\", opset_import: [\"\" : 17], doc_string: \"scales\">\n"
-	"Scale <k, shift: float = 0.5> (float[2] X) => (Y)\n"
-	"{\n  s = Constant <value_float: float = @k> ()\n  Y = Mul (X, s)\n}\n"
-	"<domain: \"local\", opset_import: [\"\" : 17]> Twice (X) => (Y) { Y = local.Scale <k: float = 2> (X) }\n",
+        /* functions: header, attributes with references and defaults, typed inputs, nested calls */
+        "<ir_version: 8, opset_import: [\"\" : 17, \"local\" : 1]>\n"
+        "g (float[2] x) => (float[2] y) { y = local.Scale <k = 2.0> (x) }\n"
+        "<domain: \"local\", opset_import: [\"\" : 17], doc_string: \"scales\">\n"
+        "Scale <k, shift: float = 0.5> (float[2] X) => (Y)\n"
+        "{\n  s = Constant <value_float: float = @k> ()\n  Y = Mul (X, s)\n}\n"
+        "<domain: \"local\", opset_import: [\"\" : 17]> Twice (X) => (Y) { Y = local.Scale <k: float = 2> (X) }\n",
 
-	/* tensors of every type, exact values, external data */
-	"<ir_version: 8, opset_import: [\"\" : 17]>\n"
-	"g () => (float[4] y)\n"
-	"  <float[4] y = {0.1, -0, inf, 1.40129846e-45}, double[3] d = {0.1, -1e300, 4.9406564584124654e-324},\n"
-	"   float16[2] h = {15360, 31744}, bfloat16[1] b = {16256}, int8[2] i8 = {-128, 127},\n"
-	"   int16[1] i16 = {-32768}, int32[1] i32 = {2147483647}, int64[1] i64 = {-9223372036854775808},\n"
-	"   uint16[1] u16 = {65535}, uint32[1] u32 = {4294967295}, uint64[1] u64 = {18446744073709551615},\n"
-	"   bool[2] flags = {1, 0}, complex64[1] c = {1, -2}, complex128[1] cc = {0.5, 0.25},\n"
-	"   float[2,0] none = {}, float scalar = {3}, float[2] ext = [\"location\": \"w.bin\", \"offset\": \"0\"]>\n"
-	"{ }",
+        /* tensors of every type, exact values, external data */
+        "<ir_version: 8, opset_import: [\"\" : 17]>\n"
+        "g () => (float[4] y)\n"
+        "  <float[4] y = {0.1, -0, inf, 1.40129846e-45}, double[3] d = {0.1, -1e300, 4.9406564584124654e-324},\n"
+        "   float16[2] h = {15360, 31744}, bfloat16[1] b = {16256}, int8[2] i8 = {-128, 127},\n"
+        "   int16[1] i16 = {-32768}, int32[1] i32 = {2147483647}, int64[1] i64 = {-9223372036854775808},\n"
+        "   uint16[1] u16 = {65535}, uint32[1] u32 = {4294967295}, uint64[1] u64 = {18446744073709551615},\n"
+        "   bool[2] flags = {1, 0}, complex64[1] c = {1, -2}, complex128[1] cc = {0.5, 0.25},\n"
+        "   float[2,0] none = {}, float scalar = {3}, float[2] ext = [\"location\": \"w.bin\", \"offset\": \"0\"]>\n"
+        "{ }",
 
-	/* training_info on extension lines, which onnx reads as comments */
-	"<ir_version: 8, opset_import: [\"\" : 17]>\n"
-	"g (float[2] x) => (float[2] y) <float[2] w = {1, 2}> { y = Add (x, w) }\n"
-	"#@ training_info <\n"
-	"#@    algorithm: step (float[2] g) => (float[2] w_new) { w_new = Sub (w, g) },\n"
-	"#@    update_binding: [\"w\": \"w_new\"], initialization_binding: [\"w\": \"line\\nbreak\"]\n"
-	"#@ >\n",
+        /* training_info on extension lines, which onnx reads as comments */
+        "<ir_version: 8, opset_import: [\"\" : 17]>\n"
+        "g (float[2] x) => (float[2] y) <float[2] w = {1, 2}> { y = Add (x, w) }\n"
+        "#@ training_info <\n"
+        "#@    algorithm: step (float[2] g) => (float[2] w_new) { w_new = Sub (w, g) },\n"
+        "#@    update_binding: [\"w\": \"w_new\"], initialization_binding: [\"w\": \"line\\nbreak\"]\n"
+        "#@ >\n",
 };
 
 static void test_stable(void)
@@ -149,9 +149,9 @@ static const Onnx__AttributeProto *find_attr(const Onnx__NodeProto *n, const cha
 	return NULL;
 }
 
-#define ATTR_TYPE(n, name, T)                                                                      \
-	do {                                                                                       \
-		const Onnx__AttributeProto *a_ = find_attr(n, name);                               \
+#define ATTR_TYPE(n, name, T)                                                                        \
+	do {                                                                                         \
+		const Onnx__AttributeProto *a_ = find_attr(n, name);                                 \
 		CHECK(a_ && a_->has_type && a_->type == ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__##T); \
 	} while (0)
 
@@ -219,7 +219,8 @@ static void test_attributes(void)
 		CHECK(!strcmp(f->name, "Scale") && f->n_attribute == 1 && !strcmp(f->attribute[0], "k"));
 		CHECK(f->n_input == 1 && !strcmp(f->input[0], "X") && !strcmp(f->doc_string, "scales"));
 		a = find_attr(f->node[0], "value_float");
-		CHECK(a && a->ref_attr_name && !strcmp(a->ref_attr_name, "k") && a->type == ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__FLOAT);
+		CHECK(a && a->ref_attr_name && !strcmp(a->ref_attr_name, "k") &&
+		      a->type == ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__FLOAT);
 		onnx__model_proto__free_unpacked(m, NULL);
 	}
 
@@ -255,9 +256,16 @@ static void test_exact_numbers(void)
 		uint64_t b64 = state ^ (state << 17);
 		if (i < 8) {
 			/* the edges: zeros, subnormals, the largest values, infinities */
-			static const uint32_t e32[] = {0, 0x80000000u, 1, 0x807fffffu, 0x7f7fffffu, 0xff7fffffu, 0x7f800000u, 0xff800000u};
-			static const uint64_t e64[] = {0, 1ull << 63, 1, 0x800fffffffffffffull, 0x7fefffffffffffffull,
-			                               0xffefffffffffffffull, 0x7ff0000000000000ull, 0xfff0000000000000ull};
+			static const uint32_t e32[] = {0,           0x80000000u, 1,           0x807fffffu,
+			                               0x7f7fffffu, 0xff7fffffu, 0x7f800000u, 0xff800000u};
+			static const uint64_t e64[] = {0,
+			                               1ull << 63,
+			                               1,
+			                               0x800fffffffffffffull,
+			                               0x7fefffffffffffffull,
+			                               0xffefffffffffffffull,
+			                               0x7ff0000000000000ull,
+			                               0xfff0000000000000ull};
 			b32 = e32[i];
 			b64 = e64[i];
 		}
@@ -303,30 +311,35 @@ struct bad {
 };
 
 static const struct bad bad_texts[] = {
-	{"", "line 1, column 1: expected '=>'"},
-	{"<ir_version: x>", "line 1, column 14: expected a number"},
-	{"<\n  ir_version: 8,\n  colour: \"red\"\n> g () => () {}", "line 3, column 3: unknown model key 'colour'"},
-	{"g (float x) => (float y) {\n  y = Relu (x\n}", "line 3, column 1: expected ')' after the node inputs"},
-	{"g (float x) => (float y) {\n  y = Relu (x)\n", "line 3, column 1: the nodes end without a '}'"},
-	{"g (float x) = > (float y) {}", "line 1, column 13: expected '=>'"},
-	{"g () => () { y = C <s = \"open> () }", "line 1, column 25: string not closed"},
-	{"g () => () { y = C <a = 99999999999999999999> () }", "line 1, column 25: integer 99999999999999999999 is out of range"},
-	{"g () => () { y = C <a = 1e999> () }", "line 1, column 25: number 1e999 is out of the range of float"},
-	{"g () => () { y = C <a: int = 1.5> () }", "line 1, column 30: attribute 'a' is declared int but its value is a float"},
-	{"g () => () { y = C <a = []> () }", "line 1, column 26: the empty list of attribute 'a' needs a list type"},
-	{"g () => () { y = C <a = [1, \"s\"]> () }", "line 1, column 29: attribute 'a': a list of ints cannot hold a string"},
-	{"g () => () <float[N] w = {1}> {}", "line 1, column 13: dimension 0 of a tensor value must be a number"},
-	{"g () => () <int8[1] w = {1.5}> {}", "line 1, column 26: expected an integer, found 1.5"},
-	{"g () => () <int8[1] w = {3000000000}> {}", "line 1, column 26: value 3000000000 does not fit a int8 tensor"},
-	{"g () => () <uint64[1] w = {-1}> {}", "line 1, column 28: expected an unsigned integer"},
-	{"g () => () <float[2] w = ...> {}", "line 1, column 26: the tensor's values were left out"},
-	{"g (flot x) => () {}", "line 1, column 9: expected ')' to close the graph inputs, found 'x'"},
-	{"g (map(float16[2], int64) x) => () {}", "line 1, column 15: expected ',' after the key type of a map"},
-	{"g () => () {} <domain: \"d\"> f (x) => (y) { y = Op (x) } trailing", "line 1, column 65: expected '(' to open the function inputs"},
-	{"g () => () {} #@ training_info <update_binding: [\"a\" \"b\"]>", "line 1, column 54: expected ':' after the key"},
-	{"g () => () { y = C <a = @> () }", "line 1, column 26: expected the name of a function attribute"},
-	{"g () => () { y = C <a = nonsense> () }", "line 1, column 33: expected '=>'"},
-	{"g () => () { y = C <a = 1.5.2> () }", "line 1, column 28: expected '>' to close the attributes"},
+        {"", "line 1, column 1: expected '=>'"},
+        {"<ir_version: x>", "line 1, column 14: expected a number"},
+        {"<\n  ir_version: 8,\n  colour: \"red\"\n> g () => () {}", "line 3, column 3: unknown model key 'colour'"},
+        {"g (float x) => (float y) {\n  y = Relu (x\n}", "line 3, column 1: expected ')' after the node inputs"},
+        {"g (float x) => (float y) {\n  y = Relu (x)\n", "line 3, column 1: the nodes end without a '}'"},
+        {"g (float x) = > (float y) {}", "line 1, column 13: expected '=>'"},
+        {"g () => () { y = C <s = \"open> () }", "line 1, column 25: string not closed"},
+        {"g () => () { y = C <a = 99999999999999999999> () }",
+         "line 1, column 25: integer 99999999999999999999 is out of range"},
+        {"g () => () { y = C <a = 1e999> () }", "line 1, column 25: number 1e999 is out of the range of float"},
+        {"g () => () { y = C <a: int = 1.5> () }",
+         "line 1, column 30: attribute 'a' is declared int but its value is a float"},
+        {"g () => () { y = C <a = []> () }", "line 1, column 26: the empty list of attribute 'a' needs a list type"},
+        {"g () => () { y = C <a = [1, \"s\"]> () }",
+         "line 1, column 29: attribute 'a': a list of ints cannot hold a string"},
+        {"g () => () <float[N] w = {1}> {}", "line 1, column 13: dimension 0 of a tensor value must be a number"},
+        {"g () => () <int8[1] w = {1.5}> {}", "line 1, column 26: expected an integer, found 1.5"},
+        {"g () => () <int8[1] w = {3000000000}> {}", "line 1, column 26: value 3000000000 does not fit a int8 tensor"},
+        {"g () => () <uint64[1] w = {-1}> {}", "line 1, column 28: expected an unsigned integer"},
+        {"g () => () <float[2] w = ...> {}", "line 1, column 26: the tensor's values were left out"},
+        {"g (flot x) => () {}", "line 1, column 9: expected ')' to close the graph inputs, found 'x'"},
+        {"g (map(float16[2], int64) x) => () {}", "line 1, column 15: expected ',' after the key type of a map"},
+        {"g () => () {} <domain: \"d\"> f (x) => (y) { y = Op (x) } trailing",
+         "line 1, column 65: expected '(' to open the function inputs"},
+        {"g () => () {} #@ training_info <update_binding: [\"a\" \"b\"]>",
+         "line 1, column 54: expected ':' after the key"},
+        {"g () => () { y = C <a = @> () }", "line 1, column 26: expected the name of a function attribute"},
+        {"g () => () { y = C <a = nonsense> () }", "line 1, column 33: expected '=>'"},
+        {"g () => () { y = C <a = 1.5.2> () }", "line 1, column 28: expected '>' to close the attributes"},
 };
 
 static void test_errors(void)
@@ -335,10 +348,11 @@ static void test_errors(void)
 		Onnx__ModelProto *m = (Onnx__ModelProto *)1;
 		tern_status st = tern_text_parse_model(bad_texts[i].text, strlen(bad_texts[i].text), "t", &m);
 		bool ok = st == TERN_EDATA && m == NULL &&
-		          !strncmp(tern_error(), bad_texts[i].message, strlen(bad_texts[i].message));
+		        !strncmp(tern_error(), bad_texts[i].message, strlen(bad_texts[i].message));
 		CHECK(ok);
 		if (!ok)
-			fprintf(stderr, "  text %zu: got \"%s\", want \"%s...\"\n", i, tern_error(), bad_texts[i].message);
+			fprintf(stderr, "  text %zu: got \"%s\", want \"%s...\"\n", i, tern_error(),
+			        bad_texts[i].message);
 	}
 
 	/* nesting deep enough to exhaust a stack is refused */
