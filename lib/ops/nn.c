@@ -726,10 +726,10 @@ typedef struct conv_params {
 	bool pointwise; /* 1x1, stride 1, no padding: the input is its own column matrix */
 	bool depthwise; /* one input channel per group: direct loops beat a product with K = kernel size */
 	int64_t *rows2; /* depthwise: per tap of the last slot, the outputs [lo, hi) it reaches inside the input */
-	/* Depthwise with unit strides in the last two slots: each input plane is copied into a zero-padded
-	 * buffer ph x pw, and every tap becomes one long loop over an out[1] x pw output buffer. */
-	bool padded;
-	int64_t ph, pw, slots, slot_elems;
+	/* Depthwise float 1-D and 2-D: input planes split by stride phase (below), in scratch per slot */
+	bool dw_grid;
+	int64_t slots, slot_elems;
+	struct dw_shape const *dw_kernel; /* a kernel for the machine and this shape, else NULL */
 	int64_t offset_group; /* DeformConv */
 	tern_packed **packed; /* float32 weights known when planning, packed per group */
 	struct conv_tap *taps; /* with packed weights, 3-D: per kernel tap, its offsets and reach */
@@ -947,48 +947,8 @@ typedef struct conv_ctx {
 		}                                                                                                      \
 	}
 
-#define DEF_DEPTHWISE_PADDED(S, T)                                                                         \
-	HOT static void depthwise_padded_##S(void *ctx, int64_t begin, int64_t end, int64_t slot)                \
-	{                                                                                                      \
-		const conv_ctx *c = ctx;                                                                           \
-		const conv_params *cp = c->cp;                                                                     \
-		const window *w = &cp->w;                                                                          \
-		int64_t pw = cp->pw, n_y = w->out[1] * pw, n_x = cp->slot_elems - n_y;                             \
-		T *restrict xp = (T *)c->scratch + slot * cp->slot_elems, *restrict yp = xp + n_x;                 \
-		memset(xp, 0, (size_t)n_x * sizeof *xp);                                                           \
-		for (int64_t plane = begin; plane < end; plane++) {                                                \
-			int64_t n = plane / cp->cout, m = plane % cp->cout;                                            \
-			const T *x = (const T *)c->x + (n * cp->cin + m / cp->mg) * cp->in_sp;                         \
-			const T *wk = (const T *)c->wt + m * cp->kk;                                                   \
-			T *y = (T *)c->y + plane * cp->out_sp;                                                         \
-			T b = c->bias ? ((const T *)c->bias)[m] : 0;                                                   \
-			for (int64_t o0 = 0; o0 < w->out[0]; o0++) {                                                   \
-				for (int64_t i = 0; i < n_y; i++)                                                          \
-					yp[i] = b;                                                                             \
-				int64_t s0 = o0 * w->s[0] - w->pb[0], l0, h0;                                              \
-				taps_within(s0, w->k[0], w->d[0], 0, w->in[0], &l0, &h0);                                  \
-				for (int64_t k0 = l0; k0 < h0; k0++) {                                                     \
-					const T *xs = x + (s0 + k0 * w->d[0]) * w->in[1] * w->in[2];                           \
-					for (int64_t r = 0; r < w->in[1]; r++)                                                 \
-						memcpy(xp + (r + w->pb[1]) * pw + w->pb[2], xs + r * w->in[2], (size_t)w->in[2] * sizeof *xp); \
-					for (int64_t k1 = 0; k1 < w->k[1]; k1++)                                               \
-						for (int64_t k2 = 0; k2 < w->k[2]; k2++) {                                         \
-							T wv = wk[(k0 * w->k[1] + k1) * w->k[2] + k2];                                 \
-							const T *restrict src = xp + k1 * w->d[1] * pw + k2 * w->d[2];                 \
-							for (int64_t i = 0; i < n_y; i++)                                              \
-								yp[i] += wv * src[i];                                                      \
-						}                                                                                  \
-				}                                                                                          \
-				for (int64_t o1 = 0; o1 < w->out[1]; o1++)                                                 \
-					memcpy(y + (o0 * w->out[1] + o1) * w->out[2], yp + o1 * pw, (size_t)w->out[2] * sizeof *y); \
-			}                                                                                              \
-		}                                                                                                  \
-	}
-
 DEF_DEPTHWISE(f32, float)
 DEF_DEPTHWISE(f64, double)
-DEF_DEPTHWISE_PADDED(f32, float)
-DEF_DEPTHWISE_PADDED(f64, double)
 
 static void add_bias_rows(int dtype, void *y, const void *bias, int64_t rows, int64_t cols)
 {
@@ -1098,38 +1058,45 @@ typedef struct phase_ctx {
 	float *planes;
 } phase_ctx;
 
+/* One channel's phase planes from its input plane xc: the part inside the input and, with borders,
+ * the zeros around it (planes that keep their zeros from one channel to the next need them once). */
+HOT static void phase_split(const conv_params *cp, const float *xc, float *planes, bool borders)
+{
+	const window *w = &cp->w;
+	int64_t s1 = w->s[1], s2 = w->s[2], in2 = w->in[2], wq = cp->wq;
+	for (int64_t q = 0; q < cp->n_phases; q++) {
+		float *plane = planes + q * cp->hq * wq;
+		int64_t r0 = cp->phases[2 * q] - w->pb[1], c0 = cp->phases[2 * q + 1] - w->pb[2], lo, hi, ilo, ihi;
+		/* plane rows i and columns j whose input row r0 + i * s1 and column c0 + j * s2 are inside */
+		outputs_within(r0, s1, w->in[1], cp->hq, &ilo, &ihi);
+		outputs_within(c0, s2, in2, wq, &lo, &hi);
+		if (borders) {
+			memset(plane, 0, (size_t)(ilo * wq) * sizeof *plane);
+			memset(plane + ihi * wq, 0, (size_t)((cp->hq - ihi) * wq) * sizeof *plane);
+		}
+		for (int64_t i = ilo; i < ihi; i++) {
+			float *dst = plane + i * wq;
+			const float *restrict src = xc + (r0 + i * s1) * in2 + c0;
+			if (borders) {
+				memset(dst, 0, (size_t)lo * sizeof *dst);
+				memset(dst + hi, 0, (size_t)(wq - hi) * sizeof *dst);
+			}
+			if (s2 == 1)
+				memcpy(dst + lo, src + lo, (size_t)(hi - lo) * sizeof *dst);
+			else
+				for (int64_t j = lo; j < hi; j++)
+					dst[j] = src[j * s2];
+		}
+	}
+}
+
 /* The phase planes of channels [begin, end). */
-HOT static void phase_planes(void *ctx, int64_t begin, int64_t end)
+static void phase_planes(void *ctx, int64_t begin, int64_t end)
 {
 	const phase_ctx *c = ctx;
 	const conv_params *cp = c->cp;
-	const window *w = &cp->w;
-	int64_t s1 = w->s[1], s2 = w->s[2], in1 = w->in[1], in2 = w->in[2], wq = cp->wq;
-	for (int64_t ch = begin; ch < end; ch++) {
-		const float *xc = c->x + ch * cp->in_sp;
-		for (int64_t q = 0; q < cp->n_phases; q++) {
-			float *plane = c->planes + (ch * cp->n_phases + q) * cp->hq * wq;
-			int64_t r0 = cp->phases[2 * q] - w->pb[1], c0 = cp->phases[2 * q + 1] - w->pb[2], lo, hi;
-			/* plane columns j whose input column c0 + j * s2 lies inside the row */
-			outputs_within(c0, s2, in2, wq, &lo, &hi);
-			for (int64_t i = 0; i < cp->hq; i++) {
-				float *dst = plane + i * wq;
-				int64_t r = r0 + i * s1;
-				if (r < 0 || r >= in1) {
-					memset(dst, 0, (size_t)wq * sizeof *dst);
-					continue;
-				}
-				const float *restrict src = xc + r * in2 + c0;
-				memset(dst, 0, (size_t)lo * sizeof *dst);
-				if (s2 == 1)
-					memcpy(dst + lo, src + lo, (size_t)(hi - lo) * sizeof *dst);
-				else
-					for (int64_t j = lo; j < hi; j++)
-						dst[j] = src[j * s2];
-				memset(dst + hi, 0, (size_t)(wq - hi) * sizeof *dst);
-			}
-		}
-	}
+	for (int64_t ch = begin; ch < end; ch++)
+		phase_split(cp, c->x + ch * cp->in_sp, c->planes + ch * cp->n_phases * cp->hq * cp->wq, true);
 }
 
 typedef struct grid_ctx {
@@ -1138,15 +1105,20 @@ typedef struct grid_ctx {
 	float *y;
 } grid_ctx;
 
-/* Output channels [begin, end) of the rows kernel's grid, without the columns past out[2]. */
+/* One output plane from its grid, without the columns past out[2]. */
+static void grid_to_plane(const conv_params *cp, const float *grid, float *y)
+{
+	int64_t o1 = cp->w.out[1], o2 = cp->w.out[2];
+	for (int64_t i = 0; i < o1; i++)
+		memcpy(y + i * o2, grid + i * cp->wq, (size_t)o2 * sizeof *y);
+}
+
+/* Output channels [begin, end) of the rows kernel's grid. */
 static void grid_copy(void *ctx, int64_t begin, int64_t end)
 {
 	const grid_ctx *c = ctx;
-	const conv_params *cp = c->cp;
-	int64_t o1 = cp->w.out[1], o2 = cp->w.out[2];
 	for (int64_t m = begin; m < end; m++)
-		for (int64_t i = 0; i < o1; i++)
-			memcpy(c->y + (m * o1 + i) * o2, c->grid + m * cp->grid_n + i * cp->wq, (size_t)o2 * sizeof *c->y);
+		grid_to_plane(c->cp, c->grid + m * c->cp->grid_n, c->y + m * c->cp->out_sp);
 }
 
 /* One group of one image through the packed weights, its column matrix read in place. */
@@ -1177,6 +1149,213 @@ static void conv_direct(const tern_kernel_args *a, const conv_params *cp, int64_
 	}
 }
 
+/* A depthwise output plane on the grid of out[1] x wq positions: each position sums kk taps, tap t
+ * reading the phase planes at row_off[t] past it; vector by vector with all taps in registers. */
+typedef float dw_vec __attribute__((vector_size(64)));
+typedef float dw_vecu __attribute__((vector_size(64), aligned(4), may_alias));
+
+static inline __attribute__((always_inline)) dw_vec dw_sum(int64_t kk, const float *restrict src,
+                                                           const int64_t *restrict off, const float *restrict wk,
+                                                           float b, int64_t i)
+{
+	/* two partial sums, so that the additions are not one long chain */
+	dw_vec s0 = (dw_vec){0} + b, s1 = (dw_vec){0};
+	int64_t t = 0;
+	for (; t + 2 <= kk; t += 2) {
+		s0 += wk[t] * *(const dw_vecu *)(src + off[t] + i);
+		s1 += wk[t + 1] * *(const dw_vecu *)(src + off[t + 1] + i);
+	}
+	if (t < kk)
+		s0 += wk[t] * *(const dw_vecu *)(src + off[t] + i);
+	return s0 + s1;
+}
+
+static inline __attribute__((always_inline)) void dw_taps(int64_t kk, const float *restrict src,
+                                                          const int64_t *restrict off, const float *restrict wk,
+                                                          float b, float *restrict dst, int64_t n)
+{
+	int64_t i = 0;
+	for (; i + 32 <= n; i += 32) {
+		dw_vec v0 = dw_sum(kk, src, off, wk, b, i), v1 = dw_sum(kk, src, off, wk, b, i + 16);
+		*(dw_vecu *)(dst + i) = v0;
+		*(dw_vecu *)(dst + i + 16) = v1;
+	}
+	if (i + 16 <= n) {
+		*(dw_vecu *)(dst + i) = dw_sum(kk, src, off, wk, b, i);
+		i += 16;
+	}
+	/* the last vector ends at n, overlapping the one before */
+	if (i < n && n >= 16) {
+		*(dw_vecu *)(dst + n - 16) = dw_sum(kk, src, off, wk, b, n - 16);
+		return;
+	}
+	for (; i < n; i++) {
+		float acc = b;
+		for (int64_t t = 0; t < kk; t++)
+			acc += wk[t] * src[off[t] + i];
+		dst[i] = acc;
+	}
+}
+
+/* Fixed tap counts unroll fully: 3 x 3 and 5 x 5 kernels. */
+HOT static void dw_taps_9(const float *src, const int64_t *off, const float *wk, float b, float *dst, int64_t n)
+{
+	dw_taps(9, src, off, wk, b, dst, n);
+}
+
+HOT static void dw_taps_25(const float *src, const int64_t *off, const float *wk, float b, float *dst, int64_t n)
+{
+	dw_taps(25, src, off, wk, b, dst, n);
+}
+
+HOT static void dw_taps_any(int64_t kk, const float *src, const int64_t *off, const float *wk, float b, float *dst,
+                            int64_t n)
+{
+	dw_taps(kk, src, off, wk, b, dst, n);
+}
+
+static void dw_run(const conv_params *cp, const float *src, const float *wk, float b, float *dst, int64_t n)
+{
+	if (cp->kk == 9)
+		dw_taps_9(src, cp->row_off, wk, b, dst, n);
+	else if (cp->kk == 25)
+		dw_taps_25(src, cp->row_off, wk, b, dst, n);
+	else
+		dw_taps_any(cp->kk, src, cp->row_off, wk, b, dst, n);
+}
+
+/* Depthwise kernels for AVX-512 and common shapes (3 x 3 and 5 x 5, strides 1 and 2): the phase planes'
+ * rows start on vectors, so each vector of outputs loads the aligned vector under it and the next one
+ * from every row a tap reads, and shifts them into place for the taps in that row (vpermt2ps) instead
+ * of loading each tap unaligned. The last vector of a row is stored masked. */
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define DW512 __attribute__((target("avx512f")))
+
+DW512 static inline __attribute__((always_inline)) void dw512_plane(const int kh, const int kw, const int st,
+                                                                      const float *planes[4], int64_t wq,
+                                                                      const float *restrict wk, float b,
+                                                                      float *restrict y, int64_t o1n, int64_t o2n)
+{
+	__m512i iota = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+	__mmask16 last = (__mmask16)(0xffffu >> (15 - (o2n - 1) % 16));
+	for (int64_t o1 = 0; o1 < o1n; o1++) {
+		float *yr = y + o1 * o2n;
+		for (int64_t i = 0; i < o2n; i += 16) {
+			__m512 acc0 = _mm512_set1_ps(b), acc1 = _mm512_setzero_ps();
+			for (int k1 = 0; k1 < kh; k1++)
+				for (int pc = 0; pc < st; pc++) {
+					const float *row = planes[k1 % st * st + pc] + (o1 + k1 / st) * wq + i;
+					__m512 a = _mm512_load_ps(row), next = _mm512_load_ps(row + 16);
+					for (int k2 = pc; k2 < kw; k2 += st) {
+						int sh = k2 / st;
+						__m512 v = sh ? _mm512_permutex2var_ps(a, _mm512_add_epi32(iota, _mm512_set1_epi32(sh)), next) : a;
+						__m512 wv = _mm512_set1_ps(wk[k1 * kw + k2]);
+						if ((k1 * kw + k2) % 2)
+							acc1 = _mm512_fmadd_ps(wv, v, acc1);
+						else
+							acc0 = _mm512_fmadd_ps(wv, v, acc0);
+					}
+				}
+			__m512 sum = _mm512_add_ps(acc0, acc1);
+			if (i + 16 <= o2n)
+				_mm512_storeu_ps(yr + i, sum);
+			else
+				_mm512_mask_storeu_ps(yr + i, last, sum);
+		}
+	}
+}
+
+typedef void (*dw512_fn)(const float *planes[4], int64_t wq, const float *wk, float b, float *y, int64_t o1n,
+                         int64_t o2n);
+#define DEF_DW512(KH, KW, S)                                                                                 \
+	DW512 static void dw512_##KH##x##KW##s##S(const float *planes[4], int64_t wq, const float *wk, float b, float *y, \
+	                                         int64_t o1n, int64_t o2n)                                     \
+	{                                                                                                    \
+		dw512_plane(KH, KW, S, planes, wq, wk, b, y, o1n, o2n);                                          \
+	}
+DEF_DW512(3, 3, 1)
+DEF_DW512(3, 3, 2)
+DEF_DW512(5, 5, 1)
+DEF_DW512(5, 5, 2)
+
+typedef struct dw_shape {
+	int k, s;
+	dw512_fn fn;
+} dw_shape;
+
+static const dw_shape dw_shapes[] = {
+	{3, 1, dw512_3x3s1}, {3, 2, dw512_3x3s2}, {5, 1, dw512_5x5s1}, {5, 2, dw512_5x5s2},
+};
+
+static const dw_shape *dw_vector_kernel(const window *w, int dtype)
+{
+	if (dtype == TERN_DOUBLE || !__builtin_cpu_supports("avx512f") || w->d[1] != 1 || w->d[2] != 1 ||
+	    w->k[1] != w->k[2] || w->s[1] != w->s[2])
+		return NULL;
+	for (size_t i = 0; i < TERN_ARRAY_LEN(dw_shapes); i++)
+		if (dw_shapes[i].k == w->k[1] && dw_shapes[i].s == w->s[1])
+			return &dw_shapes[i];
+	return NULL;
+}
+
+/* One output plane through the vector kernel: the phase planes by phase (row, column). */
+static void dw_vector_plane(const conv_params *cp, const float *planes, const float *wk, float b, float *y)
+{
+	const float *by_phase[4] = {planes, planes, planes, planes};
+	for (int64_t q = 0; q < cp->n_phases; q++)
+		by_phase[cp->phases[2 * q] * cp->dw_kernel->s + cp->phases[2 * q + 1]] = planes + q * cp->hq * cp->wq;
+	cp->dw_kernel->fn(by_phase, cp->wq, wk, b, y, cp->w.out[1], cp->w.out[2]);
+}
+#else
+typedef struct dw_shape {
+	int unused;
+} dw_shape;
+
+static const dw_shape *dw_vector_kernel(const window *w, int dtype) { return NULL; }
+
+static void dw_vector_plane(const conv_params *cp, const float *planes, const float *wk, float b, float *y) {}
+#endif
+
+/* Input planes [begin, end) of a float depthwise convolution: each is split into its phase planes once
+ * (unless it is its own; the zero borders are written once per call), then every output channel it
+ * feeds is computed on the grid: output row by output row when rows are a vector long or more, else
+ * the whole grid at once and copied without the columns past out[2]. */
+static void depthwise_grid(void *ctx, int64_t begin, int64_t end, int64_t slot)
+{
+	const conv_ctx *c = ctx;
+	const conv_params *cp = c->cp;
+	const window *w = &cp->w;
+	float *planes = (float *)c->scratch + slot * cp->slot_elems;
+	float *grid = planes + (cp->split ? cp->n_phases * cp->hq * cp->wq : 0);
+	bool by_row = w->out[2] >= 16 || cp->wq == w->out[2];
+	for (int64_t plane = begin; plane < end; plane++) {
+		int64_t n = plane / cp->cin, ch = plane % cp->cin;
+		const float *x = (const float *)c->x + plane * cp->in_sp, *src = x;
+		if (cp->split) {
+			if (plane == begin) /* the vector past the planes */
+				memset(planes + cp->n_phases * cp->hq * cp->wq, 0, 16 * sizeof *planes);
+			phase_split(cp, x, planes, plane == begin);
+			src = planes;
+		}
+		for (int64_t m = ch * cp->mg; m < (ch + 1) * cp->mg; m++) {
+			const float *wk = (const float *)c->wt + m * cp->kk;
+			float b = c->bias ? ((const float *)c->bias)[m] : 0, *y = (float *)c->y + (n * cp->cout + m) * cp->out_sp;
+			if (cp->dw_kernel)
+				dw_vector_plane(cp, planes, wk, b, y);
+			else if (cp->wq == w->out[2])
+				dw_run(cp, src, wk, b, y, cp->out_sp);
+			else if (by_row)
+				for (int64_t o1 = 0; o1 < w->out[1]; o1++)
+					dw_run(cp, src + o1 * cp->wq, wk, b, y + o1 * w->out[2], w->out[2]);
+			else {
+				dw_run(cp, src, wk, b, grid, cp->grid_n);
+				grid_to_plane(cp, grid, y);
+			}
+		}
+	}
+}
+
 static tern_status conv_kernel(const tern_kernel_args *a)
 {
 	const conv_params *cp = a->params;
@@ -1188,9 +1367,9 @@ static tern_status conv_kernel(const tern_kernel_args *a)
 	if (cp->depthwise) {
 		conv_ctx c = {cp, x, wt, bias, y, a->scratch};
 		int64_t grain = grain_for(cp->out_sp * cp->kk);
-		if (cp->padded)
-			parallel_slots(a->pool, cp->n * cp->cout, grain, cp->slots,
-			               dtype == TERN_DOUBLE ? depthwise_padded_f64 : depthwise_padded_f32, &c);
+		if (cp->dw_grid)
+			parallel_slots(a->pool, cp->n * cp->cin, grain_for(cp->mg * cp->out_sp * cp->kk), cp->slots,
+			               depthwise_grid, &c);
 		else
 			parallel_range(a->pool, cp->n * cp->cout, grain, dtype == TERN_DOUBLE ? depthwise_planes_f64 : depthwise_planes_f32,
 			               &c);
@@ -1263,19 +1442,24 @@ static tern_status conv_setup(tern_prepare_args *p, const tern_tensor *x, const 
 	return TERN_OK;
 }
 
-/* The phase planes, row offsets and kernel of a 1-D or 2-D convolution with packed weights. */
-static tern_status conv_direct_setup(tern_prepare_args *p, conv_params *cp)
+/* The phase planes of a 1-D or 2-D convolution and the offsets of its taps in them, for `channels`
+ * input channels. */
+static tern_status phase_setup(const tern_node *node, conv_params *cp, int64_t channels, bool vector_rows)
 {
 	const window *w = &cp->w;
 	int64_t s1 = w->s[1], s2 = w->s[2];
-	cp->direct = true;
-	cp->split = s1 > 1 || s2 > 1 || w->pb[1] || w->pb[2] || w->pe[1] || w->pe[2];
+	cp->split = vector_rows || s1 > 1 || s2 > 1 || w->pb[1] || w->pb[2] || w->pe[1] || w->pe[2];
 	if (cp->split) {
 		/* the padded input, or as much of it as the taps reach, in whole strides */
 		int64_t hp = w->pb[1] + w->in[1] + w->pe[1], need_h = (w->out[1] - 1) * s1 + (w->k[1] - 1) * w->d[1] + 1;
 		int64_t wp = w->pb[2] + w->in[2] + w->pe[2], need_w = (w->out[2] - 1) * s2 + (w->k[2] - 1) * w->d[2] + 1;
 		cp->hq = ceil_div(hp > need_h ? hp : need_h, s1);
 		cp->wq = ceil_div(wp > need_w ? wp : need_w, s2);
+		/* rows of whole vectors, with a vector to spare past the outputs' last */
+		if (vector_rows) {
+			int64_t need = ceil_div(w->out[2], 16) * 16 + 16;
+			cp->wq = ceil_div(cp->wq > need ? cp->wq : need, 16) * 16;
+		}
 	} else {
 		cp->hq = w->in[1];
 		cp->wq = w->in[2];
@@ -1283,10 +1467,10 @@ static tern_status conv_direct_setup(tern_prepare_args *p, conv_params *cp)
 	/* the phases the taps use, numbered in order of first use */
 	int64_t *phase_at = malloc((size_t)(s1 * s2) * sizeof *phase_at);
 	cp->phases = malloc((size_t)(2 * s1 * s2) * sizeof *cp->phases);
-	cp->row_off = malloc((size_t)(cp->cg * cp->kk) * sizeof *cp->row_off);
+	cp->row_off = malloc((size_t)(channels * cp->kk) * sizeof *cp->row_off);
 	if (!phase_at || !cp->phases || !cp->row_off) {
 		free(phase_at);
-		return no_memory(p->node);
+		return no_memory(node);
 	}
 	for (int64_t i = 0; i < s1 * s2; i++)
 		phase_at[i] = -1;
@@ -1301,13 +1485,24 @@ static tern_status conv_direct_setup(tern_prepare_args *p, conv_params *cp)
 	int64_t plane = cp->hq * cp->wq;
 	for (int64_t t = 0; t < cp->kk; t++) {
 		int64_t r = t / w->k[2] * w->d[1], c = t % w->k[2] * w->d[2], ph = r % s1 * s2 + c % s2;
-		for (int64_t ch = 0; ch < cp->cg; ch++)
+		for (int64_t ch = 0; ch < channels; ch++)
 			cp->row_off[ch * cp->kk + t] = (ch * cp->n_phases + phase_at[ph]) * plane + r / s1 * cp->wq + c / s2;
 	}
 	free(phase_at);
 	cp->grid_n = (w->out[1] - 1) * cp->wq + w->out[2];
+	return TERN_OK;
+}
+
+/* The product's kernel and scratch for a 1-D or 2-D convolution with packed weights. */
+static tern_status conv_direct_setup(tern_prepare_args *p, conv_params *cp)
+{
+	tern_status st = phase_setup(p->node, cp, cp->cg, false);
+	if (st)
+		return st;
+	const window *w = &cp->w;
+	cp->direct = true;
 	cp->kind = tern_gemm_choose(cp->packed[0], cp->grid_n, w->out[1], w->out[2], false);
-	size_t planes = cp->split ? round_up((size_t)(cp->cg * cp->n_phases * plane) * sizeof(float)) : 0;
+	size_t planes = cp->split ? round_up((size_t)(cp->cg * cp->n_phases * cp->hq * cp->wq) * sizeof(float)) : 0;
 	cp->grid_off = planes;
 	bool gaps = cp->kind == TERN_GEMM_ROWS && cp->wq != w->out[2];
 	p->scratch_bytes = planes + (gaps ? (size_t)(cp->mg * cp->grid_n) * sizeof(float) : 0);
@@ -1327,16 +1522,16 @@ static tern_status conv_prepare(tern_prepare_args *p)
 		return st;
 	cp->depthwise = cp->cg == 1 && !cp->pointwise;
 	const window *w = &cp->w;
-	cp->padded = cp->depthwise && w->s[1] == 1 && w->s[2] == 1;
-	if (cp->padded) {
-		int64_t ph = w->in[1] + w->pb[1] + w->pe[1], need_h = w->out[1] + (w->k[1] - 1) * w->d[1];
-		int64_t pw = w->in[2] + w->pb[2] + w->pe[2], need_w = w->out[2] + (w->k[2] - 1) * w->d[2];
-		cp->ph = ph > need_h ? ph : need_h;
-		cp->pw = pw > need_w ? pw : need_w;
-		/* the padded plane, room for the last row's overhang, then the output buffer */
-		cp->slot_elems = (cp->ph * cp->pw + (w->k[2] - 1) * w->d[2] + w->out[1] * cp->pw + 15) / 16 * 16;
+	cp->dw_grid = cp->depthwise && x->dtype != TERN_DOUBLE && w->k[0] == 1 && w->in[0] == 1;
+	if (cp->dw_grid) {
+		cp->dw_kernel = dw_vector_kernel(w, x->dtype);
+		if ((st = phase_setup(node, cp, 1, cp->dw_kernel != NULL)))
+			return st;
+		/* the phase planes and a vector past them, then the grid when it has columns to drop */
+		cp->slot_elems = (cp->split ? cp->n_phases * cp->hq * cp->wq + 16 : 0) + (w->out[2] < 16 ? cp->grid_n : 0);
+		cp->slot_elems = (cp->slot_elems + 15) / 16 * 16;
 		cp->slots = slots_for(p->pool);
-		p->scratch_bytes = (size_t)(cp->slots * cp->slot_elems) * compute_size(x->dtype);
+		p->scratch_bytes = (size_t)(cp->slots * cp->slot_elems) * sizeof(float);
 	} else if (cp->depthwise) {
 		if (!(cp->rows2 = malloc(2 * (size_t)w->k[2] * sizeof *cp->rows2)))
 			return no_memory(node);
