@@ -726,8 +726,15 @@ static tern_status fx_prepare_fused(tern_prepare_args *p, const char *main_op, i
 	return fx_prepare_epilogue(p, f);
 }
 
-/* tern.FusedConv (X, W, [B], [Z]): activation(Conv(X, W, B) + Z), Z of the output's shape. */
-static tern_status fused_conv_prepare(tern_prepare_args *p) { return fx_prepare_fused(p, "Conv", 3, false, 3); }
+/* tern.FusedConv (X, W, [B], [Z]): activation(Conv(X, W, B) + Z), Z of the output's shape. The convolution
+ * applies Z and the activation itself as it stores its outputs when it can. */
+static tern_status fused_conv_prepare(tern_prepare_args *p)
+{
+	tern_status st = tern_fused_conv_prepare(p);
+	if (st || p->kernel)
+		return st;
+	return fx_prepare_fused(p, "Conv", 3, false, 3);
+}
 
 /* tern.FusedGemm (A, B, [C]): activation(Gemm(A, B, C)) with Gemm's attributes. */
 static tern_status fused_gemm_prepare(tern_prepare_args *p) { return fx_prepare_fused(p, "Gemm", 3, false, -1); }

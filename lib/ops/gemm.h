@@ -32,13 +32,31 @@ typedef struct tern_gemm_b {
 	int64_t ldb, width, stride, step;
 } tern_gemm_b;
 
+/* An activation applied where results are stored, instead of in a pass over the output after them:
+ * y = act(y + add), add optional and laid out like y. tern.FusedConv's vocabulary, but for Gelu. */
+typedef enum tern_act_kind {
+	TERN_ACT_NONE, TERN_ACT_RELU, TERN_ACT_CLIP, TERN_ACT_LEAKYRELU, TERN_ACT_SIGMOID, TERN_ACT_SILU, TERN_ACT_TANH,
+	TERN_ACT_HARDSIGMOID, TERN_ACT_HARDSWISH,
+} tern_act_kind;
+typedef struct tern_act {
+	tern_act_kind kind;
+	float alpha, beta; /* Clip's bounds, LeakyRelu's and HardSigmoid's parameters */
+} tern_act;
+/* The activation a fused node's `activation` and `activation_params` name; false for one not above. */
+bool tern_act_from_node(const tern_node *node, tern_act *act);
+/* y[i] = act(y[i] + add[i]) for i < n (add NULL: none). */
+void tern_act_run(const tern_act *act, float *y, const float *add, int64_t n);
+
 /* Where C = A B goes: element (i, j) at data + i * ldc + j, or with trans at data + j * ldc + i.
- * accumulate adds the product to C; otherwise C = A B + bias[i] (bias NULL: none). */
+ * accumulate adds the product to C; otherwise C = A B + bias[i] (bias NULL: none). Then, with act,
+ * each element becomes act(C + add) as it is finished, add (optional) laid out like C. */
 typedef struct tern_gemm_c {
 	float *data;
 	int64_t ldc;
 	bool trans, accumulate;
 	const float *bias;
+	const tern_act *act;
+	const float *add;
 } tern_gemm_c;
 
 /* Two kernels multiply a packed A: "rows" (blocks of A's rows by wide runs of contiguous columns of B)
@@ -66,6 +84,11 @@ typedef void (*tern_fill_b)(const void *ctx, int64_t k0, int64_t kc, int64_t col
                             int64_t nr);
 void tern_gemm_packed_fill(tern_threadpool *pool, const tern_packed *a, int64_t n, tern_fill_b fill, const void *ctx,
                            const float *bias, float *c, int64_t ldc);
+
+/* tern.FusedConv in one pass when it can be (nn.c): a float convolution with weights known when planning,
+ * whose residual input and activation are applied as the outputs are stored. Leaves p->kernel NULL when
+ * it cannot, for the fused operators' general path. */
+tern_status tern_fused_conv_prepare(tern_prepare_args *p);
 
 /* float16 and bfloat16 storage to and from float, for kernels that compute in float. */
 void tern_half_to_f32(int dtype, const uint16_t *src, float *dst, int64_t n);

@@ -1,8 +1,15 @@
 /* matmul.c — matrix products: MatMul, Gemm, MatMulInteger, QLinearMatMul and Einsum. float and double
  * go to OpenBLAS; float16 and bfloat16 are widened to float; integers use plain C. Also the product
  * with packed weights that the convolutions use. */
+/* GCC's default -ftrapping-math keeps float comparisons (the activations' clamps) from becoming vector
+ * selects; tern never reads the floating-point exception flags. Before the includes, so that the inline
+ * helpers of ops_common.h are compiled with it. */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("no-trapping-math")
+#endif
 #include "internal.h"
 #include "ops/gemm.h"
+#include "ops/ops_common.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -126,6 +133,84 @@ void tern_f32_to_half(int dtype, const float *src, uint16_t *dst, int64_t n)
 	else
 		for (int64_t i = 0; i < n; i++)
 			dst[i] = tern_f32_to_f16(src[i]);
+}
+
+/* ---------------------------------------------------------------- activations where results are stored */
+
+/* The loops are also compiled for AVX2 and AVX-512 and chosen when the library loads. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__linux__) && TERN_MULTIVERSION
+#define HOT __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define HOT
+#endif
+
+bool tern_act_from_node(const tern_node *node, tern_act *act)
+{
+	static const struct {
+		const char *name;
+		tern_act_kind kind;
+		float alpha, beta; /* defaults */
+	} names[] = {
+		{"", TERN_ACT_NONE, 0, 0},           {"Relu", TERN_ACT_RELU, 0, 0},
+		{"Clip", TERN_ACT_CLIP, -INFINITY, INFINITY}, {"LeakyRelu", TERN_ACT_LEAKYRELU, 0.01f, 0},
+		{"Sigmoid", TERN_ACT_SIGMOID, 0, 0}, {"Silu", TERN_ACT_SILU, 0, 0},
+		{"Tanh", TERN_ACT_TANH, 0, 0},       {"HardSigmoid", TERN_ACT_HARDSIGMOID, 0.2f, 0.5f},
+		{"HardSwish", TERN_ACT_HARDSWISH, 1.0f / 6, 0.5f},
+	};
+	const char *name = tern_attr_string(node, "activation", "");
+	size_t n = 0;
+	const float *params = tern_attr_floats(node, "activation_params", &n);
+	for (size_t i = 0; i < TERN_ARRAY_LEN(names); i++)
+		if (strcmp(name, names[i].name) == 0) {
+			*act = (tern_act){names[i].kind, names[i].alpha, names[i].beta};
+			if (n > 0 && names[i].kind != TERN_ACT_HARDSWISH)
+				act->alpha = params[0];
+			if (n > 1 && names[i].kind != TERN_ACT_HARDSWISH)
+				act->beta = params[1];
+			return true;
+		}
+	return false;
+}
+
+#define ACT_LOOP(EXPR)                                                   \
+	do {                                                                 \
+		if (add)                                                         \
+			for (int64_t i = 0; i < n; i++) {                            \
+				float x = y[i] + add[i];                                 \
+				y[i] = (EXPR);                                           \
+			}                                                            \
+		else                                                             \
+			for (int64_t i = 0; i < n; i++) {                            \
+				float x = y[i];                                          \
+				y[i] = (EXPR);                                           \
+			}                                                            \
+	} while (0)
+
+HOT void tern_act_run(const tern_act *act, float *restrict y, const float *restrict add, int64_t n)
+{
+	float al = act->alpha, be = act->beta;
+	switch (act->kind) {
+	case TERN_ACT_NONE: ACT_LOOP(x); break;
+	case TERN_ACT_RELU: ACT_LOOP(x > 0 ? x : 0); break;
+	case TERN_ACT_CLIP: ACT_LOOP(x < al ? al : x > be ? be : x); break;
+	case TERN_ACT_LEAKYRELU: ACT_LOOP(x >= 0 ? x : al * x); break;
+	case TERN_ACT_SIGMOID: ACT_LOOP(1 / (1 + tern_fast_expf(-x))); break;
+	case TERN_ACT_SILU: ACT_LOOP(x / (1 + tern_fast_expf(-x))); break;
+	case TERN_ACT_TANH: ACT_LOOP(tern_fast_tanhf(x)); break;
+	case TERN_ACT_HARDSIGMOID: ACT_LOOP(fminf(fmaxf(al * x + be, 0), 1)); break;
+	case TERN_ACT_HARDSWISH: ACT_LOOP(x * fminf(fmaxf(al * x + be, 0), 1)); break;
+	}
+}
+
+/* The finished elements of a block of C: act(C + add) row by row, each of n elements. */
+static void act_block(const tern_gemm_c *c, float *first, int64_t rows, int64_t n)
+{
+	if (!c->act)
+		return;
+	for (int64_t r = 0; r < rows; r++) {
+		float *row = first + r * c->ldc;
+		tern_act_run(c->act, row, c->add ? c->add + (row - c->data) : NULL, n);
+	}
 }
 
 /* ---------------------------------------------------------------- products with a packed left operand */
@@ -433,6 +518,8 @@ static void rows_task(void *ctx, int64_t t)
 				          c->ldc, (int)min64(isa->r, pa->m - row0), (int)cols, c->bias ? c->bias + row0 : NULL, add);
 			}
 	}
+	int64_t row0 = p0 * isa->p;
+	act_block(c, c->data + row0 * c->ldc + col0, min64(p1 * isa->p, pa->m) - row0, cols);
 }
 
 static void run_rows(tern_threadpool *pool, const tern_packed *a, int64_t n, const tern_gemm_b *b, const tern_gemm_c *c,
@@ -477,6 +564,10 @@ static void cols_task(void *ctx, int64_t t)
 		float *cp = c->trans ? c->data + col * c->ldc + row0 : c->data + row0 * c->ldc + col;
 		isa->cols[x1 - x0](pa->k, a, b->data + r * b->stride + x0 * b->step, b->row_off, b->ldb, b->step, cp, c->ldc,
 		                   rows, bias, c->accumulate, c->trans);
+		if (c->trans)
+			act_block(c, cp, x1 - x0, rows);
+		else
+			act_block(c, cp, rows, x1 - x0);
 	}
 }
 

@@ -730,6 +730,10 @@ typedef struct conv_params {
 	bool dw_grid;
 	int64_t slots, slot_elems;
 	struct dw_shape const *dw_kernel; /* a kernel for the machine and this shape, else NULL */
+	/* tern.FusedConv: act(conv + Z) (Z, input 3, optional), applied as outputs are finished where the
+	 * path allows (in_pass: after the whole output otherwise) */
+	bool fused, in_pass;
+	tern_act act;
 	int64_t offset_group; /* DeformConv */
 	tern_packed **packed; /* float32 weights known when planning, packed per group */
 	struct conv_tap *taps; /* with packed weights, 3-D: per kernel tap, its offsets and reach */
@@ -902,6 +906,7 @@ typedef struct conv_ctx {
 	const conv_params *cp;
 	const void *x, *wt, *bias;
 	void *y, *scratch;
+	const float *z; /* tern.FusedConv's residual input, or NULL */
 } conv_ctx;
 
 /* Depthwise convolution, one output plane per call: for each kernel tap, a whole output row gains
@@ -1058,6 +1063,33 @@ typedef struct phase_ctx {
 	float *planes;
 } phase_ctx;
 
+/* dst[j] = src[2 j] for j < n, sixteen at a time from two vectors. */
+typedef float vec16f __attribute__((vector_size(64)));
+typedef float vec16fu __attribute__((vector_size(64), aligned(4), may_alias));
+typedef int32_t vec16i __attribute__((vector_size(64)));
+#if defined(__clang__)
+#define EVEN_LANES(a, b) __builtin_shufflevector(a, b, 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30)
+#else
+#define EVEN_LANES(a, b) __builtin_shuffle(a, b, (vec16i){0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30})
+#endif
+
+HOT static void every_other(const float *restrict src, float *restrict dst, int64_t n, int64_t readable)
+{
+	/* the vectors at j read src[2 j .. 2 j + 31]; src[0 .. readable) may be read */
+	int64_t j = 0;
+	for (; j + 16 <= n && 2 * j + 32 <= readable; j += 16) {
+		vec16f a = *(const vec16fu *)(src + 2 * j), b = *(const vec16fu *)(src + 2 * j + 16);
+		*(vec16fu *)(dst + j) = EVEN_LANES(a, b);
+	}
+	if (j < n && n >= 16 && 2 * n <= readable) { /* the last sixteen, overlapping the ones before */
+		vec16f a = *(const vec16fu *)(src + 2 * n - 32), b = *(const vec16fu *)(src + 2 * n - 16);
+		*(vec16fu *)(dst + n - 16) = EVEN_LANES(a, b);
+		return;
+	}
+	for (; j < n; j++)
+		dst[j] = src[2 * j];
+}
+
 /* One channel's phase planes from its input plane xc: the part inside the input and, with borders,
  * the zeros around it (planes that keep their zeros from one channel to the next need them once). */
 HOT static void phase_split(const conv_params *cp, const float *xc, float *planes, bool borders)
@@ -1083,6 +1115,8 @@ HOT static void phase_split(const conv_params *cp, const float *xc, float *plane
 			}
 			if (s2 == 1)
 				memcpy(dst + lo, src + lo, (size_t)(hi - lo) * sizeof *dst);
+			else if (s2 == 2) /* what may be read: the rest of the input plane */
+				every_other(src + 2 * lo, dst + lo, hi - lo, (w->in[1] - r0 - i * s1) * in2 - c0 - 2 * lo);
 			else
 				for (int64_t j = lo; j < hi; j++)
 					dst[j] = src[j * s2];
@@ -1103,30 +1137,37 @@ typedef struct grid_ctx {
 	const conv_params *cp;
 	const float *grid;
 	float *y;
+	const float *z;
 } grid_ctx;
 
-/* One output plane from its grid, without the columns past out[2]. */
-static void grid_to_plane(const conv_params *cp, const float *grid, float *y)
+/* One output plane from its grid, without the columns past out[2]; then a fused activation on it with
+ * z, the residual's plane (NULL: none), while it is in cache. */
+static void grid_to_plane(const conv_params *cp, const float *grid, float *y, const float *z)
 {
 	int64_t o1 = cp->w.out[1], o2 = cp->w.out[2];
 	for (int64_t i = 0; i < o1; i++)
 		memcpy(y + i * o2, grid + i * cp->wq, (size_t)o2 * sizeof *y);
+	if (cp->fused)
+		tern_act_run(&cp->act, y, z, cp->out_sp);
 }
 
 /* Output channels [begin, end) of the rows kernel's grid. */
 static void grid_copy(void *ctx, int64_t begin, int64_t end)
 {
 	const grid_ctx *c = ctx;
+	const conv_params *cp = c->cp;
 	for (int64_t m = begin; m < end; m++)
-		grid_to_plane(c->cp, c->grid + m * c->cp->grid_n, c->y + m * c->cp->out_sp);
+		grid_to_plane(cp, c->grid + m * cp->grid_n, c->y + m * cp->out_sp, c->z ? c->z + m * cp->out_sp : NULL);
 }
 
-/* One group of one image through the packed weights, its column matrix read in place. */
+/* One group of one image through the packed weights, its column matrix read in place; z is the fused
+ * residual's group (NULL: none). */
 static void conv_direct(const tern_kernel_args *a, const conv_params *cp, int64_t g, const float *x, const float *bias,
-                        float *y)
+                        float *y, const float *z)
 {
 	const window *w = &cp->w;
 	const float *planes = x;
+	const tern_act *act = cp->fused ? &cp->act : NULL;
 	if (cp->split) {
 		phase_ctx pc = {cp, x, a->scratch};
 		parallel_range(a->pool, cp->cg, grain_for(cp->n_phases * cp->hq * cp->wq), phase_planes, &pc);
@@ -1134,40 +1175,38 @@ static void conv_direct(const tern_kernel_args *a, const conv_params *cp, int64_
 	}
 	if (cp->kind == TERN_GEMM_COLS) {
 		tern_gemm_b b = {planes, cp->row_off, 0, w->out[2], cp->wq, 1};
-		tern_gemm_c c = {y, cp->out_sp, false, false, bias};
+		tern_gemm_c c = {y, cp->out_sp, false, false, bias, act, z};
 		tern_gemm_packed_run(a->pool, cp->packed[g], cp->out_sp, &b, &c, TERN_GEMM_COLS);
 		return;
 	}
 	bool gaps = cp->wq != w->out[2];
 	float *grid = gaps ? (float *)((char *)a->scratch + cp->grid_off) : y;
 	tern_gemm_b b = {planes, cp->row_off, 0, cp->grid_n, cp->grid_n, 1};
-	tern_gemm_c c = {grid, gaps ? cp->grid_n : cp->out_sp, false, false, bias};
+	tern_gemm_c c = {grid, gaps ? cp->grid_n : cp->out_sp, false, false, bias, gaps ? NULL : act, z};
 	tern_gemm_packed_run(a->pool, cp->packed[g], cp->grid_n, &b, &c, TERN_GEMM_ROWS);
 	if (gaps) {
-		grid_ctx gc = {cp, grid, y};
+		grid_ctx gc = {cp, grid, y, z};
 		parallel_range(a->pool, cp->mg, grain_for(cp->out_sp), grid_copy, &gc);
 	}
 }
 
 /* A depthwise output plane on the grid of out[1] x wq positions: each position sums kk taps, tap t
  * reading the phase planes at row_off[t] past it; vector by vector with all taps in registers. */
-typedef float dw_vec __attribute__((vector_size(64)));
-typedef float dw_vecu __attribute__((vector_size(64), aligned(4), may_alias));
 
-static inline __attribute__((always_inline)) dw_vec dw_sum(int64_t kk, const float *restrict src,
-                                                           const int64_t *restrict off, const float *restrict wk,
-                                                           float b, int64_t i)
+/* dst[i .. i + 16) from all taps; two partial sums, so that the additions are not one long chain. */
+static inline __attribute__((always_inline)) void dw_sum(int64_t kk, const float *restrict src,
+                                                         const int64_t *restrict off, const float *restrict wk, float b,
+                                                         float *restrict dst, int64_t i)
 {
-	/* two partial sums, so that the additions are not one long chain */
-	dw_vec s0 = (dw_vec){0} + b, s1 = (dw_vec){0};
+	vec16f s0 = (vec16f){0} + b, s1 = (vec16f){0};
 	int64_t t = 0;
 	for (; t + 2 <= kk; t += 2) {
-		s0 += wk[t] * *(const dw_vecu *)(src + off[t] + i);
-		s1 += wk[t + 1] * *(const dw_vecu *)(src + off[t + 1] + i);
+		s0 += wk[t] * *(const vec16fu *)(src + off[t] + i);
+		s1 += wk[t + 1] * *(const vec16fu *)(src + off[t + 1] + i);
 	}
 	if (t < kk)
-		s0 += wk[t] * *(const dw_vecu *)(src + off[t] + i);
-	return s0 + s1;
+		s0 += wk[t] * *(const vec16fu *)(src + off[t] + i);
+	*(vec16fu *)(dst + i) = s0 + s1;
 }
 
 static inline __attribute__((always_inline)) void dw_taps(int64_t kk, const float *restrict src,
@@ -1176,17 +1215,16 @@ static inline __attribute__((always_inline)) void dw_taps(int64_t kk, const floa
 {
 	int64_t i = 0;
 	for (; i + 32 <= n; i += 32) {
-		dw_vec v0 = dw_sum(kk, src, off, wk, b, i), v1 = dw_sum(kk, src, off, wk, b, i + 16);
-		*(dw_vecu *)(dst + i) = v0;
-		*(dw_vecu *)(dst + i + 16) = v1;
+		dw_sum(kk, src, off, wk, b, dst, i);
+		dw_sum(kk, src, off, wk, b, dst, i + 16);
 	}
 	if (i + 16 <= n) {
-		*(dw_vecu *)(dst + i) = dw_sum(kk, src, off, wk, b, i);
+		dw_sum(kk, src, off, wk, b, dst, i);
 		i += 16;
 	}
 	/* the last vector ends at n, overlapping the one before */
 	if (i < n && n >= 16) {
-		*(dw_vecu *)(dst + n - 16) = dw_sum(kk, src, off, wk, b, n - 16);
+		dw_sum(kk, src, off, wk, b, dst, n - 16);
 		return;
 	}
 	for (; i < n; i++) {
@@ -1341,6 +1379,7 @@ static void depthwise_grid(void *ctx, int64_t begin, int64_t end, int64_t slot)
 		for (int64_t m = ch * cp->mg; m < (ch + 1) * cp->mg; m++) {
 			const float *wk = (const float *)c->wt + m * cp->kk;
 			float b = c->bias ? ((const float *)c->bias)[m] : 0, *y = (float *)c->y + (n * cp->cout + m) * cp->out_sp;
+			const float *z = c->z ? c->z + (n * cp->cout + m) * cp->out_sp : NULL;
 			if (cp->dw_kernel)
 				dw_vector_plane(cp, planes, wk, b, y);
 			else if (cp->wq == w->out[2])
@@ -1350,10 +1389,21 @@ static void depthwise_grid(void *ctx, int64_t begin, int64_t end, int64_t slot)
 					dw_run(cp, src + o1 * cp->wq, wk, b, y + o1 * w->out[2], w->out[2]);
 			else {
 				dw_run(cp, src, wk, b, grid, cp->grid_n);
-				grid_to_plane(cp, grid, y);
+				grid_to_plane(cp, grid, y, z);
+				continue;
 			}
+			if (cp->fused)
+				tern_act_run(&cp->act, y, z, cp->out_sp);
 		}
 	}
+}
+
+/* A fused activation over the whole output, for the paths that do not apply it as they go. */
+static tern_status conv_act_pass(const tern_kernel_args *a, const conv_params *cp, const float *z)
+{
+	if (cp->fused && cp->in_pass)
+		tern_act_run(&cp->act, a->out[0]->data, z, tern_tensor_numel(a->out[0]));
+	return TERN_OK;
 }
 
 static tern_status conv_kernel(const tern_kernel_args *a)
@@ -1364,8 +1414,9 @@ static tern_status conv_kernel(const tern_kernel_args *a)
 	const char *x = a->in[0]->data, *wt = a->in[1]->data;
 	const void *bias = a->n_in > 2 && a->in[2] ? a->in[2]->data : NULL;
 	char *y = a->out[0]->data;
+	const float *z = cp->fused && a->n_in > 3 && a->in[3] ? a->in[3]->data : NULL;
 	if (cp->depthwise) {
-		conv_ctx c = {cp, x, wt, bias, y, a->scratch};
+		conv_ctx c = {cp, x, wt, bias, y, a->scratch, z};
 		int64_t grain = grain_for(cp->out_sp * cp->kk);
 		if (cp->dw_grid)
 			parallel_slots(a->pool, cp->n * cp->cin, grain_for(cp->mg * cp->out_sp * cp->kk), cp->slots,
@@ -1373,16 +1424,23 @@ static tern_status conv_kernel(const tern_kernel_args *a)
 		else
 			parallel_range(a->pool, cp->n * cp->cout, grain, dtype == TERN_DOUBLE ? depthwise_planes_f64 : depthwise_planes_f32,
 			               &c);
-		return TERN_OK;
+		return conv_act_pass(a, cp, z);
 	}
 	int64_t ck = cp->cg * cp->kk;
 	for (int64_t n = 0; n < cp->n; n++)
 		for (int64_t g = 0; g < cp->group; g++) {
+			int64_t y0 = (n * cp->cout + g * cp->mg) * cp->out_sp;
 			const char *xg = x + (size_t)((n * cp->cin + g * cp->cg) * cp->in_sp) * es;
-			char *yg = y + (size_t)((n * cp->cout + g * cp->mg) * cp->out_sp) * es;
+			char *yg = y + (size_t)y0 * es;
 			const void *bg = bias ? (const char *)bias + (size_t)(g * cp->mg) * es : NULL;
 			if (cp->direct) {
-				conv_direct(a, cp, g, (const float *)xg, bg, (float *)yg);
+				conv_direct(a, cp, g, (const float *)xg, bg, (float *)yg, z ? z + y0 : NULL);
+				continue;
+			}
+			if (cp->packed && cp->pointwise) {
+				tern_gemm_b b = {(const float *)xg, NULL, cp->out_sp, cp->out_sp, cp->out_sp, 1};
+				tern_gemm_c c = {(float *)yg, cp->out_sp, false, false, bg, cp->fused ? &cp->act : NULL, z ? z + y0 : NULL};
+				tern_gemm_packed_run(a->pool, cp->packed[g], cp->out_sp, &b, &c, TERN_GEMM_AUTO);
 				continue;
 			}
 			if (cp->packed && !cp->pointwise) {
@@ -1397,7 +1455,7 @@ static tern_status conv_kernel(const tern_kernel_args *a)
 			}
 			group_product(a, cp, g, false, cp->mg, cp->out_sp, ck, wt + (size_t)(g * cp->mg * ck) * es, col, bg, yg);
 		}
-	return TERN_OK;
+	return conv_act_pass(a, cp, z);
 }
 
 /* Shapes shared by Conv and ConvInteger: X [N, C, spatial], W [M, C/group, kernel]. */
@@ -1561,7 +1619,38 @@ static tern_status conv_prepare(tern_prepare_args *p)
 	return stage_halves(p);
 }
 
+tern_status tern_fused_conv_prepare(tern_prepare_args *p)
+{
+	tern_act act;
+	const tern_tensor *x = p->in[0], *wt = p->n_in > 1 ? p->in[1] : NULL, *z = p->n_in > 3 ? p->in[3] : NULL;
+	bool one_output = p->n_out >= 1 && p->out[0];
+	for (int i = 1; i < p->n_out; i++)
+		one_output &= !p->out[i];
+	if (!one_output || p->n_in > 4 || !x || !wt || x->dtype != TERN_FLOAT || wt->dtype != TERN_FLOAT || !wt->data ||
+	    (z && z->dtype != TERN_FLOAT) || !tern_act_from_node(p->node, &act))
+		return TERN_OK;
+	tern_status st = conv_prepare(p);
+	if (st)
+		return st;
+	conv_params *cp = p->params;
+	const tern_tensor *y = p->out[0];
+	if (z && (z->rank != y->rank || memcmp(z->dims, y->dims, (size_t)y->rank * sizeof *y->dims) != 0)) {
+		/* a residual that broadcasts: the general path */
+		p->free_params(p->params);
+		p->params = NULL;
+		p->free_params = NULL;
+		p->kernel = NULL;
+		p->scratch_bytes = 0;
+		return TERN_OK;
+	}
+	cp->fused = true;
+	cp->act = act;
+	cp->in_pass = !cp->direct && !cp->dw_grid && !(cp->packed && cp->pointwise);
+	return TERN_OK;
+}
+
 /* ConvInteger and QLinearConv: acc = (x - x_zero_point) conv (w - w_zero_point) in int32, the
+
  * operands widened into scratch; w's zero point may be one per output channel. */
 static void integer_conv(const tern_kernel_args *a, const tern_tensor *x, const tern_tensor *zx, const tern_tensor *wt,
                          const tern_tensor *zw, int32_t *acc)
