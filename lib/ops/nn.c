@@ -727,7 +727,7 @@ typedef struct conv_params {
 	bool depthwise; /* one input channel per group: direct loops beat a product with K = kernel size */
 	int64_t *rows2; /* depthwise: per tap of the last slot, the outputs [lo, hi) it reaches inside the input */
 	/* Depthwise float 1-D and 2-D: input planes split by stride phase (below), in scratch per slot */
-	bool dw_grid;
+	bool dw_grid, dw_blocks;
 	int64_t slots, slot_elems;
 	struct dw_shape const *dw_kernel; /* a kernel for the machine and this shape, else NULL */
 	/* tern.FusedConv: act(conv + Z) (Z, input 3, optional), applied as outputs are finished where the
@@ -1337,6 +1337,148 @@ static const dw_shape *dw_vector_kernel(const window *w, int dtype)
 	return NULL;
 }
 
+#define DW_BLOCKS_MAX_PLANE (60 * 60) /* padded positions of the largest plane done by channel blocks */
+
+/* Small planes waste most of a vector per row, so channels go across the vectors instead: a block of
+ * 16 channels is transposed into positions x 16 channels (zero-padded), each output position sums its
+ * taps as whole vectors (aligned loads whatever the stride), and the result is transposed back. */
+DW512 static inline __attribute__((always_inline)) void tr16(__m512 r[16])
+{
+	__m512 t[16];
+	for (int i = 0; i < 16; i += 2) {
+		t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+		t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+	}
+	for (int i = 0; i < 16; i += 4) {
+		__m512d a = _mm512_castps_pd(t[i]), b = _mm512_castps_pd(t[i + 1]);
+		__m512d c = _mm512_castps_pd(t[i + 2]), d = _mm512_castps_pd(t[i + 3]);
+		r[i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
+		r[i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
+		r[i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
+		r[i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
+	}
+	for (int i = 0; i < 16; i += 8)
+		for (int j = 0; j < 4; j++) {
+			t[i + j] = _mm512_shuffle_f32x4(r[i + j], r[i + j + 4], 0x88);
+			t[i + j + 4] = _mm512_shuffle_f32x4(r[i + j], r[i + j + 4], 0xdd);
+		}
+	for (int j = 0; j < 8; j++) {
+		r[j] = _mm512_shuffle_f32x4(t[j], t[j + 8], 0x88);
+		r[j + 8] = _mm512_shuffle_f32x4(t[j], t[j + 8], 0xdd);
+	}
+}
+
+/* The taps of output positions (o1, *) of a channel block: t holds the padded input, hp x wp positions
+ * of 16 floats; o gets out[2] positions. kh, kw, st and d are constants in the kernels below. */
+DW512 static inline __attribute__((always_inline)) void dw16_row(const int kh, const int kw, const int64_t s1,
+                                                                  const int64_t s2, const int64_t d1, const int64_t d2,
+                                                                  const float *restrict t, int64_t wp,
+                                                                  const __m512 *restrict wv, __m512 bias,
+                                                                  float *restrict o, int64_t o1, int64_t o2n)
+{
+	for (int64_t o2 = 0; o2 < o2n; o2++) {
+		__m512 acc0 = bias, acc1 = _mm512_setzero_ps();
+		for (int k1 = 0; k1 < kh; k1++) {
+			const float *row = t + ((o1 * s1 + k1 * d1) * wp + o2 * s2) * 16;
+			for (int k2 = 0; k2 < kw; k2++) {
+				__m512 v = _mm512_load_ps(row + k2 * d2 * 16);
+				if ((k1 * kw + k2) % 2)
+					acc1 = _mm512_fmadd_ps(wv[k1 * kw + k2], v, acc1);
+				else
+					acc0 = _mm512_fmadd_ps(wv[k1 * kw + k2], v, acc0);
+			}
+		}
+		_mm512_store_ps(o + o2 * 16, _mm512_add_ps(acc0, acc1));
+	}
+}
+
+typedef void (*dw16_fn)(const conv_params *cp, const float *t, int64_t wp, const __m512 *wv, __m512 bias, float *o);
+#define DEF_DW16(NAME, KH, KW, S1, S2, D1, D2)                                                                    \
+	DW512 static void NAME(const conv_params *cp, const float *t, int64_t wp, const __m512 *wv, __m512 bias, float *o) \
+	{                                                                                                          \
+		for (int64_t o1 = 0; o1 < cp->w.out[1]; o1++)                                                          \
+			dw16_row(KH, KW, S1, S2, D1, D2, t, wp, wv, bias, o + o1 * cp->w.out[2] * 16, o1, cp->w.out[2]);   \
+	}
+DEF_DW16(dw16_3x3s1, 3, 3, 1, 1, 1, 1)
+DEF_DW16(dw16_3x3s2, 3, 3, 2, 2, 1, 1)
+DEF_DW16(dw16_5x5s1, 5, 5, 1, 1, 1, 1)
+DEF_DW16(dw16_5x5s2, 5, 5, 2, 2, 1, 1)
+DEF_DW16(dw16_any, (int)cp->w.k[1], (int)cp->w.k[2], cp->w.s[1], cp->w.s[2], cp->w.d[1], cp->w.d[2])
+
+/* Padded extent of the input in slot i: as far as the taps reach, or the padding, whichever is more. */
+static int64_t dw16_extent(const window *w, int i)
+{
+	int64_t reach = (w->out[i] - 1) * w->s[i] + (w->k[i] - 1) * w->d[i] + 1, padded = w->pb[i] + w->in[i] + w->pe[i];
+	return reach > padded ? reach : padded;
+}
+
+/* Blocks of 16 channels [begin, end) (batch-major) of a depthwise convolution without a multiplier. */
+DW512 static void depthwise_blocks(void *ctx, int64_t begin, int64_t end, int64_t slot)
+{
+	const conv_ctx *c = ctx;
+	const conv_params *cp = c->cp;
+	const window *w = &cp->w;
+	int64_t hp = dw16_extent(w, 1), wp = dw16_extent(w, 2), in_sp = cp->in_sp, out_sp = cp->out_sp;
+	int64_t blocks = (cp->cin + 15) / 16;
+	float *t = (float *)c->scratch + slot * cp->slot_elems, *o = t + hp * wp * 16;
+	memset(t, 0, (size_t)(hp * wp * 16) * sizeof *t);
+	dw16_fn fn = w->d[1] != 1 || w->d[2] != 1 || w->k[1] != w->k[2] || w->s[1] != w->s[2] ? dw16_any
+	             : w->k[1] == 3 && w->s[1] == 1 ? dw16_3x3s1
+	             : w->k[1] == 3 && w->s[1] == 2 ? dw16_3x3s2
+	             : w->k[1] == 5 && w->s[1] == 1 ? dw16_5x5s1
+	             : w->k[1] == 5 && w->s[1] == 2 ? dw16_5x5s2
+	                                            : dw16_any;
+	__m512 wv[64];
+	for (int64_t blk = begin; blk < end; blk++) {
+		int64_t n = blk / blocks, c0 = blk % blocks * 16, nc = cp->cin - c0 < 16 ? cp->cin - c0 : 16;
+		const float *x = (const float *)c->x + (n * cp->cin + c0) * in_sp;
+		float *y = (float *)c->y + (n * cp->cout + c0) * out_sp;
+		__mmask16 chans = (__mmask16)(0xffffu >> (16 - nc));
+		for (int64_t k = 0; k < cp->kk; k++) {
+			float v[16] = {0};
+			for (int64_t ch = 0; ch < nc; ch++)
+				v[ch] = ((const float *)c->wt)[(c0 + ch) * cp->kk + k];
+			wv[k] = _mm512_loadu_ps(v);
+		}
+		__m512 bias = c->bias ? _mm512_maskz_loadu_ps(chans, (const float *)c->bias + c0) : _mm512_setzero_ps();
+		/* positions x channels, inside the zero border */
+		for (int64_t p0 = 0; p0 < in_sp; p0 += 16) {
+			int64_t np = in_sp - p0 < 16 ? in_sp - p0 : 16;
+			__mmask16 m = (__mmask16)(0xffffu >> (16 - np));
+			__m512 r[16];
+			for (int ch = 0; ch < 16; ch++)
+				r[ch] = ch < nc ? _mm512_maskz_loadu_ps(m, x + ch * in_sp + p0) : _mm512_setzero_ps();
+			tr16(r);
+			for (int l = 0; l < np; l++) {
+				int64_t p = p0 + l, i1 = p / w->in[2] + w->pb[1], i2 = p % w->in[2] + w->pb[2];
+				_mm512_store_ps(t + (i1 * wp + i2) * 16, r[l]);
+			}
+		}
+		fn(cp, t, wp, wv, bias, o);
+		for (int64_t p0 = 0; p0 < out_sp; p0 += 16) {
+			int64_t np = out_sp - p0 < 16 ? out_sp - p0 : 16;
+			__mmask16 m = (__mmask16)(0xffffu >> (16 - np));
+			__m512 r[16];
+			for (int l = 0; l < 16; l++)
+				r[l] = l < np ? _mm512_load_ps(o + (p0 + l) * 16) : _mm512_setzero_ps();
+			tr16(r);
+			for (int ch = 0; ch < nc; ch++)
+				_mm512_mask_storeu_ps(y + ch * out_sp + p0, m, r[ch]);
+		}
+		if (cp->fused)
+			tern_act_run(&cp->act, y, c->z ? c->z + (n * cp->cout + c0) * out_sp : NULL, nc * out_sp);
+	}
+}
+
+/* Whether channel blocks suit a depthwise convolution: AVX-512, no multiplier, planes small enough for
+ * their padded transpose to stay in cache, taps that fit the registers. */
+static bool dw_blocks_suit(const conv_params *cp)
+{
+	const window *w = &cp->w;
+	return __builtin_cpu_supports("avx512f") && cp->mg == 1 && w->k[0] == 1 && w->in[0] == 1 && cp->kk <= 64 &&
+	       dw16_extent(w, 1) * dw16_extent(w, 2) <= DW_BLOCKS_MAX_PLANE;
+}
+
 /* One output plane through the vector kernel: the phase planes by phase (row, column). */
 static void dw_vector_plane(const conv_params *cp, const float *planes, const float *wk, float b, float *y)
 {
@@ -1351,6 +1493,12 @@ typedef struct dw_shape {
 } dw_shape;
 
 static const dw_shape *dw_vector_kernel(const window *w, int dtype) { return NULL; }
+
+static bool dw_blocks_suit(const conv_params *cp) { return false; }
+
+static void depthwise_blocks(void *ctx, int64_t begin, int64_t end, int64_t slot) {}
+
+static int64_t dw16_extent(const window *w, int i) { return 0; }
 
 static void dw_vector_plane(const conv_params *cp, const float *planes, const float *wk, float b, float *y) {}
 #endif
@@ -1418,7 +1566,10 @@ static tern_status conv_kernel(const tern_kernel_args *a)
 	if (cp->depthwise) {
 		conv_ctx c = {cp, x, wt, bias, y, a->scratch, z};
 		int64_t grain = grain_for(cp->out_sp * cp->kk);
-		if (cp->dw_grid)
+		if (cp->dw_blocks)
+			parallel_slots(a->pool, cp->n * ((cp->cin + 15) / 16), grain_for(16 * cp->out_sp * cp->kk), cp->slots,
+			               depthwise_blocks, &c);
+		else if (cp->dw_grid)
 			parallel_slots(a->pool, cp->n * cp->cin, grain_for(cp->mg * cp->out_sp * cp->kk), cp->slots,
 			               depthwise_grid, &c);
 		else
@@ -1581,7 +1732,13 @@ static tern_status conv_prepare(tern_prepare_args *p)
 	cp->depthwise = cp->cg == 1 && !cp->pointwise;
 	const window *w = &cp->w;
 	cp->dw_grid = cp->depthwise && x->dtype != TERN_DOUBLE && w->k[0] == 1 && w->in[0] == 1;
-	if (cp->dw_grid) {
+	cp->dw_blocks = cp->dw_grid && dw_blocks_suit(cp);
+	if (cp->dw_blocks) {
+		/* the padded input and the output, positions x 16 channels */
+		cp->slot_elems = (dw16_extent(w, 1) * dw16_extent(w, 2) + cp->out_sp) * 16;
+		cp->slots = slots_for(p->pool);
+		p->scratch_bytes = (size_t)(cp->slots * cp->slot_elems) * sizeof(float);
+	} else if (cp->dw_grid) {
 		cp->dw_kernel = dw_vector_kernel(w, x->dtype);
 		if ((st = phase_setup(node, cp, 1, cp->dw_kernel != NULL)))
 			return st;
@@ -1645,7 +1802,8 @@ tern_status tern_fused_conv_prepare(tern_prepare_args *p)
 	}
 	cp->fused = true;
 	cp->act = act;
-	cp->in_pass = !cp->direct && !cp->dw_grid && !(cp->packed && cp->pointwise);
+	cp->in_pass = !cp->direct && !cp->dw_grid && !cp->dw_blocks && !(cp->packed && cp->pointwise);
+
 	return TERN_OK;
 }
 
