@@ -474,7 +474,7 @@ def header_lines(info):
 
 def report(opt, info, rows, chains, baseline):
     out = [*header_lines(info),
-           f"Versions: " + ", ".join(f"{k} {v}" for k, v in info["versions"].items()) + ".",
+           "Versions: " + ", ".join(f"{k} {v}" for k, v in info["versions"].items()) + ".",
            f"Method: {opt.rounds} alternating rounds (PyTorch {min(opt.rounds, opt.torch_rounds)}), each a fresh process; "
            f"latency = median over rounds of each round's median (fastest: the single fastest run of each), batch 1; tern runs "
            + ("tern-optimize's output" if opt.optimize else "the graph as exported") + f"; MB = peak RSS of the whole process; "
@@ -514,6 +514,34 @@ def report(opt, info, rows, chains, baseline):
     return "\n".join(out)
 
 
+def add_options(ap, models, tools):
+    """The options both benchmarks take; tools are the tern programs they run."""
+    build = os.environ.get("TERN_BUILD", "build")
+    ap.add_argument("--models", type=parse_list, default=",".join(models), help="comma-separated (default: %(default)s)")
+    ap.add_argument("--threads", type=lambda s: parse_list(s, int), default=[1, 2], help="comma-separated (default 1,2)")
+    ap.add_argument("--rounds", type=int, default=5, help="alternating rounds (default 5)")
+    ap.add_argument("--iters", type=int, default=None, help="timed iterations per round (default: about --target seconds)")
+    ap.add_argument("--target", type=float, default=1.0, help="seconds of timed runs per measurement (default 1)")
+    ap.add_argument("--quick", action="store_true", help="2 rounds of about 0.3 s: a smoke test, not a measurement")
+    ap.add_argument("--json", metavar="FILE", help="also write the results as JSON to FILE (-: instead of the markdown)")
+    for tool in tools:
+        ap.add_argument("--" + tool, default=os.path.join(build, "bin", tool), help="(default: %(default)s)")
+    ap.add_argument("--cache", default=os.path.join(build, "tests", "models", "cache"),
+                    help="exported models (default: %(default)s)")
+
+
+def check_options(prog, opt, known_models, tools):
+    """Exits with a message for an unknown model or a tool that is not there; applies --quick."""
+    for n in opt.models:
+        if n not in known_models:
+            sys.exit(f"{prog}: unknown model {n!r} (known: {', '.join(known_models)})")
+    for tool in tools:
+        if not os.access(tool, os.X_OK):
+            sys.exit(f"{prog}: {tool}: not an executable (set TERN_BUILD)")
+    if opt.quick:
+        opt.rounds, opt.target = 2, 0.3
+
+
 def write_results(json_path, results, markdown):
     """The markdown on standard output, and the results as JSON to json_path ('-': instead of it)."""
     if json_path != "-":
@@ -528,33 +556,18 @@ def main():
     if len(sys.argv) == 3 and sys.argv[1] == "--child":
         child(json.loads(sys.argv[2]))
         return 0
-    build = os.environ.get("TERN_BUILD", "build")
     ap = argparse.ArgumentParser(description="Benchmark tern-run against onnxruntime and PyTorch eager.")
-    ap.add_argument("--models", type=parse_list, default=DEFAULT_MODELS, help="comma-separated (default: %(default)s)")
-    ap.add_argument("--threads", type=lambda s: parse_list(s, int), default=[1, 2], help="comma-separated (default 1,2)")
-    ap.add_argument("--rounds", type=int, default=5, help="alternating rounds (default 5)")
+    add_options(ap, DEFAULT_MODELS, ["tern-run", "tern-optimize"])
     ap.add_argument("--torch-rounds", type=int, default=3, help="rounds for PyTorch, whose start is slow (default 3)")
-    ap.add_argument("--iters", type=int, default=None, help="timed iterations per round (default: about --target seconds)")
-    ap.add_argument("--target", type=float, default=1.0, help="seconds of timed runs per measurement (default 1)")
-    ap.add_argument("--quick", action="store_true", help="2 rounds of about 0.3 s: a smoke test, not a measurement")
     ap.add_argument("--no-torch", action="store_true", help="leave PyTorch out")
     ap.add_argument("--no-chain", action="store_true", help="leave the overhead micro-benchmark out")
     ap.add_argument("--optimize", action="store_true", help="run tern-run on tern-optimize's output")
-    ap.add_argument("--json", metavar="FILE", help="also write the results as JSON to FILE (-: instead of the markdown)")
-    ap.add_argument("--tern-run", default=os.path.join(build, "bin", "tern-run"))
-    ap.add_argument("--tern-optimize", default=os.path.join(build, "bin", "tern-optimize"))
-    ap.add_argument("--cache", default=os.path.join(build, "tests", "models", "cache"), help="exported models")
     opt = ap.parse_args()
     if opt.quick:
-        opt.rounds, opt.torch_rounds, opt.target = 2, 1, 0.3
+        opt.torch_rounds = 1
     import export_models
 
-    for n in opt.models:
-        if n not in export_models.MODELS:
-            sys.exit(f"bench: unknown model {n!r} (known: {', '.join(export_models.MODELS)})")
-    for tool in [opt.tern_run] + ([opt.tern_optimize] if opt.optimize else []):
-        if not os.access(tool, os.X_OK):
-            sys.exit(f"bench: {tool}: not an executable (set TERN_BUILD)")
+    check_options("bench", opt, export_models.MODELS, [opt.tern_run] + ([opt.tern_optimize] if opt.optimize else []))
 
     info = machine()
     info["versions"] = versions()

@@ -149,29 +149,12 @@ def report(opt, info, rows):
 
 
 def main():
-    build = os.environ.get("TERN_BUILD", "build")
     ap = argparse.ArgumentParser(description="Benchmark tern-run's multi-stream execution against single-stream.")
-    ap.add_argument("--models", type=bench.parse_list, default=DEFAULT_MODELS, help="comma-separated (default: %(default)s)")
-    ap.add_argument("--threads", type=lambda s: bench.parse_list(s, int), default=[1, 2], help="comma-separated (default 1,2)")
-    ap.add_argument("--rounds", type=int, default=5, help="alternating rounds (default 5)")
-    ap.add_argument("--iters", type=int, default=None, help="timed iterations per round (default: about --target seconds)")
-    ap.add_argument("--target", type=float, default=1.0, help="seconds of timed runs per measurement (default 1)")
-    ap.add_argument("--quick", action="store_true", help="2 rounds of about 0.3 s: a smoke test, not a measurement")
-    ap.add_argument("--json", metavar="FILE", help="also write the results as JSON to FILE (-: instead of the markdown)")
-    ap.add_argument("--tern-run", default=os.path.join(build, "bin", "tern-run"))
-    ap.add_argument("--tern-schedule", default=os.path.join(build, "bin", "tern-schedule"))
-    ap.add_argument("--cache", default=os.path.join(build, "tests", "models", "cache"), help="exported models")
+    bench.add_options(ap, DEFAULT_MODELS, ["tern-run", "tern-schedule"])
     opt = ap.parse_args()
-    if opt.quick:
-        opt.rounds, opt.target = 2, 0.3
     import export_models
 
-    for n in opt.models:
-        if n not in export_models.MODELS and n != CELL_NETWORK:
-            sys.exit(f"bench_streams: unknown model {n!r}")
-    for tool in (opt.tern_run, opt.tern_schedule):
-        if not os.access(tool, os.X_OK):
-            sys.exit(f"bench_streams: {tool}: not an executable (set TERN_BUILD)")
+    bench.check_options("bench_streams", opt, [*export_models.MODELS, CELL_NETWORK], [opt.tern_run, opt.tern_schedule])
 
     info = bench.machine()
     with tempfile.TemporaryDirectory(prefix="tern-bench-streams.") as work:
