@@ -144,6 +144,31 @@ void tern_f32_to_half(int dtype, const float *src, uint16_t *dst, int64_t n)
 #define HOT
 #endif
 
+/* min(max(x, 0), 1) with selects that vectorise, unlike fminf and fmaxf (which mind NaN). */
+static inline float hard_sigmoid(float x) { return x < 0 ? 0 : x > 1 ? 1 : x; }
+
+/* 1 / (1 + exp(-x)) from e = exp(-|x|) <= 1, which cannot overflow: 2^n 2^f with f in [-1/2, 1/2] by a
+ * polynomial (relative error about 2e-7), n >= -126 so that 2^n is built from its exponent bits. */
+static inline float sigmoid(float x)
+{
+	float ax = x < 0 ? -x : x, t = ax * -1.44269504f;
+	t = t < -126.0f ? -126.0f : t;
+	const float magic = 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer */
+	float n = (t + magic) - magic, f = t - n;
+	float p = 1.535336188319500e-4f;
+	p = p * f + 1.339887440266574e-3f;
+	p = p * f + 9.618437357674640e-3f;
+	p = p * f + 5.550332471162809e-2f;
+	p = p * f + 2.402264791363012e-1f;
+	p = p * f + 6.931472028550421e-1f;
+	p = p * f + 1.0f;
+	int32_t bits = ((int32_t)n + 127) << 23;
+	float scale;
+	memcpy(&scale, &bits, sizeof scale);
+	float e = p * scale, r = 1.0f / (1.0f + e);
+	return x >= 0 ? r : e * r;
+}
+
 bool tern_act_from_node(const tern_node *node, tern_act *act)
 {
 	static const struct {
@@ -172,21 +197,24 @@ bool tern_act_from_node(const tern_node *node, tern_act *act)
 	return false;
 }
 
+/* rows x n elements, rows ld apart, of y and add alike. */
 #define ACT_LOOP(EXPR)                                                   \
 	do {                                                                 \
-		if (add)                                                         \
-			for (int64_t i = 0; i < n; i++) {                            \
-				float x = y[i] + add[i];                                 \
-				y[i] = (EXPR);                                           \
-			}                                                            \
-		else                                                             \
-			for (int64_t i = 0; i < n; i++) {                            \
-				float x = y[i];                                          \
-				y[i] = (EXPR);                                           \
-			}                                                            \
+		for (int64_t r = 0; r < rows; r++, y += ld, add += add ? ld : 0) \
+			if (add)                                                     \
+				for (int64_t i = 0; i < n; i++) {                        \
+					float x = y[i] + add[i];                             \
+					y[i] = (EXPR);                                       \
+				}                                                        \
+			else                                                         \
+				for (int64_t i = 0; i < n; i++) {                        \
+					float x = y[i];                                      \
+					y[i] = (EXPR);                                       \
+				}                                                        \
 	} while (0)
 
-HOT void tern_act_run(const tern_act *act, float *restrict y, const float *restrict add, int64_t n)
+HOT static void act_rows(const tern_act *act, float *restrict y, const float *restrict add, int64_t rows, int64_t n,
+                         int64_t ld)
 {
 	float al = act->alpha, be = act->beta;
 	switch (act->kind) {
@@ -194,23 +222,21 @@ HOT void tern_act_run(const tern_act *act, float *restrict y, const float *restr
 	case TERN_ACT_RELU: ACT_LOOP(x > 0 ? x : 0); break;
 	case TERN_ACT_CLIP: ACT_LOOP(x < al ? al : x > be ? be : x); break;
 	case TERN_ACT_LEAKYRELU: ACT_LOOP(x >= 0 ? x : al * x); break;
-	case TERN_ACT_SIGMOID: ACT_LOOP(1 / (1 + tern_fast_expf(-x))); break;
-	case TERN_ACT_SILU: ACT_LOOP(x / (1 + tern_fast_expf(-x))); break;
+	case TERN_ACT_SIGMOID: ACT_LOOP(sigmoid(x)); break;
+	case TERN_ACT_SILU: ACT_LOOP(x * sigmoid(x)); break;
 	case TERN_ACT_TANH: ACT_LOOP(tern_fast_tanhf(x)); break;
-	case TERN_ACT_HARDSIGMOID: ACT_LOOP(fminf(fmaxf(al * x + be, 0), 1)); break;
-	case TERN_ACT_HARDSWISH: ACT_LOOP(x * fminf(fmaxf(al * x + be, 0), 1)); break;
+	case TERN_ACT_HARDSIGMOID: ACT_LOOP(hard_sigmoid(al * x + be)); break;
+	case TERN_ACT_HARDSWISH: ACT_LOOP(x * hard_sigmoid(al * x + be)); break;
 	}
 }
 
-/* The finished elements of a block of C: act(C + add) row by row, each of n elements. */
+void tern_act_run(const tern_act *act, float *y, const float *add, int64_t n) { act_rows(act, y, add, 1, n, n); }
+
+/* The finished elements of a block of C: act(C + add), rows of n elements. */
 static void act_block(const tern_gemm_c *c, float *first, int64_t rows, int64_t n)
 {
-	if (!c->act)
-		return;
-	for (int64_t r = 0; r < rows; r++) {
-		float *row = first + r * c->ldc;
-		tern_act_run(c->act, row, c->add ? c->add + (row - c->data) : NULL, n);
-	}
+	if (c->act)
+		act_rows(c->act, first, c->add ? c->add + (first - c->data) : NULL, rows, n, c->ldc);
 }
 
 /* ---------------------------------------------------------------- products with a packed left operand */
@@ -564,11 +590,14 @@ static void cols_task(void *ctx, int64_t t)
 		float *cp = c->trans ? c->data + col * c->ldc + row0 : c->data + row0 * c->ldc + col;
 		isa->cols[x1 - x0](pa->k, a, b->data + r * b->stride + x0 * b->step, b->row_off, b->ldb, b->step, cp, c->ldc,
 		                   rows, bias, c->accumulate, c->trans);
-		if (c->trans)
-			act_block(c, cp, x1 - x0, rows);
-		else
-			act_block(c, cp, rows, x1 - x0);
 	}
+	/* the task's columns of C are contiguous: from its first tile's to its last tile's end */
+	int64_t first = q0 / j->per_run * j->width + q0 % j->per_run * j->width / j->per_run;
+	int64_t last = (q1 - 1) / j->per_run * j->width + ((q1 - 1) % j->per_run + 1) * j->width / j->per_run;
+	if (c->trans)
+		act_block(c, c->data + first * c->ldc + row0, last - first, rows);
+	else
+		act_block(c, c->data + row0 * c->ldc + first, rows, last - first);
 }
 
 static void run_cols(tern_threadpool *pool, const tern_packed *a, int64_t n, const tern_gemm_b *b, const tern_gemm_c *c)
