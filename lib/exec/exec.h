@@ -44,6 +44,7 @@ typedef struct step {
 	int dynamic_output; /* the kernel allocates its outputs */
 	int alias; /* output 0 aliases input 0: nothing to launch */
 	int stream;
+	int lane; /* the worker that runs it: stream mod workers */
 	int *waits; /* steps on other streams that must finish first */
 	int n_waits;
 } step;
@@ -70,7 +71,9 @@ struct tern_exec {
 	/* Streams (Nimble): the schedule this plan follows (NULL: one stream, steps in order). */
 	const tern_schedule *schedule;
 	int n_streams;
-	int n_workers; /* threads running the streams: min(streams, --threads); the caller is worker 0 */
+	/* Threads running the streams: min(streams, --threads); the caller is worker 0. With more than
+	 * one, kernels run single-threaded: the parallelism is between streams. */
+	int n_workers;
 	int **queue; /* per worker: its steps in launch order */
 	int *queue_len;
 	void **stream_scratch; /* per worker */

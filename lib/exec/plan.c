@@ -369,21 +369,26 @@ static tern_status apply_schedule(tern_exec *e)
 	free(e->steps);
 	e->steps = ordered;
 	e->n_streams = sc->n_streams;
+	int workers = tern_threadpool_size(e->pool);
+	e->n_workers = workers < e->n_streams ? workers : e->n_streams;
+	for (int k = 0; k < e->n_steps; k++)
+		e->steps[k].lane = e->steps[k].stream % e->n_workers;
 	return TERN_OK;
 }
 
-/* Memory sharing rule. One stream: two buffers may share bytes when their lifetimes (step intervals)
- * do not overlap. Several streams: when every use of one happens before the other is defined, in
- * the order that streams and waits impose; vector clocks answer that in O(streams). */
+/* Memory sharing rule. One worker: two buffers may share bytes when their lifetimes (step intervals)
+ * do not overlap. Several workers: when every use of one happens before the other is defined, in
+ * the order that each worker's launch order and the waits impose; vector clocks answer that in
+ * O(workers). (Streams on one worker run in launch order, so they need no more than one lane.) */
 typedef struct lifetime {
 	size_t slot, size, offset;
 	int def;
-	int *last; /* per stream: last step using it (-1 none); INT_MAX-like for graph outputs */
+	int *last; /* per lane: last step using it (-1 none); INT32_MAX for graph outputs */
 } lifetime;
 
 typedef struct mem_ctx {
-	int n_streams;
-	int *clock; /* n_steps x n_streams: latest step of each stream finished before a step starts */
+	int n_lanes;
+	int *clock; /* n_steps x lanes: latest step of each lane finished before a step starts */
 	const step *steps;
 } mem_ctx;
 
@@ -393,12 +398,12 @@ static bool happens_before(const mem_ctx *c, int x, int y)
 		return true;
 	if (y < 0)
 		return false;
-	return c->clock[(size_t)y * (size_t)c->n_streams + (size_t)c->steps[x].stream] >= x;
+	return c->clock[(size_t)y * (size_t)c->n_lanes + (size_t)c->steps[x].lane] >= x;
 }
 
 static bool ends_before(const mem_ctx *c, const lifetime *a, const lifetime *b)
 {
-	for (int s = 0; s < c->n_streams; s++) {
+	for (int s = 0; s < c->n_lanes; s++) {
 		if (a->last[s] == -1)
 			continue;
 		if (a->last[s] == INT32_MAX)
@@ -417,7 +422,7 @@ static int by_size_desc(const void *a, const void *b)
 
 static tern_status vector_clocks(tern_exec *e, mem_ctx *c)
 {
-	int S = c->n_streams;
+	int S = c->n_lanes;
 	c->clock = malloc(((size_t)e->n_steps * (size_t)S + 1) * sizeof *c->clock);
 	int *last_on = malloc(((size_t)S + 1) * sizeof *last_on);
 	if (!c->clock || !last_on) {
@@ -428,7 +433,7 @@ static tern_status vector_clocks(tern_exec *e, mem_ctx *c)
 		last_on[s] = -1;
 	for (int k = 0; k < e->n_steps; k++) {
 		int *ck = &c->clock[(size_t)k * (size_t)S];
-		int prev = last_on[e->steps[k].stream];
+		int prev = last_on[e->steps[k].lane];
 		for (int s = 0; s < S; s++)
 			ck[s] = prev >= 0 ? c->clock[(size_t)prev * (size_t)S + (size_t)s] : -1;
 		for (int w = 0; w < e->steps[k].n_waits; w++) {
@@ -437,8 +442,8 @@ static tern_status vector_clocks(tern_exec *e, mem_ctx *c)
 				if (cw[s] > ck[s])
 					ck[s] = cw[s];
 		}
-		ck[e->steps[k].stream] = k;
-		last_on[e->steps[k].stream] = k;
+		ck[e->steps[k].lane] = k;
+		last_on[e->steps[k].lane] = k;
 	}
 	free(last_on);
 	return TERN_OK;
@@ -448,7 +453,7 @@ static tern_status vector_clocks(tern_exec *e, mem_ctx *c)
  * not share with occupies. */
 static tern_status plan_memory(tern_exec *e)
 {
-	int S = e->n_streams > 0 ? e->n_streams : 1;
+	int S = e->n_workers > 0 ? e->n_workers : 1;
 	mem_ctx c = {S, NULL, e->steps};
 	int n = 0;
 	for (size_t i = 0; i < e->n_slots; i++)
@@ -470,7 +475,7 @@ static tern_status plan_memory(tern_exec *e)
 			items[k].last[s] = -1;
 		k++;
 	}
-	/* Per-stream last uses, from every step's reads (aliases count for their root). */
+	/* Per-lane last uses, from every step's reads (aliases count for their root). */
 	int *slot_item = malloc((e->n_slots + 1) * sizeof *slot_item);
 	if (!slot_item) {
 		rc = tern_errorf(TERN_EOS, "out of memory");
@@ -483,8 +488,8 @@ static tern_status plan_memory(tern_exec *e)
 	for (int st = 0; st < e->n_steps; st++)
 		for (int u = 0; u < e->steps[st].n_use; u++) {
 			int it = slot_item[root_slot(e, e->steps[st].use_slot[u])];
-			if (it >= 0 && items[it].last[e->steps[st].stream] < st)
-				items[it].last[e->steps[st].stream] = st;
+			if (it >= 0 && items[it].last[e->steps[st].lane] < st)
+				items[it].last[e->steps[st].lane] = st;
 		}
 	for (int i = 0; i < e->n_outputs; i++) {
 		int it = slot_item[root_slot(e, e->output_slot[i])];
@@ -605,6 +610,7 @@ tern_status tern_exec_plan(tern_exec *e, tern_tensor *const *inputs, int n_input
 		return rc; /* e->n_steps still counts the failed step, so release frees it */
 	e->n_steps = n_steps;
 	e->n_streams = 1;
+	e->n_workers = 1;
 	if (e->schedule && (rc = apply_schedule(e)))
 		return rc;
 	for (int i = 0; i < e->n_steps; i++)
@@ -624,7 +630,7 @@ tern_status tern_exec_plan(tern_exec *e, tern_tensor *const *inputs, int n_input
 		return tern_errorf(TERN_EOS, "out of memory for %zu bytes of scratch", e->scratch_bytes);
 	if ((rc = plan_memory(e)))
 		return rc;
-	if (e->n_streams > 1 && (rc = tern_exec_setup_streams(e)))
+	if (e->n_workers > 1 && (rc = tern_exec_setup_streams(e)))
 		return rc;
 	/* Aliases see their root's bytes. */
 	for (size_t i = 0; i < e->n_slots; i++)

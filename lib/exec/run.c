@@ -21,6 +21,9 @@ static bool same_shape(const tern_tensor *a, const tern_tensor *b)
 	return true;
 }
 
+/* Kernels share the pool on one worker; with several, each runs its kernels alone. */
+static tern_threadpool *kernel_pool(const tern_exec *e) { return e->n_workers > 1 ? NULL : e->pool; }
+
 /* Prepares a late step now that its inputs exist, and allocates its outputs. */
 static tern_status run_late(tern_exec *e, step *st, void *shared_scratch)
 {
@@ -46,7 +49,7 @@ static tern_status run_late(tern_exec *e, step *st, void *shared_scratch)
 	void *scratch = st->scratch_bytes > e->scratch_bytes ? tern_aligned_alloc(st->scratch_bytes) : shared_scratch;
 	if (st->scratch_bytes && !scratch)
 		return tern_errorf(TERN_EOS, "out of memory");
-	tern_kernel_args a = {st->node, st->in, st->n_in, st->out, st->n_out, st->params, scratch, e->pool, e};
+	tern_kernel_args a = {st->node, st->in, st->n_in, st->out, st->n_out, st->params, scratch, kernel_pool(e), e};
 	rc = st->kernel(&a);
 	if (scratch != shared_scratch)
 		free(scratch);
@@ -65,7 +68,7 @@ tern_status tern_exec_run_step(tern_exec *e, int k, void *scratch)
 		if (st->out[0])
 			st->out[0]->data = st->in[0]->data;
 	} else {
-		tern_kernel_args a = {st->node, st->in, st->n_in, st->out, st->n_out, st->params, scratch, e->pool, e};
+		tern_kernel_args a = {st->node, st->in, st->n_in, st->out, st->n_out, st->params, scratch, kernel_pool(e), e};
 		rc = st->kernel(&a);
 	}
 	if (e->profile && e->events) {
@@ -73,7 +76,7 @@ tern_status tern_exec_run_step(tern_exec *e, int k, void *scratch)
 		ev->name = st->node->name;
 		ev->op_type = st->node->op_type;
 		ev->stream = st->stream;
-		ev->thread = e->n_workers ? st->stream % e->n_workers : 0;
+		ev->thread = st->lane;
 		ev->start_us = t0;
 		ev->dur_us = tern_now_us() - t0;
 	}
@@ -129,7 +132,7 @@ tern_status tern_exec_run(tern_exec *e, tern_tensor *const *inputs, int n_inputs
 			return tern_errorf(TERN_EOS, "out of memory");
 	}
 	e->n_events = e->profile ? e->n_steps : 0;
-	if (e->n_streams > 1)
+	if (e->n_workers > 1)
 		return tern_exec_run_streams(e);
 	for (int i = 0; i < e->n_steps; i++) {
 		tern_status rc = tern_exec_run_step(e, i, e->scratch);

@@ -11,6 +11,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#if TERN_HAVE_BLAS
+#include <cblas.h>
+#endif
+
 struct stream_worker {
 	pthread_t thread;
 	tern_exec *exec;
@@ -42,11 +46,6 @@ static void fail(struct stream_sync *y, tern_status rc)
 	atomic_store(&y->failed, 1);
 }
 
-static int worker_of(const tern_exec *e, int stream)
-{
-	return stream % e->n_workers;
-}
-
 static void run_queue(tern_exec *e, int s, uint64_t gen)
 {
 	struct stream_sync *y = e->sync;
@@ -55,7 +54,7 @@ static void run_queue(tern_exec *e, int s, uint64_t gen)
 		const step *st = &e->steps[k];
 		for (int w = 0; w < st->n_waits; w++) {
 			int spins = 0;
-			if (worker_of(e, e->steps[st->waits[w]].stream) == s)
+			if (e->steps[st->waits[w]].lane == s)
 				continue; /* ran earlier on this worker */
 			while (atomic_load_explicit(&y->done[st->waits[w]], memory_order_acquire) != gen) {
 				if (atomic_load(&y->failed))
@@ -106,12 +105,11 @@ static void *worker_main(void *arg)
 
 tern_status tern_exec_setup_streams(tern_exec *e)
 {
-	int W = tern_threadpool_size(e->pool);
-	if (W > e->n_streams)
-		W = e->n_streams;
-	if (W < 1)
-		W = 1;
-	e->n_workers = W;
+	int W = e->n_workers;
+#if TERN_HAVE_BLAS
+	/* Kernels on several workers run single-threaded, OpenBLAS's too. */
+	openblas_set_num_threads(1);
+#endif
 	e->queue = calloc((size_t)W, sizeof *e->queue);
 	e->queue_len = calloc((size_t)W, sizeof *e->queue_len);
 	e->stream_scratch = calloc((size_t)W, sizeof *e->stream_scratch);
@@ -129,7 +127,7 @@ tern_status tern_exec_setup_streams(tern_exec *e)
 	if (!scratch)
 		return tern_errorf(TERN_EOS, "out of memory");
 	for (int k = 0; k < e->n_steps; k++) {
-		int w = worker_of(e, e->steps[k].stream);
+		int w = e->steps[k].lane;
 		e->queue_len[w]++;
 		if (e->steps[k].scratch_bytes > scratch[w])
 			scratch[w] = e->steps[k].scratch_bytes;
@@ -145,7 +143,7 @@ tern_status tern_exec_setup_streams(tern_exec *e)
 	if (rc)
 		return rc;
 	for (int k = 0; k < e->n_steps; k++) {
-		int w = worker_of(e, e->steps[k].stream);
+		int w = e->steps[k].lane;
 		e->queue[w][e->queue_len[w]++] = k;
 	}
 	e->workers = calloc((size_t)W, sizeof *e->workers);
