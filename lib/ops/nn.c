@@ -415,6 +415,248 @@ static void outputs_within(int64_t off, int64_t s, int64_t in, int64_t out, int6
 		*hi = *lo;
 }
 
+/* ---------------------------------------------------------------- windows over blocks of channels */
+
+#define DW_BLOCKS_MAX_PLANE (60 * 60) /* padded positions of the largest depthwise plane done by channel blocks */
+
+/* A plane row of a few dozen positions wastes most of a vector, so with AVX-512 the windowed operators
+ * (depthwise convolution, max and average pooling) may put channels across the vectors instead: a block
+ * of 16 channels is transposed into positions x 16 channels with its padding, each output position
+ * combines its taps as whole vectors (aligned loads whatever the stride), and the result is transposed
+ * back. Planes too big for the cache go in bands of output rows. */
+
+typedef enum wb_kind { WB_CONV, WB_MAX, WB_AVG } wb_kind;
+
+typedef struct wb_job {
+	const window *w;
+	wb_kind kind;
+	int64_t n, channels; /* one input channel per output channel */
+	int64_t band;        /* output rows per band */
+	int64_t slot_elems;
+	const float *x, *wt, *bias; /* WB_CONV: kk weights per channel, bias per channel (optional) */
+	const float *recip;         /* WB_AVG: 1 / divisor per output position */
+	float *y, *scratch;
+	const tern_act *act; /* WB_CONV: tern.FusedConv's activation with residual z, or NULL */
+	const float *z;
+} wb_job;
+
+/* Padded extent of slot i: as far as the taps reach or the padding goes, whichever is more. */
+static int64_t wb_extent(const window *w, int i)
+{
+	int64_t reach = (w->out[i] - 1) * w->s[i] + (w->k[i] - 1) * w->d[i] + 1, padded = w->pb[i] + w->in[i] + w->pe[i];
+	return reach > padded ? reach : padded;
+}
+
+/* Padded input rows a band of `band` output rows reads. */
+static int64_t wb_rows(const window *w, int64_t band) { return (band - 1) * w->s[1] + (w->k[1] - 1) * w->d[1] + 1; }
+
+#define WB_BAND_FLOATS (16 * 1024) /* a band's padded input, so that it stays in the first caches */
+
+/* Whether the engine takes a window (1-D or 2-D, at most 64 taps for the convolution's weights), and
+ * then the output rows per band and the scratch per slot in floats. */
+static bool wb_plan(const window *w, int64_t *band, int64_t *slot_elems)
+{
+#if defined(__x86_64__) && defined(__GNUC__)
+	if (!__builtin_cpu_supports("avx512f") || w->k[0] != 1 || w->in[0] != 1 || w->k[1] * w->k[2] > 64)
+		return false;
+	int64_t wp = wb_extent(w, 2), b = w->out[1];
+	while (b > 1 && wb_rows(w, b) * wp * 16 > WB_BAND_FLOATS)
+		b--;
+	*band = b;
+	*slot_elems = (wb_rows(w, b) * wp + b * w->out[2]) * 16;
+	return true;
+#else
+	return false;
+#endif
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define HAVE_WB 1
+#define DW512 __attribute__((target("avx512f")))
+
+DW512 static inline __attribute__((always_inline)) void tr16(__m512 r[16])
+{
+	__m512 t[16];
+	for (int i = 0; i < 16; i += 2) {
+		t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+		t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+	}
+	for (int i = 0; i < 16; i += 4) {
+		__m512d a = _mm512_castps_pd(t[i]), b = _mm512_castps_pd(t[i + 1]);
+		__m512d c = _mm512_castps_pd(t[i + 2]), d = _mm512_castps_pd(t[i + 3]);
+		r[i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
+		r[i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
+		r[i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
+		r[i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
+	}
+	for (int i = 0; i < 16; i += 8)
+		for (int j = 0; j < 4; j++) {
+			t[i + j] = _mm512_shuffle_f32x4(r[i + j], r[i + j + 4], 0x88);
+			t[i + j + 4] = _mm512_shuffle_f32x4(r[i + j], r[i + j + 4], 0xdd);
+		}
+	for (int j = 0; j < 8; j++) {
+		r[j] = _mm512_shuffle_f32x4(t[j], t[j + 8], 0x88);
+		r[j + 8] = _mm512_shuffle_f32x4(t[j], t[j + 8], 0xdd);
+	}
+}
+
+/* One output row of a band: t holds its padded input rows (wp positions of 16 floats each), o gets o2n
+ * positions; o1 counts rows from the band's first. The sums of a convolution alternate between two
+ * registers so that the additions are not one chain. kh, kw, strides and dilations are constants in
+ * the instances below. */
+DW512 static inline __attribute__((always_inline)) void wb_row(const wb_kind kind, const int kh, const int kw,
+                                                                const int64_t s1, const int64_t s2, const int64_t d1,
+                                                                const int64_t d2, const float *restrict t, int64_t wp,
+                                                                const __m512 *restrict wv, __m512 bias,
+                                                                float *restrict o, int64_t o1, int64_t o2n)
+{
+	for (int64_t o2 = 0; o2 < o2n; o2++) {
+		__m512 acc0 = kind == WB_CONV ? bias : _mm512_set1_ps(kind == WB_MAX ? -INFINITY : 0), acc1 = acc0;
+		if (kind == WB_CONV)
+			acc1 = _mm512_setzero_ps();
+		for (int k1 = 0; k1 < kh; k1++) {
+			const float *row = t + ((o1 * s1 + k1 * d1) * wp + o2 * s2) * 16;
+			for (int k2 = 0; k2 < kw; k2++) {
+				__m512 v = _mm512_load_ps(row + k2 * d2 * 16);
+				bool odd = (k1 * kw + k2) % 2;
+				if (kind == WB_CONV && odd)
+					acc1 = _mm512_fmadd_ps(wv[k1 * kw + k2], v, acc1);
+				else if (kind == WB_CONV)
+					acc0 = _mm512_fmadd_ps(wv[k1 * kw + k2], v, acc0);
+				else if (kind == WB_MAX && odd)
+					acc1 = _mm512_max_ps(acc1, v);
+				else if (kind == WB_MAX)
+					acc0 = _mm512_max_ps(acc0, v);
+				else if (odd)
+					acc1 = _mm512_add_ps(acc1, v);
+				else
+					acc0 = _mm512_add_ps(acc0, v);
+			}
+		}
+		_mm512_store_ps(o + o2 * 16, kind == WB_MAX ? _mm512_max_ps(acc0, acc1) : _mm512_add_ps(acc0, acc1));
+	}
+}
+
+typedef void (*wb_fn)(const window *w, const float *t, int64_t wp, const __m512 *wv, __m512 bias, float *o,
+                      int64_t rows);
+#define DEF_WB(NAME, KIND, KH, KW, S1, S2, D1, D2)                                                               \
+	DW512 static void NAME(const window *w, const float *t, int64_t wp, const __m512 *wv, __m512 bias, float *o, \
+	                       int64_t rows)                                                                         \
+	{                                                                                                         \
+		for (int64_t o1 = 0; o1 < rows; o1++)                                                                 \
+			wb_row(KIND, KH, KW, S1, S2, D1, D2, t, wp, wv, bias, o + o1 * w->out[2] * 16, o1, w->out[2]);    \
+	}
+#define DEF_WB_KIND(K, KIND)                                                                                      \
+	DEF_WB(wb_##K##_3x3s1, KIND, 3, 3, 1, 1, 1, 1)                                                             \
+	DEF_WB(wb_##K##_3x3s2, KIND, 3, 3, 2, 2, 1, 1)                                                             \
+	DEF_WB(wb_##K##_5x5s1, KIND, 5, 5, 1, 1, 1, 1)                                                             \
+	DEF_WB(wb_##K##_5x5s2, KIND, 5, 5, 2, 2, 1, 1)                                                             \
+	DEF_WB(wb_##K##_any, KIND, (int)w->k[1], (int)w->k[2], w->s[1], w->s[2], w->d[1], w->d[2])
+DEF_WB_KIND(conv, WB_CONV)
+DEF_WB_KIND(max, WB_MAX)
+DEF_WB_KIND(avg, WB_AVG)
+
+static const wb_fn wb_fns[3][5] = {
+	{wb_conv_3x3s1, wb_conv_3x3s2, wb_conv_5x5s1, wb_conv_5x5s2, wb_conv_any},
+	{wb_max_3x3s1, wb_max_3x3s2, wb_max_5x5s1, wb_max_5x5s2, wb_max_any},
+	{wb_avg_3x3s1, wb_avg_3x3s2, wb_avg_5x5s1, wb_avg_5x5s2, wb_avg_any},
+};
+
+static wb_fn wb_pick(const window *w, wb_kind kind)
+{
+	int shape = 4;
+	if (w->d[1] == 1 && w->d[2] == 1 && w->k[1] == w->k[2] && w->s[1] == w->s[2] && w->s[1] <= 2 &&
+	    (w->k[1] == 3 || w->k[1] == 5))
+		shape = (w->k[1] == 5) * 2 + (w->s[1] == 2);
+	return wb_fns[kind][shape];
+}
+
+/* Blocks [begin, end) of 16 channels (batch-major). */
+DW512 static void wb_task(void *ctx, int64_t begin, int64_t end, int64_t slot)
+{
+	const wb_job *j = ctx;
+	const window *w = j->w;
+	int64_t in2 = w->in[2], out2 = w->out[2], in_sp = w->in[1] * in2, out_sp = w->out[1] * out2;
+	int64_t wp = wb_extent(w, 2), blocks = (j->channels + 15) / 16, kk = w->k[1] * w->k[2];
+	float *t = j->scratch + slot * j->slot_elems, *o = t + wb_rows(w, j->band) * wp * 16;
+	__m512 pad = _mm512_set1_ps(j->kind == WB_MAX ? -INFINITY : 0);
+	wb_fn fn = wb_pick(w, j->kind);
+	__m512 wv[64];
+	for (int64_t blk = begin; blk < end; blk++) {
+		int64_t n = blk / blocks, c0 = blk % blocks * 16, nc = j->channels - c0 < 16 ? j->channels - c0 : 16;
+		const float *x = j->x + (n * j->channels + c0) * in_sp;
+		float *y = j->y + (n * j->channels + c0) * out_sp;
+		__mmask16 chans = (__mmask16)(0xffffu >> (16 - nc));
+		__m512 bias = _mm512_setzero_ps();
+		if (j->kind == WB_CONV) {
+			for (int64_t k = 0; k < kk; k++) {
+				float v[16] = {0};
+				for (int64_t ch = 0; ch < nc; ch++)
+					v[ch] = j->wt[(c0 + ch) * kk + k];
+				wv[k] = _mm512_loadu_ps(v);
+			}
+			if (j->bias)
+				bias = _mm512_maskz_loadu_ps(chans, j->bias + c0);
+		}
+		for (int64_t o1a = 0; o1a < w->out[1]; o1a += j->band) {
+			int64_t rows = w->out[1] - o1a < j->band ? w->out[1] - o1a : j->band, tr = wb_rows(w, rows);
+			/* the band's padded rows: input rows r0 .. r0 + tr - 1, padding where outside */
+			int64_t r0 = o1a * w->s[1] - w->pb[1], ra = r0 < 0 ? 0 : r0, rb = r0 + tr < w->in[1] ? r0 + tr : w->in[1];
+			/* with one band the padding stays from block to block */
+			for (int64_t i = 0; i < tr && (blk == begin || j->band < w->out[1]); i++) {
+				float *row = t + i * wp * 16;
+				bool inside = r0 + i >= 0 && r0 + i < w->in[1];
+				for (int64_t c = 0; c < (inside ? w->pb[2] : wp); c++)
+					_mm512_store_ps(row + c * 16, pad);
+				for (int64_t c = inside ? w->pb[2] + in2 : wp; c < wp; c++)
+					_mm512_store_ps(row + c * 16, pad);
+			}
+			for (int64_t p0 = ra * in2; p0 < rb * in2; p0 += 16) {
+				int64_t np = rb * in2 - p0 < 16 ? rb * in2 - p0 : 16;
+				__mmask16 m = (__mmask16)(0xffffu >> (16 - np));
+				__m512 r[16];
+				for (int ch = 0; ch < 16; ch++)
+					r[ch] = ch < nc ? _mm512_maskz_loadu_ps(m, x + ch * in_sp + p0) : _mm512_setzero_ps();
+				tr16(r);
+				for (int64_t l = 0, row = p0 / in2, col = p0 % in2; l < np; l++) {
+					_mm512_store_ps(t + ((row - r0) * wp + col + w->pb[2]) * 16, r[l]);
+					if (++col == in2) {
+						col = 0;
+						row++;
+					}
+				}
+			}
+			fn(w, t, wp, wv, bias, o, rows);
+			int64_t q0 = o1a * out2, nq = rows * out2;
+			for (int64_t p0 = 0; p0 < nq; p0 += 16) {
+				int64_t np = nq - p0 < 16 ? nq - p0 : 16;
+				__mmask16 m = (__mmask16)(0xffffu >> (16 - np));
+				__m512 r[16];
+				for (int l = 0; l < 16; l++) {
+					r[l] = l < np ? _mm512_load_ps(o + (p0 + l) * 16) : _mm512_setzero_ps();
+					if (j->kind == WB_AVG && l < np)
+						r[l] = _mm512_mul_ps(r[l], _mm512_set1_ps(j->recip[q0 + p0 + l]));
+				}
+				tr16(r);
+				for (int ch = 0; ch < nc; ch++)
+					_mm512_mask_storeu_ps(y + ch * out_sp + q0 + p0, m, r[ch]);
+			}
+		}
+		if (j->act)
+			tern_act_run(j->act, y, j->z ? j->z + (n * j->channels + c0) * out_sp : NULL, nc * out_sp);
+	}
+}
+
+static void wb_run(tern_threadpool *pool, const wb_job *j, int64_t slots)
+{
+	int64_t blocks = j->n * ((j->channels + 15) / 16), work = 16 * j->w->out[1] * j->w->out[2] * j->w->k[1] * j->w->k[2];
+	parallel_slots(pool, blocks, work >= 16384 ? 1 : 16384 / (work > 0 ? work : 1), slots, wb_task, (void *)j);
+}
+#else
+static void wb_run(tern_threadpool *pool, const wb_job *j, int64_t slots) {}
+#endif
+
 /* ---------------------------------------------------------------- pooling */
 
 typedef enum pool_kind { POOL_MAX, POOL_AVG, POOL_LP } pool_kind;
@@ -433,6 +675,10 @@ typedef struct pool_params {
 	bool global;
 	int64_t *taps[SP]; /* TAP_FIELDS entries per output position, in the same allocation */
 	int64_t *rows2;    /* per tap of the last slot: the outputs [lo, hi) whose tap is inside the input */
+	/* float max and average pooling of 1-D and 2-D planes by blocks of channels */
+	bool blocks;
+	int64_t band, slot_elems, slots;
+	float *recip; /* average: 1 / divisor per output position */
 } pool_params;
 
 typedef struct pool_ctx {
@@ -537,6 +783,7 @@ typedef struct pool_ctx {
 	}
 
 DEF_POOL_PLANE(f32, float, -INFINITY)
+
 DEF_POOL_PLANE(f64, double, -INFINITY)
 DEF_POOL_PLANE(i8, int8_t, INT8_MIN)
 DEF_POOL_PLANE(u8, uint8_t, 0)
@@ -620,6 +867,12 @@ static tern_status pool_kernel(const tern_kernel_args *a)
 	const pool_params *pp = a->params;
 	pool_ctx c = {pp, a->in[0]->dtype, a->in[0]->data, a->out[0]->data,
 	              a->n_out > 1 && a->out[1] ? a->out[1]->data : NULL};
+	if (pp->blocks) {
+		wb_job j = {&pp->w, pp->kind == POOL_MAX ? WB_MAX : WB_AVG, a->in[0]->dims[0], a->in[0]->dims[1], pp->band,
+		            pp->slot_elems, a->in[0]->data, NULL, NULL, pp->recip, a->out[0]->data, a->scratch, NULL, NULL};
+		wb_run(a->pool, &j, pp->slots);
+		return TERN_OK;
+	}
 	int64_t work = pp->global ? sp_numel(pp->w.in) : sp_numel(pp->w.out) * sp_numel(pp->w.k);
 	parallel_range(a->pool, pp->planes, grain_for(work), pool_planes, &c);
 	return TERN_OK;
@@ -628,10 +881,43 @@ static tern_status pool_kernel(const tern_kernel_args *a)
 static void pool_params_free(void *p)
 {
 	pool_params *pp = p;
-	if (pp)
+	if (pp) {
 		free(pp->taps[0]);
+		free(pp->recip);
+	}
 	free(pp);
 }
+
+/* Whether max or average pooling goes by blocks of channels (float, no indices output, every window
+ * with an input element); then its plan and scratch, and for the average the divisors. */
+static tern_status pool_blocks_setup(tern_prepare_args *p, pool_params *pp)
+{
+	const window *w = &pp->w;
+	int dtype = p->in[0]->dtype;
+	if (pp->global || (pp->kind != POOL_MAX && pp->kind != POOL_AVG) || dtype == TERN_DOUBLE ||
+	    dtype == TERN_INT8 || dtype == TERN_UINT8 || (p->n_out > 1 && p->out[1]) ||
+	    !wb_plan(w, &pp->band, &pp->slot_elems))
+		return TERN_OK;
+	for (int i = 1; i < SP; i++)
+		for (int64_t o = 0; o < w->out[i]; o++)
+			if (pp->taps[i][o * TAP_FIELDS + TAP_HI] <= pp->taps[i][o * TAP_FIELDS + TAP_LO])
+				return TERN_OK;
+	if (pp->kind == POOL_AVG) {
+		if (!(pp->recip = malloc((size_t)(w->out[1] * w->out[2]) * sizeof *pp->recip)))
+			return no_memory(p->node);
+		int lo = pp->count_include_pad ? TAP_PAD_LO : TAP_LO, hi = pp->count_include_pad ? TAP_PAD_HI : TAP_HI;
+		for (int64_t o1 = 0; o1 < w->out[1]; o1++)
+			for (int64_t o2 = 0; o2 < w->out[2]; o2++) {
+				const int64_t *t1 = pp->taps[1] + o1 * TAP_FIELDS, *t2 = pp->taps[2] + o2 * TAP_FIELDS;
+				pp->recip[o1 * w->out[2] + o2] = (float)(1.0 / (double)((t1[hi] - t1[lo]) * (t2[hi] - t2[lo])));
+			}
+	}
+	pp->blocks = true;
+	pp->slots = slots_for(p->pool);
+	p->scratch_bytes = (size_t)(pp->slots * pp->slot_elems) * sizeof(float);
+	return TERN_OK;
+}
+
 
 static tern_status pool_taps(const tern_node *node, pool_params *pp)
 {
@@ -707,7 +993,10 @@ static tern_status pool_setup(tern_prepare_args *p, pool_kind kind, bool global)
 			return tern_node_errorf(node, TERN_EDATA, "only MaxPool has an indices output");
 		tern_set_shape(p->out[1], TERN_INT64, x->rank, dims);
 	}
+	if ((st = pool_blocks_setup(p, pp)))
+		return st;
 	p->kernel = pool_kernel;
+
 	return stage_halves(p);
 }
 
@@ -728,7 +1017,7 @@ typedef struct conv_params {
 	int64_t *rows2; /* depthwise: per tap of the last slot, the outputs [lo, hi) it reaches inside the input */
 	/* Depthwise float 1-D and 2-D: input planes split by stride phase (below), in scratch per slot */
 	bool dw_grid, dw_blocks;
-	int64_t slots, slot_elems;
+	int64_t slots, slot_elems, band;
 	struct dw_shape const *dw_kernel; /* a kernel for the machine and this shape, else NULL */
 	/* tern.FusedConv: act(conv + Z) (Z, input 3, optional), applied as outputs are finished where the
 	 * path allows (in_pass: after the whole output otherwise) */
@@ -1266,9 +1555,7 @@ static void dw_run(const conv_params *cp, const float *src, const float *wk, flo
  * rows start on vectors, so each vector of outputs loads the aligned vector under it and the next one
  * from every row a tap reads, and shifts them into place for the taps in that row (vpermt2ps) instead
  * of loading each tap unaligned. The last vector of a row is stored masked. */
-#if defined(__x86_64__) && defined(__GNUC__)
-#include <immintrin.h>
-#define DW512 __attribute__((target("avx512f")))
+#if HAVE_WB
 
 DW512 static inline __attribute__((always_inline)) void dw512_plane(const int kh, const int kw, const int st,
                                                                       const float *planes[4], int64_t wq,
@@ -1337,148 +1624,6 @@ static const dw_shape *dw_vector_kernel(const window *w, int dtype)
 	return NULL;
 }
 
-#define DW_BLOCKS_MAX_PLANE (60 * 60) /* padded positions of the largest plane done by channel blocks */
-
-/* Small planes waste most of a vector per row, so channels go across the vectors instead: a block of
- * 16 channels is transposed into positions x 16 channels (zero-padded), each output position sums its
- * taps as whole vectors (aligned loads whatever the stride), and the result is transposed back. */
-DW512 static inline __attribute__((always_inline)) void tr16(__m512 r[16])
-{
-	__m512 t[16];
-	for (int i = 0; i < 16; i += 2) {
-		t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
-		t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
-	}
-	for (int i = 0; i < 16; i += 4) {
-		__m512d a = _mm512_castps_pd(t[i]), b = _mm512_castps_pd(t[i + 1]);
-		__m512d c = _mm512_castps_pd(t[i + 2]), d = _mm512_castps_pd(t[i + 3]);
-		r[i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
-		r[i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
-		r[i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
-		r[i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
-	}
-	for (int i = 0; i < 16; i += 8)
-		for (int j = 0; j < 4; j++) {
-			t[i + j] = _mm512_shuffle_f32x4(r[i + j], r[i + j + 4], 0x88);
-			t[i + j + 4] = _mm512_shuffle_f32x4(r[i + j], r[i + j + 4], 0xdd);
-		}
-	for (int j = 0; j < 8; j++) {
-		r[j] = _mm512_shuffle_f32x4(t[j], t[j + 8], 0x88);
-		r[j + 8] = _mm512_shuffle_f32x4(t[j], t[j + 8], 0xdd);
-	}
-}
-
-/* The taps of output positions (o1, *) of a channel block: t holds the padded input, hp x wp positions
- * of 16 floats; o gets out[2] positions. kh, kw, st and d are constants in the kernels below. */
-DW512 static inline __attribute__((always_inline)) void dw16_row(const int kh, const int kw, const int64_t s1,
-                                                                  const int64_t s2, const int64_t d1, const int64_t d2,
-                                                                  const float *restrict t, int64_t wp,
-                                                                  const __m512 *restrict wv, __m512 bias,
-                                                                  float *restrict o, int64_t o1, int64_t o2n)
-{
-	for (int64_t o2 = 0; o2 < o2n; o2++) {
-		__m512 acc0 = bias, acc1 = _mm512_setzero_ps();
-		for (int k1 = 0; k1 < kh; k1++) {
-			const float *row = t + ((o1 * s1 + k1 * d1) * wp + o2 * s2) * 16;
-			for (int k2 = 0; k2 < kw; k2++) {
-				__m512 v = _mm512_load_ps(row + k2 * d2 * 16);
-				if ((k1 * kw + k2) % 2)
-					acc1 = _mm512_fmadd_ps(wv[k1 * kw + k2], v, acc1);
-				else
-					acc0 = _mm512_fmadd_ps(wv[k1 * kw + k2], v, acc0);
-			}
-		}
-		_mm512_store_ps(o + o2 * 16, _mm512_add_ps(acc0, acc1));
-	}
-}
-
-typedef void (*dw16_fn)(const conv_params *cp, const float *t, int64_t wp, const __m512 *wv, __m512 bias, float *o);
-#define DEF_DW16(NAME, KH, KW, S1, S2, D1, D2)                                                                    \
-	DW512 static void NAME(const conv_params *cp, const float *t, int64_t wp, const __m512 *wv, __m512 bias, float *o) \
-	{                                                                                                          \
-		for (int64_t o1 = 0; o1 < cp->w.out[1]; o1++)                                                          \
-			dw16_row(KH, KW, S1, S2, D1, D2, t, wp, wv, bias, o + o1 * cp->w.out[2] * 16, o1, cp->w.out[2]);   \
-	}
-DEF_DW16(dw16_3x3s1, 3, 3, 1, 1, 1, 1)
-DEF_DW16(dw16_3x3s2, 3, 3, 2, 2, 1, 1)
-DEF_DW16(dw16_5x5s1, 5, 5, 1, 1, 1, 1)
-DEF_DW16(dw16_5x5s2, 5, 5, 2, 2, 1, 1)
-DEF_DW16(dw16_any, (int)cp->w.k[1], (int)cp->w.k[2], cp->w.s[1], cp->w.s[2], cp->w.d[1], cp->w.d[2])
-
-/* Padded extent of the input in slot i: as far as the taps reach, or the padding, whichever is more. */
-static int64_t dw16_extent(const window *w, int i)
-{
-	int64_t reach = (w->out[i] - 1) * w->s[i] + (w->k[i] - 1) * w->d[i] + 1, padded = w->pb[i] + w->in[i] + w->pe[i];
-	return reach > padded ? reach : padded;
-}
-
-/* Blocks of 16 channels [begin, end) (batch-major) of a depthwise convolution without a multiplier. */
-DW512 static void depthwise_blocks(void *ctx, int64_t begin, int64_t end, int64_t slot)
-{
-	const conv_ctx *c = ctx;
-	const conv_params *cp = c->cp;
-	const window *w = &cp->w;
-	int64_t hp = dw16_extent(w, 1), wp = dw16_extent(w, 2), in_sp = cp->in_sp, out_sp = cp->out_sp;
-	int64_t blocks = (cp->cin + 15) / 16;
-	float *t = (float *)c->scratch + slot * cp->slot_elems, *o = t + hp * wp * 16;
-	memset(t, 0, (size_t)(hp * wp * 16) * sizeof *t);
-	dw16_fn fn = w->d[1] != 1 || w->d[2] != 1 || w->k[1] != w->k[2] || w->s[1] != w->s[2] ? dw16_any
-	             : w->k[1] == 3 && w->s[1] == 1 ? dw16_3x3s1
-	             : w->k[1] == 3 && w->s[1] == 2 ? dw16_3x3s2
-	             : w->k[1] == 5 && w->s[1] == 1 ? dw16_5x5s1
-	             : w->k[1] == 5 && w->s[1] == 2 ? dw16_5x5s2
-	                                            : dw16_any;
-	__m512 wv[64];
-	for (int64_t blk = begin; blk < end; blk++) {
-		int64_t n = blk / blocks, c0 = blk % blocks * 16, nc = cp->cin - c0 < 16 ? cp->cin - c0 : 16;
-		const float *x = (const float *)c->x + (n * cp->cin + c0) * in_sp;
-		float *y = (float *)c->y + (n * cp->cout + c0) * out_sp;
-		__mmask16 chans = (__mmask16)(0xffffu >> (16 - nc));
-		for (int64_t k = 0; k < cp->kk; k++) {
-			float v[16] = {0};
-			for (int64_t ch = 0; ch < nc; ch++)
-				v[ch] = ((const float *)c->wt)[(c0 + ch) * cp->kk + k];
-			wv[k] = _mm512_loadu_ps(v);
-		}
-		__m512 bias = c->bias ? _mm512_maskz_loadu_ps(chans, (const float *)c->bias + c0) : _mm512_setzero_ps();
-		/* positions x channels, inside the zero border */
-		for (int64_t p0 = 0; p0 < in_sp; p0 += 16) {
-			int64_t np = in_sp - p0 < 16 ? in_sp - p0 : 16;
-			__mmask16 m = (__mmask16)(0xffffu >> (16 - np));
-			__m512 r[16];
-			for (int ch = 0; ch < 16; ch++)
-				r[ch] = ch < nc ? _mm512_maskz_loadu_ps(m, x + ch * in_sp + p0) : _mm512_setzero_ps();
-			tr16(r);
-			for (int l = 0; l < np; l++) {
-				int64_t p = p0 + l, i1 = p / w->in[2] + w->pb[1], i2 = p % w->in[2] + w->pb[2];
-				_mm512_store_ps(t + (i1 * wp + i2) * 16, r[l]);
-			}
-		}
-		fn(cp, t, wp, wv, bias, o);
-		for (int64_t p0 = 0; p0 < out_sp; p0 += 16) {
-			int64_t np = out_sp - p0 < 16 ? out_sp - p0 : 16;
-			__mmask16 m = (__mmask16)(0xffffu >> (16 - np));
-			__m512 r[16];
-			for (int l = 0; l < 16; l++)
-				r[l] = l < np ? _mm512_load_ps(o + (p0 + l) * 16) : _mm512_setzero_ps();
-			tr16(r);
-			for (int ch = 0; ch < nc; ch++)
-				_mm512_mask_storeu_ps(y + ch * out_sp + p0, m, r[ch]);
-		}
-		if (cp->fused)
-			tern_act_run(&cp->act, y, c->z ? c->z + (n * cp->cout + c0) * out_sp : NULL, nc * out_sp);
-	}
-}
-
-/* Whether channel blocks suit a depthwise convolution: AVX-512, no multiplier, planes small enough for
- * their padded transpose to stay in cache, taps that fit the registers. */
-static bool dw_blocks_suit(const conv_params *cp)
-{
-	const window *w = &cp->w;
-	return __builtin_cpu_supports("avx512f") && cp->mg == 1 && w->k[0] == 1 && w->in[0] == 1 && cp->kk <= 64 &&
-	       dw16_extent(w, 1) * dw16_extent(w, 2) <= DW_BLOCKS_MAX_PLANE;
-}
-
 /* One output plane through the vector kernel: the phase planes by phase (row, column). */
 static void dw_vector_plane(const conv_params *cp, const float *planes, const float *wk, float b, float *y)
 {
@@ -1493,12 +1638,6 @@ typedef struct dw_shape {
 } dw_shape;
 
 static const dw_shape *dw_vector_kernel(const window *w, int dtype) { return NULL; }
-
-static bool dw_blocks_suit(const conv_params *cp) { return false; }
-
-static void depthwise_blocks(void *ctx, int64_t begin, int64_t end, int64_t slot) {}
-
-static int64_t dw16_extent(const window *w, int i) { return 0; }
 
 static void dw_vector_plane(const conv_params *cp, const float *planes, const float *wk, float b, float *y) {}
 #endif
@@ -1566,10 +1705,11 @@ static tern_status conv_kernel(const tern_kernel_args *a)
 	if (cp->depthwise) {
 		conv_ctx c = {cp, x, wt, bias, y, a->scratch, z};
 		int64_t grain = grain_for(cp->out_sp * cp->kk);
-		if (cp->dw_blocks)
-			parallel_slots(a->pool, cp->n * ((cp->cin + 15) / 16), grain_for(16 * cp->out_sp * cp->kk), cp->slots,
-			               depthwise_blocks, &c);
-		else if (cp->dw_grid)
+		if (cp->dw_blocks) {
+			wb_job j = {&cp->w, WB_CONV, cp->n, cp->cin, cp->band, cp->slot_elems, (const float *)x,
+			            (const float *)wt, bias, NULL, (float *)y, a->scratch, cp->fused ? &cp->act : NULL, z};
+			wb_run(a->pool, &j, cp->slots);
+		} else if (cp->dw_grid)
 			parallel_slots(a->pool, cp->n * cp->cin, grain_for(cp->mg * cp->out_sp * cp->kk), cp->slots,
 			               depthwise_grid, &c);
 		else
@@ -1732,10 +1872,9 @@ static tern_status conv_prepare(tern_prepare_args *p)
 	cp->depthwise = cp->cg == 1 && !cp->pointwise;
 	const window *w = &cp->w;
 	cp->dw_grid = cp->depthwise && x->dtype != TERN_DOUBLE && w->k[0] == 1 && w->in[0] == 1;
-	cp->dw_blocks = cp->dw_grid && dw_blocks_suit(cp);
+	cp->dw_blocks = cp->dw_grid && cp->mg == 1 && wb_plan(w, &cp->band, &cp->slot_elems) &&
+	                wb_extent(w, 1) * wb_extent(w, 2) <= DW_BLOCKS_MAX_PLANE;
 	if (cp->dw_blocks) {
-		/* the padded input and the output, positions x 16 channels */
-		cp->slot_elems = (dw16_extent(w, 1) * dw16_extent(w, 2) + cp->out_sp) * 16;
 		cp->slots = slots_for(p->pool);
 		p->scratch_bytes = (size_t)(cp->slots * cp->slot_elems) * sizeof(float);
 	} else if (cp->dw_grid) {
