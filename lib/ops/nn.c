@@ -417,7 +417,8 @@ static void outputs_within(int64_t off, int64_t s, int64_t in, int64_t out, int6
 
 /* ---------------------------------------------------------------- windows over blocks of channels */
 
-#define DW_BLOCKS_MAX_PLANE (60 * 60) /* padded positions of the largest depthwise plane done by channel blocks */
+/* padded positions of the largest depthwise plane with unit strides done by channel blocks */
+#define DW_BLOCKS_MAX_PLANE (60 * 60)
 
 /* A plane row of a few dozen positions wastes most of a vector, so with AVX-512 the windowed operators
  * (depthwise convolution, max and average pooling) may put channels across the vectors instead: a block
@@ -474,6 +475,7 @@ static bool wb_plan(const window *w, int64_t *band, int64_t *slot_elems)
 #include <immintrin.h>
 #define HAVE_WB 1
 #define DW512 __attribute__((target("avx512f")))
+#define WB_PREFETCH 64 /* floats ahead in each plane of a block */
 
 DW512 static inline __attribute__((always_inline)) void tr16(__m512 r[16])
 {
@@ -616,8 +618,11 @@ DW512 static void wb_task(void *ctx, int64_t begin, int64_t end, int64_t slot)
 				int64_t np = rb * in2 - p0 < 16 ? rb * in2 - p0 : 16;
 				__mmask16 m = (__mmask16)(0xffffu >> (16 - np));
 				__m512 r[16];
-				for (int ch = 0; ch < 16; ch++)
+				for (int ch = 0; ch < 16; ch++) {
 					r[ch] = ch < nc ? _mm512_maskz_loadu_ps(m, x + ch * in_sp + p0) : _mm512_setzero_ps();
+					if (ch < nc)
+						_mm_prefetch((const char *)(x + ch * in_sp + p0 + WB_PREFETCH), _MM_HINT_T0);
+				}
 				tr16(r);
 				for (int64_t l = 0, row = p0 / in2, col = p0 % in2; l < np; l++) {
 					_mm512_store_ps(t + ((row - r0) * wp + col + w->pb[2]) * 16, r[l]);
@@ -1873,7 +1878,7 @@ static tern_status conv_prepare(tern_prepare_args *p)
 	const window *w = &cp->w;
 	cp->dw_grid = cp->depthwise && x->dtype != TERN_DOUBLE && w->k[0] == 1 && w->in[0] == 1;
 	cp->dw_blocks = cp->dw_grid && cp->mg == 1 && wb_plan(w, &cp->band, &cp->slot_elems) &&
-	                wb_extent(w, 1) * wb_extent(w, 2) <= DW_BLOCKS_MAX_PLANE;
+	                (wb_extent(w, 1) * wb_extent(w, 2) <= DW_BLOCKS_MAX_PLANE || w->s[1] > 1 || w->s[2] > 1);
 	if (cp->dw_blocks) {
 		cp->slots = slots_for(p->pool);
 		p->scratch_bytes = (size_t)(cp->slots * cp->slot_elems) * sizeof(float);
