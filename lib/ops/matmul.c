@@ -653,7 +653,26 @@ typedef struct product_batch {
 	bool ta, tb;
 	int64_t lda, ldb;
 	int64_t *a_off, *b_off; /* count entries each, in the same allocation as the struct */
+	tern_packed *packed;    /* MatMul: B^T packed when B is float32 known when planning, one product */
 } product_batch;
+
+static void product_batch_free(void *p)
+{
+	product_batch *pb = p;
+	if (pb)
+		tern_packed_free(pb->packed);
+	free(pb);
+}
+
+/* X W for X of m rows of k floats and W packed transposed (n x k): computed as (W^T)(X^T), the cols
+ * kernel reading X's rows as columns and storing the product transposed, i.e. as X W's rows. */
+static void product_packed(tern_threadpool *pool, const tern_packed *wt, int64_t m, int64_t k, int64_t n,
+                           const float *x, bool x_trans, float *y, const float *bias, bool accumulate)
+{
+	tern_gemm_b b = {x, NULL, x_trans ? m : 1, m, 0, x_trans ? 1 : k};
+	tern_gemm_c c = {y, n, true, accumulate, bias};
+	tern_gemm_packed_run(pool, wt, m, &b, &c, TERN_GEMM_COLS);
+}
 
 static product_batch *product_batch_new(int64_t count, size_t extra)
 {
@@ -825,6 +844,10 @@ static tern_status matmul_kernel(const tern_kernel_args *a)
 	const product_batch *pb = a->params;
 	const tern_tensor *A = a->in[0], *B = a->in[1];
 	tern_tensor *Y = a->out[0];
+	if (pb->packed) {
+		product_packed(a->pool, pb->packed, pb->m, pb->k, pb->n, A->data, false, Y->data, NULL, false);
+		return TERN_OK;
+	}
 	if (!is_half(A->dtype)) {
 		run_products(pb, A->dtype, A->data, B->data, Y->data, a->pool);
 		return TERN_OK;
@@ -854,10 +877,14 @@ static tern_status matmul_prepare(tern_prepare_args *p)
 		return st;
 	tern_set_shape(p->out[0], A->dtype, rank, dims);
 	p->params = pb;
-	p->free_params = free;
+	p->free_params = product_batch_free;
 	p->kernel = matmul_kernel;
 	if (is_half(A->dtype))
 		p->scratch_bytes = half_scratch(A, B, tern_numel(rank, dims));
+	/* constant float32 weights: packed once (a batch of A folds into one product with B) */
+	if (A->dtype == TERN_FLOAT && B->data && B->rank == 2 && pb->count == 1 &&
+	    !(pb->packed = tern_pack_a(pb->n, pb->k, B->data, pb->n, true, 1.0f)))
+		return tern_node_errorf(p->node, TERN_EOS, "out of memory");
 	return TERN_OK;
 }
 
@@ -868,7 +895,19 @@ typedef struct gemm_params {
 	int64_t m, n, k;
 	float alpha, beta;
 	int64_t c_rs, c_cs; /* C's row and column strides against Y (0 where broadcast) */
+	tern_packed *packed; /* alpha op(B)^T, when B is float32 known when planning */
+	float *bias;         /* with packed: beta C per column of Y, when C is known and the same for every row */
 } gemm_params;
+
+static void gemm_free(void *p)
+{
+	gemm_params *g = p;
+	if (g) {
+		tern_packed_free(g->packed);
+		free(g->bias);
+	}
+	free(g);
+}
 
 /* Y = beta * C, C broadcast to Y's shape, before the product accumulates into it. */
 #define FILL_FROM_C(T, y, c, g)                                                              \
@@ -883,6 +922,12 @@ static tern_status gemm_kernel(const tern_kernel_args *a)
 	tern_tensor *Y = a->out[0];
 	bool add_c = g->has_c && g->beta != 0;
 	int64_t lda = g->ta ? g->m : g->k, ldb = g->tb ? g->k : g->n;
+	if (g->packed) {
+		if (add_c && !g->bias)
+			FILL_FROM_C(float, (float *)Y->data, (const float *)C->data, g);
+		product_packed(a->pool, g->packed, g->m, g->k, g->n, A->data, g->ta, Y->data, g->bias, add_c && !g->bias);
+		return TERN_OK;
+	}
 	switch (A->dtype) {
 	case TERN_FLOAT:
 		if (add_c)
@@ -961,7 +1006,7 @@ static tern_status gemm_prepare(tern_prepare_args *p)
 	int64_t kb = B->dims[g->tb ? 1 : 0];
 	g->n = B->dims[g->tb ? 0 : 1];
 	p->params = g;
-	p->free_params = free;
+	p->free_params = gemm_free;
 	if (g->k != kb)
 		return tern_node_errorf(node, TERN_EDATA, "inner dimensions differ: op(A) is %lldx%lld, op(B) is %lldx%lld",
 		                        (long long)g->m, (long long)g->k, (long long)kb, (long long)g->n);
@@ -981,8 +1026,20 @@ static tern_status gemm_prepare(tern_prepare_args *p)
 	p->kernel = gemm_kernel;
 	if (is_half(A->dtype))
 		p->scratch_bytes = half_scratch(A, B, g->m * g->n);
+	if (A->dtype != TERN_FLOAT || !B->data)
+		return TERN_OK;
+	if (!(g->packed = tern_pack_a(g->n, g->k, B->data, g->tb ? g->k : g->n, !g->tb, g->alpha)))
+		return tern_node_errorf(node, TERN_EOS, "out of memory");
+	/* a C known now that is the same for every row of Y: beta C becomes the product's bias */
+	if (g->has_c && g->beta != 0 && g->c_rs == 0 && C->data) {
+		if (!(g->bias = malloc((size_t)(g->n ? g->n : 1) * sizeof *g->bias)))
+			return tern_node_errorf(node, TERN_EOS, "out of memory");
+		for (int64_t j = 0; j < g->n; j++)
+			g->bias[j] = g->beta * ((const float *)C->data)[j * g->c_cs];
+	}
 	return TERN_OK;
 }
+
 
 /* ---------------------------------------------------------------- MatMulInteger, QLinearMatMul */
 
