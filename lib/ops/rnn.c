@@ -10,6 +10,7 @@
 #pragma GCC optimize("no-trapping-math", "fp-contract=fast")
 #endif
 #include "internal.h"
+#include "ops/gemm.h"
 #include "ops_common.h"
 
 #include <math.h>
@@ -174,11 +175,18 @@ static void packed_slice(void *ctx, int64_t t)
 	gemm_packed(pt->m, cols, pt->k, pt->a, pt->lda, pt->packed + first * pt->k, pt->c + first, pt->ldc);
 }
 
-/* C[m, n] = A[m, k] * W^T for W [n, k]; through BLAS unless packed weights are given (or there is
- * no BLAS, in which case they always are). */
+/* C[m, n] = A[m, k] * W^T for W [n, k]: with W packed when planning (pk) through the cols kernel, which
+ * reads A's rows as columns and stores the product transposed, i.e. as C's rows; else through BLAS
+ * unless panels packed per run are given (or there is no BLAS, in which case they always are). */
 static void product(tern_threadpool *pool, int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
-                    const float *w, const float *packed, float *c, int64_t ldc)
+                    const float *w, const float *packed, const tern_packed *pk, float *c, int64_t ldc)
 {
+	if (pk) {
+		tern_gemm_b b = {a, NULL, 1, m, 0, lda};
+		tern_gemm_c cd = {c, ldc, true, false, NULL};
+		tern_gemm_packed_run(pool, pk, m, &b, &cd, TERN_GEMM_COLS);
+		return;
+	}
 #if TERN_HAVE_BLAS
 	if (!packed) {
 		cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)m, (int)n, (int)k, 1.0f, a, (int)lda, w, (int)k, 0.0f,
@@ -218,7 +226,20 @@ typedef struct rnn_params {
 	activation acts[2][3];
 	bool packed_recurrence; /* recurrent weights packed once per direction (see PANEL) */
 	int64_t first_cols;     /* gate columns of the first recurrent product: GRU's candidate waits for r */
+	/* float32 W and R known when planning, packed then per direction: W, R's first_cols rows, the rest */
+	tern_packed *wk[2], *rk[2], *rk_h[2];
 } rnn_params;
+
+static void rnn_free(void *p)
+{
+	rnn_params *rp = p;
+	for (int d = 0; rp && d < 2; d++) {
+		tern_packed_free(rp->wk[d]);
+		tern_packed_free(rp->rk[d]);
+		tern_packed_free(rp->rk_h[d]);
+	}
+	free(rp);
+}
 
 /* Float views of every operand and the work buffers, carved from scratch. Operands already float
  * point at the tensors; others are converted copies. */
@@ -270,9 +291,9 @@ static size_t rnn_carve(const rnn_params *p, tern_tensor *const *in, int n_in, t
 	} work[] = {
 		{&bf->xproj, p->seq * p->batch * gh}, {&bf->gates, p->batch * gh}, {&bf->bias, gh},
 		{&bf->h, bh}, {&bf->c, bh}, {&bf->rh, bh},
-		{&bf->wpack, TERN_HAVE_BLAS ? 0 : packed_floats(gh, p->input)},
-		{&bf->rpack, p->packed_recurrence ? packed_floats(p->first_cols, p->hidden) : 0},
-		{&bf->rpack_h, p->packed_recurrence ? packed_floats(gh - p->first_cols, p->hidden) : 0},
+		{&bf->wpack, TERN_HAVE_BLAS || p->wk[0] ? 0 : packed_floats(gh, p->input)},
+		{&bf->rpack, p->packed_recurrence && !p->rk[0] ? packed_floats(p->first_cols, p->hidden) : 0},
+		{&bf->rpack_h, p->packed_recurrence && !p->rk[0] ? packed_floats(gh - p->first_cols, p->hidden) : 0},
 	};
 	for (size_t i = 0; i < TERN_ARRAY_LEN(work); i++) {
 		*work[i].dst = base ? (float *)(base + off) : NULL;
@@ -393,10 +414,12 @@ VECTOR_CLONES static tern_status run_direction(const rnn_params *p, const rnn_bu
 	 * with linear_before_reset, which the reset gate scales. */
 	for (int64_t j = 0; j < gh; j++)
 		bf->bias[j] = bf->b ? bf->b[d * 2 * gh + j] + (lbr && j >= 2 * n ? 0 : bf->b[d * 2 * gh + gh + j]) : 0;
-	if (!TERN_HAVE_BLAS)
+	bool wpanels = !TERN_HAVE_BLAS && !p->wk[d], rpanels = p->packed_recurrence && !p->rk[d];
+	if (wpanels)
 		pack_panels(w, gh, p->input, bf->wpack);
-	product(pool, p->seq * p->batch, gh, p->input, bf->x, p->input, w, TERN_HAVE_BLAS ? NULL : bf->wpack, bf->xproj, gh);
-	if (p->packed_recurrence) {
+	product(pool, p->seq * p->batch, gh, p->input, bf->x, p->input, w, wpanels ? bf->wpack : NULL, p->wk[d], bf->xproj,
+	        gh);
+	if (rpanels) {
 		pack_panels(r, p->first_cols, n, bf->rpack);
 		pack_panels(r + p->first_cols * n, gh - p->first_cols, n, bf->rpack_h);
 	}
@@ -415,7 +438,7 @@ VECTOR_CLONES static tern_status run_direction(const rnn_params *p, const rnn_bu
 	const float *rbh = lbr && bf->b ? bf->b + d * 2 * gh + gh + 2 * n : NULL;
 	memset(bf->rh, 0, (size_t)p->batch * (size_t)n * sizeof(float));
 	for (int64_t s = 0; s < p->seq; s++) {
-		product(pool, p->batch, p->first_cols, n, bf->h, n, r, p->packed_recurrence ? bf->rpack : NULL, bf->gates, gh);
+		product(pool, p->batch, p->first_cols, n, bf->h, n, r, rpanels ? bf->rpack : NULL, p->rk[d], bf->gates, gh);
 		for (int64_t b = 0; b < p->batch; b++) {
 			if (s >= lens[b])
 				continue;
@@ -440,7 +463,7 @@ VECTOR_CLONES static tern_status run_direction(const rnn_params *p, const rnn_bu
 			}
 		}
 		if (p->cell == CELL_GRU && !lbr) {
-			product(pool, p->batch, n, n, bf->rh, n, r + 2 * n * n, p->packed_recurrence ? bf->rpack_h : NULL,
+			product(pool, p->batch, n, n, bf->rh, n, r + 2 * n * n, rpanels ? bf->rpack_h : NULL, p->rk_h[d],
 			        bf->gates + 2 * n, gh);
 			for (int64_t b = 0; b < p->batch; b++)
 				if (s < lens[b])
@@ -590,7 +613,7 @@ static tern_status rnn_prepare(tern_prepare_args *p)
 	if (!rp)
 		return tern_errorf(TERN_EOS, "out of memory");
 	p->params = rp;
-	p->free_params = free;
+	p->free_params = rnn_free;
 	rp->cell = def->cell;
 	rp->n_gates = def->n_gates;
 	rp->n_acts = def->n_acts;
@@ -655,7 +678,18 @@ static tern_status rnn_prepare(tern_prepare_args *p)
 	rp->packed_recurrence = !TERN_HAVE_BLAS || rp->batch <= PACKED_MAX_ROWS;
 	/* The candidate gate of a GRU without linear_before_reset needs r first: its product comes later. */
 	rp->first_cols = def->cell == CELL_GRU && !rp->linear_before_reset ? 2 * n : gh;
+	/* float32 weights known now are packed now, for every run */
+	for (int d = 0; x->dtype == TERN_FLOAT && w->data && r->data && d < nd; d++) {
+		const float *wd = (const float *)w->data + d * gh * rp->input, *rd = (const float *)r->data + d * gh * n;
+		rp->wk[d] = tern_pack_a(gh, rp->input, wd, rp->input, false, 1.0f);
+		rp->rk[d] = tern_pack_a(rp->first_cols, n, rd, n, false, 1.0f);
+		rp->rk_h[d] = rp->first_cols < gh ? tern_pack_a(gh - rp->first_cols, n, rd + rp->first_cols * n, n, false, 1.0f)
+		                                  : NULL;
+		if (!rp->wk[d] || !rp->rk[d] || (rp->first_cols < gh && !rp->rk_h[d]))
+			return tern_errorf(TERN_EOS, "out of memory");
+	}
 	rnn_buffers bf;
+
 	p->scratch_bytes = rnn_carve(rp, p->in, p->n_in, p->out, p->n_out, NULL, &bf);
 	p->kernel = rnn_kernel;
 	return TERN_OK;
