@@ -256,6 +256,7 @@ static void act_block(const tern_gemm_c *c, float *first, int64_t rows, int64_t 
 
 #define PACK_KC 256    /* rows of B per pass of the rows kernel: a pass's block of B stays in cache */
 #define COLS_MAX_NB 14 /* the widest tile of the cols kernel */
+#define COLS_PREFETCH 96 /* steps ahead that the cols kernel asks for its panel's columns */
 
 typedef void (*rows_fn)(int64_t kc, const float *a, const float *b, const int64_t *off, float *c, int64_t ldc,
                         int rows, int cols, const float *bias, bool add);
@@ -339,6 +340,8 @@ struct tern_packed {
 		for (; p + u <= k; p += u)                                                                              \
 			UNROLL for (int i = 0; i < u; i++) {                                                                       \
 				const float *bp = off ? b + off[p + i] : b + (p + i) * ldb;                                     \
+				__builtin_prefetch(a + (p + i + COLS_PREFETCH) * 2 * VL);                                       \
+				__builtin_prefetch(a + (p + i + COLS_PREFETCH) * 2 * VL + 16);                                  \
 				V a0 = *(const V *)(a + (p + i) * 2 * VL), a1 = *(const V *)(a + (p + i) * 2 * VL + VL);        \
 				UNROLL for (int j = 0; j < nb; j++) {                                                                  \
 					float s = bp[j * step];                                                                     \
@@ -480,12 +483,14 @@ tern_gemm_kind tern_gemm_choose(const tern_packed *a, int64_t n_dense, int64_t r
 	const gemm_isa *isa = a->isa;
 	if (c_trans)
 		return TERN_GEMM_COLS;
-	/* Multiply-adds each kernel does, padding included. A cols tile narrower than a few columns runs no
-	 * faster than one of a few; its untransposed store costs about what 24 steps of the shared dimension do. */
+	/* Multiply-adds each kernel does, padding included, as measured: the rows kernel runs about a tenth
+	 * slower (its passes over blocks of B); a cols tile narrower than a few columns runs no faster than
+	 * one of a few; the cols kernel's untransposed store costs about what 30 steps of the shared
+	 * dimension do. */
 	double k = (double)(a->k > 0 ? a->k : 1);
-	double rows = (double)(ceil_div64(a->m, isa->r) * isa->r) * (double)(ceil_div64(n_dense, isa->nr) * isa->nr) * k;
+	double rows = 1.1 * (double)(ceil_div64(a->m, isa->r) * isa->r) * (double)(ceil_div64(n_dense, isa->nr) * isa->nr) * k;
 	int64_t tiles = tiles_per_run(isa, width), narrow = width / tiles;
-	double run_cost = (double)(narrow < 3 ? 3 * tiles : width) * k + 24.0 * (double)width;
+	double run_cost = (double)(narrow < 3 ? 3 * tiles : width) * k + 30.0 * (double)width;
 	double cols = (double)(a->panels * isa->p) * (double)runs * run_cost;
 	return cols < rows ? TERN_GEMM_COLS : TERN_GEMM_ROWS;
 }
