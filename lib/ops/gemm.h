@@ -90,6 +90,36 @@ void tern_gemm_packed_fill(tern_threadpool *pool, const tern_packed *a, int64_t 
  * it cannot, for the fused operators' general path. */
 tern_status tern_fused_conv_prepare(tern_prepare_args *p);
 
+/* Transposes 16 x 16 floats held in 16 AVX-512 registers: r[i] lane j becomes r[j] lane i. */
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+__attribute__((target("avx512f"))) static inline __attribute__((always_inline)) void tern_tr16(__m512 r[16])
+{
+	__m512 t[16];
+	for (int i = 0; i < 16; i += 2) {
+		t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+		t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+	}
+	for (int i = 0; i < 16; i += 4) {
+		__m512d a = _mm512_castps_pd(t[i]), b = _mm512_castps_pd(t[i + 1]);
+		__m512d c = _mm512_castps_pd(t[i + 2]), d = _mm512_castps_pd(t[i + 3]);
+		r[i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
+		r[i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
+		r[i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
+		r[i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
+	}
+	for (int i = 0; i < 16; i += 8)
+		for (int j = 0; j < 4; j++) {
+			t[i + j] = _mm512_shuffle_f32x4(r[i + j], r[i + j + 4], 0x88);
+			t[i + j + 4] = _mm512_shuffle_f32x4(r[i + j], r[i + j + 4], 0xdd);
+		}
+	for (int j = 0; j < 8; j++) {
+		r[j] = _mm512_shuffle_f32x4(t[j], t[j + 8], 0x88);
+		r[j + 8] = _mm512_shuffle_f32x4(t[j], t[j + 8], 0xdd);
+	}
+}
+#endif
+
 /* float16 and bfloat16 storage to and from float, for kernels that compute in float. */
 void tern_half_to_f32(int dtype, const uint16_t *src, float *dst, int64_t n);
 void tern_f32_to_half(int dtype, const float *src, uint16_t *dst, int64_t n);

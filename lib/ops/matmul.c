@@ -327,7 +327,7 @@ struct tern_packed {
  * b + p * ldb + j * step without offsets) over all k rows. With few columns the sums are split over
  * several rows of B in turn, so that enough of them are in flight. C then gets the sums (+ bias, a
  * whole panel's worth) or, with add, C + the sums; with trans element (i, j) is at c + j * ldc + i. */
-#define DEF_COLS(S, ATTR, V, VU, VL)                                                                            \
+#define DEF_COLS(S, ATTR, V, VU, VL, STORE_T)                                                                          \
 	ATTR static inline __attribute__((always_inline)) void cols_body_##S(                                       \
 		const int nb, int64_t k, const float *restrict a, const float *restrict b, const int64_t *restrict off,   \
 		int64_t ldb, int64_t step, float *restrict c, int64_t ldc, int rows, const float *bias, bool add, bool trans) \
@@ -372,6 +372,8 @@ struct tern_packed {
 				}                                                                                               \
 			return;                                                                                             \
 		}                                                                                                       \
+		if (!trans && STORE_T(acc, nb, c, ldc, rows, bias, add))                                                \
+			return;                                                                                             \
 		float t[COLS_MAX_NB][2 * VL];                                                                           \
 		UNROLL for (int j = 0; j < nb; j++)                                                                            \
 			UNROLL for (int v = 0; v < 2; v++)                                                                         \
@@ -397,11 +399,15 @@ struct tern_packed {
 	DEF_COLS_NB(S, ATTR, 5) DEF_COLS_NB(S, ATTR, 6)
 #define COLS_1_6(S) cols_##S##_1, cols_##S##_2, cols_##S##_3, cols_##S##_4, cols_##S##_5, cols_##S##_6
 
+/* The cols kernel's untransposed store, when the machine has a faster one than element by element: none
+ * in general, sixteen rows at a time through a register transpose with AVX-512. */
+#define NO_STORE_T(...) false
+
 /* Vectors of floats; the unaligned kind reads and writes B and C wherever their rows start. */
 typedef float vec4f __attribute__((vector_size(16)));
 typedef float vec4fu __attribute__((vector_size(16), aligned(4), may_alias));
 DEF_ROWS(rows_base, , vec4f, vec4fu, 4, 4, 3)
-DEF_COLS(base, , vec4f, vec4fu, 4)
+DEF_COLS(base, , vec4f, vec4fu, 4, NO_STORE_T)
 DEF_COLS_1_6(base, )
 static const gemm_isa isa_base = {8, 4, 12, 6, rows_base, {NULL, COLS_1_6(base)}};
 
@@ -414,10 +420,37 @@ typedef float vec8fu __attribute__((vector_size(32), aligned(4), may_alias));
 typedef float vec16f __attribute__((vector_size(64)));
 typedef float vec16fu __attribute__((vector_size(64), aligned(4), may_alias));
 DEF_ROWS(rows_avx2, AVX2, vec8f, vec8fu, 8, 4, 3)
-DEF_COLS(avx2, AVX2, vec8f, vec8fu, 8)
+DEF_COLS(avx2, AVX2, vec8f, vec8fu, 8, NO_STORE_T)
 DEF_COLS_1_6(avx2, AVX2)
+AVX512 static inline __attribute__((always_inline)) bool store_t_avx512(vec16f acc[][2], int nb, float *c, int64_t ldc,
+                                                                        int rows, const float *bias, bool add)
+{
+	__mmask16 cols = (__mmask16)(0xffffu >> (16 - nb));
+	UNROLL for (int h = 0; h < 2; h++) {
+		__m512 r[16];
+		UNROLL for (int j = 0; j < 16; j++) {
+			r[j] = _mm512_setzero_ps();
+			if (j < nb)
+				r[j] = acc[j][h];
+		}
+		tern_tr16(r);
+		UNROLL for (int i = 0; i < 16; i++) {
+			int row = 16 * h + i;
+			if (row >= rows)
+				return true;
+			float *ci = c + row * ldc;
+			__m512 v = r[i];
+			if (add)
+				v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(cols, ci));
+			else if (bias)
+				v = _mm512_add_ps(v, _mm512_set1_ps(bias[row]));
+			_mm512_mask_storeu_ps(ci, cols, v);
+		}
+	}
+	return true;
+}
 DEF_ROWS(rows_avx512, AVX512, vec16f, vec16fu, 16, 8, 2)
-DEF_COLS(avx512, AVX512, vec16f, vec16fu, 16)
+DEF_COLS(avx512, AVX512, vec16f, vec16fu, 16, store_t_avx512)
 DEF_COLS_1_6(avx512, AVX512)
 DEF_COLS_NB(avx512, AVX512, 7) DEF_COLS_NB(avx512, AVX512, 8) DEF_COLS_NB(avx512, AVX512, 9)
 DEF_COLS_NB(avx512, AVX512, 10) DEF_COLS_NB(avx512, AVX512, 11) DEF_COLS_NB(avx512, AVX512, 12)
@@ -483,14 +516,14 @@ tern_gemm_kind tern_gemm_choose(const tern_packed *a, int64_t n_dense, int64_t r
 	const gemm_isa *isa = a->isa;
 	if (c_trans)
 		return TERN_GEMM_COLS;
-	/* Multiply-adds each kernel does, padding included, as measured: the rows kernel runs about a tenth
+	/* Multiply-adds each kernel does, padding included, as measured: the rows kernel runs about 15%
 	 * slower (its passes over blocks of B); a cols tile narrower than a few columns runs no faster than
-	 * one of a few; the cols kernel's untransposed store costs about what 30 steps of the shared
+	 * one of a few; the cols kernel's untransposed store costs about what 8 steps of the shared
 	 * dimension do. */
 	double k = (double)(a->k > 0 ? a->k : 1);
-	double rows = 1.1 * (double)(ceil_div64(a->m, isa->r) * isa->r) * (double)(ceil_div64(n_dense, isa->nr) * isa->nr) * k;
+	double rows = 1.15 * (double)(ceil_div64(a->m, isa->r) * isa->r) * (double)(ceil_div64(n_dense, isa->nr) * isa->nr) * k;
 	int64_t tiles = tiles_per_run(isa, width), narrow = width / tiles;
-	double run_cost = (double)(narrow < 3 ? 3 * tiles : width) * k + 30.0 * (double)width;
+	double run_cost = (double)(narrow < 3 ? 3 * tiles : width) * k + 8.0 * (double)width;
 	double cols = (double)(a->panels * isa->p) * (double)runs * run_cost;
 	return cols < rows ? TERN_GEMM_COLS : TERN_GEMM_ROWS;
 }

@@ -472,36 +472,9 @@ static bool wb_plan(const window *w, int64_t *band, int64_t *slot_elems)
 }
 
 #if defined(__x86_64__) && defined(__GNUC__)
-#include <immintrin.h>
 #define HAVE_WB 1
 #define DW512 __attribute__((target("avx512f")))
 #define WB_PREFETCH 64 /* floats ahead in each plane of a block */
-
-DW512 static inline __attribute__((always_inline)) void tr16(__m512 r[16])
-{
-	__m512 t[16];
-	for (int i = 0; i < 16; i += 2) {
-		t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
-		t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
-	}
-	for (int i = 0; i < 16; i += 4) {
-		__m512d a = _mm512_castps_pd(t[i]), b = _mm512_castps_pd(t[i + 1]);
-		__m512d c = _mm512_castps_pd(t[i + 2]), d = _mm512_castps_pd(t[i + 3]);
-		r[i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
-		r[i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
-		r[i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
-		r[i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
-	}
-	for (int i = 0; i < 16; i += 8)
-		for (int j = 0; j < 4; j++) {
-			t[i + j] = _mm512_shuffle_f32x4(r[i + j], r[i + j + 4], 0x88);
-			t[i + j + 4] = _mm512_shuffle_f32x4(r[i + j], r[i + j + 4], 0xdd);
-		}
-	for (int j = 0; j < 8; j++) {
-		r[j] = _mm512_shuffle_f32x4(t[j], t[j + 8], 0x88);
-		r[j + 8] = _mm512_shuffle_f32x4(t[j], t[j + 8], 0xdd);
-	}
-}
 
 /* One output row of a band: t holds its padded input rows (wp positions of 16 floats each), o gets o2n
  * positions; o1 counts rows from the band's first. The sums of a convolution alternate between two
@@ -623,7 +596,7 @@ DW512 static void wb_task(void *ctx, int64_t begin, int64_t end, int64_t slot)
 					if (ch < nc)
 						_mm_prefetch((const char *)(x + ch * in_sp + p0 + WB_PREFETCH), _MM_HINT_T0);
 				}
-				tr16(r);
+				tern_tr16(r);
 				for (int64_t l = 0, row = p0 / in2, col = p0 % in2; l < np; l++) {
 					_mm512_store_ps(t + ((row - r0) * wp + col + w->pb[2]) * 16, r[l]);
 					if (++col == in2) {
@@ -643,7 +616,7 @@ DW512 static void wb_task(void *ctx, int64_t begin, int64_t end, int64_t slot)
 					if (j->kind == WB_AVG && l < np)
 						r[l] = _mm512_mul_ps(r[l], _mm512_set1_ps(j->recip[q0 + p0 + l]));
 				}
-				tr16(r);
+				tern_tr16(r);
 				for (int ch = 0; ch < nc; ch++)
 					_mm512_mask_storeu_ps(y + ch * out_sp + q0 + p0, m, r[ch]);
 			}
