@@ -279,3 +279,14 @@ void tern_cli_close_output(void)
 		tern_cli_verbose(1, "wrote %s", prog.target);
 	}
 }
+
+void tern_cli_write_model(FILE *out, tern_model *model)
+{
+	void *bytes;
+	size_t size;
+	tern_cli_check(tern_model_save_bytes(model, &bytes, &size));
+	if (fwrite(bytes, 1, size, out) != size)
+		tern_cli_fail(TERN_EIO, "write error");
+	free(bytes);
+	tern_cli_close_output();
+}

@@ -53,5 +53,7 @@ tern_model *tern_cli_load(const tern_cli *cli);
 FILE *tern_cli_open_output(const tern_cli *cli, int binary);
 /* Flushes and closes the output, moving the temporary file into place; fails with 74. */
 void tern_cli_close_output(void);
+/* Writes the model as binary ONNX to out (from tern_cli_open_output) and closes the output. */
+void tern_cli_write_model(FILE *out, tern_model *model);
 
 #endif

@@ -169,13 +169,7 @@ int main(int argc, char **argv)
 	if (opts.stats)
 		print_stats(stats, n_stats);
 	tern_cli_verbose(1, "%zu nodes before, %zu after", before, live_nodes(m));
-	void *bytes;
-	size_t size;
-	tern_cli_check(tern_model_save_bytes(m, &bytes, &size));
-	if (fwrite(bytes, 1, size, out) != size)
-		tern_cli_fail(TERN_EIO, "write error");
-	tern_cli_close_output();
-	free(bytes);
+	tern_cli_write_model(out, m);
 	free(stats);
 	free(opts.passes);
 	free(opts.dim_names);

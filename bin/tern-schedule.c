@@ -96,13 +96,7 @@ int main(int argc, char **argv)
 	if (opts.max_streams && st.lost_pairs)
 		tern_cli_verbose(1, "--streams %d puts %lld pairs of independent nodes on one stream", opts.max_streams,
 		                 (long long)st.lost_pairs);
-	void *bytes;
-	size_t size;
-	tern_cli_check(tern_model_save_bytes(m, &bytes, &size));
-	if (fwrite(bytes, 1, size, out) != size)
-		tern_cli_fail(TERN_EIO, "write error");
-	tern_cli_close_output();
-	free(bytes);
+	tern_cli_write_model(out, m);
 	free(text);
 	tern_schedule_free(s);
 	tern_model_free(m);

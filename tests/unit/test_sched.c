@@ -4,47 +4,16 @@
  * waits never exceed |reduced edges| − |matching|; every dependency is ordered by stream order and
  * waits; the annotation round-trips and a capped schedule stays correct. */
 #include "check.h"
-#include "internal.h"
+#include "graphs.h"
 
 #include <stdio.h>
 #include <stdlib.h>
-
-/* A model with one input x and no nodes, packed with protobuf-c. */
-static tern_status empty_model(tern_model **out)
-{
-	Onnx__ModelProto m = ONNX__MODEL_PROTO__INIT;
-	Onnx__OperatorSetIdProto op = ONNX__OPERATOR_SET_ID_PROTO__INIT, *ops[1] = {&op};
-	Onnx__GraphProto g = ONNX__GRAPH_PROTO__INIT;
-	Onnx__ValueInfoProto x = ONNX__VALUE_INFO_PROTO__INIT, *io[1] = {&x};
-	m.has_ir_version = 1;
-	m.ir_version = 8;
-	op.domain = "";
-	op.has_version = 1;
-	op.version = 17;
-	m.n_opset_import = 1;
-	m.opset_import = ops;
-	x.name = "x";
-	g.name = "dag";
-	g.n_input = g.n_output = 1;
-	g.input = g.output = io;
-	m.graph = &g;
-	uint8_t buf[256];
-	size_t n = onnx__model_proto__pack(&m, buf);
-	return tern_model_load_bytes(buf, n, "dag", NULL, out);
-}
-
-static uint64_t rng_state;
-static uint32_t rnd(void)
-{
-	rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
-	return (uint32_t)(rng_state >> 33);
-}
 
 /* adjacency by graph index: adj[u*n+v] = 1 when v reads an output of u */
 static tern_model *random_dag(int n, int max_in, unsigned char *adj)
 {
 	tern_model *m;
-	if (empty_model(&m) != TERN_OK)
+	if (one_input_model("x", 4, &m) != TERN_OK)
 		return NULL;
 	tern_graph *g = tern_model_graph(m);
 	memset(adj, 0, (size_t)n * (size_t)n);

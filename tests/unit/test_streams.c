@@ -2,58 +2,10 @@
  * without a stream cap, run many times on several workers; every output must equal the
  * single-stream run bit for bit. Run under ThreadSanitizer by scripts/test.sh. */
 #include "check.h"
-#include "internal.h"
+#include "graphs.h"
 
 #include <stdio.h>
 #include <stdlib.h>
-
-static uint64_t rng_state;
-static uint32_t rnd(void)
-{
-	rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
-	return (uint32_t)(rng_state >> 33);
-}
-
-/* A model with input x: float[64] and output y, built with protobuf-c. */
-static tern_status base_model(tern_model **out)
-{
-	Onnx__ModelProto m = ONNX__MODEL_PROTO__INIT;
-	Onnx__OperatorSetIdProto op = ONNX__OPERATOR_SET_ID_PROTO__INIT, *ops[1] = {&op};
-	Onnx__GraphProto g = ONNX__GRAPH_PROTO__INIT;
-	Onnx__ValueInfoProto x = ONNX__VALUE_INFO_PROTO__INIT, y = ONNX__VALUE_INFO_PROTO__INIT;
-	Onnx__ValueInfoProto *in[1] = {&x}, *outs[1] = {&y};
-	Onnx__TypeProto tp = ONNX__TYPE_PROTO__INIT;
-	Onnx__TypeProto__Tensor tt = ONNX__TYPE_PROTO__TENSOR__INIT;
-	Onnx__TensorShapeProto sh = ONNX__TENSOR_SHAPE_PROTO__INIT;
-	Onnx__TensorShapeProto__Dimension d = ONNX__TENSOR_SHAPE_PROTO__DIMENSION__INIT, *dims[1] = {&d};
-	d.value_case = ONNX__TENSOR_SHAPE_PROTO__DIMENSION__VALUE_DIM_VALUE;
-	d.dim_value = 64;
-	sh.n_dim = 1;
-	sh.dim = dims;
-	tt.has_elem_type = 1;
-	tt.elem_type = TERN_FLOAT;
-	tt.shape = &sh;
-	tp.value_case = ONNX__TYPE_PROTO__VALUE_TENSOR_TYPE;
-	tp.tensor_type = &tt;
-	x.name = "x";
-	x.type = &tp;
-	y.name = "y";
-	m.has_ir_version = 1;
-	m.ir_version = 8;
-	op.domain = "";
-	op.has_version = 1;
-	op.version = 17;
-	m.n_opset_import = 1;
-	m.opset_import = ops;
-	g.name = "branchy";
-	g.n_input = g.n_output = 1;
-	g.input = in;
-	g.output = outs;
-	m.graph = &g;
-	uint8_t buf[512];
-	size_t n = onnx__model_proto__pack(&m, buf);
-	return tern_model_load_bytes(buf, n, "branchy", NULL, out);
-}
 
 /* Random branches of unary and binary elementwise nodes, joined into y. */
 static tern_model *branchy(int n_nodes)
@@ -61,7 +13,7 @@ static tern_model *branchy(int n_nodes)
 	static const char *unary[] = {"Relu", "Sigmoid", "Tanh", "Abs", "Neg"};
 	static const char *binary[] = {"Add", "Mul", "Sub"};
 	tern_model *m;
-	if (base_model(&m) != TERN_OK)
+	if (one_input_model("y", 64, &m) != TERN_OK)
 		return NULL;
 	tern_graph *g = tern_model_graph(m);
 	char(*names)[16] = calloc((size_t)n_nodes + 1, sizeof *names);
