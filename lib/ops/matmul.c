@@ -257,6 +257,7 @@ static void act_block(const tern_gemm_c *c, float *first, int64_t rows, int64_t 
 #define PACK_KC 256    /* rows of B per pass of the rows kernel: a pass's block of B stays in cache */
 #define COLS_MAX_NB 14 /* the widest tile of the cols kernel */
 #define COLS_PREFETCH 96 /* steps ahead that the cols kernel asks for its panel's columns */
+#define ROWS_PREFETCH 64 /* floats ahead in a row of B that the rows kernel asks for */
 
 typedef void (*rows_fn)(int64_t kc, const float *a, const float *b, const int64_t *off, float *c, int64_t ldc,
                         int rows, int cols, const float *bias, bool add);
@@ -296,6 +297,9 @@ struct tern_packed {
 				acc[r][v] = (V){0};                                                                             \
 		for (int64_t p = 0; p < kc; p++) {                                                                      \
 			const float *bp = b + off[p];                                                                       \
+			/* the next column blocks' rows, whose many streams the hardware does not follow */                 \
+			__builtin_prefetch(bp + ROWS_PREFETCH);                                                             \
+			__builtin_prefetch(bp + ROWS_PREFETCH + NV * VL - 1);                                               \
 			V bv[NV];                                                                                           \
 			UNROLL for (int v = 0; v < NV; v++)                                                                        \
 				bv[v] = *(const VU *)(bp + v * VL);                                                             \
