@@ -25,7 +25,7 @@ static bool same_shape(const tern_tensor *a, const tern_tensor *b)
 static tern_threadpool *kernel_pool(const tern_exec *e) { return e->n_workers > 1 ? NULL : e->pool; }
 
 /* Prepares a late step now that its inputs exist, and allocates its outputs. */
-static tern_status run_late(tern_exec *e, step *st, void *shared_scratch)
+static tern_status run_late(tern_exec *e, step *st)
 {
 	tern_status rc = tern_exec_prepare_step(e, st, 1);
 	if (rc)
@@ -46,13 +46,13 @@ static tern_status run_late(tern_exec *e, step *st, void *shared_scratch)
 			memcpy(st->out[0]->data, st->in[0]->data, st->out[0]->nbytes);
 		return TERN_OK;
 	}
-	void *scratch = st->scratch_bytes > e->scratch_bytes ? tern_aligned_alloc(st->scratch_bytes) : shared_scratch;
+	/* Its scratch size was unknown when the plan sized the shared buffers: it gets its own. */
+	void *scratch = st->scratch_bytes ? tern_aligned_alloc(st->scratch_bytes) : NULL;
 	if (st->scratch_bytes && !scratch)
 		return tern_errorf(TERN_EOS, "out of memory");
 	tern_kernel_args a = {st->node, st->in, st->n_in, st->out, st->n_out, st->params, scratch, kernel_pool(e), e};
 	rc = st->kernel(&a);
-	if (scratch != shared_scratch)
-		free(scratch);
+	free(scratch);
 	return rc;
 }
 
@@ -63,7 +63,7 @@ tern_status tern_exec_run_step(tern_exec *e, int k, void *scratch)
 	double t0 = e->profile ? tern_now_us() : 0;
 	tern_status rc = TERN_OK;
 	if (st->late) {
-		rc = run_late(e, st, scratch);
+		rc = run_late(e, st);
 	} else if (st->alias) {
 		if (st->out[0])
 			st->out[0]->data = st->in[0]->data;
