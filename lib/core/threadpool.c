@@ -1,7 +1,6 @@
-/* threadpool.c — a persistent pool for intra-operator parallelism. A job hands out index ranges
- * through an atomic counter. Between jobs, workers spin briefly on the job counter before sleeping
- * on a condition variable: consecutive kernels of one run then cost no system calls, and an idle
- * pool still sleeps. */
+/* threadpool.c — a persistent pool for intra-operator parallelism. Workers sleep on a condition
+ * variable between jobs; a job hands out index ranges through an atomic counter, so the run loop
+ * creates no threads and takes no locks beyond one wake-up per parallel_for. */
 #include "internal.h"
 
 #include <pthread.h>
@@ -16,25 +15,15 @@ struct tern_threadpool {
 	/* Held by the one caller whose job the pool runs; concurrent callers (kernels on other streams)
 	 * run their loop themselves rather than queue behind it. */
 	pthread_mutex_t busy;
-	atomic_uint_fast64_t generation; /* bumped per job, after the job's fields are written */
-	atomic_int shutdown;
+	uint64_t generation; /* bumped per job */
+	int shutdown;
 	/* the current job */
 	void (*fn)(void *ctx, int64_t i);
 	void *ctx;
 	int64_t n, chunk;
 	atomic_int_fast64_t next;
-	atomic_int active; /* workers still inside the job */
+	int active; /* workers still inside the job */
 };
-
-/* About 20-50 microseconds of polling: longer than the gap between two kernels of a run. */
-#define SPIN_ROUNDS 2000
-
-static inline void cpu_relax(void)
-{
-#if defined(__x86_64__) || defined(__i386__)
-	__builtin_ia32_pause();
-#endif
-}
 
 static void run_chunks(tern_threadpool *p)
 {
@@ -52,29 +41,21 @@ static void *worker_main(void *arg)
 {
 	tern_threadpool *p = arg;
 	uint64_t seen = 0;
+	pthread_mutex_lock(&p->lock);
 	for (;;) {
-		uint64_t g = atomic_load_explicit(&p->generation, memory_order_acquire);
-		for (int i = 0; i < SPIN_ROUNDS && g == seen && !atomic_load(&p->shutdown); i++) {
-			cpu_relax();
-			g = atomic_load_explicit(&p->generation, memory_order_acquire);
-		}
-		if (g == seen) {
-			pthread_mutex_lock(&p->lock);
-			while (!atomic_load(&p->shutdown) && atomic_load(&p->generation) == seen)
-				pthread_cond_wait(&p->wake, &p->lock);
-			pthread_mutex_unlock(&p->lock);
-			g = atomic_load_explicit(&p->generation, memory_order_acquire);
-		}
-		if (atomic_load(&p->shutdown))
-			return NULL;
-		seen = g;
+		while (!p->shutdown && p->generation == seen)
+			pthread_cond_wait(&p->wake, &p->lock);
+		if (p->shutdown)
+			break;
+		seen = p->generation;
+		pthread_mutex_unlock(&p->lock);
 		run_chunks(p);
-		if (atomic_fetch_sub(&p->active, 1) == 1) {
-			pthread_mutex_lock(&p->lock);
+		pthread_mutex_lock(&p->lock);
+		if (--p->active == 0)
 			pthread_cond_signal(&p->done);
-			pthread_mutex_unlock(&p->lock);
-		}
 	}
+	pthread_mutex_unlock(&p->lock);
+	return NULL;
 }
 
 tern_status tern_threadpool_create(int n_threads, tern_threadpool **out)
@@ -112,7 +93,7 @@ void tern_threadpool_free(tern_threadpool *p)
 	if (!p)
 		return;
 	pthread_mutex_lock(&p->lock);
-	atomic_store(&p->shutdown, 1);
+	p->shutdown = 1;
 	pthread_cond_broadcast(&p->wake);
 	pthread_mutex_unlock(&p->lock);
 	for (int i = 0; p->workers && i < p->n_threads - 1; i++)
@@ -141,24 +122,20 @@ void tern_parallel_for(tern_threadpool *p, int64_t n, void (*fn)(void *ctx, int6
 	}
 	/* Several chunks per thread balance uneven work without much counter traffic. */
 	int64_t chunk = n / (p->n_threads * 4);
+	pthread_mutex_lock(&p->lock);
 	p->fn = fn;
 	p->ctx = ctx;
 	p->n = n;
 	p->chunk = chunk < 1 ? 1 : chunk;
 	atomic_store(&p->next, 0);
-	atomic_store(&p->active, p->n_threads - 1);
-	pthread_mutex_lock(&p->lock);
-	atomic_fetch_add_explicit(&p->generation, 1, memory_order_release);
+	p->active = p->n_threads - 1;
+	p->generation++;
 	pthread_cond_broadcast(&p->wake);
 	pthread_mutex_unlock(&p->lock);
 	run_chunks(p);
-	for (int i = 0; i < SPIN_ROUNDS && atomic_load(&p->active) > 0; i++)
-		cpu_relax();
-	if (atomic_load(&p->active) > 0) {
-		pthread_mutex_lock(&p->lock);
-		while (atomic_load(&p->active) > 0)
-			pthread_cond_wait(&p->done, &p->lock);
-		pthread_mutex_unlock(&p->lock);
-	}
+	pthread_mutex_lock(&p->lock);
+	while (p->active > 0)
+		pthread_cond_wait(&p->done, &p->lock);
+	pthread_mutex_unlock(&p->lock);
 	pthread_mutex_unlock(&p->busy);
 }
