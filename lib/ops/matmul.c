@@ -1,6 +1,7 @@
-/* matmul.c — matrix products: MatMul, Gemm, MatMulInteger, QLinearMatMul and Einsum. float and double
- * go to OpenBLAS; float16 and bfloat16 are widened to float; integers use plain C. Also the product
- * with packed weights that the convolutions use. */
+/* matmul.c — matrix products: MatMul, Gemm, MatMulInteger, QLinearMatMul and Einsum. float32 weights
+ * known when planning are packed for register-blocked kernels (shared with the convolutions and the
+ * recurrent layers, with activations applied as results are stored); other float and double products go
+ * to OpenBLAS; float16 and bfloat16 are widened to float; integers use plain C. */
 /* GCC's default -ftrapping-math keeps float comparisons (the activations' clamps) from becoming vector
  * selects; tern never reads the floating-point exception flags. Before the includes, so that the inline
  * helpers of ops_common.h are compiled with it. */

@@ -1,8 +1,9 @@
 /* nn.c — neural-network operators: convolutions, pooling, normalisations, softmax, losses, dropout,
- * resizing. Convolution multiplies weights packed when planning with its column matrix made block by
- * block (else im2col + the shared gemm); depthwise ones loop directly; the rest loops over (batch,
- * channel) planes or rows in parallel. Kernels exist for float and double; float16 and bfloat16 are
- * computed in float. */
+ * resizing. Convolution multiplies weights packed when planning with its column matrix read in place
+ * from stride-phase planes of the padded input (3-D: made block by block; weights not known: im2col + the
+ * shared gemm); depthwise convolution and pooling of float planes go by blocks of channels or plane by
+ * plane in vectors; the rest loops over (batch, channel) planes or rows in parallel. Kernels exist for
+ * float and double; float16 and bfloat16 are computed in float. */
 #include "internal.h"
 #include "ops/gemm.h"
 #include "ops/ops_common.h"
@@ -761,7 +762,6 @@ typedef struct pool_ctx {
 	}
 
 DEF_POOL_PLANE(f32, float, -INFINITY)
-
 DEF_POOL_PLANE(f64, double, -INFINITY)
 DEF_POOL_PLANE(i8, int8_t, INT8_MIN)
 DEF_POOL_PLANE(u8, uint8_t, 0)
@@ -896,7 +896,6 @@ static tern_status pool_blocks_setup(tern_prepare_args *p, pool_params *pp)
 	return TERN_OK;
 }
 
-
 static tern_status pool_taps(const tern_node *node, pool_params *pp)
 {
 	const window *w = &pp->w;
@@ -974,7 +973,6 @@ static tern_status pool_setup(tern_prepare_args *p, pool_kind kind, bool global)
 	if ((st = pool_blocks_setup(p, pp)))
 		return st;
 	p->kernel = pool_kernel;
-
 	return stage_halves(p);
 }
 
@@ -1458,9 +1456,8 @@ static void conv_direct(const tern_kernel_args *a, const conv_params *cp, int64_
 }
 
 /* A depthwise output plane on the grid of out[1] x wq positions: each position sums kk taps, tap t
- * reading the phase planes at row_off[t] past it; vector by vector with all taps in registers. */
-
-/* dst[i .. i + 16) from all taps; two partial sums, so that the additions are not one long chain. */
+ * reading the phase planes at row_off[t] past it; vector by vector with all taps in registers.
+ * dst[i .. i + 16) from all taps, in two partial sums so that the additions are not one long chain: */
 static inline __attribute__((always_inline)) void dw_sum(int64_t kk, const float *restrict src,
                                                          const int64_t *restrict off, const float *restrict wk, float b,
                                                          float *restrict dst, int64_t i)
@@ -1529,10 +1526,11 @@ static void dw_run(const conv_params *cp, const float *src, const float *wk, flo
 		dw_taps_any(cp->kk, src, cp->row_off, wk, b, dst, n);
 }
 
-/* Depthwise kernels for AVX-512 and common shapes (3 x 3 and 5 x 5, strides 1 and 2): the phase planes'
- * rows start on vectors, so each vector of outputs loads the aligned vector under it and the next one
- * from every row a tap reads, and shifts them into place for the taps in that row (vpermt2ps) instead
- * of loading each tap unaligned. The last vector of a row is stored masked. */
+/* Depthwise kernels for AVX-512 and common shapes (3 x 3 and 5 x 5, unit strides; strided ones go by
+ * channel blocks): the phase planes' rows start on vectors, so each vector of outputs loads the aligned
+ * vector under it and the next one from every row a tap reads, and shifts them into place for the taps
+ * in that row (vpermt2ps) instead of loading each tap unaligned. The last vector of a row is stored
+ * masked. */
 #if HAVE_WB
 
 DW512 static inline __attribute__((always_inline)) void dw512_plane(const int kh, const int kw, const int st,
@@ -1578,9 +1576,7 @@ typedef void (*dw512_fn)(const float *planes[4], int64_t wq, const float *wk, fl
 		dw512_plane(KH, KW, S, planes, wq, wk, b, y, o1n, o2n);                                          \
 	}
 DEF_DW512(3, 3, 1)
-DEF_DW512(3, 3, 2)
 DEF_DW512(5, 5, 1)
-DEF_DW512(5, 5, 2)
 
 typedef struct dw_shape {
 	int k, s;
@@ -1588,7 +1584,8 @@ typedef struct dw_shape {
 } dw_shape;
 
 static const dw_shape dw_shapes[] = {
-	{3, 1, dw512_3x3s1}, {3, 2, dw512_3x3s2}, {5, 1, dw512_5x5s1}, {5, 2, dw512_5x5s2},
+	{3, 1, dw512_3x3s1},
+	{5, 1, dw512_5x5s1},
 };
 
 static const dw_shape *dw_vector_kernel(const window *w, int dtype)
@@ -1920,12 +1917,10 @@ tern_status tern_fused_conv_prepare(tern_prepare_args *p)
 	cp->fused = true;
 	cp->act = act;
 	cp->in_pass = !cp->direct && !cp->dw_grid && !cp->dw_blocks && !(cp->packed && cp->pointwise);
-
 	return TERN_OK;
 }
 
 /* ConvInteger and QLinearConv: acc = (x - x_zero_point) conv (w - w_zero_point) in int32, the
-
  * operands widened into scratch; w's zero point may be one per output channel. */
 static void integer_conv(const tern_kernel_args *a, const tern_tensor *x, const tern_tensor *zx, const tern_tensor *wt,
                          const tern_tensor *zw, int32_t *acc)
