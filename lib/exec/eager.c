@@ -26,6 +26,17 @@ tern_status tern_node_eval(const tern_node *node, tern_tensor *const *inputs, in
 		memset(&outputs[o], 0, sizeof outputs[o]);
 		out[o] = o < (int)node->n_outputs && node->outputs[o] ? &outputs[o] : NULL;
 	}
+	/* Kernels are written for a pool; without one they get a one-thread pool, the --threads 1 case. */
+	tern_threadpool *own_pool = NULL;
+	if (!pool) {
+		tern_status rc0 = tern_threadpool_create(1, &own_pool);
+		if (rc0) {
+			free(in);
+			free(out);
+			return rc0;
+		}
+		pool = own_pool;
+	}
 	tern_prepare_args p = {0};
 	p.node = node;
 	p.in = in;
@@ -65,5 +76,6 @@ tern_status tern_node_eval(const tern_node *node, tern_tensor *const *inputs, in
 			tern_tensor_free(&outputs[o]);
 	free(in);
 	free(out);
+	tern_threadpool_free(own_pool);
 	return rc;
 }

@@ -43,6 +43,7 @@ typedef struct step {
 	int late; /* prepared at run time */
 	int dynamic_output; /* the kernel allocates its outputs */
 	int alias; /* output 0 aliases input 0: nothing to launch */
+	int noop; /* a scheduled node folded while planning: only its place in the order */
 	int stream;
 	int lane; /* the worker that runs it: stream mod workers */
 	int *waits; /* steps on other streams that must finish first */
@@ -55,6 +56,8 @@ struct tern_exec {
 	tern_graph *graph;
 	tern_exec *parent;
 	tern_threadpool *pool;
+	tern_threadpool *kernel_pool; /* what prepare and kernels get: pool, or serial_pool on several workers */
+	tern_threadpool *serial_pool; /* a one-thread pool, made when needed */
 	slot *slots; /* by value index */
 	size_t n_slots;
 	step *steps;

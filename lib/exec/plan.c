@@ -226,7 +226,7 @@ static tern_status fold_step(tern_exec *e, step *st)
 	void *scratch = st->scratch_bytes ? tern_aligned_alloc(st->scratch_bytes) : NULL;
 	if (st->scratch_bytes && !scratch)
 		return tern_errorf(TERN_EOS, "out of memory");
-	tern_kernel_args a = {st->node, st->in, st->n_in, st->out, st->n_out, st->params, scratch, e->pool, e};
+	tern_kernel_args a = {st->node, st->in, st->n_in, st->out, st->n_out, st->params, scratch, e->kernel_pool, e};
 	tern_status rc = st->kernel(&a);
 	free(scratch);
 	return rc;
@@ -243,7 +243,7 @@ tern_status tern_exec_prepare_step(tern_exec *e, step *st, int at_run)
 	p.out = st->out;
 	p.n_out = st->n_out;
 	p.exec = e;
-	p.pool = e->pool;
+	p.pool = e->kernel_pool;
 	if (st->free_params && st->params)
 		st->free_params(st->params);
 	st->params = NULL;
@@ -328,11 +328,9 @@ static tern_status apply_schedule(tern_exec *e)
 	const tern_schedule *sc = e->schedule;
 	tern_graph *g = e->graph;
 	int *node_step = malloc((g->n_nodes + 1) * sizeof *node_step);
-	int *pos_step = malloc(((size_t)sc->n_nodes + 1) * sizeof *pos_step);
-	step *ordered = calloc((size_t)e->n_steps + 1, sizeof *ordered);
-	if (!node_step || !pos_step || !ordered) {
+	step *ordered = calloc((size_t)sc->n_nodes + 1, sizeof *ordered);
+	if (!node_step || !ordered) {
 		free(node_step);
-		free(pos_step);
 		free(ordered);
 		return tern_errorf(TERN_EOS, "out of memory");
 	}
@@ -340,34 +338,40 @@ static tern_status apply_schedule(tern_exec *e)
 		node_step[i] = -1;
 	for (int k = 0; k < e->n_steps; k++)
 		node_step[e->steps[k].node->index] = k;
-	int n = 0;
-	for (int i = 0; i < sc->n_nodes; i++) {
+	int mapped = 0;
+	tern_status rc = TERN_OK;
+	for (int i = 0; i < sc->n_nodes && !rc; i++) {
 		int k = node_step[sc->order[i]->index];
-		pos_step[i] = k < 0 ? -1 : n;
-		if (k < 0)
-			continue;
-		ordered[n] = e->steps[k];
-		ordered[n].stream = sc->stream[i];
-		ordered[n].waits = malloc(((size_t)sc->n_waits[i] + 1) * sizeof *ordered[n].waits);
-		if (!ordered[n].waits) {
-			free(node_step);
-			free(pos_step);
-			free(ordered);
-			return tern_errorf(TERN_EOS, "out of memory");
+		if (k >= 0) {
+			ordered[i] = e->steps[k];
+			mapped++;
+		} else {
+			/* Folded while planning: it still holds its place, so that the orderings the schedule
+			 * routes through it (a Shape between two kernels) still hold. */
+			ordered[i].node = sc->order[i];
+			ordered[i].noop = 1;
+		}
+		ordered[i].stream = sc->stream[i];
+		ordered[i].waits = malloc(((size_t)sc->n_waits[i] + 1) * sizeof *ordered[i].waits);
+		if (!ordered[i].waits) {
+			rc = tern_errorf(TERN_EOS, "out of memory");
+			break;
 		}
 		for (int w = 0; w < sc->n_waits[i]; w++)
-			if (pos_step[sc->waits[i][w]] >= 0)
-				ordered[n].waits[ordered[n].n_waits++] = pos_step[sc->waits[i][w]];
-		n++;
+			ordered[i].waits[ordered[i].n_waits++] = sc->waits[i][w];
 	}
 	free(node_step);
-	free(pos_step);
-	if (n != e->n_steps) {
+	if (!rc && mapped != e->n_steps)
+		rc = tern_errorf(TERN_EINTERNAL, "%s: the schedule does not cover every node", g->model->source);
+	if (rc) {
+		for (int i = 0; i < sc->n_nodes; i++)
+			free(ordered[i].waits);
 		free(ordered);
-		return tern_errorf(TERN_EINTERNAL, "%s: the schedule does not cover every node", g->model->source);
+		return rc;
 	}
 	free(e->steps);
 	e->steps = ordered;
+	e->n_steps = sc->n_nodes;
 	e->n_streams = sc->n_streams;
 	int workers = tern_threadpool_size(e->pool);
 	e->n_workers = workers < e->n_streams ? workers : e->n_streams;
@@ -542,6 +546,14 @@ tern_status tern_exec_plan(tern_exec *e, tern_tensor *const *inputs, int n_input
 	tern_status rc;
 	if ((rc = init_slots(e)) || (rc = bind_inputs(e, inputs, n_inputs)))
 		return rc;
+	/* Kernels get the pool prepare saw. On several stream workers they run alone (the parallelism
+	 * is between streams): they are prepared and run with a one-thread pool, the --threads 1 case. */
+	e->kernel_pool = e->pool;
+	if (e->schedule && e->schedule->n_streams > 1 && tern_threadpool_size(e->pool) > 1) {
+		if (!e->serial_pool && (rc = tern_threadpool_create(1, &e->serial_pool)))
+			return rc;
+		e->kernel_pool = e->serial_pool;
+	}
 	tern_node **order;
 	size_t count;
 	if ((rc = tern_graph_toposort(g, &order, &count)))
@@ -665,6 +677,7 @@ void tern_exec_free(tern_exec *e)
 	if (!e)
 		return;
 	tern_exec_release(e);
+	tern_threadpool_free(e->serial_pool);
 	free(e->events);
 	free(e);
 }

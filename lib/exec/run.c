@@ -21,9 +21,6 @@ static bool same_shape(const tern_tensor *a, const tern_tensor *b)
 	return true;
 }
 
-/* Kernels share the pool on one worker; with several, each runs its kernels alone. */
-static tern_threadpool *kernel_pool(const tern_exec *e) { return e->n_workers > 1 ? NULL : e->pool; }
-
 /* Prepares a late step now that its inputs exist, and allocates its outputs. */
 static tern_status run_late(tern_exec *e, step *st)
 {
@@ -50,7 +47,7 @@ static tern_status run_late(tern_exec *e, step *st)
 	void *scratch = st->scratch_bytes ? tern_aligned_alloc(st->scratch_bytes) : NULL;
 	if (st->scratch_bytes && !scratch)
 		return tern_errorf(TERN_EOS, "out of memory");
-	tern_kernel_args a = {st->node, st->in, st->n_in, st->out, st->n_out, st->params, scratch, kernel_pool(e), e};
+	tern_kernel_args a = {st->node, st->in, st->n_in, st->out, st->n_out, st->params, scratch, e->kernel_pool, e};
 	rc = st->kernel(&a);
 	free(scratch);
 	return rc;
@@ -62,13 +59,15 @@ tern_status tern_exec_run_step(tern_exec *e, int k, void *scratch)
 	step *st = &e->steps[k];
 	double t0 = e->profile ? tern_now_us() : 0;
 	tern_status rc = TERN_OK;
-	if (st->late) {
+	if (st->noop) {
+		rc = TERN_OK;
+	} else if (st->late) {
 		rc = run_late(e, st);
 	} else if (st->alias) {
 		if (st->out[0])
 			st->out[0]->data = st->in[0]->data;
 	} else {
-		tern_kernel_args a = {st->node, st->in, st->n_in, st->out, st->n_out, st->params, scratch, kernel_pool(e), e};
+		tern_kernel_args a = {st->node, st->in, st->n_in, st->out, st->n_out, st->params, scratch, e->kernel_pool, e};
 		rc = st->kernel(&a);
 	}
 	if (e->profile && e->events) {

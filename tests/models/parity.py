@@ -43,11 +43,11 @@ def run_ort(path, feeds):
     return dict(zip(names, sess.run(names, feeds)))
 
 
-def run_tern(tern_run, path, feeds, work):
+def run_tern(tern_run, path, feeds, work, extra=()):
     """Runs tern-run with .npy inputs; returns ({output name: array}, error message or None)."""
     out_dir = os.path.join(work, "out")
     os.makedirs(out_dir, exist_ok=True)
-    cmd = [tern_run]
+    cmd = [tern_run, *extra]
     for name, value in feeds.items():
         f = os.path.join(work, name + ".npy")
         np.save(f, value)
@@ -85,6 +85,9 @@ def main():
     ap = argparse.ArgumentParser(description="Compare tern-run with onnxruntime on exported models.")
     ap.add_argument("--models", default=os.path.join(build, "tests", "models", "cache"))
     ap.add_argument("--tern-run", default=os.path.join(build, "bin", "tern-run"))
+    ap.add_argument("--schedule", metavar="TERN_SCHEDULE",
+                    help="run the models as this tern-schedule schedules them, on --threads workers")
+    ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("names", nargs="*", metavar="NAME")
     opt = ap.parse_args()
     names = opt.names or list(export_models.MODELS)
@@ -99,8 +102,12 @@ def main():
         feeds = make_inputs(export_models.MODELS[name][1])
         want = run_ort(path, feeds)
         with tempfile.TemporaryDirectory() as work:
+            if opt.schedule:
+                scheduled = os.path.join(work, "scheduled.onnx")
+                subprocess.run([opt.schedule, "-o", scheduled, path], check=True)
+                path = scheduled
             t0 = time.monotonic()
-            got, problem = run_tern(opt.tern_run, path, feeds, work)
+            got, problem = run_tern(opt.tern_run, path, feeds, work, ["--threads", str(opt.threads)])
             secs = time.monotonic() - t0
         err, bound = float("nan"), float("nan")
         if got is not None:
