@@ -203,7 +203,7 @@ typedef struct tern_kernel_args {
 	int n_out;
 	void *params; /* op-private, from prepare */
 	void *scratch; /* scratch_bytes of per-run scratch, aligned */
-	tern_threadpool *pool;
+	tern_threadpool *pool; /* never NULL: one thread when kernels run alone (several stream workers) */
 	tern_exec_ptr exec; /* the executor running this node (for operators that run subgraphs) */
 } tern_kernel_args;
 
@@ -234,7 +234,7 @@ typedef struct tern_prepare_args {
 	/* Output 0 aliases input 0's storage (Reshape, Squeeze, Flatten, Identity): no kernel runs. */
 	int alias_input0;
 	tern_exec_ptr exec; /* the executor planning this node (for operators that plan subgraphs) */
-	tern_threadpool *pool;
+	tern_threadpool *pool; /* the pool the kernel will get */
 } tern_prepare_args;
 
 typedef struct tern_op {
