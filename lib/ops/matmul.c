@@ -657,6 +657,9 @@ void tern_gemm_packed_run(tern_threadpool *pool, const tern_packed *a, int64_t n
 {
 	if (a->m <= 0 || n <= 0)
 		return;
+	/* Below a few million multiply-adds, waking the pool costs about what it saves. */
+	if (a->m * n * a->k < ((int64_t)1 << 22))
+		pool = NULL;
 	int64_t width = b->width ? b->width : n;
 	bool contiguous = b->step == 1 && (width == n || b->stride == width);
 	if (kind == TERN_GEMM_AUTO)
