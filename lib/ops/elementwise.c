@@ -302,7 +302,7 @@ EW_TABLE(divide_by, EW_FLOATS(EW_ENTRY, divide_by, ~));
 
 /* Clip: bounds in the element type, applied in numpy.clip's order. */
 #define EW_CLIP(name, expr, sfx, T, W)                           \
-	static void ew_clip_##sfx(const ew_row *r)               \
+	EW_ATTR_##sfx static void ew_clip_##sfx(const ew_row *r) \
 	{                                                        \
 		T lo, hi;                                        \
 		memcpy(&lo, &r->at->lo, sizeof lo);              \
