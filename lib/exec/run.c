@@ -117,14 +117,6 @@ tern_status tern_exec_run(tern_exec *e, tern_tensor *const *inputs, int n_inputs
 			}
 		}
 	}
-	/* Aliases of inputs and outer values follow the data bound just now. */
-	for (size_t i = 0; i < e->n_slots; i++)
-		if (e->slots[i].kind == SLOT_ALIAS) {
-			int r = (int)i;
-			while (e->slots[r].kind == SLOT_ALIAS)
-				r = e->slots[r].alias_of;
-			e->slots[i].t.data = e->slots[r].t.data;
-		}
 	if (e->profile && !e->events && e->n_steps) {
 		e->events = calloc((size_t)e->n_steps, sizeof *e->events);
 		if (!e->events)
