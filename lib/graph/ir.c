@@ -509,27 +509,56 @@ tern_status tern_graph_toposort(tern_graph *g, tern_node ***out, size_t *count)
 				pending[i]++;
 		}
 	}
-	/* Kahn's algorithm, taking ready nodes in file order so that the result is stable. */
-	size_t head = 0, tail = 0;
+	/* Kahn's algorithm taking the earliest ready node (a min-heap of positions): where the file order
+	 * already is a topological order it is kept, so ordering twice changes nothing. */
+	size_t *heap = malloc((n ? n : 1) * sizeof *heap);
+	if (!heap) {
+		free(order);
+		free(pending);
+		return oom(g->model);
+	}
+	size_t hn = 0, tail = 0;
 	for (size_t i = 0; i < n; i++)
 		if (!g->nodes[i]->removed && pending[i] == 0)
-			order[tail++] = g->nodes[i];
-	while (head < tail) {
-		tern_node *nd = order[head++];
+			heap[hn++] = i; /* pushed in increasing order: already a heap */
+	while (hn) {
+		tern_node *nd = g->nodes[heap[0]];
+		heap[0] = heap[--hn];
+		for (size_t k = 0;;) {
+			size_t l = 2 * k + 1, r = l + 1, m = k;
+			if (l < hn && heap[l] < heap[m])
+				m = l;
+			if (r < hn && heap[r] < heap[m])
+				m = r;
+			if (m == k)
+				break;
+			size_t t = heap[k];
+			heap[k] = heap[m];
+			heap[m] = t;
+			k = m;
+		}
+		order[tail++] = nd;
 		for (size_t o = 0; o < nd->n_outputs; o++) {
 			tern_value *v = nd->outputs[o];
 			if (!v)
 				continue;
 			for (size_t c = 0; c < v->n_consumers; c++) {
 				tern_node *cn = v->consumers[c];
-				if (cn->graph != g || cn->removed)
-					continue;
 				/* A node reading the same value twice was counted twice. */
-				if (--pending[cn->index] == 0)
-					order[tail++] = cn;
+				if (cn->graph != g || cn->removed || --pending[cn->index])
+					continue;
+				size_t k = hn++;
+				heap[k] = (size_t)cn->index;
+				while (k && heap[(k - 1) / 2] > heap[k]) {
+					size_t t = heap[k];
+					heap[k] = heap[(k - 1) / 2];
+					heap[(k - 1) / 2] = t;
+					k = (k - 1) / 2;
+				}
 			}
 		}
 	}
+	free(heap);
 	free(pending);
 	if (tail != live) {
 		tern_node *stuck = NULL;

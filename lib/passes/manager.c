@@ -121,97 +121,31 @@ static tern_status bind_dims(tern_model *m, const tern_optimize_options *o)
 
 /* ---------------------------------------------------------------- finishing */
 
-/* Topological order that keeps the current order wherever it already is one: among the ready nodes
- * the earliest goes first. So a second optimisation of the result leaves the order alone. */
+/* Nodes in tern_graph_toposort's order, which keeps the current order wherever it already is one, so
+ * a second optimisation of the result leaves the order alone. Removed nodes follow, for
+ * tern_model_sync to free. */
 static tern_status stable_order(tern_graph *g)
 {
-	size_t n = g->n_nodes;
-	int *pending = calloc(n ? n : 1, sizeof *pending);
-	size_t *heap = malloc((n ? n : 1) * sizeof *heap);
-	tern_node **order = malloc((n ? n : 1) * sizeof *order);
-	if (!pending || !heap || !order) {
-		free(pending);
-		free(heap);
+	tern_node **order;
+	size_t live;
+	tern_status st = tern_graph_toposort(g, &order, &live);
+	if (st)
+		return st;
+	tern_node **all = realloc(order, (g->n_nodes ? g->n_nodes : 1) * sizeof *all);
+	if (!all) {
 		free(order);
 		return tern_errorf(TERN_EOS, "out of memory");
 	}
-	for (size_t i = 0; i < n; i++)
+	size_t k = live;
+	for (size_t i = 0; i < g->n_nodes; i++)
+		if (g->nodes[i]->removed)
+			all[k++] = g->nodes[i];
+	for (size_t i = 0; i < g->n_nodes; i++) {
+		g->nodes[i] = all[i];
 		g->nodes[i]->index = (int)i;
-	size_t live = 0, hn = 0, out = 0;
-	for (size_t i = 0; i < n; i++) {
-		tern_node *nd = g->nodes[i];
-		if (nd->removed)
-			continue;
-		live++;
-		for (size_t k = 0; k < nd->n_inputs + nd->n_implicit; k++) {
-			tern_value *v = k < nd->n_inputs ? nd->inputs[k] : nd->implicit[k - nd->n_inputs];
-			if (v && v->producer && v->producer->graph == g && !v->producer->removed)
-				pending[i]++;
-		}
 	}
-#define HEAP_SWAP(a, b)              \
-	do {                         \
-		size_t t_ = heap[a]; \
-		heap[a] = heap[b];   \
-		heap[b] = t_;        \
-	} while (0)
-	for (size_t i = 0; i < n; i++) {
-		if (g->nodes[i]->removed || pending[i])
-			continue;
-		heap[hn++] = i; /* pushed in increasing order: already a heap */
-	}
-	while (hn) {
-		size_t top = heap[0];
-		heap[0] = heap[--hn];
-		for (size_t k = 0;;) {
-			size_t l = 2 * k + 1, r = l + 1, s = k;
-			if (l < hn && heap[l] < heap[s])
-				s = l;
-			if (r < hn && heap[r] < heap[s])
-				s = r;
-			if (s == k)
-				break;
-			HEAP_SWAP(k, s);
-			k = s;
-		}
-		tern_node *nd = g->nodes[top];
-		order[out++] = nd;
-		for (size_t o = 0; o < nd->n_outputs; o++) {
-			tern_value *v = nd->outputs[o];
-			if (!v || v->producer != nd)
-				continue;
-			for (size_t c = 0; c < v->n_consumers; c++) {
-				tern_node *cn = v->consumers[c];
-				if (cn->graph != g || cn->removed || --pending[cn->index])
-					continue;
-				size_t k = hn++;
-				heap[k] = (size_t)cn->index;
-				while (k && heap[(k - 1) / 2] > heap[k]) {
-					HEAP_SWAP(k, (k - 1) / 2);
-					k = (k - 1) / 2;
-				}
-			}
-		}
-	}
-#undef HEAP_SWAP
-	tern_status st = TERN_OK;
-	if (out != live) {
-		st = tern_errorf(TERN_EINTERNAL, "%s: the optimised graph has a cycle", g->model->source);
-	} else {
-		/* Removed nodes follow, for tern_model_sync to free. */
-		size_t k = out;
-		for (size_t i = 0; i < n; i++)
-			if (g->nodes[i]->removed)
-				order[k++] = g->nodes[i];
-		for (size_t i = 0; i < n; i++) {
-			g->nodes[i] = order[i];
-			g->nodes[i]->index = (int)i;
-		}
-	}
-	free(pending);
-	free(heap);
-	free(order);
-	return st;
+	free(all);
+	return TERN_OK;
 }
 
 static bool uses_tern_domain(const tern_graph *g)
