@@ -190,6 +190,14 @@ tern_status tern_text_print_model(const Onnx__ModelProto *model, int with_weight
  * call tern_parallel_for on the same pool. A NULL pool runs serially. */
 void tern_parallel_for(tern_threadpool *pool, int64_t n, void (*fn)(void *ctx, int64_t i), void *ctx);
 
+/* A team: a pool of n_members threads that the caller provides (the stream workers). Each member
+ * calls tern_team_join once; its parallel_for jobs are then run by it and by any member calling
+ * tern_team_help (which runs chunks of the jobs posted and returns whether it ran any). Freed with
+ * tern_threadpool_free. */
+tern_status tern_team_create(int n_members, tern_threadpool **out);
+void tern_team_join(const tern_threadpool *team, int index);
+int tern_team_help(tern_threadpool *team);
+
 /* ---------------------------------------------------------------- operators */
 
 typedef struct tern_exec *tern_exec_ptr;
@@ -203,7 +211,7 @@ typedef struct tern_kernel_args {
 	int n_out;
 	void *params; /* op-private, from prepare */
 	void *scratch; /* scratch_bytes of per-run scratch, aligned */
-	tern_threadpool *pool; /* never NULL: one thread when kernels run alone (several stream workers) */
+	tern_threadpool *pool; /* never NULL (a team of stream workers on several streams) */
 	tern_exec_ptr exec; /* the executor running this node (for operators that run subgraphs) */
 } tern_kernel_args;
 

@@ -1,11 +1,35 @@
 /* threadpool.c — a persistent pool for intra-operator parallelism. Workers sleep on a condition
  * variable between jobs; a job hands out index ranges through an atomic counter, so the run loop
- * creates no threads and takes no locks beyond one wake-up per parallel_for. */
+ * creates no threads and takes no locks beyond one wake-up per parallel_for.
+ *
+ * A team is the other kind of pool, for the stream executor: it has no threads of its own. Its
+ * members are the stream workers; a kernel's parallel_for posts the job in its worker's slot and runs
+ * it, and members with nothing to run (waiting on another stream, or done with their queue) help
+ * with the posted jobs. So a kernel gets every core that its phase of the graph leaves idle, and no
+ * core is ever asked to do two things at once. */
 #include "internal.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+
+/* One member's posted job. `refs` counts helpers inside it; the owner reuses the slot only after
+ * closing it (active = 0) and seeing refs drop to zero, and a helper re-checks `active` after
+ * joining, so it never reads fields of a job that is being replaced. */
+typedef struct team_slot {
+	atomic_int active;
+	atomic_int refs;
+	atomic_int_fast64_t next;
+	void (*fn)(void *ctx, int64_t i);
+	void *ctx;
+	int64_t n, chunk;
+	char pad[64];
+} team_slot;
+
+/* The team this thread belongs to, and its place in it. */
+static _Thread_local const tern_threadpool *my_team;
+static _Thread_local int my_index = -1;
 
 struct tern_threadpool {
 	int n_threads; /* workers + the caller */
@@ -23,18 +47,26 @@ struct tern_threadpool {
 	int64_t n, chunk;
 	atomic_int_fast64_t next;
 	int active; /* workers still inside the job */
+	team_slot *team; /* a team: one slot per member, no threads of its own */
 };
+
+/* Takes chunks of [0, n) from *next until none is left; a pool's workers and a team's members share
+ * a job this way. */
+static void run_range(atomic_int_fast64_t *next, int64_t n, int64_t chunk, void (*fn)(void *, int64_t), void *ctx)
+{
+	for (;;) {
+		int64_t start = atomic_fetch_add(next, chunk);
+		if (start >= n)
+			return;
+		int64_t end = start + chunk < n ? start + chunk : n;
+		for (int64_t i = start; i < end; i++)
+			fn(ctx, i);
+	}
+}
 
 static void run_chunks(tern_threadpool *p)
 {
-	for (;;) {
-		int64_t start = atomic_fetch_add(&p->next, p->chunk);
-		if (start >= p->n)
-			return;
-		int64_t end = start + p->chunk < p->n ? start + p->chunk : p->n;
-		for (int64_t i = start; i < end; i++)
-			p->fn(p->ctx, i);
-	}
+	run_range(&p->next, p->n, p->chunk, p->fn, p->ctx);
 }
 
 static void *worker_main(void *arg)
@@ -88,10 +120,89 @@ tern_status tern_threadpool_create(int n_threads, tern_threadpool **out)
 	return TERN_OK;
 }
 
+tern_status tern_team_create(int n_members, tern_threadpool **out)
+{
+	*out = NULL;
+	if (n_members < 1)
+		n_members = 1;
+	tern_threadpool *p = calloc(1, sizeof *p);
+	team_slot *slots = tern_aligned_alloc((size_t)n_members * sizeof *slots);
+	if (!p || !slots) {
+		free(p);
+		free(slots);
+		return tern_errorf(TERN_EOS, "out of memory");
+	}
+	p->n_threads = n_members;
+	p->team = slots;
+	for (int i = 0; i < n_members; i++) {
+		atomic_init(&slots[i].active, 0);
+		atomic_init(&slots[i].refs, 0);
+		atomic_init(&slots[i].next, 0);
+	}
+	*out = p;
+	return TERN_OK;
+}
+
+void tern_team_join(const tern_threadpool *team, int index)
+{
+	my_team = team;
+	my_index = team ? index : -1;
+}
+
+static void run_slot_chunks(team_slot *t)
+{
+	run_range(&t->next, t->n, t->chunk, t->fn, t->ctx);
+}
+
+int tern_team_help(tern_threadpool *p)
+{
+	int helped = 0;
+	for (int m = 0; m < p->n_threads; m++) {
+		team_slot *t = &p->team[m];
+		if (m == my_index || !atomic_load_explicit(&t->active, memory_order_acquire))
+			continue;
+		atomic_fetch_add(&t->refs, 1);
+		if (atomic_load(&t->active) && atomic_load(&t->next) < t->n) {
+			run_slot_chunks(t);
+			helped = 1;
+		}
+		atomic_fetch_sub_explicit(&t->refs, 1, memory_order_release);
+	}
+	return helped;
+}
+
+static void team_parallel_for(tern_threadpool *p, int64_t n, void (*fn)(void *ctx, int64_t i), void *ctx)
+{
+	team_slot *t = &p->team[my_index];
+	if (atomic_load_explicit(&t->active, memory_order_relaxed)) { /* nested: run it here */
+		for (int64_t i = 0; i < n; i++)
+			fn(ctx, i);
+		return;
+	}
+	int64_t chunk = n / (p->n_threads * 4);
+	t->fn = fn;
+	t->ctx = ctx;
+	t->n = n;
+	t->chunk = chunk < 1 ? 1 : chunk;
+	atomic_store_explicit(&t->next, 0, memory_order_relaxed);
+	atomic_store_explicit(&t->active, 1, memory_order_release);
+	run_slot_chunks(t);
+	atomic_store(&t->active, 0);
+	/* Helpers may still be inside their last chunks. */
+	for (int spins = 0; atomic_load_explicit(&t->refs, memory_order_acquire) != 0;)
+		if (++spins > 256)
+			sched_yield();
+}
+
 void tern_threadpool_free(tern_threadpool *p)
 {
 	if (!p)
 		return;
+	if (p->team) {
+		free(p->team);
+		free(p);
+		return;
+	}
 	pthread_mutex_lock(&p->lock);
 	p->shutdown = 1;
 	pthread_cond_broadcast(&p->wake);
@@ -115,6 +226,14 @@ void tern_parallel_for(tern_threadpool *p, int64_t n, void (*fn)(void *ctx, int6
 {
 	if (n <= 0)
 		return;
+	if (p && p->team) {
+		if (p->n_threads > 1 && n > 1 && my_team == p && my_index >= 0)
+			team_parallel_for(p, n, fn, ctx);
+		else
+			for (int64_t i = 0; i < n; i++)
+				fn(ctx, i);
+		return;
+	}
 	if (!p || p->n_threads == 1 || n == 1 || pthread_mutex_trylock(&p->busy) != 0) {
 		for (int64_t i = 0; i < n; i++)
 			fn(ctx, i);

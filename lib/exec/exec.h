@@ -56,8 +56,8 @@ struct tern_exec {
 	tern_graph *graph;
 	tern_exec *parent;
 	tern_threadpool *pool;
-	tern_threadpool *kernel_pool; /* what prepare and kernels get: pool, or serial_pool on several workers */
-	tern_threadpool *serial_pool; /* a one-thread pool, made when needed */
+	tern_threadpool *kernel_pool; /* what prepare and kernels get: pool, or team on several workers */
+	tern_threadpool *team; /* the stream workers as a pool (tern_team_create), made when needed */
 	slot *slots; /* by value index */
 	size_t n_slots;
 	step *steps;
@@ -74,8 +74,8 @@ struct tern_exec {
 	/* Streams (Nimble): the schedule this plan follows (NULL: one stream, steps in order). */
 	const tern_schedule *schedule;
 	int n_streams;
-	/* Threads running the streams: min(streams, --threads); the caller is worker 0. With more than
-	 * one, kernels run single-threaded: the parallelism is between streams. */
+	/* Threads running the streams: --threads of them; the caller is worker 0. With more than one,
+	 * kernels get `team`: idle workers help with the kernels the others run. */
 	int n_workers;
 	int **queue; /* per worker: its steps in launch order */
 	int *queue_len;

@@ -373,8 +373,7 @@ static tern_status apply_schedule(tern_exec *e)
 	e->steps = ordered;
 	e->n_steps = sc->n_nodes;
 	e->n_streams = sc->n_streams;
-	int workers = tern_threadpool_size(e->pool);
-	e->n_workers = workers < e->n_streams ? workers : e->n_streams;
+	e->n_workers = e->team ? tern_threadpool_size(e->team) : 1;
 	for (int k = 0; k < e->n_steps; k++)
 		e->steps[k].lane = e->steps[k].stream % e->n_workers;
 	return TERN_OK;
@@ -546,13 +545,15 @@ tern_status tern_exec_plan(tern_exec *e, tern_tensor *const *inputs, int n_input
 	tern_status rc;
 	if ((rc = init_slots(e)) || (rc = bind_inputs(e, inputs, n_inputs)))
 		return rc;
-	/* Kernels get the pool prepare saw. On several stream workers they run alone (the parallelism
-	 * is between streams): they are prepared and run with a one-thread pool, the --threads 1 case. */
+	/* Kernels get the pool prepare saw. With several threads that is a team of as many members as
+	 * --threads, the plan's workers themselves: a worker with nothing of its own to run (another
+	 * stream's turn, or a graph on one stream) helps with the kernels of the others. A subgraph's plan
+	 * runs inside its parent's worker and uses the parent's team. */
 	e->kernel_pool = e->pool;
-	if (e->schedule && e->schedule->n_streams > 1 && tern_threadpool_size(e->pool) > 1) {
-		if (!e->serial_pool && (rc = tern_threadpool_create(1, &e->serial_pool)))
+	if (!e->parent && tern_threadpool_size(e->pool) > 1) {
+		if (!e->team && (rc = tern_team_create(tern_threadpool_size(e->pool), &e->team)))
 			return rc;
-		e->kernel_pool = e->serial_pool;
+		e->kernel_pool = e->team;
 	}
 	tern_node **order;
 	size_t count;
@@ -622,7 +623,8 @@ tern_status tern_exec_plan(tern_exec *e, tern_tensor *const *inputs, int n_input
 		return rc; /* e->n_steps still counts the failed step, so release frees it */
 	e->n_steps = n_steps;
 	e->n_streams = 1;
-	e->n_workers = 1;
+	/* Every thread is a worker, even beyond the streams: one without a queue helps the others. */
+	e->n_workers = e->team ? tern_threadpool_size(e->team) : 1;
 	if (e->schedule && (rc = apply_schedule(e)))
 		return rc;
 	for (int i = 0; i < e->n_steps; i++)
@@ -677,7 +679,7 @@ void tern_exec_free(tern_exec *e)
 	if (!e)
 		return;
 	tern_exec_release(e);
-	tern_threadpool_free(e->serial_pool);
+	tern_threadpool_free(e->team);
 	free(e->events);
 	free(e);
 }

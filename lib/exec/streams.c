@@ -1,8 +1,13 @@
 /* streams.c — running a scheduled plan on several streams (Nimble on the CPU). Streams are mapped
- * onto at most --threads persistent workers (stream s on worker s mod W); each worker runs its steps
- * in launch order, which keeps every stream's order, and a cross-worker wait is a per-step
- * completion counter set to the run's generation, so nothing is decided while running. Launch order
- * is topological, so the lowest unfinished step can always run: no worker waits forever. */
+ * onto --threads persistent workers (stream s on worker s mod W); each worker runs its steps in
+ * launch order, which keeps every stream's order, and a cross-worker wait is a per-step completion
+ * counter set to the run's generation, so nothing is decided while running. Launch order is
+ * topological, so the lowest unfinished step can always run: no worker waits forever.
+ *
+ * The workers are also the kernels' thread pool (a team, lib/core/threadpool.c): a worker that waits
+ * for another stream, or has finished its queue, runs chunks of the kernels the others are running.
+ * A phase of the graph with one branch thus runs its kernel on every core, as a single-stream run
+ * would, and a phase with several runs them side by side. */
 #include "exec.h"
 
 #include <pthread.h>
@@ -30,6 +35,7 @@ struct stream_sync {
 	int pending; /* streams still running this generation */
 	atomic_uint_fast64_t *done; /* per step: generation in which it finished */
 	atomic_int failed;
+	atomic_int running; /* workers still running their queue this generation */
 	int initialised; /* lock and conditions exist */
 	tern_status status;
 	char message[1024];
@@ -46,6 +52,15 @@ static void fail(struct stream_sync *y, tern_status rc)
 	atomic_store(&y->failed, 1);
 }
 
+/* Waiting: help with the kernels that others are running, else spin, then yield. */
+static void idle(tern_exec *e, int *spins)
+{
+	if (tern_team_help(e->kernel_pool))
+		*spins = 0;
+	else if (++*spins > 64)
+		sched_yield();
+}
+
 static void run_queue(tern_exec *e, int s, uint64_t gen)
 {
 	struct stream_sync *y = e->sync;
@@ -59,8 +74,7 @@ static void run_queue(tern_exec *e, int s, uint64_t gen)
 			while (atomic_load_explicit(&y->done[st->waits[w]], memory_order_acquire) != gen) {
 				if (atomic_load(&y->failed))
 					return;
-				if (++spins > 64)
-					sched_yield();
+				idle(e, &spins);
 			}
 		}
 		if (atomic_load(&y->failed))
@@ -72,6 +86,16 @@ static void run_queue(tern_exec *e, int s, uint64_t gen)
 		}
 		atomic_store_explicit(&y->done[k], gen, memory_order_release);
 	}
+}
+
+/* Runs worker s's queue, then helps the others until every queue is done. */
+static void run_worker(tern_exec *e, int s, uint64_t gen)
+{
+	struct stream_sync *y = e->sync;
+	run_queue(e, s, gen);
+	atomic_fetch_sub(&y->running, 1);
+	for (int spins = 0; atomic_load(&y->running) > 0;)
+		idle(e, &spins);
 }
 
 static void finish_stream(struct stream_sync *y)
@@ -88,6 +112,7 @@ static void *worker_main(void *arg)
 	tern_exec *e = w->exec;
 	struct stream_sync *y = e->sync;
 	uint64_t seen = 0;
+	tern_team_join(e->kernel_pool, w->index);
 	for (;;) {
 		pthread_mutex_lock(&y->lock);
 		while (!y->shutdown && y->generation == seen)
@@ -98,7 +123,7 @@ static void *worker_main(void *arg)
 		}
 		seen = y->generation;
 		pthread_mutex_unlock(&y->lock);
-		run_queue(e, w->index, seen);
+		run_worker(e, w->index, seen);
 		finish_stream(y);
 	}
 }
@@ -107,7 +132,7 @@ tern_status tern_exec_setup_streams(tern_exec *e)
 {
 	int W = e->n_workers;
 #if TERN_HAVE_BLAS
-	/* Kernels on several workers run single-threaded, OpenBLAS's too. */
+	/* OpenBLAS's threads would compete with the workers: its calls run on the calling worker. */
 	openblas_set_num_threads(1);
 #endif
 	e->queue = calloc((size_t)W, sizeof *e->queue);
@@ -167,10 +192,13 @@ tern_status tern_exec_run_streams(tern_exec *e)
 	y->pending = e->n_workers;
 	y->status = TERN_OK;
 	atomic_store(&y->failed, 0);
+	atomic_store(&y->running, e->n_workers);
 	uint64_t gen = y->generation;
 	pthread_cond_broadcast(&y->go);
 	pthread_mutex_unlock(&y->lock);
-	run_queue(e, 0, gen);
+	tern_team_join(e->kernel_pool, 0);
+	run_worker(e, 0, gen);
+	tern_team_join(NULL, -1);
 	pthread_mutex_lock(&y->lock);
 	y->pending--;
 	while (y->pending > 0)

@@ -1,6 +1,8 @@
 /* test_streams.c — the multi-stream executor: seeded random branchy graphs, scheduled with and
  * without a stream cap, run many times on several workers; every output must equal the
- * single-stream run bit for bit. Run under ThreadSanitizer by scripts/test.sh. */
+ * single-stream one-thread run bit for bit. The last trials use values large enough that kernels
+ * split their work, so that idle workers help with the kernels of others (the team pool), and also
+ * run unscheduled on several threads. Run under ThreadSanitizer by scripts/test.sh. */
 #include "check.h"
 #include "graphs.h"
 
@@ -8,12 +10,12 @@
 #include <stdlib.h>
 
 /* Random branches of unary and binary elementwise nodes, joined into y. */
-static tern_model *branchy(int n_nodes)
+static tern_model *branchy(int n_nodes, int64_t len)
 {
 	static const char *unary[] = {"Relu", "Sigmoid", "Tanh", "Abs", "Neg"};
 	static const char *binary[] = {"Add", "Mul", "Sub"};
 	tern_model *m;
-	if (one_input_model("y", 64, &m) != TERN_OK)
+	if (one_input_model("y", len, &m) != TERN_OK)
 		return NULL;
 	tern_graph *g = tern_model_graph(m);
 	char(*names)[16] = calloc((size_t)n_nodes + 1, sizeof *names);
@@ -81,20 +83,29 @@ static void run_once(tern_model *m, int threads, int single, const tern_tensor *
 
 int main(void)
 {
-	for (int trial = 0; trial < 12; trial++) {
+	for (int trial = 0; trial < 15; trial++) {
 		rng_state = (uint64_t)trial * 7919 + 3;
-		tern_model *m = branchy(40 + trial * 10);
+		/* 3 x 2^15 floats split into several chunks per kernel. */
+		int64_t len = trial < 12 ? 64 : 3 << 15;
+		int iters = trial < 12 ? 25 : 4;
+		tern_model *m = branchy(trial < 12 ? 40 + trial * 10 : 30, len);
 		CHECK(m != NULL);
 		if (!m)
 			continue;
 		CHECK_OK(tern_model_validate(m));
 		tern_tensor x = {0};
-		int64_t dims[1] = {64};
+		int64_t dims[1] = {len};
 		CHECK_OK(tern_tensor_alloc(&x, TERN_FLOAT, 1, dims));
-		for (int i = 0; i < 64; i++)
+		for (int64_t i = 0; i < len; i++)
 			((float *)x.data)[i] = (float)((int)(rnd() % 2001) - 1000) / 500.0f;
 		tern_tensor want = {0};
 		run_once(m, 1, 1, &x, &want, 1);
+		for (int threads = 2; threads <= 3; threads++) {
+			tern_tensor got = {0};
+			run_once(m, threads, 1, &x, &got, iters);
+			CHECK(got.nbytes == want.nbytes && memcmp(got.data, want.data, want.nbytes) == 0);
+			tern_tensor_free(&got);
+		}
 		for (int cap = 0; cap <= 3; cap += 3) {
 			tern_schedule *s;
 			CHECK_OK(tern_schedule_compute(tern_model_graph(m), cap, &s, NULL));
@@ -104,7 +115,7 @@ int main(void)
 			CHECK(cap || s->n_streams > 1);
 			for (int threads = 1; threads <= 3; threads++) {
 				tern_tensor got = {0};
-				run_once(m, threads, 0, &x, &got, 25);
+				run_once(m, threads, 0, &x, &got, iters);
 				CHECK(got.nbytes == want.nbytes && memcmp(got.data, want.data, want.nbytes) == 0);
 				tern_tensor_free(&got);
 			}
