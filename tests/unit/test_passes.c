@@ -227,6 +227,19 @@ static const pass_case cases[] = {
                 "   y = Transpose <perm = [1,0,2]> (o)\n"
                 "}\n",
          "y = tern.Attention <scale = 0.5> (q, k, v)\n"},
+        {"fuse-attention: rows, keys and value columns that are not multiples of the kernel's blocks",
+         "fuse-attention", 0,
+         HEADER "g (float[7,3,5] q, float[37,3,5] k, float[37,3,19] v) => (float[7,3,19] y) <float c = {2}> {\n"
+                "   qt = Transpose <perm = [1,0,2]> (q)\n"
+                "   qs = Div (qt, c)\n"
+                "   kt = Transpose <perm = [1,2,0]> (k)\n"
+                "   s = MatMul (qs, kt)\n"
+                "   p = Softmax <axis = -1> (s)\n"
+                "   vt = Transpose <perm = [1,0,2]> (v)\n"
+                "   o = MatMul (p, vt)\n"
+                "   y = Transpose <perm = [1,0,2]> (o)\n"
+                "}\n",
+         "y = tern.Attention <scale = 0.5> (q, k, v)\n"},
         {"fuse-skip-layernorm: the residual Add joins the LayerNormalization", "fuse-skip-layernorm", 0,
          HEADER "g (float[2,3,8] x, float[2,3,8] r, float[8] s, float[8] b) => (float[2,3,8] y, float[2,3,8] sum) {\n"
                 "   sum = Add (x, r)\n"
