@@ -197,6 +197,12 @@ void tern_parallel_for(tern_threadpool *pool, int64_t n, void (*fn)(void *ctx, i
 tern_status tern_team_create(int n_members, tern_threadpool **out);
 void tern_team_join(const tern_threadpool *team, int index);
 int tern_team_help(tern_threadpool *team);
+/* Waiting for work without losing a wake-up: a member that found nothing to do calls tern_team_idle,
+ * which helps with a posted job, or backs off and returns, or after a while sleeps unless has_work(ctx)
+ * says otherwise, until the next tern_team_notify; whoever makes work (a finished step) calls that
+ * after making it visible. Posted jobs notify by themselves. */
+void tern_team_notify(tern_threadpool *team);
+void tern_team_idle(tern_threadpool *team, bool (*has_work)(void *), void *ctx, int *spins);
 
 /* ---------------------------------------------------------------- operators */
 

@@ -48,6 +48,8 @@ struct tern_threadpool {
 	atomic_int_fast64_t next;
 	int active; /* workers still inside the job */
 	team_slot *team; /* a team: one slot per member, no threads of its own */
+	/* A team's idle members sleep on `wake` after spinning a while. */
+	atomic_int sleepers;
 };
 
 /* Takes chunks of [0, n) from *next until none is left; a pool's workers and a team's members share
@@ -134,6 +136,9 @@ tern_status tern_team_create(int n_members, tern_threadpool **out)
 	}
 	p->n_threads = n_members;
 	p->team = slots;
+	pthread_mutex_init(&p->lock, NULL);
+	pthread_cond_init(&p->wake, NULL);
+	atomic_init(&p->sleepers, 0);
 	for (int i = 0; i < n_members; i++) {
 		atomic_init(&slots[i].active, 0);
 		atomic_init(&slots[i].refs, 0);
@@ -152,6 +157,64 @@ void tern_team_join(const tern_threadpool *team, int index)
 static void run_slot_chunks(team_slot *t)
 {
 	run_range(&t->next, t->n, t->chunk, t->fn, t->ctx);
+}
+
+void tern_team_notify(tern_threadpool *p)
+{
+	/* Whoever made the work visible before this fence; a sleeper counted itself before looking for
+	 * work (under the lock): one of the two sees the other. */
+	atomic_thread_fence(memory_order_seq_cst);
+	if (atomic_load_explicit(&p->sleepers, memory_order_relaxed) > 0) {
+		pthread_mutex_lock(&p->lock);
+		pthread_cond_broadcast(&p->wake);
+		pthread_mutex_unlock(&p->lock);
+	}
+}
+
+static bool team_posted(tern_threadpool *p)
+{
+	for (int m = 0; m < p->n_threads; m++)
+		if (atomic_load_explicit(&p->team[m].active, memory_order_acquire))
+			return true;
+	return false;
+}
+
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+	__builtin_ia32_pause();
+#endif
+}
+
+/* Rounds of looking for work before an idle member sleeps: enough to cover the gaps between steps
+ * on a machine whose cores are all ours, few enough that a member does not keep a core from the one
+ * doing the work where the machine has fewer free cores than threads. Between rounds a member
+ * backs off a little longer each time, so that its reads do not keep taking the cache lines that the
+ * working members write. */
+#define TEAM_SPINS 2000
+#define TEAM_BACKOFF 32
+
+void tern_team_idle(tern_threadpool *p, bool (*has_work)(void *), void *ctx, int *spins)
+{
+	if (tern_team_help(p)) {
+		*spins = 0;
+		return;
+	}
+	if (++*spins < TEAM_SPINS) {
+		int pauses = *spins < TEAM_BACKOFF ? *spins : TEAM_BACKOFF;
+		for (int i = 0; i < pauses; i++)
+			cpu_relax();
+		if (*spins % 256 == 0)
+			sched_yield();
+		return;
+	}
+	pthread_mutex_lock(&p->lock);
+	atomic_fetch_add(&p->sleepers, 1);
+	if (!team_posted(p) && !has_work(ctx))
+		pthread_cond_wait(&p->wake, &p->lock);
+	atomic_fetch_sub(&p->sleepers, 1);
+	pthread_mutex_unlock(&p->lock);
+	*spins = 0;
 }
 
 int tern_team_help(tern_threadpool *p)
@@ -186,6 +249,7 @@ static void team_parallel_for(tern_threadpool *p, int64_t n, void (*fn)(void *ct
 	t->chunk = chunk < 1 ? 1 : chunk;
 	atomic_store_explicit(&t->next, 0, memory_order_relaxed);
 	atomic_store_explicit(&t->active, 1, memory_order_release);
+	tern_team_notify(p);
 	run_slot_chunks(t);
 	atomic_store(&t->active, 0);
 	/* Helpers may still be inside their last chunks. */
@@ -199,6 +263,8 @@ void tern_threadpool_free(tern_threadpool *p)
 	if (!p)
 		return;
 	if (p->team) {
+		pthread_mutex_destroy(&p->lock);
+		pthread_cond_destroy(&p->wake);
 		free(p->team);
 		free(p);
 		return;

@@ -45,7 +45,6 @@ typedef struct step {
 	int alias; /* output 0 aliases input 0: nothing to launch */
 	int noop; /* a scheduled node folded while planning: only its place in the order */
 	int stream;
-	int lane; /* the worker that runs it: stream mod workers */
 	int *waits; /* steps on other streams that must finish first */
 	int n_waits;
 } step;
@@ -74,12 +73,13 @@ struct tern_exec {
 	/* Streams (Nimble): the schedule this plan follows (NULL: one stream, steps in order). */
 	const tern_schedule *schedule;
 	int n_streams;
-	/* Threads running the streams: --threads of them; the caller is worker 0. With more than one,
-	 * kernels get `team`: idle workers help with the kernels the others run. */
+	/* Threads running the streams: --threads of them; the caller is worker 0. Any worker runs the
+	 * next step of any stream whose waits are met, as a device runs its streams; kernels get `team`,
+	 * so a worker with nothing ready helps with the kernels the others run. */
 	int n_workers;
-	int **queue; /* per worker: its steps in launch order */
+	int **queue; /* per stream: its steps in launch order */
 	int *queue_len;
-	void **stream_scratch; /* per worker */
+	void **worker_scratch; /* per worker */
 	stream_worker *workers;
 	struct stream_sync *sync;
 	/* profiling */
@@ -89,7 +89,7 @@ struct tern_exec {
 };
 
 tern_status tern_exec_plan(tern_exec *e, tern_tensor *const *inputs, int n_inputs);
-tern_status tern_exec_run_step(tern_exec *e, int k, void *scratch);
+tern_status tern_exec_run_step(tern_exec *e, int k, void *scratch, int worker);
 /* Multi-stream set-up and running (streams.c). */
 tern_status tern_exec_setup_streams(tern_exec *e);
 tern_status tern_exec_run_streams(tern_exec *e);

@@ -373,25 +373,22 @@ static tern_status apply_schedule(tern_exec *e)
 	e->steps = ordered;
 	e->n_steps = sc->n_nodes;
 	e->n_streams = sc->n_streams;
-	e->n_workers = e->team ? tern_threadpool_size(e->team) : 1;
-	for (int k = 0; k < e->n_steps; k++)
-		e->steps[k].lane = e->steps[k].stream % e->n_workers;
 	return TERN_OK;
 }
 
-/* Memory sharing rule. One worker: two buffers may share bytes when their lifetimes (step intervals)
- * do not overlap. Several workers: when every use of one happens before the other is defined, in
- * the order that each worker's launch order and the waits impose; vector clocks answer that in
- * O(workers). (Streams on one worker run in launch order, so they need no more than one lane.) */
+/* Memory sharing rule. One stream: two buffers may share bytes when their lifetimes (step intervals)
+ * do not overlap. Several streams: when every use of one happens before the other is defined, in the
+ * order that each stream's launch order and the waits impose (any worker may run any stream, so
+ * nothing else orders two steps); vector clocks answer that in O(streams). */
 typedef struct lifetime {
 	size_t slot, size, offset;
 	int def;
-	int *last; /* per lane: last step using it (-1 none); INT32_MAX for graph outputs */
+	int *last; /* per stream: last step using it (-1 none); INT32_MAX for graph outputs */
 } lifetime;
 
 typedef struct mem_ctx {
-	int n_lanes;
-	int *clock; /* n_steps x lanes: latest step of each lane finished before a step starts */
+	int n_lanes; /* streams */
+	int *clock; /* n_steps x streams: latest step of each stream finished before a step starts */
 	const step *steps;
 } mem_ctx;
 
@@ -401,7 +398,7 @@ static bool happens_before(const mem_ctx *c, int x, int y)
 		return true;
 	if (y < 0)
 		return false;
-	return c->clock[(size_t)y * (size_t)c->n_lanes + (size_t)c->steps[x].lane] >= x;
+	return c->clock[(size_t)y * (size_t)c->n_lanes + (size_t)c->steps[x].stream] >= x;
 }
 
 static bool ends_before(const mem_ctx *c, const lifetime *a, const lifetime *b)
@@ -436,7 +433,7 @@ static tern_status vector_clocks(tern_exec *e, mem_ctx *c)
 		last_on[s] = -1;
 	for (int k = 0; k < e->n_steps; k++) {
 		int *ck = &c->clock[(size_t)k * (size_t)S];
-		int prev = last_on[e->steps[k].lane];
+		int prev = last_on[e->steps[k].stream];
 		for (int s = 0; s < S; s++)
 			ck[s] = prev >= 0 ? c->clock[(size_t)prev * (size_t)S + (size_t)s] : -1;
 		for (int w = 0; w < e->steps[k].n_waits; w++) {
@@ -445,8 +442,8 @@ static tern_status vector_clocks(tern_exec *e, mem_ctx *c)
 				if (cw[s] > ck[s])
 					ck[s] = cw[s];
 		}
-		ck[e->steps[k].lane] = k;
-		last_on[e->steps[k].lane] = k;
+		ck[e->steps[k].stream] = k;
+		last_on[e->steps[k].stream] = k;
 	}
 	free(last_on);
 	return TERN_OK;
@@ -456,7 +453,7 @@ static tern_status vector_clocks(tern_exec *e, mem_ctx *c)
  * not share with occupies. */
 static tern_status plan_memory(tern_exec *e)
 {
-	int S = e->n_workers > 0 ? e->n_workers : 1;
+	int S = e->n_streams > 0 ? e->n_streams : 1;
 	mem_ctx c = {S, NULL, e->steps};
 	int n = 0;
 	for (size_t i = 0; i < e->n_slots; i++)
@@ -478,7 +475,7 @@ static tern_status plan_memory(tern_exec *e)
 			items[k].last[s] = -1;
 		k++;
 	}
-	/* Per-lane last uses, from every step's reads (aliases count for their root). */
+	/* Per-stream last uses, from every step's reads (aliases count for their root). */
 	int *slot_item = malloc((e->n_slots + 1) * sizeof *slot_item);
 	if (!slot_item) {
 		rc = tern_errorf(TERN_EOS, "out of memory");
@@ -491,8 +488,8 @@ static tern_status plan_memory(tern_exec *e)
 	for (int st = 0; st < e->n_steps; st++)
 		for (int u = 0; u < e->steps[st].n_use; u++) {
 			int it = slot_item[root_slot(e, e->steps[st].use_slot[u])];
-			if (it >= 0 && items[it].last[e->steps[st].lane] < st)
-				items[it].last[e->steps[st].lane] = st;
+			if (it >= 0 && items[it].last[e->steps[st].stream] < st)
+				items[it].last[e->steps[st].stream] = st;
 		}
 	for (int i = 0; i < e->n_outputs; i++) {
 		int it = slot_item[root_slot(e, e->output_slot[i])];

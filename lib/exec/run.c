@@ -54,7 +54,7 @@ static tern_status run_late(tern_exec *e, step *st)
 }
 
 /* Runs step k (any stream): a late step is prepared first, an alias only rebinds. */
-tern_status tern_exec_run_step(tern_exec *e, int k, void *scratch)
+tern_status tern_exec_run_step(tern_exec *e, int k, void *scratch, int worker)
 {
 	step *st = &e->steps[k];
 	double t0 = e->profile ? tern_now_us() : 0;
@@ -67,7 +67,8 @@ tern_status tern_exec_run_step(tern_exec *e, int k, void *scratch)
 		if (st->out[0])
 			st->out[0]->data = st->in[0]->data;
 	} else {
-		tern_kernel_args a = {st->node, st->in, st->n_in, st->out, st->n_out, st->params, scratch, e->kernel_pool, e};
+		tern_kernel_args a = {st->node,   st->in,  st->n_in,       st->out, st->n_out,
+		                      st->params, scratch, e->kernel_pool, e};
 		rc = st->kernel(&a);
 	}
 	if (e->profile && e->events) {
@@ -75,7 +76,7 @@ tern_status tern_exec_run_step(tern_exec *e, int k, void *scratch)
 		ev->name = st->node->name;
 		ev->op_type = st->node->op_type;
 		ev->stream = st->stream;
-		ev->thread = st->lane;
+		ev->thread = worker;
 		ev->start_us = t0;
 		ev->dur_us = tern_now_us() - t0;
 	}
@@ -126,7 +127,7 @@ tern_status tern_exec_run(tern_exec *e, tern_tensor *const *inputs, int n_inputs
 	if (e->n_workers > 1)
 		return tern_exec_run_streams(e);
 	for (int i = 0; i < e->n_steps; i++) {
-		tern_status rc = tern_exec_run_step(e, i, e->scratch);
+		tern_status rc = tern_exec_run_step(e, i, e->scratch, 0);
 		if (rc)
 			return rc;
 	}

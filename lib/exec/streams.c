@@ -1,13 +1,16 @@
-/* streams.c — running a scheduled plan on several streams (Nimble on the CPU). Streams are mapped
- * onto --threads persistent workers (stream s on worker s mod W); each worker runs its steps in
- * launch order, which keeps every stream's order, and a cross-worker wait is a per-step completion
- * counter set to the run's generation, so nothing is decided while running. Launch order is
- * topological, so the lowest unfinished step can always run: no worker waits forever.
+/* streams.c — running a scheduled plan on several streams (Nimble on the CPU).
  *
- * The workers are also the kernels' thread pool (a team, lib/core/threadpool.c): a worker that waits
- * for another stream, or has finished its queue, runs chunks of the kernels the others are running.
- * A phase of the graph with one branch thus runs its kernel on every core, as a single-stream run
- * would, and a phase with several runs them side by side. */
+ * The schedule fixes everything a device would be told: each stream's steps in launch order, and the
+ * steps of other streams each one waits for. --threads workers then run the streams as a device runs
+ * its queues: a worker takes the next step of any stream whose waits are met (preferring the stream it
+ * ran last, whose data is in its cache), runs it, and marks it done with the run's generation — a
+ * per-step counter, as an event. A stream is held by one worker at a time, so its steps run in order.
+ * Launch order is topological, so some stream can always advance: no worker waits forever.
+ *
+ * The workers are also the kernels' thread pool (a team, lib/core/threadpool.c): a worker with no
+ * stream ready runs chunks of the kernels the others are running. A phase of the graph with one
+ * branch thus runs its kernel on every core, as a single-stream run would, and a phase with several
+ * runs them side by side. An unscheduled graph is one stream. */
 #include "exec.h"
 
 #include <pthread.h>
@@ -27,15 +30,23 @@ struct stream_worker {
 	int started;
 };
 
+/* Per stream, on its own cache line: the position of its next step and whether a worker holds it. */
+typedef struct stream_state {
+	atomic_int pos;
+	atomic_int held;
+	char pad[56];
+} stream_state;
+
 struct stream_sync {
 	pthread_mutex_t lock;
 	pthread_cond_t go, finished;
 	uint64_t generation;
 	int shutdown;
-	int pending; /* streams still running this generation */
+	int pending; /* workers still inside this generation */
 	atomic_uint_fast64_t *done; /* per step: generation in which it finished */
+	stream_state *streams;
+	atomic_int remaining; /* steps not yet finished this generation */
 	atomic_int failed;
-	atomic_int running; /* workers still running their queue this generation */
 	int initialised; /* lock and conditions exist */
 	tern_status status;
 	char message[1024];
@@ -52,53 +63,108 @@ static void fail(struct stream_sync *y, tern_status rc)
 	atomic_store(&y->failed, 1);
 }
 
-/* Waiting: help with the kernels that others are running, else spin, then yield. */
-static void idle(tern_exec *e, int *spins)
+static bool ready(const tern_exec *e, int k, uint64_t gen)
 {
-	if (tern_team_help(e->kernel_pool))
-		*spins = 0;
-	else if (++*spins > 64)
-		sched_yield();
+	const step *st = &e->steps[k];
+	for (int w = 0; w < st->n_waits; w++)
+		if (atomic_load_explicit(&e->sync->done[st->waits[w]], memory_order_acquire) != gen)
+			return false;
+	return true;
 }
 
-static void run_queue(tern_exec *e, int s, uint64_t gen)
+/* Runs the next step of stream s if its waits are met and no other worker holds s; true if it ran. */
+static bool advance(tern_exec *e, int s, int worker, uint64_t gen)
 {
 	struct stream_sync *y = e->sync;
-	for (int q = 0; q < e->queue_len[s]; q++) {
-		int k = e->queue[s][q];
-		const step *st = &e->steps[k];
-		for (int w = 0; w < st->n_waits; w++) {
-			int spins = 0;
-			if (e->steps[st->waits[w]].lane == s)
-				continue; /* ran earlier on this worker */
-			while (atomic_load_explicit(&y->done[st->waits[w]], memory_order_acquire) != gen) {
-				if (atomic_load(&y->failed))
-					return;
-				idle(e, &spins);
+	stream_state *ss = &y->streams[s];
+	int pos = atomic_load_explicit(&ss->pos, memory_order_acquire);
+	if (pos >= e->queue_len[s] || atomic_load_explicit(&ss->held, memory_order_relaxed) ||
+	    !ready(e, e->queue[s][pos], gen))
+		return false;
+	int free_ = 0;
+	if (!atomic_compare_exchange_strong(&ss->held, &free_, 1))
+		return false;
+	/* Another worker may have run the step between the look and the claim. */
+	if (atomic_load_explicit(&ss->pos, memory_order_acquire) != pos) {
+		atomic_store_explicit(&ss->held, 0, memory_order_release);
+		return false;
+	}
+	int k = e->queue[s][pos];
+	tern_status rc = tern_exec_run_step(e, k, e->worker_scratch[worker], worker);
+	if (rc)
+		fail(y, rc);
+	atomic_store_explicit(&y->done[k], gen, memory_order_release);
+	atomic_store_explicit(&ss->pos, pos + 1, memory_order_release);
+	atomic_store_explicit(&ss->held, 0, memory_order_release);
+	atomic_fetch_sub_explicit(&y->remaining, 1, memory_order_acq_rel);
+	tern_team_notify(e->kernel_pool);
+	return true;
+}
+
+static bool generation_over(const tern_exec *e)
+{
+	return atomic_load_explicit(&e->sync->remaining, memory_order_acquire) <= 0 || atomic_load(&e->sync->failed);
+}
+
+typedef struct idle_ctx {
+	tern_exec *e;
+	uint64_t gen;
+} idle_ctx;
+
+/* For a worker about to sleep: is there anything to do after all? */
+static bool has_work(void *arg)
+{
+	idle_ctx *c = arg;
+	tern_exec *e = c->e;
+	if (generation_over(e))
+		return true;
+	for (int s = 0; s < e->n_streams; s++) {
+		int pos = atomic_load_explicit(&e->sync->streams[s].pos, memory_order_acquire);
+		if (pos < e->queue_len[s] && !atomic_load(&e->sync->streams[s].held) &&
+		    ready(e, e->queue[s][pos], c->gen))
+			return true;
+	}
+	return false;
+}
+
+/* Runs streams' steps until every step of the generation is done (or one failed); with nothing ready,
+ * helps with the kernels that others are running, else backs off, and after a while sleeps until a
+ * step finishes or a kernel posts work. One stream: worker 0 runs it, in order and with no
+ * bookkeeping per step, and the others only help. */
+static void run_worker(tern_exec *e, int worker, uint64_t gen)
+{
+	struct stream_sync *y = e->sync;
+	int S = e->n_streams, last = worker % S, spins = 0;
+	idle_ctx ctx = {e, gen};
+	if (S == 1 && worker == 0) {
+		for (int k = 0; k < e->n_steps; k++) {
+			tern_status rc = tern_exec_run_step(e, k, e->worker_scratch[0], 0);
+			if (rc) {
+				fail(y, rc);
+				break;
 			}
 		}
-		if (atomic_load(&y->failed))
-			return;
-		tern_status rc = tern_exec_run_step(e, k, e->stream_scratch[s]);
-		if (rc) {
-			fail(y, rc);
-			return;
+		atomic_store(&y->remaining, 0);
+		tern_team_notify(e->kernel_pool);
+		return;
+	}
+	while (!generation_over(e)) {
+		bool ran = false;
+		for (int i = 0; S > 1 && i < S && !ran; i++) {
+			int s = last + i < S ? last + i : last + i - S;
+			if (advance(e, s, worker, gen)) {
+				last = s;
+				ran = true;
+			}
 		}
-		atomic_store_explicit(&y->done[k], gen, memory_order_release);
+		if (ran)
+			spins = 0;
+		else
+			tern_team_idle(e->kernel_pool, has_work, &ctx, &spins);
 	}
 }
 
-/* Runs worker s's queue, then helps the others until every queue is done. */
-static void run_worker(tern_exec *e, int s, uint64_t gen)
-{
-	struct stream_sync *y = e->sync;
-	run_queue(e, s, gen);
-	atomic_fetch_sub(&y->running, 1);
-	for (int spins = 0; atomic_load(&y->running) > 0;)
-		idle(e, &spins);
-}
-
-static void finish_stream(struct stream_sync *y)
+static void finish_worker(struct stream_sync *y)
 {
 	pthread_mutex_lock(&y->lock);
 	if (--y->pending == 0)
@@ -124,53 +190,47 @@ static void *worker_main(void *arg)
 		seen = y->generation;
 		pthread_mutex_unlock(&y->lock);
 		run_worker(e, w->index, seen);
-		finish_stream(y);
+		finish_worker(y);
 	}
 }
 
 tern_status tern_exec_setup_streams(tern_exec *e)
 {
-	int W = e->n_workers;
+	int W = e->n_workers, S = e->n_streams;
 #if TERN_HAVE_BLAS
 	/* OpenBLAS's threads would compete with the workers: its calls run on the calling worker. */
 	openblas_set_num_threads(1);
 #endif
-	e->queue = calloc((size_t)W, sizeof *e->queue);
-	e->queue_len = calloc((size_t)W, sizeof *e->queue_len);
-	e->stream_scratch = calloc((size_t)W, sizeof *e->stream_scratch);
+	e->queue = calloc((size_t)S, sizeof *e->queue);
+	e->queue_len = calloc((size_t)S, sizeof *e->queue_len);
+	e->worker_scratch = calloc((size_t)W, sizeof *e->worker_scratch);
 	e->sync = calloc(1, sizeof *e->sync);
-	if (!e->queue || !e->queue_len || !e->stream_scratch || !e->sync)
+	if (!e->queue || !e->queue_len || !e->worker_scratch || !e->sync)
 		return tern_errorf(TERN_EOS, "out of memory");
 	e->sync->done = calloc((size_t)e->n_steps + 1, sizeof *e->sync->done);
-	if (!e->sync->done)
+	e->sync->streams = tern_aligned_alloc((size_t)S * sizeof *e->sync->streams);
+	if (!e->sync->done || !e->sync->streams)
 		return tern_errorf(TERN_EOS, "out of memory");
 	pthread_mutex_init(&e->sync->lock, NULL);
 	pthread_cond_init(&e->sync->go, NULL);
 	pthread_cond_init(&e->sync->finished, NULL);
 	e->sync->initialised = 1;
-	size_t *scratch = calloc((size_t)W, sizeof *scratch);
-	if (!scratch)
-		return tern_errorf(TERN_EOS, "out of memory");
+	for (int k = 0; k < e->n_steps; k++)
+		e->queue_len[e->steps[k].stream]++;
+	for (int s = 0; s < S; s++) {
+		if (!(e->queue[s] = malloc(((size_t)e->queue_len[s] + 1) * sizeof **e->queue)))
+			return tern_errorf(TERN_EOS, "out of memory");
+		e->queue_len[s] = 0;
+	}
 	for (int k = 0; k < e->n_steps; k++) {
-		int w = e->steps[k].lane;
-		e->queue_len[w]++;
-		if (e->steps[k].scratch_bytes > scratch[w])
-			scratch[w] = e->steps[k].scratch_bytes;
+		int s = e->steps[k].stream;
+		e->queue[s][e->queue_len[s]++] = k;
 	}
-	tern_status rc = TERN_OK;
-	for (int w = 0; w < W && !rc; w++) {
-		e->queue[w] = malloc(((size_t)e->queue_len[w] + 1) * sizeof **e->queue);
-		if (!e->queue[w] || (scratch[w] && !(e->stream_scratch[w] = tern_aligned_alloc(scratch[w]))))
-			rc = tern_errorf(TERN_EOS, "out of memory");
-		e->queue_len[w] = 0;
-	}
-	free(scratch);
-	if (rc)
-		return rc;
-	for (int k = 0; k < e->n_steps; k++) {
-		int w = e->steps[k].lane;
-		e->queue[w][e->queue_len[w]++] = k;
-	}
+	/* Any worker may run any step: each has scratch for the largest (the caller, the plan's own). */
+	e->worker_scratch[0] = e->scratch;
+	for (int w = 1; w < W; w++)
+		if (e->scratch_bytes && !(e->worker_scratch[w] = tern_aligned_alloc(e->scratch_bytes)))
+			return tern_errorf(TERN_EOS, "out of memory");
 	e->workers = calloc((size_t)W, sizeof *e->workers);
 	if (!e->workers)
 		return tern_errorf(TERN_EOS, "out of memory");
@@ -192,7 +252,11 @@ tern_status tern_exec_run_streams(tern_exec *e)
 	y->pending = e->n_workers;
 	y->status = TERN_OK;
 	atomic_store(&y->failed, 0);
-	atomic_store(&y->running, e->n_workers);
+	atomic_store(&y->remaining, e->n_steps);
+	for (int s = 0; s < e->n_streams; s++) {
+		atomic_store(&y->streams[s].pos, 0);
+		atomic_store(&y->streams[s].held, 0);
+	}
 	uint64_t gen = y->generation;
 	pthread_cond_broadcast(&y->go);
 	pthread_mutex_unlock(&y->lock);
@@ -228,21 +292,20 @@ void tern_exec_stop_streams(tern_exec *e)
 			pthread_cond_destroy(&e->sync->finished);
 		}
 		free(e->sync->done);
+		free(e->sync->streams);
 		free(e->sync);
 	}
-	for (int w = 0; w < e->n_workers; w++) {
-		if (e->queue)
-			free(e->queue[w]);
-		if (e->stream_scratch)
-			free(e->stream_scratch[w]);
-	}
+	for (int s = 0; e->queue && s < e->n_streams; s++)
+		free(e->queue[s]);
+	for (int w = 1; e->worker_scratch && w < e->n_workers; w++)
+		free(e->worker_scratch[w]);
 	free(e->queue);
 	free(e->queue_len);
-	free(e->stream_scratch);
+	free(e->worker_scratch);
 	free(e->workers);
 	e->queue = NULL;
 	e->queue_len = NULL;
-	e->stream_scratch = NULL;
+	e->worker_scratch = NULL;
 	e->workers = NULL;
 	e->sync = NULL;
 	e->n_workers = 0;
