@@ -47,6 +47,8 @@ struct tern_threadpool {
 	int64_t n, chunk;
 	atomic_int_fast64_t next;
 	int active; /* workers still inside the job */
+	int started; /* workers running (they start with the first job) */
+	uint64_t spawn_generation; /* the generation when they were started */
 	team_slot *team; /* a team: one slot per member, no threads of its own */
 	/* A team's idle members sleep on `wake` after spinning a while. */
 	atomic_int sleepers;
@@ -74,8 +76,8 @@ static void run_chunks(tern_threadpool *p)
 static void *worker_main(void *arg)
 {
 	tern_threadpool *p = arg;
-	uint64_t seen = 0;
 	pthread_mutex_lock(&p->lock);
+	uint64_t seen = p->spawn_generation;
 	for (;;) {
 		while (!p->shutdown && p->generation == seen)
 			pthread_cond_wait(&p->wake, &p->lock);
@@ -98,28 +100,27 @@ tern_status tern_threadpool_create(int n_threads, tern_threadpool **out)
 	if (n_threads < 1)
 		n_threads = 1;
 	tern_threadpool *p = calloc(1, sizeof *p);
-	if (!p)
+	if (!p || (n_threads > 1 && !(p->workers = calloc((size_t)n_threads - 1, sizeof *p->workers)))) {
+		free(p);
 		return tern_errorf(TERN_EOS, "out of memory");
+	}
 	p->n_threads = n_threads;
 	pthread_mutex_init(&p->lock, NULL);
 	pthread_mutex_init(&p->busy, NULL);
 	pthread_cond_init(&p->wake, NULL);
 	pthread_cond_init(&p->done, NULL);
-	if (n_threads > 1) {
-		p->workers = calloc((size_t)n_threads - 1, sizeof *p->workers);
-		if (!p->workers) {
-			tern_threadpool_free(p);
-			return tern_errorf(TERN_EOS, "out of memory");
-		}
-		for (int i = 0; i < n_threads - 1; i++)
-			if (pthread_create(&p->workers[i], NULL, worker_main, p) != 0) {
-				p->n_threads = i + 1;
-				tern_threadpool_free(p);
-				return tern_errorf(TERN_EOS, "cannot start thread %d", i + 1);
-			}
-	}
 	*out = p;
 	return TERN_OK;
+}
+
+/* Threads start with the first job, so that a pool nobody runs a job on (a plan whose kernels get
+ * the stream workers instead) costs none. Called holding `busy`; false if none could start. */
+static bool start_workers(tern_threadpool *p)
+{
+	p->spawn_generation = p->generation;
+	while (p->started < p->n_threads - 1 && pthread_create(&p->workers[p->started], NULL, worker_main, p) == 0)
+		p->started++;
+	return p->started > 0;
 }
 
 tern_status tern_team_create(int n_members, tern_threadpool **out)
@@ -273,7 +274,7 @@ void tern_threadpool_free(tern_threadpool *p)
 	p->shutdown = 1;
 	pthread_cond_broadcast(&p->wake);
 	pthread_mutex_unlock(&p->lock);
-	for (int i = 0; p->workers && i < p->n_threads - 1; i++)
+	for (int i = 0; i < p->started; i++)
 		pthread_join(p->workers[i], NULL);
 	free(p->workers);
 	pthread_mutex_destroy(&p->lock);
@@ -305,6 +306,12 @@ void tern_parallel_for(tern_threadpool *p, int64_t n, void (*fn)(void *ctx, int6
 			fn(ctx, i);
 		return;
 	}
+	if (p->started < p->n_threads - 1 && !start_workers(p)) {
+		pthread_mutex_unlock(&p->busy);
+		for (int64_t i = 0; i < n; i++)
+			fn(ctx, i);
+		return;
+	}
 	/* Several chunks per thread balance uneven work without much counter traffic. */
 	int64_t chunk = n / (p->n_threads * 4);
 	pthread_mutex_lock(&p->lock);
@@ -313,7 +320,7 @@ void tern_parallel_for(tern_threadpool *p, int64_t n, void (*fn)(void *ctx, int6
 	p->n = n;
 	p->chunk = chunk < 1 ? 1 : chunk;
 	atomic_store(&p->next, 0);
-	p->active = p->n_threads - 1;
+	p->active = p->started;
 	p->generation++;
 	pthread_cond_broadcast(&p->wake);
 	pthread_mutex_unlock(&p->lock);

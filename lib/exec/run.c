@@ -3,6 +3,7 @@
  * nothing but kernel calls. Also the public tern_plan API over the executor. */
 #include "exec.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 
 #if TERN_HAVE_BLAS
@@ -10,6 +11,23 @@
 #endif
 
 tern_status tern_exec_prepare_step(tern_exec *e, step *st, int at_run);
+
+#if TERN_HAVE_BLAS
+#if TERN_HAVE_BLAS_THREAD_SHUTDOWN
+int blas_thread_shutdown_(void); /* OpenBLAS's, not in cblas.h */
+#endif
+/* tern's threads are its own (the pool, or the stream workers): OpenBLAS runs on the calling thread.
+ * Its threads, started when the library loaded, would otherwise spin after each call and for a while
+ * after start-up, taking a core from tern's. */
+static pthread_once_t blas_once = PTHREAD_ONCE_INIT;
+static void blas_single_threaded(void)
+{
+	openblas_set_num_threads(1);
+#if TERN_HAVE_BLAS_THREAD_SHUTDOWN
+	blas_thread_shutdown_();
+#endif
+}
+#endif
 
 static bool same_shape(const tern_tensor *a, const tern_tensor *b)
 {
@@ -159,9 +177,7 @@ tern_status tern_plan_create(tern_model *model, const tern_plan_options *opts, c
 	p->model = model;
 	int n_threads = opts && opts->n_threads > 0 ? opts->n_threads : 1;
 #if TERN_HAVE_BLAS
-	/* OpenBLAS keeps its own threads, which spin between calls: give it the plan's thread count, so
-	 * that --threads 1 means one busy core. */
-	openblas_set_num_threads(n_threads);
+	pthread_once(&blas_once, blas_single_threaded);
 #endif
 	tern_status rc = tern_threadpool_create(n_threads, &p->pool);
 	const char *sched_text = tern_model_meta(model, TERN_SCHEDULE_KEY);

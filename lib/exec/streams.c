@@ -19,10 +19,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#if TERN_HAVE_BLAS
-#include <cblas.h>
-#endif
-
 struct stream_worker {
 	pthread_t thread;
 	tern_exec *exec;
@@ -197,10 +193,6 @@ static void *worker_main(void *arg)
 tern_status tern_exec_setup_streams(tern_exec *e)
 {
 	int W = e->n_workers, S = e->n_streams;
-#if TERN_HAVE_BLAS
-	/* OpenBLAS's threads would compete with the workers: its calls run on the calling worker. */
-	openblas_set_num_threads(1);
-#endif
 	e->queue = calloc((size_t)S, sizeof *e->queue);
 	e->queue_len = calloc((size_t)S, sizeof *e->queue_len);
 	e->worker_scratch = calloc((size_t)W, sizeof *e->worker_scratch);
