@@ -4,6 +4,7 @@
  * kernels applied block by block over the output, so that a chain makes one pass over memory. */
 #include "internal.h"
 #include "ops/gemm.h"
+#include "ops/ops_common.h"
 
 #include <math.h>
 #include <stdatomic.h>
@@ -49,15 +50,38 @@ static const struct fx_op_def {
 	int arity;
 	const char *attr[2];
 } fx_ops[] = {
-	{"Relu", 1, {0}},          {"Sigmoid", 1, {0}},      {"Tanh", 1, {0}},        {"HardSwish", 1, {0}},
-	{"Softplus", 1, {0}},      {"Softsign", 1, {0}},     {"Erf", 1, {0}},         {"Exp", 1, {0}},
-	{"Log", 1, {0}},           {"Sqrt", 1, {0}},         {"Abs", 1, {0}},         {"Neg", 1, {0}},
-	{"Reciprocal", 1, {0}},    {"Floor", 1, {0}},        {"Ceil", 1, {0}},        {"Mish", 1, {0}},
-	{"LeakyRelu", 1, {"alpha"}}, {"Elu", 1, {"alpha"}}, {"Celu", 1, {"alpha"}}, {"ThresholdedRelu", 1, {"alpha"}},
-	{"HardSigmoid", 1, {"alpha", "beta"}}, {"Selu", 1, {"alpha", "gamma"}}, {"Shrink", 1, {"lambd", "bias"}},
-	{"Add", 2, {0}},           {"Sub", 2, {0}},          {"Mul", 2, {0}},         {"Div", 2, {0}},
-	{"Pow", 2, {0}},           {"Max", 2, {0}},          {"Min", 2, {0}},         {"PRelu", 2, {0}},
-	{"Clip", 3, {0}},
+        {"Relu", 1, {0}},
+        {"Sigmoid", 1, {0}},
+        {"Tanh", 1, {0}},
+        {"HardSwish", 1, {0}},
+        {"Softplus", 1, {0}},
+        {"Softsign", 1, {0}},
+        {"Erf", 1, {0}},
+        {"Exp", 1, {0}},
+        {"Log", 1, {0}},
+        {"Sqrt", 1, {0}},
+        {"Abs", 1, {0}},
+        {"Neg", 1, {0}},
+        {"Reciprocal", 1, {0}},
+        {"Floor", 1, {0}},
+        {"Ceil", 1, {0}},
+        {"Mish", 1, {0}},
+        {"LeakyRelu", 1, {"alpha"}},
+        {"Elu", 1, {"alpha"}},
+        {"Celu", 1, {"alpha"}},
+        {"ThresholdedRelu", 1, {"alpha"}},
+        {"HardSigmoid", 1, {"alpha", "beta"}},
+        {"Selu", 1, {"alpha", "gamma"}},
+        {"Shrink", 1, {"lambd", "bias"}},
+        {"Add", 2, {0}},
+        {"Sub", 2, {0}},
+        {"Mul", 2, {0}},
+        {"Div", 2, {0}},
+        {"Pow", 2, {0}},
+        {"Max", 2, {0}},
+        {"Min", 2, {0}},
+        {"PRelu", 2, {0}},
+        {"Clip", 3, {0}},
 };
 
 static const struct fx_op_def *fx_op_def(const char *op_type)
@@ -113,7 +137,10 @@ typedef struct fx_program {
 	int workers; /* scratch slots: blocks run on at most this many threads at once */
 } fx_program;
 
-static tern_status fx_oom(const tern_node *node) { return tern_node_errorf(node, TERN_EOS, "out of memory"); }
+static tern_status fx_oom(const tern_node *node)
+{
+	return tern_node_errorf(node, TERN_EOS, "out of memory");
+}
 
 /* A node of a default-domain operator at FX_OPSET, standing for part of the fused node `owner` (whose
  * name messages give): the registry's prepare and kernel for op_type run on it. */
@@ -122,7 +149,11 @@ static void fx_synthetic(tern_node *node, Onnx__NodeProto *proto, const tern_nod
 	onnx__node_proto__init(proto);
 	proto->op_type = (char *)op_type;
 	proto->name = (char *)owner->name;
-	*node = (tern_node){.proto = proto, .name = owner->name, .op_type = op_type, .domain = "", .graph = owner->graph,
+	*node = (tern_node){.proto = proto,
+	                    .name = owner->name,
+	                    .op_type = op_type,
+	                    .domain = "",
+	                    .graph = owner->graph,
 	                    .opset = FX_OPSET};
 	node->op = tern_op_find("", op_type, FX_OPSET);
 }
@@ -132,12 +163,14 @@ static tern_status fx_add_step(fx_program *pg, const tern_node *node, const char
 {
 	const struct fx_op_def *def = fx_op_def(op_type);
 	if (!def)
-		return tern_node_errorf(node, TERN_EDATA, "'%s' cannot be a step of a fused elementwise program", op_type);
+		return tern_node_errorf(node, TERN_EDATA, "'%s' cannot be a step of a fused elementwise program",
+		                        op_type);
 	if (pg->n_steps == FX_MAX_STEPS)
-		return tern_node_errorf(node, TERN_EDATA, "a fused elementwise program has at most %d steps", FX_MAX_STEPS);
+		return tern_node_errorf(node, TERN_EDATA, "a fused elementwise program has at most %d steps",
+		                        FX_MAX_STEPS);
 	if (n_args != def->arity && !(def->arity == 3 && n_args >= 1))
-		return tern_node_errorf(node, TERN_EDATA, "step %d (%s) has %d arguments, expected %d", pg->n_steps, op_type,
-		                        n_args, def->arity);
+		return tern_node_errorf(node, TERN_EDATA, "step %d (%s) has %d arguments, expected %d", pg->n_steps,
+		                        op_type, n_args, def->arity);
 	fx_step *s = &pg->steps[pg->n_steps++];
 	s->def = def;
 	for (int i = 0; i < 2 && def->attr[i]; i++)
@@ -159,7 +192,10 @@ static fx_ref fx_const(fx_program *pg, float v)
 	return (fx_ref){REF_CONST, pg->n_consts++};
 }
 
-static fx_ref fx_last(const fx_program *pg) { return (fx_ref){REF_STEP, pg->n_steps - 1}; }
+static fx_ref fx_last(const fx_program *pg)
+{
+	return (fx_ref){REF_STEP, pg->n_steps - 1};
+}
 
 /* Appends the step op(*x) or op(*x, operand) and makes *x its result. */
 static tern_status fx_then(fx_program *pg, const tern_node *node, const char *op, fx_ref *x, fx_ref operand)
@@ -182,13 +218,22 @@ typedef struct fx_seq_step {
 
 static const fx_seq_step silu_seq[] = {{"Sigmoid", SEQ_NONE, 0}, {"Mul", SEQ_X, 0}};
 /* 0.5 x (1 + erf(x / sqrt(2))) */
-static const fx_seq_step gelu_seq[] = {{"Mul", SEQ_CONST, 0.7071067811865476f}, {"Erf", SEQ_NONE, 0},
-                                       {"Add", SEQ_CONST, 1.0f}, {"Mul", SEQ_X, 0}, {"Mul", SEQ_CONST, 0.5f}};
+static const fx_seq_step gelu_seq[] = {{"Mul", SEQ_CONST, 0.7071067811865476f},
+                                       {"Erf", SEQ_NONE, 0},
+                                       {"Add", SEQ_CONST, 1.0f},
+                                       {"Mul", SEQ_X, 0},
+                                       {"Mul", SEQ_CONST, 0.5f}};
 /* 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))) */
 static const fx_seq_step gelu_tanh_seq[] = {
-	{"Mul", SEQ_X, 0},   {"Mul", SEQ_X, 0},         {"Mul", SEQ_CONST, 0.044715f},
-	{"Add", SEQ_X, 0},   {"Mul", SEQ_CONST, 0.7978845608028654f}, {"Tanh", SEQ_NONE, 0},
-	{"Add", SEQ_CONST, 1.0f}, {"Mul", SEQ_X, 0},    {"Mul", SEQ_CONST, 0.5f},
+        {"Mul", SEQ_X, 0},
+        {"Mul", SEQ_X, 0},
+        {"Mul", SEQ_CONST, 0.044715f},
+        {"Add", SEQ_X, 0},
+        {"Mul", SEQ_CONST, 0.7978845608028654f},
+        {"Tanh", SEQ_NONE, 0},
+        {"Add", SEQ_CONST, 1.0f},
+        {"Mul", SEQ_X, 0},
+        {"Mul", SEQ_CONST, 0.5f},
 };
 
 static const struct {
@@ -196,9 +241,9 @@ static const struct {
 	const fx_seq_step *steps;
 	int n;
 } fx_seqs[] = {
-	{"Silu", silu_seq, TERN_ARRAY_LEN(silu_seq)},
-	{"Gelu", gelu_seq, TERN_ARRAY_LEN(gelu_seq)},
-	{"GeluTanh", gelu_tanh_seq, TERN_ARRAY_LEN(gelu_tanh_seq)},
+        {"Silu", silu_seq, TERN_ARRAY_LEN(silu_seq)},
+        {"Gelu", gelu_seq, TERN_ARRAY_LEN(gelu_seq)},
+        {"GeluTanh", gelu_tanh_seq, TERN_ARRAY_LEN(gelu_tanh_seq)},
 };
 
 /* The steps of one activation applied to `in`: the vocabulary of FusedConv, FusedGemm and FusedMatMul's
@@ -218,7 +263,9 @@ static tern_status fx_add_activation(fx_program *pg, const tern_node *node, cons
 		tern_status st = TERN_OK;
 		for (int k = 0; k < fx_seqs[i].n && !st; k++) {
 			const fx_seq_step *q = &fx_seqs[i].steps[k];
-			fx_ref operand = q->operand == SEQ_X ? in : q->operand == SEQ_CONST ? fx_const(pg, q->k) : (fx_ref){REF_NONE, 0};
+			fx_ref operand = q->operand == SEQ_X ? in
+			        : q->operand == SEQ_CONST    ? fx_const(pg, q->k)
+			                                     : (fx_ref){REF_NONE, 0};
 			st = fx_then(pg, node, q->op, &x, operand);
 		}
 		return st;
@@ -307,7 +354,8 @@ static tern_status fx_allocate(fx_program *pg, const tern_node *node)
 		while (r < FX_MAX_REGS && holder[r] >= 0 && last_use[holder[r]] > s)
 			r++;
 		if (r == FX_MAX_REGS)
-			return tern_node_errorf(node, TERN_EDATA, "a fused elementwise program needs too many registers");
+			return tern_node_errorf(node, TERN_EDATA,
+			                        "a fused elementwise program needs too many registers");
 		holder[r] = s;
 		st->reg = r;
 		if (r + 1 > n)
@@ -391,8 +439,10 @@ static tern_status fx_prepare_steps(fx_program *pg, const tern_node *owner, tern
 				return rc;
 			if (!p.kernel || p.defer || p.dynamic_output || p.alias_input0 || p.scratch_bytes ||
 			    result.dtype != TERN_FLOAT || result.rank != 1 || result.dims[0] != n)
-				return tern_node_errorf(owner, TERN_EDATA, "step %d (%s) of its elementwise program does not keep "
-				                        "the shape and type of its input", s, st->def->op_type);
+				return tern_node_errorf(owner, TERN_EDATA,
+				                        "step %d (%s) of its elementwise program does not keep "
+				                        "the shape and type of its input",
+				                        s, st->def->op_type);
 		}
 	}
 	return TERN_OK;
@@ -423,25 +473,32 @@ static tern_status fx_finish(fx_program *pg, const tern_node *owner, tern_tensor
 		for (int a = 0; a < st->n_args; a++) {
 			fx_ref r = st->args[a];
 			if (r.kind == REF_STEP && (r.index < 0 || r.index >= s))
-				return tern_node_errorf(owner, TERN_EDATA, "step %d reads step %d, which does not come before it", s,
+				return tern_node_errorf(owner, TERN_EDATA,
+				                        "step %d reads step %d, which does not come before it", s,
 				                        r.index);
 			if (r.kind != REF_INPUT || fx_operand_of(pg, r.index) >= 0)
 				continue;
 			if (r.index < 0 || r.index >= n_in || !in[r.index])
-				return tern_node_errorf(owner, TERN_EDATA, "step %d reads input %d, which is missing", s, r.index);
+				return tern_node_errorf(owner, TERN_EDATA, "step %d reads input %d, which is missing",
+				                        s, r.index);
 			const tern_tensor *t = in[r.index];
 			if (t->dtype != TERN_FLOAT)
-				return tern_node_errorf(owner, TERN_EDATA, "input %d is %s; fused elementwise programs run on float",
+				return tern_node_errorf(owner, TERN_EDATA,
+				                        "input %d is %s; fused elementwise programs run on float",
 				                        r.index, tern_dtype_name(t->dtype));
 			if (pg->n_operands == FX_MAX_OPERANDS)
-				return tern_node_errorf(owner, TERN_EDATA, "too many operands in a fused elementwise program");
+				return tern_node_errorf(owner, TERN_EDATA,
+				                        "too many operands in a fused elementwise program");
 			fx_operand *o = &pg->operands[pg->n_operands];
 			o->input = r.index;
 			if (!fx_classify(t->rank, t->dims, x_shape->rank, x_shape->dims, o)) {
 				char sa[128], sb[128];
-				return tern_node_errorf(owner, TERN_EDATA, "input %d %s does not broadcast to %s along one run of "
-				                        "dimensions", r.index, tern_shape_str(t->dtype, t->rank, t->dims, sa, sizeof sa),
-				                        tern_shape_str(x_shape->dtype, x_shape->rank, x_shape->dims, sb, sizeof sb));
+				return tern_node_errorf(
+				        owner, TERN_EDATA,
+				        "input %d %s does not broadcast to %s along one run of "
+				        "dimensions",
+				        r.index, tern_shape_str(t->dtype, t->rank, t->dims, sa, sizeof sa),
+				        tern_shape_str(x_shape->dtype, x_shape->rank, x_shape->dims, sb, sizeof sb));
 			}
 			pg->n_operands++;
 		}
@@ -610,7 +667,7 @@ typedef struct fx_fused {
 	void (*free_params)(void *);
 	int n_main;
 	size_t main_scratch; /* the epilogue's registers follow, aligned */
-	fx_program *pg;      /* NULL: no epilogue */
+	fx_program *pg; /* NULL: no epilogue */
 } fx_fused;
 
 static void fx_fused_free(void *p)
@@ -624,7 +681,10 @@ static void fx_fused_free(void *p)
 	free(f);
 }
 
-static size_t fx_round(size_t n) { return (n + TERN_ALIGN - 1) / TERN_ALIGN * TERN_ALIGN; }
+static size_t fx_round(size_t n)
+{
+	return (n + TERN_ALIGN - 1) / TERN_ALIGN * TERN_ALIGN;
+}
 
 static tern_status fx_fused_kernel(const tern_kernel_args *a)
 {
@@ -737,10 +797,16 @@ static tern_status fused_conv_prepare(tern_prepare_args *p)
 }
 
 /* tern.FusedGemm (A, B, [C]): activation(Gemm(A, B, C)) with Gemm's attributes. */
-static tern_status fused_gemm_prepare(tern_prepare_args *p) { return fx_prepare_fused(p, "Gemm", 3, false, -1); }
+static tern_status fused_gemm_prepare(tern_prepare_args *p)
+{
+	return fx_prepare_fused(p, "Gemm", 3, false, -1);
+}
 
 /* tern.FusedMatMul (A, B, [bias]): activation(alpha * MatMul(A, B) + bias). */
-static tern_status fused_matmul_prepare(tern_prepare_args *p) { return fx_prepare_fused(p, "MatMul", 2, true, 2); }
+static tern_status fused_matmul_prepare(tern_prepare_args *p)
+{
+	return fx_prepare_fused(p, "MatMul", 2, true, 2);
+}
 
 /* ---------------------------------------------------------------- programs on their own */
 
@@ -795,8 +861,10 @@ static tern_status chain_prepare(tern_prepare_args *p)
 	const float *params = tern_attr_floats(p->node, "params", &n_params);
 	size_t n_ops = ops ? ops->n_strings : 0;
 	if (!n_ops || n_args != n_ops * FX_MAX_ARGS || (n_params && n_params != n_ops * 2))
-		return tern_node_errorf(p->node, TERN_EDATA, "attributes 'ops' (%zu), 'args' (%zu) and 'params' (%zu) do not "
-		                        "describe the same steps", n_ops, n_args, n_params);
+		return tern_node_errorf(p->node, TERN_EDATA,
+		                        "attributes 'ops' (%zu), 'args' (%zu) and 'params' (%zu) do not "
+		                        "describe the same steps",
+		                        n_ops, n_args, n_params);
 	for (size_t s = 0; s < n_ops; s++) {
 		char name[32];
 		const ProtobufCBinaryData *nm = &ops->strings[s];
@@ -807,8 +875,9 @@ static tern_status chain_prepare(tern_prepare_args *p)
 			int64_t r = args[s * FX_MAX_ARGS + (size_t)k];
 			if (r < 0)
 				break;
-			refs[n++] = r == 0 ? (fx_ref){REF_X, 0}
-			            : r < p->n_in ? (fx_ref){REF_INPUT, (int)r} : (fx_ref){REF_STEP, (int)(r - p->n_in)};
+			refs[n++] = r == 0    ? (fx_ref){REF_X, 0}
+			        : r < p->n_in ? (fx_ref){REF_INPUT, (int)r}
+			                      : (fx_ref){REF_STEP, (int)(r - p->n_in)};
 		}
 		if ((st = fx_add_step(pg, p->node, name, params ? params + 2 * s : NULL, params ? 2 : 0, refs, n)))
 			return st;
@@ -826,7 +895,8 @@ static tern_status gelu_prepare(tern_prepare_args *p)
 		return st;
 	const char *approx = tern_attr_string(p->node, "approximate", "none");
 	if (strcmp(approx, "none") != 0 && strcmp(approx, "tanh") != 0)
-		return tern_node_errorf(p->node, TERN_EDATA, "attribute 'approximate' is '%s', not none or tanh", approx);
+		return tern_node_errorf(p->node, TERN_EDATA, "attribute 'approximate' is '%s', not none or tanh",
+		                        approx);
 	if ((st = fx_add_activation(pg, p->node, approx[0] == 't' ? "GeluTanh" : "Gelu", NULL, 0, (fx_ref){REF_X, 0})))
 		return st;
 	return fx_chain_finish(p, pg);
@@ -934,8 +1004,8 @@ static void skip_ln_chunk(void *ctx, int64_t chunk)
 	float *y = a->out[0]->data, *sum = a->n_out > 1 && a->out[1] ? a->out[1]->data : NULL;
 	int64_t lo = s->rows * chunk / s->chunks, hi = s->rows * (chunk + 1) / s->chunks;
 	for (int64_t r = lo; r < hi; r++)
-		skip_ln_row(x + r * s->cols, sk + r * s->cols, g, b, y + r * s->cols, sum ? sum + r * s->cols : NULL, s->cols,
-		            s->eps);
+		skip_ln_row(x + r * s->cols, sk + r * s->cols, g, b, y + r * s->cols, sum ? sum + r * s->cols : NULL,
+		            s->cols, s->eps);
 }
 
 static tern_status skip_ln_fast_kernel(const tern_kernel_args *a)
@@ -954,8 +1024,8 @@ static bool skip_ln_fast(tern_prepare_args *p, fx_skip_ln *s)
 	const tern_tensor *x = p->in[0], *sk = p->in[1], *g = p->in[2], *b = p->n_in > 3 ? p->in[3] : NULL;
 	int64_t axis = tern_attr_int(p->node, "axis", -1);
 	axis += axis < 0 ? x->rank : 0;
-	if (axis < 0 || axis >= x->rank || x->dtype != TERN_FLOAT || sk->dtype != TERN_FLOAT || g->dtype != TERN_FLOAT ||
-	    (b && b->dtype != TERN_FLOAT) || tern_tensor_numel(sk) != tern_tensor_numel(x))
+	if (axis < 0 || axis >= x->rank || x->dtype != TERN_FLOAT || sk->dtype != TERN_FLOAT ||
+	    g->dtype != TERN_FLOAT || (b && b->dtype != TERN_FLOAT) || tern_tensor_numel(sk) != tern_tensor_numel(x))
 		return false;
 	if (sk->rank != x->rank || memcmp(sk->dims, x->dims, (size_t)x->rank * sizeof x->dims[0]) != 0)
 		return false;
@@ -996,7 +1066,8 @@ static tern_status skip_ln_prepare(tern_prepare_args *p)
 		return TERN_OK;
 	fx_synthetic(&s->add_node, &s->add_proto, p->node, "Add");
 	tern_tensor *sum_p = &s->sum_shape;
-	tern_prepare_args add = {.node = &s->add_node, .in = p->in, .n_in = 2, .out = &sum_p, .n_out = 1, .pool = p->pool};
+	tern_prepare_args add = {
+	        .node = &s->add_node, .in = p->in, .n_in = 2, .out = &sum_p, .n_out = 1, .pool = p->pool};
 	if (!s->add_node.op)
 		return tern_node_errorf(p->node, TERN_EINTERNAL, "no Add kernel to fuse");
 	tern_status st = s->add_node.op->prepare(&add);
@@ -1008,7 +1079,8 @@ static tern_status skip_ln_prepare(tern_prepare_args *p)
 	    memcmp(s->sum_shape.dims, x->dims, (size_t)x->rank * sizeof x->dims[0]) != 0)
 		return tern_node_errorf(p->node, TERN_EDATA, "input 1 'S' must broadcast to input 0's shape");
 	tern_tensor *norm_in[3] = {&s->sum_shape, p->in[2], p->n_in > 3 ? p->in[3] : NULL};
-	tern_prepare_args norm = {.node = p->node, .in = norm_in, .n_in = 3, .out = p->out, .n_out = 1, .pool = p->pool};
+	tern_prepare_args norm = {
+	        .node = p->node, .in = norm_in, .n_in = 3, .out = p->out, .n_out = 1, .pool = p->pool};
 	st = ln_op->prepare(&norm);
 	s->norm = (fx_prepared){norm.kernel, norm.params, norm.free_params};
 	if (st)
@@ -1032,6 +1104,7 @@ typedef struct fx_attention {
 	int64_t l, s, n, d, dv; /* Q [l, n, d], K [s, n, d], V [s, n, dv] */
 	float scale;
 	int workers;
+	bool direct; /* attention_head_avx512 runs the heads */
 	tern_node softmax_node;
 	Onnx__NodeProto softmax_proto;
 	fx_prepared softmax;
@@ -1055,6 +1128,99 @@ typedef struct fx_attention_run {
 /* The heads of one worker: scores = scale Q_h K_h^T, softmax over each row, then weights V_h written
  * straight into the output's [l, n, dv] layout; Q_h, K_h and V_h are read where they lie, as every
  * n-th row segment. */
+#if defined(__x86_64__) && defined(__GNUC__)
+#define ATT_ROWS 4 /* query rows at a time */
+#define AVX512 __attribute__((target("avx512f")))
+
+/* The softmax of n scores (n a multiple of 16) in place, unnormalised; returns 1 / their sum. */
+AVX512 static float attention_softmax_row(float *restrict row, int64_t n)
+{
+	__m512 m = _mm512_loadu_ps(row);
+	for (int64_t s = 16; s < n; s += 16)
+		m = _mm512_max_ps(m, _mm512_loadu_ps(row + s));
+	const float max = _mm512_reduce_max_ps(m);
+	for (int64_t s = 0; s < n; s++)
+		row[s] = tern_fast_expf(row[s] - max);
+	__m512 sum = _mm512_setzero_ps();
+	for (int64_t s = 0; s < n; s += 16)
+		sum = _mm512_add_ps(sum, _mm512_loadu_ps(row + s));
+	return 1.0f / _mm512_reduce_add_ps(sum);
+}
+
+/* One head with s, d and dv multiples of 16, in registers: K_h transposed into kt (d x s) sixteen by
+ * sixteen, then for ATT_ROWS query rows at a time the scores two blocks of sixteen keys at a time
+ * with the sums over d held in registers, the softmax of each row, and the weighted sums of V's rows
+ * two blocks of sixteen columns at a time. rows: ATT_ROWS x s floats. */
+AVX512 static void attention_head_avx512(const fx_attention *at, const float *q, const float *k, const float *v,
+                                         float *out, float *restrict kt, float *restrict rows)
+{
+	const int64_t L = at->l, S = at->s, D = at->d, DV = at->dv, ldk = at->n * at->d, ldv = at->n * at->dv;
+	for (int64_t s0 = 0; s0 < S; s0 += 16)
+		for (int64_t d0 = 0; d0 < D; d0 += 16) {
+			__m512 r[16];
+			for (int i = 0; i < 16; i++)
+				r[i] = _mm512_loadu_ps(k + (s0 + i) * ldk + d0);
+			tern_tr16(r);
+			for (int j = 0; j < 16; j++)
+				_mm512_storeu_ps(kt + (d0 + j) * S + s0, r[j]);
+		}
+	const __m512 scale = _mm512_set1_ps(at->scale);
+	for (int64_t i0 = 0; i0 < L; i0 += ATT_ROWS) {
+		const int nr = L - i0 < ATT_ROWS ? (int)(L - i0) : ATT_ROWS;
+		const float *qr[ATT_ROWS];
+		for (int r = 0; r < ATT_ROWS; r++)
+			qr[r] = q + (i0 + (r < nr ? r : 0)) * ldk; /* missing rows repeat the first */
+		for (int64_t b = 0; b < S; b += 32) {
+			const bool two = b + 16 < S;
+			__m512 a0[ATT_ROWS], a1[ATT_ROWS];
+			for (int r = 0; r < ATT_ROWS; r++)
+				a0[r] = a1[r] = _mm512_setzero_ps();
+			for (int64_t d = 0; d < D; d++) {
+				const __m512 k0 = _mm512_loadu_ps(kt + d * S + b);
+				const __m512 k1 = two ? _mm512_loadu_ps(kt + d * S + b + 16) : k0;
+				for (int r = 0; r < ATT_ROWS; r++) {
+					const __m512 qd = _mm512_set1_ps(qr[r][d]);
+					a0[r] = _mm512_fmadd_ps(qd, k0, a0[r]);
+					a1[r] = _mm512_fmadd_ps(qd, k1, a1[r]);
+				}
+			}
+			for (int r = 0; r < nr; r++) {
+				_mm512_storeu_ps(rows + r * S + b, _mm512_mul_ps(a0[r], scale));
+				if (two)
+					_mm512_storeu_ps(rows + r * S + b + 16, _mm512_mul_ps(a1[r], scale));
+			}
+		}
+		float inv[ATT_ROWS];
+		for (int r = 0; r < ATT_ROWS; r++)
+			inv[r] = r < nr ? attention_softmax_row(rows + r * S, S) : 0.0f;
+		const float *pr[ATT_ROWS];
+		for (int r = 0; r < ATT_ROWS; r++)
+			pr[r] = rows + (r < nr ? r : 0) * S;
+		for (int64_t x = 0; x < DV; x += 32) {
+			const bool two = x + 16 < DV;
+			__m512 a0[ATT_ROWS], a1[ATT_ROWS];
+			for (int r = 0; r < ATT_ROWS; r++)
+				a0[r] = a1[r] = _mm512_setzero_ps();
+			for (int64_t s = 0; s < S; s++) {
+				const __m512 v0 = _mm512_loadu_ps(v + s * ldv + x);
+				const __m512 v1 = two ? _mm512_loadu_ps(v + s * ldv + x + 16) : v0;
+				for (int r = 0; r < ATT_ROWS; r++) {
+					const __m512 ps = _mm512_set1_ps(pr[r][s]);
+					a0[r] = _mm512_fmadd_ps(ps, v0, a0[r]);
+					a1[r] = _mm512_fmadd_ps(ps, v1, a1[r]);
+				}
+			}
+			for (int r = 0; r < nr; r++) {
+				const __m512 w = _mm512_set1_ps(inv[r]);
+				_mm512_storeu_ps(out + (i0 + r) * ldv + x, _mm512_mul_ps(a0[r], w));
+				if (two)
+					_mm512_storeu_ps(out + (i0 + r) * ldv + x + 16, _mm512_mul_ps(a1[r], w));
+			}
+		}
+	}
+}
+#endif
+
 static void attention_heads(void *ctx, int64_t w)
 {
 	fx_attention_run *r = ctx;
@@ -1071,17 +1237,27 @@ static void attention_heads(void *ctx, int64_t w)
 	st.data = scores;
 	wt.data = weights;
 	tern_tensor *sp = &st, *wp = &wt;
+#if defined(__x86_64__) && defined(__GNUC__)
+	if (at->direct) {
+		float *kt = (float *)scratch, *rows = kt + at->d * at->s;
+		for (int64_t h = lo; h < hi; h++)
+			attention_head_avx512(at, q + h * at->d, k + h * at->d, v + h * at->dv, out + h * at->dv, kt,
+			                      rows);
+		return;
+	}
+#endif
 	for (int64_t h = lo; h < hi; h++) {
 		tern_gemm_f32(false, true, at->l, at->s, at->d, at->scale, q + h * at->d, at->n * at->d, k + h * at->d,
 		              at->n * at->d, 0.0f, scores, at->s);
-		tern_kernel_args sa = {&at->softmax_node, &sp, 1, &wp, 1, at->softmax.params, softmax_scratch, NULL, NULL};
+		tern_kernel_args sa = {&at->softmax_node, &sp,  1,   &wp, 1, at->softmax.params,
+		                       softmax_scratch,   NULL, NULL};
 		tern_status rc = at->softmax.kernel(&sa);
 		if (rc) {
 			atomic_store(&r->status, (int)rc);
 			return;
 		}
-		tern_gemm_f32(false, false, at->l, at->dv, at->s, 1.0f, weights, at->s, v + h * at->dv, at->n * at->dv, 0.0f,
-		              out + h * at->dv, at->n * at->dv);
+		tern_gemm_f32(false, false, at->l, at->dv, at->s, 1.0f, weights, at->s, v + h * at->dv, at->n * at->dv,
+		              0.0f, out + h * at->dv, at->n * at->dv);
 	}
 }
 
@@ -1104,10 +1280,11 @@ static tern_status attention_prepare(tern_prepare_args *p)
 		return tern_node_errorf(p->node, TERN_EDATA, "inputs Q, K and V and the output are required");
 	const tern_tensor *q = p->in[0], *k = p->in[1], *v = p->in[2];
 	char sq[96], sk[96], sv[96];
-	if (q->dtype != TERN_FLOAT || k->dtype != TERN_FLOAT || v->dtype != TERN_FLOAT || q->rank != 3 || k->rank != 3 ||
-	    v->rank != 3 || k->dims[0] != v->dims[0] || q->dims[1] != k->dims[1] || k->dims[1] != v->dims[1] ||
-	    q->dims[2] != k->dims[2])
-		return tern_node_errorf(p->node, TERN_EDATA, "Q %s, K %s and V %s are not float [L,N,d], [S,N,d], [S,N,dv]",
+	if (q->dtype != TERN_FLOAT || k->dtype != TERN_FLOAT || v->dtype != TERN_FLOAT || q->rank != 3 ||
+	    k->rank != 3 || v->rank != 3 || k->dims[0] != v->dims[0] || q->dims[1] != k->dims[1] ||
+	    k->dims[1] != v->dims[1] || q->dims[2] != k->dims[2])
+		return tern_node_errorf(p->node, TERN_EDATA,
+		                        "Q %s, K %s and V %s are not float [L,N,d], [S,N,d], [S,N,dv]",
 		                        tern_shape_str(q->dtype, q->rank, q->dims, sq, sizeof sq),
 		                        tern_shape_str(k->dtype, k->rank, k->dims, sk, sizeof sk),
 		                        tern_shape_str(v->dtype, v->rank, v->dims, sv, sizeof sv));
@@ -1138,6 +1315,14 @@ static tern_status attention_prepare(tern_prepare_args *p)
 	if (at->workers > at->n)
 		at->workers = at->n > 0 ? (int)at->n : 1;
 	at->per_worker = fx_round((size_t)(2 * at->l * at->s) * sizeof(float)) + fx_round(sm.scratch_bytes);
+#if defined(__x86_64__) && defined(__GNUC__)
+	/* Heads whose sizes are multiples of 16, K^T within 256 KiB: the direct kernel. */
+	size_t direct_bytes = (size_t)((at->d + ATT_ROWS) * at->s) * sizeof(float);
+	at->direct = __builtin_cpu_supports("avx512f") && at->s % 16 == 0 && at->d % 16 == 0 && at->dv % 16 == 0 &&
+	        at->s > 0 && at->d > 0 && at->dv > 0 && direct_bytes <= 262144;
+	if (at->direct && fx_round(direct_bytes) > at->per_worker)
+		at->per_worker = fx_round(direct_bytes);
+#endif
 	int64_t dims[3] = {at->l, at->n, at->dv};
 	tern_set_shape(p->out[0], TERN_FLOAT, 3, dims);
 	p->scratch_bytes = (size_t)at->workers * at->per_worker;
@@ -1146,13 +1331,13 @@ static tern_status attention_prepare(tern_prepare_args *p)
 }
 
 static const tern_op ops[] = {
-	{FX_DOMAIN, "FusedConv", 1, 0, fused_conv_prepare, TERN_DT(FLOAT), "fused"},
-	{FX_DOMAIN, "FusedGemm", 1, 0, fused_gemm_prepare, TERN_DT(FLOAT), "fused"},
-	{FX_DOMAIN, "FusedMatMul", 1, 0, fused_matmul_prepare, TERN_DT(FLOAT), "fused"},
-	{FX_DOMAIN, "ElementwiseChain", 1, 0, chain_prepare, TERN_DT(FLOAT), "fused"},
-	{FX_DOMAIN, "Gelu", 1, 0, gelu_prepare, TERN_DT(FLOAT), "fused"},
-	{FX_DOMAIN, "SkipLayerNormalization", 1, 0, skip_ln_prepare, TERN_DT_FLOATS, "fused"},
-	{FX_DOMAIN, "Attention", 1, 0, attention_prepare, TERN_DT(FLOAT), "fused"},
+        {FX_DOMAIN, "FusedConv", 1, 0, fused_conv_prepare, TERN_DT(FLOAT), "fused"},
+        {FX_DOMAIN, "FusedGemm", 1, 0, fused_gemm_prepare, TERN_DT(FLOAT), "fused"},
+        {FX_DOMAIN, "FusedMatMul", 1, 0, fused_matmul_prepare, TERN_DT(FLOAT), "fused"},
+        {FX_DOMAIN, "ElementwiseChain", 1, 0, chain_prepare, TERN_DT(FLOAT), "fused"},
+        {FX_DOMAIN, "Gelu", 1, 0, gelu_prepare, TERN_DT(FLOAT), "fused"},
+        {FX_DOMAIN, "SkipLayerNormalization", 1, 0, skip_ln_prepare, TERN_DT_FLOATS, "fused"},
+        {FX_DOMAIN, "Attention", 1, 0, attention_prepare, TERN_DT(FLOAT), "fused"},
 };
 
 const tern_op_table tern_ops_fused = {ops, TERN_ARRAY_LEN(ops)};

@@ -227,8 +227,21 @@ static const pass_case cases[] = {
                 "   y = Transpose <perm = [1,0,2]> (o)\n"
                 "}\n",
          "y = tern.Attention <scale = 0.5> (q, k, v)\n"},
-        {"fuse-attention: rows, keys and value columns that are not multiples of the kernel's blocks",
+        {"fuse-attention: sizes in blocks of 16 (the direct kernel), an odd number of blocks, rows left over",
          "fuse-attention", 0,
+         HEADER "g (float[7,2,16] q, float[48,2,16] k, float[48,2,48] v) => (float[7,2,48] y) <float c = {4}> {\n"
+                "   qt = Transpose <perm = [1,0,2]> (q)\n"
+                "   qs = Div (qt, c)\n"
+                "   kt = Transpose <perm = [1,2,0]> (k)\n"
+                "   s = MatMul (qs, kt)\n"
+                "   p = Softmax <axis = -1> (s)\n"
+                "   vt = Transpose <perm = [1,0,2]> (v)\n"
+                "   o = MatMul (p, vt)\n"
+                "   y = Transpose <perm = [1,0,2]> (o)\n"
+                "}\n",
+         "y = tern.Attention <scale = 0.25> (q, k, v)\n"},
+        {"fuse-attention: rows, keys and value columns that are not multiples of the kernel's blocks", "fuse-attention",
+         0,
          HEADER "g (float[7,3,5] q, float[37,3,5] k, float[37,3,19] v) => (float[7,3,19] y) <float c = {2}> {\n"
                 "   qt = Transpose <perm = [1,0,2]> (q)\n"
                 "   qs = Div (qt, c)\n"
