@@ -1147,14 +1147,42 @@ AVX512 static float attention_softmax_row(float *restrict row, int64_t n)
 	return 1.0f / _mm512_reduce_add_ps(sum);
 }
 
-/* One head with s, d and dv multiples of 16, in registers: K_h transposed into kt (d x s) sixteen by
- * sixteen, then for ATT_ROWS query rows at a time the scores two blocks of sixteen keys at a time
- * with the sums over d held in registers, the softmax of each row, and the weighted sums of V's rows
- * two blocks of sixteen columns at a time. rows: ATT_ROWS x s floats. */
+/* Rows r < nr of C (ldc apart, columns [0, n), n a multiple of 16) = mul[r] * sum over t < T of
+ * a[r][t] * B row t (ldb apart): ATT_ROWS rows by two blocks of sixteen columns at a time, the sums in
+ * registers. Rows of a beyond nr must still be readable (they are computed and dropped). */
+AVX512 static void attention_rows_times(const float *const a[ATT_ROWS], int nr, int64_t T, const float *b, int64_t ldb,
+                                        int64_t n, const float mul[ATT_ROWS], float *c, int64_t ldc)
+{
+	for (int64_t x = 0; x < n; x += 32) {
+		const bool two = x + 16 < n;
+		__m512 a0[ATT_ROWS], a1[ATT_ROWS];
+		for (int r = 0; r < ATT_ROWS; r++)
+			a0[r] = a1[r] = _mm512_setzero_ps();
+		for (int64_t t = 0; t < T; t++) {
+			const __m512 b0 = _mm512_loadu_ps(b + t * ldb + x);
+			const __m512 b1 = two ? _mm512_loadu_ps(b + t * ldb + x + 16) : b0;
+			for (int r = 0; r < ATT_ROWS; r++) {
+				const __m512 ar = _mm512_set1_ps(a[r][t]);
+				a0[r] = _mm512_fmadd_ps(ar, b0, a0[r]);
+				a1[r] = _mm512_fmadd_ps(ar, b1, a1[r]);
+			}
+		}
+		for (int r = 0; r < nr; r++) {
+			const __m512 m = _mm512_set1_ps(mul[r]);
+			_mm512_storeu_ps(c + r * ldc + x, _mm512_mul_ps(a0[r], m));
+			if (two)
+				_mm512_storeu_ps(c + r * ldc + x + 16, _mm512_mul_ps(a1[r], m));
+		}
+	}
+}
+
+/* One head with s, d and dv multiples of 16: K_h transposed into kt (d x s) sixteen by sixteen in
+ * registers, then for ATT_ROWS query rows at a time the scaled scores Q K^T, the softmax of each row
+ * and the weighted sums of V's rows. rows: ATT_ROWS x s floats. */
 AVX512 static void attention_head_avx512(const fx_attention *at, const float *q, const float *k, const float *v,
                                          float *out, float *restrict kt, float *restrict rows)
 {
-	const int64_t L = at->l, S = at->s, D = at->d, DV = at->dv, ldk = at->n * at->d, ldv = at->n * at->dv;
+	const int64_t L = at->l, S = at->s, D = at->d, ldk = at->n * at->d, ldv = at->n * at->dv;
 	for (int64_t s0 = 0; s0 < S; s0 += 16)
 		for (int64_t d0 = 0; d0 < D; d0 += 16) {
 			__m512 r[16];
@@ -1164,59 +1192,19 @@ AVX512 static void attention_head_avx512(const fx_attention *at, const float *q,
 			for (int j = 0; j < 16; j++)
 				_mm512_storeu_ps(kt + (d0 + j) * S + s0, r[j]);
 		}
-	const __m512 scale = _mm512_set1_ps(at->scale);
+	const float scale[ATT_ROWS] = {at->scale, at->scale, at->scale, at->scale};
 	for (int64_t i0 = 0; i0 < L; i0 += ATT_ROWS) {
 		const int nr = L - i0 < ATT_ROWS ? (int)(L - i0) : ATT_ROWS;
-		const float *qr[ATT_ROWS];
-		for (int r = 0; r < ATT_ROWS; r++)
+		const float *qr[ATT_ROWS], *pr[ATT_ROWS];
+		float inv[ATT_ROWS] = {0};
+		for (int r = 0; r < ATT_ROWS; r++) {
 			qr[r] = q + (i0 + (r < nr ? r : 0)) * ldk; /* missing rows repeat the first */
-		for (int64_t b = 0; b < S; b += 32) {
-			const bool two = b + 16 < S;
-			__m512 a0[ATT_ROWS], a1[ATT_ROWS];
-			for (int r = 0; r < ATT_ROWS; r++)
-				a0[r] = a1[r] = _mm512_setzero_ps();
-			for (int64_t d = 0; d < D; d++) {
-				const __m512 k0 = _mm512_loadu_ps(kt + d * S + b);
-				const __m512 k1 = two ? _mm512_loadu_ps(kt + d * S + b + 16) : k0;
-				for (int r = 0; r < ATT_ROWS; r++) {
-					const __m512 qd = _mm512_set1_ps(qr[r][d]);
-					a0[r] = _mm512_fmadd_ps(qd, k0, a0[r]);
-					a1[r] = _mm512_fmadd_ps(qd, k1, a1[r]);
-				}
-			}
-			for (int r = 0; r < nr; r++) {
-				_mm512_storeu_ps(rows + r * S + b, _mm512_mul_ps(a0[r], scale));
-				if (two)
-					_mm512_storeu_ps(rows + r * S + b + 16, _mm512_mul_ps(a1[r], scale));
-			}
-		}
-		float inv[ATT_ROWS];
-		for (int r = 0; r < ATT_ROWS; r++)
-			inv[r] = r < nr ? attention_softmax_row(rows + r * S, S) : 0.0f;
-		const float *pr[ATT_ROWS];
-		for (int r = 0; r < ATT_ROWS; r++)
 			pr[r] = rows + (r < nr ? r : 0) * S;
-		for (int64_t x = 0; x < DV; x += 32) {
-			const bool two = x + 16 < DV;
-			__m512 a0[ATT_ROWS], a1[ATT_ROWS];
-			for (int r = 0; r < ATT_ROWS; r++)
-				a0[r] = a1[r] = _mm512_setzero_ps();
-			for (int64_t s = 0; s < S; s++) {
-				const __m512 v0 = _mm512_loadu_ps(v + s * ldv + x);
-				const __m512 v1 = two ? _mm512_loadu_ps(v + s * ldv + x + 16) : v0;
-				for (int r = 0; r < ATT_ROWS; r++) {
-					const __m512 ps = _mm512_set1_ps(pr[r][s]);
-					a0[r] = _mm512_fmadd_ps(ps, v0, a0[r]);
-					a1[r] = _mm512_fmadd_ps(ps, v1, a1[r]);
-				}
-			}
-			for (int r = 0; r < nr; r++) {
-				const __m512 w = _mm512_set1_ps(inv[r]);
-				_mm512_storeu_ps(out + (i0 + r) * ldv + x, _mm512_mul_ps(a0[r], w));
-				if (two)
-					_mm512_storeu_ps(out + (i0 + r) * ldv + x + 16, _mm512_mul_ps(a1[r], w));
-			}
 		}
+		attention_rows_times(qr, nr, D, kt, S, S, scale, rows, S);
+		for (int r = 0; r < nr; r++)
+			inv[r] = attention_softmax_row(rows + r * S, S);
+		attention_rows_times(pr, nr, S, v, ldv, at->dv, inv, out + i0 * ldv, ldv);
 	}
 }
 #endif
