@@ -805,6 +805,9 @@ static tern_status fused_gemm_prepare(tern_prepare_args *p)
 /* tern.FusedMatMul (A, B, [bias]): activation(alpha * MatMul(A, B) + bias). */
 static tern_status fused_matmul_prepare(tern_prepare_args *p)
 {
+	tern_status st = tern_fused_matmul_prepare(p);
+	if (st || p->kernel)
+		return st;
 	return fx_prepare_fused(p, "MatMul", 2, true, 2);
 }
 

@@ -35,8 +35,15 @@ typedef struct tern_gemm_b {
 /* An activation applied where results are stored, instead of in a pass over the output after them:
  * y = act(y + add), add optional and laid out like y. tern.FusedConv's vocabulary, but for Gelu. */
 typedef enum tern_act_kind {
-	TERN_ACT_NONE, TERN_ACT_RELU, TERN_ACT_CLIP, TERN_ACT_LEAKYRELU, TERN_ACT_SIGMOID, TERN_ACT_SILU, TERN_ACT_TANH,
-	TERN_ACT_HARDSIGMOID, TERN_ACT_HARDSWISH,
+	TERN_ACT_NONE,
+	TERN_ACT_RELU,
+	TERN_ACT_CLIP,
+	TERN_ACT_LEAKYRELU,
+	TERN_ACT_SIGMOID,
+	TERN_ACT_SILU,
+	TERN_ACT_TANH,
+	TERN_ACT_HARDSIGMOID,
+	TERN_ACT_HARDSWISH,
 } tern_act_kind;
 typedef struct tern_act {
 	tern_act_kind kind;
@@ -89,6 +96,8 @@ void tern_gemm_packed_fill(tern_threadpool *pool, const tern_packed *a, int64_t 
  * whose residual input and activation are applied as the outputs are stored. Leaves p->kernel NULL when
  * it cannot, for the fused operators' general path. */
 tern_status tern_fused_conv_prepare(tern_prepare_args *p);
+/* tern.FusedMatMul likewise (matmul.c): float weights known when planning, a bias of their columns. */
+tern_status tern_fused_matmul_prepare(tern_prepare_args *p);
 
 /* Transposes 16 x 16 floats held in 16 AVX-512 registers: r[i] lane j becomes r[j] lane i. */
 #if defined(__x86_64__) && defined(__GNUC__)

@@ -24,29 +24,29 @@
 
 /* Row-major product in plain C. Without transposed B the inner loop runs along rows of B and C, so it
  * vectorises. */
-#define DEFINE_GEMM_PLAIN(NAME, T)                                                                           \
-	static void NAME(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const T *a, int64_t lda,     \
-	                 const T *b, int64_t ldb, T beta, T *c, int64_t ldc)                                      \
-	{                                                                                                         \
-		for (int64_t i = 0; i < m; i++) {                                                                     \
-			T *restrict ci = c + i * ldc;                                                                     \
-			if (beta == 0)                                                                                    \
-				memset(ci, 0, (size_t)n * sizeof *ci);                                                        \
-			else if (beta != 1)                                                                               \
-				for (int64_t j = 0; j < n; j++)                                                               \
-					ci[j] *= beta;                                                                            \
-			for (int64_t p = 0; p < k; p++) {                                                                 \
-				T av = alpha * (ta ? a[p * lda + i] : a[i * lda + p]);                                        \
-				if (tb) {                                                                                     \
-					for (int64_t j = 0; j < n; j++)                                                           \
-						ci[j] += av * b[j * ldb + p];                                                         \
-				} else {                                                                                      \
-					const T *restrict bp = b + p * ldb;                                                       \
-					for (int64_t j = 0; j < n; j++)                                                           \
-						ci[j] += av * bp[j];                                                                  \
-				}                                                                                             \
-			}                                                                                                 \
-		}                                                                                                     \
+#define DEFINE_GEMM_PLAIN(NAME, T)                                                                            \
+	static void NAME(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const T *a, int64_t lda, \
+	                 const T *b, int64_t ldb, T beta, T *c, int64_t ldc)                                  \
+	{                                                                                                     \
+		for (int64_t i = 0; i < m; i++) {                                                             \
+			T *restrict ci = c + i * ldc;                                                         \
+			if (beta == 0)                                                                        \
+				memset(ci, 0, (size_t)n * sizeof *ci);                                        \
+			else if (beta != 1)                                                                   \
+				for (int64_t j = 0; j < n; j++)                                               \
+					ci[j] *= beta;                                                        \
+			for (int64_t p = 0; p < k; p++) {                                                     \
+				T av = alpha * (ta ? a[p * lda + i] : a[i * lda + p]);                        \
+				if (tb) {                                                                     \
+					for (int64_t j = 0; j < n; j++)                                       \
+						ci[j] += av * b[j * ldb + p];                                 \
+				} else {                                                                      \
+					const T *restrict bp = b + p * ldb;                                   \
+					for (int64_t j = 0; j < n; j++)                                       \
+						ci[j] += av * bp[j];                                          \
+				}                                                                             \
+			}                                                                                     \
+		}                                                                                             \
 	}
 
 #if !TERN_HAVE_BLAS
@@ -61,42 +61,45 @@ DEFINE_GEMM_PLAIN(gemm_plain_u64, uint64_t)
 /* With k = 0 the product is beta * C, which BLAS leaves to the caller. A single row or column is a
  * matrix-vector product, which sgemm handles far more slowly than sgemv; for beta = 0, C is cleared
  * first so that whatever it held (NaN included) cannot leak through. */
-#define DEFINE_GEMM_BLAS(NAME, T, GEMM, GEMV, PLAIN)                                                          \
-	void NAME(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T *a, int64_t lda,  \
-	          const T *b, int64_t ldb, T beta, T *c, int64_t ldc)                                             \
-	{                                                                                                         \
+#define DEFINE_GEMM_BLAS(NAME, T, GEMM, GEMV, PLAIN)                                                                  \
+	void NAME(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T *a, int64_t lda,      \
+	          const T *b, int64_t ldb, T beta, T *c, int64_t ldc)                                                 \
+	{                                                                                                             \
 		if (m <= 0 || n <= 0)                                                                                 \
-			return;                                                                                           \
+			return;                                                                                       \
 		if (k <= 0) {                                                                                         \
-			for (int64_t i = 0; i < m; i++)                                                                   \
-				for (int64_t j = 0; j < n; j++)                                                               \
-					c[i * ldc + j] = beta == 0 ? 0 : beta * c[i * ldc + j];                                   \
-			return;                                                                                           \
+			for (int64_t i = 0; i < m; i++)                                                               \
+				for (int64_t j = 0; j < n; j++)                                                       \
+					c[i * ldc + j] = beta == 0 ? 0 : beta * c[i * ldc + j];                       \
+			return;                                                                                       \
 		}                                                                                                     \
 		if (USE_BLAS && (m == 1 || n == 1)) {                                                                 \
-			for (int64_t i = 0; i < m && beta == 0; i++)                                                      \
-				for (int64_t j = 0; j < n; j++)                                                               \
-					c[i * ldc + j] = 0;                                                                       \
-			if (m == 1)                                                                                       \
-				GEMV(CblasRowMajor, trans_b ? CblasNoTrans : CblasTrans, (blasint)(trans_b ? n : k),          \
-				     (blasint)(trans_b ? k : n), alpha, b, (blasint)at_least_1(ldb), a,                      \
-				     trans_a ? (blasint)lda : 1, beta, c, 1);                                                   \
-			else                                                                                              \
-				GEMV(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, (blasint)(trans_a ? k : m),          \
-				     (blasint)(trans_a ? m : k), alpha, a, (blasint)at_least_1(lda), b,                      \
-				     trans_b ? 1 : (blasint)ldb, beta, c, (blasint)ldc);                                        \
-			return;                                                                                           \
+			for (int64_t i = 0; i < m && beta == 0; i++)                                                  \
+				for (int64_t j = 0; j < n; j++)                                                       \
+					c[i * ldc + j] = 0;                                                           \
+			if (m == 1)                                                                                   \
+				GEMV(CblasRowMajor, trans_b ? CblasNoTrans : CblasTrans, (blasint)(trans_b ? n : k),  \
+				     (blasint)(trans_b ? k : n), alpha, b, (blasint)at_least_1(ldb), a,               \
+				     trans_a ? (blasint)lda : 1, beta, c, 1);                                         \
+			else                                                                                          \
+				GEMV(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, (blasint)(trans_a ? k : m),  \
+				     (blasint)(trans_a ? m : k), alpha, a, (blasint)at_least_1(lda), b,               \
+				     trans_b ? 1 : (blasint)ldb, beta, c, (blasint)ldc);                              \
+			return;                                                                                       \
 		}                                                                                                     \
 		if (USE_BLAS)                                                                                         \
-			GEMM(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,     \
-			     (blasint)m, (blasint)n, (blasint)k, alpha, a, (blasint)at_least_1(lda), b,                  \
-			     (blasint)at_least_1(ldb), beta, c, (blasint)at_least_1(ldc));                               \
+			GEMM(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, \
+			     (blasint)m, (blasint)n, (blasint)k, alpha, a, (blasint)at_least_1(lda), b,               \
+			     (blasint)at_least_1(ldb), beta, c, (blasint)at_least_1(ldc));                            \
 		else                                                                                                  \
-			PLAIN(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);                            \
+			PLAIN(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);                        \
 	}
 
 #if TERN_HAVE_BLAS
-static int64_t at_least_1(int64_t v) { return v < 1 ? 1 : v; }
+static int64_t at_least_1(int64_t v)
+{
+	return v < 1 ? 1 : v;
+}
 #define USE_BLAS 1
 #define NO_PLAIN(...) ((void)0)
 DEFINE_GEMM_BLAS(tern_gemm_f32, float, cblas_sgemm, cblas_sgemv, NO_PLAIN)
@@ -146,7 +149,10 @@ void tern_f32_to_half(int dtype, const float *src, uint16_t *dst, int64_t n)
 #endif
 
 /* min(max(x, 0), 1) with selects that vectorise, unlike fminf and fmaxf (which mind NaN). */
-static inline float hard_sigmoid(float x) { return x < 0 ? 0 : x > 1 ? 1 : x; }
+static inline float hard_sigmoid(float x)
+{
+	return x < 0 ? 0 : x > 1 ? 1 : x;
+}
 
 /* 1 / (1 + exp(-x)) from e = exp(-|x|) <= 1, which cannot overflow: 2^n 2^f with f in [-1/2, 1/2] by a
  * polynomial (relative error about 2e-7), n >= -126 so that 2^n is built from its exponent bits. */
@@ -177,11 +183,15 @@ bool tern_act_from_node(const tern_node *node, tern_act *act)
 		tern_act_kind kind;
 		float alpha, beta; /* defaults */
 	} names[] = {
-		{"", TERN_ACT_NONE, 0, 0},           {"Relu", TERN_ACT_RELU, 0, 0},
-		{"Clip", TERN_ACT_CLIP, -INFINITY, INFINITY}, {"LeakyRelu", TERN_ACT_LEAKYRELU, 0.01f, 0},
-		{"Sigmoid", TERN_ACT_SIGMOID, 0, 0}, {"Silu", TERN_ACT_SILU, 0, 0},
-		{"Tanh", TERN_ACT_TANH, 0, 0},       {"HardSigmoid", TERN_ACT_HARDSIGMOID, 0.2f, 0.5f},
-		{"HardSwish", TERN_ACT_HARDSWISH, 1.0f / 6, 0.5f},
+	        {"", TERN_ACT_NONE, 0, 0},
+	        {"Relu", TERN_ACT_RELU, 0, 0},
+	        {"Clip", TERN_ACT_CLIP, -INFINITY, INFINITY},
+	        {"LeakyRelu", TERN_ACT_LEAKYRELU, 0.01f, 0},
+	        {"Sigmoid", TERN_ACT_SIGMOID, 0, 0},
+	        {"Silu", TERN_ACT_SILU, 0, 0},
+	        {"Tanh", TERN_ACT_TANH, 0, 0},
+	        {"HardSigmoid", TERN_ACT_HARDSIGMOID, 0.2f, 0.5f},
+	        {"HardSwish", TERN_ACT_HARDSWISH, 1.0f / 6, 0.5f},
 	};
 	const char *name = tern_attr_string(node, "activation", "");
 	size_t n = 0;
@@ -199,19 +209,19 @@ bool tern_act_from_node(const tern_node *node, tern_act *act)
 }
 
 /* rows x n elements, rows ld apart, of y and add alike. */
-#define ACT_LOOP(EXPR)                                                   \
-	do {                                                                 \
+#define ACT_LOOP(EXPR)                                                           \
+	do {                                                                     \
 		for (int64_t r = 0; r < rows; r++, y += ld, add += add ? ld : 0) \
-			if (add)                                                     \
-				for (int64_t i = 0; i < n; i++) {                        \
-					float x = y[i] + add[i];                             \
-					y[i] = (EXPR);                                       \
-				}                                                        \
-			else                                                         \
-				for (int64_t i = 0; i < n; i++) {                        \
-					float x = y[i];                                      \
-					y[i] = (EXPR);                                       \
-				}                                                        \
+			if (add)                                                 \
+				for (int64_t i = 0; i < n; i++) {                \
+					float x = y[i] + add[i];                 \
+					y[i] = (EXPR);                           \
+				}                                                \
+			else                                                     \
+				for (int64_t i = 0; i < n; i++) {                \
+					float x = y[i];                          \
+					y[i] = (EXPR);                           \
+				}                                                \
 	} while (0)
 
 HOT static void act_rows(const tern_act *act, float *restrict y, const float *restrict add, int64_t rows, int64_t n,
@@ -231,7 +241,10 @@ HOT static void act_rows(const tern_act *act, float *restrict y, const float *re
 	}
 }
 
-void tern_act_run(const tern_act *act, float *y, const float *add, int64_t n) { act_rows(act, y, add, 1, n, n); }
+void tern_act_run(const tern_act *act, float *y, const float *add, int64_t n)
+{
+	act_rows(act, y, add, 1, n, n);
+}
 
 /* The finished elements of a block of C: act(C + add), rows of n elements. */
 static void act_block(const tern_gemm_c *c, float *first, int64_t rows, int64_t n)
@@ -255,13 +268,13 @@ static void act_block(const tern_gemm_c *c, float *first, int64_t rows, int64_t 
  * Both keep their sums in vector registers while the loop runs down the shared dimension. Kernels for
  * AVX-512, AVX2 with FMA and the baseline are compiled; packing picks the machine's best. */
 
-#define PACK_KC 256    /* rows of B per pass of the rows kernel: a pass's block of B stays in cache */
+#define PACK_KC 256 /* rows of B per pass of the rows kernel: a pass's block of B stays in cache */
 #define COLS_MAX_NB 14 /* the widest tile of the cols kernel */
 #define COLS_PREFETCH 96 /* steps ahead that the cols kernel asks for its panel's columns */
 #define ROWS_PREFETCH 64 /* floats ahead in a row of B that the rows kernel asks for */
 
-typedef void (*rows_fn)(int64_t kc, const float *a, const float *b, const int64_t *off, float *c, int64_t ldc,
-                        int rows, int cols, const float *bias, bool add);
+typedef void (*rows_fn)(int64_t kc, const float *a, const float *b, const int64_t *off, float *c, int64_t ldc, int rows,
+                        int cols, const float *bias, bool add);
 typedef void (*cols_fn)(int64_t k, const float *a, const float *b, const int64_t *off, int64_t ldb, int64_t step,
                         float *c, int64_t ldc, int rows, const float *bias, bool add, bool trans);
 
@@ -288,120 +301,119 @@ struct tern_packed {
 
 /* R x NV vectors of C += the product over kc rows of B (row p at b + off[p]); then C = the sums (+ bias
  * per row) when !add, else C + the sums. Only rows x cols of the block are written. */
-#define DEF_ROWS(NAME, ATTR, V, VU, VL, R, NV)                                                                     \
-	ATTR static void NAME(int64_t kc, const float *restrict a, const float *restrict b, const int64_t *restrict off, \
-	                      float *restrict c, int64_t ldc, int rows, int cols, const float *bias, bool add)         \
-	{                                                                                                           \
-		V acc[R][NV];                                                                                           \
-		UNROLL for (int r = 0; r < R; r++)                                                                             \
-			UNROLL for (int v = 0; v < NV; v++)                                                                        \
-				acc[r][v] = (V){0};                                                                             \
-		for (int64_t p = 0; p < kc; p++) {                                                                      \
-			const float *bp = b + off[p];                                                                       \
-			/* the next column blocks' rows, whose many streams the hardware does not follow */                 \
-			__builtin_prefetch(bp + ROWS_PREFETCH);                                                             \
-			__builtin_prefetch(bp + ROWS_PREFETCH + NV * VL - 1);                                               \
-			V bv[NV];                                                                                           \
-			UNROLL for (int v = 0; v < NV; v++)                                                                        \
-				bv[v] = *(const VU *)(bp + v * VL);                                                             \
-			UNROLL for (int r = 0; r < R; r++)                                                                         \
-				UNROLL for (int v = 0; v < NV; v++)                                                                    \
-					acc[r][v] += a[p * 2 * VL + r] * bv[v];                                                     \
-		}                                                                                                       \
-		if (rows == R && cols == NV * VL) {                                                                     \
-			UNROLL for (int r = 0; r < R; r++)                                                                         \
-				UNROLL for (int v = 0; v < NV; v++) {                                                                  \
-					VU *cv = (VU *)(c + r * ldc + v * VL);                                                      \
-					V s = acc[r][v];                                                                            \
-					*cv = add ? s + (V)*cv : bias ? s + bias[r] : s;                                            \
-				}                                                                                               \
-			return;                                                                                             \
-		}                                                                                                       \
-		float tile[R][NV * VL];                                                                                 \
-		UNROLL for (int r = 0; r < R; r++)                                                                             \
-			UNROLL for (int v = 0; v < NV; v++)                                                                        \
-				*(VU *)&tile[r][v * VL] = acc[r][v];                                                            \
-		for (int r = 0; r < rows; r++) {                                                                        \
-			float *cr = c + r * ldc, base = bias && !add ? bias[r] : 0;                                         \
-			for (int j = 0; j < cols; j++)                                                                      \
-				cr[j] = (add ? cr[j] : base) + tile[r][j];                                                      \
-		}                                                                                                       \
+#define DEF_ROWS(NAME, ATTR, V, VU, VL, R, NV)                                                                    \
+	ATTR static void NAME(int64_t kc, const float *restrict a, const float *restrict b,                       \
+	                      const int64_t *restrict off, float *restrict c, int64_t ldc, int rows, int cols,    \
+	                      const float *bias, bool add)                                                        \
+	{                                                                                                         \
+		V acc[R][NV];                                                                                     \
+		UNROLL for (int r = 0; r < R; r++) UNROLL for (int v = 0; v < NV; v++) acc[r][v] = (V){0};        \
+		for (int64_t p = 0; p < kc; p++) {                                                                \
+			const float *bp = b + off[p];                                                             \
+			/* the next column blocks' rows, whose many streams the hardware does not follow */       \
+			__builtin_prefetch(bp + ROWS_PREFETCH);                                                   \
+			__builtin_prefetch(bp + ROWS_PREFETCH + NV * VL - 1);                                     \
+			V bv[NV];                                                                                 \
+			UNROLL for (int v = 0; v < NV; v++) bv[v] = *(const VU *)(bp + v * VL);                   \
+			UNROLL for (int r = 0; r < R; r++) UNROLL for (int v = 0; v < NV; v++) acc[r][v] +=       \
+			        a[p * 2 * VL + r] * bv[v];                                                        \
+		}                                                                                                 \
+		if (rows == R && cols == NV * VL) {                                                               \
+			UNROLL for (int r = 0; r < R; r++) UNROLL for (int v = 0; v < NV; v++)                    \
+			{                                                                                         \
+				VU *cv = (VU *)(c + r * ldc + v * VL);                                            \
+				V s = acc[r][v];                                                                  \
+				*cv = add ? s + (V)*cv : bias ? s + bias[r] : s;                                  \
+			}                                                                                         \
+			return;                                                                                   \
+		}                                                                                                 \
+		float tile[R][NV * VL];                                                                           \
+		UNROLL for (int r = 0; r < R; r++) UNROLL for (int v = 0; v < NV; v++) * (VU *)&tile[r][v * VL] = \
+		        acc[r][v];                                                                                \
+		for (int r = 0; r < rows; r++) {                                                                  \
+			float *cr = c + r * ldc, base = bias && !add ? bias[r] : 0;                               \
+			for (int j = 0; j < cols; j++)                                                            \
+				cr[j] = (add ? cr[j] : base) + tile[r][j];                                        \
+		}                                                                                                 \
 	}
 
 /* A panel (two vectors of rows) by nb columns of B (column j of row p at b + off[p] + j * step, or
  * b + p * ldb + j * step without offsets) over all k rows. With few columns the sums are split over
  * several rows of B in turn, so that enough of them are in flight. C then gets the sums (+ bias, a
  * whole panel's worth) or, with add, C + the sums; with trans element (i, j) is at c + j * ldc + i. */
-#define DEF_COLS(S, ATTR, V, VU, VL, STORE_T)                                                                          \
-	ATTR static inline __attribute__((always_inline)) void cols_body_##S(                                       \
-		const int nb, int64_t k, const float *restrict a, const float *restrict b, const int64_t *restrict off,   \
-		int64_t ldb, int64_t step, float *restrict c, int64_t ldc, int rows, const float *bias, bool add, bool trans) \
-	{                                                                                                           \
-		const int u = nb == 1 ? 4 : nb <= 3 ? 2 : 1;                                                            \
-		V acc[COLS_MAX_NB][2];                                                                                  \
-		UNROLL for (int q = 0; q < nb * u; q++)                                                                        \
-			acc[q][0] = acc[q][1] = (V){0};                                                                     \
-		int64_t p = 0;                                                                                          \
-		for (; p + u <= k; p += u)                                                                              \
-			UNROLL for (int i = 0; i < u; i++) {                                                                       \
-				const float *bp = off ? b + off[p + i] : b + (p + i) * ldb;                                     \
-				__builtin_prefetch(a + (p + i + COLS_PREFETCH) * 2 * VL);                                       \
-				__builtin_prefetch(a + (p + i + COLS_PREFETCH) * 2 * VL + 16);                                  \
-				V a0 = *(const V *)(a + (p + i) * 2 * VL), a1 = *(const V *)(a + (p + i) * 2 * VL + VL);        \
-				UNROLL for (int j = 0; j < nb; j++) {                                                                  \
-					float s = bp[j * step];                                                                     \
-					acc[i * nb + j][0] += s * a0;                                                               \
-					acc[i * nb + j][1] += s * a1;                                                               \
-				}                                                                                               \
-			}                                                                                                   \
-		for (; p < k; p++) {                                                                                    \
-			const float *bp = off ? b + off[p] : b + p * ldb;                                                   \
-			V a0 = *(const V *)(a + p * 2 * VL), a1 = *(const V *)(a + p * 2 * VL + VL);                        \
-			UNROLL for (int j = 0; j < nb; j++) {                                                                      \
-				float s = bp[j * step];                                                                         \
-				acc[j][0] += s * a0;                                                                            \
-				acc[j][1] += s * a1;                                                                            \
-			}                                                                                                   \
-		}                                                                                                       \
-		UNROLL for (int i = 1; i < u; i++)                                                                             \
-			UNROLL for (int j = 0; j < nb; j++) {                                                                      \
-				acc[j][0] += acc[i * nb + j][0];                                                                \
-				acc[j][1] += acc[i * nb + j][1];                                                                \
-			}                                                                                                   \
-		if (trans && rows == 2 * VL) {                                                                          \
-			UNROLL for (int j = 0; j < nb; j++)                                                                        \
-				UNROLL for (int v = 0; v < 2; v++) {                                                                   \
-					VU *cv = (VU *)(c + j * ldc + v * VL);                                                      \
-					V s = acc[j][v];                                                                            \
-					*cv = add ? s + (V)*cv : bias ? s + (V) * (const VU *)(bias + v * VL) : s;                  \
-				}                                                                                               \
-			return;                                                                                             \
-		}                                                                                                       \
-		if (!trans && STORE_T(acc, nb, c, ldc, rows, bias, add))                                                \
-			return;                                                                                             \
-		float t[COLS_MAX_NB][2 * VL];                                                                           \
-		UNROLL for (int j = 0; j < nb; j++)                                                                            \
-			UNROLL for (int v = 0; v < 2; v++)                                                                         \
-				*(VU *)&t[j][v * VL] = acc[j][v];                                                               \
-		int64_t si = trans ? 1 : ldc, sj = trans ? ldc : 1;                                                     \
-		for (int i = 0; i < rows; i++) {                                                                        \
-			float *ci = c + i * si, base = bias && !add ? bias[i] : 0;                                          \
-			UNROLL for (int j = 0; j < nb; j++)                                                                        \
-				ci[j * sj] = (add ? ci[j * sj] : base) + t[j][i];                                               \
-		}                                                                                                       \
+#define DEF_COLS(S, ATTR, V, VU, VL, STORE_T)                                                                     \
+	ATTR static inline __attribute__((always_inline)) void cols_body_##S(                                     \
+	        const int nb, int64_t k, const float *restrict a, const float *restrict b,                        \
+	        const int64_t *restrict off, int64_t ldb, int64_t step, float *restrict c, int64_t ldc, int rows, \
+	        const float *bias, bool add, bool trans)                                                          \
+	{                                                                                                         \
+		const int u = nb == 1 ? 4 : nb <= 3 ? 2 : 1;                                                      \
+		V acc[COLS_MAX_NB][2];                                                                            \
+		UNROLL for (int q = 0; q < nb * u; q++) acc[q][0] = acc[q][1] = (V){0};                           \
+		int64_t p = 0;                                                                                    \
+		for (; p + u <= k; p += u)                                                                        \
+			UNROLL for (int i = 0; i < u; i++)                                                        \
+			{                                                                                         \
+				const float *bp = off ? b + off[p + i] : b + (p + i) * ldb;                       \
+				__builtin_prefetch(a + (p + i + COLS_PREFETCH) * 2 * VL);                         \
+				__builtin_prefetch(a + (p + i + COLS_PREFETCH) * 2 * VL + 16);                    \
+				V a0 = *(const V *)(a + (p + i) * 2 * VL),                                        \
+				  a1 = *(const V *)(a + (p + i) * 2 * VL + VL);                                   \
+				UNROLL for (int j = 0; j < nb; j++)                                               \
+				{                                                                                 \
+					float s = bp[j * step];                                                   \
+					acc[i * nb + j][0] += s * a0;                                             \
+					acc[i * nb + j][1] += s * a1;                                             \
+				}                                                                                 \
+			}                                                                                         \
+		for (; p < k; p++) {                                                                              \
+			const float *bp = off ? b + off[p] : b + p * ldb;                                         \
+			V a0 = *(const V *)(a + p * 2 * VL), a1 = *(const V *)(a + p * 2 * VL + VL);              \
+			UNROLL for (int j = 0; j < nb; j++)                                                       \
+			{                                                                                         \
+				float s = bp[j * step];                                                           \
+				acc[j][0] += s * a0;                                                              \
+				acc[j][1] += s * a1;                                                              \
+			}                                                                                         \
+		}                                                                                                 \
+		UNROLL for (int i = 1; i < u; i++) UNROLL for (int j = 0; j < nb; j++)                            \
+		{                                                                                                 \
+			acc[j][0] += acc[i * nb + j][0];                                                          \
+			acc[j][1] += acc[i * nb + j][1];                                                          \
+		}                                                                                                 \
+		if (trans && rows == 2 * VL) {                                                                    \
+			UNROLL for (int j = 0; j < nb; j++) UNROLL for (int v = 0; v < 2; v++)                    \
+			{                                                                                         \
+				VU *cv = (VU *)(c + j * ldc + v * VL);                                            \
+				V s = acc[j][v];                                                                  \
+				*cv = add ? s + (V)*cv : bias ? s + (V) * (const VU *)(bias + v * VL) : s;        \
+			}                                                                                         \
+			return;                                                                                   \
+		}                                                                                                 \
+		if (!trans && STORE_T(acc, nb, c, ldc, rows, bias, add))                                          \
+			return;                                                                                   \
+		float t[COLS_MAX_NB][2 * VL];                                                                     \
+		UNROLL for (int j = 0; j < nb; j++) UNROLL for (int v = 0; v < 2; v++) * (VU *)&t[j][v * VL] =    \
+		        acc[j][v];                                                                                \
+		int64_t si = trans ? 1 : ldc, sj = trans ? ldc : 1;                                               \
+		for (int i = 0; i < rows; i++) {                                                                  \
+			float *ci = c + i * si, base = bias && !add ? bias[i] : 0;                                \
+			UNROLL for (int j = 0; j < nb; j++) ci[j * sj] = (add ? ci[j * sj] : base) + t[j][i];     \
+		}                                                                                                 \
 	}
 
-#define COLS_ARGS                                                                                               \
-	int64_t k, const float *restrict a, const float *restrict b, const int64_t *restrict off, int64_t ldb,      \
-		int64_t step, float *restrict c, int64_t ldc, int rows, const float *bias, bool add, bool trans
-#define DEF_COLS_NB(S, ATTR, NB)                                                                                \
-	ATTR static void cols_##S##_##NB(COLS_ARGS)                                                                 \
-	{                                                                                                           \
-		cols_body_##S(NB, k, a, b, off, ldb, step, c, ldc, rows, bias, add, trans);                             \
+#define COLS_ARGS                                                                                              \
+	int64_t k, const float *restrict a, const float *restrict b, const int64_t *restrict off, int64_t ldb, \
+	        int64_t step, float *restrict c, int64_t ldc, int rows, const float *bias, bool add, bool trans
+#define DEF_COLS_NB(S, ATTR, NB)                                                            \
+	ATTR static void cols_##S##_##NB(COLS_ARGS)                                         \
+	{                                                                                   \
+		cols_body_##S(NB, k, a, b, off, ldb, step, c, ldc, rows, bias, add, trans); \
 	}
-#define DEF_COLS_1_6(S, ATTR)                                                                                   \
-	DEF_COLS_NB(S, ATTR, 1) DEF_COLS_NB(S, ATTR, 2) DEF_COLS_NB(S, ATTR, 3) DEF_COLS_NB(S, ATTR, 4)             \
-	DEF_COLS_NB(S, ATTR, 5) DEF_COLS_NB(S, ATTR, 6)
+#define DEF_COLS_1_6(S, ATTR)                                                                           \
+	DEF_COLS_NB(S, ATTR, 1)                                                                         \
+	DEF_COLS_NB(S, ATTR, 2) DEF_COLS_NB(S, ATTR, 3) DEF_COLS_NB(S, ATTR, 4) DEF_COLS_NB(S, ATTR, 5) \
+	        DEF_COLS_NB(S, ATTR, 6)
 #define COLS_1_6(S) cols_##S##_1, cols_##S##_2, cols_##S##_3, cols_##S##_4, cols_##S##_5, cols_##S##_6
 
 /* The cols kernel's untransposed store, when the machine has a faster one than element by element: none
@@ -431,15 +443,18 @@ AVX512 static inline __attribute__((always_inline)) bool store_t_avx512(vec16f a
                                                                         int rows, const float *bias, bool add)
 {
 	__mmask16 cols = (__mmask16)(0xffffu >> (16 - nb));
-	UNROLL for (int h = 0; h < 2; h++) {
+	UNROLL for (int h = 0; h < 2; h++)
+	{
 		__m512 r[16];
-		UNROLL for (int j = 0; j < 16; j++) {
+		UNROLL for (int j = 0; j < 16; j++)
+		{
 			r[j] = _mm512_setzero_ps();
 			if (j < nb)
 				r[j] = acc[j][h];
 		}
 		tern_tr16(r);
-		UNROLL for (int i = 0; i < 16; i++) {
+		UNROLL for (int i = 0; i < 16; i++)
+		{
 			int row = 16 * h + i;
 			if (row >= rows)
 				return true;
@@ -457,14 +472,18 @@ AVX512 static inline __attribute__((always_inline)) bool store_t_avx512(vec16f a
 DEF_ROWS(rows_avx512, AVX512, vec16f, vec16fu, 16, 8, 2)
 DEF_COLS(avx512, AVX512, vec16f, vec16fu, 16, store_t_avx512)
 DEF_COLS_1_6(avx512, AVX512)
-DEF_COLS_NB(avx512, AVX512, 7) DEF_COLS_NB(avx512, AVX512, 8) DEF_COLS_NB(avx512, AVX512, 9)
-DEF_COLS_NB(avx512, AVX512, 10) DEF_COLS_NB(avx512, AVX512, 11) DEF_COLS_NB(avx512, AVX512, 12)
-DEF_COLS_NB(avx512, AVX512, 13) DEF_COLS_NB(avx512, AVX512, 14)
-static const gemm_isa isa_avx2 = {16, 4, 24, 6, rows_avx2, {NULL, COLS_1_6(avx2)}};
-static const gemm_isa isa_avx512 = {
-	32, 8, 32, 14, rows_avx512,
-	{NULL, COLS_1_6(avx512), cols_avx512_7, cols_avx512_8, cols_avx512_9, cols_avx512_10, cols_avx512_11,
-	 cols_avx512_12, cols_avx512_13, cols_avx512_14}};
+DEF_COLS_NB(avx512, AVX512, 7)
+DEF_COLS_NB(avx512, AVX512, 8) DEF_COLS_NB(avx512, AVX512, 9) DEF_COLS_NB(avx512, AVX512, 10)
+        DEF_COLS_NB(avx512, AVX512, 11) DEF_COLS_NB(avx512, AVX512, 12) DEF_COLS_NB(avx512, AVX512, 13)
+                DEF_COLS_NB(avx512, AVX512,
+                            14) static const gemm_isa isa_avx2 = {16, 4, 24, 6, rows_avx2, {NULL, COLS_1_6(avx2)}};
+static const gemm_isa isa_avx512 = {32,
+                                    8,
+                                    32,
+                                    14,
+                                    rows_avx512,
+                                    {NULL, COLS_1_6(avx512), cols_avx512_7, cols_avx512_8, cols_avx512_9,
+                                     cols_avx512_10, cols_avx512_11, cols_avx512_12, cols_avx512_13, cols_avx512_14}};
 #endif
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC pop_options
@@ -473,8 +492,8 @@ static const gemm_isa isa_avx512 = {
 static const gemm_isa *machine_isa(void)
 {
 #ifdef HAVE_WIDE_KERNELS
-	if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw") &&
-	    __builtin_cpu_supports("avx512dq"))
+	if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+	    __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq"))
 		return &isa_avx512;
 	if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
 		return &isa_avx2;
@@ -482,8 +501,14 @@ static const gemm_isa *machine_isa(void)
 	return &isa_base;
 }
 
-static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
-static int64_t ceil_div64(int64_t a, int64_t b) { return (a + b - 1) / b; }
+static int64_t min64(int64_t a, int64_t b)
+{
+	return a < b ? a : b;
+}
+static int64_t ceil_div64(int64_t a, int64_t b)
+{
+	return (a + b - 1) / b;
+}
 
 tern_packed *tern_pack_a(int64_t m, int64_t k, const float *a, int64_t lda, bool trans, float alpha)
 {
@@ -514,7 +539,10 @@ void tern_packed_free(tern_packed *p)
 }
 
 /* Tiles of one run of `width` columns: as few as the widest tile allows, of nearly equal widths. */
-static int64_t tiles_per_run(const gemm_isa *isa, int64_t width) { return ceil_div64(width, isa->nb); }
+static int64_t tiles_per_run(const gemm_isa *isa, int64_t width)
+{
+	return ceil_div64(width, isa->nb);
+}
 
 tern_gemm_kind tern_gemm_choose(const tern_packed *a, int64_t n_dense, int64_t runs, int64_t width, bool c_trans)
 {
@@ -526,7 +554,8 @@ tern_gemm_kind tern_gemm_choose(const tern_packed *a, int64_t n_dense, int64_t r
 	 * one of a few; the cols kernel's untransposed store costs about what 8 steps of the shared
 	 * dimension do. */
 	double k = (double)(a->k > 0 ? a->k : 1);
-	double rows = 1.15 * (double)(ceil_div64(a->m, isa->r) * isa->r) * (double)(ceil_div64(n_dense, isa->nr) * isa->nr) * k;
+	double rows = 1.15 * (double)(ceil_div64(a->m, isa->r) * isa->r) *
+	        (double)(ceil_div64(n_dense, isa->nr) * isa->nr) * k;
 	int64_t tiles = tiles_per_run(isa, width), narrow = width / tiles;
 	double run_cost = (double)(narrow < 3 ? 3 * tiles : width) * k + 8.0 * (double)width;
 	double cols = (double)(a->panels * isa->p) * (double)runs * run_cost;
@@ -534,7 +563,10 @@ tern_gemm_kind tern_gemm_choose(const tern_packed *a, int64_t n_dense, int64_t r
 }
 
 /* Enough tasks to spread over the pool: want per thread. */
-static int64_t tasks_wanted(tern_threadpool *pool) { return 4 * (int64_t)(pool ? tern_threadpool_size(pool) : 1); }
+static int64_t tasks_wanted(tern_threadpool *pool)
+{
+	return 4 * (int64_t)(pool ? tern_threadpool_size(pool) : 1);
+}
 
 typedef struct rows_job {
 	const tern_packed *pa;
@@ -583,8 +615,9 @@ static void rows_task(void *ctx, int64_t t)
 		for (int64_t panel = p0; panel < p1; panel++)
 			for (int64_t r0 = 0; r0 < isa->p && panel * isa->p + r0 < pa->m; r0 += isa->r) {
 				int64_t row0 = panel * isa->p + r0;
-				isa->rows(kc, pa->data + (panel * pa->k + k0) * isa->p + r0, bb, off, c->data + row0 * c->ldc + col0,
-				          c->ldc, (int)min64(isa->r, pa->m - row0), (int)cols, c->bias ? c->bias + row0 : NULL, add);
+				isa->rows(kc, pa->data + (panel * pa->k + k0) * isa->p + r0, bb, off,
+				          c->data + row0 * c->ldc + col0, c->ldc, (int)min64(isa->r, pa->m - row0),
+				          (int)cols, c->bias ? c->bias + row0 : NULL, add);
 			}
 	}
 	int64_t row0 = p0 * isa->p;
@@ -631,8 +664,8 @@ static void cols_task(void *ctx, int64_t t)
 		int64_t r = q / j->per_run, i = q % j->per_run;
 		int64_t x0 = i * j->width / j->per_run, x1 = (i + 1) * j->width / j->per_run, col = r * j->width + x0;
 		float *cp = c->trans ? c->data + col * c->ldc + row0 : c->data + row0 * c->ldc + col;
-		isa->cols[x1 - x0](pa->k, a, b->data + r * b->stride + x0 * b->step, b->row_off, b->ldb, b->step, cp, c->ldc,
-		                   rows, bias, c->accumulate, c->trans);
+		isa->cols[x1 - x0](pa->k, a, b->data + r * b->stride + x0 * b->step, b->row_off, b->ldb, b->step, cp,
+		                   c->ldc, rows, bias, c->accumulate, c->trans);
 	}
 	/* the task's columns of C are contiguous: from its first tile's to its last tile's end */
 	int64_t first = q0 / j->per_run * j->width + q0 % j->per_run * j->width / j->per_run;
@@ -687,9 +720,15 @@ void tern_gemm_packed_fill(tern_threadpool *pool, const tern_packed *a, int64_t 
 	run_rows(pool, a, n, NULL, &cd, fill, ctx);
 }
 
-static bool is_half(int dtype) { return dtype == TERN_FLOAT16 || dtype == TERN_BFLOAT16; }
+static bool is_half(int dtype)
+{
+	return dtype == TERN_FLOAT16 || dtype == TERN_BFLOAT16;
+}
 
-static size_t round_up(size_t n) { return (n + TERN_ALIGN - 1) / TERN_ALIGN * TERN_ALIGN; }
+static size_t round_up(size_t n)
+{
+	return (n + TERN_ALIGN - 1) / TERN_ALIGN * TERN_ALIGN;
+}
 
 /* ---------------------------------------------------------------- batches of products */
 
@@ -699,7 +738,7 @@ typedef struct product_batch {
 	bool ta, tb;
 	int64_t lda, ldb;
 	int64_t *a_off, *b_off; /* count entries each, in the same allocation as the struct */
-	tern_packed *packed;    /* MatMul: B^T packed when B is float32 known when planning, one product */
+	tern_packed *packed; /* MatMul: B^T packed when B is float32 known when planning, one product */
 } product_batch;
 
 static void product_batch_free(void *p)
@@ -743,8 +782,8 @@ typedef struct product_ctx {
 	void *y;
 } product_ctx;
 
-#define PLAIN_PRODUCT(FN, T)                                                                                   \
-	FN(pb->ta, pb->tb, pb->m, pb->n, pb->k, 1, (const T *)c->a + pb->a_off[i], pb->lda,                     \
+#define PLAIN_PRODUCT(FN, T)                                                                \
+	FN(pb->ta, pb->tb, pb->m, pb->n, pb->k, 1, (const T *)c->a + pb->a_off[i], pb->lda, \
 	   (const T *)c->b + pb->b_off[i], pb->ldb, 0, (T *)c->y + i * pb->m * pb->n, pb->n)
 
 static void product_one(void *ctx, int64_t i)
@@ -754,25 +793,18 @@ static void product_one(void *ctx, int64_t i)
 	switch (c->dtype) {
 	case TERN_FLOAT:
 		tern_gemm_f32(pb->ta, pb->tb, pb->m, pb->n, pb->k, 1.0f, (const float *)c->a + pb->a_off[i], pb->lda,
-		              (const float *)c->b + pb->b_off[i], pb->ldb, 0.0f, (float *)c->y + i * pb->m * pb->n, pb->n);
+		              (const float *)c->b + pb->b_off[i], pb->ldb, 0.0f, (float *)c->y + i * pb->m * pb->n,
+		              pb->n);
 		break;
 	case TERN_DOUBLE:
 		tern_gemm_f64(pb->ta, pb->tb, pb->m, pb->n, pb->k, 1.0, (const double *)c->a + pb->a_off[i], pb->lda,
 		              (const double *)c->b + pb->b_off[i], pb->ldb, 0.0, (double *)c->y + i * pb->m * pb->n,
 		              pb->n);
 		break;
-	case TERN_INT32:
-		PLAIN_PRODUCT(gemm_plain_i32, int32_t);
-		break;
-	case TERN_INT64:
-		PLAIN_PRODUCT(gemm_plain_i64, int64_t);
-		break;
-	case TERN_UINT32:
-		PLAIN_PRODUCT(gemm_plain_u32, uint32_t);
-		break;
-	case TERN_UINT64:
-		PLAIN_PRODUCT(gemm_plain_u64, uint64_t);
-		break;
+	case TERN_INT32: PLAIN_PRODUCT(gemm_plain_i32, int32_t); break;
+	case TERN_INT64: PLAIN_PRODUCT(gemm_plain_i64, int64_t); break;
+	case TERN_UINT32: PLAIN_PRODUCT(gemm_plain_u32, uint32_t); break;
+	case TERN_UINT64: PLAIN_PRODUCT(gemm_plain_u64, uint64_t); break;
 	}
 }
 
@@ -804,7 +836,8 @@ static tern_status matmul_shape(const tern_node *node, const tern_tensor *a, con
 	if (k != kb)
 		return tern_node_errorf(node, TERN_EDATA, "inner dimensions differ: A is %s, B is %s (%lld vs %lld)",
 		                        tern_shape_str(a->dtype, ra, a->dims, sa, sizeof sa),
-		                        tern_shape_str(b->dtype, rb, b->dims, sb, sizeof sb), (long long)k, (long long)kb);
+		                        tern_shape_str(b->dtype, rb, b->dims, sb, sizeof sb), (long long)k,
+		                        (long long)kb);
 	int bra = ra > 2 ? ra - 2 : 0, brb = rb > 2 ? rb - 2 : 0, br;
 	int64_t bdims[TERN_MAX_RANK];
 	tern_status st = tern_broadcast_shape(node, bra, a->dims, brb, b->dims, &br, bdims);
@@ -861,9 +894,14 @@ static tern_status matmul_shape(const tern_node *node, const tern_tensor *a, con
 static tern_status check_float_or_int(const tern_node *node, int dtype)
 {
 	switch (dtype) {
-	case TERN_FLOAT: case TERN_DOUBLE: case TERN_FLOAT16: case TERN_BFLOAT16:
-	case TERN_INT32: case TERN_INT64: case TERN_UINT32: case TERN_UINT64:
-		return TERN_OK;
+	case TERN_FLOAT:
+	case TERN_DOUBLE:
+	case TERN_FLOAT16:
+	case TERN_BFLOAT16:
+	case TERN_INT32:
+	case TERN_INT64:
+	case TERN_UINT32:
+	case TERN_UINT64: return TERN_OK;
 	}
 	return tern_node_errorf(node, TERN_EDATA, "unsupported element type %s", tern_dtype_name(dtype));
 }
@@ -882,7 +920,7 @@ static tern_status check_same_dtype(const tern_node *node, const tern_tensor *a,
 static size_t half_scratch(const tern_tensor *a, const tern_tensor *b, int64_t y_numel)
 {
 	return round_up((size_t)tern_tensor_numel(a) * 4) + round_up((size_t)tern_tensor_numel(b) * 4) +
-	       round_up((size_t)y_numel * 4);
+	        round_up((size_t)y_numel * 4);
 }
 
 static tern_status matmul_kernel(const tern_kernel_args *a)
@@ -934,6 +972,73 @@ static tern_status matmul_prepare(tern_prepare_args *p)
 	return TERN_OK;
 }
 
+/* tern.FusedMatMul in one pass when it can be: float A, B a 2-D float known when planning (packed
+ * with alpha), the bias (if any) a constant of B's columns; the bias and the activation are applied
+ * as the products are stored. */
+typedef struct fused_matmul {
+	tern_packed *packed;
+	int64_t m, k, n;
+	float *bias; /* n, or NULL */
+	tern_act act;
+} fused_matmul;
+
+static void fused_matmul_free(void *p)
+{
+	fused_matmul *f = p;
+	if (f) {
+		tern_packed_free(f->packed);
+		free(f->bias);
+	}
+	free(f);
+}
+
+static tern_status fused_matmul_kernel(const tern_kernel_args *a)
+{
+	const fused_matmul *f = a->params;
+	tern_gemm_b b = {a->in[0]->data, NULL, 1, f->m, 0, f->k};
+	tern_gemm_c c = {
+	        a->out[0]->data, f->n, true, false, f->bias, f->act.kind == TERN_ACT_NONE ? NULL : &f->act, NULL};
+	tern_gemm_packed_run(a->pool, f->packed, f->m, &b, &c, TERN_GEMM_COLS);
+	return TERN_OK;
+}
+
+tern_status tern_fused_matmul_prepare(tern_prepare_args *p)
+{
+	const tern_tensor *A = p->in[0], *B = p->n_in > 1 ? p->in[1] : NULL, *bias = p->n_in > 2 ? p->in[2] : NULL;
+	tern_act act;
+	bool one_output = p->n_out >= 1 && p->out[0];
+	for (int i = 1; i < p->n_out; i++)
+		one_output &= !p->out[i];
+	if (!one_output || p->n_in > 3 || !A || !B || A->dtype != TERN_FLOAT || B->dtype != TERN_FLOAT || !B->data ||
+	    B->rank != 2 || A->rank < 1 || A->dims[A->rank - 1] != B->dims[0] ||
+	    (bias &&
+	     (bias->dtype != TERN_FLOAT || !bias->data || tern_tensor_numel(bias) != B->dims[1] ||
+	      (bias->rank > 1 && bias->dims[bias->rank - 1] != B->dims[1]))) ||
+	    !tern_act_from_node(p->node, &act))
+		return TERN_OK;
+	fused_matmul *f = calloc(1, sizeof *f);
+	if (!f)
+		return tern_errorf(TERN_EOS, "out of memory");
+	p->params = f;
+	p->free_params = fused_matmul_free;
+	f->k = B->dims[0];
+	f->n = B->dims[1];
+	f->m = f->k ? tern_tensor_numel(A) / f->k : 0;
+	f->act = act;
+	float alpha = tern_attr_float(p->node, "alpha", 1.0f);
+	if (!(f->packed = tern_pack_a(f->n, f->k, B->data, f->n, true, alpha)) ||
+	    (bias && !(f->bias = malloc((size_t)f->n * sizeof *f->bias))))
+		return tern_errorf(TERN_EOS, "out of memory");
+	if (bias)
+		memcpy(f->bias, bias->data, (size_t)f->n * sizeof *f->bias);
+	int64_t dims[TERN_MAX_RANK];
+	memcpy(dims, A->dims, (size_t)A->rank * sizeof *dims);
+	dims[A->rank - 1] = f->n;
+	tern_set_shape(p->out[0], TERN_FLOAT, A->rank, dims);
+	p->kernel = fused_matmul_kernel;
+	return TERN_OK;
+}
+
 /* ---------------------------------------------------------------- Gemm */
 
 typedef struct gemm_params {
@@ -942,7 +1047,7 @@ typedef struct gemm_params {
 	float alpha, beta;
 	int64_t c_rs, c_cs; /* C's row and column strides against Y (0 where broadcast) */
 	tern_packed *packed; /* alpha op(B)^T, when B is float32 known when planning */
-	float *bias;         /* with packed: beta C per column of Y, when C is known and the same for every row */
+	float *bias; /* with packed: beta C per column of Y, when C is known and the same for every row */
 } gemm_params;
 
 static void gemm_free(void *p)
@@ -956,10 +1061,10 @@ static void gemm_free(void *p)
 }
 
 /* Y = beta * C, C broadcast to Y's shape, before the product accumulates into it. */
-#define FILL_FROM_C(T, y, c, g)                                                              \
-	for (int64_t i = 0; i < (g)->m; i++)                                                     \
-		for (int64_t j = 0; j < (g)->n; j++)                                                 \
-			(y)[i * (g)->n + j] = (T)(g)->beta * (c)[i * (g)->c_rs + j * (g)->c_cs]
+#define FILL_FROM_C(T, y, c, g)                      \
+	for (int64_t i = 0; i < (g)->m; i++)         \
+		for (int64_t j = 0; j < (g)->n; j++) \
+	(y)[i * (g)->n + j] = (T)(g)->beta * (c)[i * (g)->c_rs + j * (g)->c_cs]
 
 static tern_status gemm_kernel(const tern_kernel_args *a)
 {
@@ -971,7 +1076,8 @@ static tern_status gemm_kernel(const tern_kernel_args *a)
 	if (g->packed) {
 		if (add_c && !g->bias)
 			FILL_FROM_C(float, (float *)Y->data, (const float *)C->data, g);
-		product_packed(a->pool, g->packed, g->m, g->k, g->n, A->data, g->ta, Y->data, g->bias, add_c && !g->bias);
+		product_packed(a->pool, g->packed, g->m, g->k, g->n, A->data, g->ta, Y->data, g->bias,
+		               add_c && !g->bias);
 		return TERN_OK;
 	}
 	switch (A->dtype) {
@@ -997,8 +1103,10 @@ static tern_status gemm_kernel(const tern_kernel_args *a)
 		if (add_c)
 			for (int64_t i = 0; i < g->m; i++)
 				for (int64_t j = 0; j < g->n; j++)
-					fy[i * g->n + j] = g->beta * (float)tern_tensor_get_f64(C, i * g->c_rs + j * g->c_cs);
-		tern_gemm_f32(g->ta, g->tb, g->m, g->n, g->k, g->alpha, fa, lda, fb, ldb, add_c ? 1.0f : 0.0f, fy, g->n);
+					fy[i * g->n + j] =
+					        g->beta * (float)tern_tensor_get_f64(C, i * g->c_rs + j * g->c_cs);
+		tern_gemm_f32(g->ta, g->tb, g->m, g->n, g->k, g->alpha, fa, lda, fb, ldb, add_c ? 1.0f : 0.0f, fy,
+		              g->n);
 		tern_f32_to_half(Y->dtype, fy, Y->data, ny);
 		return TERN_OK;
 	}
@@ -1054,15 +1162,16 @@ static tern_status gemm_prepare(tern_prepare_args *p)
 	p->params = g;
 	p->free_params = gemm_free;
 	if (g->k != kb)
-		return tern_node_errorf(node, TERN_EDATA, "inner dimensions differ: op(A) is %lldx%lld, op(B) is %lldx%lld",
+		return tern_node_errorf(node, TERN_EDATA,
+		                        "inner dimensions differ: op(A) is %lldx%lld, op(B) is %lldx%lld",
 		                        (long long)g->m, (long long)g->k, (long long)kb, (long long)g->n);
 	if (C) {
 		/* C broadcasts one way, to [M, N]. */
 		int64_t cr = C->rank == 2 ? C->dims[0] : 1, cc = C->rank >= 1 ? C->dims[C->rank - 1] : 1;
 		if (C->rank > 2 || (cr != 1 && cr != g->m) || (cc != 1 && cc != g->n))
 			return tern_node_errorf(node, TERN_EDATA, "input 2 'C' %s does not broadcast to [%lld,%lld]",
-			                        tern_shape_str(C->dtype, C->rank, C->dims, sa, sizeof sa), (long long)g->m,
-			                        (long long)g->n);
+			                        tern_shape_str(C->dtype, C->rank, C->dims, sa, sizeof sa),
+			                        (long long)g->m, (long long)g->n);
 		g->has_c = true;
 		g->c_rs = cr == 1 ? 0 : cc;
 		g->c_cs = cc == 1 ? 0 : 1;
@@ -1085,7 +1194,6 @@ static tern_status gemm_prepare(tern_prepare_args *p)
 	}
 	return TERN_OK;
 }
-
 
 /* ---------------------------------------------------------------- MatMulInteger, QLinearMatMul */
 
@@ -1110,8 +1218,8 @@ static double quant_at(const tern_tensor *t, int64_t i)
 
 /* Widens an 8-bit matrix (stacked along leading dimensions) to int32 minus its zero point; rows and
  * columns index the zero point when it has one value per row (A) or per column (B). */
-static void widen_minus_zero(const tern_tensor *x, const tern_tensor *zp, bool zp_per_col, int64_t rows,
-                             int64_t cols, int32_t *dst)
+static void widen_minus_zero(const tern_tensor *x, const tern_tensor *zp, bool zp_per_col, int64_t rows, int64_t cols,
+                             int32_t *dst)
 {
 	int64_t n = tern_tensor_numel(x);
 	int64_t nz = zp ? tern_tensor_numel(zp) : 0;
@@ -1182,7 +1290,10 @@ static tern_status qlinear_matmul_kernel(const tern_kernel_args *a)
 	return TERN_OK;
 }
 
-static bool is_8bit(int dtype) { return dtype == TERN_INT8 || dtype == TERN_UINT8; }
+static bool is_8bit(int dtype)
+{
+	return dtype == TERN_INT8 || dtype == TERN_UINT8;
+}
 
 static tern_status integer_prepare(tern_prepare_args *p, bool qlinear)
 {
@@ -1233,12 +1344,18 @@ static tern_status integer_prepare(tern_prepare_args *p, bool qlinear)
 	p->free_params = free;
 	p->kernel = qlinear ? qlinear_matmul_kernel : matmul_integer_kernel;
 	p->scratch_bytes = round_up((size_t)tern_tensor_numel(A) * 4) + round_up((size_t)tern_tensor_numel(B) * 4) +
-	                   (qlinear ? round_up((size_t)ny * 4) : 0);
+	        (qlinear ? round_up((size_t)ny * 4) : 0);
 	return TERN_OK;
 }
 
-static tern_status matmul_integer_prepare(tern_prepare_args *p) { return integer_prepare(p, false); }
-static tern_status qlinear_matmul_prepare(tern_prepare_args *p) { return integer_prepare(p, true); }
+static tern_status matmul_integer_prepare(tern_prepare_args *p)
+{
+	return integer_prepare(p, false);
+}
+static tern_status qlinear_matmul_prepare(tern_prepare_args *p)
+{
+	return integer_prepare(p, true);
+}
 
 /* ---------------------------------------------------------------- Einsum */
 
@@ -1344,7 +1461,8 @@ static tern_status einsum_plan_gemm(einsum_plan *e, int in_count[2][EIN_MAX_LABE
 		if (in_count[0][l] > 1 || in_count[1][l] > 1)
 			return TERN_OK;
 		/* a broadcast (size-1 against size-n) dimension needs the general loop */
-		if ((in_a && e->stride[0][l] == 0 && e->size[l] != 1) || (in_b && e->stride[1][l] == 0 && e->size[l] != 1))
+		if ((in_a && e->stride[0][l] == 0 && e->size[l] != 1) ||
+		    (in_b && e->stride[1][l] == 0 && e->size[l] != 1))
 			return TERN_OK;
 		int c = in_a && in_b ? (out ? 0 : 3) : in_a && out ? 1 : in_b && out ? 2 : -1;
 		if (c < 0)
@@ -1400,7 +1518,8 @@ static size_t einsum_scratch(const einsum_plan *e, int dtype)
 {
 	if (!e->gemm)
 		return 0;
-	return e->off_y + (e->copy_y ? round_up((size_t)(e->pb->count * e->pb->m * e->pb->n) * tern_dtype_size(dtype)) : 0);
+	return e->off_y +
+	        (e->copy_y ? round_up((size_t)(e->pb->count * e->pb->m * e->pb->n) * tern_dtype_size(dtype)) : 0);
 }
 
 /* Copies between a strided and a contiguous layout: walks the labels `order` (last fastest), reading
@@ -1475,32 +1594,32 @@ static void einsum_gemm(const tern_kernel_args *a, const einsum_plan *e)
 }
 
 /* The general case: every output element sums the product of its operands over the summed labels. */
-#define EINSUM_LOOP(T, ACC, LOAD, STORE)                                                             \
-	do {                                                                                             \
-		T *y = a->out[0]->data;                                                                      \
-		const T *x[EIN_MAX_IN];                                                                      \
-		for (int i = 0; i < e->n_in; i++)                                                            \
-			x[i] = a->in[i]->data;                                                                   \
-		int64_t idx[EIN_MAX_LABELS] = {0}, off[EIN_MAX_IN] = {0};                                    \
-		for (int64_t o = 0; o < e->out_numel; o++) {                                                 \
-			ACC acc = 0;                                                                             \
-			for (int64_t s = 0; s < e->sum_numel; s++) {                                             \
-				ACC prod = LOAD(x[0][off[0]]);                                                       \
-				for (int i = 1; i < e->n_in; i++)                                                    \
-					prod *= LOAD(x[i][off[i]]);                                                      \
-				acc += prod;                                                                         \
-				for (int l = e->n_labels - 1; l >= 0; l--) {                                         \
-					for (int i = 0; i < e->n_in; i++)                                                \
-						off[i] += e->stride[i][l];                                                   \
-					if (++idx[l] < e->size[l])                                                       \
-						break;                                                                       \
-					for (int i = 0; i < e->n_in; i++)                                                \
-						off[i] -= e->stride[i][l] * e->size[l];                                      \
-					idx[l] = 0;                                                                      \
-				}                                                                                    \
-			}                                                                                        \
-			y[o] = STORE(acc);                                                                       \
-		}                                                                                            \
+#define EINSUM_LOOP(T, ACC, LOAD, STORE)                                                \
+	do {                                                                            \
+		T *y = a->out[0]->data;                                                 \
+		const T *x[EIN_MAX_IN];                                                 \
+		for (int i = 0; i < e->n_in; i++)                                       \
+			x[i] = a->in[i]->data;                                          \
+		int64_t idx[EIN_MAX_LABELS] = {0}, off[EIN_MAX_IN] = {0};               \
+		for (int64_t o = 0; o < e->out_numel; o++) {                            \
+			ACC acc = 0;                                                    \
+			for (int64_t s = 0; s < e->sum_numel; s++) {                    \
+				ACC prod = LOAD(x[0][off[0]]);                          \
+				for (int i = 1; i < e->n_in; i++)                       \
+					prod *= LOAD(x[i][off[i]]);                     \
+				acc += prod;                                            \
+				for (int l = e->n_labels - 1; l >= 0; l--) {            \
+					for (int i = 0; i < e->n_in; i++)               \
+						off[i] += e->stride[i][l];              \
+					if (++idx[l] < e->size[l])                      \
+						break;                                  \
+					for (int i = 0; i < e->n_in; i++)               \
+						off[i] -= e->stride[i][l] * e->size[l]; \
+					idx[l] = 0;                                     \
+				}                                                       \
+			}                                                               \
+			y[o] = STORE(acc);                                              \
+		}                                                                       \
 	} while (0)
 
 #define ID(x) (x)
@@ -1598,14 +1717,16 @@ static tern_status einsum_prepare(tern_prepare_args *p)
 	int ell_rank = 0;
 	for (int i = 0; i < n_terms; i++) {
 		if (!scan_term(term[i], term_len[i], letters[i], &n_letters[i], &ell_at[i])) {
-			st = tern_node_errorf(node, TERN_EDATA, "equation '%s': term %d is not letters and one '...'", eq, i);
+			st = tern_node_errorf(node, TERN_EDATA, "equation '%s': term %d is not letters and one '...'",
+			                      eq, i);
 			goto done;
 		}
 		int rank = p->in[i]->rank;
 		ell_n[i] = rank - n_letters[i];
 		if ((ell_at[i] < 0 && ell_n[i] != 0) || ell_n[i] < 0) {
-			st = tern_node_errorf(node, TERN_EDATA, "equation '%s': term %d has %d letters, input %d has rank %d",
-			                      eq, i, n_letters[i], i, rank);
+			st = tern_node_errorf(node, TERN_EDATA,
+			                      "equation '%s': term %d has %d letters, input %d has rank %d", eq, i,
+			                      n_letters[i], i, rank);
 			goto done;
 		}
 		if (ell_n[i] > ell_rank)
@@ -1625,7 +1746,8 @@ static tern_status einsum_prepare(tern_prepare_args *p)
 			if (size_of[l] < 0 || size_of[l] == 1)
 				size_of[l] = sz;
 			else if (sz != size_of[l] && sz != 1) {
-				st = tern_node_errorf(node, TERN_EDATA, "equation '%s': label '%c' has sizes %lld and %lld", eq,
+				st = tern_node_errorf(node, TERN_EDATA,
+				                      "equation '%s': label '%c' has sizes %lld and %lld", eq,
 				                      l < EIN_ELLIPSIS ? l : '.', (long long)size_of[l], (long long)sz);
 				goto done;
 			}
@@ -1637,7 +1759,8 @@ static tern_status einsum_prepare(tern_prepare_args *p)
 	if (arrow) {
 		int ol[EIN_MAX_LABELS], nol, oat;
 		if (!scan_term(arrow + 2, strlen(arrow + 2), ol, &nol, &oat)) {
-			st = tern_node_errorf(node, TERN_EDATA, "equation '%s': output term is not letters and one '...'", eq);
+			st = tern_node_errorf(node, TERN_EDATA,
+			                      "equation '%s': output term is not letters and one '...'", eq);
 			goto done;
 		}
 		n_out = expand_term(ol, nol, oat, oat >= 0 ? ell_rank : 0, ell_rank, out_labels);
@@ -1669,7 +1792,8 @@ static tern_status einsum_prepare(tern_prepare_args *p)
 	for (int l = 0; l < 256; l++)
 		if (count[l] && dense[l] < 0) {
 			if (nl == EIN_MAX_LABELS) {
-				st = tern_node_errorf(node, TERN_EDATA, "equation '%s' has more than %d labels", eq, EIN_MAX_LABELS);
+				st = tern_node_errorf(node, TERN_EDATA, "equation '%s' has more than %d labels", eq,
+				                      EIN_MAX_LABELS);
 				goto done;
 			}
 			dense[l] = nl++;
@@ -1716,11 +1840,11 @@ done:
 /* ---------------------------------------------------------------- table */
 
 static const tern_op ops[] = {
-	{"", "MatMul", 1, 0, matmul_prepare, 0, "matmul"},
-	{"", "Gemm", 1, 0, gemm_prepare, 0, "matmul"},
-	{"", "MatMulInteger", 10, 0, matmul_integer_prepare, TERN_DT(INT8) | TERN_DT(UINT8), "matmul"},
-	{"", "QLinearMatMul", 10, 0, qlinear_matmul_prepare, TERN_DT(INT8) | TERN_DT(UINT8), "matmul"},
-	{"", "Einsum", 12, 0, einsum_prepare, TERN_DT_NUMERIC, "matmul"},
+        {"", "MatMul", 1, 0, matmul_prepare, 0, "matmul"},
+        {"", "Gemm", 1, 0, gemm_prepare, 0, "matmul"},
+        {"", "MatMulInteger", 10, 0, matmul_integer_prepare, TERN_DT(INT8) | TERN_DT(UINT8), "matmul"},
+        {"", "QLinearMatMul", 10, 0, qlinear_matmul_prepare, TERN_DT(INT8) | TERN_DT(UINT8), "matmul"},
+        {"", "Einsum", 12, 0, einsum_prepare, TERN_DT_NUMERIC, "matmul"},
 };
 
 const tern_op_table tern_ops_matmul = {ops, TERN_ARRAY_LEN(ops)};

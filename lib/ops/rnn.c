@@ -32,8 +32,17 @@
 /* ---------------------------------------------------------------- activations */
 
 enum act_kind {
-	A_RELU, A_TANH, A_SIGMOID, A_AFFINE, A_LEAKYRELU, A_THRESHOLDEDRELU, A_SCALEDTANH, A_HARDSIGMOID,
-	A_ELU, A_SOFTSIGN, A_SOFTPLUS,
+	A_RELU,
+	A_TANH,
+	A_SIGMOID,
+	A_AFFINE,
+	A_LEAKYRELU,
+	A_THRESHOLDEDRELU,
+	A_SCALEDTANH,
+	A_HARDSIGMOID,
+	A_ELU,
+	A_SOFTSIGN,
+	A_SOFTPLUS,
 };
 
 static const struct act_def {
@@ -42,17 +51,17 @@ static const struct act_def {
 	int n_params; /* how many of alpha, beta it consumes from the attribute lists */
 	float alpha, beta;
 } act_defs[] = {
-	{"Relu", A_RELU, 0, 0, 0},
-	{"Tanh", A_TANH, 0, 0, 0},
-	{"Sigmoid", A_SIGMOID, 0, 0, 0},
-	{"Affine", A_AFFINE, 2, 1, 0},
-	{"LeakyRelu", A_LEAKYRELU, 1, 0.01f, 0},
-	{"ThresholdedRelu", A_THRESHOLDEDRELU, 1, 1, 0},
-	{"ScaledTanh", A_SCALEDTANH, 2, 1, 1},
-	{"HardSigmoid", A_HARDSIGMOID, 2, 0.2f, 0.5f},
-	{"Elu", A_ELU, 1, 1, 0},
-	{"Softsign", A_SOFTSIGN, 0, 0, 0},
-	{"Softplus", A_SOFTPLUS, 0, 0, 0},
+        {"Relu", A_RELU, 0, 0, 0},
+        {"Tanh", A_TANH, 0, 0, 0},
+        {"Sigmoid", A_SIGMOID, 0, 0, 0},
+        {"Affine", A_AFFINE, 2, 1, 0},
+        {"LeakyRelu", A_LEAKYRELU, 1, 0.01f, 0},
+        {"ThresholdedRelu", A_THRESHOLDEDRELU, 1, 1, 0},
+        {"ScaledTanh", A_SCALEDTANH, 2, 1, 1},
+        {"HardSigmoid", A_HARDSIGMOID, 2, 0.2f, 0.5f},
+        {"Elu", A_ELU, 1, 1, 0},
+        {"Softsign", A_SOFTSIGN, 0, 0, 0},
+        {"Softplus", A_SOFTPLUS, 0, 0, 0},
 };
 
 typedef struct activation {
@@ -68,17 +77,50 @@ VECTOR_CLONES static void activate(const activation *a, float *restrict x, int64
 			x[i] = x[i] > clip ? clip : x[i] < -clip ? -clip : x[i];
 	float al = a->alpha, be = a->beta;
 	switch (a->kind) {
-	case A_RELU: for (int64_t i = 0; i < n; i++) x[i] = x[i] > 0 ? x[i] : 0; break;
-	case A_TANH: for (int64_t i = 0; i < n; i++) x[i] = tern_fast_tanhf(x[i]); break;
-	case A_SIGMOID: for (int64_t i = 0; i < n; i++) x[i] = 1 / (1 + tern_fast_expf(-x[i])); break;
-	case A_AFFINE: for (int64_t i = 0; i < n; i++) x[i] = al * x[i] + be; break;
-	case A_LEAKYRELU: for (int64_t i = 0; i < n; i++) x[i] = x[i] >= 0 ? x[i] : al * x[i]; break;
-	case A_THRESHOLDEDRELU: for (int64_t i = 0; i < n; i++) x[i] = x[i] >= al ? x[i] : 0; break;
-	case A_SCALEDTANH: for (int64_t i = 0; i < n; i++) x[i] = al * tern_fast_tanhf(be * x[i]); break;
-	case A_HARDSIGMOID: for (int64_t i = 0; i < n; i++) x[i] = fminf(fmaxf(al * x[i] + be, 0), 1); break;
-	case A_ELU: for (int64_t i = 0; i < n; i++) x[i] = x[i] >= 0 ? x[i] : al * expm1f(x[i]); break;
-	case A_SOFTSIGN: for (int64_t i = 0; i < n; i++) x[i] = x[i] / (1 + fabsf(x[i])); break;
-	case A_SOFTPLUS: for (int64_t i = 0; i < n; i++) x[i] = x[i] > 20 ? x[i] : log1pf(expf(x[i])); break;
+	case A_RELU:
+		for (int64_t i = 0; i < n; i++)
+			x[i] = x[i] > 0 ? x[i] : 0;
+		break;
+	case A_TANH:
+		for (int64_t i = 0; i < n; i++)
+			x[i] = tern_fast_tanhf(x[i]);
+		break;
+	case A_SIGMOID:
+		for (int64_t i = 0; i < n; i++)
+			x[i] = 1 / (1 + tern_fast_expf(-x[i]));
+		break;
+	case A_AFFINE:
+		for (int64_t i = 0; i < n; i++)
+			x[i] = al * x[i] + be;
+		break;
+	case A_LEAKYRELU:
+		for (int64_t i = 0; i < n; i++)
+			x[i] = x[i] >= 0 ? x[i] : al * x[i];
+		break;
+	case A_THRESHOLDEDRELU:
+		for (int64_t i = 0; i < n; i++)
+			x[i] = x[i] >= al ? x[i] : 0;
+		break;
+	case A_SCALEDTANH:
+		for (int64_t i = 0; i < n; i++)
+			x[i] = al * tern_fast_tanhf(be * x[i]);
+		break;
+	case A_HARDSIGMOID:
+		for (int64_t i = 0; i < n; i++)
+			x[i] = fminf(fmaxf(al * x[i] + be, 0), 1);
+		break;
+	case A_ELU:
+		for (int64_t i = 0; i < n; i++)
+			x[i] = x[i] >= 0 ? x[i] : al * expm1f(x[i]);
+		break;
+	case A_SOFTSIGN:
+		for (int64_t i = 0; i < n; i++)
+			x[i] = x[i] / (1 + fabsf(x[i]));
+		break;
+	case A_SOFTPLUS:
+		for (int64_t i = 0; i < n; i++)
+			x[i] = x[i] > 20 ? x[i] : log1pf(expf(x[i]));
+		break;
 	}
 }
 
@@ -92,7 +134,10 @@ VECTOR_CLONES static void activate(const activation *a, float *restrict x, int64
 /* Recurrences over at most this many batch rows use the packed product. */
 #define PACKED_MAX_ROWS 64
 
-static int64_t packed_floats(int64_t n, int64_t k) { return (n + PANEL - 1) / PANEL * PANEL * k; }
+static int64_t packed_floats(int64_t n, int64_t k)
+{
+	return (n + PANEL - 1) / PANEL * PANEL * k;
+}
 
 static void pack_panels(const float *w, int64_t n, int64_t k, float *restrict packed)
 {
@@ -148,8 +193,8 @@ static inline __attribute__((always_inline)) void panel_rows(int rows, int64_t k
 }
 
 /* C[m, n] = A[m, k] * W^T with W packed, four rows by one panel at a time. */
-VECTOR_CLONES static void gemm_packed(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
-                                      const float *packed, float *c, int64_t ldc)
+VECTOR_CLONES static void gemm_packed(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, const float *packed,
+                                      float *c, int64_t ldc)
 {
 	for (int64_t p = 0; p * PANEL < n; p++) {
 		const float *w = packed + p * k * PANEL;
@@ -171,15 +216,16 @@ typedef struct packed_task {
 static void packed_slice(void *ctx, int64_t t)
 {
 	const packed_task *pt = ctx;
-	int64_t first = t * pt->panels * PANEL, cols = pt->n - first < pt->panels * PANEL ? pt->n - first : pt->panels * PANEL;
+	int64_t first = t * pt->panels * PANEL,
+	        cols = pt->n - first < pt->panels * PANEL ? pt->n - first : pt->panels * PANEL;
 	gemm_packed(pt->m, cols, pt->k, pt->a, pt->lda, pt->packed + first * pt->k, pt->c + first, pt->ldc);
 }
 
 /* C[m, n] = A[m, k] * W^T for W [n, k]: with W packed when planning (pk) through the cols kernel, which
  * reads A's rows as columns and stores the product transposed, i.e. as C's rows; else through BLAS
  * unless panels packed per run are given (or there is no BLAS, in which case they always are). */
-static void product(tern_threadpool *pool, int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
-                    const float *w, const float *packed, const tern_packed *pk, float *c, int64_t ldc)
+static void product(tern_threadpool *pool, int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, const float *w,
+                    const float *packed, const tern_packed *pk, float *c, int64_t ldc)
 {
 	if (pk) {
 		tern_gemm_b b = {a, NULL, 1, m, 0, lda};
@@ -189,8 +235,8 @@ static void product(tern_threadpool *pool, int64_t m, int64_t n, int64_t k, cons
 	}
 #if TERN_HAVE_BLAS
 	if (!packed) {
-		cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)m, (int)n, (int)k, 1.0f, a, (int)lda, w, (int)k, 0.0f,
-		            c, (int)ldc);
+		cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)m, (int)n, (int)k, 1.0f, a, (int)lda, w,
+		            (int)k, 0.0f, c, (int)ldc);
 		return;
 	}
 #endif
@@ -223,9 +269,12 @@ typedef struct rnn_params {
 	int64_t seq, batch, input, hidden;
 	float clip;
 	bool linear_before_reset, input_forget;
+	/* tern's recurrent operators with projected = 1: X holds each direction's input projection, W X +
+	 * the biases folded into it (see run_direction), side by side: [.., directions * gates * hidden]. */
+	bool projected;
 	activation acts[2][3];
 	bool packed_recurrence; /* recurrent weights packed once per direction (see PANEL) */
-	int64_t first_cols;     /* gate columns of the first recurrent product: GRU's candidate waits for r */
+	int64_t first_cols; /* gate columns of the first recurrent product: GRU's candidate waits for r */
 	/* float32 W and R known when planning, packed then per direction: W, R's first_cols rows, the rest */
 	tern_packed *wk[2], *rk[2], *rk_h[2];
 } rnn_params;
@@ -245,16 +294,19 @@ static void rnn_free(void *p)
  * point at the tensors; others are converted copies. */
 typedef struct rnn_buffers {
 	float *x, *w, *r, *b, *h0, *c0, *p; /* inputs (NULL when omitted) */
-	float *y, *yh, *yc;                 /* outputs (NULL when omitted) */
-	float *xproj;                       /* [rows of X, gates * hidden] */
-	float *gates;                       /* [batch, gates * hidden] recurrence products */
-	float *bias;                        /* [gates * hidden] summed biases */
-	float *h, *c, *rh;                  /* [batch, hidden] state; GRU's r * h */
-	float *wpack, *rpack, *rpack_h;     /* packed W (without BLAS), R's first columns, GRU's Rh */
-	int64_t *lens;                      /* [batch] steps of each sequence */
+	float *y, *yh, *yc; /* outputs (NULL when omitted) */
+	float *xproj; /* [rows of X, gates * hidden] */
+	float *gates; /* [batch, gates * hidden] recurrence products */
+	float *bias; /* [gates * hidden] summed biases */
+	float *h, *c, *rh; /* [batch, hidden] state; GRU's r * h */
+	float *wpack, *rpack, *rpack_h; /* packed W (without BLAS), R's first columns, GRU's Rh */
+	int64_t *lens; /* [batch] steps of each sequence */
 } rnn_buffers;
 
-static int64_t rnn_numel(const tern_tensor *t) { return t ? tern_tensor_numel(t) : 0; }
+static int64_t rnn_numel(const tern_tensor *t)
+{
+	return t ? tern_tensor_numel(t) : 0;
+}
 
 /* Lays the buffers out from base (or only measures when base is NULL); returns the bytes used. */
 static size_t rnn_carve(const rnn_params *p, tern_tensor *const *in, int n_in, tern_tensor *const *out, int n_out,
@@ -266,12 +318,16 @@ static size_t rnn_carve(const rnn_params *p, tern_tensor *const *in, int n_in, t
 		float **dst;
 		const tern_tensor *t;
 	} operands[] = {
-		{&bf->x, in[IN_X]}, {&bf->w, in[IN_W]}, {&bf->r, in[IN_R]},
-		{&bf->b, n_in > IN_B ? in[IN_B] : NULL}, {&bf->h0, n_in > IN_H0 ? in[IN_H0] : NULL},
-		{&bf->c0, p->cell == CELL_LSTM && n_in > IN_C0 ? in[IN_C0] : NULL},
-		{&bf->p, p->cell == CELL_LSTM && n_in > IN_P ? in[IN_P] : NULL},
-		{&bf->y, n_out > OUT_Y ? out[OUT_Y] : NULL}, {&bf->yh, n_out > OUT_YH ? out[OUT_YH] : NULL},
-		{&bf->yc, p->cell == CELL_LSTM && n_out > OUT_YC ? out[OUT_YC] : NULL},
+	        {&bf->x, in[IN_X]},
+	        {&bf->w, in[IN_W]},
+	        {&bf->r, in[IN_R]},
+	        {&bf->b, n_in > IN_B ? in[IN_B] : NULL},
+	        {&bf->h0, n_in > IN_H0 ? in[IN_H0] : NULL},
+	        {&bf->c0, p->cell == CELL_LSTM && n_in > IN_C0 ? in[IN_C0] : NULL},
+	        {&bf->p, p->cell == CELL_LSTM && n_in > IN_P ? in[IN_P] : NULL},
+	        {&bf->y, n_out > OUT_Y ? out[OUT_Y] : NULL},
+	        {&bf->yh, n_out > OUT_YH ? out[OUT_YH] : NULL},
+	        {&bf->yc, p->cell == CELL_LSTM && n_out > OUT_YC ? out[OUT_YC] : NULL},
 	};
 	for (size_t i = 0; i < TERN_ARRAY_LEN(operands); i++) {
 		const tern_tensor *t = operands[i].t;
@@ -289,11 +345,15 @@ static size_t rnn_carve(const rnn_params *p, tern_tensor *const *in, int n_in, t
 		float **dst;
 		int64_t n;
 	} work[] = {
-		{&bf->xproj, p->seq * p->batch * gh}, {&bf->gates, p->batch * gh}, {&bf->bias, gh},
-		{&bf->h, bh}, {&bf->c, bh}, {&bf->rh, bh},
-		{&bf->wpack, TERN_HAVE_BLAS || p->wk[0] ? 0 : packed_floats(gh, p->input)},
-		{&bf->rpack, p->packed_recurrence && !p->rk[0] ? packed_floats(p->first_cols, p->hidden) : 0},
-		{&bf->rpack_h, p->packed_recurrence && !p->rk[0] ? packed_floats(gh - p->first_cols, p->hidden) : 0},
+	        {&bf->xproj, p->projected ? 0 : p->seq * p->batch * gh},
+	        {&bf->gates, p->batch * gh},
+	        {&bf->bias, gh},
+	        {&bf->h, bh},
+	        {&bf->c, bh},
+	        {&bf->rh, bh},
+	        {&bf->wpack, TERN_HAVE_BLAS || p->wk[0] || p->projected ? 0 : packed_floats(gh, p->input)},
+	        {&bf->rpack, p->packed_recurrence && !p->rk[0] ? packed_floats(p->first_cols, p->hidden) : 0},
+	        {&bf->rpack_h, p->packed_recurrence && !p->rk[0] ? packed_floats(gh - p->first_cols, p->hidden) : 0},
 	};
 	for (size_t i = 0; i < TERN_ARRAY_LEN(work); i++) {
 		*work[i].dst = base ? (float *)(base + off) : NULL;
@@ -328,7 +388,10 @@ static void from_float(const float *src, tern_tensor *t)
 /* ---------------------------------------------------------------- kernel */
 
 /* Where row (t, b) of X, and state or output (d, b) and output step (t, d, b), live in each layout. */
-static int64_t x_row(const rnn_params *p, int64_t t, int64_t b) { return p->layout ? b * p->seq + t : t * p->batch + b; }
+static int64_t x_row(const rnn_params *p, int64_t t, int64_t b)
+{
+	return p->layout ? b * p->seq + t : t * p->batch + b;
+}
 static int64_t state_at(const rnn_params *p, int d, int64_t b)
 {
 	return (p->layout ? b * p->n_dir + d : d * p->batch + b) * p->hidden;
@@ -402,11 +465,11 @@ static void gru_state(const rnn_params *p, const activation *acts, const float *
 }
 
 VECTOR_CLONES static tern_status run_direction(const rnn_params *p, const rnn_buffers *bf, const int64_t *lens, int d,
-                                              tern_threadpool *pool)
+                                               tern_threadpool *pool)
 {
 	int64_t n = p->hidden, gh = p->n_gates * n;
 	bool reverse = p->reverse || d == 1;
-	const float *w = bf->w + d * gh * p->input, *r = bf->r + d * gh * n;
+	const float *w = bf->w ? bf->w + d * gh * p->input : NULL, *r = bf->r + d * gh * n;
 	const activation *acts = p->acts[d];
 	bool lbr = p->cell == CELL_GRU && p->linear_before_reset;
 
@@ -414,19 +477,24 @@ VECTOR_CLONES static tern_status run_direction(const rnn_params *p, const rnn_bu
 	 * with linear_before_reset, which the reset gate scales. */
 	for (int64_t j = 0; j < gh; j++)
 		bf->bias[j] = bf->b ? bf->b[d * 2 * gh + j] + (lbr && j >= 2 * n ? 0 : bf->b[d * 2 * gh + gh + j]) : 0;
-	bool wpanels = !TERN_HAVE_BLAS && !p->wk[d], rpanels = p->packed_recurrence && !p->rk[d];
-	if (wpanels)
-		pack_panels(w, gh, p->input, bf->wpack);
-	product(pool, p->seq * p->batch, gh, p->input, bf->x, p->input, w, wpanels ? bf->wpack : NULL, p->wk[d], bf->xproj,
-	        gh);
+	bool wpanels = !TERN_HAVE_BLAS && !p->wk[d] && !p->projected, rpanels = p->packed_recurrence && !p->rk[d];
+	/* Row (t, b) of this direction's input projection is at xproj + x_row(t, b) * xstride. */
+	const float *xproj = p->projected ? bf->x + d * gh : bf->xproj;
+	int64_t xstride = p->projected ? p->n_dir * gh : gh;
+	if (!p->projected) {
+		if (wpanels)
+			pack_panels(w, gh, p->input, bf->wpack);
+		product(pool, p->seq * p->batch, gh, p->input, bf->x, p->input, w, wpanels ? bf->wpack : NULL, p->wk[d],
+		        bf->xproj, gh);
+		for (int64_t row = 0; row < p->seq * p->batch; row++) {
+			float *restrict xr = bf->xproj + row * gh;
+			for (int64_t j = 0; j < gh; j++)
+				xr[j] += bf->bias[j];
+		}
+	}
 	if (rpanels) {
 		pack_panels(r, p->first_cols, n, bf->rpack);
 		pack_panels(r + p->first_cols * n, gh - p->first_cols, n, bf->rpack_h);
-	}
-	for (int64_t row = 0; row < p->seq * p->batch; row++) {
-		float *restrict xr = bf->xproj + row * gh;
-		for (int64_t j = 0; j < gh; j++)
-			xr[j] += bf->bias[j];
 	}
 	for (int64_t b = 0; b < p->batch; b++) {
 		for (int64_t j = 0; j < n; j++) {
@@ -438,12 +506,13 @@ VECTOR_CLONES static tern_status run_direction(const rnn_params *p, const rnn_bu
 	const float *rbh = lbr && bf->b ? bf->b + d * 2 * gh + gh + 2 * n : NULL;
 	memset(bf->rh, 0, (size_t)p->batch * (size_t)n * sizeof(float));
 	for (int64_t s = 0; s < p->seq; s++) {
-		product(pool, p->batch, p->first_cols, n, bf->h, n, r, rpanels ? bf->rpack : NULL, p->rk[d], bf->gates, gh);
+		product(pool, p->batch, p->first_cols, n, bf->h, n, r, rpanels ? bf->rpack : NULL, p->rk[d], bf->gates,
+		        gh);
 		for (int64_t b = 0; b < p->batch; b++) {
 			if (s >= lens[b])
 				continue;
 			int64_t t = reverse ? lens[b] - 1 - s : s;
-			const float *xp = bf->xproj + x_row(p, t, b) * gh;
+			const float *xp = xproj + x_row(p, t, b) * xstride;
 			float *g = bf->gates + b * gh, *h = bf->h + b * n;
 			switch (p->cell) {
 			case CELL_RNN:
@@ -463,11 +532,11 @@ VECTOR_CLONES static tern_status run_direction(const rnn_params *p, const rnn_bu
 			}
 		}
 		if (p->cell == CELL_GRU && !lbr) {
-			product(pool, p->batch, n, n, bf->rh, n, r + 2 * n * n, rpanels ? bf->rpack_h : NULL, p->rk_h[d],
-			        bf->gates + 2 * n, gh);
+			product(pool, p->batch, n, n, bf->rh, n, r + 2 * n * n, rpanels ? bf->rpack_h : NULL,
+			        p->rk_h[d], bf->gates + 2 * n, gh);
 			for (int64_t b = 0; b < p->batch; b++)
 				if (s < lens[b])
-					gru_state(p, acts, bf->xproj + x_row(p, reverse ? lens[b] - 1 - s : s, b) * gh,
+					gru_state(p, acts, xproj + x_row(p, reverse ? lens[b] - 1 - s : s, b) * xstride,
 					          bf->gates + b * gh, bf->h + b * n);
 		}
 		if (bf->y)
@@ -490,8 +559,11 @@ static tern_status rnn_kernel(const tern_kernel_args *a)
 	const rnn_params *p = a->params;
 	rnn_buffers bf;
 	rnn_carve(p, a->in, a->n_in, a->out, a->n_out, a->scratch, &bf);
-	const tern_tensor *in_list[] = {a->in[IN_X], a->in[IN_W], a->in[IN_R],
-	                                a->n_in > IN_B ? a->in[IN_B] : NULL, a->n_in > IN_H0 ? a->in[IN_H0] : NULL,
+	const tern_tensor *in_list[] = {a->in[IN_X],
+	                                a->in[IN_W],
+	                                a->in[IN_R],
+	                                a->n_in > IN_B ? a->in[IN_B] : NULL,
+	                                a->n_in > IN_H0 ? a->in[IN_H0] : NULL,
 	                                p->cell == CELL_LSTM && a->n_in > IN_C0 ? a->in[IN_C0] : NULL,
 	                                p->cell == CELL_LSTM && a->n_in > IN_P ? a->in[IN_P] : NULL};
 	float *in_dst[] = {bf.x, bf.w, bf.r, bf.b, bf.h0, bf.c0, bf.p};
@@ -504,8 +576,8 @@ static tern_status rnn_kernel(const tern_kernel_args *a)
 		len[b] = sl ? tern_tensor_get_i64(sl, b) : p->seq;
 		if (len[b] < 0 || len[b] > p->seq)
 			return tern_node_errorf(a->node, TERN_EDATA,
-			                        "input 4 'sequence_lens' element %lld is %lld, outside [0, %lld]", (long long)b,
-			                        (long long)len[b], (long long)p->seq);
+			                        "input 4 'sequence_lens' element %lld is %lld, outside [0, %lld]",
+			                        (long long)b, (long long)len[b], (long long)p->seq);
 	}
 	if (bf.y)
 		memset(bf.y, 0, (size_t)(p->seq * p->n_dir * p->batch * p->hidden) * sizeof(float));
@@ -528,9 +600,9 @@ static const struct cell_def {
 	int n_gates, n_acts;
 	enum act_kind defaults[3];
 } cell_defs[] = {
-	{"RNN", CELL_RNN, 1, 1, {A_TANH}},
-	{"GRU", CELL_GRU, 3, 2, {A_SIGMOID, A_TANH}},
-	{"LSTM", CELL_LSTM, 4, 3, {A_SIGMOID, A_TANH, A_TANH}},
+        {"RNN", CELL_RNN, 1, 1, {A_TANH}},
+        {"GRU", CELL_GRU, 3, 2, {A_SIGMOID, A_TANH}},
+        {"LSTM", CELL_LSTM, 4, 3, {A_SIGMOID, A_TANH, A_TANH}},
 };
 
 static const char *const input_names[] = {"X", "W", "R", "B", "sequence_lens", "initial_h", "initial_c", "P"};
@@ -558,8 +630,9 @@ static tern_status parse_activations(const tern_node *node, const struct cell_de
 	const float *betas = tern_attr_floats(node, "activation_beta", &n_beta);
 	size_t count = names ? names->n_strings : 0;
 	if (count && count != (size_t)def->n_acts && count != (size_t)(def->n_acts * rp->n_dir))
-		return tern_node_errorf(node, TERN_EDATA, "attribute 'activations' has %zu names, expected %d per direction",
-		                        count, def->n_acts);
+		return tern_node_errorf(node, TERN_EDATA,
+		                        "attribute 'activations' has %zu names, expected %d per direction", count,
+		                        def->n_acts);
 	for (int d = 0; d < rp->n_dir; d++)
 		for (int k = 0; k < def->n_acts; k++) {
 			const struct act_def *ad = NULL;
@@ -574,8 +647,8 @@ static tern_status parse_activations(const tern_node *node, const struct cell_de
 					    strncasecmp(act_defs[i].name, (const char *)s->data, s->len) == 0)
 						ad = &act_defs[i];
 				if (!ad)
-					return tern_node_errorf(node, TERN_EDATA, "activation '%.*s' is not supported", (int)s->len,
-					                        (const char *)s->data);
+					return tern_node_errorf(node, TERN_EDATA, "activation '%.*s' is not supported",
+					                        (int)s->len, (const char *)s->data);
 			}
 			activation *act = &rp->acts[d][k];
 			act->kind = ad->kind;
@@ -594,20 +667,22 @@ static tern_status rnn_prepare(tern_prepare_args *p)
 			def = &cell_defs[i];
 	if (!def)
 		return tern_node_errorf(node, TERN_EINTERNAL, "no recurrent cell is registered under this name");
-	if (p->n_in < 3 || !p->in[IN_W] || !p->in[IN_R])
+	bool projected = strcmp(node->domain, "tern") == 0 && tern_attr_int(node, "projected", 0) != 0;
+	if (p->n_in < 3 || (!p->in[IN_W] && !projected) || !p->in[IN_R])
 		return tern_node_errorf(node, TERN_EDATA, "inputs 1 'W' and 2 'R' are required");
 	const tern_tensor *x = p->in[IN_X], *w = p->in[IN_W], *r = p->in[IN_R];
 	for (int i = 0; i < p->n_in && i <= IN_P; i++) {
 		const tern_tensor *t = p->in[i];
 		if (t && i != IN_SEQ_LENS && t->dtype != x->dtype)
-			return tern_node_errorf(node, TERN_EDATA, "input %d '%s' is %s, input 0 'X' is %s", i, input_names[i],
-			                        tern_dtype_name(t->dtype), tern_dtype_name(x->dtype));
+			return tern_node_errorf(node, TERN_EDATA, "input %d '%s' is %s, input 0 'X' is %s", i,
+			                        input_names[i], tern_dtype_name(t->dtype), tern_dtype_name(x->dtype));
 	}
 	if (x->dtype != TERN_FLOAT && x->dtype != TERN_DOUBLE && x->dtype != TERN_FLOAT16)
-		return tern_node_errorf(node, TERN_EDATA, "input 0 'X' has unsupported type %s", tern_dtype_name(x->dtype));
-	if (x->rank != 3 || w->rank != 3 || r->rank != 3)
+		return tern_node_errorf(node, TERN_EDATA, "input 0 'X' has unsupported type %s",
+		                        tern_dtype_name(x->dtype));
+	if (x->rank != 3 || (w && w->rank != 3) || r->rank != 3)
 		return tern_node_errorf(node, TERN_EDATA, "inputs 'X', 'W' and 'R' must have rank 3, not %d, %d and %d",
-		                        x->rank, w->rank, r->rank);
+		                        x->rank, w ? w->rank : 3, r->rank);
 
 	rnn_params *rp = calloc(1, sizeof *rp);
 	if (!rp)
@@ -615,6 +690,7 @@ static tern_status rnn_prepare(tern_prepare_args *p)
 	p->params = rp;
 	p->free_params = rnn_free;
 	rp->cell = def->cell;
+	rp->projected = projected;
 	rp->n_gates = def->n_gates;
 	rp->n_acts = def->n_acts;
 	rp->layout = (int)tern_attr_int(node, "layout", 0);
@@ -625,20 +701,26 @@ static tern_status rnn_prepare(tern_prepare_args *p)
 	} else if (strcmp(direction, "bidirectional") == 0) {
 		rp->n_dir = 2;
 	} else {
-		return tern_node_errorf(node, TERN_EDATA, "attribute 'direction' is '%s', not forward, reverse or bidirectional",
+		return tern_node_errorf(node, TERN_EDATA,
+		                        "attribute 'direction' is '%s', not forward, reverse or bidirectional",
 		                        direction);
 	}
 	if (rp->layout != 0 && rp->layout != 1)
 		return tern_node_errorf(node, TERN_EDATA, "attribute 'layout' is %d, not 0 or 1", rp->layout);
 	rp->seq = x->dims[rp->layout ? 1 : 0];
 	rp->batch = x->dims[rp->layout ? 0 : 1];
-	rp->input = x->dims[2];
 	rp->hidden = r->dims[2];
+	rp->input = projected ? (w ? w->dims[2] : 0) : x->dims[2];
 	int64_t hidden_attr = tern_attr_int(node, "hidden_size", rp->hidden);
 	if (hidden_attr != rp->hidden)
 		return tern_node_errorf(node, TERN_EDATA, "attribute 'hidden_size' is %lld, input 2 'R' has %lld",
 		                        (long long)hidden_attr, (long long)rp->hidden);
 	int64_t n = rp->hidden, gh = def->n_gates * n, nd = rp->n_dir;
+	if (projected && x->dims[2] != nd * gh)
+		return tern_node_errorf(
+		        node, TERN_EDATA,
+		        "input 0 'X' holds the input projections: its last dimension must be %lld, not %lld",
+		        (long long)(nd * gh), (long long)x->dims[2]);
 	const Onnx__AttributeProto *clip = tern_attr(node, "clip");
 	rp->clip = clip ? tern_attr_float(node, "clip", 0) : 0;
 	if (clip && !(rp->clip > 0))
@@ -654,9 +736,13 @@ static tern_status rnn_prepare(tern_prepare_args *p)
 		int index, rank;
 		int64_t dims[3];
 	} shapes[] = {
-		{IN_W, 3, {nd, gh, rp->input}},  {IN_R, 3, {nd, gh, n}},     {IN_B, 2, {nd, 2 * gh}},
-		{IN_SEQ_LENS, 1, {rp->batch}},   {IN_H0, 3, {state[0], state[1], n}},
-		{IN_C0, 3, {state[0], state[1], n}}, {IN_P, 2, {nd, 3 * n}},
+	        {IN_W, 3, {nd, gh, rp->input}},
+	        {IN_R, 3, {nd, gh, n}},
+	        {IN_B, 2, {nd, 2 * gh}},
+	        {IN_SEQ_LENS, 1, {rp->batch}},
+	        {IN_H0, 3, {state[0], state[1], n}},
+	        {IN_C0, 3, {state[0], state[1], n}},
+	        {IN_P, 2, {nd, 3 * n}},
 	};
 	for (size_t i = 0; i < TERN_ARRAY_LEN(shapes); i++) {
 		int k = shapes[i].index;
@@ -679,13 +765,16 @@ static tern_status rnn_prepare(tern_prepare_args *p)
 	/* The candidate gate of a GRU without linear_before_reset needs r first: its product comes later. */
 	rp->first_cols = def->cell == CELL_GRU && !rp->linear_before_reset ? 2 * n : gh;
 	/* float32 weights known now are packed now, for every run */
-	for (int d = 0; x->dtype == TERN_FLOAT && w->data && r->data && d < nd; d++) {
-		const float *wd = (const float *)w->data + d * gh * rp->input, *rd = (const float *)r->data + d * gh * n;
-		rp->wk[d] = tern_pack_a(gh, rp->input, wd, rp->input, false, 1.0f);
+	for (int d = 0; x->dtype == TERN_FLOAT && (projected || w->data) && r->data && d < nd; d++) {
+		const float *rd = (const float *)r->data + d * gh * n;
+		if (!projected)
+			rp->wk[d] = tern_pack_a(gh, rp->input, (const float *)w->data + d * gh * rp->input, rp->input,
+			                        false, 1.0f);
 		rp->rk[d] = tern_pack_a(rp->first_cols, n, rd, n, false, 1.0f);
-		rp->rk_h[d] = rp->first_cols < gh ? tern_pack_a(gh - rp->first_cols, n, rd + rp->first_cols * n, n, false, 1.0f)
-		                                  : NULL;
-		if (!rp->wk[d] || !rp->rk[d] || (rp->first_cols < gh && !rp->rk_h[d]))
+		rp->rk_h[d] = rp->first_cols < gh
+		        ? tern_pack_a(gh - rp->first_cols, n, rd + rp->first_cols * n, n, false, 1.0f)
+		        : NULL;
+		if ((!projected && !rp->wk[d]) || !rp->rk[d] || (rp->first_cols < gh && !rp->rk_h[d]))
 			return tern_errorf(TERN_EOS, "out of memory");
 	}
 	rnn_buffers bf;
@@ -698,9 +787,14 @@ static tern_status rnn_prepare(tern_prepare_args *p)
 #define RNN_DTYPES (TERN_DT(FLOAT) | TERN_DT(DOUBLE) | TERN_DT(FLOAT16))
 
 static const tern_op ops[] = {
-	{"", "RNN", 1, 0, rnn_prepare, RNN_DTYPES, "rnn"},
-	{"", "GRU", 1, 0, rnn_prepare, RNN_DTYPES, "rnn"},
-	{"", "LSTM", 1, 0, rnn_prepare, RNN_DTYPES, "rnn"},
+        {"", "RNN", 1, 0, rnn_prepare, RNN_DTYPES, "rnn"},
+        {"", "GRU", 1, 0, rnn_prepare, RNN_DTYPES, "rnn"},
+        {"", "LSTM", 1, 0, rnn_prepare, RNN_DTYPES, "rnn"},
+        /* The same with attribute projected = 1 (written by tern-optimize's fold-embedding): X holds the input
+	 * projections, W may be omitted. */
+        {"tern", "RNN", 1, 0, rnn_prepare, RNN_DTYPES, "rnn"},
+        {"tern", "GRU", 1, 0, rnn_prepare, RNN_DTYPES, "rnn"},
+        {"tern", "LSTM", 1, 0, rnn_prepare, RNN_DTYPES, "rnn"},
 };
 
 const tern_op_table tern_ops_rnn = {ops, TERN_ARRAY_LEN(ops)};

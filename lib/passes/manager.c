@@ -20,6 +20,7 @@ static const tern_pass *const pipeline[] = {
         &tern_pass_fuse_conv,
         &tern_pass_fuse_matmul,
         &tern_pass_fuse_attention,
+        &tern_pass_fold_embedding,
         &tern_pass_fuse_layernorm,
         &tern_pass_fuse_elementwise,
         &tern_pass_fold_scales,
