@@ -14,16 +14,26 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 
+/* A posted job's indices are split into one part per member, [m n / W, (m + 1) n / W): each member
+ * starts with its own part and then takes what is left of the others'. Index i thus tends to run on
+ * the same member from job to job and from one operator to the next over the same tensor, so data
+ * stays in that core's cache: it matters where cores share no cache or move lines slowly. */
+typedef struct team_part {
+	atomic_int_fast64_t next;
+	int64_t end;
+	char pad[48];
+} team_part;
+
 /* One member's posted job. `refs` counts helpers inside it; the owner reuses the slot only after
  * closing it (active = 0) and seeing refs drop to zero, and a helper re-checks `active` after
  * joining, so it never reads fields of a job that is being replaced. */
 typedef struct team_slot {
 	atomic_int active;
 	atomic_int refs;
-	atomic_int_fast64_t next;
+	team_part *parts; /* one per member */
 	void (*fn)(void *ctx, int64_t i);
 	void *ctx;
-	int64_t n, chunk;
+	int64_t chunk;
 	char pad[64];
 } team_slot;
 
@@ -130,9 +140,11 @@ tern_status tern_team_create(int n_members, tern_threadpool **out)
 		n_members = 1;
 	tern_threadpool *p = calloc(1, sizeof *p);
 	team_slot *slots = tern_aligned_alloc((size_t)n_members * sizeof *slots);
-	if (!p || !slots) {
+	team_part *parts = tern_aligned_alloc((size_t)n_members * (size_t)n_members * sizeof *parts);
+	if (!p || !slots || !parts) {
 		free(p);
 		free(slots);
+		free(parts);
 		return tern_errorf(TERN_EOS, "out of memory");
 	}
 	p->n_threads = n_members;
@@ -143,7 +155,9 @@ tern_status tern_team_create(int n_members, tern_threadpool **out)
 	for (int i = 0; i < n_members; i++) {
 		atomic_init(&slots[i].active, 0);
 		atomic_init(&slots[i].refs, 0);
-		atomic_init(&slots[i].next, 0);
+		slots[i].parts = parts + (size_t)i * (size_t)n_members;
+		for (int m = 0; m < n_members; m++)
+			atomic_init(&slots[i].parts[m].next, 0);
 	}
 	*out = p;
 	return TERN_OK;
@@ -155,9 +169,21 @@ void tern_team_join(const tern_threadpool *team, int index)
 	my_index = team ? index : -1;
 }
 
-static void run_slot_chunks(team_slot *t)
+/* Member `me`'s share of a job: its own part first, then the others' remains. */
+static void run_slot_chunks(const tern_threadpool *p, team_slot *t, int me)
 {
-	run_range(&t->next, t->n, t->chunk, t->fn, t->ctx);
+	for (int k = 0; k < p->n_threads; k++) {
+		team_part *part = &t->parts[(me + k) % p->n_threads];
+		run_range(&part->next, part->end, t->chunk, t->fn, t->ctx);
+	}
+}
+
+static bool slot_has_work(const tern_threadpool *p, team_slot *t)
+{
+	for (int m = 0; m < p->n_threads; m++)
+		if (atomic_load_explicit(&t->parts[m].next, memory_order_relaxed) < t->parts[m].end)
+			return true;
+	return false;
 }
 
 void tern_team_notify(tern_threadpool *p)
@@ -226,8 +252,8 @@ int tern_team_help(tern_threadpool *p)
 		if (m == my_index || !atomic_load_explicit(&t->active, memory_order_acquire))
 			continue;
 		atomic_fetch_add(&t->refs, 1);
-		if (atomic_load(&t->active) && atomic_load(&t->next) < t->n) {
-			run_slot_chunks(t);
+		if (atomic_load(&t->active) && slot_has_work(p, t)) {
+			run_slot_chunks(p, t, my_index);
 			helped = 1;
 		}
 		atomic_fetch_sub_explicit(&t->refs, 1, memory_order_release);
@@ -243,15 +269,17 @@ static void team_parallel_for(tern_threadpool *p, int64_t n, void (*fn)(void *ct
 			fn(ctx, i);
 		return;
 	}
-	int64_t chunk = n / (p->n_threads * 4);
+	int64_t chunk = n / (p->n_threads * 4), W = p->n_threads;
 	t->fn = fn;
 	t->ctx = ctx;
-	t->n = n;
 	t->chunk = chunk < 1 ? 1 : chunk;
-	atomic_store_explicit(&t->next, 0, memory_order_relaxed);
+	for (int m = 0; m < W; m++) {
+		atomic_store_explicit(&t->parts[m].next, n * m / W, memory_order_relaxed);
+		t->parts[m].end = n * (m + 1) / W;
+	}
 	atomic_store_explicit(&t->active, 1, memory_order_release);
 	tern_team_notify(p);
-	run_slot_chunks(t);
+	run_slot_chunks(p, t, my_index);
 	atomic_store(&t->active, 0);
 	/* Helpers may still be inside their last chunks. */
 	for (int spins = 0; atomic_load_explicit(&t->refs, memory_order_acquire) != 0;)
@@ -266,6 +294,7 @@ void tern_threadpool_free(tern_threadpool *p)
 	if (p->team) {
 		pthread_mutex_destroy(&p->lock);
 		pthread_cond_destroy(&p->wake);
+		free(p->team[0].parts);
 		free(p->team);
 		free(p);
 		return;
