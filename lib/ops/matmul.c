@@ -1010,7 +1010,7 @@ tern_status tern_fused_matmul_prepare(tern_prepare_args *p)
 	for (int i = 1; i < p->n_out; i++)
 		one_output &= !p->out[i];
 	if (!one_output || p->n_in > 3 || !A || !B || A->dtype != TERN_FLOAT || B->dtype != TERN_FLOAT || !B->data ||
-	    B->rank != 2 || A->rank < 1 || A->dims[A->rank - 1] != B->dims[0] ||
+	    B->rank != 2 || B->dims[0] < 1 || B->dims[1] < 1 || A->rank < 1 || A->dims[A->rank - 1] != B->dims[0] ||
 	    (bias &&
 	     (bias->dtype != TERN_FLOAT || !bias->data || tern_tensor_numel(bias) != B->dims[1] ||
 	      (bias->rank > 1 && bias->dims[bias->rank - 1] != B->dims[1]))) ||
