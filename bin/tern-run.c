@@ -706,6 +706,10 @@ int main(int argc, char **argv)
 	double t0 = now_ms();
 	tern_cli_check(tern_plan_create(model, &plan_opts, inputs, n_inputs, &plan));
 	timing.plan_ms = now_ms() - t0;
+	if (tern_plan_num_threads(plan) < run.threads)
+		tern_cli_verbose(1, "%d threads asked for, %d used: the process may run on %d CPUs", run.threads,
+		                 tern_plan_num_threads(plan), tern_plan_num_threads(plan));
+	run.threads = tern_plan_num_threads(plan);
 	tern_cli_verbose(1, "planned in %.3f ms: arena %.3f MB, %d thread%s", timing.plan_ms,
 	                 (double)tern_plan_arena_bytes(plan) / (1 << 20), run.threads, run.threads == 1 ? "" : "s");
 

@@ -170,7 +170,8 @@ void tern_threadpool_free(tern_threadpool *pool);
 int tern_threadpool_size(const tern_threadpool *pool);
 
 typedef struct tern_plan_options {
-	int n_threads; /* intra-operator threads (>= 1) */
+	int n_threads; /* threads (>= 1): stream workers that share the operators; at most the CPUs the
+	                * process may run on are used */
 	const char **dim_names; /* symbolic dimension values (--dim NAME=N) */
 	const int64_t *dim_values;
 	int n_dims;
@@ -197,6 +198,8 @@ tern_status tern_model_input_type(tern_model *model, int index, int *dtype, int 
                                   const char **dim_params);
 /* Bytes of the plan's activation arena (a planning figure, for -v and tests). */
 size_t tern_plan_arena_bytes(const tern_plan *plan);
+/* Threads the plan runs on: the n_threads asked for, or fewer CPUs where the process has fewer. */
+int tern_plan_num_threads(const tern_plan *plan);
 
 /* Profiling: when enabled, each run records one event per executed node. */
 typedef struct tern_profile_event {

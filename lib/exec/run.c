@@ -4,6 +4,7 @@
 #include "exec.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdlib.h>
 
 #if TERN_HAVE_BLAS
@@ -176,6 +177,12 @@ tern_status tern_plan_create(tern_model *model, const tern_plan_options *opts, c
 		ptrs[i] = (tern_tensor *)&inputs[i];
 	p->model = model;
 	int n_threads = opts && opts->n_threads > 0 ? opts->n_threads : 1;
+	/* Workers wait for each other by spinning: more of them than the CPUs this process may use only
+	 * take turns on the same cores (mobilenet_v2 on 2 CPUs: 2.4 ms with 2 threads, 13.5 with 4). */
+	cpu_set_t allowed;
+	if (n_threads > 1 && sched_getaffinity(0, sizeof allowed, &allowed) == 0 && CPU_COUNT(&allowed) > 0 &&
+	    n_threads > CPU_COUNT(&allowed))
+		n_threads = CPU_COUNT(&allowed);
 #if TERN_HAVE_BLAS
 	pthread_once(&blas_once, blas_single_threaded);
 #endif
@@ -236,6 +243,11 @@ const char *tern_plan_output_name(const tern_plan *p, int i)
 {
 	return i >= 0 && i < p->exec->n_outputs ? p->model->graph->outputs[i]->name : NULL;
 }
+int tern_plan_num_threads(const tern_plan *p)
+{
+	return tern_threadpool_size(p->pool);
+}
+
 size_t tern_plan_arena_bytes(const tern_plan *p)
 {
 	return p->exec->arena_bytes;

@@ -185,7 +185,7 @@ test_expect_success '--json prints one object with timings, memory and outputs' 
 
 test_expect_success PYTHON '--json is valid JSON' '
 	tern-run --random --iters 3 --threads 2 --json add.txt >j &&
-	"$TERN_PYTHON" -c "import json, sys; d = json.load(open(\"j\")); assert d[\"iters\"] == 3 and d[\"threads\"] == 2; assert len(d[\"outputs\"]) == 2; assert d[\"latency_ms\"][\"min\"] <= d[\"latency_ms\"][\"median\"] <= d[\"latency_ms\"][\"p90\"]"
+	"$TERN_PYTHON" -c "import json, sys; d = json.load(open(\"j\")); import os; assert d[\"iters\"] == 3 and d[\"threads\"] == min(2, len(os.sched_getaffinity(0))); assert len(d[\"outputs\"]) == 2; assert d[\"latency_ms\"][\"min\"] <= d[\"latency_ms\"][\"median\"] <= d[\"latency_ms\"][\"p90\"]"
 '
 
 test_expect_success '--json with --print sends the printed outputs to standard error' '
@@ -243,6 +243,15 @@ test_expect_success 'an input can come from standard input, unless the graph doe
 	test_cmp expect actual &&
 	test_expect_code 64 tern-run -i - <id.txt 2>err &&
 	test_one_error_line tern-run err
+'
+
+test_expect_success 'no more threads than the CPUs the process may run on' '
+	taskset -c 0 tern-run -v --random --threads 3 --json add.txt >j 2>err &&
+	grep "\"threads\": 1," j &&
+	grep "3 threads asked for, 1 used" err &&
+	tern-run --random add.txt >expect &&
+	taskset -c 0 tern-run --random --threads 3 add.txt >actual &&
+	test_cmp expect actual
 '
 
 test_expect_success 'bad option values exit 64' '
