@@ -218,7 +218,7 @@ static inline void cpu_relax(void)
  * doing the work where the machine has fewer free cores than threads. Between rounds a member
  * backs off a little longer each time, so that its reads do not keep taking the cache lines that the
  * working members write. */
-#define TEAM_SPINS 2000
+#define TEAM_SPINS 500
 #define TEAM_BACKOFF 32
 
 void tern_team_idle(tern_threadpool *p, bool (*has_work)(void *), void *ctx, int *spins)

@@ -114,7 +114,8 @@ static bool has_work(void *arg)
 	tern_exec *e = c->e;
 	if (generation_over(e))
 		return true;
-	for (int s = 0; s < e->n_streams; s++) {
+	/* One stream is worker 0's alone: the others only help. */
+	for (int s = 0; e->n_streams > 1 && s < e->n_streams; s++) {
 		int pos = atomic_load_explicit(&e->sync->streams[s].pos, memory_order_acquire);
 		if (pos < e->queue_len[s] && !atomic_load(&e->sync->streams[s].held) &&
 		    ready(e, e->queue[s][pos], c->gen))

@@ -64,6 +64,27 @@ static tern_model *branchy(int n_nodes, int64_t len)
 	return m;
 }
 
+/* Softmax over 2^22 floats runs on one thread for milliseconds, long enough for an idle worker to go to
+ * sleep; the Relu after it posts a job that must wake it, and the end of the run (after the last
+ * Softmax) must wake it again. A lost wake-up hangs the test. */
+static tern_model *sleepy(void)
+{
+	tern_model *m;
+	if (one_input_model("y", (int64_t)1 << 22, &m) != TERN_OK)
+		return NULL;
+	tern_graph *g = tern_model_graph(m);
+	const char *names[] = {"x", "a", "b", "c", "y"}, *ops[] = {"Relu", "Softmax", "Relu", "Softmax"};
+	for (int i = 0; i < 4; i++) {
+		char node[8];
+		snprintf(node, sizeof node, "n%d", i);
+		const char *ins[1] = {names[i]}, *outs[1] = {names[i + 1]};
+		tern_graph_add_node(g, ops[i], "", node, ins, 1, outs, 1);
+	}
+	tern_model_sync(m);
+	tern_model_build_ir(m);
+	return m;
+}
+
 static void run_once(tern_model *m, int threads, int single, const tern_tensor *x, tern_tensor *out, int iters)
 {
 	tern_plan_options o = {.n_threads = threads, .single_stream = single};
@@ -124,6 +145,23 @@ int main(void)
 		}
 		tern_tensor_free(&want);
 		tern_tensor_free(&x);
+		tern_model_free(m);
+	}
+	tern_model *m = sleepy();
+	CHECK(m != NULL);
+	if (m) {
+		CHECK_OK(tern_model_validate(m));
+		tern_tensor x = {0}, want = {0}, got = {0};
+		int64_t dims[1] = {(int64_t)1 << 22};
+		CHECK_OK(tern_tensor_alloc(&x, TERN_FLOAT, 1, dims));
+		for (int64_t i = 0; i < dims[0]; i++)
+			((float *)x.data)[i] = (float)((int)(rnd() % 2001) - 1000) / 100.0f;
+		run_once(m, 1, 1, &x, &want, 1);
+		run_once(m, 2, 1, &x, &got, 4);
+		CHECK(got.nbytes == want.nbytes && memcmp(got.data, want.data, want.nbytes) == 0);
+		tern_tensor_free(&x);
+		tern_tensor_free(&want);
+		tern_tensor_free(&got);
 		tern_model_free(m);
 	}
 	return check_report("test_streams");
