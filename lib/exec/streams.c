@@ -77,8 +77,8 @@ static bool advance(tern_exec *e, int s, int worker, uint64_t gen)
 	if (pos >= e->queue_len[s] || atomic_load_explicit(&ss->held, memory_order_relaxed) ||
 	    !ready(e, e->queue[s][pos], gen))
 		return false;
-	int free_ = 0;
-	if (!atomic_compare_exchange_strong(&ss->held, &free_, 1))
+	int unheld = 0;
+	if (!atomic_compare_exchange_strong(&ss->held, &unheld, 1))
 		return false;
 	/* Another worker may have run the step between the look and the claim. */
 	if (atomic_load_explicit(&ss->pos, memory_order_acquire) != pos) {
