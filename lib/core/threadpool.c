@@ -46,8 +46,8 @@ struct tern_threadpool {
 	pthread_t *workers;
 	pthread_mutex_t lock;
 	pthread_cond_t wake, done;
-	/* Held by the one caller whose job the pool runs; concurrent callers (kernels on other streams)
-	 * run their loop themselves rather than queue behind it. */
+	/* Held by the one caller whose job the pool runs; a concurrent caller runs its loop itself rather
+	 * than queue behind it. */
 	pthread_mutex_t busy;
 	uint64_t generation; /* bumped per job */
 	int shutdown;

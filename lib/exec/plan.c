@@ -620,7 +620,7 @@ tern_status tern_exec_plan(tern_exec *e, tern_tensor *const *inputs, int n_input
 		return rc; /* e->n_steps still counts the failed step, so release frees it */
 	e->n_steps = n_steps;
 	e->n_streams = 1;
-	/* Every thread is a worker, even beyond the streams: one without a queue helps the others. */
+	/* Every thread is a worker, however many streams there are; with one stream the others only help. */
 	e->n_workers = e->team ? tern_threadpool_size(e->team) : 1;
 	if (e->schedule && (rc = apply_schedule(e)))
 		return rc;

@@ -128,8 +128,7 @@ static tern_status fold(tern_pass_ctx *c, tern_node *rnn)
 		if (!(name = tern_graph_unique_name(c->graph, n->outputs[0]->name)))
 			return tern_errorf(TERN_EOS, "out of memory");
 		const char *in[2] = {cur->name, shape ? shape->name : ""}, *out[1] = {name};
-		static const char *const skip_allowzero[] = {"allowzero", NULL};
-		tern_pass_node nn = {n->op_type, NULL, n->name, in, shape ? 2 : 1, out, 1, n, skip_allowzero};
+		tern_pass_node nn = {n->op_type, NULL, n->name, in, shape ? 2 : 1, out, 1, n, NULL};
 		made = tern_pass_replace(c, &n, 1, &nn);
 		free(name);
 		if (!made)

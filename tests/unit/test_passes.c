@@ -9,6 +9,18 @@
 
 #define HEADER "<ir_version: 8, opset_import: [\"\" : 17]>\n"
 
+/* Multi-head attention as exporters write it, over q [L,N,d], k [S,N,d], v [S,N,dv] and a scalar c. */
+#define ATTENTION_BODY                             \
+	"   qt = Transpose <perm = [1,0,2]> (q)\n" \
+	"   qs = Div (qt, c)\n"                    \
+	"   kt = Transpose <perm = [1,2,0]> (k)\n" \
+	"   s = MatMul (qs, kt)\n"                 \
+	"   p = Softmax <axis = -1> (s)\n"         \
+	"   vt = Transpose <perm = [1,0,2]> (v)\n" \
+	"   o = MatMul (p, vt)\n"                  \
+	"   y = Transpose <perm = [1,0,2]> (o)\n"  \
+	"}\n"
+
 typedef struct pass_case {
 	const char *what;
 	const char *passes; /* comma-separated; NULL: the whole pipeline at `level` */
@@ -216,42 +228,18 @@ static const pass_case cases[] = {
          "y = tern.FusedGemm <transB = 1, alpha = 0.5, activation = \"Tanh\"> (a, b, c)\n"},
         {"fuse-attention: heads transposed forward, scaled scores, Softmax, values, transposed back", "fuse-attention",
          0,
-         HEADER "g (float[4,2,3] q, float[5,2,3] k, float[5,2,6] v) => (float[4,2,6] y) <float c = {2}> {\n"
-                "   qt = Transpose <perm = [1,0,2]> (q)\n"
-                "   qs = Div (qt, c)\n"
-                "   kt = Transpose <perm = [1,2,0]> (k)\n"
-                "   s = MatMul (qs, kt)\n"
-                "   p = Softmax <axis = -1> (s)\n"
-                "   vt = Transpose <perm = [1,0,2]> (v)\n"
-                "   o = MatMul (p, vt)\n"
-                "   y = Transpose <perm = [1,0,2]> (o)\n"
-                "}\n",
+         HEADER
+         "g (float[4,2,3] q, float[5,2,3] k, float[5,2,6] v) => (float[4,2,6] y) <float c = {2}> {\n" ATTENTION_BODY,
          "y = tern.Attention <scale = 0.5> (q, k, v)\n"},
         {"fuse-attention: sizes in blocks of 16 (the direct kernel), an odd number of blocks, rows left over",
          "fuse-attention", 0,
-         HEADER "g (float[7,2,16] q, float[48,2,16] k, float[48,2,48] v) => (float[7,2,48] y) <float c = {4}> {\n"
-                "   qt = Transpose <perm = [1,0,2]> (q)\n"
-                "   qs = Div (qt, c)\n"
-                "   kt = Transpose <perm = [1,2,0]> (k)\n"
-                "   s = MatMul (qs, kt)\n"
-                "   p = Softmax <axis = -1> (s)\n"
-                "   vt = Transpose <perm = [1,0,2]> (v)\n"
-                "   o = MatMul (p, vt)\n"
-                "   y = Transpose <perm = [1,0,2]> (o)\n"
-                "}\n",
+         HEADER "g (float[7,2,16] q, float[48,2,16] k, float[48,2,48] v) => (float[7,2,48] y) <float c = {4}> "
+                "{\n" ATTENTION_BODY,
          "y = tern.Attention <scale = 0.25> (q, k, v)\n"},
         {"fuse-attention: rows, keys and value columns that are not multiples of the kernel's blocks", "fuse-attention",
          0,
-         HEADER "g (float[7,3,5] q, float[37,3,5] k, float[37,3,19] v) => (float[7,3,19] y) <float c = {2}> {\n"
-                "   qt = Transpose <perm = [1,0,2]> (q)\n"
-                "   qs = Div (qt, c)\n"
-                "   kt = Transpose <perm = [1,2,0]> (k)\n"
-                "   s = MatMul (qs, kt)\n"
-                "   p = Softmax <axis = -1> (s)\n"
-                "   vt = Transpose <perm = [1,0,2]> (v)\n"
-                "   o = MatMul (p, vt)\n"
-                "   y = Transpose <perm = [1,0,2]> (o)\n"
-                "}\n",
+         HEADER "g (float[7,3,5] q, float[37,3,5] k, float[37,3,19] v) => (float[7,3,19] y) <float c = {2}> "
+                "{\n" ATTENTION_BODY,
          "y = tern.Attention <scale = 0.5> (q, k, v)\n"},
         {"fuse-skip-layernorm: the residual Add joins the LayerNormalization", "fuse-skip-layernorm", 0,
          HEADER "g (float[2,3,8] x, float[2,3,8] r, float[8] s, float[8] b) => (float[2,3,8] y, float[2,3,8] sum) {\n"
