@@ -171,6 +171,8 @@ void tern_cli_parse(tern_cli *cli, const tern_cli_tool *tool, int argc, char **a
 	argp_parse(&root, argc, argv, 0, NULL, &ctx);
 	prog.verbose = cli->verbose;
 	prog.quiet = cli->quiet;
+	/* a misspelt cap would otherwise measure the machine's best path under another name */
+	tern_cli_check(tern_isa_check());
 }
 
 /* ---------------------------------------------------------------- input */

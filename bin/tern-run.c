@@ -596,6 +596,8 @@ static void print_json(FILE *f, const struct run *run, const char *graph, const 
 	json_number(f, (double)tern_plan_arena_bytes(plan) / (1 << 20));
 	fputs(", \"peak_rss_mb\": ", f);
 	json_number(f, peak_rss_mb());
+	fputs(", \"isa\": ", f);
+	json_string(f, tern_isa_name());
 	fputs(",\n \"outputs\": [", f);
 	for (int i = 0; i < tern_plan_num_outputs(plan); i++) {
 		const tern_tensor *o = tern_plan_output(plan, i);
@@ -710,8 +712,9 @@ int main(int argc, char **argv)
 		tern_cli_verbose(1, "%d threads asked for, %d used: the process may run on %d CPUs", run.threads,
 		                 tern_plan_num_threads(plan), tern_plan_num_threads(plan));
 	run.threads = tern_plan_num_threads(plan);
-	tern_cli_verbose(1, "planned in %.3f ms: arena %.3f MB, %d thread%s", timing.plan_ms,
-	                 (double)tern_plan_arena_bytes(plan) / (1 << 20), run.threads, run.threads == 1 ? "" : "s");
+	tern_cli_verbose(1, "planned in %.3f ms: arena %.3f MB, %d thread%s, %s kernels (the processor's best: %s)",
+	                 timing.plan_ms, (double)tern_plan_arena_bytes(plan) / (1 << 20), run.threads,
+	                 run.threads == 1 ? "" : "s", tern_isa_name(), tern_isa_machine_name());
 
 	for (int i = 0; i < run.warmup; i++)
 		tern_cli_check(tern_plan_run(plan, inputs, n_inputs));

@@ -12,12 +12,56 @@
 #include <string.h>
 
 #define TERN_ALIGN 64
-/* Kernels built for several instruction sets (target_clones, resolved by an ifunc at load time).
- * Off under ThreadSanitizer, whose runtime is not set up yet when ifunc resolvers run. */
-#if defined(__SANITIZE_THREAD__)
-#define TERN_MULTIVERSION 0
+/* Instruction-set paths (isa.c): kernels are compiled for each and chosen by tern_isa(), the machine's
+ * best capped by TERN_ISA. Ordered, so that "at least AVX2" is a comparison. */
+enum { TERN_ISA_GENERIC, TERN_ISA_AVX2, TERN_ISA_AVX512 };
+extern int tern_isa_level; /* set once when the library loads; read-only afterwards */
+static inline int tern_isa(void)
+{
+	return tern_isa_level;
+}
+#if defined(__x86_64__) && defined(__GNUC__)
+#define TERN_HAVE_ISA_TARGETS 1
+#define TERN_TARGET_AVX512 __attribute__((target("arch=x86-64-v4")))
+#define TERN_TARGET_AVX2 __attribute__((target("arch=x86-64-v3")))
 #else
-#define TERN_MULTIVERSION 1
+#define TERN_HAVE_ISA_TARGETS 0
+#define TERN_TARGET_AVX512
+#define TERN_TARGET_AVX2
+#endif
+/* A kernel compiled once per path: write its body as
+ *     TERN_ISA_BODY void F_body(PARAMS) { ... }
+ * and then TERN_ISA_VARIANTS3(void, F, (PARAMS), (ARGS)) defines F, which calls the body built for
+ * AVX-512, AVX2 + FMA or the baseline, whichever tern_isa() says; VARIANTS2 leaves AVX-512 out (for
+ * loops that gain nothing from it). The body is inlined into each variant and so compiled for its
+ * instruction set; the helpers it calls are compiled for the baseline unless they are inlined too. */
+#define TERN_ISA_BODY static inline __attribute__((always_inline))
+#if TERN_HAVE_ISA_TARGETS
+#define TERN_ISA_VARIANTS3(RET, F, PARAMS, ARGS)                                   \
+	TERN_TARGET_AVX512 static RET F##_avx512 PARAMS { return F##_body ARGS; } \
+	TERN_TARGET_AVX2 static RET F##_avx2 PARAMS { return F##_body ARGS; }     \
+	static RET F##_generic PARAMS { return F##_body ARGS; }                   \
+	static RET F PARAMS                                                        \
+	{                                                                          \
+		if (tern_isa() == TERN_ISA_AVX512)                                 \
+			return F##_avx512 ARGS;                                    \
+		if (tern_isa() == TERN_ISA_AVX2)                                   \
+			return F##_avx2 ARGS;                                      \
+		return F##_generic ARGS;                                           \
+	}
+#define TERN_ISA_VARIANTS2(RET, F, PARAMS, ARGS)                               \
+	TERN_TARGET_AVX2 static RET F##_avx2 PARAMS { return F##_body ARGS; } \
+	static RET F##_generic PARAMS { return F##_body ARGS; }               \
+	static RET F PARAMS                                                    \
+	{                                                                      \
+		if (tern_isa() >= TERN_ISA_AVX2)                               \
+			return F##_avx2 ARGS;                                  \
+		return F##_generic ARGS;                                       \
+	}
+#else
+#define TERN_ISA_VARIANTS3(RET, F, PARAMS, ARGS) \
+	static RET F PARAMS { return F##_body ARGS; }
+#define TERN_ISA_VARIANTS2 TERN_ISA_VARIANTS3
 #endif
 #define TERN_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
 

@@ -32,6 +32,16 @@ tern_status tern_errorf(tern_status status, const char *fmt, ...) __attribute__(
 tern_status tern_error_prefix(tern_status status, const char *prefix);
 void tern_error_clear(void);
 
+/* The instruction-set path the kernels run on ("avx512", "avx2" or "generic"): the best the processor
+ * has, capped by the environment variable TERN_ISA when it names a lower one. Decided when the library
+ * loads. */
+const char *tern_isa_name(void);
+/* The best path the processor has, whatever TERN_ISA says. */
+const char *tern_isa_machine_name(void);
+/* TERN_EUSAGE when TERN_ISA is set to something that names no path (the kernels then run on the
+ * machine's best); TERN_OK otherwise. */
+tern_status tern_isa_check(void);
+
 /* ---------------------------------------------------------------- tensors */
 
 /* Element types use ONNX's TensorProto.DataType numbers. */

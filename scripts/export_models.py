@@ -37,31 +37,39 @@ def _vision(builder, size=224):
     return build, [Input("image", (1, 3, size, size))]
 
 
-def _transformer():
-    import torch.nn as nn
+def _transformer(d_model=128, nhead=4):
+    def build():
+        import torch.nn as nn
 
-    layer = nn.TransformerEncoderLayer(d_model=128, nhead=4, dim_feedforward=512, batch_first=True)
-    return nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False)
+        layer = nn.TransformerEncoderLayer(d_model=d_model, nhead=nhead, dim_feedforward=4 * d_model, batch_first=True)
+        return nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False)
+
+    return build
 
 
 VOCAB = 1000
 
 
-def _lstm_lm():
-    import torch.nn as nn
+def _recurrent_lm(layer):
+    """Embedding, two recurrent layers (nn.LSTM or nn.GRU by name), and a linear head over the vocabulary."""
 
-    class LstmLanguageModel(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.embed = nn.Embedding(VOCAB, 128)
-            self.lstm = nn.LSTM(128, 256, num_layers=2, batch_first=True)
-            self.head = nn.Linear(256, VOCAB)
+    def build():
+        import torch.nn as nn
 
-        def forward(self, tokens):
-            h, _ = self.lstm(self.embed(tokens))
-            return self.head(h)
+        class RecurrentLanguageModel(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.embed = nn.Embedding(VOCAB, 128)
+                self.rnn = getattr(nn, layer)(128, 256, num_layers=2, batch_first=True)
+                self.head = nn.Linear(256, VOCAB)
 
-    return LstmLanguageModel()
+            def forward(self, tokens):
+                h, _ = self.rnn(self.embed(tokens))
+                return self.head(h)
+
+        return RecurrentLanguageModel()
+
+    return build
 
 
 def _gru_classifier():
@@ -80,6 +88,7 @@ def _gru_classifier():
     return GruClassifier()
 
 
+
 # name -> (builder, inputs)
 MODELS = {
     "resnet50": _vision(("resnet50", {})),
@@ -87,9 +96,18 @@ MODELS = {
     "inception_v3": _vision(("inception_v3", {"aux_logits": False, "init_weights": False}), 299),
     "efficientnet_b0": _vision(("efficientnet_b0", {})),
     "googlenet": _vision(("googlenet", {"aux_logits": False, "init_weights": False})),
-    "transformer_encoder": (_transformer, [Input("x", (1, 32, 128))]),
-    "lstm_lm": (_lstm_lm, [Input("tokens", (1, 32), "int64", VOCAB)]),
+    "transformer_encoder": (_transformer(), [Input("x", (1, 32, 128))]),
+    "lstm_lm": (_recurrent_lm("LSTM"), [Input("tokens", (1, 32), "int64", VOCAB)]),
     "gru_classifier": (_gru_classifier, [Input("x", (2, 20, 64))]),
+    # the smaller networks whose depthwise, grouped and 1 x 1 convolutions dominate at batch 1
+    "mnasnet": _vision(("mnasnet1_0", {})),
+    "mobilenet_v3_small": _vision(("mobilenet_v3_small", {})),
+    "squeezenet": _vision(("squeezenet1_0", {})),
+    "regnet_y_400mf": _vision(("regnet_y_400mf", {})),
+    "resnet18": _vision(("resnet18", {})),
+    "shufflenet_v2": _vision(("shufflenet_v2_x1_0", {})),
+    "transformer_d192": (_transformer(192, 4), [Input("x", (1, 32, 192))]),
+    "gru_lm": (_recurrent_lm("GRU"), [Input("tokens", (1, 32), "int64", VOCAB)]),
 }
 
 

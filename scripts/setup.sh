@@ -1,7 +1,8 @@
 #!/bin/sh
 # setup.sh — installs everything tern needs on a Debian machine, idempotently:
 # Debian packages with apt-get, Python packages into the project-local virtual environment .venv
-# (never into the system Python). Usage: scripts/setup.sh [--no-python]
+# (never into the system Python). Usage: scripts/setup.sh [--no-python | --bench]
+# --bench also makes .venv-bench: the newest onnxruntime from PyPI, which the benchmarks measure against.
 set -eu
 cd "$(dirname "$0")/.."
 
@@ -32,4 +33,10 @@ if ! .venv/bin/python -c 'import onnx, onnxruntime' 2>/dev/null ||
    ! cmp -s scripts/requirements.txt .venv/.requirements 2>/dev/null; then
 	.venv/bin/python -m pip install -q --disable-pip-version-check -r scripts/requirements.txt
 	cp scripts/requirements.txt .venv/.requirements
+fi
+
+# The benchmarks' peer: the newest onnxruntime release, upgraded when PyPI has a newer one.
+if [ "${1:-}" = "--bench" ]; then
+	[ -x .venv-bench/bin/python ] || /usr/bin/python3 -m venv --system-site-packages .venv-bench
+	.venv-bench/bin/python -m pip install -q --disable-pip-version-check --upgrade onnxruntime
 fi

@@ -135,49 +135,36 @@ typedef struct ew_params {
 #define EW_DT_u64 TERN_UINT64
 #define EW_DT_b8 TERN_BOOL
 
-/* Float32 kernels are also built for AVX2 and chosen when the process starts (an ifunc): twice the
- * vector width for the transcendental activations. No FMA contraction happens in ISO C mode, so both
- * builds give the same results. */
-#if defined(__x86_64__) && defined(__GLIBC__) && defined(__has_attribute) && TERN_MULTIVERSION
-#if __has_attribute(target_clones)
-#define EW_ATTR_f32 __attribute__((target_clones("avx2", "default")))
-#endif
-#endif
-#ifndef EW_ATTR_f32
-#define EW_ATTR_f32
-#endif
-#define EW_ATTR_f64
-#define EW_ATTR_i8
-#define EW_ATTR_i16
-#define EW_ATTR_i32
-#define EW_ATTR_i64
-#define EW_ATTR_u8
-#define EW_ATTR_u16
-#define EW_ATTR_u32
-#define EW_ATTR_u64
-#define EW_ATTR_b8
+/* Float32 kernels are also built for AVX2 and run on the path tern_isa() names: twice the vector
+ * width for the transcendental activations. No FMA contraction happens in ISO C mode, so both builds
+ * give the same results. EW_FN_sfx(F, BODY) defines the row kernel F. */
+#define EW_FN_f32(F, ...)                              \
+	TERN_ISA_BODY void F##_body(const ew_row *r) \
+	{                                              \
+		__VA_ARGS__                            \
+	}                                              \
+	TERN_ISA_VARIANTS2(void, F, (const ew_row *r), (r))
+#define EW_FN_PLAIN(F, ...)              \
+	static void F(const ew_row *r) \
+	{                                \
+		__VA_ARGS__              \
+	}
+#define EW_FN_f64 EW_FN_PLAIN
+#define EW_FN_i8 EW_FN_PLAIN
+#define EW_FN_i16 EW_FN_PLAIN
+#define EW_FN_i32 EW_FN_PLAIN
+#define EW_FN_i64 EW_FN_PLAIN
+#define EW_FN_u8 EW_FN_PLAIN
+#define EW_FN_u16 EW_FN_PLAIN
+#define EW_FN_u32 EW_FN_PLAIN
+#define EW_FN_u64 EW_FN_PLAIN
+#define EW_FN_b8 EW_FN_PLAIN
 
 /* Definers: same-type unary, unary to bool, same-type binary, binary to bool; and a table entry. */
-#define EW_U(name, expr, sfx, T, W)                                  \
-	EW_ATTR_##sfx static void ew_##name##_##sfx(const ew_row *r) \
-	{                                                            \
-		EW_UNARY_LOOP(T, W, T, expr)                         \
-	}
-#define EW_UB(name, expr, sfx, T, W)                                 \
-	EW_ATTR_##sfx static void ew_##name##_##sfx(const ew_row *r) \
-	{                                                            \
-		EW_UNARY_LOOP(T, W, uint8_t, expr)                   \
-	}
-#define EW_B(name, expr, sfx, T, W)                                  \
-	EW_ATTR_##sfx static void ew_##name##_##sfx(const ew_row *r) \
-	{                                                            \
-		EW_BINARY_LOOP(T, W, T, expr)                        \
-	}
-#define EW_BB(name, expr, sfx, T, W)                                 \
-	EW_ATTR_##sfx static void ew_##name##_##sfx(const ew_row *r) \
-	{                                                            \
-		EW_BINARY_LOOP(T, W, uint8_t, expr)                  \
-	}
+#define EW_U(name, expr, sfx, T, W) EW_FN_##sfx(ew_##name##_##sfx, EW_UNARY_LOOP(T, W, T, expr))
+#define EW_UB(name, expr, sfx, T, W) EW_FN_##sfx(ew_##name##_##sfx, EW_UNARY_LOOP(T, W, uint8_t, expr))
+#define EW_B(name, expr, sfx, T, W) EW_FN_##sfx(ew_##name##_##sfx, EW_BINARY_LOOP(T, W, T, expr))
+#define EW_BB(name, expr, sfx, T, W) EW_FN_##sfx(ew_##name##_##sfx, EW_BINARY_LOOP(T, W, uint8_t, expr))
 #define EW_ENTRY(name, expr, sfx, T, W) [EW_DT_##sfx] = ew_##name##_##sfx,
 
 #define EW_TABLE(name, ...) static const ew_fn name##_fns[TERN_DTYPE_COUNT] = {__VA_ARGS__}
@@ -301,20 +288,13 @@ EW_FLOATS(EW_U, divide_by, v / (ET)at->gamma)
 EW_TABLE(divide_by, EW_FLOATS(EW_ENTRY, divide_by, ~));
 
 /* Clip: bounds in the element type, applied in numpy.clip's order. */
-#define EW_CLIP(name, expr, sfx, T, W)                           \
-	EW_ATTR_##sfx static void ew_clip_##sfx(const ew_row *r) \
-	{                                                        \
-		T lo, hi;                                        \
-		memcpy(&lo, &r->at->lo, sizeof lo);              \
-		memcpy(&hi, &r->at->hi, sizeof hi);              \
-		const T *x = r->in[0];                           \
-		T *y = r->out;                                   \
-		EW_IVDEP for (int64_t i = 0; i < r->n; i++)      \
-		{                                                \
-			const T t = EW_SEL(x[i] < lo, lo, x[i]); \
-			y[i] = EW_SEL(t > hi, hi, t);            \
-		}                                                \
-	}
+#define EW_CLIP(name, expr, sfx, T, W)                                     \
+	EW_FN_##sfx(ew_clip_##sfx, T lo; T hi; memcpy(&lo, &r->at->lo, sizeof lo); \
+	            memcpy(&hi, &r->at->hi, sizeof hi); const T *x = r->in[0];    \
+	            T *y = r->out; EW_IVDEP for (int64_t i = 0; i < r->n; i++) {  \
+		            const T t = EW_SEL(x[i] < lo, lo, x[i]);               \
+		            y[i] = EW_SEL(t > hi, hi, t);                          \
+	            })
 EW_NUMERIC(EW_CLIP, clip, ~)
 EW_TABLE(clip, EW_NUMERIC(EW_ENTRY, clip, ~));
 

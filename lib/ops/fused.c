@@ -10,12 +10,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 
-/* The row kernels below are compiled for AVX2 with FMA and for the baseline; the loader picks one. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__linux__) && TERN_MULTIVERSION
-#define FX_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
-#else
-#define FX_CLONES
-#endif
+/* The row kernels below are compiled for AVX2 with FMA and for the baseline (TERN_ISA_VARIANTS2). */
 
 /* Eight floats, written with GCC's vector extension so that row reductions vectorise without
  * reassociation flags; loads and stores go through memcpy since rows need not be aligned. */
@@ -957,7 +952,7 @@ static float fx_lanes_sum(const fx_vf8 *v)
 
 /* One row of the float path: t = x + s (kept in sum, or in y), then its mean and variance in two
  * passes over the row while it sits in L1, then y = (t - mean) / sqrt(var + eps) * g + b. */
-FX_CLONES static void skip_ln_row(const float *x, const float *s, const float *g, const float *b, float *y, float *sum,
+TERN_ISA_BODY void skip_ln_row_body(const float *x, const float *s, const float *g, const float *b, float *y, float *sum,
                                   int64_t n, float eps)
 {
 	float *t = sum ? sum : y;
@@ -991,6 +986,7 @@ FX_CLONES static void skip_ln_row(const float *x, const float *s, const float *g
 	for (i = 0; i < n; i++)
 		y[i] = (t[i] - mean) * inv * g[i] + (b ? b[i] : 0.0f);
 }
+TERN_ISA_VARIANTS2(void, skip_ln_row, (const float *x, const float *s, const float *g, const float *b, float *y, float *sum, int64_t n, float eps), (x, s, g, b, y, sum, n, eps))
 
 typedef struct fx_skip_rows {
 	const tern_kernel_args *a;
@@ -1309,7 +1305,7 @@ static tern_status attention_prepare(tern_prepare_args *p)
 #if defined(__x86_64__) && defined(__GNUC__)
 	/* Heads whose sizes are multiples of 16, K^T within 256 KiB: the direct kernel. */
 	size_t direct_bytes = (size_t)((at->d + ATT_ROWS) * at->s) * sizeof(float);
-	at->direct = __builtin_cpu_supports("avx512f") && at->s % 16 == 0 && at->d % 16 == 0 && at->dv % 16 == 0 &&
+	at->direct = tern_isa() == TERN_ISA_AVX512 && at->s % 16 == 0 && at->d % 16 == 0 && at->dv % 16 == 0 &&
 	        at->s > 0 && at->d > 0 && at->dv > 0 && direct_bytes <= 262144;
 	if (at->direct && fx_round(direct_bytes) > at->per_worker)
 		at->per_worker = fx_round(direct_bytes);

@@ -141,12 +141,7 @@ void tern_f32_to_half(int dtype, const float *src, uint16_t *dst, int64_t n)
 
 /* ---------------------------------------------------------------- activations where results are stored */
 
-/* The loops are also compiled for AVX2 and AVX-512 and chosen when the library loads. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__linux__) && TERN_MULTIVERSION
-#define HOT __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define HOT
-#endif
+/* The loops are compiled for AVX-512, AVX2 and the baseline and run on the path tern_isa() names. */
 
 /* min(max(x, 0), 1) with selects that vectorise, unlike fminf and fmaxf (which mind NaN). */
 static inline float hard_sigmoid(float x)
@@ -224,7 +219,7 @@ bool tern_act_from_node(const tern_node *node, tern_act *act)
 				}                                                \
 	} while (0)
 
-HOT static void act_rows(const tern_act *act, float *restrict y, const float *restrict add, int64_t rows, int64_t n,
+TERN_ISA_BODY void act_rows_body(const tern_act *act, float *restrict y, const float *restrict add, int64_t rows, int64_t n,
                          int64_t ld)
 {
 	float al = act->alpha, be = act->beta;
@@ -240,6 +235,7 @@ HOT static void act_rows(const tern_act *act, float *restrict y, const float *re
 	case TERN_ACT_HARDSWISH: ACT_LOOP(x * hard_sigmoid(al * x + be)); break;
 	}
 }
+TERN_ISA_VARIANTS3(void, act_rows, (const tern_act *act, float *restrict y, const float *restrict add, int64_t rows, int64_t n, int64_t ld), (act, y, add, rows, n, ld))
 
 void tern_act_run(const tern_act *act, float *y, const float *add, int64_t n)
 {
@@ -492,10 +488,9 @@ static const gemm_isa isa_avx512 = {32,
 static const gemm_isa *machine_isa(void)
 {
 #ifdef HAVE_WIDE_KERNELS
-	if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
-	    __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq"))
+	if (tern_isa() == TERN_ISA_AVX512)
 		return &isa_avx512;
-	if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+	if (tern_isa() == TERN_ISA_AVX2)
 		return &isa_avx2;
 #endif
 	return &isa_base;

@@ -16,13 +16,8 @@
 
 /* ---------------------------------------------------------------- common helpers */
 
-/* The loops that carry the work are also compiled for AVX2 and AVX-512 and chosen when the library
- * loads (GCC function multiversioning): the baseline x86-64 build handles 4 floats at a time. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__linux__) && TERN_MULTIVERSION
-#define HOT __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define HOT
-#endif
+/* The loops that carry the work are compiled for AVX-512, AVX2 and the baseline (TERN_ISA_VARIANTS3)
+ * and run on the path tern_isa() names: the baseline x86-64 build handles 4 floats at a time. */
 
 static size_t round_up(size_t n) { return (n + TERN_ALIGN - 1) / TERN_ALIGN * TERN_ALIGN; }
 
@@ -459,7 +454,7 @@ static int64_t wb_rows(const window *w, int64_t band) { return (band - 1) * w->s
 static bool wb_plan(const window *w, int64_t *band, int64_t *slot_elems)
 {
 #if defined(__x86_64__) && defined(__GNUC__)
-	if (!__builtin_cpu_supports("avx512f") || w->k[0] != 1 || w->in[0] != 1 || w->k[1] * w->k[2] > 64)
+	if (tern_isa() < TERN_ISA_AVX512 || w->k[0] != 1 || w->in[0] != 1 || w->k[1] * w->k[2] > 64)
 		return false;
 	int64_t wp = wb_extent(w, 2), b = w->out[1];
 	while (b > 1 && wb_rows(w, b) * wp * 16 > WB_BAND_FLOATS)
@@ -706,7 +701,7 @@ typedef struct pool_ctx {
 			}                                                                                                \
 		}                                                                                                    \
 	}                                                                                                        \
-	HOT static void pool_plane_##S(const pool_params *pp, const T *x, T *y, int64_t *ind, int64_t base)           \
+	TERN_ISA_BODY void pool_plane_##S##_body(const pool_params *pp, const T *x, T *y, int64_t *ind, int64_t base)           \
 	{                                                                                                       \
 		if (ind) {                                                                                           \
 			pool_argmax_##S(pp, x, y, ind, base);                                                            \
@@ -759,7 +754,8 @@ typedef struct pool_ctx {
 				}                                                                                            \
 			}                                                                                                \
 		}                                                                                                    \
-	}
+	} \
+	TERN_ISA_VARIANTS3(void, pool_plane_##S, (const pool_params *pp, const T *x, T *y, int64_t *ind, int64_t base), (pp, x, y, ind, base))
 
 DEF_POOL_PLANE(f32, float, -INFINITY)
 DEF_POOL_PLANE(f64, double, -INFINITY)
@@ -789,7 +785,7 @@ DEF_SUM(i8, int8_t)
 DEF_SUM(u8, uint8_t)
 
 #define DEF_GLOBAL_PLANE(S, T)                                                                 \
-	HOT static void global_plane_##S(const pool_params *pp, const T *x, T *y, int64_t n)          \
+	TERN_ISA_BODY void global_plane_##S##_body(const pool_params *pp, const T *x, T *y, int64_t n)          \
 	{                                                                                       \
 		if (pp->kind == POOL_MAX) {                                                         \
 			T best = x[0];                                                                  \
@@ -806,7 +802,8 @@ DEF_SUM(u8, uint8_t)
 		for (int64_t i = 0; i < n; i++)                                                     \
 			sum += pp->p == 2 ? (double)x[i] * x[i] : pow(fabs((double)x[i]), (double)pp->p); \
 		*y = (T)(pp->p == 2 ? sqrt(sum) : pow(sum, 1.0 / (double)pp->p));                   \
-	}
+	} \
+	TERN_ISA_VARIANTS3(void, global_plane_##S, (const pool_params *pp, const T *x, T *y, int64_t n), (pp, x, y, n))
 
 DEF_GLOBAL_PLANE(f32, float)
 DEF_GLOBAL_PLANE(f64, double)
@@ -1080,7 +1077,7 @@ static void copy_strided(size_t es, char *dst, const char *src, int64_t n, int64
 
 /* Rows of the column matrix for channels [begin, end): row (c, k0, k1, k2) holds, for every output
  * position, the input element under that kernel tap, or 0 in the padding. */
-HOT static void im2col_channels(void *ctx, int64_t begin, int64_t end)
+TERN_ISA_BODY void im2col_channels_body(void *ctx, int64_t begin, int64_t end)
 {
 	const im2col_ctx *c = ctx;
 	const window *w = c->w;
@@ -1114,6 +1111,7 @@ HOT static void im2col_channels(void *ctx, int64_t begin, int64_t end)
 				}
 	}
 }
+TERN_ISA_VARIANTS3(void, im2col_channels, (void *ctx, int64_t begin, int64_t end), (ctx, begin, end))
 
 static void im2col(tern_threadpool *pool, const window *w, size_t es, int64_t channels, const void *x, void *col)
 {
@@ -1124,7 +1122,7 @@ static void im2col(tern_threadpool *pool, const window *w, size_t es, int64_t ch
 /* The adjoint of im2col: every column entry is added onto the image element under its tap. One
  * channel's rows only touch that channel's plane, so channels run in parallel. */
 #define DEF_COL2IM(S, T)                                                                                  \
-	HOT static void col2im_channels_##S(void *ctx, int64_t begin, int64_t end)                                \
+	TERN_ISA_BODY void col2im_channels_##S##_body(void *ctx, int64_t begin, int64_t end)                                \
 	{                                                                                                     \
 		const plain_ctx *c = ctx; /* params: the window, x: the columns, y: the image */                  \
 		const window *w = c->params;                                                                      \
@@ -1155,7 +1153,8 @@ static void im2col(tern_threadpool *pool, const window *w, size_t es, int64_t ch
 						}                                                                                 \
 					}                                                                                     \
 		}                                                                                                 \
-	}
+	} \
+	TERN_ISA_VARIANTS3(void, col2im_channels_##S, (void *ctx, int64_t begin, int64_t end), (ctx, begin, end))
 
 DEF_COL2IM(f32, float)
 DEF_COL2IM(f64, double)
@@ -1177,7 +1176,7 @@ typedef struct conv_ctx {
 /* Depthwise convolution, one output plane per call: for each kernel tap, a whole output row gains
  * weight * a strided input row, which vectorises when the stride is 1. */
 #define DEF_DEPTHWISE(S, T)                                                                                    \
-	HOT static void depthwise_planes_##S(void *ctx, int64_t begin, int64_t end)                                    \
+	TERN_ISA_BODY void depthwise_planes_##S##_body(void *ctx, int64_t begin, int64_t end)                                    \
 	{                                                                                                          \
 		const conv_ctx *c = ctx;                                                                               \
 		const conv_params *cp = c->cp;                                                                         \
@@ -1215,7 +1214,8 @@ typedef struct conv_ctx {
 				}                                                                                              \
 			}                                                                                                  \
 		}                                                                                                      \
-	}
+	} \
+	TERN_ISA_VARIANTS3(void, depthwise_planes_##S, (void *ctx, int64_t begin, int64_t end), (ctx, begin, end))
 
 DEF_DEPTHWISE(f32, float)
 DEF_DEPTHWISE(f64, double)
@@ -1272,7 +1272,7 @@ typedef struct fill_run {
 	int64_t i0, i1;      /* that row's first input position in slots 0 and 1, before the tap's offset */
 } fill_run;
 
-HOT static void conv_fill(const void *ctx, int64_t k0, int64_t kc, int64_t col0, int64_t cols, float *block, int64_t nr)
+TERN_ISA_BODY void conv_fill_body(const void *ctx, int64_t k0, int64_t kc, int64_t col0, int64_t cols, float *block, int64_t nr)
 {
 	const conv_fill_ctx *f = ctx;
 	const conv_params *cp = f->cp;
@@ -1321,6 +1321,7 @@ HOT static void conv_fill(const void *ctx, int64_t k0, int64_t kc, int64_t col0,
 			dst[o] = 0;
 	}
 }
+TERN_ISA_VARIANTS3(void, conv_fill, (const void *ctx, int64_t k0, int64_t kc, int64_t col0, int64_t cols, float *block, int64_t nr), (ctx, k0, kc, col0, cols, block, nr))
 
 typedef struct phase_ctx {
 	const conv_params *cp;
@@ -1338,7 +1339,7 @@ typedef int32_t vec16i __attribute__((vector_size(64)));
 #define EVEN_LANES(a, b) __builtin_shuffle(a, b, (vec16i){0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30})
 #endif
 
-HOT static void every_other(const float *restrict src, float *restrict dst, int64_t n, int64_t readable)
+TERN_ISA_BODY void every_other_body(const float *restrict src, float *restrict dst, int64_t n, int64_t readable)
 {
 	/* the vectors at j read src[2 j .. 2 j + 31]; src[0 .. readable) may be read */
 	int64_t j = 0;
@@ -1354,10 +1355,11 @@ HOT static void every_other(const float *restrict src, float *restrict dst, int6
 	for (; j < n; j++)
 		dst[j] = src[2 * j];
 }
+TERN_ISA_VARIANTS3(void, every_other, (const float *restrict src, float *restrict dst, int64_t n, int64_t readable), (src, dst, n, readable))
 
 /* One channel's phase planes from its input plane xc: the part inside the input and, with borders,
  * the zeros around it (planes that keep their zeros from one channel to the next need them once). */
-HOT static void phase_split(const conv_params *cp, const float *xc, float *planes, bool borders)
+TERN_ISA_BODY void phase_split_body(const conv_params *cp, const float *xc, float *planes, bool borders)
 {
 	const window *w = &cp->w;
 	int64_t s1 = w->s[1], s2 = w->s[2], in2 = w->in[2], wq = cp->wq;
@@ -1388,6 +1390,7 @@ HOT static void phase_split(const conv_params *cp, const float *xc, float *plane
 		}
 	}
 }
+TERN_ISA_VARIANTS3(void, phase_split, (const conv_params *cp, const float *xc, float *planes, bool borders), (cp, xc, planes, borders))
 
 /* The phase planes of channels [begin, end). */
 static void phase_planes(void *ctx, int64_t begin, int64_t end)
@@ -1500,21 +1503,24 @@ static inline __attribute__((always_inline)) void dw_taps(int64_t kk, const floa
 }
 
 /* Fixed tap counts unroll fully: 3 x 3 and 5 x 5 kernels. */
-HOT static void dw_taps_9(const float *src, const int64_t *off, const float *wk, float b, float *dst, int64_t n)
+TERN_ISA_BODY void dw_taps_9_body(const float *src, const int64_t *off, const float *wk, float b, float *dst, int64_t n)
 {
 	dw_taps(9, src, off, wk, b, dst, n);
 }
+TERN_ISA_VARIANTS3(void, dw_taps_9, (const float *src, const int64_t *off, const float *wk, float b, float *dst, int64_t n), (src, off, wk, b, dst, n))
 
-HOT static void dw_taps_25(const float *src, const int64_t *off, const float *wk, float b, float *dst, int64_t n)
+TERN_ISA_BODY void dw_taps_25_body(const float *src, const int64_t *off, const float *wk, float b, float *dst, int64_t n)
 {
 	dw_taps(25, src, off, wk, b, dst, n);
 }
+TERN_ISA_VARIANTS3(void, dw_taps_25, (const float *src, const int64_t *off, const float *wk, float b, float *dst, int64_t n), (src, off, wk, b, dst, n))
 
-HOT static void dw_taps_any(int64_t kk, const float *src, const int64_t *off, const float *wk, float b, float *dst,
+TERN_ISA_BODY void dw_taps_any_body(int64_t kk, const float *src, const int64_t *off, const float *wk, float b, float *dst,
                             int64_t n)
 {
 	dw_taps(kk, src, off, wk, b, dst, n);
 }
+TERN_ISA_VARIANTS3(void, dw_taps_any, (int64_t kk, const float *src, const int64_t *off, const float *wk, float b, float *dst, int64_t n), (kk, src, off, wk, b, dst, n))
 
 static void dw_run(const conv_params *cp, const float *src, const float *wk, float b, float *dst, int64_t n)
 {
@@ -1590,7 +1596,7 @@ static const dw_shape dw_shapes[] = {
 
 static const dw_shape *dw_vector_kernel(const window *w, int dtype)
 {
-	if (dtype == TERN_DOUBLE || !__builtin_cpu_supports("avx512f") || w->d[1] != 1 || w->d[2] != 1 ||
+	if (dtype == TERN_DOUBLE || tern_isa() < TERN_ISA_AVX512 || w->d[1] != 1 || w->d[2] != 1 ||
 	    w->k[1] != w->k[2] || w->s[1] != w->s[2])
 		return NULL;
 	for (size_t i = 0; i < TERN_ARRAY_LEN(dw_shapes); i++)
@@ -2047,7 +2053,7 @@ typedef struct deform_ctx {
 } deform_ctx;
 
 #define DEF_DEFORM(S, T)                                                                                      \
-	HOT static void deform_cols_##S(void *ctx, int64_t begin, int64_t end)                                    \
+	TERN_ISA_BODY void deform_cols_##S##_body(void *ctx, int64_t begin, int64_t end)                                    \
 	{                                                                                                       \
 		const deform_ctx *c = ctx;                                                                           \
 		const conv_params *cp = c->cp;                                                                       \
@@ -2079,7 +2085,8 @@ typedef struct deform_ctx {
 					}                                                                                        \
 			}                                                                                                \
 		}                                                                                                    \
-	}
+	} \
+	TERN_ISA_VARIANTS3(void, deform_cols_##S, (void *ctx, int64_t begin, int64_t end), (ctx, begin, end))
 
 DEF_DEFORM(f32, float)
 DEF_DEFORM(f64, double)
@@ -2334,7 +2341,7 @@ typedef struct bn_ctx {
 } bn_ctx;
 
 #define DEF_BN(S, T)                                                                                 \
-	HOT static void bn_stats_##S(void *ctx, int64_t begin, int64_t end)                                  \
+	TERN_ISA_BODY void bn_stats_##S##_body(void *ctx, int64_t begin, int64_t end)                                  \
 	{                                                                                                \
 		const bn_ctx *c = ctx;                                                                       \
 		const bn_params *bp = c->bp;                                                                 \
@@ -2356,7 +2363,8 @@ typedef struct bn_ctx {
 			c->var[ch] = sq / count;                                                                 \
 		}                                                                                            \
 	}                                                                                                \
-	HOT static void bn_apply_##S(void *ctx, int64_t begin, int64_t end)                                  \
+	TERN_ISA_VARIANTS3(void, bn_stats_##S, (void *ctx, int64_t begin, int64_t end), (ctx, begin, end)) \
+	TERN_ISA_BODY void bn_apply_##S##_body(void *ctx, int64_t begin, int64_t end)                                  \
 	{                                                                                                \
 		const bn_ctx *c = ctx;                                                                       \
 		const bn_params *bp = c->bp;                                                                 \
@@ -2368,7 +2376,8 @@ typedef struct bn_ctx {
 			for (int64_t i = 0; i < bp->sp; i++)                                                     \
 				y[i] = x[i] * a + b;                                                                 \
 		}                                                                                            \
-	}
+	} \
+	TERN_ISA_VARIANTS3(void, bn_apply_##S, (void *ctx, int64_t begin, int64_t end), (ctx, begin, end))
 
 DEF_BN(f32, float)
 DEF_BN(f64, double)
@@ -2490,7 +2499,7 @@ DEF_MOMENTS(f32, float)
 DEF_MOMENTS(f64, double)
 
 #define DEF_GROUP_NORM(S, T)                                                                     \
-	HOT static void group_norm_blocks_##S(void *ctx, int64_t begin, int64_t end)                     \
+	TERN_ISA_BODY void group_norm_blocks_##S##_body(void *ctx, int64_t begin, int64_t end)                     \
 	{                                                                                            \
 		const group_norm_ctx *c = ctx;                                                           \
 		const group_norm_params *gp = c->gp;                                                     \
@@ -2509,7 +2518,8 @@ DEF_MOMENTS(f64, double)
 					yc[i] = xc[i] * a + b;                                                       \
 			}                                                                                    \
 		}                                                                                        \
-	}
+	} \
+	TERN_ISA_VARIANTS3(void, group_norm_blocks_##S, (void *ctx, int64_t begin, int64_t end), (ctx, begin, end))
 
 DEF_GROUP_NORM(f32, float)
 DEF_GROUP_NORM(f64, double)
@@ -2582,7 +2592,7 @@ typedef struct layer_norm_ctx {
 } layer_norm_ctx;
 
 #define DEF_LAYER_NORM(S, T)                                                                   \
-	HOT static void layer_norm_rows_##S(void *ctx, int64_t begin, int64_t end)                     \
+	TERN_ISA_BODY void layer_norm_rows_##S##_body(void *ctx, int64_t begin, int64_t end)                     \
 	{                                                                                          \
 		const layer_norm_ctx *c = ctx;                                                         \
 		const layer_norm_params *lp = c->lp;                                                   \
@@ -2606,7 +2616,8 @@ typedef struct layer_norm_ctx {
 			if (c->inv)                                                                        \
 				((T *)c->inv)[r] = iv;                                                         \
 		}                                                                                      \
-	}
+	} \
+	TERN_ISA_VARIANTS3(void, layer_norm_rows_##S, (void *ctx, int64_t begin, int64_t end), (ctx, begin, end))
 
 DEF_LAYER_NORM(f32, float)
 DEF_LAYER_NORM(f64, double)
@@ -2671,7 +2682,7 @@ typedef struct lrn_params {
 } lrn_params;
 
 #define DEF_LRN(S, T)                                                                                  \
-	HOT static void lrn_planes_##S(void *ctx, int64_t begin, int64_t end)                                  \
+	TERN_ISA_BODY void lrn_planes_##S##_body(void *ctx, int64_t begin, int64_t end)                                  \
 	{                                                                                                  \
 		const plain_ctx *c = ctx;                                                                      \
 		const lrn_params *lp = c->params;                                                              \
@@ -2690,7 +2701,8 @@ typedef struct lrn_params {
 				y[i] = (T)(x[i] / pow(lp->bias + lp->alpha / (double)lp->size * sq, lp->beta));         \
 			}                                                                                          \
 		}                                                                                              \
-	}
+	} \
+	TERN_ISA_VARIANTS3(void, lrn_planes_##S, (void *ctx, int64_t begin, int64_t end), (ctx, begin, end))
 
 DEF_LRN(f32, float)
 DEF_LRN(f64, double)
@@ -2740,7 +2752,7 @@ typedef struct axis_params {
 } axis_params;
 
 #define DEF_LP_NORM(S, T)                                                                          \
-	HOT static void lp_norm_columns_##S(void *ctx, int64_t begin, int64_t end)                         \
+	TERN_ISA_BODY void lp_norm_columns_##S##_body(void *ctx, int64_t begin, int64_t end)                         \
 	{                                                                                              \
 		const plain_ctx *c = ctx;                                                                  \
 		const axis_params *ap = c->params;                                                         \
@@ -2758,7 +2770,8 @@ typedef struct axis_params {
 			for (int64_t i = 0; i < ap->n; i++)                                                    \
 				y[i * ap->inner] = (T)(x[i * ap->inner] / norm);                                   \
 		}                                                                                          \
-	}
+	} \
+	TERN_ISA_VARIANTS3(void, lp_norm_columns_##S, (void *ctx, int64_t begin, int64_t end), (ctx, begin, end))
 
 DEF_LP_NORM(f32, float)
 DEF_LP_NORM(f64, double)
@@ -2902,7 +2915,7 @@ enum { SOFTMAX, LOG_SOFTMAX, HARDMAX };
 /* Softmax and LogSoftmax over n elements `inner` apart, for `lanes` neighbouring columns at once.
  * The exponentials go through y; sums use LANES partial sums so that they vectorise too. */
 #define DEF_SOFTMAX(S, T, EXP, LOG, SELECT)                                                                   \
-	HOT static void softmax_block_##S(int kind, const T *x, T *y, int64_t n, int64_t inner, int lanes)   \
+	TERN_ISA_BODY void softmax_block_##S##_body(int kind, const T *x, T *y, int64_t n, int64_t inner, int lanes)   \
 	{                                                                                                \
 		T max[LANES], sum[LANES];                                                                    \
 		for (int l = 0; l < lanes; l++) {                                                            \
@@ -2924,7 +2937,8 @@ enum { SOFTMAX, LOG_SOFTMAX, HARDMAX };
 			for (int l = 0; l < lanes; l++)                                                          \
 				y[i * inner + l] = kind == SOFTMAX ? y[i * inner + l] * sum[l] : x[i * inner + l] - sum[l]; \
 	}                                                                                                \
-	HOT static void softmax_row_##S(int kind, const T *restrict x, T *restrict y, int64_t n)            \
+	TERN_ISA_VARIANTS3(void, softmax_block_##S, (int kind, const T *x, T *y, int64_t n, int64_t inner, int lanes), (kind, x, y, n, inner, lanes)) \
+	TERN_ISA_BODY void softmax_row_##S##_body(int kind, const T *restrict x, T *restrict y, int64_t n)            \
 	{                                                                                                \
 		T max = x[0], part[LANES], sum = 0;                                                          \
 		int64_t i = 0;                                                                               \
@@ -2959,6 +2973,7 @@ enum { SOFTMAX, LOG_SOFTMAX, HARDMAX };
 				y[k] = x[k] - shift;                                                                 \
 		}                                                                                            \
 	}                                                                                                \
+	TERN_ISA_VARIANTS3(void, softmax_row_##S, (int kind, const T *restrict x, T *restrict y, int64_t n), (kind, x, y, n)) \
 	static void hardmax_column_##S(const T *x, T *y, int64_t n, int64_t stride)                     \
 	{                                                                                                \
 		int64_t at = 0;                                                                              \
@@ -3433,7 +3448,7 @@ static void resize_gather_planes(void *ctx, int64_t begin, int64_t end)
 			}                                                                                             \
 		}                                                                                                 \
 	}                                                                                                     \
-	HOT static void resize_planes_##S(void *ctx, int64_t begin, int64_t end)                              \
+	TERN_ISA_BODY void resize_planes_##S##_body(void *ctx, int64_t begin, int64_t end)                              \
 	{                                                                                                     \
 		const resize_ctx *c = ctx;                                                                        \
 		const resize_params *rp = c->rp;                                                                  \
@@ -3457,7 +3472,8 @@ static void resize_gather_planes(void *ctx, int64_t begin, int64_t end)
 				}                                                                                         \
 			}                                                                                             \
 		}                                                                                                 \
-	}
+	} \
+	TERN_ISA_VARIANTS3(void, resize_planes_##S, (void *ctx, int64_t begin, int64_t end), (ctx, begin, end))
 
 DEF_RESIZE(f32, float)
 DEF_RESIZE(f64, double)

@@ -21,13 +21,8 @@
 #include <cblas.h>
 #endif
 
-/* The cell arithmetic is compiled twice, for AVX2 with FMA and for the baseline, and the loader picks
- * one for the machine (GCC's function multiversioning). */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__linux__) && TERN_MULTIVERSION
-#define VECTOR_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
-#else
-#define VECTOR_CLONES
-#endif
+/* The cell arithmetic is compiled twice, for AVX2 with FMA and for the baseline (TERN_ISA_VARIANTS2),
+ * and runs on the path tern_isa() names. */
 
 /* ---------------------------------------------------------------- activations */
 
@@ -70,7 +65,7 @@ typedef struct activation {
 } activation;
 
 /* x = act(clip(x)) over n elements; clip <= 0 means none. */
-VECTOR_CLONES static void activate(const activation *a, float *restrict x, int64_t n, float clip)
+TERN_ISA_BODY void activate_body(const activation *a, float *restrict x, int64_t n, float clip)
 {
 	if (clip > 0)
 		for (int64_t i = 0; i < n; i++)
@@ -123,6 +118,7 @@ VECTOR_CLONES static void activate(const activation *a, float *restrict x, int64
 		break;
 	}
 }
+TERN_ISA_VARIANTS2(void, activate, (const activation *a, float *restrict x, int64_t n, float clip), (a, x, n, clip))
 
 /* ---------------------------------------------------------------- matrix products */
 
@@ -193,7 +189,7 @@ static inline __attribute__((always_inline)) void panel_rows(int rows, int64_t k
 }
 
 /* C[m, n] = A[m, k] * W^T with W packed, four rows by one panel at a time. */
-VECTOR_CLONES static void gemm_packed(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, const float *packed,
+TERN_ISA_BODY void gemm_packed_body(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, const float *packed,
                                       float *c, int64_t ldc)
 {
 	for (int64_t p = 0; p * PANEL < n; p++) {
@@ -205,6 +201,7 @@ VECTOR_CLONES static void gemm_packed(int64_t m, int64_t n, int64_t k, const flo
 			panel_rows(1, k, a + i * lda, lda, w, c + i * ldc + p * PANEL, ldc, cols);
 	}
 }
+TERN_ISA_VARIANTS2(void, gemm_packed, (int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, const float *packed, float *c, int64_t ldc), (m, n, k, a, lda, packed, c, ldc))
 
 /* A packed product split by panels over the thread pool. */
 typedef struct packed_task {
@@ -464,7 +461,7 @@ static void gru_state(const rnn_params *p, const activation *acts, const float *
 		h[j] = (1 - z[j]) * hh[j] + z[j] * h[j];
 }
 
-VECTOR_CLONES static tern_status run_direction(const rnn_params *p, const rnn_buffers *bf, const int64_t *lens, int d,
+TERN_ISA_BODY tern_status run_direction_body(const rnn_params *p, const rnn_buffers *bf, const int64_t *lens, int d,
                                                tern_threadpool *pool)
 {
 	int64_t n = p->hidden, gh = p->n_gates * n;
@@ -553,6 +550,7 @@ VECTOR_CLONES static tern_status run_direction(const rnn_params *p, const rnn_bu
 	}
 	return TERN_OK;
 }
+TERN_ISA_VARIANTS2(tern_status, run_direction, (const rnn_params *p, const rnn_buffers *bf, const int64_t *lens, int d, tern_threadpool *pool), (p, bf, lens, d, pool))
 
 static tern_status rnn_kernel(const tern_kernel_args *a)
 {

@@ -261,4 +261,23 @@ test_expect_success 'bad option values exit 64' '
 	test_expect_code 64 tern-run --threads -1 add.txt 2>err
 '
 
+test_expect_success 'TERN_ISA caps the kernels and is reported; outputs stay within rounding' '
+	TERN_ISA=generic tern-run -v --random --json add.txt >j 2>err &&
+	grep "\"isa\": \"generic\"" j &&
+	grep "generic kernels" err &&
+	for isa in avx512 avx2 generic; do
+		TERN_ISA=$isa tern-run --random add.txt >out.$isa || return 1
+	done &&
+	test_cmp out.avx512 out.avx2 &&
+	test_cmp out.avx2 out.generic
+'
+
+test_expect_success 'a TERN_ISA that names no path exits 64 in every tool' '
+	test_expect_code 64 env TERN_ISA=avx3 tern-run --random add.txt 2>err &&
+	test_one_error_line tern-run err &&
+	grep "TERN_ISA: .avx3. is not one of avx512, avx2, generic" err &&
+	test_expect_code 64 env TERN_ISA=sse tern-show -f text add.txt 2>err &&
+	test_one_error_line tern-show err
+'
+
 test_done
