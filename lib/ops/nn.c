@@ -416,11 +416,12 @@ static void outputs_within(int64_t off, int64_t s, int64_t in, int64_t out, int6
 /* padded positions of the largest depthwise plane with unit strides done by channel blocks */
 #define DW_BLOCKS_MAX_PLANE (60 * 60)
 
-/* A plane row of a few dozen positions wastes most of a vector, so with AVX-512 the windowed operators
- * (depthwise convolution, max and average pooling) may put channels across the vectors instead: a block
- * of 16 channels is transposed into positions x 16 channels with its padding, each output position
- * combines its taps as whole vectors (aligned loads whatever the stride), and the result is transposed
- * back. Planes too big for the cache go in bands of output rows. */
+/* A plane row of a few dozen positions wastes most of a vector, so with AVX-512 or AVX2 the windowed
+ * operators (depthwise convolution, max and average pooling) may put channels across the vectors
+ * instead: a block of 16 channels (8 with AVX2: one vector) is transposed into positions x channels
+ * with its padding, each output position combines its taps as whole vectors (aligned loads whatever
+ * the stride), and the result is transposed back. Planes too big for the cache go in bands of output
+ * rows. */
 
 typedef enum wb_kind { WB_CONV, WB_MAX, WB_AVG } wb_kind;
 
@@ -444,6 +445,18 @@ static int64_t wb_extent(const window *w, int i)
 	return reach > padded ? reach : padded;
 }
 
+/* Channels in a block: one vector of the path. */
+static int64_t wb_lanes(void) { return tern_isa() == TERN_ISA_AVX512 ? 16 : 8; }
+
+/* Which instance of a kind suits the window: one of the fixed shapes, else the general one (4). */
+static int wb_shape(const window *w)
+{
+	if (w->d[1] == 1 && w->d[2] == 1 && w->k[1] == w->k[2] && w->s[1] == w->s[2] && w->s[1] <= 2 &&
+	    (w->k[1] == 3 || w->k[1] == 5))
+		return (w->k[1] == 5) * 2 + (w->s[1] == 2);
+	return 4;
+}
+
 /* Padded input rows a band of `band` output rows reads. */
 static int64_t wb_rows(const window *w, int64_t band) { return (band - 1) * w->s[1] + (w->k[1] - 1) * w->d[1] + 1; }
 
@@ -454,13 +467,13 @@ static int64_t wb_rows(const window *w, int64_t band) { return (band - 1) * w->s
 static bool wb_plan(const window *w, int64_t *band, int64_t *slot_elems)
 {
 #if defined(__x86_64__) && defined(__GNUC__)
-	if (tern_isa() < TERN_ISA_AVX512 || w->k[0] != 1 || w->in[0] != 1 || w->k[1] * w->k[2] > 64)
+	if (tern_isa() < TERN_ISA_AVX2 || w->k[0] != 1 || w->in[0] != 1 || w->k[1] * w->k[2] > 64)
 		return false;
-	int64_t wp = wb_extent(w, 2), b = w->out[1];
-	while (b > 1 && wb_rows(w, b) * wp * 16 > WB_BAND_FLOATS)
+	int64_t wp = wb_extent(w, 2), b = w->out[1], lanes = wb_lanes();
+	while (b > 1 && wb_rows(w, b) * wp * lanes > WB_BAND_FLOATS)
 		b--;
 	*band = b;
-	*slot_elems = (wb_rows(w, b) * wp + b * w->out[2]) * 16;
+	*slot_elems = (wb_rows(w, b) * wp + b * w->out[2]) * lanes;
 	return true;
 #else
 	return false;
@@ -534,14 +547,6 @@ static const wb_fn wb_fns[3][5] = {
 	{wb_avg_3x3s1, wb_avg_3x3s2, wb_avg_5x5s1, wb_avg_5x5s2, wb_avg_any},
 };
 
-static wb_fn wb_pick(const window *w, wb_kind kind)
-{
-	int shape = 4;
-	if (w->d[1] == 1 && w->d[2] == 1 && w->k[1] == w->k[2] && w->s[1] == w->s[2] && w->s[1] <= 2 &&
-	    (w->k[1] == 3 || w->k[1] == 5))
-		shape = (w->k[1] == 5) * 2 + (w->s[1] == 2);
-	return wb_fns[kind][shape];
-}
 
 /* Blocks [begin, end) of 16 channels (batch-major). */
 DW512 static void wb_task(void *ctx, int64_t begin, int64_t end, int64_t slot)
@@ -552,7 +557,7 @@ DW512 static void wb_task(void *ctx, int64_t begin, int64_t end, int64_t slot)
 	int64_t wp = wb_extent(w, 2), blocks = (j->channels + 15) / 16, kk = w->k[1] * w->k[2];
 	float *t = j->scratch + slot * j->slot_elems, *o = t + wb_rows(w, j->band) * wp * 16;
 	__m512 pad = _mm512_set1_ps(j->kind == WB_MAX ? -INFINITY : 0);
-	wb_fn fn = wb_pick(w, j->kind);
+	wb_fn fn = wb_fns[j->kind][wb_shape(w)];
 	__m512 wv[64];
 	for (int64_t blk = begin; blk < end; blk++) {
 		int64_t n = blk / blocks, c0 = blk % blocks * 16, nc = j->channels - c0 < 16 ? j->channels - c0 : 16;
@@ -622,10 +627,176 @@ DW512 static void wb_task(void *ctx, int64_t begin, int64_t end, int64_t slot)
 	}
 }
 
+/* The same engine with AVX2: blocks of 8 channels, one 256-bit vector per position. */
+#define WB8 TERN_TARGET_AVX2
+
+/* Transposes 8 x 8 floats held in 8 AVX registers: r[i] lane j becomes r[j] lane i. */
+WB8 static inline __attribute__((always_inline)) void tr8(__m256 r[8])
+{
+	__m256 t[8], u[8];
+	for (int i = 0; i < 8; i += 2) {
+		t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+		t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+	}
+	for (int i = 0; i < 8; i += 4) {
+		u[i] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+		u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+		u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+		u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+	}
+	for (int i = 0; i < 4; i++) {
+		r[i] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x20);
+		r[i + 4] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x31);
+	}
+}
+
+/* Lanes below n set: a mask for the AVX2 masked loads and stores. */
+WB8 static inline __attribute__((always_inline)) __m256i lanes_below(int64_t n)
+{
+	return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+/* wb_row with 8 channels a position. */
+WB8 static inline __attribute__((always_inline)) void wb_row8(const wb_kind kind, const int kh, const int kw,
+                                                              const int64_t s1, const int64_t s2, const int64_t d1,
+                                                              const int64_t d2, const float *restrict t, int64_t wp,
+                                                              const __m256 *restrict wv, __m256 bias,
+                                                              float *restrict o, int64_t o1, int64_t o2n)
+{
+	for (int64_t o2 = 0; o2 < o2n; o2++) {
+		__m256 acc0 = kind == WB_CONV ? bias : _mm256_set1_ps(kind == WB_MAX ? -INFINITY : 0), acc1 = acc0;
+		if (kind == WB_CONV)
+			acc1 = _mm256_setzero_ps();
+		for (int k1 = 0; k1 < kh; k1++) {
+			const float *row = t + ((o1 * s1 + k1 * d1) * wp + o2 * s2) * 8;
+			for (int k2 = 0; k2 < kw; k2++) {
+				__m256 v = _mm256_load_ps(row + k2 * d2 * 8);
+				bool odd = (k1 * kw + k2) % 2;
+				if (kind == WB_CONV && odd)
+					acc1 = _mm256_fmadd_ps(wv[k1 * kw + k2], v, acc1);
+				else if (kind == WB_CONV)
+					acc0 = _mm256_fmadd_ps(wv[k1 * kw + k2], v, acc0);
+				else if (kind == WB_MAX && odd)
+					acc1 = _mm256_max_ps(acc1, v);
+				else if (kind == WB_MAX)
+					acc0 = _mm256_max_ps(acc0, v);
+				else if (odd)
+					acc1 = _mm256_add_ps(acc1, v);
+				else
+					acc0 = _mm256_add_ps(acc0, v);
+			}
+		}
+		_mm256_store_ps(o + o2 * 8, kind == WB_MAX ? _mm256_max_ps(acc0, acc1) : _mm256_add_ps(acc0, acc1));
+	}
+}
+
+typedef void (*wb8_fn)(const window *w, const float *t, int64_t wp, const __m256 *wv, __m256 bias, float *o,
+                       int64_t rows);
+#define DEF_WB8(NAME, KIND, KH, KW, S1, S2, D1, D2)                                                             \
+	WB8 static void NAME(const window *w, const float *t, int64_t wp, const __m256 *wv, __m256 bias, float *o, \
+	                     int64_t rows)                                                                         \
+	{                                                                                                       \
+		for (int64_t o1 = 0; o1 < rows; o1++)                                                               \
+			wb_row8(KIND, KH, KW, S1, S2, D1, D2, t, wp, wv, bias, o + o1 * w->out[2] * 8, o1, w->out[2]);  \
+	}
+#define DEF_WB8_KIND(K, KIND)                                    \
+	DEF_WB8(wb8_##K##_3x3s1, KIND, 3, 3, 1, 1, 1, 1)          \
+	DEF_WB8(wb8_##K##_3x3s2, KIND, 3, 3, 2, 2, 1, 1)          \
+	DEF_WB8(wb8_##K##_5x5s1, KIND, 5, 5, 1, 1, 1, 1)          \
+	DEF_WB8(wb8_##K##_5x5s2, KIND, 5, 5, 2, 2, 1, 1)          \
+	DEF_WB8(wb8_##K##_any, KIND, (int)w->k[1], (int)w->k[2], w->s[1], w->s[2], w->d[1], w->d[2])
+DEF_WB8_KIND(conv, WB_CONV)
+DEF_WB8_KIND(max, WB_MAX)
+DEF_WB8_KIND(avg, WB_AVG)
+
+static const wb8_fn wb8_fns[3][5] = {
+	{wb8_conv_3x3s1, wb8_conv_3x3s2, wb8_conv_5x5s1, wb8_conv_5x5s2, wb8_conv_any},
+	{wb8_max_3x3s1, wb8_max_3x3s2, wb8_max_5x5s1, wb8_max_5x5s2, wb8_max_any},
+	{wb8_avg_3x3s1, wb8_avg_3x3s2, wb8_avg_5x5s1, wb8_avg_5x5s2, wb8_avg_any},
+};
+
+/* wb_task with AVX2: blocks [begin, end) of 8 channels (batch-major). */
+WB8 static void wb_task8(void *ctx, int64_t begin, int64_t end, int64_t slot)
+{
+	const wb_job *j = ctx;
+	const window *w = j->w;
+	int64_t in2 = w->in[2], out2 = w->out[2], in_sp = w->in[1] * in2, out_sp = w->out[1] * out2;
+	int64_t wp = wb_extent(w, 2), blocks = (j->channels + 7) / 8, kk = w->k[1] * w->k[2];
+	float *t = j->scratch + slot * j->slot_elems, *o = t + wb_rows(w, j->band) * wp * 8;
+	__m256 pad = _mm256_set1_ps(j->kind == WB_MAX ? -INFINITY : 0);
+	wb8_fn fn = wb8_fns[j->kind][wb_shape(w)];
+	__m256 wv[64];
+	for (int64_t blk = begin; blk < end; blk++) {
+		int64_t n = blk / blocks, c0 = blk % blocks * 8, nc = j->channels - c0 < 8 ? j->channels - c0 : 8;
+		const float *x = j->x + (n * j->channels + c0) * in_sp;
+		float *y = j->y + (n * j->channels + c0) * out_sp;
+		__m256 bias = _mm256_setzero_ps();
+		if (j->kind == WB_CONV) {
+			for (int64_t k = 0; k < kk; k++) {
+				float v[8] = {0};
+				for (int64_t ch = 0; ch < nc; ch++)
+					v[ch] = j->wt[(c0 + ch) * kk + k];
+				wv[k] = _mm256_loadu_ps(v);
+			}
+			if (j->bias)
+				bias = _mm256_maskload_ps(j->bias + c0, lanes_below(nc));
+		}
+		for (int64_t o1a = 0; o1a < w->out[1]; o1a += j->band) {
+			int64_t rows = w->out[1] - o1a < j->band ? w->out[1] - o1a : j->band, tr = wb_rows(w, rows);
+			int64_t r0 = o1a * w->s[1] - w->pb[1], ra = r0 < 0 ? 0 : r0, rb = r0 + tr < w->in[1] ? r0 + tr : w->in[1];
+			for (int64_t i = 0; i < tr && (blk == begin || j->band < w->out[1]); i++) {
+				float *row = t + i * wp * 8;
+				bool inside = r0 + i >= 0 && r0 + i < w->in[1];
+				for (int64_t c = 0; c < (inside ? w->pb[2] : wp); c++)
+					_mm256_store_ps(row + c * 8, pad);
+				for (int64_t c = inside ? w->pb[2] + in2 : wp; c < wp; c++)
+					_mm256_store_ps(row + c * 8, pad);
+			}
+			for (int64_t p0 = ra * in2; p0 < rb * in2; p0 += 8) {
+				int64_t np = rb * in2 - p0 < 8 ? rb * in2 - p0 : 8;
+				__m256i m = lanes_below(np);
+				__m256 r[8];
+				for (int ch = 0; ch < 8; ch++) {
+					r[ch] = ch < nc ? _mm256_maskload_ps(x + ch * in_sp + p0, m) : _mm256_setzero_ps();
+					if (ch < nc)
+						_mm_prefetch((const char *)(x + ch * in_sp + p0 + WB_PREFETCH), _MM_HINT_T0);
+				}
+				tr8(r);
+				for (int64_t l = 0, row = p0 / in2, col = p0 % in2; l < np; l++) {
+					_mm256_store_ps(t + ((row - r0) * wp + col + w->pb[2]) * 8, r[l]);
+					if (++col == in2) {
+						col = 0;
+						row++;
+					}
+				}
+			}
+			fn(w, t, wp, wv, bias, o, rows);
+			int64_t q0 = o1a * out2, nq = rows * out2;
+			for (int64_t p0 = 0; p0 < nq; p0 += 8) {
+				int64_t np = nq - p0 < 8 ? nq - p0 : 8;
+				__m256i m = lanes_below(np);
+				__m256 r[8];
+				for (int l = 0; l < 8; l++) {
+					r[l] = l < np ? _mm256_load_ps(o + (p0 + l) * 8) : _mm256_setzero_ps();
+					if (j->kind == WB_AVG && l < np)
+						r[l] = _mm256_mul_ps(r[l], _mm256_set1_ps(j->recip[q0 + p0 + l]));
+				}
+				tr8(r);
+				for (int ch = 0; ch < nc; ch++)
+					_mm256_maskstore_ps(y + ch * out_sp + q0 + p0, m, r[ch]);
+			}
+		}
+		if (j->act)
+			tern_act_run(j->act, y, j->z ? j->z + (n * j->channels + c0) * out_sp : NULL, nc * out_sp);
+	}
+}
+
 static void wb_run(tern_threadpool *pool, const wb_job *j, int64_t slots)
 {
-	int64_t blocks = j->n * ((j->channels + 15) / 16), work = 16 * j->w->out[1] * j->w->out[2] * j->w->k[1] * j->w->k[2];
-	parallel_slots(pool, blocks, work >= 16384 ? 1 : 16384 / (work > 0 ? work : 1), slots, wb_task, (void *)j);
+	int64_t lanes = wb_lanes(), blocks = j->n * ((j->channels + lanes - 1) / lanes);
+	int64_t work = lanes * j->w->out[1] * j->w->out[2] * j->w->k[1] * j->w->k[2];
+	parallel_slots(pool, blocks, work >= 16384 ? 1 : 16384 / (work > 0 ? work : 1), slots,
+	               lanes == 16 ? wb_task : wb_task8, (void *)j);
 }
 #else
 static void wb_run(tern_threadpool *pool, const wb_job *j, int64_t slots) {}

@@ -1,0 +1,232 @@
+#!/usr/bin/env python3
+"""Per-kernel report: each hot kernel class as a one-node graph, run by tern-run on every
+instruction-set path the machine has (TERN_ISA) and by onnxruntime, with GFLOP/s (GB/s for the
+memory-bound classes) and the fraction of that path's peak on this machine.
+
+Peaks come from tests/bench/isa_peak (built with tern): independent multiply-adds on one thread for
+GFLOP/s, y += x over arrays in the first cache for GB/s, each on the path's own vector width. The
+onnxruntime column runs on whatever its own dispatch picks (it has no cap), so it is a time to read
+beside tern's, not a fraction of one path. A class is "within 10 %" when its fraction of the lower
+path's peak is at least 0.9 times its fraction of the top path's.
+
+Every graph's outputs are compared with onnxruntime's first (bench.py's parity bound). Measurements
+alternate between the runners over --rounds rounds, each a fresh process; a time is the median over
+rounds of each round's median, at one thread.
+
+Usage: .venv/bin/python scripts/bench_kernels.py [--kernels a,b] [--rounds R] [--quick] [--json FILE]
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import bench
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+PATHS = ["avx512", "avx2", "generic"]
+
+
+def conv(name, c, h, w, m, k, stride=1, group=1, pad=None, optimize=False):
+    pad = k // 2 if pad is None else pad
+    ho, wo = (h + 2 * pad - k) // stride + 1, (w + 2 * pad - k) // stride + 1
+    rng = np.random.default_rng(0)
+    wt = rng.standard_normal((m, c // group, k, k), dtype=np.float32) * 0.1
+    bias = rng.standard_normal(m, dtype=np.float32) * 0.1
+    node = helper.make_node("Conv", ["x", "w", "b"], ["y"], kernel_shape=[k, k], strides=[stride, stride],
+                            pads=[pad] * 4, group=group)
+    graph = helper.make_graph([node], name, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, h, w])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, m, ho, wo])],
+                              [onnx.numpy_helper.from_array(wt, "w"), onnx.numpy_helper.from_array(bias, "b")])
+    flops = 2.0 * m * ho * wo * (c // group) * k * k
+    return graph, {"x": (1, c, h, w)}, flops, None
+
+
+def pool(name, op, c, h, w, k=0, stride=1):
+    if op == "GlobalAveragePool":
+        node, out = helper.make_node(op, ["x"], ["y"]), [1, c, 1, 1]
+    else:
+        ho = (h + 2 * (k // 2) - k) // stride + 1
+        node = helper.make_node(op, ["x"], ["y"], kernel_shape=[k, k], strides=[stride, stride], pads=[k // 2] * 4)
+        out = [1, c, ho, ho]
+    graph = helper.make_graph([node], name, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, h, w])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, out)])
+    return graph, {"x": (1, c, h, w)}, None, 4.0 * (c * h * w + np.prod(out))
+
+
+def matmul(name, m, k, n):
+    rng = np.random.default_rng(0)
+    wt = rng.standard_normal((k, n), dtype=np.float32) * 0.1
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], name,
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, m, k])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, m, n])],
+                              [onnx.numpy_helper.from_array(wt, "w")])
+    return graph, {"x": (1, m, k)}, 2.0 * m * k * n, None
+
+
+def swish(name, c, h, w):
+    """x * sigmoid(x): tern-optimize makes it one fused elementwise program."""
+    nodes = [helper.make_node("Sigmoid", ["x"], ["s"]), helper.make_node("Mul", ["x", "s"], ["y"])]
+    shape = [1, c, h, w]
+    graph = helper.make_graph(nodes, name, [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)])
+    return graph, {"x": tuple(shape)}, None, 8.0 * c * h * w
+
+
+def attention(name, s, heads, d):
+    """softmax(Q K^T / sqrt(d)) V over heads, the pattern tern-optimize fuses into tern.Attention."""
+    shape = [1, heads, s, d]
+    scale = helper.make_tensor("scale", TensorProto.FLOAT, [], [1.0 / np.sqrt(d)])
+    nodes = [helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
+             helper.make_node("MatMul", ["q", "kt"], ["qk"]),
+             helper.make_node("Mul", ["qk", "scale"], ["scores"]),
+             helper.make_node("Softmax", ["scores"], ["p"], axis=-1),
+             helper.make_node("MatMul", ["p", "v"], ["y"])]
+    graph = helper.make_graph(nodes, name, [helper.make_tensor_value_info(n, TensorProto.FLOAT, shape) for n in "qkv"],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)], [scale])
+    return graph, {n: tuple(shape) for n in "qkv"}, 4.0 * heads * s * s * d, None
+
+
+# name -> (builder, arguments, run through tern-optimize -O2 first)
+KERNELS = {
+    "conv1x1 96>24 56x56": (conv, (96, 56, 56, 24, 1), False),
+    "conv1x1 256>64 56x56": (conv, (256, 56, 56, 64, 1), False),
+    "conv3x3 64>64 56x56": (conv, (64, 56, 56, 64, 3), False),
+    "conv3x3 256>256 14x14": (conv, (256, 14, 14, 256, 3), False),
+    "stem 3x3s2 3>32 224x224": (conv, (3, 224, 224, 32, 3, 2), False),
+    "stem 7x7s2 3>64 224x224": (conv, (3, 224, 224, 64, 7, 2), False),
+    "depthwise 3x3 144 56x56": (conv, (144, 56, 56, 144, 3, 1, 144), False),
+    "depthwise 3x3s2 96 112x112": (conv, (96, 112, 112, 96, 3, 2, 96), False),
+    "depthwise 5x5 240 28x28": (conv, (240, 28, 28, 240, 5, 1, 240), False),
+    "depthwise 3x3 576 7x7": (conv, (576, 7, 7, 576, 3, 1, 576), False),
+    "grouped 3x3 g13 104 28x28": (conv, (104, 28, 28, 104, 3, 1, 13), False),
+    "gemm 32x192 * 192x768": (matmul, (32, 192, 768), False),
+    "gemm 32x768 * 768x192": (matmul, (32, 768, 192), False),
+    "maxpool 3x3s2 64 112x112": (pool, ("MaxPool", 64, 112, 112, 3, 2), False),
+    "avgpool global 1280 7x7": (pool, ("GlobalAveragePool", 1280, 7, 7), False),
+    "fused swish 144 56x56": (swish, (144, 56, 56), True),
+    "attention 32x4x48": (attention, (32, 4, 48), True),
+}
+
+
+def machine_paths(peak_exe):
+    """{path: {"gflops", "gbps"}} for the paths this machine has (TERN_ISA unset)."""
+    env = {k: v for k, v in os.environ.items() if k != "TERN_ISA"}
+    out = subprocess.run([peak_exe], capture_output=True, text=True, check=True, env=env).stdout
+    return json.loads(out)
+
+
+def main():
+    ap = argparse.ArgumentParser(description="Per-kernel GFLOP/s and fraction of peak on every instruction-set path.")
+    build = os.environ.get("TERN_BUILD", "build")
+    ap.add_argument("--kernels", type=bench.parse_list, default=list(KERNELS), help="comma-separated names")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--target", type=float, default=0.5, help="seconds of timed runs per measurement")
+    ap.add_argument("--quick", action="store_true", help="2 rounds of about 0.2 s: a smoke test")
+    ap.add_argument("--json", metavar="FILE")
+    ap.add_argument("--tern-run", default=os.path.join(build, "bin", "tern-run"))
+    ap.add_argument("--tern-optimize", default=os.path.join(build, "bin", "tern-optimize"))
+    ap.add_argument("--isa-peak", default=os.path.join(build, "tests", "bench", "isa_peak"))
+    ap.add_argument("--ort-python", default=bench.BENCH_PYTHON if os.access(bench.BENCH_PYTHON, os.X_OK) else sys.executable)
+    opt = ap.parse_args()
+    if opt.quick:
+        opt.rounds, opt.target = 2, 0.2
+    for k in opt.kernels:
+        if k not in KERNELS:
+            sys.exit(f"bench_kernels: unknown kernel {k!r} (known: {', '.join(KERNELS)})")
+    bench.ORT_PYTHON = opt.ort_python
+    peaks = machine_paths(opt.isa_peak)
+    paths = [p for p in PATHS if p in peaks]
+    info = bench.machine()
+    info["versions"] = bench.versions(opt.tern_run)
+    info["peaks"] = peaks
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="tern-kernels.") as work:
+        for name in opt.kernels:
+            builder, args, fuse = KERNELS[name]
+            graph, shapes, flops, nbytes = builder(name.replace(" ", "_"), *args)
+            model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+            model.ir_version = 8
+            path = os.path.join(work, "k.onnx")
+            onnx.save(model, path)
+            tern_path = path
+            if fuse:
+                tern_path = os.path.join(work, "k.opt.onnx")
+                bench.run_process([opt.tern_optimize, "-O2", "-o", tern_path, path])
+            rng = np.random.default_rng(1)
+            inputs = {}
+            for n, shape in shapes.items():
+                inputs[n] = os.path.join(work, n + ".npy")
+                np.save(inputs[n], rng.standard_normal(shape, dtype=np.float32))
+            # parity on every path first, then a latency estimate that sizes the runs
+            ort_dir = os.path.join(work, "ort")
+            os.makedirs(ort_dir, exist_ok=True)
+            est = bench.child_measure("ort", path, inputs, 1, 3, 1, out_dir=ort_dir)["ms"]
+            for p in paths:
+                bench.TERN_ISA = p
+                d = os.path.join(work, "tern-" + p)
+                os.makedirs(d, exist_ok=True)
+                bench.tern_measure(opt.tern_run, tern_path, inputs, 1, 1, 0, out_dir=d)
+                ratio, problem = bench.compare_outputs(ort_dir, d)
+                if problem:
+                    sys.exit(f"bench_kernels: {name} on {p}: outputs differ from onnxruntime's: {problem}")
+            iters, warmup = bench.iterations(est, opt.target)
+
+            def tern_runner(p):
+                def run():
+                    bench.TERN_ISA = p
+                    return bench.tern_measure(opt.tern_run, tern_path, inputs, 1, iters, warmup)
+                return run
+
+            runners = {p: (tern_runner(p), opt.rounds) for p in paths}
+            runners["ort"] = (lambda: bench.child_measure("ort", path, inputs, 1, iters, warmup), opt.rounds)
+            bench.log(f"bench_kernels: {name}")
+            res = {k: bench.summary(v)["ms"] for k, v in bench.alternate(runners, opt.rounds).items()}
+            row = {"kernel": name, "ms": res, "flops": flops, "bytes": nbytes}
+            for p in paths:
+                if flops:
+                    rate = flops / (res[p] * 1e-3) * 1e-9
+                    row.setdefault("gflops", {})[p] = rate
+                    row.setdefault("fraction", {})[p] = rate / peaks[p]["gflops"]
+                else:
+                    rate = nbytes / (res[p] * 1e-3) * 1e-9
+                    row.setdefault("gbps", {})[p] = rate
+                    row.setdefault("fraction", {})[p] = rate / peaks[p]["gbps"]
+            rows.append(row)
+    bench.TERN_ISA = None
+    info["load_average_end"] = os.getloadavg()
+
+    def markdown():
+        out = [*bench.header_lines(info),
+               "Versions: " + ", ".join(f"{k} {v}" for k, v in info["versions"].items()) + ".",
+               "Peaks (one thread): " + "; ".join(f"{p} {peaks[p]['gflops']:.1f} GFLOP/s, {peaks[p]['gbps']:.1f} GB/s"
+                                                  for p in paths) + ".", ""]
+        header = ["kernel", "unit"] + [f"{p} rate" for p in paths] + [f"{p} of peak" for p in paths]
+        header += [f"{p} ms" for p in paths] + ["ort ms", " / ".join(paths[1:]) + f" fraction ÷ {paths[0]}'s"]
+        table = []
+        for r in rows:
+            unit = "GFLOP/s" if r["flops"] else "GB/s"
+            rates = r.get("gflops") or r.get("gbps")
+            fr = r["fraction"]
+            rel = [fr[p] / fr[paths[0]] for p in paths[1:]]
+            table.append([r["kernel"], unit] + [bench.fmt(rates[p], 1) for p in paths]
+                         + [bench.fmt(fr[p], 3) for p in paths] + [bench.fmt(r["ms"][p], 4) for p in paths]
+                         + [bench.fmt(r["ms"]["ort"], 4)] + [" / ".join(bench.fmt(x, 2) for x in rel) or "—"])
+        out.append(bench.markdown_table(header, table))
+        if len(paths) > 1:
+            lo = paths[1]
+            low = [r["kernel"] for r in rows if r["fraction"][lo] < 0.9 * r["fraction"][paths[0]]]
+            out += ["", f"- {lo} within 10 % of {paths[0]}'s fraction of peak on every class: "
+                    + ("met" if not low else "NOT met: " + ", ".join(low))]
+        return "\n".join(out)
+
+    bench.write_results(opt.json, {"machine": info, "kernels": rows}, markdown)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
