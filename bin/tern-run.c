@@ -31,6 +31,7 @@ struct run {
 	int threads;
 	const char *profile;
 	int single_stream;
+	int optimize; /* --optimize LEVEL; -1 when not given */
 	int graph_from_stdin;
 };
 
@@ -46,6 +47,7 @@ enum {
 	OPT_THREADS,
 	OPT_PROFILE,
 	OPT_SINGLE_STREAM,
+	OPT_OPTIMIZE,
 };
 
 static const struct argp_option options[] = {
@@ -67,6 +69,10 @@ static const struct argp_option options[] = {
         {"warmup", OPT_WARMUP, "W", 0, "untimed runs before them (default 0)", 3},
         {"threads", OPT_THREADS, "N", 0, "threads for streams and within operators (default 1; 0: one per CPU)", 3},
         {"single-stream", OPT_SINGLE_STREAM, NULL, 0, "run nodes one after another, ignoring a schedule in the graph",
+         3},
+        {"optimize", OPT_OPTIMIZE, "LEVEL", 0,
+         "rewrite the graph in memory as tern-optimize -OLEVEL does before planning (default 2; 0: run it as "
+         "given; a scheduled graph runs as given unless this is set)",
          3},
         {0},
 };
@@ -106,6 +112,36 @@ static const int64_t *find_dim(const struct run *run, const char *name)
 	return NULL;
 }
 
+static double now_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+/* What onnxruntime does when a session loads, with tern-optimize's passes: fused convolutions and
+ * products, elementwise chains, folded constants. A schedule was made for the graph as it is, so a
+ * scheduled graph is rewritten (and its schedule dropped) only when --optimize asks for it. */
+static void optimize_graph(const struct run *run, tern_model *model)
+{
+	int level = run->optimize < 0 ? 2 : run->optimize;
+	if (level == 0)
+		return;
+	if (tern_model_meta(model, "tern.schedule")) {
+		if (run->optimize < 0) {
+			tern_cli_verbose(1, "the graph is scheduled: running it as given (--optimize rewrites it and drops "
+			                    "the schedule)");
+			return;
+		}
+		tern_model_drop_meta_prefix(model, "tern.");
+		tern_cli_verbose(1, "--optimize %d: dropped the graph's annotations, which the rewrite makes stale", level);
+	}
+	const tern_optimize_options o = {.level = level};
+	double t0 = now_ms();
+	tern_cli_check(tern_optimize(model, &o, NULL, NULL));
+	tern_cli_verbose(1, "optimised at level %d in %.3f ms", level, now_ms() - t0);
+}
+
 static error_t parse_option(int key, char *arg, struct argp_state *state)
 {
 	struct run *run = state->input;
@@ -138,6 +174,7 @@ static error_t parse_option(int key, char *arg, struct argp_state *state)
 	case OPT_ITERS: run->iters = (int)parse_count(state, "--iters", arg, 1, 1000000000); return 0;
 	case OPT_WARMUP: run->warmup = (int)parse_count(state, "--warmup", arg, 0, 1000000000); return 0;
 	case OPT_THREADS: run->threads = (int)parse_count(state, "--threads", arg, 0, 4096); return 0;
+	case OPT_OPTIMIZE: run->optimize = (int)parse_count(state, "--optimize", arg, 0, 3); return 0;
 	case OPT_SINGLE_STREAM: run->single_stream = 1; return 0;
 	default: return ARGP_ERR_UNKNOWN;
 	}
@@ -652,12 +689,6 @@ static void write_profile(const char *path, const tern_plan *plan)
 
 /* ---------------------------------------------------------------- main */
 
-static double now_ms(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
 
 static int compare_double(const void *a, const void *b)
 {
@@ -667,7 +698,7 @@ static int compare_double(const void *a, const void *b)
 
 int main(int argc, char **argv)
 {
-	struct run run = {.iters = 1, .threads = 1};
+	struct run run = {.iters = 1, .threads = 1, .optimize = -1};
 	const tern_cli_tool tool = {
 	        .name = "tern-run",
 	        .doc = "Run a graph on inputs from .npy or .pb files, or random ones; write, print and time its "
@@ -690,6 +721,7 @@ int main(int argc, char **argv)
 	run.graph_from_stdin = !cli.input;
 
 	tern_model *model = tern_cli_load(&cli);
+	optimize_graph(&run, model);
 	const char *graph = tern_model_source(model);
 	int n_inputs = tern_model_num_inputs(model);
 	tern_tensor *inputs = read_inputs(&run, model, n_inputs);

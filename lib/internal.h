@@ -22,7 +22,12 @@ static inline int tern_isa(void)
 }
 #if defined(__x86_64__) && defined(__GNUC__)
 #define TERN_HAVE_ISA_TARGETS 1
+/* GCC vectorises loops 256 bits wide even for x86-64-v4 unless told otherwise */
+#if defined(__clang__)
 #define TERN_TARGET_AVX512 __attribute__((target("arch=x86-64-v4")))
+#else
+#define TERN_TARGET_AVX512 __attribute__((target("arch=x86-64-v4,prefer-vector-width=512")))
+#endif
 #define TERN_TARGET_AVX2 __attribute__((target("arch=x86-64-v3")))
 #else
 #define TERN_HAVE_ISA_TARGETS 0

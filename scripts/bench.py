@@ -493,7 +493,8 @@ def report(opt, info, rows, chains, baseline):
            "Versions: " + ", ".join(f"{k} {v}" for k, v in info["versions"].items()) + ".",
            f"Method: {opt.rounds} alternating rounds (PyTorch {min(opt.rounds, opt.torch_rounds)}), each a fresh process; "
            f"latency = median over rounds of each round's median (fastest: the single fastest run of each), batch 1; tern runs "
-           + ("tern-optimize's output" if opt.optimize else "the graph as exported") + f"; MB = peak RSS of the whole process; "
+           + ("tern-optimize's output" if opt.optimize else "the graph as exported, which tern-run rewrites in memory "
+              "before planning (its default --optimize 2), as onnxruntime does at ORT_ENABLE_ALL") + f"; MB = peak RSS of the whole process; "
            f"net = minus the same runtime's peak RSS on a one-node graph (tern {baseline['tern']:.1f} MB, "
            f"onnxruntime in Python {baseline['ort']:.1f} MB).", ""]
     header = ["model", "threads", "tern ms", "ort ms", "tern/ort", "fastest tern/ort", "torch ms", "tern MB", "ort MB",

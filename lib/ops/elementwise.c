@@ -1,6 +1,11 @@
 /* elementwise.c — elementwise operators: unary math and activations, broadcasting arithmetic, comparison
  * and logic, variadic Sum/Mean/Max/Min, Where, Clip and Cast. Kernels are row functions instantiated
  * per element type by macros; one driver walks the broadcast output and splits it across threads. */
+/* GCC's default -ftrapping-math keeps float comparisons from becoming vector selects; tern never reads
+ * the floating-point exception flags. Before the includes, as in matmul.c. */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("no-trapping-math")
+#endif
 #include "internal.h"
 #include "ops/gemm.h"
 #include "ops/ops_common.h"
@@ -135,15 +140,15 @@ typedef struct ew_params {
 #define EW_DT_u64 TERN_UINT64
 #define EW_DT_b8 TERN_BOOL
 
-/* Float32 kernels are also built for AVX2 and run on the path tern_isa() names: twice the vector
- * width for the transcendental activations. No FMA contraction happens in ISO C mode, so both builds
- * give the same results. EW_FN_sfx(F, BODY) defines the row kernel F. */
+/* Float32 kernels are also built for AVX2 and AVX-512 and run on the path tern_isa() names: two and
+ * four times the vector width for the transcendental activations. No FMA contraction happens in ISO C
+ * mode, so every build gives the same results. EW_FN_sfx(F, BODY) defines the row kernel F. */
 #define EW_FN_f32(F, ...)                              \
 	TERN_ISA_BODY void F##_body(const ew_row *r) \
 	{                                              \
 		__VA_ARGS__                            \
 	}                                              \
-	TERN_ISA_VARIANTS2(void, F, (const ew_row *r), (r))
+	TERN_ISA_VARIANTS3(void, F, (const ew_row *r), (r))
 #define EW_FN_PLAIN(F, ...)              \
 	static void F(const ew_row *r) \
 	{                                \
@@ -256,7 +261,7 @@ EW_TABLE(selu, EW_FLOATS(EW_ENTRY, selu, ~));
 EW_FLOATS(EW_U, celu, v > 0 ? v : (ET)at->alpha * expm1(v / (ET)at->alpha))
 EW_TABLE(celu, EW_FLOATS(EW_ENTRY, celu, ~));
 
-EW_U(sigmoid, 1 / (1 + tern_fast_expf(-v)), f32, float, float)
+EW_U(sigmoid, tern_fast_sigmoidf(v), f32, float, float)
 EW_U(sigmoid, 1 / (1 + exp(-v)), f64, double, double)
 EW_TABLE(sigmoid, EW_FLOATS(EW_ENTRY, sigmoid, ~));
 

@@ -149,28 +149,6 @@ static inline float hard_sigmoid(float x)
 	return x < 0 ? 0 : x > 1 ? 1 : x;
 }
 
-/* 1 / (1 + exp(-x)) from e = exp(-|x|) <= 1, which cannot overflow: 2^n 2^f with f in [-1/2, 1/2] by a
- * polynomial (relative error about 2e-7), n >= -126 so that 2^n is built from its exponent bits. */
-static inline float sigmoid(float x)
-{
-	float ax = x < 0 ? -x : x, t = ax * -1.44269504f;
-	t = t < -126.0f ? -126.0f : t;
-	const float magic = 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer */
-	float n = (t + magic) - magic, f = t - n;
-	float p = 1.535336188319500e-4f;
-	p = p * f + 1.339887440266574e-3f;
-	p = p * f + 9.618437357674640e-3f;
-	p = p * f + 5.550332471162809e-2f;
-	p = p * f + 2.402264791363012e-1f;
-	p = p * f + 6.931472028550421e-1f;
-	p = p * f + 1.0f;
-	int32_t bits = ((int32_t)n + 127) << 23;
-	float scale;
-	memcpy(&scale, &bits, sizeof scale);
-	float e = p * scale, r = 1.0f / (1.0f + e);
-	return x >= 0 ? r : e * r;
-}
-
 bool tern_act_from_node(const tern_node *node, tern_act *act)
 {
 	static const struct {
@@ -228,8 +206,8 @@ TERN_ISA_BODY void act_rows_body(const tern_act *act, float *restrict y, const f
 	case TERN_ACT_RELU: ACT_LOOP(x > 0 ? x : 0); break;
 	case TERN_ACT_CLIP: ACT_LOOP(x < al ? al : x > be ? be : x); break;
 	case TERN_ACT_LEAKYRELU: ACT_LOOP(x >= 0 ? x : al * x); break;
-	case TERN_ACT_SIGMOID: ACT_LOOP(sigmoid(x)); break;
-	case TERN_ACT_SILU: ACT_LOOP(x * sigmoid(x)); break;
+	case TERN_ACT_SIGMOID: ACT_LOOP(tern_fast_sigmoidf(x)); break;
+	case TERN_ACT_SILU: ACT_LOOP(x * tern_fast_sigmoidf(x)); break;
 	case TERN_ACT_TANH: ACT_LOOP(tern_fast_tanhf(x)); break;
 	case TERN_ACT_HARDSIGMOID: ACT_LOOP(hard_sigmoid(al * x + be)); break;
 	case TERN_ACT_HARDSWISH: ACT_LOOP(x * hard_sigmoid(al * x + be)); break;

@@ -103,6 +103,29 @@ static inline float tern_fast_expf(float x)
 	return tern_scale_pow2f(p * r * r + r + 1.0f, ti - 0x4B400000);
 }
 
+/* 1 / (1 + exp(-x)) from e = exp(-|x|) <= 1, which cannot overflow: 2^n 2^f with f in [-1/2, 1/2] by a
+ * polynomial (relative error about 2e-7), n >= -126 so that 2^n is built from its exponent bits in one
+ * factor. Selects, not branches, so that it vectorises whatever the floating-point flags. */
+static inline float tern_fast_sigmoidf(float x)
+{
+	float ax = fabsf(x), t = ax * -1.44269504f;
+	t = tern_select_f32(t < -126.0f, -126.0f, t);
+	const float magic = 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer */
+	float n = (t + magic) - magic, f = t - n;
+	float p = 1.535336188319500e-4f;
+	p = p * f + 1.339887440266574e-3f;
+	p = p * f + 9.618437357674640e-3f;
+	p = p * f + 5.550332471162809e-2f;
+	p = p * f + 2.402264791363012e-1f;
+	p = p * f + 6.931472028550421e-1f;
+	p = p * f + 1.0f;
+	int32_t bits = ((int32_t)n + 127) << 23;
+	float scale;
+	memcpy(&scale, &bits, sizeof scale);
+	float e = p * scale, r = 1.0f / (1.0f + e);
+	return tern_select_f32(x >= 0, r, e * r);
+}
+
 static inline float tern_fast_tanhf(float x)
 {
 	/* Cephes: a polynomial below |x| = 0.625, else 1 - 2 / (exp(2|x|) + 1) with x's sign. */

@@ -2,7 +2,8 @@
 """Model parity: runs each exported model in onnxruntime and in tern-run on the same seeded inputs and
 requires max|tern - ort| <= 1e-4 * max|ort| + 1e-5 for every output.
 
-Usage: .venv/bin/python tests/models/parity.py [--models DIR] [--tern-run PATH] [NAME...]
+Usage: .venv/bin/python tests/models/parity.py [--models DIR] [--tern-run PATH] [--threads N]
+                                              [--schedule TERN_SCHEDULE] [--optimize LEVEL] [NAME...]
 Defaults: DIR is $TERN_BUILD/tests/models/cache (exported on first use), PATH $TERN_BUILD/bin/tern-run.
 """
 import argparse
@@ -88,6 +89,7 @@ def main():
     ap.add_argument("--schedule", metavar="TERN_SCHEDULE",
                     help="run the models as this tern-schedule schedules them, on --threads workers")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--optimize", metavar="LEVEL", help="tern-run's --optimize (default: tern-run's own)")
     ap.add_argument("names", nargs="*", metavar="NAME")
     opt = ap.parse_args()
     names = opt.names or list(export_models.MODELS)
@@ -107,7 +109,8 @@ def main():
                 subprocess.run([opt.schedule, "-o", scheduled, path], check=True)
                 path = scheduled
             t0 = time.monotonic()
-            got, problem = run_tern(opt.tern_run, path, feeds, work, ["--threads", str(opt.threads)])
+            extra = ["--threads", str(opt.threads)] + (["--optimize", opt.optimize] if opt.optimize else [])
+            got, problem = run_tern(opt.tern_run, path, feeds, work, extra)
             secs = time.monotonic() - t0
         err, bound = float("nan"), float("nan")
         if got is not None:
