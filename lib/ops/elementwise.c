@@ -28,8 +28,8 @@
 #define EW_SRC_OUT (-1)
 /* Elements converted at a time when 16-bit floats are computed in float. */
 #define EW_BLOCK 256
-/* Fewest elements worth handing to another thread. */
-#define EW_MIN_CHUNK 16384
+/* Fewest elements worth handing to another thread (the team's workers spin before they sleep). */
+#define EW_MIN_CHUNK 4096
 
 /* Values a row kernel reads besides its inputs. */
 typedef struct ew_attrs {
