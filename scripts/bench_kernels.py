@@ -18,6 +18,7 @@ Usage: .venv/bin/python scripts/bench_kernels.py [--kernels a,b] [--rounds R] [-
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -29,6 +30,8 @@ import onnx
 from onnx import TensorProto, helper
 
 PATHS = ["avx512", "avx2", "generic"]
+# oneDNN's own cap for the same instruction sets
+DNNL_ISA = {"avx512": "AVX512_CORE", "avx2": "AVX2", "generic": "SSE41"}
 
 
 def conv(name, c, h, w, m, k, stride=1, group=1, pad=None, optimize=False):
@@ -43,7 +46,18 @@ def conv(name, c, h, w, m, k, stride=1, group=1, pad=None, optimize=False):
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, m, ho, wo])],
                               [onnx.numpy_helper.from_array(wt, "w"), onnx.numpy_helper.from_array(bias, "b")])
     flops = 2.0 * m * ho * wo * (c // group) * k * k
-    return graph, {"x": (1, c, h, w)}, flops, None
+    return graph, {"x": (1, c, h, w)}, flops, None, [c, h, w, m, k, stride, group, pad]
+
+
+def dnnl_measure(exe, shape, path, iters):
+    """oneDNN's time for a convolution on one path: the primitive alone (activations kept in its blocked
+    layout) and with the reorders from and to NCHW, as tests/bench/dnnl_conv reports them."""
+    env = {k: v for k, v in bench.child_env().items() if k != "TERN_ISA"}
+    env.update(OMP_NUM_THREADS="1", DNNL_MAX_CPU_ISA=DNNL_ISA[path])
+    p = subprocess.run([exe, *map(str, shape), str(iters)], capture_output=True, text=True, env=env)
+    if p.returncode != 0:
+        raise bench.BenchError(f"dnnl_conv exit {p.returncode}: {p.stderr.strip()}")
+    return json.loads(p.stdout)
 
 
 def pool(name, op, c, h, w, k=0, stride=1):
@@ -55,7 +69,7 @@ def pool(name, op, c, h, w, k=0, stride=1):
         out = [1, c, ho, ho]
     graph = helper.make_graph([node], name, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, h, w])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, out)])
-    return graph, {"x": (1, c, h, w)}, None, 4.0 * (c * h * w + np.prod(out))
+    return graph, {"x": (1, c, h, w)}, None, 4.0 * (c * h * w + np.prod(out)), None
 
 
 def matmul(name, m, k, n):
@@ -65,7 +79,7 @@ def matmul(name, m, k, n):
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, m, k])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, m, n])],
                               [onnx.numpy_helper.from_array(wt, "w")])
-    return graph, {"x": (1, m, k)}, 2.0 * m * k * n, None
+    return graph, {"x": (1, m, k)}, 2.0 * m * k * n, None, None
 
 
 def swish(name, c, h, w):
@@ -74,7 +88,7 @@ def swish(name, c, h, w):
     shape = [1, c, h, w]
     graph = helper.make_graph(nodes, name, [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)])
-    return graph, {"x": tuple(shape)}, None, 8.0 * c * h * w
+    return graph, {"x": tuple(shape)}, None, 8.0 * c * h * w, None
 
 
 def attention(name, s, heads, d):
@@ -88,7 +102,7 @@ def attention(name, s, heads, d):
              helper.make_node("MatMul", ["p", "v"], ["y"])]
     graph = helper.make_graph(nodes, name, [helper.make_tensor_value_info(n, TensorProto.FLOAT, shape) for n in "qkv"],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)], [scale])
-    return graph, {n: tuple(shape) for n in "qkv"}, 4.0 * heads * s * s * d, None
+    return graph, {n: tuple(shape) for n in "qkv"}, 4.0 * heads * s * s * d, None, None
 
 
 # name -> (builder, arguments, run through tern-optimize -O2 first)
@@ -131,6 +145,8 @@ def main():
     ap.add_argument("--tern-run", default=os.path.join(build, "bin", "tern-run"))
     ap.add_argument("--tern-optimize", default=os.path.join(build, "bin", "tern-optimize"))
     ap.add_argument("--isa-peak", default=os.path.join(build, "tests", "bench", "isa_peak"))
+    ap.add_argument("--dnnl-conv", default=os.path.join(build, "tests", "bench", "dnnl_conv"),
+                    help="oneDNN's convolutions beside tern's (built where libdnnl-dev is installed)")
     ap.add_argument("--ort-python", default=bench.BENCH_PYTHON if os.access(bench.BENCH_PYTHON, os.X_OK) else sys.executable)
     opt = ap.parse_args()
     if opt.quick:
@@ -148,7 +164,8 @@ def main():
     with tempfile.TemporaryDirectory(prefix="tern-kernels.") as work:
         for name in opt.kernels:
             builder, args, fuse = KERNELS[name]
-            graph, shapes, flops, nbytes = builder(name.replace(" ", "_"), *args)
+            # dnnl_shape: the convolution's arguments for tests/bench/dnnl_conv (None: not a convolution)
+            graph, shapes, flops, nbytes, dnnl_shape = builder(name.replace(" ", "_"), *args)
             model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
             model.ir_version = 8
             path = os.path.join(work, "k.onnx")
@@ -184,9 +201,18 @@ def main():
 
             runners = {p: (tern_runner(p), opt.rounds) for p in paths}
             runners["ort"] = (lambda: bench.child_measure("ort", path, inputs, 1, iters, warmup), opt.rounds)
+            if dnnl_shape and os.access(opt.dnnl_conv, os.X_OK):
+                for p in paths:
+                    runners["dnnl-" + p] = ((lambda p=p: dnnl_measure(opt.dnnl_conv, dnnl_shape, p, iters)), opt.rounds)
             bench.log(f"bench_kernels: {name}")
-            res = {k: bench.summary(v)["ms"] for k, v in bench.alternate(runners, opt.rounds).items()}
+            measured = bench.alternate(runners, opt.rounds)
+            res = {k: bench.summary(v)["ms"] for k, v in measured.items() if not k.startswith("dnnl-")}
             row = {"kernel": name, "ms": res, "flops": flops, "bytes": nbytes}
+            dnnl = {k[5:]: v for k, v in measured.items() if k.startswith("dnnl-")}
+            if dnnl:
+                row["dnnl"] = {p: {"ms": statistics.median(r["ms"] for r in v),
+                                   "edge_ms": statistics.median(r["edge_ms"] for r in v),
+                                   "block": v[0]["src_channel_block"], "impl": v[0]["impl"]} for p, v in dnnl.items()}
             for p in paths:
                 if flops:
                     rate = flops / (res[p] * 1e-3) * 1e-9
@@ -222,6 +248,23 @@ def main():
             low = [r["kernel"] for r in rows if r["fraction"][lo] < 0.9 * r["fraction"][paths[0]]]
             out += ["", f"- {lo} within 10 % of {paths[0]}'s fraction of peak on every class: "
                     + ("met" if not low else "NOT met: " + ", ".join(low))]
+        with_dnnl = [r for r in rows if "dnnl" in r]
+        if with_dnnl:
+            out += ["", "oneDNN (tests/bench/dnnl_conv, oneDNN's own choice of layout and kernel, DNNL_MAX_CPU_ISA per "
+                    "path) against tern, ms: \"alone\" keeps activations in oneDNN's layout between convolutions, "
+                    "\"edges\" adds the reorders from and to NCHW that a graph pays where it enters and leaves "
+                    "oneDNN; ratio = tern / oneDNN alone.", ""]
+            header = ["kernel"] + [f"{p} {x}" for p in paths for x in ("tern", "dnnl alone", "dnnl edges", "ratio")]
+            header.append(f"{paths[0]} dnnl kernel")
+            table = []
+            for r in with_dnnl:
+                d = r["dnnl"]
+                cells = []
+                for p in paths:
+                    cells += [bench.fmt(r["ms"][p], 4), bench.fmt(d[p]["ms"], 4), bench.fmt(d[p]["edge_ms"], 4),
+                              bench.fmt(r["ms"][p] / d[p]["ms"], 2)]
+                table.append([r["kernel"]] + cells + [f"{d[paths[0]]['impl']} (channel block {d[paths[0]]['block']})"])
+            out.append(bench.markdown_table(header, table))
         return "\n".join(out)
 
     bench.write_results(opt.json, {"machine": info, "kernels": rows}, markdown)

@@ -10,14 +10,14 @@ apt_packages="meson ninja-build pkg-config gcc clang protobuf-c-compiler libprot
  libgraphviz-dev graphviz libopenblas-dev mpich libmpich-dev python3 python3-venv python3-pip
  python3-numpy python3-torch python3-torchvision libclang-rt-14-dev valgrind"
 
+SUDO=""
+[ "$(id -u)" = 0 ] || SUDO=sudo
 missing=""
 for p in $apt_packages; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
 done
 if [ -n "$missing" ]; then
 	echo "setup: installing Debian packages:$missing" >&2
-	SUDO=""
-	[ "$(id -u)" = 0 ] || SUDO=sudo
 	$SUDO apt-get update -qq
 	DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq $missing >/dev/null
 fi
@@ -35,8 +35,11 @@ if ! .venv/bin/python -c 'import onnx, onnxruntime' 2>/dev/null ||
 	cp scripts/requirements.txt .venv/.requirements
 fi
 
-# The benchmarks' peer: the newest onnxruntime release, upgraded when PyPI has a newer one.
+# The benchmarks' peers: the newest onnxruntime release, upgraded when PyPI has a newer one, and
+# oneDNN for bench_kernels.py's per-kernel comparison (tests/bench/dnnl_conv is built when it is there).
 if [ "${1:-}" = "--bench" ]; then
+	dpkg-query -W -f='${Status}' libdnnl-dev 2>/dev/null | grep -q "install ok installed" ||
+		DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq libdnnl-dev >/dev/null
 	[ -x .venv-bench/bin/python ] || /usr/bin/python3 -m venv --system-site-packages .venv-bench
 	.venv-bench/bin/python -m pip install -q --disable-pip-version-check --upgrade onnxruntime
 fi
