@@ -38,7 +38,11 @@ struct stream_sync {
 	pthread_cond_t go, finished;
 	uint64_t generation;
 	int shutdown;
-	int pending; /* workers still inside this generation */
+	/* Workers inside this generation. The caller waits only for them: once it has seen the generation
+	 * end it closes it, and a worker that wakes later skips it, so a run never waits for a sleeping
+	 * worker to wake (tens of microseconds on some machines) just to find nothing left to do. */
+	int active;
+	uint64_t closed; /* the last generation closed */
 	atomic_uint_fast64_t *done; /* per step: generation in which it finished */
 	stream_state *streams;
 	atomic_int remaining; /* steps not yet finished this generation */
@@ -164,7 +168,7 @@ static void run_worker(tern_exec *e, int worker, uint64_t gen)
 static void finish_worker(struct stream_sync *y)
 {
 	pthread_mutex_lock(&y->lock);
-	if (--y->pending == 0)
+	if (--y->active == 0)
 		pthread_cond_signal(&y->finished);
 	pthread_mutex_unlock(&y->lock);
 }
@@ -185,6 +189,11 @@ static void *worker_main(void *arg)
 			return NULL;
 		}
 		seen = y->generation;
+		if (y->closed == seen) { /* over before this worker woke */
+			pthread_mutex_unlock(&y->lock);
+			continue;
+		}
+		y->active++;
 		pthread_mutex_unlock(&y->lock);
 		run_worker(e, w->index, seen);
 		finish_worker(y);
@@ -242,7 +251,7 @@ tern_status tern_exec_run_streams(tern_exec *e)
 	struct stream_sync *y = e->sync;
 	pthread_mutex_lock(&y->lock);
 	y->generation++;
-	y->pending = e->n_workers;
+	y->active = 0;
 	y->status = TERN_OK;
 	atomic_store(&y->failed, 0);
 	atomic_store(&y->remaining, e->n_steps);
@@ -257,8 +266,8 @@ tern_status tern_exec_run_streams(tern_exec *e)
 	run_worker(e, 0, gen);
 	tern_team_join(NULL, -1);
 	pthread_mutex_lock(&y->lock);
-	y->pending--;
-	while (y->pending > 0)
+	y->closed = gen;
+	while (y->active > 0)
 		pthread_cond_wait(&y->finished, &y->lock);
 	tern_status rc = y->status;
 	pthread_mutex_unlock(&y->lock);
