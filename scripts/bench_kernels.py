@@ -212,7 +212,7 @@ def main():
             if dnnl:
                 row["dnnl"] = {p: {"ms": statistics.median(r["ms"] for r in v),
                                    "edge_ms": statistics.median(r["edge_ms"] for r in v),
-                                   "block": v[0]["src_channel_block"], "impl": v[0]["impl"]} for p, v in dnnl.items()}
+                                   "layout": v[0]["src_layout"], "impl": v[0]["impl"]} for p, v in dnnl.items()}
             for p in paths:
                 if flops:
                     rate = flops / (res[p] * 1e-3) * 1e-9
@@ -263,7 +263,7 @@ def main():
                 for p in paths:
                     cells += [bench.fmt(r["ms"][p], 4), bench.fmt(d[p]["ms"], 4), bench.fmt(d[p]["edge_ms"], 4),
                               bench.fmt(r["ms"][p] / d[p]["ms"], 2)]
-                table.append([r["kernel"]] + cells + [f"{d[paths[0]]['impl']} (channel block {d[paths[0]]['block']})"])
+                table.append([r["kernel"]] + cells + [f"{d[paths[0]]['impl']} ({d[paths[0]]['layout']})"])
             out.append(bench.markdown_table(header, table))
         return "\n".join(out)
 

@@ -6,7 +6,7 @@
  *   dnnl_conv C H W M K STRIDE GROUP PAD ITERS
  *
  * prints {"ms": median of the primitive alone, "edge_ms": median with the reorders from and to NCHW,
- * "src": the source layout's blocking, "impl": oneDNN's implementation name}. One thread: run it with
+ * "src_layout": the source layout oneDNN chose, "impl": its implementation's name}. One thread: run it with
  * OMP_NUM_THREADS=1; DNNL_MAX_CPU_ISA caps oneDNN's instruction set as TERN_ISA caps tern's. */
 #include <oneapi/dnnl/dnnl.h>
 
@@ -150,12 +150,15 @@ int main(int argc, char **argv)
 		CHECK(dnnl_stream_wait(stream));
 		edge[i] = now_ms() - t0;
 	}
-	const dnnl_memory_desc_t *smd = src_md;
-	long block = smd->format_kind == dnnl_blocked && smd->format_desc.blocking.inner_nblks > 0
-	                     ? (long)smd->format_desc.blocking.inner_blks[0]
-	                     : 1;
-	printf("{\"ms\": %.6f, \"edge_ms\": %.6f, \"src_channel_block\": %ld, \"impl\": \"%s\"}\n", median(alone, iters),
-	       median(edge, iters), block, impl);
+	/* the source layout oneDNN chose: channel blocks (nChwXc), channels last (nhwc) or planes (nchw) */
+	const dnnl_blocking_desc_t *bd = &src_md->format_desc.blocking;
+	char layout[32] = "other";
+	if (src_md->format_kind == dnnl_blocked && bd->inner_nblks > 0)
+		snprintf(layout, sizeof layout, "nChw%ldc", (long)bd->inner_blks[0]);
+	else if (src_md->format_kind == dnnl_blocked)
+		snprintf(layout, sizeof layout, "%s", bd->strides[1] == 1 ? "nhwc" : "nchw");
+	printf("{\"ms\": %.6f, \"edge_ms\": %.6f, \"src_layout\": \"%s\", \"impl\": \"%s\"}\n", median(alone, iters),
+	       median(edge, iters), layout, impl);
 	free(alone);
 	free(edge);
 	dnnl_primitive_destroy(conv);
