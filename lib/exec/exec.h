@@ -21,6 +21,7 @@ typedef struct slot {
 	int known; /* dtype and shape are known */
 	size_t offset;
 	int alias_of; /* SLOT_ALIAS: the slot whose bytes these are */
+	size_t alias_offset; /* SLOT_ALIAS: where in them (a Concat input written in place), in bytes */
 	tern_tensor *outer; /* SLOT_OUTER: the parent's tensor */
 	int first_def; /* producing step, for the memory plan */
 	int owns; /* t.data is owned (CONST) */

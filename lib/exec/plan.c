@@ -451,6 +451,75 @@ static tern_status vector_clocks(tern_exec *e, mem_ctx *c)
 
 /* Greedy-by-size placement: biggest buffers first, each at the lowest offset that no buffer it may
  * not share with occupies. */
+/* Concat without copies: when the inputs are contiguous pieces of the output (everything before the
+ * axis has one element, as at batch 1 along channels), each input becomes an alias of its piece, so
+ * its producer writes straight into the output and the Concat step does nothing. Only for a plan whose
+ * steps run in one total order (no schedule, not a subgraph): the memory plan then sees the output
+ * live from its first piece's producer, which in one order is before every other piece's. An input
+ * qualifies when it is an ordinary arena value of the output's type, appears once in this Concat, is
+ * not already a piece of another, and starts 64-byte aligned as arena buffers do. Pieces of a Concat that is itself a piece chain to the outer one. */
+static void concat_in_place(tern_exec *e)
+{
+	for (int k = 0; k < e->n_steps; k++) {
+		step *st = &e->steps[k];
+		if (st->late || st->noop || st->alias || !st->kernel || *st->node->domain ||
+		    strcmp(st->node->op_type, "Concat") != 0 || st->n_out != 1 || st->out_slot[0] < 0)
+			continue;
+		slot *out = &e->slots[st->out_slot[0]];
+		const tern_tensor *y = &out->t;
+		if (out->kind != SLOT_ARENA || y->dtype == TERN_STRING || y->rank < 1)
+			continue;
+		int64_t axis = tern_attr_int(st->node, "axis", 0);
+		axis = axis < 0 ? axis + y->rank : axis;
+		int64_t outer = 1;
+		for (int64_t d = 0; d < axis; d++)
+			outer *= y->dims[d];
+		bool ok = outer == 1 && st->n_in > 0;
+		size_t at = 0;
+		for (int i = 0; ok && i < st->n_in; i++) {
+			int s = st->in_slot[i];
+			/* every piece starts aligned as the arena's buffers do, which kernels may count on */
+			ok = s >= 0 && s != st->out_slot[0] && e->slots[s].kind == SLOT_ARENA &&
+			     e->slots[s].t.dtype == y->dtype && at % TERN_ALIGN == 0;
+			for (int j = 0; ok && j < i; j++)
+				ok = st->in_slot[j] != s;
+			if (ok)
+				at += slot_bytes(&e->slots[s].t);
+		}
+		if (!ok)
+			continue;
+		size_t offset = 0;
+		for (int i = 0; i < st->n_in; i++) {
+			slot *piece = &e->slots[st->in_slot[i]];
+			piece->kind = SLOT_ALIAS;
+			piece->alias_of = st->out_slot[0];
+			piece->alias_offset = offset;
+			if (piece->first_def < out->first_def)
+				out->first_def = piece->first_def;
+			offset += slot_bytes(&piece->t);
+		}
+		st->noop = 1;
+	}
+	/* a chain of pieces starts where its first piece's producer runs */
+	for (size_t i = 0; i < e->n_slots; i++)
+		if (e->slots[i].kind == SLOT_ALIAS) {
+			slot *root = &e->slots[root_slot(e, (int)i)];
+			if (e->slots[i].first_def < root->first_def)
+				root->first_def = e->slots[i].first_def;
+		}
+}
+
+/* Where slot i's bytes are: its root's, plus the offsets of the pieces on the way. */
+static void *slot_data(const tern_exec *e, int i)
+{
+	size_t offset = 0;
+	while (e->slots[i].kind == SLOT_ALIAS) {
+		offset += e->slots[i].alias_offset;
+		i = e->slots[i].alias_of;
+	}
+	return e->slots[i].t.data ? (char *)e->slots[i].t.data + offset : NULL;
+}
+
 static tern_status plan_memory(tern_exec *e)
 {
 	int S = e->n_streams > 0 ? e->n_streams : 1;
@@ -639,6 +708,8 @@ tern_status tern_exec_plan(tern_exec *e, tern_tensor *const *inputs, int n_input
 			e->scratch_bytes = e->steps[i].scratch_bytes;
 	if (e->scratch_bytes && !(e->scratch = tern_aligned_alloc(e->scratch_bytes)))
 		return tern_errorf(TERN_EOS, "out of memory for %zu bytes of scratch", e->scratch_bytes);
+	if (!e->schedule && !e->parent)
+		concat_in_place(e);
 	if ((rc = plan_memory(e)))
 		return rc;
 	if (e->n_workers > 1 && (rc = tern_exec_setup_streams(e)))
@@ -646,7 +717,7 @@ tern_status tern_exec_plan(tern_exec *e, tern_tensor *const *inputs, int n_input
 	/* Aliases see their root's bytes. */
 	for (size_t i = 0; i < e->n_slots; i++)
 		if (e->slots[i].kind == SLOT_ALIAS) {
-			e->slots[i].t.data = e->slots[root_slot(e, (int)i)].t.data;
+			e->slots[i].t.data = slot_data(e, (int)i);
 			e->slots[i].t.nbytes = slot_bytes(&e->slots[i].t);
 		}
 	return TERN_OK;

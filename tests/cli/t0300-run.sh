@@ -261,6 +261,26 @@ test_expect_success 'bad option values exit 64' '
 	test_expect_code 64 tern-run --threads -1 add.txt 2>err
 '
 
+test_expect_success 'Concat written in place matches the scheduled graph, which copies' '
+	cat >cat.txt <<-\EOF &&
+	<ir_version: 8, opset_import: ["" : 17]>
+	cat (float[1,16,4] a, float[1,3,4] b, float[1,16,4] c) => (float[1,35,4] y, float[1,16,4] ra, float[1,35,4] z) {
+	  ra = Relu(a)
+	  rb = Relu(b)
+	  rc = Neg(c)
+	  y = Concat<axis = 1>(ra, rc, rb)
+	  s = Sigmoid(ra)
+	  t = Concat<axis = 1>(s, rb, rc)
+	  z = Add(t, y)
+	}
+	EOF
+	tern-run --random --seed 3 cat.txt >expect.unscheduled &&
+	tern-schedule cat.txt | tern-run --random --seed 3 >actual.scheduled &&
+	test_cmp expect.unscheduled actual.scheduled &&
+	tern-run --random --seed 3 --optimize 0 cat.txt >actual.as-given &&
+	test_cmp expect.unscheduled actual.as-given
+'
+
 test_expect_success 'TERN_ISA caps the kernels and is reported; outputs stay within rounding' '
 	TERN_ISA=generic tern-run -v --random --json add.txt >j 2>err &&
 	grep "\"isa\": \"generic\"" j &&
