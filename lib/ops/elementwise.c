@@ -142,7 +142,7 @@ typedef struct ew_params {
 
 /* Float32 kernels are also built for AVX2 and AVX-512 and run on the path tern_isa() names: two and
  * four times the vector width for the transcendental activations. No FMA contraction happens in ISO C
- * mode, so every build gives the same results. EW_FN_sfx(F, BODY) defines the row kernel F. */
+ * mode, so every build gives the same results (but Sigmoid: sigmoid.c). EW_FN_sfx(F, BODY) defines the row kernel F. */
 #define EW_FN_f32(F, ...)                              \
 	TERN_ISA_BODY void F##_body(const ew_row *r) \
 	{                                              \
@@ -261,7 +261,10 @@ EW_TABLE(selu, EW_FLOATS(EW_ENTRY, selu, ~));
 EW_FLOATS(EW_U, celu, v > 0 ? v : (ET)at->alpha * expm1(v / (ET)at->alpha))
 EW_TABLE(celu, EW_FLOATS(EW_ENTRY, celu, ~));
 
-EW_U(sigmoid, tern_fast_sigmoidf(v), f32, float, float)
+static void ew_sigmoid_f32(const ew_row *r)
+{
+	tern_sigmoid_f32(r->in[0], NULL, r->out, r->n, false);
+}
 EW_U(sigmoid, 1 / (1 + exp(-v)), f64, double, double)
 EW_TABLE(sigmoid, EW_FLOATS(EW_ENTRY, sigmoid, ~));
 

@@ -51,6 +51,9 @@ typedef struct tern_act {
 } tern_act;
 /* The activation a fused node's `activation` and `activation_params` name; false for one not above. */
 bool tern_act_from_node(const tern_node *node, tern_act *act);
+/* y[i] = sigmoid(s) or, with times, s * sigmoid(s), where s = x[i] + add[i] (add NULL: s = x[i]), for
+ * i < n; y may be x (sigmoid.c). */
+void tern_sigmoid_f32(const float *x, const float *add, float *y, int64_t n, bool times);
 /* y[i] = act(y[i] + add[i]) for i < n (add NULL: none). */
 void tern_act_run(const tern_act *act, float *y, const float *add, int64_t n);
 

@@ -206,8 +206,11 @@ TERN_ISA_BODY void act_rows_body(const tern_act *act, float *restrict y, const f
 	case TERN_ACT_RELU: ACT_LOOP(x > 0 ? x : 0); break;
 	case TERN_ACT_CLIP: ACT_LOOP(x < al ? al : x > be ? be : x); break;
 	case TERN_ACT_LEAKYRELU: ACT_LOOP(x >= 0 ? x : al * x); break;
-	case TERN_ACT_SIGMOID: ACT_LOOP(tern_fast_sigmoidf(x)); break;
-	case TERN_ACT_SILU: ACT_LOOP(x * tern_fast_sigmoidf(x)); break;
+	case TERN_ACT_SIGMOID:
+	case TERN_ACT_SILU:
+		for (int64_t r = 0; r < rows; r++)
+			tern_sigmoid_f32(y + r * ld, add ? add + r * ld : NULL, y + r * ld, n, act->kind == TERN_ACT_SILU);
+		break;
 	case TERN_ACT_TANH: ACT_LOOP(tern_fast_tanhf(x)); break;
 	case TERN_ACT_HARDSIGMOID: ACT_LOOP(hard_sigmoid(al * x + be)); break;
 	case TERN_ACT_HARDSWISH: ACT_LOOP(x * hard_sigmoid(al * x + be)); break;
