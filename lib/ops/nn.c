@@ -488,158 +488,7 @@ static bool wb_plan(const window *w, int64_t *band, int64_t *slot_elems)
 #define DW512 __attribute__((target("avx512f")))
 #define WB_PREFETCH 64 /* floats ahead in each plane of a block */
 
-/* One output row of a band: t holds its padded input rows (wp positions of 16 floats each), o gets o2n
- * positions; o1 counts rows from the band's first. Two output positions at a time, so that a tap's
- * weights are loaded once for both and the two sums are independent chains. kh, kw, strides and
- * dilations are constants in the instances below. */
-DW512 static inline __attribute__((always_inline)) __m512 wb_combine(const wb_kind kind, __m512 acc, __m512 v, __m512 wv)
-{
-	return kind == WB_CONV ? _mm512_fmadd_ps(wv, v, acc) : kind == WB_MAX ? _mm512_max_ps(acc, v) : _mm512_add_ps(acc, v);
-}
-
-DW512 static inline __attribute__((always_inline)) void wb_row(const wb_kind kind, const int kh, const int kw,
-                                                                const int64_t s1, const int64_t s2, const int64_t d1,
-                                                                const int64_t d2, const float *restrict t, int64_t wp,
-                                                                const __m512 *restrict wv, __m512 bias,
-                                                                float *restrict o, int64_t o1, int64_t o2n)
-{
-	__m512 init = kind == WB_CONV ? bias : _mm512_set1_ps(kind == WB_MAX ? -INFINITY : 0);
-	int64_t o2 = 0;
-	for (; o2 + 2 <= o2n; o2 += 2) {
-		__m512 a0 = init, a1 = init;
-		for (int k1 = 0; k1 < kh; k1++) {
-			const float *row = t + ((o1 * s1 + k1 * d1) * wp + o2 * s2) * 16;
-			for (int k2 = 0; k2 < kw; k2++) {
-				__m512 w = kind == WB_CONV ? wv[k1 * kw + k2] : init;
-				a0 = wb_combine(kind, a0, _mm512_load_ps(row + k2 * d2 * 16), w);
-				a1 = wb_combine(kind, a1, _mm512_load_ps(row + (k2 * d2 + s2) * 16), w);
-			}
-		}
-		_mm512_store_ps(o + o2 * 16, a0);
-		_mm512_store_ps(o + (o2 + 1) * 16, a1);
-	}
-	for (; o2 < o2n; o2++) {
-		__m512 acc0 = init, acc1 = kind == WB_CONV ? _mm512_setzero_ps() : init;
-		for (int k1 = 0; k1 < kh; k1++) {
-			const float *row = t + ((o1 * s1 + k1 * d1) * wp + o2 * s2) * 16;
-			for (int k2 = 0; k2 < kw; k2++) {
-				__m512 v = _mm512_load_ps(row + k2 * d2 * 16), w = kind == WB_CONV ? wv[k1 * kw + k2] : init;
-				if ((k1 * kw + k2) % 2)
-					acc1 = wb_combine(kind, acc1, v, w);
-				else
-					acc0 = wb_combine(kind, acc0, v, w);
-			}
-		}
-		_mm512_store_ps(o + o2 * 16, kind == WB_MAX ? _mm512_max_ps(acc0, acc1) : _mm512_add_ps(acc0, acc1));
-	}
-}
-
-typedef void (*wb_fn)(const window *w, const float *t, int64_t wp, const __m512 *wv, __m512 bias, float *o,
-                      int64_t rows);
-#define DEF_WB(NAME, KIND, KH, KW, S1, S2, D1, D2)                                                               \
-	DW512 static void NAME(const window *w, const float *t, int64_t wp, const __m512 *wv, __m512 bias, float *o, \
-	                       int64_t rows)                                                                         \
-	{                                                                                                         \
-		for (int64_t o1 = 0; o1 < rows; o1++)                                                                 \
-			wb_row(KIND, KH, KW, S1, S2, D1, D2, t, wp, wv, bias, o + o1 * w->out[2] * 16, o1, w->out[2]);    \
-	}
-#define DEF_WB_KIND(K, KIND)                                                                                      \
-	DEF_WB(wb_##K##_3x3s1, KIND, 3, 3, 1, 1, 1, 1)                                                             \
-	DEF_WB(wb_##K##_3x3s2, KIND, 3, 3, 2, 2, 1, 1)                                                             \
-	DEF_WB(wb_##K##_5x5s1, KIND, 5, 5, 1, 1, 1, 1)                                                             \
-	DEF_WB(wb_##K##_5x5s2, KIND, 5, 5, 2, 2, 1, 1)                                                             \
-	DEF_WB(wb_##K##_any, KIND, (int)w->k[1], (int)w->k[2], w->s[1], w->s[2], w->d[1], w->d[2])
-DEF_WB_KIND(conv, WB_CONV)
-DEF_WB_KIND(max, WB_MAX)
-DEF_WB_KIND(avg, WB_AVG)
-
-static const wb_fn wb_fns[3][5] = {
-	{wb_conv_3x3s1, wb_conv_3x3s2, wb_conv_5x5s1, wb_conv_5x5s2, wb_conv_any},
-	{wb_max_3x3s1, wb_max_3x3s2, wb_max_5x5s1, wb_max_5x5s2, wb_max_any},
-	{wb_avg_3x3s1, wb_avg_3x3s2, wb_avg_5x5s1, wb_avg_5x5s2, wb_avg_any},
-};
-
-
-/* Blocks [begin, end) of 16 channels (batch-major). */
-DW512 static void wb_task(void *ctx, int64_t begin, int64_t end, int64_t slot)
-{
-	const wb_job *j = ctx;
-	const window *w = j->w;
-	int64_t in2 = w->in[2], out2 = w->out[2], in_sp = w->in[1] * in2, out_sp = w->out[1] * out2;
-	int64_t wp = wb_extent(w, 2), blocks = (j->channels + 15) / 16, kk = w->k[1] * w->k[2];
-	float *t = j->scratch + slot * j->slot_elems, *o = t + wb_rows(w, j->band) * wp * 16;
-	__m512 pad = _mm512_set1_ps(j->kind == WB_MAX ? -INFINITY : 0);
-	wb_fn fn = wb_fns[j->kind][wb_shape(w)];
-	__m512 wv[64];
-	for (int64_t blk = begin; blk < end; blk++) {
-		int64_t n = blk / blocks, c0 = blk % blocks * 16, nc = j->channels - c0 < 16 ? j->channels - c0 : 16;
-		const float *x = j->x + (n * j->channels + c0) * in_sp;
-		float *y = j->y + (n * j->channels + c0) * out_sp;
-		__mmask16 chans = (__mmask16)(0xffffu >> (16 - nc));
-		__m512 bias = _mm512_setzero_ps();
-		if (j->kind == WB_CONV) {
-			for (int64_t k = 0; k < kk; k++) {
-				float v[16] = {0};
-				for (int64_t ch = 0; ch < nc; ch++)
-					v[ch] = j->wt[(c0 + ch) * kk + k];
-				wv[k] = _mm512_loadu_ps(v);
-			}
-			if (j->bias)
-				bias = _mm512_maskz_loadu_ps(chans, j->bias + c0);
-		}
-		for (int64_t o1a = 0; o1a < w->out[1]; o1a += j->band) {
-			int64_t rows = w->out[1] - o1a < j->band ? w->out[1] - o1a : j->band, tr = wb_rows(w, rows);
-			/* the band's padded rows: input rows r0 .. r0 + tr - 1, padding where outside */
-			int64_t r0 = o1a * w->s[1] - w->pb[1], ra = r0 < 0 ? 0 : r0, rb = r0 + tr < w->in[1] ? r0 + tr : w->in[1];
-			/* with one band the padding stays from block to block */
-			for (int64_t i = 0; i < tr && (blk == begin || j->band < w->out[1]); i++) {
-				float *row = t + i * wp * 16;
-				bool inside = r0 + i >= 0 && r0 + i < w->in[1];
-				for (int64_t c = 0; c < (inside ? w->pb[2] : wp); c++)
-					_mm512_store_ps(row + c * 16, pad);
-				for (int64_t c = inside ? w->pb[2] + in2 : wp; c < wp; c++)
-					_mm512_store_ps(row + c * 16, pad);
-			}
-			for (int64_t p0 = ra * in2; p0 < rb * in2; p0 += 16) {
-				int64_t np = rb * in2 - p0 < 16 ? rb * in2 - p0 : 16;
-				__mmask16 m = (__mmask16)(0xffffu >> (16 - np));
-				__m512 r[16];
-				for (int ch = 0; ch < 16; ch++) {
-					r[ch] = ch < nc ? _mm512_maskz_loadu_ps(m, x + ch * in_sp + p0) : _mm512_setzero_ps();
-					if (ch < nc)
-						_mm_prefetch((const char *)(x + ch * in_sp + p0 + WB_PREFETCH), _MM_HINT_T0);
-				}
-				tern_tr16(r);
-				for (int64_t l = 0, row = p0 / in2, col = p0 % in2; l < np; l++) {
-					_mm512_store_ps(t + ((row - r0) * wp + col + w->pb[2]) * 16, r[l]);
-					if (++col == in2) {
-						col = 0;
-						row++;
-					}
-				}
-			}
-			fn(w, t, wp, wv, bias, o, rows);
-			int64_t q0 = o1a * out2, nq = rows * out2;
-			for (int64_t p0 = 0; p0 < nq; p0 += 16) {
-				int64_t np = nq - p0 < 16 ? nq - p0 : 16;
-				__mmask16 m = (__mmask16)(0xffffu >> (16 - np));
-				__m512 r[16];
-				for (int l = 0; l < 16; l++) {
-					r[l] = l < np ? _mm512_load_ps(o + (p0 + l) * 16) : _mm512_setzero_ps();
-					if (j->kind == WB_AVG && l < np)
-						r[l] = _mm512_mul_ps(r[l], _mm512_set1_ps(j->recip[q0 + p0 + l]));
-				}
-				tern_tr16(r);
-				for (int ch = 0; ch < nc; ch++)
-					_mm512_mask_storeu_ps(y + ch * out_sp + q0 + p0, m, r[ch]);
-			}
-		}
-		if (j->act)
-			tern_act_run(j->act, y, j->z ? j->z + (n * j->channels + c0) * out_sp : NULL, nc * out_sp);
-	}
-}
-
-/* The same engine with AVX2: blocks of 8 channels, one 256-bit vector per position. */
+/* AVX2 helpers of the engine's 8-channel build. */
 #define WB8 TERN_TARGET_AVX2
 
 /* Transposes 8 x 8 floats held in 8 AVX registers: r[i] lane j becomes r[j] lane i. */
@@ -668,158 +517,50 @@ WB8 static inline __attribute__((always_inline)) __m256i lanes_below(int64_t n)
 	return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
 
-/* wb_row with 8 channels a position, two output positions at a time: a tap's weights are loaded once
- * for both (the weights of a 5 x 5 window do not fit in the 16 registers), and the two sums are
- * independent chains. */
-WB8 static inline __attribute__((always_inline)) __m256 wb_combine8(const wb_kind kind, __m256 acc, __m256 v, __m256 wv)
-{
-	return kind == WB_CONV ? _mm256_fmadd_ps(wv, v, acc) : kind == WB_MAX ? _mm256_max_ps(acc, v) : _mm256_add_ps(acc, v);
-}
+/* The engine, built once per vector width: window_blocks.h is written against the WB_ vocabulary. */
+#define WB_LANES 16
+#define WB_ATTR TERN_TARGET_AVX512
+#define WB_V __m512
+#define WB_MASK_T __mmask16
+#define WB_MASK(n) ((__mmask16)(0xffffu >> (16 - (n))))
+#define WB_LOAD _mm512_load_ps
+#define WB_LOADU _mm512_loadu_ps
+#define WB_STORE _mm512_store_ps
+#define WB_MLOAD(m, p) _mm512_maskz_loadu_ps(m, p)
+#define WB_MSTORE(p, m, v) _mm512_mask_storeu_ps(p, m, v)
+#define WB_SET1 _mm512_set1_ps
+#define WB_ZERO _mm512_setzero_ps
+#define WB_VFMA _mm512_fmadd_ps
+#define WB_VMAX _mm512_max_ps
+#define WB_VADD _mm512_add_ps
+#define WB_VMUL _mm512_mul_ps
+#define WB_TRANSPOSE tern_tr16
+#include "ops/window_blocks.h"
 
-WB8 static inline __attribute__((always_inline)) void wb_row8(const wb_kind kind, const int kh, const int kw,
-                                                              const int64_t s1, const int64_t s2, const int64_t d1,
-                                                              const int64_t d2, const float *restrict t, int64_t wp,
-                                                              const __m256 *restrict wv, __m256 bias,
-                                                              float *restrict o, int64_t o1, int64_t o2n)
-{
-	__m256 init = kind == WB_CONV ? bias : _mm256_set1_ps(kind == WB_MAX ? -INFINITY : 0);
-	int64_t o2 = 0;
-	for (; o2 + 2 <= o2n; o2 += 2) {
-		__m256 a0 = init, a1 = init;
-		for (int k1 = 0; k1 < kh; k1++) {
-			const float *row = t + ((o1 * s1 + k1 * d1) * wp + o2 * s2) * 8;
-			for (int k2 = 0; k2 < kw; k2++) {
-				__m256 w = kind == WB_CONV ? wv[k1 * kw + k2] : init;
-				a0 = wb_combine8(kind, a0, _mm256_load_ps(row + k2 * d2 * 8), w);
-				a1 = wb_combine8(kind, a1, _mm256_load_ps(row + (k2 * d2 + s2) * 8), w);
-			}
-		}
-		_mm256_store_ps(o + o2 * 8, a0);
-		_mm256_store_ps(o + (o2 + 1) * 8, a1);
-	}
-	for (; o2 < o2n; o2++) {
-		__m256 acc0 = init, acc1 = kind == WB_CONV ? _mm256_setzero_ps() : init;
-		for (int k1 = 0; k1 < kh; k1++) {
-			const float *row = t + ((o1 * s1 + k1 * d1) * wp + o2 * s2) * 8;
-			for (int k2 = 0; k2 < kw; k2++) {
-				__m256 v = _mm256_load_ps(row + k2 * d2 * 8), w = kind == WB_CONV ? wv[k1 * kw + k2] : init;
-				if ((k1 * kw + k2) % 2)
-					acc1 = wb_combine8(kind, acc1, v, w);
-				else
-					acc0 = wb_combine8(kind, acc0, v, w);
-			}
-		}
-		_mm256_store_ps(o + o2 * 8, kind == WB_MAX ? _mm256_max_ps(acc0, acc1) : _mm256_add_ps(acc0, acc1));
-	}
-}
-
-typedef void (*wb8_fn)(const window *w, const float *t, int64_t wp, const __m256 *wv, __m256 bias, float *o,
-                       int64_t rows);
-#define DEF_WB8(NAME, KIND, KH, KW, S1, S2, D1, D2)                                                             \
-	WB8 static void NAME(const window *w, const float *t, int64_t wp, const __m256 *wv, __m256 bias, float *o, \
-	                     int64_t rows)                                                                         \
-	{                                                                                                       \
-		for (int64_t o1 = 0; o1 < rows; o1++)                                                               \
-			wb_row8(KIND, KH, KW, S1, S2, D1, D2, t, wp, wv, bias, o + o1 * w->out[2] * 8, o1, w->out[2]);  \
-	}
-#define DEF_WB8_KIND(K, KIND)                                    \
-	DEF_WB8(wb8_##K##_3x3s1, KIND, 3, 3, 1, 1, 1, 1)          \
-	DEF_WB8(wb8_##K##_3x3s2, KIND, 3, 3, 2, 2, 1, 1)          \
-	DEF_WB8(wb8_##K##_5x5s1, KIND, 5, 5, 1, 1, 1, 1)          \
-	DEF_WB8(wb8_##K##_5x5s2, KIND, 5, 5, 2, 2, 1, 1)          \
-	DEF_WB8(wb8_##K##_any, KIND, (int)w->k[1], (int)w->k[2], w->s[1], w->s[2], w->d[1], w->d[2])
-DEF_WB8_KIND(conv, WB_CONV)
-DEF_WB8_KIND(max, WB_MAX)
-DEF_WB8_KIND(avg, WB_AVG)
-
-static const wb8_fn wb8_fns[3][5] = {
-	{wb8_conv_3x3s1, wb8_conv_3x3s2, wb8_conv_5x5s1, wb8_conv_5x5s2, wb8_conv_any},
-	{wb8_max_3x3s1, wb8_max_3x3s2, wb8_max_5x5s1, wb8_max_5x5s2, wb8_max_any},
-	{wb8_avg_3x3s1, wb8_avg_3x3s2, wb8_avg_5x5s1, wb8_avg_5x5s2, wb8_avg_any},
-};
-
-/* wb_task with AVX2: blocks [begin, end) of 8 channels (batch-major). */
-WB8 static void wb_task8(void *ctx, int64_t begin, int64_t end, int64_t slot)
-{
-	const wb_job *j = ctx;
-	const window *w = j->w;
-	int64_t in2 = w->in[2], out2 = w->out[2], in_sp = w->in[1] * in2, out_sp = w->out[1] * out2;
-	int64_t wp = wb_extent(w, 2), blocks = (j->channels + 7) / 8, kk = w->k[1] * w->k[2];
-	float *t = j->scratch + slot * j->slot_elems, *o = t + wb_rows(w, j->band) * wp * 8;
-	__m256 pad = _mm256_set1_ps(j->kind == WB_MAX ? -INFINITY : 0);
-	wb8_fn fn = wb8_fns[j->kind][wb_shape(w)];
-	__m256 wv[64];
-	for (int64_t blk = begin; blk < end; blk++) {
-		int64_t n = blk / blocks, c0 = blk % blocks * 8, nc = j->channels - c0 < 8 ? j->channels - c0 : 8;
-		const float *x = j->x + (n * j->channels + c0) * in_sp;
-		float *y = j->y + (n * j->channels + c0) * out_sp;
-		__m256 bias = _mm256_setzero_ps();
-		if (j->kind == WB_CONV) {
-			for (int64_t k = 0; k < kk; k++) {
-				float v[8] = {0};
-				for (int64_t ch = 0; ch < nc; ch++)
-					v[ch] = j->wt[(c0 + ch) * kk + k];
-				wv[k] = _mm256_loadu_ps(v);
-			}
-			if (j->bias)
-				bias = _mm256_maskload_ps(j->bias + c0, lanes_below(nc));
-		}
-		for (int64_t o1a = 0; o1a < w->out[1]; o1a += j->band) {
-			int64_t rows = w->out[1] - o1a < j->band ? w->out[1] - o1a : j->band, tr = wb_rows(w, rows);
-			int64_t r0 = o1a * w->s[1] - w->pb[1], ra = r0 < 0 ? 0 : r0, rb = r0 + tr < w->in[1] ? r0 + tr : w->in[1];
-			for (int64_t i = 0; i < tr && (blk == begin || j->band < w->out[1]); i++) {
-				float *row = t + i * wp * 8;
-				bool inside = r0 + i >= 0 && r0 + i < w->in[1];
-				for (int64_t c = 0; c < (inside ? w->pb[2] : wp); c++)
-					_mm256_store_ps(row + c * 8, pad);
-				for (int64_t c = inside ? w->pb[2] + in2 : wp; c < wp; c++)
-					_mm256_store_ps(row + c * 8, pad);
-			}
-			for (int64_t p0 = ra * in2; p0 < rb * in2; p0 += 8) {
-				int64_t np = rb * in2 - p0 < 8 ? rb * in2 - p0 : 8;
-				__m256i m = lanes_below(np);
-				__m256 r[8];
-				for (int ch = 0; ch < 8; ch++) {
-					r[ch] = ch < nc ? _mm256_maskload_ps(x + ch * in_sp + p0, m) : _mm256_setzero_ps();
-					if (ch < nc)
-						_mm_prefetch((const char *)(x + ch * in_sp + p0 + WB_PREFETCH), _MM_HINT_T0);
-				}
-				tr8(r);
-				for (int64_t l = 0, row = p0 / in2, col = p0 % in2; l < np; l++) {
-					_mm256_store_ps(t + ((row - r0) * wp + col + w->pb[2]) * 8, r[l]);
-					if (++col == in2) {
-						col = 0;
-						row++;
-					}
-				}
-			}
-			fn(w, t, wp, wv, bias, o, rows);
-			int64_t q0 = o1a * out2, nq = rows * out2;
-			for (int64_t p0 = 0; p0 < nq; p0 += 8) {
-				int64_t np = nq - p0 < 8 ? nq - p0 : 8;
-				__m256i m = lanes_below(np);
-				__m256 r[8];
-				for (int l = 0; l < 8; l++) {
-					r[l] = l < np ? _mm256_load_ps(o + (p0 + l) * 8) : _mm256_setzero_ps();
-					if (j->kind == WB_AVG && l < np)
-						r[l] = _mm256_mul_ps(r[l], _mm256_set1_ps(j->recip[q0 + p0 + l]));
-				}
-				tr8(r);
-				for (int ch = 0; ch < nc; ch++)
-					_mm256_maskstore_ps(y + ch * out_sp + q0 + p0, m, r[ch]);
-			}
-		}
-		if (j->act)
-			tern_act_run(j->act, y, j->z ? j->z + (n * j->channels + c0) * out_sp : NULL, nc * out_sp);
-	}
-}
+#define WB_LANES 8
+#define WB_ATTR TERN_TARGET_AVX2
+#define WB_V __m256
+#define WB_MASK_T __m256i
+#define WB_MASK lanes_below
+#define WB_LOAD _mm256_load_ps
+#define WB_LOADU _mm256_loadu_ps
+#define WB_STORE _mm256_store_ps
+#define WB_MLOAD(m, p) _mm256_maskload_ps(p, m)
+#define WB_MSTORE(p, m, v) _mm256_maskstore_ps(p, m, v)
+#define WB_SET1 _mm256_set1_ps
+#define WB_ZERO _mm256_setzero_ps
+#define WB_VFMA _mm256_fmadd_ps
+#define WB_VMAX _mm256_max_ps
+#define WB_VADD _mm256_add_ps
+#define WB_VMUL _mm256_mul_ps
+#define WB_TRANSPOSE tr8
+#include "ops/window_blocks.h"
 
 static void wb_run(tern_threadpool *pool, const wb_job *j, int64_t slots)
 {
 	int64_t lanes = wb_lanes(), blocks = j->n * ((j->channels + lanes - 1) / lanes);
 	int64_t work = lanes * j->w->out[1] * j->w->out[2] * j->w->k[1] * j->w->k[2];
-	parallel_slots(pool, blocks, grain_for(work), slots,
-	               lanes == 16 ? wb_task : wb_task8, (void *)j);
+	parallel_slots(pool, blocks, grain_for(work), slots, lanes == 16 ? wb_task_16 : wb_task_8, (void *)j);
 }
 #else
 static void wb_run(tern_threadpool *pool, const wb_job *j, int64_t slots) {}
