@@ -2,6 +2,7 @@
  * codes, reading a graph from a path or standard input, and writing output that appears whole or not
  * at all. */
 #include "cli.h"
+#include "../lib/internal.h"
 
 #include "tern_config.h"
 
@@ -291,4 +292,15 @@ void tern_cli_write_model(FILE *out, tern_model *model)
 		tern_cli_fail(TERN_EIO, "write error");
 	free(bytes);
 	tern_cli_close_output();
+}
+
+void tern_cli_drop_annotations(tern_model *model)
+{
+	const Onnx__ModelProto *mp = model->proto;
+	for (size_t i = 0; i < mp->n_metadata_props; i++) {
+		const char *k = mp->metadata_props[i]->key;
+		if (k && strncmp(k, "tern.", 5) == 0)
+			tern_cli_verbose(1, "dropped the annotation %s: the rewritten graph makes it stale", k);
+	}
+	tern_model_drop_meta_prefix(model, "tern.");
 }

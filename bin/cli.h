@@ -55,5 +55,8 @@ FILE *tern_cli_open_output(const tern_cli *cli, int binary);
 void tern_cli_close_output(void);
 /* Writes the model as binary ONNX to out (from tern_cli_open_output) and closes the output. */
 void tern_cli_write_model(FILE *out, tern_model *model);
+/* Drops the model's annotations (metadata keys starting "tern.": schedules, partitions), which a
+ * rewrite of the graph makes stale, naming each under -v. */
+void tern_cli_drop_annotations(tern_model *model);
 
 #endif

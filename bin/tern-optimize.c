@@ -122,18 +122,6 @@ static size_t live_nodes(tern_model *m)
 	return n;
 }
 
-/* A rewritten graph invalidates what was computed for the old one: schedules, partitions. */
-static void drop_annotations(tern_model *m)
-{
-	const Onnx__ModelProto *mp = m->proto;
-	for (size_t i = 0; i < mp->n_metadata_props; i++) {
-		const char *k = mp->metadata_props[i]->key;
-		if (k && strncmp(k, "tern.", 5) == 0)
-			tern_cli_verbose(1, "dropped the annotation %s: the rewritten graph makes it stale", k);
-	}
-	tern_model_drop_meta_prefix(m, "tern.");
-}
-
 int main(int argc, char **argv)
 {
 	tern_cli cli;
@@ -165,7 +153,7 @@ int main(int argc, char **argv)
 	for (int i = 0; i < n_stats; i++)
 		changes += stats[i].removed + stats[i].added + stats[i].fused + stats[i].rewritten;
 	if (changes)
-		drop_annotations(m);
+		tern_cli_drop_annotations(m);
 	if (opts.stats)
 		print_stats(stats, n_stats);
 	tern_cli_verbose(1, "%zu nodes before, %zu after", before, live_nodes(m));

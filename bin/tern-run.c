@@ -1,5 +1,6 @@
 /* tern-run — runs a graph on inputs from tensor files or random ones: writes, prints, times and
  * profiles its outputs. Plans once, then runs the plan as often as asked. */
+#include "../lib/internal.h"
 #include "cli.h"
 
 #include <ctype.h>
@@ -127,14 +128,13 @@ static void optimize_graph(const struct run *run, tern_model *model)
 	int level = run->optimize < 0 ? 2 : run->optimize;
 	if (level == 0)
 		return;
-	if (tern_model_meta(model, "tern.schedule")) {
+	if (tern_model_meta(model, TERN_SCHEDULE_KEY)) {
 		if (run->optimize < 0) {
 			tern_cli_verbose(1, "the graph is scheduled: running it as given (--optimize rewrites it and drops "
 			                    "the schedule)");
 			return;
 		}
-		tern_model_drop_meta_prefix(model, "tern.");
-		tern_cli_verbose(1, "--optimize %d: dropped the graph's annotations, which the rewrite makes stale", level);
+		tern_cli_drop_annotations(model);
 	}
 	const tern_optimize_options o = {.level = level};
 	double t0 = now_ms();

@@ -494,8 +494,6 @@ static void concat_in_place(tern_exec *e)
 			piece->kind = SLOT_ALIAS;
 			piece->alias_of = st->out_slot[0];
 			piece->alias_offset = offset;
-			if (piece->first_def < out->first_def)
-				out->first_def = piece->first_def;
 			offset += slot_bytes(&piece->t);
 		}
 		st->noop = 1;
