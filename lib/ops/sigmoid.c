@@ -44,24 +44,6 @@ TERN_TARGET_AVX512 static inline __attribute__((always_inline)) __m512 sig16(__m
 	return times ? _mm512_mul_ps(r, s) : r;
 }
 
-TERN_TARGET_AVX512 static void sigmoid_avx512(const float *x, const float *add, float *y, int64_t n, bool times)
-{
-	int64_t i = 0;
-	for (; i + 16 <= n; i += 16) {
-		__m512 s = _mm512_loadu_ps(x + i);
-		if (add)
-			s = _mm512_add_ps(s, _mm512_loadu_ps(add + i));
-		_mm512_storeu_ps(y + i, sig16(s, times));
-	}
-	if (i < n) {
-		__mmask16 m = (__mmask16)((1u << (n - i)) - 1);
-		__m512 s = _mm512_maskz_loadu_ps(m, x + i);
-		if (add)
-			s = _mm512_add_ps(s, _mm512_maskz_loadu_ps(m, add + i));
-		_mm512_mask_storeu_ps(y + i, m, sig16(s, times));
-	}
-}
-
 TERN_TARGET_AVX2 static inline __attribute__((always_inline)) __m256 sig8(__m256 s, bool times)
 {
 	const __m256 one = _mm256_set1_ps(1.0f);
@@ -84,20 +66,20 @@ TERN_TARGET_AVX2 static inline __attribute__((always_inline)) __m256 sig8(__m256
 	return times ? _mm256_mul_ps(r, s) : r;
 }
 
-TERN_TARGET_AVX2 static void sigmoid_avx2(const float *x, const float *add, float *y, int64_t n, bool times)
-{
-	int64_t i = 0;
-	for (; i + 8 <= n; i += 8) {
-		__m256 s = _mm256_loadu_ps(x + i);
-		if (add)
-			s = _mm256_add_ps(s, _mm256_loadu_ps(add + i));
-		_mm256_storeu_ps(y + i, sig8(s, times));
+/* One row: whole vectors through SIG, the rest through tern_fast_sigmoidf. */
+#define SIG_ROW(NAME, ATTR, L, LOADU, STOREU, ADD, SIG)                                     \
+	ATTR static void NAME(const float *x, const float *add, float *y, int64_t n, bool times) \
+	{                                                                                         \
+		int64_t i = 0;                                                                    \
+		for (; i + L <= n; i += L)                                                        \
+			STOREU(y + i, SIG(add ? ADD(LOADU(x + i), LOADU(add + i)) : LOADU(x + i), times)); \
+		for (; i < n; i++) {                                                              \
+			float s = add ? x[i] + add[i] : x[i];                                     \
+			y[i] = times ? s * tern_fast_sigmoidf(s) : tern_fast_sigmoidf(s);          \
+		}                                                                                 \
 	}
-	for (; i < n; i++) {
-		float s = add ? x[i] + add[i] : x[i];
-		y[i] = times ? s * tern_fast_sigmoidf(s) : tern_fast_sigmoidf(s);
-	}
-}
+SIG_ROW(sigmoid_avx512, TERN_TARGET_AVX512, 16, _mm512_loadu_ps, _mm512_storeu_ps, _mm512_add_ps, sig16)
+SIG_ROW(sigmoid_avx2, TERN_TARGET_AVX2, 8, _mm256_loadu_ps, _mm256_storeu_ps, _mm256_add_ps, sig8)
 #endif
 
 void tern_sigmoid_f32(const float *x, const float *add, float *y, int64_t n, bool times)
