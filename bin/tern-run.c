@@ -706,7 +706,8 @@ int main(int argc, char **argv)
 	               "GRAPH is binary ONNX or the text syntax, read from standard input when absent or '-'. "
 	               "-o FILE sends the printed outputs and --json to FILE. Exit status: 0 success, 64 usage, "
 	               "65 bad graph or input (wrong shape or type, missing input, unsupported operator), "
-	               "66 a file cannot be opened, 74 write failed.",
+	               "66 a file cannot be opened, 74 write failed. The environment variable TERN_ISA (avx512, "
+	               "avx2 or generic) caps the kernels' instruction set; -v and --json say which runs.",
 	        .options = options,
 	        .parser = parse_option,
 	        .input = &run,
