@@ -22,21 +22,25 @@ static struct {
 	int quiet;
 	FILE *out;
 	const char *target; /* the -o path being replaced */
-	/* The temporary file beside the target; the signal handler reads these, so they are set
-	 * with signals blocked. */
-	char tmp[PATH_MAX + 32];
-	volatile sig_atomic_t have_tmp;
-} prog = {.name = "tern"};
+	/* Temporary files beside the target (the model, its data file); the signal handler reads these,
+	 * so they are set with signals blocked. */
+	char tmp[2][PATH_MAX + 32];
+	volatile sig_atomic_t have_tmp[2];
+	tern_save_options save; /* --inline, --external-threshold */
+} prog = {.name = "tern", .save = {.external_threshold = -1}};
+
+enum { TMP_MODEL, TMP_DATA };
 
 static const int cleanup_signals[] = {SIGHUP, SIGINT, SIGQUIT, SIGTERM};
 
-/* Removes a temporary output that was not moved into place. Runs at exit and on fatal signals. */
+/* Removes temporary outputs that were not moved into place. Runs at exit and on fatal signals. */
 static void discard_output(void)
 {
-	if (prog.have_tmp) {
-		unlink(prog.tmp);
-		prog.have_tmp = 0;
-	}
+	for (int i = 0; i < 2; i++)
+		if (prog.have_tmp[i]) {
+			unlink(prog.tmp[i]);
+			prog.have_tmp[i] = 0;
+		}
 }
 
 static void on_signal(int sig)
@@ -48,6 +52,9 @@ static void on_signal(int sig)
 
 static void catch_signals(void)
 {
+	/* Over the file-size limit (ulimit -f) a write then fails with EFBIG, which is reported and
+	 * cleaned up like any failed write, instead of the signal killing the tool mid-file. */
+	signal(SIGXFSZ, SIG_IGN);
 	for (size_t i = 0; i < sizeof cleanup_signals / sizeof cleanup_signals[0]; i++) {
 		struct sigaction old, sa = {.sa_handler = on_signal};
 		sigemptyset(&sa.sa_mask);
@@ -121,6 +128,40 @@ static const struct argp_option common_options[] = {
         {0},
 };
 
+enum { OPT_INLINE = 0x1000, OPT_EXTERNAL_THRESHOLD };
+
+static const struct argp_option model_output_options[] = {
+        {0, 0, 0, 0, "Writing the graph (tensors read from external data go to FILE.data with -o):", -3},
+        {"inline", OPT_INLINE, NULL, 0, "keep every tensor inside the graph file (at most 2 GB in all)", -3},
+        {"external-threshold", OPT_EXTERNAL_THRESHOLD, "BYTES", 0,
+         "with -o, also move tensors of at least BYTES (suffix k, M or G: powers of 1024) to FILE.data", -3},
+        {0},
+};
+
+static error_t parse_model_output(int key, char *arg, struct argp_state *state)
+{
+	switch (key) {
+	case OPT_INLINE: prog.save.inline_all = 1; return 0;
+	case OPT_EXTERNAL_THRESHOLD: {
+		char *end;
+		errno = 0;
+		long long v = strtoll(arg, &end, 10);
+		long long scale = 1;
+		if (*end == 'k' || *end == 'K')
+			scale = 1LL << 10, end++;
+		else if (*end == 'M')
+			scale = 1LL << 20, end++;
+		else if (*end == 'G')
+			scale = 1LL << 30, end++;
+		if (errno || end == arg || *end || v < 0 || v > LLONG_MAX / scale)
+			argp_error(state, "--external-threshold takes a byte count (like 1024 or 4M), not '%s'", arg);
+		prog.save.external_threshold = v * scale;
+		return 0;
+	}
+	default: return ARGP_ERR_UNKNOWN;
+	}
+}
+
 static error_t parse_common(int key, char *arg, struct argp_state *state)
 {
 	struct parse_ctx *ctx = state->input;
@@ -158,13 +199,15 @@ void tern_cli_parse(tern_cli *cli, const tern_cli_tool *tool, int argc, char **a
 	atexit(discard_output);
 
 	const struct argp own = {tool->options, tool->parser, NULL, NULL, NULL, NULL, NULL};
-	const struct argp_child children[] = {{&own, 0, NULL, 0}, {0}};
+	const struct argp model_output = {model_output_options, parse_model_output, NULL, NULL, NULL, NULL, NULL};
+	const struct argp_child children[] = {{&own, 0, NULL, 0}, {tool->writes_model ? &model_output : NULL, 0, NULL, 0},
+	                                      {0}};
 	const struct argp root = {
 	        common_options,
 	        parse_common,
 	        tool->args_doc ? tool->args_doc : "[GRAPH]",
 	        tool->doc,
-	        tool->options || tool->parser ? children : NULL,
+	        tool->options || tool->parser || tool->writes_model ? children : NULL,
 	        NULL,
 	        NULL,
 	};
@@ -210,7 +253,9 @@ static mode_t output_mode(const struct stat *existing)
 	return 0666 & ~mask;
 }
 
-static FILE *open_temporary(const char *path, const struct stat *existing)
+/* Creates the temporary file `which` beside path (".NAME.XXXXXX" in its folder), so that a rename
+ * puts it in place atomically; fails with 74. */
+static FILE *open_temporary(int which, const char *path, const struct stat *existing)
 {
 	const char *slash = strrchr(path, '/');
 	int dir_len = slash ? (int)(slash - path + 1) : 0;
@@ -221,19 +266,19 @@ static FILE *open_temporary(const char *path, const struct stat *existing)
 	sigset_t all, old;
 	sigfillset(&all);
 	sigprocmask(SIG_BLOCK, &all, &old);
-	int n = snprintf(prog.tmp, sizeof prog.tmp, "%.*s.%s.XXXXXX", dir_len, path, base);
-	int fd = n > 0 && (size_t)n < sizeof prog.tmp ? mkstemp(prog.tmp) : (errno = ENAMETOOLONG, -1);
+	char *tmp = prog.tmp[which];
+	int n = snprintf(tmp, sizeof prog.tmp[which], "%.*s.%s.XXXXXX", dir_len, path, base);
+	int fd = n > 0 && (size_t)n < sizeof prog.tmp[which] ? mkstemp(tmp) : (errno = ENAMETOOLONG, -1);
 	int err = errno;
-	prog.have_tmp = fd >= 0;
+	prog.have_tmp[which] = fd >= 0;
 	sigprocmask(SIG_SETMASK, &old, NULL);
 	if (fd < 0)
 		tern_cli_fail(TERN_EIO, "%s: cannot create: %s", path, strerror(err));
 
-	prog.target = path;
 	catch_signals();
 	FILE *f = fdopen(fd, "wb");
 	if (!f || fchmod(fd, output_mode(existing)) != 0)
-		tern_cli_fail(TERN_EIO, "%s: %s", prog.tmp, strerror(errno));
+		tern_cli_fail(TERN_EIO, "%s: %s", tmp, strerror(errno));
 	return f;
 }
 
@@ -256,7 +301,8 @@ FILE *tern_cli_open_output(const tern_cli *cli, int binary)
 		refuse_terminal(fileno(f), binary, cli->output);
 		return f;
 	}
-	prog.out = open_temporary(cli->output, exists ? &st : NULL);
+	prog.target = cli->output;
+	prog.out = open_temporary(TMP_MODEL, cli->output, exists ? &st : NULL);
 	return prog.out;
 }
 
@@ -275,23 +321,88 @@ void tern_cli_close_output(void)
 	}
 	if (failed)
 		tern_cli_fail(TERN_EIO, "%s: write failed: %s", what, strerror(err));
-	if (prog.have_tmp) {
-		if (rename(prog.tmp, prog.target) != 0)
+	if (prog.have_tmp[TMP_MODEL]) {
+		if (rename(prog.tmp[TMP_MODEL], prog.target) != 0)
 			tern_cli_fail(TERN_EIO, "%s: %s", prog.target, strerror(errno));
-		prog.have_tmp = 0;
+		prog.have_tmp[TMP_MODEL] = 0;
 		tern_cli_verbose(1, "wrote %s", prog.target);
 	}
 }
 
+/* Moves the data file's temporary into place at data_path and then the model's; should the second
+ * rename fail, the data file that was there before is put back, so that the two are replaced together
+ * or not at all. */
+static void commit_pair(const char *data_path)
+{
+	char backup[PATH_MAX + 48];
+	int have_backup = 0;
+	struct stat sb;
+	if (lstat(data_path, &sb) == 0 && S_ISREG(sb.st_mode)) {
+		snprintf(backup, sizeof backup, "%s.%ld.old", data_path, (long)getpid());
+		unlink(backup);
+		have_backup = link(data_path, backup) == 0;
+	}
+	/* a signal between the two renames would leave one file new and the other old */
+	sigset_t all, old;
+	sigfillset(&all);
+	sigprocmask(SIG_BLOCK, &all, &old);
+	if (rename(prog.tmp[TMP_DATA], data_path) != 0)
+		tern_cli_fail(TERN_EIO, "%s: %s", data_path, strerror(errno));
+	prog.have_tmp[TMP_DATA] = 0;
+	if (rename(prog.tmp[TMP_MODEL], prog.target) != 0) {
+		int err = errno;
+		if (have_backup)
+			rename(backup, data_path);
+		else
+			unlink(data_path);
+		tern_cli_fail(TERN_EIO, "%s: %s", prog.target, strerror(err));
+	}
+	prog.have_tmp[TMP_MODEL] = 0;
+	sigprocmask(SIG_SETMASK, &old, NULL);
+	if (have_backup)
+		unlink(backup);
+	tern_cli_verbose(1, "wrote %s and %s", prog.target, data_path);
+}
+
 void tern_cli_write_model(FILE *out, tern_model *model)
 {
-	void *bytes;
-	size_t size;
-	tern_cli_check(tern_model_save_bytes(model, &bytes, &size));
-	if (fwrite(bytes, 1, size, out) != size)
-		tern_cli_fail(TERN_EIO, "write error");
-	free(bytes);
-	tern_cli_close_output();
+	if (!prog.have_tmp[TMP_MODEL]) {
+		/* standard output or a device: one stream, so everything inline */
+		tern_cli_check(tern_model_write(model, out, NULL, NULL, NULL, &prog.save, NULL));
+		tern_cli_close_output();
+		return;
+	}
+	const char *slash = strrchr(prog.target, '/');
+	const char *base = slash ? slash + 1 : prog.target;
+	char data_path[PATH_MAX], location[PATH_MAX];
+	if ((size_t)snprintf(data_path, sizeof data_path, "%s.data", prog.target) >= sizeof data_path ||
+	    (size_t)snprintf(location, sizeof location, "%s.data", base) >= sizeof location)
+		tern_cli_fail(TERN_EUSAGE, "%s: name too long", prog.target);
+	struct stat sb;
+	FILE *data = open_temporary(TMP_DATA, data_path, stat(data_path, &sb) == 0 ? &sb : NULL);
+	int wrote = 0;
+	tern_status st = tern_model_write(model, out, data, data_path, location, &prog.save, &wrote);
+	int failed = fflush(data) != 0 || ferror(data);
+	int err = errno;
+	if (fclose(data) != 0 && !failed) {
+		failed = 1;
+		err = errno;
+	}
+	tern_cli_check(st);
+	if (failed)
+		tern_cli_fail(TERN_EIO, "%s: write failed: %s", data_path, strerror(err));
+	if (!wrote) {
+		unlink(prog.tmp[TMP_DATA]);
+		prog.have_tmp[TMP_DATA] = 0;
+		tern_cli_close_output();
+		return;
+	}
+	/* the model's temporary is complete before either file is replaced */
+	FILE *f = prog.out;
+	prog.out = NULL;
+	if (fflush(f) != 0 || ferror(f) || fclose(f) != 0)
+		tern_cli_fail(TERN_EIO, "%s: write failed: %s", prog.target, strerror(errno));
+	commit_pair(data_path);
 }
 
 void tern_cli_drop_annotations(tern_model *model)

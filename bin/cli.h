@@ -27,6 +27,8 @@ typedef struct tern_cli_tool {
 	/* NULL: the tool reads one optional GRAPH argument, parsed here into tern_cli.input.
 	 * Otherwise the tool's parser takes the positional arguments, which this string describes. */
 	const char *args_doc;
+	/* The tool writes graphs: it takes --inline and --external-threshold (tern_cli_write_model). */
+	int writes_model;
 } tern_cli_tool;
 
 /* Parses the command line into cli and the tool's own structure. Exits 64 on a usage error and 0
@@ -53,7 +55,11 @@ tern_model *tern_cli_load(const tern_cli *cli);
 FILE *tern_cli_open_output(const tern_cli *cli, int binary);
 /* Flushes and closes the output, moving the temporary file into place; fails with 74. */
 void tern_cli_close_output(void);
-/* Writes the model as binary ONNX to out (from tern_cli_open_output) and closes the output. */
+/* Writes the model as binary ONNX to out (from tern_cli_open_output) and closes the output. With -o
+ * FILE, tensors read from external data (and those over --external-threshold, and all but small ones
+ * when the graph would pass protobuf's 2 GB) go to FILE.data, and the two files replace what was there
+ * together or not at all; to standard output everything is inline, and a graph over 2 GB is refused
+ * (64). --inline keeps every tensor in FILE. */
 void tern_cli_write_model(FILE *out, tern_model *model);
 /* Drops the model's annotations (metadata keys starting "tern.": schedules, partitions), which a
  * rewrite of the graph makes stale, naming each under -v. */

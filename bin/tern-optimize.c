@@ -135,7 +135,8 @@ int main(int argc, char **argv)
 	        option_table,
 	        parse_option,
 	        &opts,
-	        NULL};
+	        NULL,
+	        1};
 	tern_cli_parse(&cli, &tool, argc, argv);
 	if (opts.list) {
 		list_passes();

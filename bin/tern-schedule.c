@@ -75,7 +75,8 @@ int main(int argc, char **argv)
 	        option_table,
 	        parse_option,
 	        &opts,
-	        NULL};
+	        NULL,
+	        1};
 	tern_cli_parse(&cli, &tool, argc, argv);
 	FILE *out = tern_cli_open_output(&cli, 1);
 	tern_model *m = tern_cli_load(&cli);

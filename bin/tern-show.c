@@ -110,12 +110,19 @@ int main(int argc, char **argv)
 	        .options = options,
 	        .parser = parse_option,
 	        .input = &show,
+	        .writes_model = 1,
 	};
 	tern_cli cli;
 	tern_cli_parse(&cli, &tool, argc, argv);
 
 	FILE *out = tern_cli_open_output(&cli, show.format->binary);
 	tern_model *model = tern_cli_load(&cli);
+	if (show.format->write == write_onnx) {
+		/* the shared writer: external data beside -o FILE, everything inline on standard output */
+		tern_cli_write_model(out, model);
+		tern_model_free(model);
+		return 0;
+	}
 	char *text = NULL;
 	size_t size = 0;
 	tern_status status = show.format->write(model, &show, &text, &size);

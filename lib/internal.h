@@ -84,6 +84,10 @@ tern_status tern_read_stream(FILE *f, const char *name, uint8_t **out, size_t *s
 /* Tensor <-> TensorProto. base_dir resolves external data; `what` names the tensor in messages. */
 tern_status tern_tensor_from_proto(const Onnx__TensorProto *tp, const char *base_dir, const char *what,
                                    tern_tensor *out);
+/* A view of the tensor's bytes where they lie (raw_data, or mapped external data), owning nothing;
+ * false when the tensor is not stored that way (typed fields, strings) or not 16-byte aligned. Plans
+ * and passes read weights through it, so neither adds a copy of the parameters. */
+bool tern_tensor_view_proto(const Onnx__TensorProto *tp, tern_tensor *t);
 /* Fills a freshly initialised TensorProto (raw_data encoding) from t. Allocations are malloc'd so
  * that onnx__tensor_proto__free_unpacked can free them. */
 tern_status tern_tensor_to_proto(const tern_tensor *t, Onnx__TensorProto *tp);
@@ -170,8 +174,24 @@ struct tern_model {
 	size_t n_functions;
 	char *source; /* display name for messages */
 	char *base_dir; /* for external data */
+	struct tern_mapping **mappings; /* read-only maps of the external data files (external.c) */
+	size_t n_mappings;
+	size_t external_bytes; /* bytes of tensors that live in them */
 	int ir_complete; /* the IR describes every proto node (a load did not stop half way) */
 };
+
+/* External data (external.c): maps every EXTERNAL tensor's bytes read-only and points its raw_data
+ * there, keeping its location; tern_model_unmap releases the maps (after the protos are freed).
+ * Every free of a proto message that may hold such a tensor passes &tern_pb_allocator, which leaves
+ * mapped bytes alone. */
+tern_status tern_model_map_external(tern_model *model);
+void tern_model_unmap(tern_model *model);
+extern ProtobufCAllocator tern_pb_allocator;
+/* Drops the resident pages of [p, p + n) when it lies in a mapping of external data (a kernel has
+ * copied the bytes, packed); they are read from the file again if touched. Else nothing. */
+void tern_mapped_release(const void *p, size_t n);
+/* The tensor's bytes are mapped from its external data file. */
+bool tern_tensor_proto_mapped(const Onnx__TensorProto *tp);
 
 /* Builds the IR of a model from its proto (graph, subgraphs, functions). */
 tern_status tern_model_build_ir(tern_model *model);

@@ -131,8 +131,25 @@ tern_status tern_model_load_bytes(const void *bytes, size_t size, const char *so
 tern_status tern_model_load(const char *path, tern_model **out);
 void tern_model_free(tern_model *model);
 
-/* Serialises to binary ONNX; *out is malloc'd. */
+/* Serialises to binary ONNX with every tensor inline (external data included); *out is malloc'd.
+ * TERN_EUSAGE when that is over protobuf's 2 GB limit. */
 tern_status tern_model_save_bytes(tern_model *model, void **out, size_t *size);
+/* How tern_model_write places tensors. By default a tensor that was read from external data goes to
+ * the data file and every other one stays in the model. */
+typedef struct tern_save_options {
+	int inline_all; /* every tensor in the model file (fails when that is over 2 GB) */
+	long long external_threshold; /* tensors of at least this many bytes go to the data file too; -1: none */
+} tern_save_options;
+/* Writes the model as binary ONNX to model_out. With data_out, the tensors chosen by opts (all but
+ * those under 1 KiB when the model would be over protobuf's 2 GB limit otherwise) are written to it
+ * at 64-byte-aligned offsets and recorded as external data at `location` (relative to the model's
+ * folder); data_name names data_out in messages; *wrote_data (may be NULL) says whether anything
+ * went there. Without data_out everything is inline, and over 2 GB is TERN_EUSAGE. The model is
+ * left as it was. */
+tern_status tern_model_write(tern_model *model, FILE *model_out, FILE *data_out, const char *data_name,
+                             const char *location, const tern_save_options *opts, int *wrote_data);
+/* Bytes of the model's tensors that live in external data files (mapped read-only, not copied). */
+size_t tern_model_external_bytes(const tern_model *model);
 /* The ONNX text syntax; *out is malloc'd and NUL-terminated. With weights, initializer values are
  * written in full (so the text round trip is lossless); without, large ones are elided. */
 tern_status tern_model_save_text(tern_model *model, int with_weights, char **out, size_t *size);

@@ -236,6 +236,31 @@ static tern_status read_external(const Onnx__TensorProto *tp, const char *base_d
 	return st;
 }
 
+/* Weights stored as raw little-endian bytes (what exporters write), or mapped from external data,
+ * are used where they lie in the loaded model rather than copied: a plan adds no second copy of the
+ * parameters. */
+bool tern_tensor_view_proto(const Onnx__TensorProto *tp, tern_tensor *t)
+{
+	int dtype = tp->has_data_type ? tp->data_type : 0;
+	/* mapped external data is raw too; a tensor at an odd offset of its file is copied (aligned) */
+	if (!tp->has_raw_data || dtype == TERN_STRING || dtype <= 0 || dtype >= TERN_DTYPE_COUNT ||
+	    tp->n_dims > TERN_MAX_RANK || ((uintptr_t)tp->raw_data.data & 15))
+		return false;
+	memset(t, 0, sizeof *t);
+	t->dtype = dtype;
+	t->rank = (int)tp->n_dims;
+	for (size_t i = 0; i < tp->n_dims; i++) {
+		if (tp->dims[i] < 0)
+			return false;
+		t->dims[i] = tp->dims[i];
+	}
+	if ((uint64_t)tern_tensor_numel(t) * tern_dtype_size(dtype) != tp->raw_data.len)
+		return false;
+	t->data = tp->raw_data.data;
+	t->nbytes = tp->raw_data.len;
+	return true;
+}
+
 /* Copies n elements from a typed repeated field into dst of `dtype`. */
 static void unpack_int32_field(const int32_t *src, int dtype, size_t n, void *dst)
 {
@@ -277,7 +302,9 @@ tern_status tern_tensor_from_proto(const Onnx__TensorProto *tp, const char *base
 		return tern_error_prefix(st, what);
 	size_t n = (size_t)tern_tensor_numel(out);
 	size_t es = tern_dtype_size(dtype);
-	bool external = tp->has_data_location && tp->data_location == ONNX__TENSOR_PROTO__DATA_LOCATION__EXTERNAL;
+	/* external data a model load has mapped reads as raw_data */
+	bool external = tp->has_data_location && tp->data_location == ONNX__TENSOR_PROTO__DATA_LOCATION__EXTERNAL &&
+	                !tp->has_raw_data;
 	if (external) {
 		if (dtype == TERN_STRING)
 			st = tern_errorf(TERN_EDATA, "tensor '%s': external string data is not supported", what);

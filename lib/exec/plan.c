@@ -132,30 +132,6 @@ static tern_status bind_inputs(tern_exec *e, tern_tensor *const *inputs, int n_i
 	return TERN_OK;
 }
 
-/* Weights stored as raw little-endian bytes (what exporters write) are used where they lie in the
- * loaded model rather than copied: a plan adds no second copy of the parameters. */
-static bool borrow_weights(const Onnx__TensorProto *tp, tern_tensor *t)
-{
-	int dtype = tp->has_data_type ? tp->data_type : 0;
-	if (!tp->has_raw_data || dtype == TERN_STRING || dtype <= 0 || dtype >= TERN_DTYPE_COUNT ||
-	    tp->n_dims > TERN_MAX_RANK ||
-	    (tp->has_data_location && tp->data_location == ONNX__TENSOR_PROTO__DATA_LOCATION__EXTERNAL))
-		return false;
-	memset(t, 0, sizeof *t);
-	t->dtype = dtype;
-	t->rank = (int)tp->n_dims;
-	for (size_t i = 0; i < tp->n_dims; i++) {
-		if (tp->dims[i] < 0)
-			return false;
-		t->dims[i] = tp->dims[i];
-	}
-	if ((uint64_t)tern_tensor_numel(t) * tern_dtype_size(dtype) != tp->raw_data.len)
-		return false;
-	t->data = tp->raw_data.data;
-	t->nbytes = tp->raw_data.len;
-	return true;
-}
-
 static tern_status init_slots(tern_exec *e)
 {
 	tern_graph *g = e->graph;
@@ -170,7 +146,7 @@ static tern_status init_slots(tern_exec *e)
 		if (v->flags & TERN_VALUE_INITIALIZER) {
 			s->kind = SLOT_CONST;
 			s->known = 1;
-			if (borrow_weights(v->initializer, &s->t))
+			if (tern_tensor_view_proto(v->initializer, &s->t))
 				continue;
 			tern_status st = tern_tensor_from_proto(v->initializer, g->model->base_dir, v->name, &s->t);
 			if (st)

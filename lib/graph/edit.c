@@ -94,7 +94,7 @@ fail_linked:
 			drop_consumer(n->inputs[i], n);
 fail:
 	if (np)
-		onnx__node_proto__free_unpacked(np, NULL);
+		onnx__node_proto__free_unpacked(np, &tern_pb_allocator);
 	if (n) {
 		free(n->inputs);
 		free(n->outputs);
@@ -263,12 +263,12 @@ tern_value *tern_graph_add_initializer(tern_graph *g, const char *name, const te
 	tern_tensor named = *t;
 	named.name = (char *)name;
 	if (tern_tensor_to_proto(&named, tp) != TERN_OK) {
-		onnx__tensor_proto__free_unpacked(tp, NULL);
+		onnx__tensor_proto__free_unpacked(tp, &tern_pb_allocator);
 		return NULL;
 	}
 	tern_value *v = tern_graph_value(g, name);
 	if (!v) {
-		onnx__tensor_proto__free_unpacked(tp, NULL);
+		onnx__tensor_proto__free_unpacked(tp, &tern_pb_allocator);
 		return NULL;
 	}
 	gp->initializer[gp->n_initializer++] = tp;

@@ -592,7 +592,7 @@ static tern_status sync_graph(tern_model *m, tern_graph *g)
 		for (size_t i = 0; i < g->n_nodes; i++) {
 			tern_node *n = g->nodes[i];
 			if (n->removed) {
-				onnx__node_proto__free_unpacked(n->proto, NULL);
+				onnx__node_proto__free_unpacked(n->proto, &tern_pb_allocator);
 				for (size_t s = 0; s < n->n_subgraphs; s++)
 					n->subgraphs[s] = NULL; /* freed with the node proto */
 				free(n->subgraphs);

@@ -69,7 +69,9 @@ tern_status tern_model_load_bytes(const void *bytes, size_t size, const char *so
 		tern_model_free(m);
 		return tern_errorf(TERN_EDATA, "%s: the model has no graph", source);
 	}
-	tern_status st = tern_model_build_ir(m);
+	tern_status st = tern_model_map_external(m);
+	if (!st)
+		st = tern_model_build_ir(m);
 	if (st) {
 		tern_model_free(m);
 		return st;
@@ -159,7 +161,8 @@ void tern_model_free(tern_model *m)
 		tern_model_sync(m);
 	tern_model_free_ir(m);
 	if (m->proto)
-		onnx__model_proto__free_unpacked(m->proto, NULL);
+		onnx__model_proto__free_unpacked(m->proto, &tern_pb_allocator);
+	tern_model_unmap(m);
 	free(m->source);
 	free(m->base_dir);
 	free(m);
@@ -167,17 +170,17 @@ void tern_model_free(tern_model *m)
 
 tern_status tern_model_save_bytes(tern_model *m, void **out, size_t *size)
 {
-	tern_status st = tern_model_sync(m);
-	if (st)
-		return st;
-	size_t n = onnx__model_proto__get_packed_size(m->proto);
-	uint8_t *buf = malloc(n ? n : 1);
-	if (!buf)
-		return tern_errorf(TERN_EOS, "out of memory (%zu bytes)", n);
-	size_t packed = onnx__model_proto__pack(m->proto, buf);
-	if (packed != n) {
+	char *buf = NULL;
+	size_t n = 0;
+	FILE *f = open_memstream(&buf, &n);
+	if (!f)
+		return tern_errorf(TERN_EOS, "out of memory");
+	tern_status st = tern_model_write(m, f, NULL, NULL, NULL, NULL, NULL);
+	if (fclose(f) != 0 && !st)
+		st = tern_errorf(TERN_EOS, "out of memory");
+	if (st) {
 		free(buf);
-		return tern_errorf(TERN_EINTERNAL, "protobuf packing wrote %zu of %zu bytes", packed, n);
+		return st;
 	}
 	*out = buf;
 	*size = n;

@@ -506,7 +506,9 @@ static void put_tensor(struct printer *P, const Onnx__TensorProto *t, bool initi
 	}
 	if (initializer)
 		put(P, " =");
-	if (t->has_data_location && t->data_location == ONNX__TENSOR_PROTO__DATA_LOCATION__EXTERNAL) {
+	/* external data stays a reference unless its values are wanted and were mapped at load */
+	if (t->has_data_location && t->data_location == ONNX__TENSOR_PROTO__DATA_LOCATION__EXTERNAL &&
+	    !(P->with_weights && t->has_raw_data)) {
 		put_char(P, ' ');
 		put_string_pairs(P, t->external_data, t->n_external_data);
 	} else

@@ -504,6 +504,10 @@ tern_packed *tern_pack_a(int64_t m, int64_t k, const float *a, int64_t lda, bool
 	for (int64_t i = 0; i < m; i++)
 		for (int64_t q = 0; q < k; q++)
 			pa->data[((i / p) * k + q) * p + i % p] = alpha * (trans ? a[q * lda + i] : a[i * lda + q]);
+	/* weights mapped from external data are now in the panels: their pages can go (read again from
+	 * the file should anything else use them) */
+	if (m && k)
+		tern_mapped_release(a, (size_t)(trans ? (k - 1) * lda + m : (m - 1) * lda + k) * sizeof(float));
 	return pa;
 }
 

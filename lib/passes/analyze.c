@@ -43,7 +43,9 @@ const tern_tensor *tern_pass_const(tern_pass_ctx *c, const tern_value *v)
 	tern_tensor *t = calloc(1, sizeof *t);
 	if (!t)
 		return NULL;
-	if (tern_tensor_from_proto(v->initializer, c->model->base_dir, v->name, t) != TERN_OK) {
+	/* raw weights are read where they lie; other encodings are decoded once */
+	if (!tern_tensor_view_proto(v->initializer, t) &&
+	    tern_tensor_from_proto(v->initializer, c->model->base_dir, v->name, t) != TERN_OK) {
 		tern_error_clear();
 		free(t);
 		return NULL;
@@ -114,6 +116,12 @@ static void infer_node(tern_pass_ctx *c, tern_node *n)
 			return;
 		in_t[i] = *s;
 		const tern_tensor *data = tern_pass_const(c, v);
+		/* values decide shapes only through small or integer tensors; a weight given to prepare
+		 * would be packed for nothing (each analysis would copy every weight) */
+		if (data && (data->dtype == TERN_FLOAT || data->dtype == TERN_FLOAT16 || data->dtype == TERN_BFLOAT16 ||
+		             data->dtype == TERN_DOUBLE) &&
+		    tern_tensor_numel(data) > 4096)
+			data = NULL;
 		in_t[i].data = data ? data->data : NULL;
 		in_t[i].nbytes = data ? data->nbytes : 0;
 		in[i] = &in_t[i];

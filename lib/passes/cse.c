@@ -4,13 +4,26 @@
 
 #include <stdlib.h>
 
-static uint64_t hash_bytes(const void *p, size_t n)
+static uint64_t fnv(uint64_t h, const unsigned char *b, size_t n)
 {
-	const unsigned char *b = p;
-	uint64_t h = 1469598103934665603ull;
 	for (size_t i = 0; i < n; i++)
 		h = (h ^ b[i]) * 1099511628211ull;
 	return h;
+}
+
+/* Equal tensors hash alike; candidates are compared in full afterwards, so a big tensor is hashed
+ * from samples (its ends and 64 bytes of every 64 KiB): reading gigabytes of weights to find the
+ * rare duplicate would cost more than the rest of the optimiser. */
+static uint64_t hash_bytes(const void *p, size_t n)
+{
+	const unsigned char *b = p;
+	uint64_t h = fnv(1469598103934665603ull, (const unsigned char *)&n, sizeof n);
+	if (n <= (64u << 10))
+		return fnv(h, b, n);
+	h = fnv(h, b, 4096);
+	for (size_t at = 4096; at + 64 <= n - 4096; at += 64u << 10)
+		h = fnv(h, b + at, 64);
+	return fnv(h, b + n - 4096, 4096);
 }
 
 static bool same_tensor(const tern_tensor *a, const tern_tensor *b)

@@ -244,7 +244,7 @@ void tern_pass_drop_initializer(tern_pass_ctx *c, tern_value *v)
 		return;
 	for (size_t i = 0; i < gp->n_initializer; i++)
 		if (gp->initializer[i] == v->initializer) {
-			onnx__tensor_proto__free_unpacked(gp->initializer[i], NULL);
+			onnx__tensor_proto__free_unpacked(gp->initializer[i], &tern_pb_allocator);
 			memmove(&gp->initializer[i], &gp->initializer[i + 1],
 			        (gp->n_initializer - i - 1) * sizeof *gp->initializer);
 			gp->n_initializer--;
