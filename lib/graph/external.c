@@ -392,7 +392,7 @@ struct save_ctx {
 	const tern_save_options *o;
 	int data_file; /* a data file may be written */
 	size_t threshold; /* SIZE_MAX: none by size */
-	struct saved *items;
+	struct saved **items; /* each on its own: the tensors point into them while they are written */
 	size_t n, cap;
 	uint64_t data_size;
 	const char *location;
@@ -443,10 +443,12 @@ static tern_status choose_one(Onnx__TensorProto *tp, void *vctx)
 	if (out && tp->raw_data.len != nbytes)
 		return tern_errorf(TERN_EDATA, "tensor '%s': raw_data has %zu bytes, its shape needs %zu",
 		                   tp->name ? tp->name : "", tp->raw_data.len, nbytes);
-	if (!tern_grow((void **)&c->items, &c->cap, c->n + 1, sizeof *c->items))
+	struct saved *s = calloc(1, sizeof *s);
+	if (!s || !tern_grow((void **)&c->items, &c->cap, c->n + 1, sizeof *c->items)) {
+		free(s);
 		return tern_errorf(TERN_EOS, "out of memory");
-	struct saved *s = &c->items[c->n++];
-	memset(s, 0, sizeof *s);
+	}
+	c->items[c->n++] = s;
 	s->tp = tp;
 	s->has_raw_data = tp->has_raw_data;
 	s->raw = tp->raw_data;
@@ -489,13 +491,14 @@ static tern_status choose_one(Onnx__TensorProto *tp, void *vctx)
 static void restore(struct save_ctx *c)
 {
 	for (size_t i = c->n; i-- > 0;) {
-		struct saved *s = &c->items[i];
+		struct saved *s = c->items[i];
 		s->tp->has_raw_data = s->has_raw_data;
 		s->tp->raw_data = s->raw;
 		s->tp->has_data_location = s->has_data_location;
 		s->tp->data_location = s->data_location;
 		s->tp->external_data = s->ext;
 		s->tp->n_external_data = s->n_ext;
+		free(s);
 	}
 	free(c->items);
 	c->items = NULL;
@@ -521,13 +524,14 @@ static tern_status write_data(struct save_ctx *c, FILE *f, const char *data_name
 	static const uint8_t zeros[DATA_ALIGN];
 	uint64_t at = 0;
 	for (size_t i = 0; i < c->n; i++) {
-		const struct saved *s = &c->items[i];
+		const struct saved *s = c->items[i];
 		if (!s->external)
 			continue;
 		if (s->offset > at && fwrite(zeros, 1, (size_t)(s->offset - at), f) != s->offset - at)
 			goto failed;
 		if (s->raw.len && fwrite(s->raw.data, 1, s->raw.len, f) != s->raw.len)
 			goto failed;
+		tern_mapped_release(s->raw.data, s->raw.len); /* written: its pages can go */
 		at = s->offset + s->raw.len;
 	}
 	return TERN_OK;

@@ -164,6 +164,32 @@ test_expect_success 'a short data file, a bad length or a path out of the folder
 	grep "offset .-4. is not a byte count" err
 '
 
+test_expect_success 'forty external tensors in one data file' '
+	mkdir many &&
+	python3 - <<-\EOF &&
+	import struct
+	n = 40
+	with open("many/m.data", "wb") as f:
+	    for i in range(n):
+	        f.write(struct.pack("<4f", i, 1, 2, 3))
+	ws = ",\n    ".join("float[4] w%d = [\"location\": \"m.data\", \"offset\": \"%d\", \"length\": \"16\"]" % (i, 16 * i)
+	                    for i in range(n))
+	body = "\n".join("   a%d = Add (a%d, w%d)" % (i + 1, i, i) for i in range(n))
+	with open("many/m.txt", "w") as f:
+	    f.write("<ir_version: 8, opset_import: [\"\" : 17]>\nmany (float[4] x) => (float[4] y)\n   <%s>\n{\n"
+	            "   a0 = Identity (x)\n%s\n   y = Identity (a%d)\n}\n" % (ws, body, n))
+	EOF
+	npy 4 0 0 0 0 >z.npy &&
+	tern-run many/m.txt -i x=z.npy >expect.many &&
+	grep "^y float\[4\] \[780, 40, 80, 120\]" expect.many &&
+	tern-optimize -O0 many/m.txt -o dst/many.onnx &&
+	test "$(wc -c <dst/many.onnx.data)" -ge 2500 &&
+	tern-run dst/many.onnx -i x=z.npy >actual &&
+	test_cmp expect.many actual &&
+	tern-optimize many/m.txt | tern-run -i x=z.npy >actual &&
+	test_cmp expect.many actual
+'
+
 test_expect_success PYTHON 'onnx reads what tern wrote, with the same values' '
 	"$TERN_PYTHON" - <<-\EOF
 	import numpy as np, onnx
