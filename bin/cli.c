@@ -219,6 +219,33 @@ void tern_cli_parse(tern_cli *cli, const tern_cli_tool *tool, int argc, char **a
 	tern_cli_check(tern_isa_check());
 }
 
+void *tern_cli_grow(void *items, size_t n, size_t size)
+{
+	void *p = realloc(items, n * size);
+	if (!p)
+		tern_cli_fail(TERN_EOS, "out of memory");
+	return p;
+}
+
+void tern_cli_parse_dim(tern_cli_dims *d, char *arg, struct argp_state *state)
+{
+	char *eq = strchr(arg, '='), *end;
+	if (!eq || eq == arg)
+		argp_error(state, "--dim takes NAME=N, not '%s'", arg);
+	*eq = '\0';
+	errno = 0;
+	long long v = strtoll(eq + 1, &end, 10);
+	if (errno || end == eq + 1 || *end || v < 1)
+		argp_error(state, "--dim %s: the size must be a positive integer, not '%s'", arg, eq + 1);
+	for (int i = 0; i < d->n; i++)
+		if (strcmp(d->names[i], arg) == 0)
+			argp_error(state, "--dim %s is given twice", arg);
+	d->names = tern_cli_grow(d->names, (size_t)d->n + 1, sizeof *d->names);
+	d->values = tern_cli_grow(d->values, (size_t)d->n + 1, sizeof *d->values);
+	d->names[d->n] = arg;
+	d->values[d->n++] = v;
+}
+
 /* ---------------------------------------------------------------- input */
 
 tern_model *tern_cli_load(const tern_cli *cli)

@@ -44,6 +44,17 @@ void tern_cli_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* "NAME: MESSAGE" when -v was given at least `level` times. */
 void tern_cli_verbose(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* realloc, failing with 71 when out of memory. */
+void *tern_cli_grow(void *items, size_t n, size_t size);
+/* --dim NAME=N, repeatable: sizes of symbolic dimensions. */
+typedef struct tern_cli_dims {
+	const char **names; /* point into argv */
+	int64_t *values;
+	int n;
+} tern_cli_dims;
+/* Parses one NAME=N into d (a positive size, each name once); a usage error otherwise. */
+void tern_cli_parse_dim(tern_cli_dims *d, char *arg, struct argp_state *state);
+
 /* Loads the input graph (a path, or standard input) and validates it; fails with the library's
  * status (65 bad data, 66 cannot open) otherwise. */
 tern_model *tern_cli_load(const tern_cli *cli);

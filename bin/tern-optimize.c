@@ -15,9 +15,7 @@ typedef struct options {
 	char *pass_list; /* the --passes argument, split in place */
 	int list;
 	int stats;
-	const char **dim_names;
-	int64_t *dim_values;
-	int n_dims;
+	tern_cli_dims dims;
 } options;
 
 static const struct argp_option option_table[] = {
@@ -32,33 +30,6 @@ static const struct argp_option option_table[] = {
         {0},
 };
 
-static void *grow_or_fail(void *items, size_t n, size_t size)
-{
-	void *p = realloc(items, n * size);
-	if (!p)
-		tern_cli_fail(TERN_EOS, "out of memory");
-	return p;
-}
-
-static void parse_dim(options *o, char *arg, struct argp_state *state)
-{
-	char *eq = strchr(arg, '='), *end;
-	if (!eq || eq == arg)
-		argp_error(state, "--dim takes NAME=N, not '%s'", arg);
-	*eq = '\0';
-	errno = 0;
-	long long v = strtoll(eq + 1, &end, 10);
-	if (errno || end == eq + 1 || *end || v < 1)
-		argp_error(state, "--dim %s: the size must be a positive integer, not '%s'", arg, eq + 1);
-	for (int i = 0; i < o->n_dims; i++)
-		if (strcmp(o->dim_names[i], arg) == 0)
-			argp_error(state, "--dim %s is given twice", arg);
-	o->dim_names = grow_or_fail(o->dim_names, (size_t)o->n_dims + 1, sizeof *o->dim_names);
-	o->dim_values = grow_or_fail(o->dim_values, (size_t)o->n_dims + 1, sizeof *o->dim_values);
-	o->dim_names[o->n_dims] = arg;
-	o->dim_values[o->n_dims++] = v;
-}
-
 static error_t parse_option(int key, char *arg, struct argp_state *state)
 {
 	options *o = state->input;
@@ -72,7 +43,7 @@ static error_t parse_option(int key, char *arg, struct argp_state *state)
 		o->pass_list = arg;
 		o->n_passes = 0;
 		for (char *save = NULL, *p = strtok_r(arg, ",", &save); p; p = strtok_r(NULL, ",", &save)) {
-			o->passes = grow_or_fail(o->passes, (size_t)o->n_passes + 1, sizeof *o->passes);
+			o->passes = tern_cli_grow(o->passes, (size_t)o->n_passes + 1, sizeof *o->passes);
 			o->passes[o->n_passes++] = p;
 		}
 		if (!o->n_passes)
@@ -80,7 +51,7 @@ static error_t parse_option(int key, char *arg, struct argp_state *state)
 		return 0;
 	case OPT_LIST: o->list = 1; return 0;
 	case OPT_STATS: o->stats = 1; return 0;
-	case OPT_DIM: parse_dim(o, arg, state); return 0;
+	case OPT_DIM: tern_cli_parse_dim(&o->dims, arg, state); return 0;
 	default: return ARGP_ERR_UNKNOWN;
 	}
 }
@@ -146,7 +117,7 @@ int main(int argc, char **argv)
 	tern_model *m = tern_cli_load(&cli);
 	size_t before = live_nodes(m);
 	tern_optimize_options o = {opts.level,     opts.passes,     opts.n_passes,
-	                           opts.dim_names, opts.dim_values, opts.n_dims};
+	                           opts.dims.names, opts.dims.values, opts.dims.n};
 	tern_pass_stat *stats = NULL;
 	int n_stats = 0;
 	tern_cli_check(tern_optimize(m, &o, &stats, &n_stats));
@@ -161,8 +132,8 @@ int main(int argc, char **argv)
 	tern_cli_write_model(out, m);
 	free(stats);
 	free(opts.passes);
-	free(opts.dim_names);
-	free(opts.dim_values);
+	free(opts.dims.names);
+	free(opts.dims.values);
 	tern_model_free(m);
 	return 0;
 }

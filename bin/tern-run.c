@@ -89,18 +89,11 @@ static int64_t parse_count(struct argp_state *state, const char *what, const cha
 	return v;
 }
 
-static void *grow_or_fail(void *items, size_t n, size_t size)
-{
-	void *p = realloc(items, n * size);
-	if (!p)
-		tern_cli_fail(TERN_EOS, "out of memory");
-	return p;
-}
 
 static void add_dim(struct run *run, const char *name, int64_t value)
 {
-	run->dim_names = grow_or_fail(run->dim_names, (size_t)run->n_dims + 1, sizeof *run->dim_names);
-	run->dim_values = grow_or_fail(run->dim_values, (size_t)run->n_dims + 1, sizeof *run->dim_values);
+	run->dim_names = tern_cli_grow(run->dim_names, (size_t)run->n_dims + 1, sizeof *run->dim_names);
+	run->dim_values = tern_cli_grow(run->dim_values, (size_t)run->n_dims + 1, sizeof *run->dim_values);
 	run->dim_names[run->n_dims] = name;
 	run->dim_values[run->n_dims++] = value;
 }
@@ -147,7 +140,7 @@ static error_t parse_option(int key, char *arg, struct argp_state *state)
 	struct run *run = state->input;
 	switch (key) {
 	case 'i':
-		run->input_args = grow_or_fail(run->input_args, (size_t)run->n_input_args + 1, sizeof *run->input_args);
+		run->input_args = tern_cli_grow(run->input_args, (size_t)run->n_input_args + 1, sizeof *run->input_args);
 		run->input_args[run->n_input_args++] = arg;
 		return 0;
 	case OPT_RANDOM: run->random = 1; return 0;

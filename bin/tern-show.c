@@ -17,6 +17,8 @@ struct format {
 struct show {
 	const struct format *format;
 	int weights;
+	int infer; /* --infer-shapes */
+	tern_cli_dims dims;
 };
 
 static tern_status write_text(tern_model *model, const struct show *show, char **out, size_t *size)
@@ -60,7 +62,7 @@ static const struct format formats[] = {
         {"stats", 0, write_stats}, {"plan", 0, write_plan},
 };
 
-enum { OPT_TEXT = 256, OPT_ONNX, OPT_DOT, OPT_STATS };
+enum { OPT_TEXT = 256, OPT_ONNX, OPT_DOT, OPT_STATS, OPT_INFER, OPT_DIM };
 
 static const struct argp_option options[] = {
         {"format", 'f', "FORMAT", 0, "text (the default), onnx, dot, stats or plan", 0},
@@ -69,6 +71,11 @@ static const struct argp_option options[] = {
         {"dot", OPT_DOT, NULL, 0, "same as -f dot", 0},
         {"stats", OPT_STATS, NULL, 0, "same as -f stats", 0},
         {"weights", 'w', NULL, 0, "text: write every initializer in full; dot: draw initializers", 0},
+        {"infer-shapes", OPT_INFER, NULL, 0,
+         "text, onnx: write the type and shape tern infers for every value as value_info (dot always labels "
+         "edges with them)",
+         0},
+        {"dim", OPT_DIM, "NAME=N", 0, "make symbolic dimension NAME static, of size N, first (repeatable)", 0},
         {0},
 };
 
@@ -93,6 +100,8 @@ static error_t parse_option(int key, char *arg, struct argp_state *state)
 	case OPT_DOT:
 	case OPT_STATS: show->format = &formats[key - OPT_TEXT]; return 0;
 	case 'w': show->weights = 1; return 0;
+	case OPT_INFER: show->infer = 1; return 0;
+	case OPT_DIM: tern_cli_parse_dim(&show->dims, arg, state); return 0;
 	default: return ARGP_ERR_UNKNOWN;
 	}
 }
@@ -117,6 +126,16 @@ int main(int argc, char **argv)
 
 	FILE *out = tern_cli_open_output(&cli, show.format->binary);
 	tern_model *model = tern_cli_load(&cli);
+	if (show.dims.n)
+		tern_cli_check(tern_model_bind_dims(model, show.dims.names, show.dims.values, show.dims.n));
+	if (show.infer || show.format->write == write_dot) {
+		int typed, total;
+		int write = show.infer && (show.format->write == write_onnx || show.format->write == write_text);
+		tern_cli_check(tern_model_infer_shapes(model, write, &typed, &total));
+		tern_cli_verbose(1, "inferred the types of %d of %d node outputs", typed, total);
+	}
+	free(show.dims.names);
+	free(show.dims.values);
 	if (show.format->write == write_onnx) {
 		/* the shared writer: external data beside -o FILE, everything inline on standard output */
 		tern_cli_write_model(out, model);

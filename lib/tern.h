@@ -265,6 +265,13 @@ typedef struct tern_pass_stat {
 /* Optimises the main graph in place. *stats (malloc'd, one entry per pass that ran, in pipeline order)
  * may be NULL. TERN_EUSAGE names an unknown pass. */
 tern_status tern_optimize(tern_model *model, const tern_optimize_options *opts, tern_pass_stat **stats, int *n_stats);
+/* Makes the named symbolic dimensions static (tern-optimize --dim) in the main graph's declared
+ * inputs, outputs and value_info. TERN_EUSAGE names a dimension no shape uses. */
+tern_status tern_model_bind_dims(tern_model *model, const char *const *names, const int64_t *values, int n);
+/* Types every value of the main graph that tern's shape rules decide (symbolic dimensions kept where
+ * a value's dimension is an input's symbol), in the IR; with write_value_info also as value_info
+ * entries (and declared outputs that lacked a shape). *typed of *total node outputs got a type. */
+tern_status tern_model_infer_shapes(tern_model *model, int write_value_info, int *typed, int *total);
 /* The passes, in pipeline order: name, one-line description, and the lowest level that runs each. */
 int tern_pass_count(void);
 const char *tern_pass_name(int index);

@@ -120,6 +120,12 @@ static tern_status bind_dims(tern_model *m, const tern_optimize_options *o)
 	return st;
 }
 
+tern_status tern_model_bind_dims(tern_model *m, const char *const *names, const int64_t *values, int n)
+{
+	const tern_optimize_options o = {.dim_names = names, .dim_values = values, .n_dims = n};
+	return bind_dims(m, &o);
+}
+
 /* ---------------------------------------------------------------- finishing */
 
 /* Nodes in tern_graph_toposort's order, which keeps the current order wherever it already is one, so

@@ -1,0 +1,405 @@
+/* infer.c — shape inference for everyone to see: the type of every value of the main graph that tern's
+ * own rules (each operator's prepare function, as the planner runs it) can decide, written back as
+ * value_info, so that tern-show, DOT and any ONNX tool read the shapes tern-run will use.
+ *
+ * prepare functions compute with numbers, so a symbolic dimension is given a stand-in size. The graph
+ * is inferred twice, each symbol standing for a different prime each time: a dimension that comes out
+ * the same both times does not depend on the symbols and is written as a number; one that comes out
+ * as a symbol's stand-in both times is that symbol (Reshape to [-1, 64] keeps the batch N); any other
+ * is unknown. Small integer values are computed along the way (Shape, Gather, Concat, arithmetic on
+ * them), so shapes that exporters compute in the graph are known where onnx's inference stops. */
+#include "passes/passes.h"
+
+#include <stdlib.h>
+
+#define MAX_SYMBOLS 24
+/* Values computed while inferring: integer tensors of at most this many elements (shape arithmetic). */
+#define MAX_VALUE_ELEMS 1024
+
+static const int64_t stand_in[2][MAX_SYMBOLS] = {
+        {89, 97, 101, 103, 107, 109, 113, 127, 131, 137, 139, 149, 151, 157, 163, 167, 173, 179, 181, 191, 193,
+         197, 199, 211},
+        {223, 227, 229, 233, 239, 241, 251, 257, 263, 269, 271, 277, 281, 283, 293, 307, 311, 313, 317, 331,
+         337, 347, 349, 353},
+};
+
+/* One value in one pass: its type, and its data when known (owned unless it views a weight). */
+struct slot {
+	bool known;
+	tern_tensor t; /* dtype, rank, dims; data when known */
+	bool owns;
+};
+
+struct symbols {
+	const char *name[MAX_SYMBOLS]; /* NULL: an unnamed unknown dimension of an input */
+	int n;
+};
+
+static int symbol_of(struct symbols *s, const char *name)
+{
+	if (name)
+		for (int i = 0; i < s->n; i++)
+			if (s->name[i] && strcmp(s->name[i], name) == 0)
+				return i;
+	if (s->n == MAX_SYMBOLS)
+		return -1;
+	s->name[s->n] = name;
+	return s->n++;
+}
+
+static bool small_int(int dtype, int64_t numel)
+{
+	return (dtype == TERN_INT64 || dtype == TERN_INT32) && numel <= MAX_VALUE_ELEMS;
+}
+
+static bool deterministic(const tern_node *n)
+{
+	return strncmp(n->op_type, "Random", 6) != 0 && strcmp(n->op_type, "Bernoulli") != 0 &&
+	       strcmp(n->op_type, "Multinomial") != 0;
+}
+
+static void release(struct slot *slots, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		if (slots[i].owns)
+			tern_tensor_free(&slots[i].t);
+	free(slots);
+}
+
+/* The inputs' shapes for pass `pass`, symbols replaced by their stand-ins. An input of unknown rank
+ * stays unknown (nothing downstream of it is typed; the rest is). */
+static void seed_inputs(tern_graph *g, struct slot *slots, struct symbols *sym, int pass)
+{
+	int unnamed = -1; /* the unnamed dimensions' symbols, in the order they were collected */
+	for (size_t i = 0; i < g->n_inputs; i++) {
+		tern_value *v = g->inputs[i];
+		if (v->flags & TERN_VALUE_INITIALIZER)
+			continue;
+		if (!v->type.dtype || v->type.rank < 0 || v->type.rank > TERN_MAX_RANK)
+			continue;
+		int64_t dims[TERN_MAX_RANK];
+		bool ok = true;
+		for (int d = 0; d < v->type.rank; d++) {
+			dims[d] = v->type.dims[d];
+			if (dims[d] >= 0)
+				continue;
+			int s = -1;
+			if (v->type.dim_param[d]) {
+				s = symbol_of(sym, v->type.dim_param[d]);
+			} else {
+				while (++unnamed < sym->n && sym->name[unnamed])
+					;
+				s = unnamed < sym->n ? unnamed : -1;
+			}
+			if (s < 0)
+				ok = false; /* more symbols than stand-ins */
+			else
+				dims[d] = stand_in[pass][s];
+		}
+		if (!ok)
+			continue;
+		slots[v->index].known = true;
+		tern_set_shape(&slots[v->index].t, v->type.dtype, v->type.rank, dims);
+		slots[v->index].t.data = NULL;
+	}
+}
+
+static void seed_initializers(tern_graph *g, struct slot *slots)
+{
+	for (size_t i = 0; i < g->n_values; i++) {
+		tern_value *v = g->values[i];
+		if (!(v->flags & TERN_VALUE_INITIALIZER) || !v->initializer)
+			continue;
+		struct slot *s = &slots[i];
+		const Onnx__TensorProto *tp = v->initializer;
+		if (tp->n_dims > TERN_MAX_RANK || !tp->has_data_type)
+			continue;
+		/* a default the caller may override has its type but no fixed value */
+		bool fixed = !(v->flags & TERN_VALUE_INPUT);
+		if (fixed && tern_tensor_view_proto(tp, &s->t)) {
+			s->known = true;
+		} else if (fixed && tern_tensor_from_proto(tp, g->model->base_dir, v->name, &s->t) == TERN_OK) {
+			s->known = s->owns = true;
+		} else {
+			tern_error_clear();
+			int64_t dims[TERN_MAX_RANK];
+			for (size_t d = 0; d < tp->n_dims; d++)
+				dims[d] = tp->dims[d];
+			s->known = true;
+			tern_set_shape(&s->t, tp->data_type, (int)tp->n_dims, dims);
+			s->t.data = NULL;
+		}
+	}
+}
+
+/* Types (and where cheap, values) of the node's outputs from its inputs. */
+static void infer_node(struct slot *slots, tern_node *n)
+{
+	if (n->n_subgraphs || n->n_inputs > 16 || n->n_outputs > 16)
+		return;
+	const tern_op *op = tern_op_find(n->domain, n->op_type, n->opset);
+	if (!op || !op->prepare)
+		return;
+	tern_tensor in_t[16], out_t[16];
+	tern_tensor *in[16], *out[16];
+	bool all_data = true;
+	for (size_t i = 0; i < n->n_inputs; i++) {
+		in[i] = NULL;
+		if (!n->inputs[i])
+			continue;
+		struct slot *s = &slots[n->inputs[i]->index];
+		if (!s->known)
+			return;
+		in_t[i] = s->t;
+		in_t[i].name = NULL;
+		in_t[i].owns_data = 0;
+		/* big float data never decides a shape; given to prepare, weights would be packed for nothing */
+		if (in_t[i].data && !small_int(in_t[i].dtype, tern_tensor_numel(&in_t[i])) &&
+		    tern_tensor_numel(&in_t[i]) > 4096)
+			in_t[i].data = NULL;
+		all_data &= in_t[i].data != NULL || tern_tensor_numel(&in_t[i]) == 0;
+		in[i] = &in_t[i];
+	}
+	for (size_t o = 0; o < n->n_outputs; o++) {
+		memset(&out_t[o], 0, sizeof out_t[o]);
+		out[o] = n->outputs[o] ? &out_t[o] : NULL;
+	}
+	tern_prepare_args p = {0};
+	p.node = n;
+	p.in = in;
+	p.n_in = (int)n->n_inputs;
+	p.out = out;
+	p.n_out = (int)n->n_outputs;
+	tern_status st = op->prepare(&p);
+	if (p.free_params && p.params)
+		p.free_params(p.params);
+	if (st) {
+		tern_error_clear();
+		return;
+	}
+	if (p.defer || p.dynamic_output)
+		return;
+	bool small = true;
+	for (size_t o = 0; o < n->n_outputs; o++) {
+		if (!n->outputs[o])
+			continue;
+		if (!out_t[o].dtype || out_t[o].rank < 0)
+			return;
+		small &= small_int(out_t[o].dtype, tern_tensor_numel(&out_t[o]));
+	}
+	bool shape_only = (tern_pass_is(n, "Shape") || tern_pass_is(n, "Size")) && n->n_inputs == 1;
+	tern_tensor val[16];
+	bool have_val = false;
+	if (small && deterministic(n) && (all_data || shape_only)) {
+		have_val = tern_node_eval(n, in, (int)n->n_inputs, val, (int)n->n_outputs, NULL) == TERN_OK;
+		if (!have_val)
+			tern_error_clear();
+	}
+	for (size_t o = 0; o < n->n_outputs; o++) {
+		if (!n->outputs[o])
+			continue;
+		struct slot *s = &slots[n->outputs[o]->index];
+		if (have_val) {
+			s->t = val[o];
+			free(s->t.name);
+			s->t.name = NULL;
+			s->owns = true;
+		} else {
+			tern_set_shape(&s->t, out_t[o].dtype, out_t[o].rank, out_t[o].dims);
+			s->t.data = NULL;
+		}
+		s->known = true;
+	}
+}
+
+static tern_status infer_pass(tern_graph *g, struct symbols *sym, int pass, struct slot **out)
+{
+	struct slot *slots = calloc(g->n_values ? g->n_values : 1, sizeof *slots);
+	if (!slots)
+		return tern_errorf(TERN_EOS, "out of memory");
+	seed_initializers(g, slots);
+	seed_inputs(g, slots, sym, pass);
+	tern_node **order;
+	size_t count;
+	tern_status st = tern_graph_toposort(g, &order, &count);
+	if (st) {
+		release(slots, g->n_values);
+		return st;
+	}
+	for (size_t i = 0; i < count; i++)
+		infer_node(slots, order[i]);
+	free(order);
+	*out = slots;
+	return TERN_OK;
+}
+
+/* The two passes' answers as one type: numbers where they agree, symbols where both are the same
+ * symbol's stand-ins, unknown otherwise. */
+static bool merge(const struct slot *a, const struct slot *b, const struct symbols *sym, tern_type *t)
+{
+	if (!a->known || (b && (!b->known || b->t.dtype != a->t.dtype)))
+		return false;
+	tern_type_unknown(t);
+	t->dtype = a->t.dtype;
+	if (b && b->t.rank != a->t.rank)
+		return true; /* the rank depends on the symbols: the element type is all that is known */
+	t->rank = a->t.rank;
+	for (int d = 0; d < t->rank; d++) {
+		int64_t x = a->t.dims[d], y = b ? b->t.dims[d] : x;
+		t->dims[d] = -1;
+		if (x == y) {
+			t->dims[d] = x;
+			continue;
+		}
+		for (int s = 0; s < sym->n; s++)
+			if (x == stand_in[0][s] && y == stand_in[1][s]) {
+				t->dim_param[d] = sym->name[s];
+				break;
+			}
+	}
+	return true;
+}
+
+static bool same_type(const tern_type *a, const tern_type *b)
+{
+	if (a->dtype != b->dtype || a->rank != b->rank)
+		return false;
+	for (int d = 0; d < a->rank; d++) {
+		if (a->dims[d] != b->dims[d])
+			return false;
+		const char *p = a->dim_param[d], *q = b->dim_param[d];
+		if ((p == NULL) != (q == NULL) || (p && strcmp(p, q) != 0))
+			return false;
+	}
+	return true;
+}
+
+/* ---------------------------------------------------------------- value_info */
+
+static Onnx__TypeProto *type_proto(const tern_type *t)
+{
+	Onnx__TypeProto *tp = calloc(1, sizeof *tp);
+	Onnx__TypeProto__Tensor *tt = calloc(1, sizeof *tt);
+	if (!tp || !tt) {
+		free(tp);
+		free(tt);
+		return NULL;
+	}
+	onnx__type_proto__init(tp);
+	onnx__type_proto__tensor__init(tt);
+	tp->value_case = ONNX__TYPE_PROTO__VALUE_TENSOR_TYPE;
+	tp->tensor_type = tt;
+	tt->has_elem_type = 1;
+	tt->elem_type = t->dtype;
+	if (t->rank < 0)
+		return tp;
+	Onnx__TensorShapeProto *sh = calloc(1, sizeof *sh);
+	Onnx__TensorShapeProto__Dimension **dims = calloc((size_t)t->rank + 1, sizeof *dims);
+	tt->shape = sh;
+	if (!sh || !dims) {
+		free(dims);
+		onnx__type_proto__free_unpacked(tp, NULL);
+		return NULL;
+	}
+	onnx__tensor_shape_proto__init(sh);
+	sh->dim = dims;
+	for (int d = 0; d < t->rank; d++) {
+		Onnx__TensorShapeProto__Dimension *dm = calloc(1, sizeof *dm);
+		if (!dm) {
+			onnx__type_proto__free_unpacked(tp, NULL);
+			return NULL;
+		}
+		onnx__tensor_shape_proto__dimension__init(dm);
+		dims[sh->n_dim++] = dm;
+		if (t->dims[d] >= 0) {
+			dm->value_case = ONNX__TENSOR_SHAPE_PROTO__DIMENSION__VALUE_DIM_VALUE;
+			dm->dim_value = t->dims[d];
+		} else if (t->dim_param[d]) {
+			dm->value_case = ONNX__TENSOR_SHAPE_PROTO__DIMENSION__VALUE_DIM_PARAM;
+			if (!(dm->dim_param = tern_strdup(t->dim_param[d]))) {
+				dm->value_case = ONNX__TENSOR_SHAPE_PROTO__DIMENSION__VALUE__NOT_SET;
+				onnx__type_proto__free_unpacked(tp, NULL);
+				return NULL;
+			}
+		}
+	}
+	return tp;
+}
+
+/* Sets (or adds) the value_info entry of v to its type; the IR's dim_param pointers then point into
+ * the new proto. */
+static tern_status write_value_info(tern_graph *g, tern_value *v)
+{
+	Onnx__GraphProto *gp = g->proto;
+	Onnx__ValueInfoProto *vi = NULL;
+	for (size_t i = 0; i < gp->n_value_info && !vi; i++)
+		if (gp->value_info[i]->name && strcmp(gp->value_info[i]->name, v->name) == 0)
+			vi = gp->value_info[i];
+	Onnx__TypeProto *tp = type_proto(&v->type);
+	if (!tp)
+		return tern_errorf(TERN_EOS, "out of memory");
+	if (!vi) {
+		vi = calloc(1, sizeof *vi);
+		Onnx__ValueInfoProto **arr = realloc(gp->value_info, (gp->n_value_info + 1) * sizeof *arr);
+		if (arr)
+			gp->value_info = arr;
+		if (!vi || !arr || !(vi->name = NULL, onnx__value_info_proto__init(vi), vi->name = tern_strdup(v->name))) {
+			free(vi);
+			onnx__type_proto__free_unpacked(tp, NULL);
+			return tern_errorf(TERN_EOS, "out of memory");
+		}
+		gp->value_info[gp->n_value_info++] = vi;
+	} else if (vi->type) {
+		onnx__type_proto__free_unpacked(vi->type, NULL);
+	}
+	vi->type = tp;
+	tern_type_from_proto(tp, &v->type);
+	return TERN_OK;
+}
+
+/* ---------------------------------------------------------------- entry */
+
+tern_status tern_model_infer_shapes(tern_model *m, int write_value_info_protos, int *typed, int *total)
+{
+	tern_graph *g = m->graph;
+	struct symbols sym = {0};
+	for (size_t i = 0; i < g->n_inputs; i++) {
+		tern_value *v = g->inputs[i];
+		if (v->flags & TERN_VALUE_INITIALIZER || v->type.rank < 0)
+			continue;
+		for (int d = 0; d < v->type.rank && d < TERN_MAX_RANK; d++)
+			if (v->type.dims[d] < 0)
+				symbol_of(&sym, v->type.dim_param[d]);
+	}
+	struct slot *pass[2] = {NULL, NULL};
+	tern_status st = infer_pass(g, &sym, 0, &pass[0]);
+	if (!st && sym.n)
+		st = infer_pass(g, &sym, 1, &pass[1]);
+	int n_typed = 0, n_total = 0;
+	for (size_t i = 0; !st && i < g->n_values; i++) {
+		tern_value *v = g->values[i];
+		if (!v->producer || v->producer->removed)
+			continue;
+		n_total++;
+		tern_type t;
+		if (!merge(&pass[0][i], pass[1] ? &pass[1][i] : NULL, &sym, &t))
+			continue;
+		n_typed++;
+		/* a graph output keeps what it declares; others get what the rules say */
+		if ((v->flags & TERN_VALUE_OUTPUT) && v->type.dtype && v->type.rank >= 0)
+			continue;
+		if (same_type(&t, &v->type) && !write_value_info_protos)
+			continue;
+		v->type = t;
+		if (write_value_info_protos && !(v->flags & TERN_VALUE_OUTPUT))
+			st = write_value_info(g, v);
+	}
+	release(pass[0], pass[0] ? g->n_values : 0);
+	if (pass[1])
+		release(pass[1], g->n_values);
+	if (typed)
+		*typed = n_typed;
+	if (total)
+		*total = n_total;
+	return st;
+}
