@@ -97,8 +97,8 @@ static void *read_all(const char *path, size_t *size)
 	return buf;
 }
 
-/* Tensors tern can compare: numeric and bool. Strings and float8 are left out, as are sequences,
- * optionals, maps and sparse tensors, whose .pb files are not TensorProtos. */
+/* Tensors tern can compare: numeric, bool, string and float8. Sequences, optionals, maps and sparse
+ * tensors are left out: their .pb files are not TensorProtos. */
 static uint64_t bf16_mask(Onnx__ValueInfoProto *const *values, size_t n)
 {
 	uint64_t mask = 0;
@@ -125,7 +125,7 @@ static bool describe_unsupported_type(const Onnx__ValueInfoProto *v, char *why, 
 		return true;
 	}
 	int dt = t->tensor_type->elem_type;
-	if (dt == TERN_UNDEFINED || dt == TERN_STRING || dt >= TERN_FLOAT8E4M3FN) {
+	if (dt == TERN_UNDEFINED || dt >= TERN_DTYPE_COUNT) {
 		snprintf(why, size, "'%s' is a %s tensor", v->name, tern_dtype_name(dt));
 		return true;
 	}
@@ -266,6 +266,16 @@ static enum result compare(const tern_tensor *got, const tern_tensor *want, int 
 		}
 		return o->result = PASS;
 	}
+	if (want->dtype == TERN_STRING) {
+		for (int64_t i = 0; i < n; i++) {
+			const char *g = ((char *const *)got->data)[i], *w = ((char *const *)want->data)[i];
+			if (strcmp(g ? g : "", w ? w : "") != 0)
+				return failf(o, "output %d '%s' element %lld is \"%.40s\", want \"%.40s\"", index, name,
+				             (long long)i, g ? g : "", w ? w : "");
+		}
+		return o->result = PASS;
+	}
+	/* float8 and integers: the same bits */
 	size_t es = tern_dtype_size(want->dtype);
 	for (int64_t i = 0; i < n; i++) {
 		const unsigned char *g = (const unsigned char *)got->data + (size_t)i * es;
