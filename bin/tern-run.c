@@ -345,8 +345,13 @@ static void load_input(struct run *run, tern_model *model, tern_tensor *inputs, 
 		tern_cli_fail(TERN_EUSAGE,
 		              "input '%s': standard input holds the graph; give GRAPH as a file to read -i -",
 		              tern_model_input_name(model, i));
-	tern_cli_check(tern_tensor_read_file(path, &inputs[i]));
-	check_input(run, model, i, &inputs[i], path);
+	int kind = tern_model_input_kind(model, i);
+	tern_cli_check(tern_value_read_file(path, kind, &inputs[i]));
+	if (!kind)
+		check_input(run, model, i, &inputs[i], path);
+	else if (kind == TERN_SEQUENCE && inputs[i].dtype != TERN_SEQUENCE)
+		tern_cli_fail(TERN_EDATA, "input '%s': the graph wants a sequence, %s holds a tensor",
+		              tern_model_input_name(model, i), path);
 	tern_cli_verbose(2, "input '%s' from %s", tern_model_input_name(model, i), path);
 }
 
@@ -385,6 +390,17 @@ static tern_tensor *read_inputs(struct run *run, tern_model *model, int n)
 	for (int i = 0; i < n; i++) {
 		if (inputs[i].dtype)
 			continue;
+		int kind = tern_model_input_kind(model, i);
+		if (kind == TERN_NONE) {
+			/* an optional input that is not given is empty */
+			inputs[i].dtype = TERN_NONE;
+			tern_cli_verbose(2, "input '%s' is an empty optional", tern_model_input_name(model, i));
+			continue;
+		}
+		if (kind == TERN_SEQUENCE)
+			tern_cli_fail(TERN_EDATA, "input '%s' is a sequence; give it with -i %s=FOLDER (0.npy, 1.npy, ...) "
+			              "or a SequenceProto .pb file", tern_model_input_name(model, i),
+			              tern_model_input_name(model, i));
 		struct declared d;
 		declared_type(model, i, &d);
 		if (!run->random)
@@ -451,7 +467,14 @@ static void write_outputs(const struct run *run, const tern_plan *plan)
 		snprintf(path, sizeof path, "%s/%s%s", run->out_dir, names[i], ext);
 		tern_tensor t = *tern_plan_output(plan, i);
 		t.name = (char *)name; /* a .pb file records the output's name */
-		tern_status st = tern_tensor_write_file(path, &t);
+		tern_status st;
+		if (t.dtype == TERN_SEQUENCE || t.dtype == TERN_NONE) {
+			/* a sequence is the folder NAME of 0.npy, 1.npy, ...; an empty optional writes nothing */
+			snprintf(path, sizeof path, "%s/%s", run->out_dir, names[i]);
+			st = tern_value_write(path, &t, ext + 1);
+		} else {
+			st = tern_tensor_write_file(path, &t);
+		}
 		if (st == TERN_EDATA && !run->out_pb)
 			tern_cli_fail(st, "output '%s': %s (--output-format pb)", name, tern_error());
 		tern_cli_check(st);
@@ -499,6 +522,18 @@ static void fnv1a(uint64_t *h, const void *bytes, size_t n)
 static struct checksum checksum_of(const tern_tensor *t)
 {
 	struct checksum c = {0, 0xcbf29ce484222325ull};
+	if (t->dtype == TERN_SEQUENCE) {
+		/* over the items in order: their sums added, their hashes chained */
+		const tern_sequence *q = tern_sequence_of(t);
+		for (size_t i = 0; i < q->n; i++) {
+			struct checksum ci = checksum_of(&q->items[i]);
+			c.sum += ci.sum;
+			fnv1a(&c.hash, &ci.hash, sizeof ci.hash);
+		}
+		return c;
+	}
+	if (t->dtype == TERN_NONE)
+		return c;
 	if (t->dtype == TERN_STRING) {
 		char *const *s = t->data;
 		for (int64_t j = 0; j < tern_tensor_numel(t); j++)
@@ -535,6 +570,22 @@ static void print_outputs(FILE *f, const tern_plan *plan)
 	for (int i = 0; i < tern_plan_num_outputs(plan); i++) {
 		const tern_tensor *t = tern_plan_output(plan, i);
 		char shape[160];
+		if (t->dtype == TERN_NONE) {
+			fprintf(f, "%s none (an empty optional)\n", tern_plan_output_name(plan, i));
+			continue;
+		}
+		if (t->dtype == TERN_SEQUENCE) {
+			/* the items' types, then the checksums over all of them */
+			const tern_sequence *q = tern_sequence_of(t);
+			fprintf(f, "%s seq(%zu) [", tern_plan_output_name(plan, i), q->n);
+			for (size_t k = 0; k < q->n && k < PRINT_VALUES; k++) {
+				tern_shape_str(q->items[k].dtype, q->items[k].rank, q->items[k].dims, shape, sizeof shape);
+				fprintf(f, "%s%s", k ? ", " : "", shape);
+			}
+			struct checksum c = checksum_of(t);
+			fprintf(f, "%s] sum=%.9g fnv64=%016" PRIx64 "\n", q->n > PRINT_VALUES ? ", ..." : "", c.sum, c.hash);
+			continue;
+		}
 		tern_shape_str(t->dtype, t->rank, t->dims, shape, sizeof shape);
 		fprintf(f, "%s %s [", tern_plan_output_name(plan, i), shape);
 		int64_t n = tern_tensor_numel(t);

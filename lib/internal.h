@@ -4,6 +4,7 @@
 #define TERN_INTERNAL_H
 
 #include "onnx.pb-c.h"
+#include "values.pb-c.h"
 #include "tern.h"
 #include "tern_config.h"
 

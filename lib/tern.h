@@ -72,6 +72,17 @@ typedef enum tern_dtype {
 
 #define TERN_MAX_RANK 8
 
+/* Values that are not tensors travel in a tern_tensor too, with one of these in dtype (beyond every
+ * element type): an ONNX sequence (data: a tern_sequence, owned when owns_data; rank 0, nbytes 0),
+ * and an optional that holds nothing (no data). An optional that holds a value is that value. */
+enum { TERN_SEQUENCE = 30, TERN_NONE = 31 };
+typedef struct tern_tensor tern_tensor;
+typedef struct tern_sequence {
+	int elem_dtype; /* the element type of its tensors (TERN_UNDEFINED: not known yet) */
+	size_t n, cap;
+	tern_tensor *items; /* each owns its data */
+} tern_sequence;
+
 /* Bytes per element (0 for STRING and unknown types). */
 size_t tern_dtype_size(int dtype);
 /* The name the ONNX text syntax uses ("float", "int64", "bool", ...); "?" when unknown. */
@@ -80,7 +91,7 @@ const char *tern_dtype_name(int dtype);
 int tern_dtype_from_name(const char *name);
 
 /* A dense tensor, row-major. For STRING tensors data holds numel char* (owned when owns_data). */
-typedef struct tern_tensor {
+struct tern_tensor {
 	int dtype;
 	int rank;
 	int64_t dims[TERN_MAX_RANK];
@@ -88,7 +99,7 @@ typedef struct tern_tensor {
 	size_t nbytes;
 	int owns_data;
 	char *name; /* optional, owned */
-} tern_tensor;
+};
 
 int64_t tern_numel(int rank, const int64_t *dims);
 static inline int64_t tern_tensor_numel(const tern_tensor *t)
@@ -104,6 +115,12 @@ tern_status tern_tensor_copy(tern_tensor *dst, const tern_tensor *src);
 /* Element i of a real numeric or bool tensor as a double / int64 (float16 and bfloat16 converted). */
 double tern_tensor_get_f64(const tern_tensor *t, int64_t i);
 int64_t tern_tensor_get_i64(const tern_tensor *t, int64_t i);
+/* Sequences: t becomes an empty sequence of elem_dtype (owned); items are deep copies, so a
+ * sequence owns everything it holds. pos -1 appends. */
+tern_status tern_sequence_new(tern_tensor *t, int elem_dtype);
+tern_status tern_sequence_insert(tern_tensor *seq, const tern_tensor *item, int64_t pos);
+/* The sequence a TERN_SEQUENCE tensor holds; NULL for anything else. */
+tern_sequence *tern_sequence_of(const tern_tensor *t);
 /* Formats "float[2,3]" into buf. */
 const char *tern_shape_str(int dtype, int rank, const int64_t *dims, char *buf, size_t size);
 
@@ -115,6 +132,15 @@ tern_status tern_tensor_read_npy(const void *bytes, size_t size, const char *wha
 tern_status tern_tensor_write_npy(FILE *f, const tern_tensor *t);
 tern_status tern_tensor_read_pb(const void *bytes, size_t size, const char *what, tern_tensor *out);
 tern_status tern_tensor_write_pb(FILE *f, const tern_tensor *t);
+/* Values that may not be tensors. kind TERN_SEQUENCE reads an ONNX SequenceProto, or a folder of
+ * tensor files 0.npy (or .pb), 1.npy, ...; kind TERN_NONE reads an ONNX OptionalProto (a tensor, a
+ * sequence, or nothing: TERN_NONE), a .npy file (a tensor) or a folder (a sequence); any other kind
+ * reads a tensor file. */
+tern_status tern_value_read_pb(const void *bytes, size_t size, int kind, const char *what, tern_tensor *out);
+tern_status tern_value_read_file(const char *path, int kind, tern_tensor *out);
+/* Writes a value: a tensor to PATH.EXT, a sequence as the folder PATH of 0.EXT, 1.EXT, ..., an empty
+ * optional not at all. EXT is npy or pb. */
+tern_status tern_value_write(const char *path, const tern_tensor *v, const char *ext);
 
 /* ---------------------------------------------------------------- models */
 
@@ -221,6 +247,8 @@ const char *tern_plan_output_name(const tern_plan *plan, int index);
 int tern_model_num_inputs(tern_model *model);
 const char *tern_model_input_name(tern_model *model, int index);
 /* Declared dtype and shape of input `index`; dims of -1 are symbolic, named by dim_params[i]. */
+/* What input `index` is: 0 a tensor, TERN_SEQUENCE a sequence, TERN_NONE an optional. */
+int tern_model_input_kind(tern_model *model, int index);
 tern_status tern_model_input_type(tern_model *model, int index, int *dtype, int *rank, int64_t *dims,
                                   const char **dim_params);
 /* Bytes of the plan's activation arena (a planning figure, for -v and tests). */

@@ -44,6 +44,10 @@ size_t tern_dtype_size(int dtype)
 
 const char *tern_dtype_name(int dtype)
 {
+	if (dtype == TERN_SEQUENCE)
+		return "seq";
+	if (dtype == TERN_NONE)
+		return "none";
 	return dtype >= 0 && dtype < TERN_DTYPE_COUNT && dtype_info[dtype].name ? dtype_info[dtype].name : "?";
 }
 
@@ -112,6 +116,14 @@ tern_status tern_tensor_alloc(tern_tensor *t, int dtype, int rank, const int64_t
 
 void tern_tensor_free(tern_tensor *t)
 {
+	if (t->owns_data && t->data && t->dtype == TERN_SEQUENCE) {
+		tern_sequence *q = t->data;
+		for (size_t i = 0; i < q->n; i++)
+			tern_tensor_free(&q->items[i]);
+		free(q->items);
+		free(q);
+		t->data = NULL;
+	}
 	if (t->owns_data && t->data) {
 		if (t->dtype == TERN_STRING) {
 			char **s = t->data;
@@ -128,6 +140,21 @@ void tern_tensor_free(tern_tensor *t)
 tern_status tern_tensor_copy(tern_tensor *dst, const tern_tensor *src)
 {
 	memset(dst, 0, sizeof *dst);
+	if (src->dtype == TERN_NONE) {
+		dst->dtype = TERN_NONE;
+		return src->name && !(dst->name = tern_strdup(src->name)) ? tern_errorf(TERN_EOS, "out of memory") : TERN_OK;
+	}
+	if (src->dtype == TERN_SEQUENCE) {
+		const tern_sequence *q = src->data;
+		tern_status st = tern_sequence_new(dst, q ? q->elem_dtype : TERN_UNDEFINED);
+		for (size_t i = 0; !st && q && i < q->n; i++)
+			st = tern_sequence_insert(dst, &q->items[i], -1);
+		if (!st && src->name && !(dst->name = tern_strdup(src->name)))
+			st = tern_errorf(TERN_EOS, "out of memory");
+		if (st)
+			tern_tensor_free(dst);
+		return st;
+	}
 	tern_status st = tern_tensor_alloc(dst, src->dtype, src->rank, src->dims);
 	if (st)
 		return st;
@@ -149,8 +176,61 @@ tern_status tern_tensor_copy(tern_tensor *dst, const tern_tensor *src)
 	return TERN_OK;
 }
 
+tern_sequence *tern_sequence_of(const tern_tensor *t)
+{
+	return t && t->dtype == TERN_SEQUENCE ? t->data : NULL;
+}
+
+tern_status tern_sequence_new(tern_tensor *t, int elem_dtype)
+{
+	tern_sequence *q = calloc(1, sizeof *q);
+	if (!q)
+		return tern_errorf(TERN_EOS, "out of memory");
+	q->elem_dtype = elem_dtype;
+	char *name = t->name;
+	memset(t, 0, sizeof *t);
+	t->name = name;
+	t->dtype = TERN_SEQUENCE;
+	t->data = q;
+	t->owns_data = 1;
+	return TERN_OK;
+}
+
+tern_status tern_sequence_insert(tern_tensor *seq, const tern_tensor *item, int64_t pos)
+{
+	tern_sequence *q = tern_sequence_of(seq);
+	if (!q)
+		return tern_errorf(TERN_EINTERNAL, "not a sequence");
+	if (item->dtype == TERN_SEQUENCE || item->dtype == TERN_NONE)
+		return tern_errorf(TERN_EDATA, "a sequence holds tensors, not a %s", tern_dtype_name(item->dtype));
+	if (q->elem_dtype && item->dtype != q->elem_dtype)
+		return tern_errorf(TERN_EDATA, "a sequence of %s cannot hold a %s tensor", tern_dtype_name(q->elem_dtype),
+		                   tern_dtype_name(item->dtype));
+	if (pos < 0)
+		pos = (int64_t)q->n;
+	if ((size_t)pos > q->n)
+		return tern_errorf(TERN_EDATA, "position %lld is outside a sequence of %zu", (long long)pos, q->n);
+	if (!tern_grow((void **)&q->items, &q->cap, q->n + 1, sizeof *q->items))
+		return tern_errorf(TERN_EOS, "out of memory");
+	tern_tensor copy;
+	tern_status st = tern_tensor_copy(&copy, item);
+	if (st)
+		return st;
+	free(copy.name);
+	copy.name = NULL;
+	memmove(&q->items[pos + 1], &q->items[pos], (q->n - (size_t)pos) * sizeof *q->items);
+	q->items[pos] = copy;
+	q->n++;
+	q->elem_dtype = item->dtype;
+	return TERN_OK;
+}
+
 const char *tern_shape_str(int dtype, int rank, const int64_t *dims, char *buf, size_t size)
 {
+	if (dtype == TERN_SEQUENCE || dtype == TERN_NONE) {
+		snprintf(buf, size, "%s", tern_dtype_name(dtype));
+		return buf;
+	}
 	size_t n = (size_t)snprintf(buf, size, "%s[", tern_dtype_name(dtype));
 	for (int i = 0; i < rank && n < size; i++)
 		n += (size_t)snprintf(buf + n, size - n, i ? ",%lld" : "%lld", (long long)dims[i]);

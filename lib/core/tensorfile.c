@@ -426,6 +426,141 @@ tern_status tern_tensor_write_pb(FILE *f, const tern_tensor *t)
 	return st;
 }
 
+/* ---------------------------------------------------------------- SequenceProto, OptionalProto */
+
+static tern_status from_sequence_proto(const Onnx__SequenceProto *sp, const char *what, tern_tensor *out)
+{
+	if (sp->has_elem_type && sp->elem_type != ONNX__SEQUENCE_PROTO__DATA_TYPE__TENSOR &&
+	    !(sp->elem_type == ONNX__SEQUENCE_PROTO__DATA_TYPE__UNDEFINED && !sp->n_sequence_values && !sp->n_map_values))
+		return tern_errorf(TERN_EDATA, "%s: a sequence of sequences, maps or optionals is not supported", what);
+	int elem = sp->n_tensor_values && sp->tensor_values[0]->has_data_type ? sp->tensor_values[0]->data_type : 0;
+	tern_status st = tern_sequence_new(out, elem);
+	for (size_t i = 0; !st && i < sp->n_tensor_values; i++) {
+		tern_tensor t;
+		st = tern_tensor_from_proto(sp->tensor_values[i], NULL, what, &t);
+		if (!st) {
+			st = tern_sequence_insert(out, &t, -1);
+			tern_tensor_free(&t);
+		}
+	}
+	if (st)
+		tern_tensor_free(out);
+	return st;
+}
+
+static tern_status from_optional_proto(const Onnx__OptionalProto *op, const char *what, tern_tensor *out)
+{
+	memset(out, 0, sizeof *out);
+	if (op->tensor_value)
+		return tern_tensor_from_proto(op->tensor_value, NULL, what, out);
+	if (op->sequence_value)
+		return from_sequence_proto(op->sequence_value, what, out);
+	if (op->sparse_tensor_value || op->map_value || op->optional_value)
+		return tern_errorf(TERN_EDATA, "%s: an optional sparse tensor, map or optional is not supported", what);
+	out->dtype = TERN_NONE;
+	return TERN_OK;
+}
+
+tern_status tern_value_read_pb(const void *bytes, size_t size, int kind, const char *what, tern_tensor *out)
+{
+	memset(out, 0, sizeof *out);
+	if (!what)
+		what = "protobuf data";
+	if (kind != TERN_SEQUENCE && kind != TERN_NONE)
+		return tern_tensor_read_pb(bytes, size, what, out);
+	tern_status st;
+	if (kind == TERN_SEQUENCE) {
+		Onnx__SequenceProto *sp = onnx__sequence_proto__unpack(NULL, size, bytes);
+		if (!sp)
+			return tern_errorf(TERN_EDATA, "%s: not an ONNX SequenceProto", what);
+		st = from_sequence_proto(sp, what, out);
+		onnx__sequence_proto__free_unpacked(sp, NULL);
+	} else {
+		Onnx__OptionalProto *op = onnx__optional_proto__unpack(NULL, size, bytes);
+		if (!op)
+			return tern_errorf(TERN_EDATA, "%s: not an ONNX OptionalProto", what);
+		st = from_optional_proto(op, what, out);
+		onnx__optional_proto__free_unpacked(op, NULL);
+	}
+	return st;
+}
+
+/* A folder of tensor files 0.npy (or 0.pb), 1.npy, ... as a sequence, in that order. */
+static tern_status read_sequence_folder(const char *path, tern_tensor *out)
+{
+	tern_status st = tern_sequence_new(out, TERN_UNDEFINED);
+	for (int i = 0; !st; i++) {
+		char file[PATH_MAX];
+		struct stat sb;
+		snprintf(file, sizeof file, "%s/%d.npy", path, i);
+		if (stat(file, &sb) != 0) {
+			snprintf(file, sizeof file, "%s/%d.pb", path, i);
+			if (stat(file, &sb) != 0)
+				break;
+		}
+		tern_tensor t;
+		st = tern_tensor_read_file(file, &t);
+		if (!st) {
+			st = tern_sequence_insert(out, &t, -1);
+			if (st)
+				tern_error_prefix(st, file);
+			tern_tensor_free(&t);
+		}
+	}
+	if (st)
+		tern_tensor_free(out);
+	return st;
+}
+
+tern_status tern_value_read_file(const char *path, int kind, tern_tensor *out)
+{
+	memset(out, 0, sizeof *out);
+	struct stat sb;
+	bool folder = strcmp(path, "-") != 0 && stat(path, &sb) == 0 && S_ISDIR(sb.st_mode);
+	if (folder && (kind == TERN_SEQUENCE || kind == TERN_NONE))
+		return read_sequence_folder(path, out);
+	if (kind != TERN_SEQUENCE && kind != TERN_NONE)
+		return tern_tensor_read_file(path, out);
+	FILE *f = strcmp(path, "-") == 0 ? stdin : fopen(path, "rb");
+	if (!f)
+		return tern_errorf(TERN_ENOINPUT, "%s: cannot open: %s", path, strerror(errno));
+	uint8_t *bytes;
+	size_t size;
+	tern_status st = tern_read_stream(f, path, &bytes, &size);
+	if (f != stdin)
+		fclose(f);
+	if (st)
+		return st;
+	if (kind == TERN_NONE && size >= sizeof npy_magic && memcmp(bytes, npy_magic, sizeof npy_magic) == 0)
+		st = tern_tensor_read_npy(bytes, size, path, out); /* an optional holding a tensor */
+	else
+		st = tern_value_read_pb(bytes, size, kind, path, out);
+	free(bytes);
+	return st;
+}
+
+tern_status tern_value_write(const char *path, const tern_tensor *v, const char *ext)
+{
+	if (v->dtype == TERN_NONE)
+		return TERN_OK;
+	if (v->dtype != TERN_SEQUENCE) {
+		char file[PATH_MAX];
+		snprintf(file, sizeof file, "%s.%s", path, ext);
+		return tern_tensor_write_file(file, v);
+	}
+	if (mkdir(path, 0777) != 0 && errno != EEXIST)
+		return tern_errorf(TERN_EIO, "%s: cannot create the folder: %s", path, strerror(errno));
+	const tern_sequence *q = v->data;
+	for (size_t i = 0; i < q->n; i++) {
+		char file[PATH_MAX];
+		snprintf(file, sizeof file, "%s/%zu.%s", path, i, ext);
+		tern_status st = tern_tensor_write_file(file, &q->items[i]);
+		if (st)
+			return st;
+	}
+	return TERN_OK;
+}
+
 /* ---------------------------------------------------------------- files */
 
 tern_status tern_tensor_read_file(const char *path, tern_tensor *out)

@@ -311,6 +311,22 @@ static tern_value *user_input(tern_model *m, int index)
 	return NULL;
 }
 
+int tern_model_input_kind(tern_model *m, int index)
+{
+	tern_value *v = user_input(m, index);
+	const Onnx__GraphProto *gp = m->graph->proto;
+	for (size_t i = 0; v && i < gp->n_input; i++) {
+		const Onnx__TypeProto *t = gp->input[i]->type;
+		if (!gp->input[i]->name || strcmp(gp->input[i]->name, v->name) != 0 || !t)
+			continue;
+		if (t->value_case == ONNX__TYPE_PROTO__VALUE_SEQUENCE_TYPE)
+			return TERN_SEQUENCE;
+		if (t->value_case == ONNX__TYPE_PROTO__VALUE_OPTIONAL_TYPE)
+			return TERN_NONE;
+	}
+	return 0;
+}
+
 const char *tern_model_input_name(tern_model *m, int index)
 {
 	tern_value *v = user_input(m, index);

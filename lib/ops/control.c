@@ -19,8 +19,13 @@ static void free_body_plan(void *p)
 
 static tern_status copy_out(const tern_node *node, tern_tensor *dst, const tern_tensor *src)
 {
-	if (src->dtype == TERN_STRING)
-		return tern_node_errorf(node, TERN_EDATA, "unsupported: string tensors leaving a subgraph");
+	/* strings, sequences and empty optionals are copied deeply (a body's values are its own) */
+	if (src->dtype == TERN_STRING || src->dtype == TERN_SEQUENCE || src->dtype == TERN_NONE) {
+		tern_status rc = tern_tensor_copy(dst, src);
+		free(dst->name);
+		dst->name = NULL;
+		return rc ? tern_node_errorf(node, rc, "%s", tern_error()) : TERN_OK;
+	}
 	tern_status rc = tern_tensor_alloc(dst, src->dtype, src->rank, src->dims);
 	if (rc)
 		return tern_node_errorf(node, rc, "%s", tern_error());

@@ -65,7 +65,8 @@ static tern_status fold(tern_pass_ctx *c, tern_node *n)
 		out_bytes += out[o].nbytes;
 	bool ok = out_bytes <= MAX_GROWN_BYTES || out_bytes <= in_bytes;
 	for (size_t o = 0; o < n->n_outputs && ok; o++)
-		ok = !n->outputs[o] || out[o].dtype != TERN_STRING;
+		ok = !n->outputs[o] || (out[o].dtype != TERN_STRING && out[o].dtype > 0 && out[o].dtype < TERN_DTYPE_COUNT);
+	/* (strings, sequences and empty optionals stay computations: an initializer is a tensor) */
 	tern_status st = TERN_OK;
 	if (ok) {
 		tern_value *outs[16];

@@ -239,6 +239,8 @@ static bool merge(const struct slot *a, const struct slot *b, const struct symbo
 {
 	if (!a->known || (b && (!b->known || b->t.dtype != a->t.dtype)))
 		return false;
+	if (a->t.dtype <= 0 || a->t.dtype >= TERN_DTYPE_COUNT)
+		return false; /* a sequence or an optional: value_info would need their own types */
 	tern_type_unknown(t);
 	t->dtype = a->t.dtype;
 	if (b && b->t.rank != a->t.rank)

@@ -42,6 +42,9 @@ struct test_info {
 	/* Graph inputs and outputs declared bfloat16: onnx stores their test data as uint16 bit
 	 * patterns, because NumPy has no bfloat16. Bit i stands for input or output i. */
 	uint64_t bf16_inputs, bf16_outputs;
+	/* Inputs and outputs that are sequences or optionals (TERN_SEQUENCE, TERN_NONE; 0: a tensor):
+	 * their .pb files are SequenceProto or OptionalProto messages. */
+	int input_kind[64], output_kind[64];
 };
 
 struct outcome {
@@ -111,9 +114,29 @@ static uint64_t bf16_mask(Onnx__ValueInfoProto *const *values, size_t n)
 	return mask;
 }
 
-static bool describe_unsupported_type(const Onnx__ValueInfoProto *v, char *why, size_t size)
+static int value_kind(const Onnx__ValueInfoProto *v)
 {
 	const Onnx__TypeProto *t = v->type;
+	if (t && t->value_case == ONNX__TYPE_PROTO__VALUE_SEQUENCE_TYPE)
+		return TERN_SEQUENCE;
+	if (t && t->value_case == ONNX__TYPE_PROTO__VALUE_OPTIONAL_TYPE)
+		return TERN_NONE;
+	return 0;
+}
+
+/* The element type inside sequences and optionals, down to a tensor; NULL for maps and sparse. */
+static const Onnx__TypeProto *innermost(const Onnx__TypeProto *t)
+{
+	while (t && (t->value_case == ONNX__TYPE_PROTO__VALUE_SEQUENCE_TYPE ||
+	             t->value_case == ONNX__TYPE_PROTO__VALUE_OPTIONAL_TYPE))
+		t = t->value_case == ONNX__TYPE_PROTO__VALUE_SEQUENCE_TYPE ? t->sequence_type->elem_type
+		                                                            : t->optional_type->elem_type;
+	return t;
+}
+
+static bool describe_unsupported_type(const Onnx__ValueInfoProto *v, char *why, size_t size)
+{
+	const Onnx__TypeProto *t = innermost(v->type);
 	if (!t || t->value_case != ONNX__TYPE_PROTO__VALUE_TENSOR_TYPE) {
 		static const char *const kinds[] = {[ONNX__TYPE_PROTO__VALUE_SEQUENCE_TYPE] = "sequence",
 		                                    [ONNX__TYPE_PROTO__VALUE_MAP_TYPE] = "map",
@@ -191,6 +214,10 @@ static void inspect_model(const char *dir, struct test_info *info)
 	expanded_op(dir, info->op, sizeof info->op);
 	info->bf16_inputs = bf16_mask(g->input, g->n_input);
 	info->bf16_outputs = bf16_mask(g->output, g->n_output);
+	for (size_t i = 0; i < 64; i++) {
+		info->input_kind[i] = i < g->n_input ? value_kind(g->input[i]) : 0;
+		info->output_kind[i] = i < g->n_output ? value_kind(g->output[i]) : 0;
+	}
 	for (size_t i = 0; i < g->n_input && !info->skip; i++)
 		info->skip = describe_unsupported_type(g->input[i], info->why, sizeof info->why);
 	for (size_t i = 0; i < g->n_output && !info->skip; i++)
@@ -247,6 +274,22 @@ static enum result compare(const tern_tensor *got, const tern_tensor *want, int 
                            const struct options *opt, struct outcome *o)
 {
 	char gs[128], ws[128];
+	if (want->dtype == TERN_SEQUENCE && got->dtype == TERN_SEQUENCE) {
+		const tern_sequence *g = tern_sequence_of(got), *w = tern_sequence_of(want);
+		if (g->n != w->n)
+			return failf(o, "output %d '%s' is a sequence of %zu, want %zu", index, name, g->n, w->n);
+		for (size_t i = 0; i < w->n; i++)
+			if (compare(&g->items[i], &w->items[i], index, name, opt, o) != PASS)
+				return o->result;
+		return o->result = PASS;
+	}
+	if (want->dtype == TERN_NONE || got->dtype == TERN_NONE) {
+		if (want->dtype != got->dtype)
+			return failf(o, "output %d '%s' is %s, want %s", index, name,
+			             got->dtype == TERN_NONE ? "an empty optional" : "a value",
+			             want->dtype == TERN_NONE ? "an empty optional" : "a value");
+		return o->result = PASS;
+	}
 	if (got->dtype != want->dtype || got->rank != want->rank ||
 	    memcmp(got->dims, want->dims, (size_t)want->rank * sizeof want->dims[0]) != 0)
 		return failf(o, "output %d '%s' is %s, want %s", index, name,
@@ -289,7 +332,8 @@ static enum result compare(const tern_tensor *got, const tern_tensor *want, int 
 }
 
 /* Reads prefix_0.pb, prefix_1.pb, ... until one is missing; returns the count or -1 (o set). */
-static int read_tensors(const char *set_dir, const char *prefix, uint64_t bf16, tern_tensor **out, struct outcome *o)
+static int read_tensors(const char *set_dir, const char *prefix, uint64_t bf16, const int *kinds, tern_tensor **out,
+                        struct outcome *o)
 {
 	int n = 0, cap = 0;
 	*out = NULL;
@@ -312,7 +356,7 @@ static int read_tensors(const char *set_dir, const char *prefix, uint64_t bf16, 
 			*out = bigger;
 		}
 		memset(&(*out)[n], 0, sizeof **out);
-		tern_status st = tern_tensor_read_file(path, &(*out)[n]);
+		tern_status st = tern_value_read_file(path, n < 64 ? kinds[n] : 0, &(*out)[n]);
 		free(path);
 		if (st != TERN_OK) {
 			from_error(o, "reading test data");
@@ -336,8 +380,8 @@ static enum result run_data_set(tern_model *model, const char *set_dir, const st
 {
 	tern_tensor *inputs = NULL, *expected = NULL;
 	tern_plan *plan = NULL;
-	int n_in = read_tensors(set_dir, "input", info->bf16_inputs, &inputs, o);
-	int n_out = n_in < 0 ? -1 : read_tensors(set_dir, "output", info->bf16_outputs, &expected, o);
+	int n_in = read_tensors(set_dir, "input", info->bf16_inputs, info->input_kind, &inputs, o);
+	int n_out = n_in < 0 ? -1 : read_tensors(set_dir, "output", info->bf16_outputs, info->output_kind, &expected, o);
 	if (n_in < 0 || n_out < 0)
 		goto out;
 	if (n_in != tern_model_num_inputs(model)) {
