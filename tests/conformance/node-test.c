@@ -11,15 +11,17 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fnmatch.h>
 #include <strings.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 static const char usage[] = "usage: node-test [--report FILE] [--rtol R] [--atol A] [--threads N] [--timeout S]\n"
-                            "                 [--min-pass-rate P] [--no-fork] DIR...\n"
+                            "                 [--min-pass-rate P] [--exclude PATTERN]... [--no-fork] DIR...\n"
                             "       node-test --list-ops\n"
-                            "DIR is a node test folder (model.onnx, test_data_set_*) or a folder of them.\n";
+                            "DIR is a node test folder (model.onnx, test_data_set_*) or a folder of them.\n"
+                            "--exclude skips the tests whose folder name matches PATTERN (fnmatch).\n";
 
 enum result { PASS, FAIL, UNSUPPORTED, SKIP };
 static const char *const result_names[] = {"PASS", "FAIL", "UNSUPPORTED", "SKIP"};
@@ -31,6 +33,8 @@ struct options {
 	int timeout_s;
 	double min_pass_rate; /* percent of the tests that are not skipped */
 	int no_fork;
+	const char *exclude[16]; /* folder-name patterns of tests to skip */
+	int n_exclude;
 };
 
 /* What the test is about, read from model.onnx directly so that it is known even when tern cannot
@@ -607,6 +611,9 @@ int main(int argc, char **argv)
 		} else if (strcmp(a, "--min-pass-rate") == 0) {
 			opt.min_pass_rate = number_arg(a, v);
 			i++;
+		} else if (strcmp(a, "--exclude") == 0 && v && opt.n_exclude < 16) {
+			opt.exclude[opt.n_exclude++] = v;
+			i++;
 		} else if (strcmp(a, "--no-fork") == 0) {
 			opt.no_fork = 1;
 		} else if (strcmp(a, "--") == 0) {
@@ -644,6 +651,11 @@ int main(int argc, char **argv)
 		struct test_info info;
 		struct outcome o = {.result = SKIP};
 		inspect_model(tests[i], &info);
+		for (int k = 0; k < opt.n_exclude && !info.skip; k++)
+			if (fnmatch(opt.exclude[k], base_name(tests[i]), 0) == 0) {
+				info.skip = 1;
+				snprintf(info.why, sizeof info.why, "excluded (--exclude %s)", opt.exclude[k]);
+			}
 		if (info.skip)
 			snprintf(o.message, sizeof o.message, "%s", info.why);
 		else
@@ -667,7 +679,7 @@ int main(int argc, char **argv)
 	}
 	int counted = counts[PASS] + counts[FAIL] + counts[UNSUPPORTED];
 	double rate = counted ? 100.0 * counts[PASS] / counted : 100.0;
-	printf("%d passed, %d failed, %d unsupported, %d skipped; %.1f%% of %d numeric/bool tests pass "
+	printf("%d passed, %d failed, %d unsupported, %d skipped; %.1f%% of %d tests pass "
 	       "(required %.1f%%)\n",
 	       counts[PASS], counts[FAIL], counts[UNSUPPORTED], counts[SKIP], rate, counted, opt.min_pass_rate);
 	return rate + 1e-9 >= opt.min_pass_rate ? 0 : 1;
