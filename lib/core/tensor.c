@@ -401,7 +401,8 @@ tern_status tern_tensor_from_proto(const Onnx__TensorProto *tp, const char *base
 				st = tern_errorf(TERN_EOS, "out of memory");
 				break;
 			}
-			memcpy(s[i], tp->string_data[i].data, tp->string_data[i].len);
+			if (tp->string_data[i].len)
+				memcpy(s[i], tp->string_data[i].data, tp->string_data[i].len);
 			s[i][tp->string_data[i].len] = '\0';
 		}
 	} else if (tp->has_raw_data) {

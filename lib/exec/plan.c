@@ -225,8 +225,12 @@ tern_status tern_exec_prepare_step(tern_exec *e, step *st, int at_run)
 	st->params = NULL;
 	st->free_params = NULL;
 	tern_status rc = st->op->prepare(&p);
-	if (rc)
+	if (rc) {
+		/* a prepare that fails after setting its params leaves them to us */
+		if (p.params && p.free_params)
+			p.free_params(p.params);
 		return rc;
+	}
 	st->params = p.params;
 	st->free_params = p.free_params;
 	if (p.defer) {

@@ -140,9 +140,19 @@ static tern_status stack(const tern_node *node, tern_tensor *dst, const tensor_l
 	int64_t inner = tern_numel(first->rank - axis, first->dims + axis);
 	for (int64_t i = 0; i < l->n; i++) {
 		const tern_tensor *src = &l->items[reverse ? l->n - 1 - i : i];
-		for (int64_t o = 0; o < outer; o++)
-			memcpy((char *)dst->data + ((o * l->n + i) * inner) * es,
-			       (const char *)src->data + o * inner * es, (size_t)inner * es);
+		for (int64_t o = 0; o < outer; o++) {
+			if (first->dtype != TERN_STRING) {
+				memcpy((char *)dst->data + ((o * l->n + i) * inner) * es,
+				       (const char *)src->data + o * inner * es, (size_t)inner * es);
+				continue;
+			}
+			/* strings: each element its own copy */
+			char **d = (char **)dst->data + (o * l->n + i) * inner;
+			char *const *s = (char *const *)src->data + o * inner;
+			for (int64_t k = 0; k < inner; k++)
+				if (s[k] && !(d[k] = tern_strdup(s[k])))
+					return tern_errorf(TERN_EOS, "out of memory");
+		}
 	}
 	return TERN_OK;
 }
@@ -249,6 +259,31 @@ static tern_status loop_prepare(tern_prepare_args *p)
 
 /* ---------------------------------------------------------------- Scan */
 
+/* Bytes per element as stored: a string element is a char pointer. */
+static size_t elem_bytes(int dtype)
+{
+	return dtype == TERN_STRING ? sizeof(char *) : tern_dtype_size(dtype);
+}
+
+/* Copies n elements into storage that owns its strings: strings are duplicated (replacing any there),
+ * so that every tensor owns its own. */
+static tern_status copy_elems(const tern_node *node, void *dst, const void *src, int64_t n, int dtype)
+{
+	if (dtype != TERN_STRING) {
+		if (n > 0)
+			memcpy(dst, src, (size_t)n * tern_dtype_size(dtype));
+		return TERN_OK;
+	}
+	char **d = dst;
+	char *const *s = src;
+	for (int64_t i = 0; i < n; i++) {
+		free(d[i]);
+		if (!(d[i] = tern_strdup(s[i] ? s[i] : "")))
+			return tern_node_errorf(node, TERN_EOS, "out of memory");
+	}
+	return TERN_OK;
+}
+
 /* Copies slice `index` along `axis` of src into dst (allocated with the axis removed). */
 static tern_status take_slice(const tern_node *node, tern_tensor *dst, const tern_tensor *src, int axis, int64_t index)
 {
@@ -259,25 +294,113 @@ static tern_status take_slice(const tern_node *node, tern_tensor *dst, const ter
 	tern_status rc = tern_tensor_alloc(dst, src->dtype, src->rank - 1, dims);
 	if (rc)
 		return tern_node_errorf(node, rc, "%s", tern_error());
-	size_t es = tern_dtype_size(src->dtype);
+	size_t es = elem_bytes(src->dtype);
 	int64_t outer = tern_numel(axis, src->dims);
 	int64_t inner = tern_numel(src->rank - axis - 1, src->dims + axis + 1);
 	int64_t len = src->dims[axis];
-	for (int64_t o = 0; o < outer; o++)
-		memcpy((char *)dst->data + o * inner * es, (const char *)src->data + ((o * len + index) * inner) * es,
-		       (size_t)inner * es);
+	for (int64_t o = 0; o < outer && !rc; o++)
+		rc = copy_elems(node, (char *)dst->data + o * inner * es,
+		                (const char *)src->data + ((o * len + index) * inner) * es, inner, src->dtype);
+	return rc;
+}
+
+/* A scan input must be a tensor whose elements can be sliced. */
+static tern_status check_scan_input(const tern_node *node, const tern_tensor *x, int i, int min_rank)
+{
+	if (!x)
+		return tern_node_errorf(node, TERN_EDATA, "scan input %d is missing", i);
+	if (x->dtype != TERN_STRING && tern_dtype_size(x->dtype) == 0)
+		return tern_node_errorf(node, TERN_EDATA, "scan input %d has unsupported type %s", i,
+		                        tern_dtype_name(x->dtype));
+	if (x->rank < min_rank)
+		return tern_node_errorf(node, TERN_EDATA, "scan input %d has rank %d, below %d", i, x->rank, min_rank);
 	return TERN_OK;
 }
 
-static tern_status scan_run(const tern_kernel_args *a)
+/* One scan's layout: n_state state values, m scan inputs stepped along axes[i] (backwards where
+ * reverse[i]), n_out scan outputs. */
+typedef struct scan_spec {
+	int n_state, m, n_out;
+	int *axes, *reverse;
+} scan_spec;
+
+/* Runs the body for len steps: state[0..n_state) holds the initial values and ends holding the
+ * final ones; step t reads slice t (len - 1 - t when reversed) of each scan input xs[i]; each step's
+ * scan outputs are appended to outs. */
+static tern_status scan_steps(const tern_kernel_args *a, tern_graph *body, const scan_spec *s, tern_tensor *state,
+                              tern_tensor *const *xs, int64_t len, tensor_list *outs)
 {
 	body_plan *b = a->params;
+	int n_in = s->n_state + s->m;
+	tern_status rc = TERN_OK;
+	tern_tensor *slices = calloc((size_t)s->m + 1, sizeof *slices);
+	tern_tensor *next = calloc((size_t)s->n_state + 1, sizeof *next);
+	tern_tensor **inputs = calloc((size_t)n_in + 1, sizeof *inputs);
+	if (!slices || !next || !inputs) {
+		rc = tern_errorf(TERN_EOS, "out of memory");
+		goto done;
+	}
+	for (int64_t t = 0; t < len; t++) {
+		for (int i = 0; i < s->m; i++) {
+			tern_tensor_free(&slices[i]);
+			if ((rc = take_slice(a->node, &slices[i], xs[i], s->axes[i], s->reverse[i] ? len - 1 - t : t)))
+				goto done;
+		}
+		for (int i = 0; i < s->n_state; i++)
+			inputs[i] = &state[i];
+		for (int i = 0; i < s->m; i++)
+			inputs[s->n_state + i] = &slices[i];
+		if (!b->exec[0])
+			rc = tern_exec_create(a->exec, body, inputs, n_in, a->pool, &b->exec[0]);
+		if (!rc)
+			rc = tern_exec_run(b->exec[0], inputs, n_in);
+		if (rc)
+			goto done;
+		/* Body outputs may alias its inputs (an Identity of a state): take them all before the
+		 * state is replaced. */
+		for (int k = 0; k < s->n_out; k++)
+			if ((rc = list_push(a->node, &outs[k], tern_exec_output(b->exec[0], s->n_state + k))))
+				goto done;
+		for (int i = 0; i < s->n_state; i++)
+			if ((rc = copy_out(a->node, &next[i], tern_exec_output(b->exec[0], i))))
+				goto done;
+		for (int i = 0; i < s->n_state; i++) {
+			tern_tensor_free(&state[i]);
+			state[i] = next[i];
+			memset(&next[i], 0, sizeof next[i]);
+		}
+	}
+done:
+	for (int i = 0; slices && i < s->m; i++)
+		tern_tensor_free(&slices[i]);
+	for (int i = 0; next && i < s->n_state; i++)
+		tern_tensor_free(&next[i]);
+	free(slices);
+	free(next);
+	free(inputs);
+	return rc;
+}
+
+static tern_status scan_spec_alloc(scan_spec *s)
+{
+	s->axes = calloc((size_t)s->m + 1, sizeof *s->axes);
+	s->reverse = calloc((size_t)s->m + 1, sizeof *s->reverse);
+	return s->axes && s->reverse ? TERN_OK : tern_errorf(TERN_EOS, "out of memory");
+}
+
+static void scan_spec_free(scan_spec *s)
+{
+	free(s->axes);
+	free(s->reverse);
+}
+
+/* Scan 9 and later: no batch axis, scan axes and directions per input and output. */
+static tern_status scan_run(const tern_kernel_args *a)
+{
 	tern_graph *body = tern_attr_graph(a->node, "body");
 	int m = (int)tern_attr_int(a->node, "num_scan_inputs", 0);
-	int n_state = a->n_in - m;
-	int n_scan_out = a->n_out - n_state;
-	if (m < 1 || n_state < 0 || n_scan_out < 0 || (int)body->n_inputs != a->n_in ||
-	    (int)body->n_outputs != a->n_out)
+	scan_spec s = {a->n_in - m, m, a->n_out - (a->n_in - m), NULL, NULL};
+	if (m < 1 || s.n_state < 0 || s.n_out < 0 || (int)body->n_inputs != a->n_in || (int)body->n_outputs != a->n_out)
 		return tern_node_errorf(a->node, TERN_EDATA,
 		                        "inputs, outputs and num_scan_inputs=%d do not match the body", m);
 	size_t n_axes, n_dirs, n_oaxes, n_odirs;
@@ -285,90 +408,221 @@ static tern_status scan_run(const tern_kernel_args *a)
 	const int64_t *in_dirs = tern_attr_ints(a->node, "scan_input_directions", &n_dirs);
 	const int64_t *out_axes = tern_attr_ints(a->node, "scan_output_axes", &n_oaxes);
 	const int64_t *out_dirs = tern_attr_ints(a->node, "scan_output_directions", &n_odirs);
+	tern_status rc = scan_spec_alloc(&s);
 	int64_t len = -1;
-	for (int i = 0; i < m; i++) {
-		const tern_tensor *x = a->in[n_state + i];
+	for (int i = 0; i < m && !rc; i++) {
+		const tern_tensor *x = a->in[s.n_state + i];
+		if ((rc = check_scan_input(a->node, x, i, 1)))
+			break;
 		int axis = in_axes && (size_t)i < n_axes ? (int)in_axes[i] : 0;
 		if (axis < 0)
 			axis += x->rank;
 		if (axis < 0 || axis >= x->rank)
-			return tern_node_errorf(a->node, TERN_EDATA, "scan input %d: axis out of range", i);
-		if (len >= 0 && x->dims[axis] != len)
-			return tern_node_errorf(a->node, TERN_EDATA, "scan inputs differ in sequence length");
-		len = x->dims[axis];
+			rc = tern_node_errorf(a->node, TERN_EDATA, "scan input %d: axis out of range", i);
+		else if (len >= 0 && x->dims[axis] != len)
+			rc = tern_node_errorf(a->node, TERN_EDATA, "scan inputs differ in sequence length");
+		else
+			len = x->dims[axis];
+		s.axes[i] = axis;
+		s.reverse[i] = in_dirs && (size_t)i < n_dirs && in_dirs[i];
 	}
-	tern_status rc = TERN_OK;
-	tern_tensor *state = calloc((size_t)a->n_in + 1, sizeof *state);
-	tern_tensor *next_state = calloc((size_t)n_state + 1, sizeof *next_state);
-	tern_tensor **inputs = calloc((size_t)a->n_in + 1, sizeof *inputs);
-	tensor_list *outs = calloc((size_t)n_scan_out + 1, sizeof *outs);
-	if (!state || !next_state || !inputs || !outs) {
+	tern_tensor *state = rc ? NULL : calloc((size_t)s.n_state + 1, sizeof *state);
+	tensor_list *outs = rc ? NULL : calloc((size_t)s.n_out + 1, sizeof *outs);
+	if (!rc && (!state || !outs))
 		rc = tern_errorf(TERN_EOS, "out of memory");
-		goto done;
-	}
-	for (int i = 0; i < n_state; i++)
-		if ((rc = copy_out(a->node, &state[i], a->in[i])))
-			goto done;
-	for (int64_t t = 0; t < len; t++) {
-		for (int i = 0; i < m; i++) {
-			const tern_tensor *x = a->in[n_state + i];
-			int axis = in_axes && (size_t)i < n_axes ? (int)in_axes[i] : 0;
-			if (axis < 0)
-				axis += x->rank;
-			int reverse = in_dirs && (size_t)i < n_dirs && in_dirs[i];
-			tern_tensor_free(&state[n_state + i]);
-			if ((rc = take_slice(a->node, &state[n_state + i], x, axis, reverse ? len - 1 - t : t)))
-				goto done;
-		}
-		for (int i = 0; i < a->n_in; i++)
-			inputs[i] = &state[i];
-		if (!b->exec[0])
-			rc = tern_exec_create(a->exec, body, inputs, a->n_in, a->pool, &b->exec[0]);
-		if (!rc)
-			rc = tern_exec_run(b->exec[0], inputs, a->n_in);
-		if (rc)
-			goto done;
-		for (int s = 0; s < n_scan_out; s++)
-			if ((rc = list_push(a->node, &outs[s], tern_exec_output(b->exec[0], n_state + s))))
-				goto done;
-		for (int i = 0; i < n_state; i++) {
-			tern_tensor next = {0};
-			if ((rc = copy_out(a->node, &next, tern_exec_output(b->exec[0], i))))
-				goto done;
-			tern_tensor_free(&next_state[i]);
-			next_state[i] = next;
-		}
-		for (int i = 0; i < n_state; i++) {
-			tern_tensor_free(&state[i]);
-			state[i] = next_state[i];
-			memset(&next_state[i], 0, sizeof next_state[0]);
-		}
-	}
-	for (int i = 0; i < n_state; i++)
+	for (int i = 0; i < s.n_state && !rc; i++)
+		rc = a->in[i] ? copy_out(a->node, &state[i], a->in[i])
+		              : tern_node_errorf(a->node, TERN_EDATA, "initial state %d is missing", i);
+	if (!rc)
+		rc = scan_steps(a, body, &s, state, a->in + s.n_state, len, outs);
+	for (int i = 0; i < s.n_state && !rc; i++)
 		if (a->out[i]) {
 			*a->out[i] = state[i];
 			memset(&state[i], 0, sizeof state[i]);
 		}
-	for (int s = 0; s < n_scan_out; s++) {
-		if (!a->out[n_state + s])
+	for (int k = 0; k < s.n_out && !rc; k++) {
+		if (!a->out[s.n_state + k])
 			continue;
-		int axis = out_axes && (size_t)s < n_oaxes ? (int)out_axes[s] : 0;
-		int reverse = out_dirs && (size_t)s < n_odirs && out_dirs[s];
-		if ((rc = stack(a->node, a->out[n_state + s], &outs[s], axis, reverse,
-		                body->outputs[n_state + s]->type.dtype)))
-			goto done;
+		int axis = out_axes && (size_t)k < n_oaxes ? (int)out_axes[k] : 0;
+		int reverse = out_dirs && (size_t)k < n_odirs && out_dirs[k];
+		rc = stack(a->node, a->out[s.n_state + k], &outs[k], axis, reverse,
+		           body->outputs[s.n_state + k]->type.dtype);
 	}
-done:
-	for (int i = 0; state && i < a->n_in; i++)
+	for (int i = 0; state && i < s.n_state; i++)
 		tern_tensor_free(&state[i]);
-	for (int i = 0; next_state && i < n_state; i++)
-		tern_tensor_free(&next_state[i]);
-	free(next_state);
-	for (int s = 0; outs && s < n_scan_out; s++)
-		list_free(&outs[s]);
+	for (int k = 0; outs && k < s.n_out; k++)
+		list_free(&outs[k]);
 	free(state);
-	free(inputs);
 	free(outs);
+	scan_spec_free(&s);
+	return rc;
+}
+
+/* Output dst of a batched scan: [lead..., like's dims...] of like's type, allocated when the first
+ * batch entry is placed (zeros, or empty strings, where no entry writes), and otherwise checked: every
+ * entry's value must have the same shape. */
+static tern_status batch_output(const tern_node *node, tern_tensor *dst, bool *placed, const tern_tensor *like,
+                                int n_lead, const int64_t *lead, int which)
+{
+	int rank = n_lead + like->rank;
+	if (rank > TERN_MAX_RANK)
+		return tern_node_errorf(node, TERN_EDATA, "output %d would have rank %d, above %d", which, rank,
+		                        TERN_MAX_RANK);
+	int64_t dims[TERN_MAX_RANK];
+	memcpy(dims, lead, (size_t)n_lead * sizeof *dims);
+	memcpy(dims + n_lead, like->dims, (size_t)like->rank * sizeof *dims);
+	if (*placed) {
+		bool same = dst->dtype == like->dtype && dst->rank == rank;
+		for (int d = 0; same && d < rank; d++)
+			same = dst->dims[d] == dims[d];
+		if (!same)
+			return tern_node_errorf(node, TERN_EDATA,
+			                        "output %d changes type or shape between batch entries", which);
+		return TERN_OK;
+	}
+	tern_status rc = tern_tensor_alloc(dst, like->dtype, rank, dims);
+	if (rc)
+		return tern_node_errorf(node, rc, "%s", tern_error());
+	*placed = true;
+	char **s = dst->data;
+	for (int64_t i = 0; like->dtype == TERN_STRING && i < tern_tensor_numel(dst); i++)
+		if (!(s[i] = tern_strdup("")))
+			return tern_node_errorf(node, TERN_EOS, "out of memory");
+	return TERN_OK;
+}
+
+/* Scan 8: axis 0 of every state and scan input is the batch, which the body runs over one entry at a
+ * time; axis 1 of the scan inputs is the sequence, of sequence_lens[b] steps for entry b (all of it
+ * without that input). Scan outputs are [batch, max_sequence_length, ...], zero past an entry's
+ * length as in onnxruntime (the spec leaves those values undefined). */
+static tern_status scan8_run(const tern_kernel_args *a)
+{
+	tern_graph *body = tern_attr_graph(a->node, "body");
+	int m = (int)tern_attr_int(a->node, "num_scan_inputs", 0);
+	int n_state = a->n_in - 1 - m;
+	scan_spec s = {n_state, m, a->n_out - n_state, NULL, NULL};
+	if (m < 1 || n_state < 0 || s.n_out < 0 || (int)body->n_inputs != n_state + m ||
+	    (int)body->n_outputs != a->n_out)
+		return tern_node_errorf(a->node, TERN_EDATA,
+		                        "inputs, outputs and num_scan_inputs=%d do not match the body", m);
+	const tern_tensor *lens = a->in[0];
+	tern_tensor *const *init = a->in + 1, *const *scans = a->in + 1 + n_state;
+	size_t n_dirs;
+	const int64_t *dirs = tern_attr_ints(a->node, "directions", &n_dirs);
+	if (tern_attr(a->node, "directions") && n_dirs != (size_t)m)
+		return tern_node_errorf(a->node, TERN_EDATA,
+		                        "attribute 'directions' has %zu entries for %d scan inputs", n_dirs, m);
+	tern_status rc = scan_spec_alloc(&s);
+	int64_t batch = -1, max_len = -1;
+	for (int i = 0; i < m && !rc; i++) {
+		const tern_tensor *x = scans[i];
+		if ((rc = check_scan_input(a->node, x, i, 2)))
+			break;
+		if ((batch >= 0 && x->dims[0] != batch) || (max_len >= 0 && x->dims[1] != max_len))
+			rc = tern_node_errorf(a->node, TERN_EDATA,
+			                      "scan inputs differ in batch size or sequence length");
+		batch = x->dims[0];
+		max_len = x->dims[1];
+		s.axes[i] = 0; /* the sequence axis, once the batch entry is taken */
+		s.reverse[i] = dirs && dirs[i];
+		if (dirs && dirs[i] != 0 && dirs[i] != 1)
+			rc = tern_node_errorf(a->node, TERN_EDATA,
+			                      "attribute 'directions' entry %d is %lld, not 0 or 1", i,
+			                      (long long)dirs[i]);
+	}
+	for (int i = 0; i < n_state && !rc; i++)
+		if (!init[i] || init[i]->rank < 1 || init[i]->dims[0] != batch)
+			rc = tern_node_errorf(a->node, TERN_EDATA, "initial state %d must be [%lld, ...], batch first",
+			                      i, (long long)batch);
+	if (!rc && lens) {
+		if (lens->dtype != TERN_INT64 || lens->rank != 1 || lens->dims[0] != batch)
+			rc = tern_node_errorf(a->node, TERN_EDATA, "input 0 'sequence_lens' must be int64[%lld]",
+			                      (long long)batch);
+		for (int64_t i = 0; !rc && i < batch; i++) {
+			int64_t v = ((const int64_t *)lens->data)[i];
+			if (v < 0 || v > max_len)
+				rc = tern_node_errorf(a->node, TERN_EDATA,
+				                      "input 0 'sequence_lens' element %lld is %lld, outside [0, %lld]",
+				                      (long long)i, (long long)v, (long long)max_len);
+		}
+	}
+	tern_tensor *state = rc ? NULL : calloc((size_t)n_state + (size_t)m + 1, sizeof *state);
+	tern_tensor **xs = rc ? NULL : calloc((size_t)m + 1, sizeof *xs);
+	tensor_list *outs = rc ? NULL : calloc((size_t)s.n_out + 1, sizeof *outs);
+	bool *placed = rc ? NULL : calloc((size_t)a->n_out + 1, sizeof *placed);
+	if (!rc && (!state || !xs || !outs || !placed))
+		rc = tern_errorf(TERN_EOS, "out of memory");
+	for (int i = 0; i < m && !rc; i++)
+		xs[i] = &state[n_state + i];
+	for (int64_t b = 0; b < batch && !rc; b++) {
+		for (int i = 0; i < n_state + m; i++)
+			tern_tensor_free(&state[i]);
+		for (int i = 0; i < n_state && !rc; i++)
+			rc = take_slice(a->node, &state[i], init[i], 0, b);
+		for (int i = 0; i < m && !rc; i++)
+			rc = take_slice(a->node, xs[i], scans[i], 0, b);
+		if (!rc)
+			rc = scan_steps(a, body, &s, state, xs, lens ? ((const int64_t *)lens->data)[b] : max_len,
+			                outs);
+		for (int i = 0; i < n_state && !rc; i++) {
+			tern_tensor *y = a->out[i];
+			int64_t per = tern_tensor_numel(&state[i]);
+			if (y && !(rc = batch_output(a->node, y, &placed[i], &state[i], 1, &batch, i)))
+				rc = copy_elems(a->node, (char *)y->data + (size_t)(b * per) * elem_bytes(y->dtype),
+				                state[i].data, per, y->dtype);
+		}
+		for (int k = 0; k < s.n_out && !rc; k++) {
+			tern_tensor *y = a->out[n_state + k];
+			int64_t lead[2] = {batch, max_len};
+			for (int64_t t = 0; y && t < outs[k].n && !rc; t++) {
+				const tern_tensor *item = &outs[k].items[t];
+				int64_t per = tern_tensor_numel(item);
+				if (!(rc = batch_output(a->node, y, &placed[n_state + k], item, 2, lead, n_state + k)))
+					rc = copy_elems(a->node,
+					                (char *)y->data +
+					                        (size_t)((b * max_len + t) * per) *
+					                                elem_bytes(y->dtype),
+					                item->data, per, y->dtype);
+			}
+			list_free(&outs[k]);
+		}
+	}
+	/* Outputs no entry placed (no batch, or no step ran): their shape comes from what is known. */
+	for (int o = 0; o < a->n_out && !rc; o++) {
+		if (!a->out[o] || placed[o])
+			continue;
+		tern_tensor like = {0};
+		int n_lead = o < n_state ? 0 : 2; /* a state's initial value has its batch axis already */
+		int64_t lead[2] = {batch, max_len};
+		const tern_type *ty = &body->outputs[o]->type;
+		if (o < n_state) {
+			like = *init[o];
+		} else {
+			like.dtype = ty->dtype ? ty->dtype : TERN_FLOAT;
+			like.rank = ty->rank;
+			for (int d = 0; d < ty->rank && d < TERN_MAX_RANK; d++)
+				like.dims[d] = ty->dims[d] >= 0 ? ty->dims[d] : batch * max_len == 0 ? 0 : -1;
+			bool known = ty->rank >= 0;
+			for (int d = 0; known && d < ty->rank; d++)
+				known = like.dims[d] >= 0;
+			if (!known)
+				rc = tern_node_errorf(
+				        a->node, TERN_EDATA,
+				        "scan output %d: no step ran and the body does not declare its shape",
+				        o - n_state);
+		}
+		if (!rc)
+			rc = batch_output(a->node, a->out[o], &placed[o], &like, n_lead, lead, o);
+	}
+	for (int i = 0; state && i < n_state + m; i++)
+		tern_tensor_free(&state[i]);
+	for (int k = 0; outs && k < s.n_out; k++)
+		list_free(&outs[k]);
+	free(state);
+	free(xs);
+	free(outs);
+	free(placed);
+	scan_spec_free(&s);
 	return rc;
 }
 
@@ -376,14 +630,14 @@ static tern_status scan_prepare(tern_prepare_args *p)
 {
 	if (!tern_attr_graph(p->node, "body"))
 		return tern_node_errorf(p->node, TERN_EDATA, "Scan needs a body graph");
-	p->kernel = scan_run;
+	p->kernel = p->node->opset < 9 ? scan8_run : scan_run;
 	return body_prepare(p);
 }
 
 static const tern_op ops[] = {
         {"", "If", 1, 0, if_prepare, 0, "control"},
         {"", "Loop", 1, 0, loop_prepare, 0, "control"},
-        {"", "Scan", 9, 0, scan_prepare, 0, "control"},
+        {"", "Scan", 8, 0, scan_prepare, 0, "control"},
 };
 
 const tern_op_table tern_ops_control = {ops, TERN_ARRAY_LEN(ops)};
