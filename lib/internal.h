@@ -194,6 +194,16 @@ void tern_mapped_release(const void *p, size_t n);
 /* The tensor's bytes are mapped from its external data file. */
 bool tern_tensor_proto_mapped(const Onnx__TensorProto *tp);
 
+/* Reverse-mode differentiation of the main graph (lib/autodiff): adds the nodes that compute the
+ * gradient of sum_j <ys[j], seeds[j]> (seeds NULL, or an entry NULL: ones, so a scalar loss's own
+ * gradient) with respect to each of wrt[0..n_wrt), and sets grads[i] to it (NULL when nothing
+ * depends on wrt[i]). TERN_EDATA names a node without a rule. */
+tern_status tern_autodiff(tern_model *model, tern_value *const *ys, tern_value *const *seeds, int n_ys,
+                          tern_value *const *wrt, int n_wrt, tern_value **grads);
+
+/* Adds domain at version to the model's opset imports unless it imports it already. */
+tern_status tern_model_import_opset(tern_model *model, const char *domain, int64_t version);
+
 /* Builds the IR of a model from its proto (graph, subgraphs, functions). */
 tern_status tern_model_build_ir(tern_model *model);
 /* Writes IR changes (node order, added and removed nodes, value types) back into the proto. */
@@ -228,6 +238,11 @@ tern_status tern_node_add_attr_string(tern_node *node, const char *name, const c
 tern_status tern_node_add_attr_tensor(tern_node *node, const char *name, const tern_tensor *t);
 /* Adds an initializer to the main graph (copying t). */
 tern_value *tern_graph_add_initializer(tern_graph *g, const char *name, const tern_tensor *t);
+/* A new graph input name of type t / v as a new graph output (declared with v's type). */
+tern_value *tern_graph_add_input(tern_graph *g, const char *name, const tern_type *t);
+tern_status tern_graph_add_output(tern_graph *g, tern_value *v);
+/* A TypeProto (tensor type) for t: dims as values, symbols as dim_param, others unknown. */
+Onnx__TypeProto *tern_type_to_proto(const tern_type *t);
 
 /* Attribute access. The getters return the default when the attribute is absent. */
 const Onnx__AttributeProto *tern_attr(const tern_node *node, const char *name);
@@ -321,6 +336,7 @@ typedef struct tern_prepare_args {
 	tern_threadpool *pool; /* the pool the kernel will get */
 } tern_prepare_args;
 
+struct tern_grad_ctx;
 typedef struct tern_op {
 	const char *domain; /* "" for ai.onnx */
 	const char *op_type;
@@ -330,6 +346,8 @@ typedef struct tern_op {
 	/* Dtypes the kernel accepts for input 0, as a bit mask (1u << dtype); 0 = prepare checks. */
 	uint32_t dtypes;
 	const char *family; /* source family, for the operator table */
+	/* The gradient rule (lib/autodiff/grad.h), beside the forward code; NULL: not differentiable. */
+	tern_status (*grad)(struct tern_grad_ctx *g);
 } tern_op;
 
 #define TERN_DT(x) (1u << TERN_##x)
@@ -365,6 +383,13 @@ float tern_f16_to_f32(uint16_t h);
 uint16_t tern_f32_to_f16(float f);
 float tern_bf16_to_f32(uint16_t h);
 uint16_t tern_f32_to_bf16(float f);
+/* float8 (dtype: TERN_FLOAT8E4M3FN .. TERN_FLOAT8E5M2FNUZ) to and from float, rounding to nearest even as
+ * ONNX's Cast does. Out-of-range values (infinity included) become the largest finite value when
+ * saturate is set, else infinity (E5M2) or NaN. The _n forms convert n elements. */
+float tern_f8_to_f32(int dtype, uint8_t v);
+uint8_t tern_f32_to_f8(int dtype, float f, int saturate);
+void tern_f8_to_f32_n(int dtype, const uint8_t *src, float *dst, int64_t n);
+void tern_f32_to_f8_n(int dtype, const float *src, uint8_t *dst, int64_t n, int saturate);
 
 /* ---------------------------------------------------------------- scheduling (lib/sched) */
 

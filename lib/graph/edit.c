@@ -280,3 +280,106 @@ tern_value *tern_graph_add_initializer(tern_graph *g, const char *name, const te
 		v->type.dims[i] = t->dims[i];
 	return v;
 }
+
+/* ---------------------------------------------------------------- types and graph interfaces */
+
+Onnx__TypeProto *tern_type_to_proto(const tern_type *t)
+{
+	Onnx__TypeProto *tp = calloc(1, sizeof *tp);
+	Onnx__TypeProto__Tensor *tt = calloc(1, sizeof *tt);
+	if (!tp || !tt) {
+		free(tp);
+		free(tt);
+		return NULL;
+	}
+	onnx__type_proto__init(tp);
+	onnx__type_proto__tensor__init(tt);
+	tp->value_case = ONNX__TYPE_PROTO__VALUE_TENSOR_TYPE;
+	tp->tensor_type = tt;
+	tt->has_elem_type = 1;
+	tt->elem_type = t->dtype;
+	if (t->rank < 0)
+		return tp;
+	Onnx__TensorShapeProto *sh = calloc(1, sizeof *sh);
+	Onnx__TensorShapeProto__Dimension **dims = calloc((size_t)t->rank + 1, sizeof *dims);
+	tt->shape = sh;
+	if (!sh || !dims) {
+		free(dims);
+		onnx__type_proto__free_unpacked(tp, NULL);
+		return NULL;
+	}
+	onnx__tensor_shape_proto__init(sh);
+	sh->dim = dims;
+	for (int d = 0; d < t->rank; d++) {
+		Onnx__TensorShapeProto__Dimension *dm = calloc(1, sizeof *dm);
+		if (!dm) {
+			onnx__type_proto__free_unpacked(tp, NULL);
+			return NULL;
+		}
+		onnx__tensor_shape_proto__dimension__init(dm);
+		dims[sh->n_dim++] = dm;
+		if (t->dims[d] >= 0) {
+			dm->value_case = ONNX__TENSOR_SHAPE_PROTO__DIMENSION__VALUE_DIM_VALUE;
+			dm->dim_value = t->dims[d];
+		} else if (t->dim_param[d]) {
+			dm->value_case = ONNX__TENSOR_SHAPE_PROTO__DIMENSION__VALUE_DIM_PARAM;
+			if (!(dm->dim_param = tern_strdup(t->dim_param[d]))) {
+				dm->value_case = ONNX__TENSOR_SHAPE_PROTO__DIMENSION__VALUE__NOT_SET;
+				onnx__type_proto__free_unpacked(tp, NULL);
+				return NULL;
+			}
+		}
+	}
+	return tp;
+}
+
+/* A ValueInfoProto named name of type t appended to *list (n entries). */
+static tern_status append_value_info(Onnx__ValueInfoProto ***list, size_t *n, const char *name, const tern_type *t)
+{
+	Onnx__ValueInfoProto *vi = calloc(1, sizeof *vi);
+	Onnx__ValueInfoProto **arr = realloc(*list, (*n + 1) * sizeof *arr);
+	if (arr)
+		*list = arr;
+	if (!vi || !arr) {
+		free(vi);
+		return tern_errorf(TERN_EOS, "out of memory");
+	}
+	onnx__value_info_proto__init(vi);
+	vi->name = tern_strdup(name);
+	vi->type = tern_type_to_proto(t);
+	if (!vi->name || !vi->type) {
+		onnx__value_info_proto__free_unpacked(vi, NULL);
+		return tern_errorf(TERN_EOS, "out of memory");
+	}
+	(*list)[(*n)++] = vi;
+	return TERN_OK;
+}
+
+tern_value *tern_graph_add_input(tern_graph *g, const char *name, const tern_type *t)
+{
+	tern_value *v = tern_graph_value(g, name);
+	if (!v)
+		return NULL;
+	tern_value **arr = realloc(g->inputs, (g->n_inputs + 1) * sizeof *arr);
+	if (!arr || append_value_info(&g->proto->input, &g->proto->n_input, name, t))
+		return NULL;
+	g->inputs = arr;
+	g->inputs[g->n_inputs++] = v;
+	v->flags |= TERN_VALUE_INPUT;
+	tern_type_from_proto(g->proto->input[g->proto->n_input - 1]->type, &v->type);
+	return v;
+}
+
+tern_status tern_graph_add_output(tern_graph *g, tern_value *v)
+{
+	tern_value **arr = realloc(g->outputs, (g->n_outputs + 1) * sizeof *arr);
+	if (!arr)
+		return tern_errorf(TERN_EOS, "out of memory");
+	g->outputs = arr;
+	tern_status st = append_value_info(&g->proto->output, &g->proto->n_output, v->name, &v->type);
+	if (st)
+		return st;
+	g->outputs[g->n_outputs++] = v;
+	v->flags |= TERN_VALUE_OUTPUT;
+	return TERN_OK;
+}

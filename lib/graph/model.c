@@ -294,6 +294,31 @@ int64_t tern_model_opset(const tern_model *m, const char *domain)
 	return -1;
 }
 
+tern_status tern_model_import_opset(tern_model *m, const char *domain, int64_t version)
+{
+	Onnx__ModelProto *mp = m->proto;
+	if (tern_model_opset(m, domain) >= 0)
+		return TERN_OK;
+	Onnx__OperatorSetIdProto *o = malloc(sizeof *o);
+	Onnx__OperatorSetIdProto **arr = realloc(mp->opset_import, (mp->n_opset_import + 1) * sizeof *arr);
+	if (arr)
+		mp->opset_import = arr;
+	if (!o || !arr) {
+		free(o);
+		return tern_errorf(TERN_EOS, "out of memory");
+	}
+	onnx__operator_set_id_proto__init(o);
+	o->domain = tern_strdup(domain);
+	if (!o->domain) {
+		free(o);
+		return tern_errorf(TERN_EOS, "out of memory");
+	}
+	o->has_version = 1;
+	o->version = version;
+	mp->opset_import[mp->n_opset_import++] = o;
+	return TERN_OK;
+}
+
 int tern_model_num_inputs(tern_model *m)
 {
 	int n = 0;

@@ -9,6 +9,7 @@
 #pragma GCC optimize("no-trapping-math")
 #endif
 #include "internal.h"
+#include "autodiff/grad.h"
 #include "ops/gemm.h"
 #include "ops/ops_common.h"
 
@@ -1822,9 +1823,98 @@ done:
 
 /* ---------------------------------------------------------------- table */
 
+/* ---------------------------------------------------------------- gradients */
+
+/* a with its last two axes swapped */
+static tern_gval *swap_last(tern_grad_ctx *g, tern_gval *a, int rank)
+{
+	int64_t perm[TERN_MAX_RANK];
+	for (int d = 0; d < rank; d++)
+		perm[d] = d;
+	perm[rank - 1] = rank - 2;
+	perm[rank - 2] = rank - 1;
+	return tern_g_transpose(g, a, perm, rank);
+}
+
+static tern_gval *unsqueeze(tern_grad_ctx *g, tern_gval *a, int64_t axis)
+{
+	tern_gval *in[2] = {a, tern_g_ints(g, &axis, 1)};
+	return in[1] ? tern_g_op(g, "", "Unsqueeze", in, 2, NULL, 0) : NULL;
+}
+
+static tern_gval *matmul2(tern_grad_ctx *g, tern_gval *a, tern_gval *b)
+{
+	tern_gval *in[2] = {a, b};
+	return a && b ? tern_g_op(g, "", "MatMul", in, 2, NULL, 0) : NULL;
+}
+
+/* Y = A B (numpy's matmul): dA = dY B^T and dB = A^T dY, summed to the operands' shapes where the
+ * batch dimensions broadcast; a vector operand is a row (A) or a column (B) that is then dropped. */
+static tern_status matmul_grad(tern_grad_ctx *g)
+{
+	tern_gval *a = g->x[0], *b = g->x[1], *dy = g->dy[0];
+	int ra = tern_g_rank(g, a), rb = tern_g_rank(g, b);
+	if (ra < 1 || rb < 1)
+		return tern_g_fail(g, "MatMul needs operands of known rank");
+	if (ra == 1 && rb == 1) {
+		if (g->wants[0])
+			g->dx[0] = tern_g_mul(g, dy, b);
+		if (g->wants[1])
+			g->dx[1] = tern_g_mul(g, dy, a);
+	} else if (ra == 1) {
+		/* [k] x [..., k, n] -> [..., n] */
+		tern_gval *dy_row = unsqueeze(g, dy, -2); /* [..., 1, n] */
+		if (g->wants[0]) /* [..., 1, k], summed to [k] */
+			g->dx[0] = tern_g_sum_to(g, matmul2(g, dy_row, swap_last(g, b, rb)), a);
+		if (g->wants[1])
+			g->dx[1] = tern_g_sum_to(g, matmul2(g, unsqueeze(g, a, 1), dy_row), b);
+	} else if (rb == 1) {
+		/* [..., m, k] x [k] -> [..., m] */
+		tern_gval *dy_col = unsqueeze(g, dy, -1); /* [..., m, 1] */
+		if (g->wants[0])
+			g->dx[0] = tern_g_sum_to(g, matmul2(g, dy_col, unsqueeze(g, b, 0)), a);
+		if (g->wants[1]) /* [..., 1, m] x [..., m, k] = [..., 1, k], summed to [k] */
+			g->dx[1] = tern_g_sum_to(g, matmul2(g, unsqueeze(g, dy, -2), a), b);
+	} else {
+		if (g->wants[0])
+			g->dx[0] = tern_g_sum_to(g, matmul2(g, dy, swap_last(g, b, rb)), a);
+		if (g->wants[1])
+			g->dx[1] = tern_g_sum_to(g, matmul2(g, swap_last(g, a, ra), dy), b);
+	}
+	return (g->wants[0] && !g->dx[0]) || (g->wants[1] && !g->dx[1]) ? tern_g_status(g) : TERN_OK;
+}
+
+static tern_gval *gemm(tern_grad_ctx *g, tern_gval *a, tern_gval *b, float alpha, int64_t ta, int64_t tb)
+{
+	tern_gval *in[2] = {a, b};
+	tern_gattr at[3] = {TERN_GA_F("alpha", alpha), TERN_GA_I("transA", ta), TERN_GA_I("transB", tb)};
+	return tern_g_op(g, "", "Gemm", in, 2, at, 3);
+}
+
+/* Y = alpha op(A) op(B) + beta C: each operand's gradient is one more Gemm (the transposes chosen so
+ * that it comes out in the operand's own layout), C's the output's summed to C's shape. */
+static tern_status gemm_grad(tern_grad_ctx *g)
+{
+	float alpha = tern_attr_float(g->node, "alpha", 1.0f), beta = tern_attr_float(g->node, "beta", 1.0f);
+	int64_t ta = tern_attr_int(g->node, "transA", 0), tb = tern_attr_int(g->node, "transB", 0);
+	tern_gval *a = g->x[0], *b = g->x[1], *dy = g->dy[0];
+	if (g->wants[0])
+		g->dx[0] = ta ? gemm(g, b, dy, alpha, tb, 1) : gemm(g, dy, b, alpha, 0, !tb);
+	if (g->wants[1])
+		g->dx[1] = tb ? gemm(g, dy, a, alpha, 1, ta) : gemm(g, a, dy, alpha, !ta, 0);
+	if (g->n_in > 2 && g->wants[2]) {
+		tern_gval *d = beta == 1.0f ? dy : tern_g_mul(g, dy, tern_g_scalar(g, beta, dy));
+		g->dx[2] = tern_g_sum_to(g, d, g->x[2]);
+	}
+	for (int i = 0; i < g->n_in; i++)
+		if (g->wants[i] && !g->dx[i])
+			return tern_g_status(g);
+	return TERN_OK;
+}
+
 static const tern_op ops[] = {
-        {"", "MatMul", 1, 0, matmul_prepare, 0, "matmul"},
-        {"", "Gemm", 1, 0, gemm_prepare, 0, "matmul"},
+        {"", "MatMul", 1, 0, matmul_prepare, 0, "matmul", matmul_grad},
+        {"", "Gemm", 1, 0, gemm_prepare, 0, "matmul", gemm_grad},
         {"", "MatMulInteger", 10, 0, matmul_integer_prepare, TERN_DT(INT8) | TERN_DT(UINT8), "matmul"},
         {"", "QLinearMatMul", 10, 0, qlinear_matmul_prepare, TERN_DT(INT8) | TERN_DT(UINT8), "matmul"},
         {"", "Einsum", 12, 0, einsum_prepare, TERN_DT_NUMERIC, "matmul"},

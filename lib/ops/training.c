@@ -1,6 +1,8 @@
 /* training.c — the training operators of ai.onnx.preview.training: the Adagrad, Adam and Momentum update
- * rules, each over any number of tensors. (The loss functions themselves live with nn.c's softmax.) */
+ * rules, each over any number of tensors. (The loss functions themselves live with the softmax, in softmax.c.) */
 #include "internal.h"
+
+#define TERN_DOMAIN_NAME "tern"
 
 #include <math.h>
 #include <stdlib.h>
@@ -234,7 +236,106 @@ static tern_status momentum_prepare(tern_prepare_args *p)
 	return optimizer_setup(p, MOMENTUM, 1);
 }
 
+/* ---------------------------------------------------------------- tern.SumTo */
+
+/* tern.SumTo(X, shape) sums X down to `shape`, from which X's shape broadcasts (numpy's rules): the
+ * gradient of a broadcast operand. Leading dimensions of X that shape lacks and dimensions where
+ * shape has 1 are summed. */
+typedef struct sum_to_params {
+	int rank; /* of X */
+	int64_t outer_dims[TERN_MAX_RANK]; /* X's dimensions before the inner run */
+	int64_t y_stride[TERN_MAX_RANK]; /* Y's element stride for each of them (0: summed) */
+	int n_outer;
+	int64_t inner; /* trailing elements where X and Y agree: added as one run */
+} sum_to_params;
+
+#define SUM_TO_KERNEL(NAME, T)                                                                 \
+	static void NAME(const sum_to_params *sp, const T *restrict x, T *restrict y, int64_t ny) \
+	{                                                                                      \
+		memset(y, 0, (size_t)ny * sizeof(T));                                          \
+		int64_t idx[TERN_MAX_RANK] = {0}, off = 0;                                     \
+		for (int64_t o = 0, n_outer = tern_numel(sp->n_outer, sp->outer_dims); o < n_outer; o++) { \
+			T *restrict dst = y + off * sp->inner;                                 \
+			const T *restrict src = x + o * sp->inner;                             \
+			for (int64_t k = 0; k < sp->inner; k++)                                \
+				dst[k] += src[k];                                              \
+			for (int d = sp->n_outer - 1; d >= 0; d--) {                           \
+				off += sp->y_stride[d];                                        \
+				if (++idx[d] < sp->outer_dims[d])                              \
+					break;                                                 \
+				off -= sp->y_stride[d] * idx[d];                               \
+				idx[d] = 0;                                                    \
+			}                                                                      \
+		}                                                                              \
+	}
+SUM_TO_KERNEL(sum_to_f32, float)
+SUM_TO_KERNEL(sum_to_f64, double)
+
+static tern_status sum_to_kernel(const tern_kernel_args *a)
+{
+	const sum_to_params *sp = a->params;
+	const tern_tensor *x = a->in[0];
+	tern_tensor *y = a->out[0];
+	if (x->dtype == TERN_FLOAT)
+		sum_to_f32(sp, x->data, y->data, tern_tensor_numel(y));
+	else
+		sum_to_f64(sp, x->data, y->data, tern_tensor_numel(y));
+	return TERN_OK;
+}
+
+static tern_status sum_to_prepare(tern_prepare_args *p)
+{
+	const tern_tensor *x = p->in[0], *shape = p->n_in > 1 ? p->in[1] : NULL;
+	if (!x || (x->dtype != TERN_FLOAT && x->dtype != TERN_DOUBLE))
+		return tern_node_errorf(p->node, TERN_EDATA, "SumTo sums float or double tensors");
+	if (!shape || shape->dtype != TERN_INT64 || shape->rank != 1)
+		return tern_node_errorf(p->node, TERN_EDATA, "SumTo needs the target shape as an int64 vector");
+	if (!shape->data) {
+		p->defer = 1;
+		return TERN_OK;
+	}
+	int r = (int)shape->dims[0];
+	const int64_t *s = shape->data;
+	if (r > x->rank)
+		return tern_node_errorf(p->node, TERN_EDATA, "SumTo: shape of rank %d is longer than the input's %d", r,
+		                        x->rank);
+	sum_to_params *sp = calloc(1, sizeof *sp);
+	if (!sp)
+		return tern_errorf(TERN_EOS, "out of memory");
+	int lead = x->rank - r;
+	/* Y's strides, aligned on X's trailing dimensions */
+	int64_t ystride[TERN_MAX_RANK], st = 1;
+	for (int d = x->rank - 1; d >= 0; d--) {
+		int64_t yd = d >= lead ? s[d - lead] : 1;
+		if (d >= lead && yd != x->dims[d] && yd != 1) {
+			free(sp);
+			return tern_node_errorf(p->node, TERN_EDATA, "SumTo: dimension %d is %lld, the target's %lld", d,
+			                        (long long)x->dims[d], (long long)yd);
+		}
+		ystride[d] = d >= lead && yd == x->dims[d] ? st : 0;
+		st *= yd;
+	}
+	/* the inner run: trailing dimensions kept whole */
+	int split = x->rank;
+	sp->inner = 1;
+	while (split > 0 && split - 1 >= lead && s[split - 1 - lead] == x->dims[split - 1]) {
+		sp->inner *= x->dims[split - 1];
+		split--;
+	}
+	sp->n_outer = split;
+	for (int d = 0; d < split; d++) {
+		sp->outer_dims[d] = x->dims[d];
+		sp->y_stride[d] = sp->inner ? ystride[d] / (sp->inner ? sp->inner : 1) : 0;
+	}
+	tern_set_shape(p->out[0], x->dtype, r, s);
+	p->params = sp;
+	p->free_params = free;
+	p->kernel = sum_to_kernel;
+	return TERN_OK;
+}
+
 static const tern_op ops[] = {
+        {TERN_DOMAIN_NAME, "SumTo", 1, 0, sum_to_prepare, 0, "training"},
         {TRAINING_DOMAIN, "Adagrad", 1, 0, adagrad_prepare, 0, "loss"},
         {TRAINING_DOMAIN, "Adam", 1, 0, adam_prepare, 0, "loss"},
         {TRAINING_DOMAIN, "Momentum", 1, 0, momentum_prepare, 0, "loss"},

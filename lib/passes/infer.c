@@ -278,56 +278,6 @@ static bool same_type(const tern_type *a, const tern_type *b)
 
 /* ---------------------------------------------------------------- value_info */
 
-static Onnx__TypeProto *type_proto(const tern_type *t)
-{
-	Onnx__TypeProto *tp = calloc(1, sizeof *tp);
-	Onnx__TypeProto__Tensor *tt = calloc(1, sizeof *tt);
-	if (!tp || !tt) {
-		free(tp);
-		free(tt);
-		return NULL;
-	}
-	onnx__type_proto__init(tp);
-	onnx__type_proto__tensor__init(tt);
-	tp->value_case = ONNX__TYPE_PROTO__VALUE_TENSOR_TYPE;
-	tp->tensor_type = tt;
-	tt->has_elem_type = 1;
-	tt->elem_type = t->dtype;
-	if (t->rank < 0)
-		return tp;
-	Onnx__TensorShapeProto *sh = calloc(1, sizeof *sh);
-	Onnx__TensorShapeProto__Dimension **dims = calloc((size_t)t->rank + 1, sizeof *dims);
-	tt->shape = sh;
-	if (!sh || !dims) {
-		free(dims);
-		onnx__type_proto__free_unpacked(tp, NULL);
-		return NULL;
-	}
-	onnx__tensor_shape_proto__init(sh);
-	sh->dim = dims;
-	for (int d = 0; d < t->rank; d++) {
-		Onnx__TensorShapeProto__Dimension *dm = calloc(1, sizeof *dm);
-		if (!dm) {
-			onnx__type_proto__free_unpacked(tp, NULL);
-			return NULL;
-		}
-		onnx__tensor_shape_proto__dimension__init(dm);
-		dims[sh->n_dim++] = dm;
-		if (t->dims[d] >= 0) {
-			dm->value_case = ONNX__TENSOR_SHAPE_PROTO__DIMENSION__VALUE_DIM_VALUE;
-			dm->dim_value = t->dims[d];
-		} else if (t->dim_param[d]) {
-			dm->value_case = ONNX__TENSOR_SHAPE_PROTO__DIMENSION__VALUE_DIM_PARAM;
-			if (!(dm->dim_param = tern_strdup(t->dim_param[d]))) {
-				dm->value_case = ONNX__TENSOR_SHAPE_PROTO__DIMENSION__VALUE__NOT_SET;
-				onnx__type_proto__free_unpacked(tp, NULL);
-				return NULL;
-			}
-		}
-	}
-	return tp;
-}
-
 /* Sets (or adds) the value_info entry of v to its type; the IR's dim_param pointers then point into
  * the new proto. */
 static tern_status write_value_info(tern_graph *g, tern_value *v)
@@ -337,7 +287,7 @@ static tern_status write_value_info(tern_graph *g, tern_value *v)
 	for (size_t i = 0; i < gp->n_value_info && !vi; i++)
 		if (gp->value_info[i]->name && strcmp(gp->value_info[i]->name, v->name) == 0)
 			vi = gp->value_info[i];
-	Onnx__TypeProto *tp = type_proto(&v->type);
+	Onnx__TypeProto *tp = tern_type_to_proto(&v->type);
 	if (!tp)
 		return tern_errorf(TERN_EOS, "out of memory");
 	if (!vi) {

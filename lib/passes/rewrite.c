@@ -292,25 +292,5 @@ tern_status tern_pass_add_attr_strings(tern_node *n, const char *name, const cha
 
 tern_status tern_pass_import_tern(tern_pass_ctx *c)
 {
-	Onnx__ModelProto *mp = c->model->proto;
-	if (tern_model_opset(c->model, TERN_DOMAIN) >= 0)
-		return TERN_OK;
-	Onnx__OperatorSetIdProto *o = malloc(sizeof *o);
-	Onnx__OperatorSetIdProto **arr = realloc(mp->opset_import, (mp->n_opset_import + 1) * sizeof *arr);
-	if (arr)
-		mp->opset_import = arr;
-	if (!o || !arr) {
-		free(o);
-		return tern_errorf(TERN_EOS, "out of memory");
-	}
-	onnx__operator_set_id_proto__init(o);
-	o->domain = tern_strdup(TERN_DOMAIN);
-	if (!o->domain) {
-		free(o);
-		return tern_errorf(TERN_EOS, "out of memory");
-	}
-	o->has_version = 1;
-	o->version = TERN_DOMAIN_VERSION;
-	mp->opset_import[mp->n_opset_import++] = o;
-	return TERN_OK;
+	return tern_model_import_opset(c->model, TERN_DOMAIN, TERN_DOMAIN_VERSION);
 }

@@ -1,0 +1,517 @@
+/* autodiff.c — reverse-mode differentiation of a graph: the builder that gradient rules emit nodes
+ * through (graph mode: each call adds a node to the graph being differentiated), and the reverse pass
+ * that visits the nodes between the parameters and the loss, last first, hands each its outputs'
+ * gradients and sums what flows into a value from several consumers.
+ *
+ * Types: the forward graph is typed first (tern_model_infer_shapes); a gradient has its value's type,
+ * so a rule knows the type of every x, y and dy it is given. Values the builder makes inside a rule
+ * are typed by element type only (the rule knows what it computed). */
+#include "autodiff/grad.h"
+#include "passes/passes.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+struct tern_grad_builder {
+	tern_model *m;
+	tern_graph *g;
+	const tern_node *forward; /* the node whose rule is running, for names and messages */
+	int n_made;
+	tern_status status; /* the first failure */
+};
+
+tern_status tern_g_status(tern_grad_ctx *g)
+{
+	if (g->b->status)
+		return g->b->status;
+	return tern_node_errorf(g->node, TERN_EINTERNAL, "gradient: the rule produced no value");
+}
+
+/* In graph mode a handle is the IR value itself. */
+static tern_value *V(const tern_gval *v)
+{
+	return (tern_value *)v;
+}
+static tern_gval *G(tern_value *v)
+{
+	return (tern_gval *)v;
+}
+
+tern_status tern_g_fail(tern_grad_ctx *g, const char *fmt, ...)
+{
+	char msg[512];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof msg, fmt, ap);
+	va_end(ap);
+	return tern_node_errorf(g->node, TERN_EDATA, "gradient: %s", msg);
+}
+
+/* A fresh value name from the forward node's ("conv1" -> "conv1/grad_3"). */
+static char *fresh_name(tern_grad_builder *b)
+{
+	const char *stem = b->forward && b->forward->name && *b->forward->name ? b->forward->name
+	                   : b->forward                                           ? b->forward->op_type
+	                                                                          : "grad";
+	char buf[256];
+	snprintf(buf, sizeof buf, "%.200s/grad_%d", stem, b->n_made++);
+	return tern_graph_unique_name(b->g, buf);
+}
+
+static tern_status add_attr(tern_node *n, const tern_gattr *a)
+{
+	switch (a->type) {
+	case TERN_GA_INT: return tern_node_add_attr_int(n, a->name, a->i);
+	case TERN_GA_FLOAT: return tern_node_add_attr_float(n, a->name, a->f);
+	case TERN_GA_INTS: return tern_node_add_attr_ints(n, a->name, a->ints, a->n);
+	case TERN_GA_FLOATS: return tern_node_add_attr_floats(n, a->name, a->floats, a->n);
+	case TERN_GA_STRING: return tern_node_add_attr_string(n, a->name, a->s);
+	}
+	return tern_errorf(TERN_EINTERNAL, "bad attribute kind");
+}
+
+/* A deep copy of one attribute (through its wire form: attributes may hold tensors and graphs). */
+static tern_status copy_attr(tern_node *n, const Onnx__AttributeProto *a)
+{
+	size_t size = onnx__attribute_proto__get_packed_size(a);
+	uint8_t *buf = malloc(size ? size : 1);
+	if (!buf)
+		return tern_errorf(TERN_EOS, "out of memory");
+	onnx__attribute_proto__pack(a, buf);
+	Onnx__AttributeProto *copy = onnx__attribute_proto__unpack(NULL, size, buf);
+	free(buf);
+	Onnx__NodeProto *np = n->proto;
+	Onnx__AttributeProto **arr = copy ? realloc(np->attribute, (np->n_attribute + 1) * sizeof *arr) : NULL;
+	if (!arr) {
+		if (copy)
+			onnx__attribute_proto__free_unpacked(copy, NULL);
+		return tern_errorf(TERN_EOS, "out of memory");
+	}
+	np->attribute = arr;
+	np->attribute[np->n_attribute++] = copy;
+	return TERN_OK;
+}
+
+static tern_status emit(tern_grad_ctx *g, const char *domain, const char *op_type, tern_gval *const *in, int n_in,
+                        const tern_gattr *attrs, int n_attrs, bool like, tern_gval **out, int n_out)
+{
+	tern_grad_builder *b = g->b;
+	if (domain && strcmp(domain, "tern") == 0) {
+		tern_status st = tern_model_import_opset(b->m, TERN_DOMAIN, TERN_DOMAIN_VERSION);
+		if (st)
+			return st;
+	}
+	const char *in_names[32];
+	char *out_names[8] = {NULL};
+	if (n_in > 32 || n_out > 8)
+		return tern_errorf(TERN_EINTERNAL, "gradient node with too many inputs or outputs");
+	for (int i = 0; i < n_in; i++)
+		in_names[i] = in[i] ? V(in[i])->name : "";
+	tern_status st = TERN_OK;
+	for (int o = 0; o < n_out && !st; o++)
+		if (!(out_names[o] = fresh_name(b)))
+			st = tern_errorf(TERN_EOS, "out of memory");
+	char *node_name = st ? NULL : fresh_name(b);
+	tern_node *n = st || !node_name ? NULL
+	                                : tern_graph_add_node(b->g, op_type, domain, node_name, in_names, (size_t)n_in,
+	                                                      (const char *const *)out_names, (size_t)n_out);
+	if (!st && !n)
+		st = tern_errorf(TERN_EOS, "out of memory");
+	for (int k = 0; like && !st && k < (int)g->node->proto->n_attribute; k++)
+		st = copy_attr(n, g->node->proto->attribute[k]);
+	for (int k = 0; !st && k < n_attrs; k++)
+		st = add_attr(n, &attrs[k]);
+	if (!st) {
+		/* the element type follows the first input that has one (rules emit arithmetic) */
+		int dtype = 0;
+		for (int i = 0; i < n_in && !dtype; i++)
+			dtype = in[i] ? V(in[i])->type.dtype : 0;
+		for (int o = 0; o < n_out; o++) {
+			tern_value *v = n->outputs[o];
+			if (v && !v->type.dtype) {
+				tern_type_unknown(&v->type);
+				v->type.dtype = dtype;
+			}
+			if (out)
+				out[o] = v ? G(v) : NULL;
+		}
+	}
+	free(node_name);
+	for (int o = 0; o < n_out; o++)
+		free(out_names[o]);
+	if (st && !b->status)
+		b->status = st;
+	return st;
+}
+
+tern_status tern_g_op_n(tern_grad_ctx *g, const char *domain, const char *op_type, tern_gval *const *in, int n_in,
+                        const tern_gattr *attrs, int n_attrs, tern_gval **out, int n_out)
+{
+	return emit(g, domain, op_type, in, n_in, attrs, n_attrs, false, out, n_out);
+}
+
+tern_gval *tern_g_op(tern_grad_ctx *g, const char *domain, const char *op_type, tern_gval *const *in, int n_in,
+                     const tern_gattr *attrs, int n_attrs)
+{
+	tern_gval *out[1] = {NULL};
+	return emit(g, domain, op_type, in, n_in, attrs, n_attrs, false, out, 1) ? NULL : out[0];
+}
+
+tern_status tern_g_op_like_n(tern_grad_ctx *g, const char *domain, const char *op_type, tern_gval *const *in,
+                             int n_in, const tern_gattr *extra, int n_extra, tern_gval **out, int n_out)
+{
+	return emit(g, domain, op_type, in, n_in, extra, n_extra, true, out, n_out);
+}
+
+tern_gval *tern_g_op_like(tern_grad_ctx *g, const char *domain, const char *op_type, tern_gval *const *in, int n_in,
+                          const tern_gattr *extra, int n_extra)
+{
+	tern_gval *out[1] = {NULL};
+	return emit(g, domain, op_type, in, n_in, extra, n_extra, true, out, 1) ? NULL : out[0];
+}
+
+static tern_gval *binary(tern_grad_ctx *g, const char *op, tern_gval *a, tern_gval *b)
+{
+	if (!a || !b)
+		return NULL;
+	tern_gval *in[2] = {a, b};
+	return tern_g_op(g, "", op, in, 2, NULL, 0);
+}
+
+tern_gval *tern_g_add(tern_grad_ctx *g, tern_gval *a, tern_gval *b)
+{
+	return binary(g, "Add", a, b);
+}
+tern_gval *tern_g_sub(tern_grad_ctx *g, tern_gval *a, tern_gval *b)
+{
+	return binary(g, "Sub", a, b);
+}
+tern_gval *tern_g_mul(tern_grad_ctx *g, tern_gval *a, tern_gval *b)
+{
+	return binary(g, "Mul", a, b);
+}
+tern_gval *tern_g_div(tern_grad_ctx *g, tern_gval *a, tern_gval *b)
+{
+	return binary(g, "Div", a, b);
+}
+
+tern_gval *tern_g_unary(tern_grad_ctx *g, const char *op_type, tern_gval *a)
+{
+	return a ? tern_g_op(g, "", op_type, &a, 1, NULL, 0) : NULL;
+}
+
+tern_gval *tern_g_neg(tern_grad_ctx *g, tern_gval *a)
+{
+	return tern_g_unary(g, "Neg", a);
+}
+
+static tern_gval *constant(tern_grad_ctx *g, const tern_tensor *t)
+{
+	tern_gval *out[1] = {NULL};
+	if (emit(g, "", "Constant", NULL, 0, NULL, 0, false, out, 1))
+		return NULL;
+	tern_value *v = V(out[0]);
+	if (tern_node_add_attr_tensor(v->producer, "value", t))
+		return NULL;
+	v->type.dtype = t->dtype;
+	v->type.rank = t->rank;
+	for (int d = 0; d < t->rank; d++)
+		v->type.dims[d] = t->dims[d];
+	return out[0];
+}
+
+tern_gval *tern_g_scalar(tern_grad_ctx *g, double x, tern_gval *like)
+{
+	int dtype = like ? V(like)->type.dtype : TERN_FLOAT;
+	tern_tensor t = {0};
+	if (tern_tensor_alloc(&t, dtype ? dtype : TERN_FLOAT, 0, NULL))
+		return NULL;
+	switch (t.dtype) {
+	case TERN_DOUBLE: *(double *)t.data = x; break;
+	case TERN_FLOAT16: *(uint16_t *)t.data = tern_f32_to_f16((float)x); break;
+	case TERN_BFLOAT16: *(uint16_t *)t.data = tern_f32_to_bf16((float)x); break;
+	case TERN_INT64: *(int64_t *)t.data = (int64_t)x; break;
+	case TERN_INT32: *(int32_t *)t.data = (int32_t)x; break;
+	default: *(float *)t.data = (float)x; break;
+	}
+	tern_gval *c = constant(g, &t);
+	tern_tensor_free(&t);
+	return c;
+}
+
+tern_gval *tern_g_ints(tern_grad_ctx *g, const int64_t *v, size_t n)
+{
+	tern_tensor t = {0};
+	int64_t dim = (int64_t)n;
+	if (tern_tensor_alloc(&t, TERN_INT64, 1, &dim))
+		return NULL;
+	if (n)
+		memcpy(t.data, v, n * sizeof *v);
+	tern_gval *c = constant(g, &t);
+	tern_tensor_free(&t);
+	return c;
+}
+
+tern_gval *tern_g_shape(tern_grad_ctx *g, tern_gval *x)
+{
+	tern_gval *s = tern_g_unary(g, "Shape", x);
+	if (s) {
+		V(s)->type.dtype = TERN_INT64;
+		V(s)->type.rank = 1;
+		V(s)->type.dims[0] = V(x)->type.rank;
+	}
+	return s;
+}
+
+static bool same_static_shape(const tern_type *a, const tern_type *b)
+{
+	if (a->rank < 0 || a->rank != b->rank)
+		return false;
+	for (int d = 0; d < a->rank; d++) {
+		if (a->dims[d] >= 0 ? a->dims[d] != b->dims[d]
+		                    : !a->dim_param[d] || !b->dim_param[d] || strcmp(a->dim_param[d], b->dim_param[d]))
+			return false;
+	}
+	return true;
+}
+
+tern_gval *tern_g_sum_to(tern_grad_ctx *g, tern_gval *grad, tern_gval *x)
+{
+	if (!grad || !x)
+		return NULL;
+	if (same_static_shape(&V(grad)->type, &V(x)->type))
+		return grad;
+	tern_gval *in[2] = {grad, tern_g_shape(g, x)};
+	if (!in[1])
+		return NULL;
+	tern_gval *r = tern_g_op(g, TERN_DOMAIN, "SumTo", in, 2, NULL, 0);
+	if (r)
+		V(r)->type = V(x)->type;
+	return r;
+}
+
+tern_gval *tern_g_transpose(tern_grad_ctx *g, tern_gval *a, const int64_t *perm, int rank)
+{
+	tern_gattr at = TERN_GA_IS("perm", perm, (size_t)rank);
+	return a ? tern_g_op(g, "", "Transpose", &a, 1, &at, 1) : NULL;
+}
+
+tern_gval *tern_g_reshape_like(tern_grad_ctx *g, tern_gval *a, tern_gval *like)
+{
+	if (!a || !like)
+		return NULL;
+	if (same_static_shape(&V(a)->type, &V(like)->type))
+		return a;
+	tern_gval *in[2] = {a, tern_g_shape(g, like)};
+	tern_gval *r = in[1] ? tern_g_op(g, "", "Reshape", in, 2, NULL, 0) : NULL;
+	if (r)
+		V(r)->type = V(like)->type;
+	return r;
+}
+
+void tern_g_type(tern_grad_ctx *g, const tern_gval *v, int *dtype, int *rank, int64_t *dims)
+{
+	(void)g;
+	const tern_type *t = &V(v)->type;
+	if (dtype)
+		*dtype = t->dtype;
+	if (rank)
+		*rank = t->rank;
+	for (int d = 0; dims && d < t->rank && d < TERN_MAX_RANK; d++)
+		dims[d] = t->dims[d];
+}
+
+int tern_g_rank(tern_grad_ctx *g, const tern_gval *v)
+{
+	(void)g;
+	return V(v)->type.rank;
+}
+
+int tern_g_dtype(tern_grad_ctx *g, const tern_gval *v)
+{
+	(void)g;
+	return V(v)->type.dtype;
+}
+
+/* ---------------------------------------------------------------- the reverse pass */
+
+/* Gradients flowing into one value from its consumers, summed when it is asked for. */
+typedef struct pending {
+	tern_value **parts;
+	size_t n, cap;
+} pending;
+
+static tern_status add_part(pending *p, tern_value *v)
+{
+	if (!tern_grow((void **)&p->parts, &p->cap, p->n + 1, sizeof *p->parts))
+		return tern_errorf(TERN_EOS, "out of memory");
+	p->parts[p->n++] = v;
+	return TERN_OK;
+}
+
+/* The summed gradient of forward value v (NULL when none flows), typed as v. */
+static tern_status total(tern_grad_ctx *g, pending *p, const tern_value *v, tern_value **out)
+{
+	*out = NULL;
+	if (p->n == 0)
+		return TERN_OK;
+	tern_value *sum = p->parts[0];
+	if (p->n > 1) {
+		tern_gval *in[32];
+		size_t k = 0;
+		/* Sum takes any number of inputs; it is split in chunks to keep nodes small */
+		while (k < p->n) {
+			size_t m = 0;
+			if (k)
+				in[m++] = G(sum);
+			while (m < 32 && k < p->n)
+				in[m++] = G(p->parts[k++]);
+			tern_gval *s = tern_g_op(g, "", "Sum", in, (int)m, NULL, 0);
+			if (!s)
+				return tern_errorf(TERN_EOS, "out of memory");
+			sum = V(s);
+		}
+	}
+	if (!sum->type.dtype || sum->type.rank < 0)
+		sum->type = v->type;
+	p->n = 0;
+	p->parts[0] = sum;
+	p->n = 1;
+	*out = sum;
+	return TERN_OK;
+}
+
+tern_status tern_autodiff(tern_model *m, tern_value *const *ys, tern_value *const *seeds, int n_ys, tern_value *const *wrt,
+                          int n_wrt, tern_value **grads)
+{
+	tern_graph *g = m->graph;
+	for (int i = 0; i < n_wrt; i++)
+		grads[i] = NULL;
+	tern_status st = tern_model_infer_shapes(m, 0, NULL, NULL);
+	if (st)
+		return st;
+	tern_node **order;
+	size_t count;
+	if ((st = tern_graph_toposort(g, &order, &count)))
+		return st;
+	size_t nv = g->n_values;
+	bool *needs = calloc(nv ? nv : 1, sizeof *needs); /* depends on a parameter */
+	bool *useful = calloc(nv ? nv : 1, sizeof *useful); /* the loss depends on it */
+	pending *acc = calloc(nv ? nv : 1, sizeof *acc);
+	if (!needs || !useful || !acc) {
+		free(order);
+		free(needs);
+		free(useful);
+		free(acc);
+		return tern_errorf(TERN_EOS, "out of memory");
+	}
+	for (int i = 0; i < n_wrt; i++)
+		needs[wrt[i]->index] = true;
+	for (size_t k = 0; k < count; k++) {
+		tern_node *n = order[k];
+		bool any = false;
+		for (size_t i = 0; i < n->n_inputs; i++)
+			any |= n->inputs[i] && needs[n->inputs[i]->index];
+		for (size_t o = 0; any && o < n->n_outputs; o++)
+			if (n->outputs[o] && tern_g_differentiable(n->outputs[o]->type.dtype))
+				needs[n->outputs[o]->index] = true;
+	}
+	for (int j = 0; j < n_ys; j++)
+		useful[ys[j]->index] = true;
+	for (size_t k = count; k-- > 0;) {
+		tern_node *n = order[k];
+		bool any = false;
+		for (size_t o = 0; o < n->n_outputs; o++)
+			any |= n->outputs[o] && useful[n->outputs[o]->index];
+		for (size_t i = 0; any && i < n->n_inputs; i++)
+			if (n->inputs[i])
+				useful[n->inputs[i]->index] = true;
+	}
+	bool depends = false;
+	for (int j = 0; j < n_ys; j++)
+		depends |= needs[ys[j]->index];
+	if (!depends)
+		st = tern_errorf(TERN_EDATA, "%s: '%s' does not depend on any parameter", m->source, n_ys ? ys[0]->name : "?");
+
+	tern_grad_builder b = {m, g, NULL, 0, TERN_OK};
+	tern_grad_ctx seed_ctx = {.b = &b};
+	for (int j = 0; j < n_ys && !st; j++) {
+		tern_value *y = ys[j];
+		if (seeds && seeds[j]) {
+			st = add_part(&acc[y->index], seeds[j]);
+			continue;
+		}
+		/* d y / d y = 1, in y's shape */
+		tern_gval *one = tern_g_scalar(&seed_ctx, 1.0, G(y));
+		if (one && y->type.rank != 0) {
+			tern_gval *in[2] = {one, tern_g_shape(&seed_ctx, G(y))};
+			one = in[1] ? tern_g_op(&seed_ctx, "", "Expand", in, 2, NULL, 0) : NULL;
+		}
+		if (!one)
+			st = tern_errorf(TERN_EOS, "out of memory");
+		else
+			st = add_part(&acc[y->index], V(one));
+	}
+	/* The graph grows while rules run; only the forward nodes (the order above) are visited. */
+	for (size_t k = count; !st && k-- > 0;) {
+		tern_node *n = order[k];
+		bool flows = false, wanted = false;
+		for (size_t o = 0; o < n->n_outputs; o++)
+			flows |= n->outputs[o] && acc[n->outputs[o]->index].n > 0;
+		bool wants[32] = {false};
+		if (n->n_inputs > 32 || n->n_outputs > 32) {
+			st = tern_node_errorf(n, TERN_EDATA, "gradient: more than 32 inputs or outputs");
+			break;
+		}
+		for (size_t i = 0; i < n->n_inputs; i++) {
+			tern_value *x = n->inputs[i];
+			wants[i] = x && needs[x->index] && useful[x->index] && tern_g_differentiable(x->type.dtype);
+			wanted |= wants[i];
+		}
+		if (!flows || !wanted)
+			continue;
+		const tern_op *op = tern_op_find(n->domain, n->op_type, n->opset);
+		if (!op || !op->grad) {
+			bool fused = strcmp(n->domain, TERN_DOMAIN) == 0;
+			st = tern_node_errorf(n, TERN_EDATA, "no gradient rule for %s%s%s", n->op_type,
+			                      fused ? " (a fused operator: run tern-autodiff before tern-optimize -O2)" : "",
+			                      op ? "" : " (not a known operator)");
+			break;
+		}
+		tern_gval *x[32], *y[32], *dy[32], *dx[32] = {NULL};
+		for (size_t i = 0; i < n->n_inputs; i++)
+			x[i] = n->inputs[i] ? G(n->inputs[i]) : NULL;
+		for (size_t o = 0; o < n->n_outputs && !st; o++) {
+			tern_value *yo = n->outputs[o], *d = NULL;
+			y[o] = yo ? G(yo) : NULL;
+			if (yo)
+				st = total(&seed_ctx, &acc[yo->index], yo, &d);
+			dy[o] = d ? G(d) : NULL;
+		}
+		if (st)
+			break;
+		b.forward = n;
+		tern_grad_ctx ctx = {n, (int)n->n_inputs, (int)n->n_outputs, x, y, dy, wants, dx, &b};
+		seed_ctx.node = n;
+		if ((st = op->grad(&ctx)))
+			break;
+		for (size_t i = 0; i < n->n_inputs && !st; i++) {
+			if (!wants[i] || !dx[i])
+				continue;
+			tern_value *d = V(dx[i]);
+			if (!d->type.dtype || d->type.rank < 0)
+				d->type = n->inputs[i]->type;
+			st = add_part(&acc[n->inputs[i]->index], d);
+		}
+	}
+	for (int i = 0; i < n_wrt && !st; i++)
+		st = total(&seed_ctx, &acc[wrt[i]->index], wrt[i], &grads[i]);
+	for (size_t i = 0; i < nv; i++)
+		free(acc[i].parts);
+	free(acc);
+	free(needs);
+	free(useful);
+	free(order);
+	return st;
+}
