@@ -10,6 +10,7 @@
 #include "ops/gemm.h"
 #include "ops/ops_common.h"
 
+#include <errno.h>
 #include <float.h>
 #include <stdlib.h>
 #include <tgmath.h>
@@ -37,6 +38,7 @@ typedef struct ew_attrs {
 	int64_t flag; /* IsInf: bit 0 detects -inf, bit 1 +inf */
 	uint64_t lo, hi; /* Clip bounds: one element's bytes (a float where halves are widened) */
 	int from, to; /* Cast and mixed-type Pow: element types */
+	int saturate; /* Cast to float8: out-of-range values become the largest finite value */
 } ew_attrs;
 
 typedef struct ew_row ew_row;
@@ -357,7 +359,17 @@ EW_TABLE(xor, EW_BOOLS(EW_ENTRY, xor, ~));
 
 EW_NUMERIC(EW_BB, equal, x0 == x1)
 EW_BOOLS(EW_BB, equal, (x0 != 0) == (x1 != 0))
-EW_TABLE(equal, EW_NUMERIC(EW_ENTRY, equal, ~) EW_BOOLS(EW_ENTRY, equal, ~));
+/* Strings compare by value; an element never written reads as "". */
+static void ew_equal_str(const ew_row *r)
+{
+	char *const *a = r->in[0], *const *b = r->in[1];
+	uint8_t *y = r->out;
+	for (int64_t i = 0; i < r->n; i++) {
+		const char *x0 = a[i * r->st[0]], *x1 = b[i * r->st[1]];
+		y[i] = strcmp(x0 ? x0 : "", x1 ? x1 : "") == 0;
+	}
+}
+EW_TABLE(equal, EW_NUMERIC(EW_ENTRY, equal, ~) EW_BOOLS(EW_ENTRY, equal, ~)[TERN_STRING] = ew_equal_str);
 EW_NUMERIC(EW_BB, less, x0 < x1)
 EW_TABLE(less, EW_NUMERIC(EW_ENTRY, less, ~));
 EW_NUMERIC(EW_BB, less_equal, x0 <= x1)
@@ -453,6 +465,11 @@ static bool ew_is_half(int dtype)
 	return dtype == TERN_FLOAT16 || dtype == TERN_BFLOAT16;
 }
 
+static bool ew_is_f8(int dtype)
+{
+	return dtype >= TERN_FLOAT8E4M3FN && dtype <= TERN_FLOAT8E5M2FNUZ;
+}
+
 static bool ew_is_int(int dtype)
 {
 	return dtype != TERN_BOOL && dtype < TERN_DTYPE_COUNT && (TERN_DT_INTS & (1u << dtype));
@@ -496,7 +513,8 @@ static void ew_half_row(const ew_row *r)
 	}
 }
 
-/* Cast where either side is a 16-bit float: through a float block. */
+/* Cast where either side is a 16-bit float or a float8: through a float block, as the ONNX reference
+ * converts (a double or an integer is rounded to float before it becomes a float8). */
 static void ew_cast_via_float(const ew_row *r)
 {
 	int from = r->at->from == TERN_BOOL ? TERN_UINT8 : r->at->from, to = r->at->to;
@@ -506,19 +524,27 @@ static void ew_cast_via_float(const ew_row *r)
 		int64_t m = r->n - o < EW_BLOCK ? r->n - o : EW_BLOCK;
 		const char *src = (const char *)r->in[0] + (size_t)o * from_size;
 		char *dst = (char *)r->out + (size_t)o * to_size;
+		/* A float side is read or written in place rather than through the block. */
+		float *fb = to == TERN_FLOAT ? (float *)dst : buf;
 		ew_row sub = *r;
 		sub.n = m;
-		if (ew_is_half(from)) {
-			tern_half_to_f32(from, (const uint16_t *)src, buf, m);
+		if (from == TERN_FLOAT) {
+			fb = (float *)src; /* to is not float: that would be a copy */
+		} else if (ew_is_half(from)) {
+			tern_half_to_f32(from, (const uint16_t *)src, fb, m);
+		} else if (ew_is_f8(from)) {
+			tern_f8_to_f32_n(from, (const uint8_t *)src, fb, m);
 		} else {
 			sub.in[0] = src;
-			sub.out = buf;
+			sub.out = fb;
 			ew_cast_fns[from][TERN_FLOAT](&sub);
 		}
 		if (ew_is_half(to)) {
-			ew_narrow(to, buf, (uint16_t *)dst, m, true);
-		} else {
-			sub.in[0] = buf;
+			ew_narrow(to, fb, (uint16_t *)dst, m, true);
+		} else if (ew_is_f8(to)) {
+			tern_f32_to_f8_n(to, fb, (uint8_t *)dst, m, r->at->saturate);
+		} else if (to != TERN_FLOAT) {
+			sub.in[0] = fb;
 			sub.out = dst;
 			ew_cast_fns[TERN_FLOAT][to](&sub);
 		}
@@ -570,7 +596,236 @@ static void ew_pow_mixed(const ew_row *r)
 	}
 }
 
+/* ---------------------------------------------------------------- strings */
+
+/* Cast to and from STRING follows numpy's astype, which the ONNX reference calls: numbers are written
+ * as str() writes a numpy scalar of their type (the shortest digits that read back as the same value;
+ * positional from 1e-4 up to 1e16, scientific with a two-digit exponent outside), and strings are read
+ * as Python's float() and int() read them. */
+
+/* Reads a decimal as the type whose shortest digits are sought (so that the round trip is checked in
+ * that type). */
+typedef double (*ew_read_fn)(const char *s);
+static double ew_read_f64(const char *s)
+{
+	return strtod(s, NULL);
+}
+static double ew_read_f32(const char *s)
+{
+	return strtof(s, NULL);
+}
+static double ew_read_f16(const char *s)
+{
+	return tern_f16_to_f32(tern_f32_to_f16(strtof(s, NULL)));
+}
+
+/* The shortest digits of a > 0 (finite) that read back as a, into digits (NUL-terminated, no trailing
+ * zeros); returns the decimal exponent of the first digit. printf's correctly rounded p digits are the
+ * closest p-digit decimal; when they miss, a neighbour on the other side of a may still hit (the
+ * rounding interval is lopsided at powers of two), so those are tried before a longer length. */
+static int ew_shortest(double a, int max_digits, ew_read_fn read, char *digits)
+{
+	char buf[40];
+	uint64_t d = 0;
+	int e = 0; /* a = d * 10^e */
+	for (int p = 1; p <= max_digits; p++) {
+		snprintf(buf, sizeof buf, "%.*e", p - 1, a);
+		const char *x = strchr(buf, 'e');
+		d = 0;
+		for (const char *c = buf; c < x; c++)
+			if (*c != '.')
+				d = d * 10 + (uint64_t)(*c - '0');
+		e = atoi(x + 1) - (p - 1);
+		const uint64_t tries[3] = {d, d - 1, d + 1};
+		bool found = false;
+		for (int t = 0; t < 3 && !found; t++) {
+			if (tries[t] == 0)
+				continue;
+			snprintf(buf, sizeof buf, "%llue%d", (unsigned long long)tries[t], e);
+			if (read(buf) == a) {
+				d = tries[t];
+				found = true;
+			}
+		}
+		if (found)
+			break;
+	}
+	/* max_digits always round-trips, so d holds the answer here. */
+	for (; d % 10 == 0; d /= 10)
+		e++;
+	int n = snprintf(digits, 24, "%llu", (unsigned long long)d);
+	return e + n - 1;
+}
+
+static void ew_format_real(double v, int max_digits, ew_read_fn read, char *out, size_t size)
+{
+	if (v != v) {
+		snprintf(out, size, "nan");
+		return;
+	}
+	if (isinf(v) || v == 0) {
+		snprintf(out, size, "%s%s", signbit(v) ? "-" : "", v == 0 ? "0.0" : "inf");
+		return;
+	}
+	const char *sign = v < 0 ? "-" : "";
+	double a = fabs(v);
+	char dg[24];
+	int x = ew_shortest(a, max_digits, read, dg), n = (int)strlen(dg);
+	if (a < 1e-4 || a >= 1e16) /* d.ddde+XX */
+		snprintf(out, size, "%s%c%s%se%+03d", sign, dg[0], n > 1 ? "." : "", dg + 1, x);
+	else if (x < 0) /* 0.000ddd */
+		snprintf(out, size, "%s0.%.*s%s", sign, -x - 1, "0000", dg);
+	else if (n <= x + 1) /* ddd000.0 */
+		snprintf(out, size, "%s%s%.*s.0", sign, dg, x + 1 - n, "0000000000000000");
+	else /* ddd.ddd */
+		snprintf(out, size, "%s%.*s.%s", sign, x + 1, dg, dg + x + 1);
+}
+
+/* Element i of x (any type but STRING) as numpy's str() writes it. bfloat16 and float8 are widened to
+ * float first, as the reference does. */
+static void ew_format_elem(const tern_tensor *x, int64_t i, char *out, size_t size)
+{
+	const void *d = x->data;
+	switch (x->dtype) {
+	case TERN_DOUBLE: ew_format_real(((const double *)d)[i], 17, ew_read_f64, out, size); break;
+	case TERN_FLOAT: ew_format_real(((const float *)d)[i], 9, ew_read_f32, out, size); break;
+	case TERN_FLOAT16: ew_format_real(tern_f16_to_f32(((const uint16_t *)d)[i]), 5, ew_read_f16, out, size); break;
+	case TERN_BFLOAT16:
+		ew_format_real(tern_bf16_to_f32(((const uint16_t *)d)[i]), 9, ew_read_f32, out, size);
+		break;
+	case TERN_BOOL: snprintf(out, size, "%s", ((const uint8_t *)d)[i] ? "True" : "False"); break;
+	case TERN_UINT64: snprintf(out, size, "%llu", (unsigned long long)((const uint64_t *)d)[i]); break;
+	default:
+		if (ew_is_f8(x->dtype))
+			ew_format_real(tern_f8_to_f32(x->dtype, ((const uint8_t *)d)[i]), 9, ew_read_f32, out, size);
+		else
+			snprintf(out, size, "%lld", (long long)tern_tensor_get_i64(x, i));
+		break;
+	}
+}
+
+/* s without the white space around it, as Python's float() and int() skip it; false when empty. */
+static bool ew_trim(const char *s, const char **begin, size_t *len)
+{
+	while (*s == ' ' || (*s >= '\t' && *s <= '\r'))
+		s++;
+	size_t n = strlen(s);
+	while (n && (s[n - 1] == ' ' || (s[n - 1] >= '\t' && s[n - 1] <= '\r')))
+		n--;
+	*begin = s;
+	*len = n;
+	return n > 0;
+}
+
+/* Python's float(): decimal or scientific, "nan", "inf" or "infinity" in any case, with a sign. strtod
+ * reads those too, and also hexadecimal and "nan(...)", which Python does not. */
+static bool ew_parse_real(const char *s, double *v)
+{
+	const char *b;
+	size_t n;
+	char buf[128];
+	if (!ew_trim(s, &b, &n) || n >= sizeof buf)
+		return false;
+	memcpy(buf, b, n);
+	buf[n] = '\0';
+	const char *digits = buf + (buf[0] == '+' || buf[0] == '-');
+	if (digits[0] == '0' && (digits[1] == 'x' || digits[1] == 'X'))
+		return false;
+	if (strchr(buf, '('))
+		return false;
+	char *end;
+	*v = strtod(buf, &end);
+	return end != buf && *end == '\0';
+}
+
+/* Python's int(): decimal digits with a sign; false when the value does not fit 64 bits. */
+static bool ew_parse_int(const char *s, bool unsigned64, int64_t *v)
+{
+	const char *b;
+	size_t n;
+	char buf[32];
+	if (!ew_trim(s, &b, &n) || n >= sizeof buf)
+		return false;
+	memcpy(buf, b, n);
+	buf[n] = '\0';
+	for (size_t k = buf[0] == '+' || buf[0] == '-'; k < n; k++)
+		if (buf[k] < '0' || buf[k] > '9')
+			return false;
+	char *end;
+	errno = 0;
+	if (unsigned64 && buf[0] != '-')
+		*v = (int64_t)strtoull(buf, &end, 10);
+	else
+		*v = strtoll(buf, &end, 10);
+	return errno == 0 && end != buf && *end == '\0';
+}
+
+/* Stores string s as element i of y (any type but STRING): reals through double (float8 and bfloat16
+ * through float, as the reference reads them), integers wrapping as numpy's astype does, bool true
+ * when the string is not empty (Python's truth value of a str). */
+static bool ew_parse_elem(const char *s, tern_tensor *y, int64_t i, int saturate)
+{
+	int dt = y->dtype;
+	if (dt == TERN_BOOL) {
+		((uint8_t *)y->data)[i] = *s != '\0';
+		return true;
+	}
+	if (ew_is_int(dt)) {
+		int64_t v;
+		if (!ew_parse_int(s, dt == TERN_UINT64, &v))
+			return false;
+		ew_store_i64(dt, y->data, i, v);
+		return true;
+	}
+	double v;
+	if (!ew_parse_real(s, &v))
+		return false;
+	if (ew_is_f8(dt))
+		((uint8_t *)y->data)[i] = tern_f32_to_f8(dt, (float)v, saturate);
+	else if (dt == TERN_BFLOAT16)
+		ew_narrow(dt, &(float){(float)v}, (uint16_t *)y->data + i, 1, true);
+	else
+		tern_store_f64(dt, y->data, i, v);
+	return true;
+}
+
+/* Cast with a STRING side. Not a row kernel: a string may fail to parse, and every output string is
+ * an allocation of its own (the output tensor owns them). */
+static tern_status ew_cast_string_kernel(const tern_kernel_args *a)
+{
+	const ew_params *e = a->params;
+	const tern_tensor *x = a->in[0];
+	tern_tensor *y = a->out[0];
+	int64_t n = tern_tensor_numel(x);
+	char buf[64];
+	for (int64_t i = 0; i < n; i++) {
+		const char *s = x->dtype == TERN_STRING ? ((char *const *)x->data)[i] : NULL;
+		if (x->dtype == TERN_STRING && !s)
+			s = "";
+		if (y->dtype != TERN_STRING) {
+			if (!ew_parse_elem(s, y, i, e->at.saturate))
+				return tern_node_errorf(a->node, TERN_EDATA,
+				                        "element %lld of input 0, \"%.40s\", does not read as %s",
+				                        (long long)i, s, tern_dtype_name(y->dtype));
+			continue;
+		}
+		if (!s) {
+			ew_format_elem(x, i, buf, sizeof buf);
+			s = buf;
+		}
+		if (!(((char **)y->data)[i] = tern_strdup(s)))
+			return tern_node_errorf(a->node, TERN_EOS, "out of memory");
+	}
+	return TERN_OK;
+}
+
 /* ---------------------------------------------------------------- driver */
+
+/* Bytes per element as stored: a string element is a char pointer. */
+static size_t ew_elem_size(int dtype)
+{
+	return dtype == TERN_STRING ? sizeof(char *) : tern_dtype_size(dtype);
+}
 
 typedef struct ew_job {
 	const ew_step *s;
@@ -614,11 +869,11 @@ static void ew_run_step(const tern_kernel_args *a, const ew_step *s, const ew_at
 	int64_t numel = s->b.numel;
 	if (numel == 0)
 		return;
-	ew_job j = {.s = s, .at = at, .out = out->data, .out_size = tern_dtype_size(out->dtype), .chunk = numel};
+	ew_job j = {.s = s, .at = at, .out = out->data, .out_size = ew_elem_size(out->dtype), .chunk = numel};
 	for (int k = 0; k < s->n_in; k++) {
 		const tern_tensor *t = s->src[k] == EW_SRC_OUT ? out : a->in[s->src[k]];
 		j.in[k] = t->data;
-		j.in_size[k] = tern_dtype_size(t->dtype);
+		j.in_size[k] = ew_elem_size(t->dtype);
 	}
 	int threads = a->pool ? tern_threadpool_size(a->pool) : 1;
 	if (threads > 1 && numel > EW_MIN_CHUNK) {
@@ -752,8 +1007,10 @@ static tern_status ew_legacy_view(const tern_prepare_args *p, tern_tensor *view)
 	return TERN_OK;
 }
 
-/* Unary (arity 1) or broadcasting binary (arity 2) map with one kernel table. */
-static tern_status ew_prepare_map(tern_prepare_args *p, int arity, bool out_bool, const ew_fn *fns, ew_params **out)
+/* Unary (arity 1) or broadcasting binary (arity 2) map with one kernel table. Input 1 is read with
+ * the shape b_shape when that is given (its data is the same), else as ew_legacy_view sees it. */
+static tern_status ew_prepare_map_as(tern_prepare_args *p, int arity, bool out_bool, const ew_fn *fns,
+                                     const tern_tensor *b_shape, ew_params **out)
 {
 	tern_status st = ew_check_inputs(p, 0, arity);
 	if (st)
@@ -764,7 +1021,9 @@ static tern_status ew_prepare_map(tern_prepare_args *p, int arity, bool out_bool
 	int64_t dims[TERN_MAX_RANK];
 	memcpy(dims, p->in[0]->dims, sizeof dims);
 	if (arity == 2) {
-		if ((st = ew_legacy_view(p, &b_view)))
+		if (b_shape)
+			b_view = *b_shape;
+		else if ((st = ew_legacy_view(p, &b_view)))
 			return st;
 		view[1] = &b_view;
 		if ((st = tern_broadcast_shape(p->node, p->in[0]->rank, p->in[0]->dims, b_view.rank, b_view.dims, &rank,
@@ -783,6 +1042,11 @@ static tern_status ew_prepare_map(tern_prepare_args *p, int arity, bool out_bool
 	p->inplace_ok = !out_bool && ew_same_shape(p->in[0], p->out[0]);
 	*out = e;
 	return TERN_OK;
+}
+
+static tern_status ew_prepare_map(tern_prepare_args *p, int arity, bool out_bool, const ew_fn *fns, ew_params **out)
+{
+	return ew_prepare_map_as(p, arity, out_bool, fns, NULL, out);
 }
 
 /* Operators that are one kernel table plus float attributes. */
@@ -906,11 +1170,41 @@ static tern_status prep_bitshift_body(tern_prepare_args *p)
 	return ew_prepare_map(p, 2, false, fns, &e);
 }
 
-/* PRelu broadcasts slope to X's shape only. */
+/* Whether numpy broadcasting takes `from` to `to`'s shape without changing it. */
+static bool ew_unidirectional(const tern_tensor *from, const tern_tensor *to)
+{
+	if (from->rank > to->rank)
+		return false;
+	for (int i = 1; i <= from->rank; i++) {
+		int64_t d = from->dims[from->rank - i];
+		if (d != 1 && d != to->dims[to->rank - i])
+			return false;
+	}
+	return true;
+}
+
+/* PRelu broadcasts slope to X's shape only. Before opset 9 a slope that does not broadcast that way
+ * may instead be per channel: its dimensions placed from axis 1 (PRelu-6 and earlier had no other
+ * rule, and converters of that time wrote [C] slopes for NCHW data). */
 static tern_status prep_prelu_body(tern_prepare_args *p)
 {
 	ew_params *e;
-	tern_status st = ew_prepare_map(p, 2, false, prelu_fns, &e);
+	const tern_tensor *x = p->n_in > 0 ? p->in[0] : NULL, *slope = p->n_in > 1 ? p->in[1] : NULL;
+	tern_tensor channel_view;
+	const tern_tensor *b_shape = NULL;
+	if (p->node->opset < 9 && x && slope && !ew_unidirectional(slope, x) && slope->rank < x->rank) {
+		bool fits = true;
+		for (int i = 0; i < slope->rank; i++)
+			fits &= slope->dims[i] == 1 || slope->dims[i] == x->dims[1 + i];
+		if (fits) {
+			channel_view = *slope;
+			channel_view.rank = x->rank;
+			for (int i = 0; i < x->rank; i++)
+				channel_view.dims[i] = i >= 1 && i <= slope->rank ? slope->dims[i - 1] : 1;
+			b_shape = &channel_view;
+		}
+	}
+	tern_status st = ew_prepare_map_as(p, 2, false, prelu_fns, b_shape, &e);
 	if (st)
 		return st;
 	if (!ew_same_shape(p->out[0], p->in[0])) {
@@ -1122,7 +1416,8 @@ static tern_status prep_clip_body(tern_prepare_args *p)
 
 static bool ew_castable(int dtype)
 {
-	return dtype > 0 && dtype < TERN_DTYPE_COUNT && ((TERN_DT_NUMERIC | TERN_DT(BOOL)) & (1u << dtype));
+	return dtype > 0 && dtype < TERN_DTYPE_COUNT &&
+	        ((TERN_DT_NUMERIC | TERN_DT(BOOL) | TERN_DT(STRING)) & (1u << dtype) || ew_is_f8(dtype));
 }
 
 static tern_status ew_prepare_cast(tern_prepare_args *p, int to)
@@ -1138,15 +1433,21 @@ static tern_status ew_prepare_cast(tern_prepare_args *p, int to)
 	ew_params *e = ew_params_new(p, 1);
 	if (!e)
 		return tern_errorf(TERN_EOS, "out of memory");
+	e->at.from = from;
+	e->at.to = to;
+	/* Cast-19's saturate only concerns float8 destinations; earlier Casts have no float8. */
+	e->at.saturate = tern_attr_int(p->node, "saturate", 1) != 0;
+	if (from == TERN_STRING || to == TERN_STRING) {
+		p->kernel = ew_cast_string_kernel;
+		return TERN_OK;
+	}
 	ew_step *s = &e->steps[0];
 	if (from == to)
 		s->fn = ew_copy_fn(from);
-	else if (ew_is_half(from) || ew_is_half(to))
+	else if (ew_is_half(from) || ew_is_half(to) || ew_is_f8(from) || ew_is_f8(to))
 		s->fn = ew_cast_via_float;
 	else
 		s->fn = ew_cast_fns[from == TERN_BOOL ? TERN_UINT8 : from][to];
-	e->at.from = from;
-	e->at.to = to;
 	static const int src[1] = {0};
 	ew_step_init(s, p, 1, src, (const tern_tensor *const *)p->in);
 	p->inplace_ok = tern_dtype_size(from) == tern_dtype_size(to);

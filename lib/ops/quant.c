@@ -1,5 +1,5 @@
 /* quant.c — linear quantization: QuantizeLinear and DequantizeLinear (per tensor or along one axis) and
- * DynamicQuantizeLinear, between float types and 8-, 16- and 32-bit integers. */
+ * DynamicQuantizeLinear, between float types and 8-, 16- and 32-bit integers or float8. */
 #include "internal.h"
 #include "ops/ops_common.h"
 
@@ -10,6 +10,7 @@
  * row r uses scale and zero point r % channels. Per-tensor quantization is one channel. */
 typedef struct quant_layout {
 	int64_t outer, channels, inner;
+	int saturate; /* QuantizeLinear to float8: out-of-range values become the largest finite value */
 } quant_layout;
 
 /* Rows are cut into segments of this many elements, the unit of work for the thread pool. */
@@ -42,9 +43,6 @@ static bool is_float8(int dtype)
 
 static tern_status bad_dtype(const tern_node *node, int index, const char *what, int dtype, const char *allowed)
 {
-	if (is_float8(dtype))
-		return tern_node_errorf(node, TERN_EDATA, "input %d '%s' is %s; float8 quantization is not supported",
-		                        index, what, tern_dtype_name(dtype));
 	return tern_node_errorf(node, TERN_EDATA, "input %d '%s' is %s; %s expected", index, what,
 	                        tern_dtype_name(dtype), allowed);
 }
@@ -66,12 +64,14 @@ static tern_status layout_setup(tern_prepare_args *p, const char *scale_name, co
 		return tern_node_errorf(node, TERN_EDATA, "input 1 '%s' %s must be a scalar or 1-D", scale_name,
 		                        tern_shape_str(scale->dtype, scale->rank, scale->dims, s1, sizeof s1));
 	int64_t n = tern_tensor_numel(scale);
-	if (zp && (zp->rank != scale->rank || tern_tensor_numel(zp) != n))
+	/* A scalar and a one-element vector are both per-tensor (the float8 tests pair them, and the
+	 * reference broadcasts one to the other). */
+	if (zp && ((zp->rank != scale->rank && n != 1) || tern_tensor_numel(zp) != n))
 		return tern_node_errorf(node, TERN_EDATA, "input 2 '%s' %s must have the shape of input 1 '%s' %s",
 		                        zero_name, tern_shape_str(zp->dtype, zp->rank, zp->dims, s1, sizeof s1),
 		                        scale_name,
 		                        tern_shape_str(scale->dtype, scale->rank, scale->dims, s2, sizeof s2));
-	quant_layout l = {1, 1, tern_tensor_numel(x)};
+	quant_layout l = {1, 1, tern_tensor_numel(x), 1};
 	if (n != 1) {
 		if (node->opset < 13)
 			return tern_node_errorf(node, TERN_EDATA,
@@ -175,6 +175,42 @@ static void load_halves(const tern_tensor *t, int64_t off, int64_t n, float *out
 			out[i] = tern_bf16_to_f32(h[i]);
 }
 
+/* A float8 zero point's value (0 when there is none). */
+static float float8_zero_point(const tern_tensor *zp, int64_t c)
+{
+	return zp ? tern_f8_to_f32(zp->dtype, ((const uint8_t *)zp->data)[c]) : 0.0f;
+}
+
+/* To float8: x / s (+ z) in float, rounded to nearest even by the conversion itself. The zero point is
+ * added only when it is not 0, so that -0 stays -0 as in the reference (which ignores it). */
+static void quantize_float8_segment(const quant_job *j, int64_t off, int64_t n, int64_t c)
+{
+	const tern_tensor *x = j->x;
+	uint8_t *y = (uint8_t *)j->y->data + off;
+	float s = (float)tern_tensor_get_f64(j->scale, c), z = float8_zero_point(j->zero_point, c);
+	float buf[QUANT_PIECE];
+	for (int64_t k = 0; k < n; k += QUANT_PIECE) {
+		int64_t m = n - k < QUANT_PIECE ? n - k : QUANT_PIECE;
+		if (x->dtype == TERN_INT32) {
+			const int32_t *xi = (const int32_t *)x->data + off + k;
+			for (int64_t e = 0; e < m; e++)
+				buf[e] = (float)(xi[e] / (double)s);
+		} else {
+			const float *xf = (const float *)x->data + off + k;
+			if (x->dtype != TERN_FLOAT) {
+				load_halves(x, off + k, m, buf);
+				xf = buf;
+			}
+			for (int64_t e = 0; e < m; e++)
+				buf[e] = xf[e] / s;
+		}
+		if (z != 0)
+			for (int64_t e = 0; e < m; e++)
+				buf[e] += z;
+		tern_f32_to_f8_n(j->y->dtype, buf, y + k, m, j->l->saturate);
+	}
+}
+
 static void quantize_segment(void *ctx, int64_t i)
 {
 	const quant_job *j = ctx;
@@ -182,6 +218,10 @@ static void quantize_segment(void *ctx, int64_t i)
 	segment_at(j, i, &off, &n, &c);
 	const tern_tensor *x = j->x;
 	tern_tensor *y = j->y;
+	if (is_float8(y->dtype)) {
+		quantize_float8_segment(j, off, n, c);
+		return;
+	}
 	double s = tern_tensor_get_f64(j->scale, c);
 	double z = j->zero_point ? (double)tern_tensor_get_i64(j->zero_point, c) : 0;
 	size_t ysize = tern_dtype_size(y->dtype);
@@ -224,11 +264,13 @@ static tern_status quantize_prepare(tern_prepare_args *p)
 		return bad_dtype(node, 0, "x", x->dtype, "float, float16, bfloat16 or int32");
 	if (p->n_in > 1 && p->in[1] && !is_float_type(p->in[1]->dtype) && p->in[1]->dtype != TERN_INT32)
 		return bad_dtype(node, 1, "y_scale", p->in[1]->dtype, "float, float16, bfloat16 or int32");
-	if (zp && !is_quant_int(zp->dtype))
-		return bad_dtype(node, 2, "y_zero_point", zp->dtype, "uint8, int8, uint16 or int16");
+	if (zp && !is_quant_int(zp->dtype) && !is_float8(zp->dtype))
+		return bad_dtype(node, 2, "y_zero_point", zp->dtype, "uint8, int8, uint16, int16 or a float8 type");
 	tern_status st = layout_setup(p, "y_scale", "y_zero_point");
 	if (st)
 		return st;
+	/* Opset 19's saturate only concerns float8 outputs. */
+	((quant_layout *)p->params)->saturate = tern_attr_int(node, "saturate", 1) != 0;
 	tern_set_shape(p->out[0], zp ? zp->dtype : TERN_UINT8, x->rank, x->dims);
 	p->kernel = quantize_kernel;
 	return TERN_OK;
@@ -265,6 +307,33 @@ static dequantize_row_fn dequantize_row_for(int dtype)
 	}
 }
 
+/* From float8: (x - z) * s in float; the zero point is subtracted only when it is not 0, as in
+ * quantize_float8_segment. A float output is decoded into in place. */
+static void dequantize_float8_segment(const quant_job *j, int64_t off, int64_t n, int64_t c)
+{
+	const uint8_t *x = (const uint8_t *)j->x->data + off;
+	tern_tensor *y = j->y;
+	float s = (float)tern_tensor_get_f64(j->scale, c), z = float8_zero_point(j->zero_point, c);
+	float buf[QUANT_PIECE];
+	for (int64_t k = 0; k < n; k += QUANT_PIECE) {
+		int64_t m = n - k < QUANT_PIECE ? n - k : QUANT_PIECE;
+		float *v = y->dtype == TERN_FLOAT ? (float *)y->data + off + k : buf;
+		tern_f8_to_f32_n(j->x->dtype, x + k, v, m);
+		if (z != 0)
+			for (int64_t e = 0; e < m; e++)
+				v[e] -= z;
+		for (int64_t e = 0; e < m; e++)
+			v[e] *= s;
+		uint16_t *h = (uint16_t *)y->data + off + k;
+		if (y->dtype == TERN_FLOAT16)
+			for (int64_t e = 0; e < m; e++)
+				h[e] = tern_f32_to_f16(v[e]);
+		else if (y->dtype == TERN_BFLOAT16)
+			for (int64_t e = 0; e < m; e++)
+				h[e] = tern_f32_to_bf16(v[e]);
+	}
+}
+
 static void dequantize_segment(void *ctx, int64_t i)
 {
 	const quant_job *j = ctx;
@@ -272,6 +341,10 @@ static void dequantize_segment(void *ctx, int64_t i)
 	segment_at(j, i, &off, &n, &c);
 	const tern_tensor *x = j->x;
 	tern_tensor *y = j->y;
+	if (is_float8(x->dtype)) {
+		dequantize_float8_segment(j, off, n, c);
+		return;
+	}
 	float s = (float)tern_tensor_get_f64(j->scale, c);
 	int64_t z = j->zero_point ? tern_tensor_get_i64(j->zero_point, c) : 0;
 	const char *xd = (const char *)x->data + off * (int64_t)tern_dtype_size(x->dtype);
@@ -309,8 +382,8 @@ static tern_status dequantize_prepare(tern_prepare_args *p)
 {
 	const tern_node *node = p->node;
 	const tern_tensor *x = p->in[0], *scale = p->n_in > 1 ? p->in[1] : NULL, *zp = p->n_in > 2 ? p->in[2] : NULL;
-	if (!is_quant_int(x->dtype) && x->dtype != TERN_INT32)
-		return bad_dtype(node, 0, "x", x->dtype, "uint8, int8, uint16, int16 or int32");
+	if (!is_quant_int(x->dtype) && x->dtype != TERN_INT32 && !is_float8(x->dtype))
+		return bad_dtype(node, 0, "x", x->dtype, "uint8, int8, uint16, int16, int32 or a float8 type");
 	if (scale && !is_float_type(scale->dtype))
 		return bad_dtype(node, 1, "x_scale", scale->dtype, "float, float16 or bfloat16");
 	if (zp && zp->dtype != x->dtype)
@@ -361,7 +434,7 @@ static tern_status dynamic_quantize_kernel(const tern_kernel_args *a)
 	tern_tensor s = {.dtype = TERN_FLOAT, .rank = 0, .data = &scale, .nbytes = sizeof scale};
 	tern_tensor z = {.dtype = TERN_UINT8, .rank = 0, .data = &zero, .nbytes = sizeof zero};
 	if (a->out[0]) {
-		quant_layout l = {1, 1, n};
+		quant_layout l = {1, 1, n, 1};
 		if (scale == 0)
 			memset(a->out[0]->data, 0, (size_t)n);
 		else {
