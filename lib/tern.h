@@ -300,6 +300,38 @@ tern_status tern_model_bind_dims(tern_model *model, const char *const *names, co
  * a value's dimension is an input's symbol), in the IR; with write_value_info also as value_info
  * entries (and declared outputs that lacked a shape). *typed of *total node outputs got a type. */
 tern_status tern_model_infer_shapes(tern_model *model, int write_value_info, int *typed, int *total);
+/* ---------------------------------------------------------------- training */
+
+/* What tern-autodiff adds (tern_model_add_training). Numbers < 0 (or 0 where noted) take the
+ * default of torch.optim's optimizer of the same name. */
+typedef struct tern_train_options {
+	const char *loss; /* cross-entropy (default), mse, l1, bce-with-logits */
+	const char *output; /* the model output the loss reads (NULL: the first) */
+	const char *target; /* the name of the new target input (NULL: "target") */
+	const char *loss_output; /* an output that is already the scalar loss (then loss is unused) */
+	const char *optimizer; /* sgd (default), adam, adamw, adagrad */
+	double lr; /* learning rate */
+	double momentum; /* sgd */
+	int nesterov; /* sgd */
+	double weight_decay; /* < 0: 0 (adamw: 0.01) */
+	double beta1, beta2, eps; /* adam, adamw; eps also adagrad; 0: torch's default */
+	double clip_norm; /* > 0: clip the gradients' global norm */
+	const char *lr_schedule; /* constant, step:EVERY:GAMMA, cosine:STEPS, warmup:STEPS (in steps) */
+	const char *const *params; /* fnmatch globs of the initializers to train (none: every float one) */
+	int n_params;
+	const char *const *freeze; /* globs of initializers not to train */
+	int n_freeze;
+} tern_train_options;
+typedef struct tern_train_summary {
+	int n_params, n_state;
+	int64_t param_elems;
+} tern_train_summary;
+/* Adds an ONNX TrainingInfoProto whose algorithm graph is one training step (a training-mode copy of
+ * the forward computation, the loss, the backward pass, the updates); optimizer state becomes zero
+ * initializers of the main graph, and update_binding maps each parameter and state to its new value.
+ * The inference graph is unchanged. summary may be NULL. */
+tern_status tern_model_add_training(tern_model *model, const tern_train_options *opts, tern_train_summary *summary);
+
 /* The passes, in pipeline order: name, one-line description, and the lowest level that runs each. */
 int tern_pass_count(void);
 const char *tern_pass_name(int index);

@@ -515,3 +515,26 @@ tern_status tern_autodiff(tern_model *m, tern_value *const *ys, tern_value *cons
 	free(order);
 	return st;
 }
+
+/* ---------------------------------------------------------------- emitting outside a rule */
+
+tern_status tern_grad_ctx_open(tern_model *m, tern_grad_ctx *ctx);
+void tern_grad_ctx_close(tern_grad_ctx *ctx);
+
+tern_status tern_grad_ctx_open(tern_model *m, tern_grad_ctx *ctx)
+{
+	memset(ctx, 0, sizeof *ctx);
+	tern_grad_builder *b = calloc(1, sizeof *b);
+	if (!b)
+		return tern_errorf(TERN_EOS, "out of memory");
+	b->m = m;
+	b->g = m->graph;
+	ctx->b = b;
+	return TERN_OK;
+}
+
+void tern_grad_ctx_close(tern_grad_ctx *ctx)
+{
+	free(ctx->b);
+	ctx->b = NULL;
+}

@@ -1,4 +1,4 @@
-/* gemm.h — the dense matrix products shared by MatMul, Gemm, Einsum (matmul.c), the convolutions (nn.c)
+/* gemm.h — the dense matrix products shared by MatMul, Gemm, Einsum (matmul.c), the convolutions (conv.c)
  * and the recurrent layers (rnn.c): OpenBLAS when the build has it, plain C otherwise, and products with
  * a constant left operand (weights) packed once for register-blocked kernels. */
 #ifndef TERN_OPS_GEMM_H
@@ -95,7 +95,7 @@ typedef void (*tern_fill_b)(const void *ctx, int64_t k0, int64_t kc, int64_t col
 void tern_gemm_packed_fill(tern_threadpool *pool, const tern_packed *a, int64_t n, tern_fill_b fill, const void *ctx,
                            const float *bias, float *c, int64_t ldc);
 
-/* tern.FusedConv in one pass when it can be (nn.c): a float convolution with weights known when planning,
+/* tern.FusedConv in one pass when it can be (conv.c): a float convolution with weights known when planning,
  * whose residual input and activation are applied as the outputs are stored. Leaves p->kernel NULL when
  * it cannot, for the fused operators' general path. */
 tern_status tern_fused_conv_prepare(tern_prepare_args *p);

@@ -1,5 +1,5 @@
 /* training.c — the training operators of ai.onnx.preview.training: the Adagrad, Adam and Momentum update
- * rules, each over any number of tensors. (The loss functions themselves live with the softmax, in softmax.c.) */
+ * rules, each over any number of tensors. (The loss functions themselves live in softmax.c.) */
 #include "internal.h"
 
 #define TERN_DOMAIN_NAME "tern"
@@ -334,8 +334,174 @@ static tern_status sum_to_prepare(tern_prepare_args *p)
 	return TERN_OK;
 }
 
+/* ---------------------------------------------------------------- tern.SGD, tern.Adam, tern.Adagrad */
+
+/* The parameter updates tern-autodiff writes, with torch.optim's rules step for step (the same order
+ * of operations in float32, so that a model trains the same in both):
+ *   tern.SGD(lr, P, G[, B]) -> P'[, B']        momentum, nesterov, weight_decay (dampening 0; the
+ *                                              buffer starts at zero, which is torch's first step)
+ *   tern.Adam(lr, t, P, G, M, V) -> P', M', V' beta1, beta2, epsilon, weight_decay, decoupled (AdamW)
+ *   tern.Adagrad(lr, t, P, G, S) -> P', S'     epsilon, weight_decay, lr_decay
+ * t is the step being taken, counted from 1 (bias correction, decay). */
+enum update_kind { UPDATE_SGD, UPDATE_ADAM, UPDATE_ADAGRAD };
+
+typedef struct update_params {
+	enum update_kind kind;
+	float momentum, weight_decay, beta1, beta2, eps, lr_decay;
+	int nesterov, decoupled;
+	int first_tensor; /* index of P among the inputs */
+} update_params;
+
+#define UPDATE_LOOPS(SUFFIX, T, SQRT)                                                                   \
+	static void sgd_##SUFFIX(const update_params *u, T lr, int64_t n, const T *p, const T *g, const T *b, \
+	                         T *po, T *bo)                                                           \
+	{                                                                                                \
+		for (int64_t i = 0; i < n; i++) {                                                        \
+			T d = g[i];                                                                      \
+			if (u->weight_decay != 0)                                                        \
+				d = d + (T)u->weight_decay * p[i];                                       \
+			if (b) {                                                                         \
+				T buf = b[i] * (T)u->momentum + d;                                       \
+				bo[i] = buf;                                                             \
+				d = u->nesterov ? d + (T)u->momentum * buf : buf;                         \
+			}                                                                                \
+			po[i] = p[i] + (-lr) * d;                                                        \
+		}                                                                                        \
+	}                                                                                                \
+	static void adam_##SUFFIX(const update_params *u, T lr, int64_t t, int64_t n, const T *p, const T *g,  \
+	                          const T *m, const T *v, T *po, T *mo, T *vo)                           \
+	{                                                                                                \
+		T b1 = (T)u->beta1, b2 = (T)u->beta2;                                                    \
+		T bc1 = (T)(1 - pow(u->beta1, (double)t)), bc2 = (T)(1 - pow(u->beta2, (double)t));     \
+		T step_size = lr / bc1, bc2_sqrt = (T)sqrt((double)bc2);                                 \
+		for (int64_t i = 0; i < n; i++) {                                                        \
+			T x = p[i], d = g[i];                                                            \
+			if (u->decoupled)                                                                \
+				x = x * (1 - lr * (T)u->weight_decay);                                   \
+			else if (u->weight_decay != 0)                                                   \
+				d = d + (T)u->weight_decay * x;                                          \
+			T mi = m[i] + (1 - b1) * (d - m[i]);                                             \
+			T vi = v[i] * b2 + (1 - b2) * d * d;                                             \
+			T denom = SQRT(vi) / bc2_sqrt + (T)u->eps;                                       \
+			mo[i] = mi;                                                                      \
+			vo[i] = vi;                                                                      \
+			po[i] = x + (-step_size) * (mi / denom);                                         \
+		}                                                                                        \
+	}                                                                                                \
+	static void adagrad_##SUFFIX(const update_params *u, T lr, int64_t t, int64_t n, const T *p,        \
+	                             const T *g, const T *s, T *po, T *so)                               \
+	{                                                                                                \
+		T clr = lr / (1 + (T)(t - 1) * (T)u->lr_decay);                                          \
+		for (int64_t i = 0; i < n; i++) {                                                        \
+			T d = g[i];                                                                      \
+			if (u->weight_decay != 0)                                                        \
+				d = d + (T)u->weight_decay * p[i];                                       \
+			T si = s[i] + d * d;                                                             \
+			so[i] = si;                                                                      \
+			po[i] = p[i] + (-clr) * (d / (SQRT(si) + (T)u->eps));                            \
+		}                                                                                        \
+	}
+UPDATE_LOOPS(f32, float, sqrtf)
+UPDATE_LOOPS(f64, double, sqrt)
+#undef UPDATE_LOOPS
+
+static tern_status update_kernel(const tern_kernel_args *a)
+{
+	const update_params *u = a->params;
+	double lr = tern_tensor_get_f64(a->in[0], 0);
+	int64_t t = u->kind == UPDATE_SGD ? 1 : tern_tensor_get_i64(a->in[1], 0);
+	int k = u->first_tensor;
+	const tern_tensor *p = a->in[k];
+	int64_t n = tern_tensor_numel(p);
+	bool f64 = p->dtype == TERN_DOUBLE;
+#define D(i) (a->in[k + (i)] ? a->in[k + (i)]->data : NULL)
+#define O(i) (a->out[i] ? a->out[i]->data : NULL)
+	switch (u->kind) {
+	case UPDATE_SGD:
+		if (f64)
+			sgd_f64(u, lr, n, D(0), D(1), a->n_in > k + 2 ? D(2) : NULL, O(0), a->n_out > 1 ? O(1) : NULL);
+		else
+			sgd_f32(u, (float)lr, n, D(0), D(1), a->n_in > k + 2 ? D(2) : NULL, O(0), a->n_out > 1 ? O(1) : NULL);
+		break;
+	case UPDATE_ADAM:
+		if (f64)
+			adam_f64(u, lr, t, n, D(0), D(1), D(2), D(3), O(0), O(1), O(2));
+		else
+			adam_f32(u, (float)lr, t, n, D(0), D(1), D(2), D(3), O(0), O(1), O(2));
+		break;
+	case UPDATE_ADAGRAD:
+		if (f64)
+			adagrad_f64(u, lr, t, n, D(0), D(1), D(2), O(0), O(1));
+		else
+			adagrad_f32(u, (float)lr, t, n, D(0), D(1), D(2), O(0), O(1));
+		break;
+	}
+#undef D
+#undef O
+	return TERN_OK;
+}
+
+static tern_status update_setup(tern_prepare_args *p, enum update_kind kind)
+{
+	const tern_node *node = p->node;
+	int first = kind == UPDATE_SGD ? 1 : 2, states = kind == UPDATE_ADAM ? 2 : 1;
+	bool momentum = tern_attr_float(node, "momentum", 0.0f) != 0;
+	int want_in = first + 2 + (kind == UPDATE_SGD ? (momentum ? 1 : 0) : states);
+	tern_status st;
+	if (p->n_in != want_in)
+		return tern_node_errorf(node, TERN_EDATA, "%d inputs; %d expected", p->n_in, want_in);
+	if ((st = scalar_input(node, p->in[0], 0, "lr", TERN_DT(FLOAT) | TERN_DT(DOUBLE))))
+		return st;
+	if (first == 2 && (st = scalar_input(node, p->in[1], 1, "t", TERN_DT(INT64))))
+		return st;
+	const tern_tensor *x = p->in[first];
+	if (!x || (x->dtype != TERN_FLOAT && x->dtype != TERN_DOUBLE))
+		return tern_node_errorf(node, TERN_EDATA, "the parameter must be float or double");
+	for (int i = first + 1; i < p->n_in; i++)
+		if (!p->in[i] || p->in[i]->dtype != x->dtype || !same_shape(p->in[i], x))
+			return tern_node_errorf(node, TERN_EDATA, "input %d must have the parameter's type and shape", i);
+	for (int o = 0; o < p->n_out; o++)
+		if (p->out[o])
+			tern_set_shape(p->out[o], x->dtype, x->rank, x->dims);
+	update_params *u = calloc(1, sizeof *u);
+	if (!u)
+		return tern_errorf(TERN_EOS, "out of memory");
+	*u = (update_params){
+	        .kind = kind,
+	        .momentum = tern_attr_float(node, "momentum", 0.0f),
+	        .weight_decay = tern_attr_float(node, "weight_decay", 0.0f),
+	        .beta1 = tern_attr_float(node, "beta1", 0.9f),
+	        .beta2 = tern_attr_float(node, "beta2", 0.999f),
+	        .eps = tern_attr_float(node, "epsilon", kind == UPDATE_ADAGRAD ? 1e-10f : 1e-8f),
+	        .lr_decay = tern_attr_float(node, "lr_decay", 0.0f),
+	        .nesterov = (int)tern_attr_int(node, "nesterov", 0),
+	        .decoupled = (int)tern_attr_int(node, "decoupled", 0),
+	        .first_tensor = first,
+	};
+	p->params = u;
+	p->free_params = free;
+	p->kernel = update_kernel;
+	return TERN_OK;
+}
+
+static tern_status sgd_prepare(tern_prepare_args *p)
+{
+	return update_setup(p, UPDATE_SGD);
+}
+static tern_status adam_update_prepare(tern_prepare_args *p)
+{
+	return update_setup(p, UPDATE_ADAM);
+}
+static tern_status adagrad_update_prepare(tern_prepare_args *p)
+{
+	return update_setup(p, UPDATE_ADAGRAD);
+}
+
 static const tern_op ops[] = {
         {TERN_DOMAIN_NAME, "SumTo", 1, 0, sum_to_prepare, 0, "training"},
+        {TERN_DOMAIN_NAME, "SGD", 1, 0, sgd_prepare, 0, "training"},
+        {TERN_DOMAIN_NAME, "Adam", 1, 0, adam_update_prepare, 0, "training"},
+        {TERN_DOMAIN_NAME, "Adagrad", 1, 0, adagrad_update_prepare, 0, "training"},
         {TRAINING_DOMAIN, "Adagrad", 1, 0, adagrad_prepare, 0, "loss"},
         {TRAINING_DOMAIN, "Adam", 1, 0, adam_prepare, 0, "loss"},
         {TRAINING_DOMAIN, "Momentum", 1, 0, momentum_prepare, 0, "loss"},

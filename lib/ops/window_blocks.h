@@ -1,7 +1,8 @@
-/* window_blocks.h — the channel-block engine of nn.c's windowed operators (depthwise convolution, max
- * and average pooling), once per vector width: nn.c includes it with WB_LANES channels a vector, the
- * target attribute WB_ATTR and the intrinsics behind the WB_ names, and it defines wb_task_<WB_LANES>.
- * Included only from nn.c, after wb_job, wb_kind, wb_extent, wb_rows and wb_shape. */
+/* window_blocks.h — the channel-block engine of the windowed operators (depthwise convolution in
+ * conv.c, max and average pooling in pool.c), once per vector width: nn_common.c includes it with
+ * WB_LANES channels a vector, the target attribute WB_ATTR and the intrinsics behind the WB_ names, and
+ * it defines wb_task_<WB_LANES>. Included only from nn_common.c, after wb_job, wb_kind and wb_extent
+ * (nn.h), wb_rows and wb_shape. */
 
 #define WB_CAT2(a, b) a##_##b
 #define WB_CAT(a, b) WB_CAT2(a, b)

@@ -1,0 +1,617 @@
+/* training.c — turns an inference model into a trainable one (tern-autodiff): the same model plus an
+ * ONNX TrainingInfoProto whose algorithm graph is one training step.
+ *
+ * The algorithm graph holds its own copy of the forward computation (every value it computes renamed
+ * "train/NAME", so that training-mode operators never disturb the inference graph), the loss, the
+ * backward pass (tern_autodiff) and the parameter updates (tern.SGD, tern.Adam, tern.Adagrad).
+ * Optimizer state (momentum buffers, moments, the step counter) becomes initializers of the main
+ * graph, starting at zero; update_binding maps every parameter and state to its new value. As ONNX
+ * defines it, a training step runs the inference graph and the algorithm graph combined: the
+ * algorithm's nodes read the inference graph's inputs and initializers by name. */
+#include "autodiff/grad.h"
+#include "passes/passes.h"
+
+#include <fnmatch.h>
+#include <math.h>
+#include <stdlib.h>
+
+/* Builder state for graph-mode emission outside a rule (autodiff.c). */
+tern_status tern_grad_ctx_open(tern_model *m, tern_grad_ctx *ctx);
+void tern_grad_ctx_close(tern_grad_ctx *ctx);
+
+static bool matches_any(const char *name, const char *const *globs, int n)
+{
+	for (int i = 0; i < n; i++)
+		if (fnmatch(globs[i], name, 0) == 0)
+			return true;
+	return false;
+}
+
+/* Initializers that only feed BatchNormalization's running statistics: updated from batch statistics
+ * in training mode, never by gradients. */
+static bool running_statistic(const tern_value *v)
+{
+	if (!v->n_consumers)
+		return false;
+	for (size_t c = 0; c < v->n_consumers; c++) {
+		const tern_node *n = v->consumers[c];
+		bool stat = tern_pass_is(n, "BatchNormalization") && n->n_inputs >= 5 &&
+		            (n->inputs[3] == v || n->inputs[4] == v);
+		if (!stat)
+			return false;
+	}
+	return true;
+}
+
+/* ---------------------------------------------------------------- the loss */
+
+static tern_gval *mean_all(tern_grad_ctx *g, tern_gval *x)
+{
+	tern_gattr k = TERN_GA_I("keepdims", 0);
+	return x ? tern_g_op(g, "", "ReduceMean", &x, 1, &k, 1) : NULL;
+}
+
+static tern_status add_loss(tern_model *a, tern_grad_ctx *g, const tern_train_options *o, tern_value *out,
+                            tern_value **target, tern_value **loss)
+{
+	const char *kind = o->loss ? o->loss : "cross-entropy";
+	tern_type t = out->type;
+	bool ce = strcmp(kind, "cross-entropy") == 0;
+	if (ce) {
+		/* integer classes: the output's shape without its class axis (1) */
+		if (t.rank < 2)
+			return tern_errorf(TERN_EDATA, "%s: --loss cross-entropy needs an output of rank 2 or more (N, C, ...); "
+			                   "'%s' has rank %d", a->source, out->name, t.rank);
+		for (int d = 1; d + 1 < t.rank; d++) {
+			t.dims[d] = t.dims[d + 1];
+			t.dim_param[d] = t.dim_param[d + 1];
+		}
+		t.rank--;
+		t.dtype = TERN_INT64;
+	} else if (strcmp(kind, "mse") && strcmp(kind, "l1") && strcmp(kind, "bce-with-logits")) {
+		return tern_errorf(TERN_EUSAGE, "unknown loss '%s' (cross-entropy, mse, l1 or bce-with-logits)", kind);
+	}
+	const char *tname = o->target ? o->target : "target";
+	if (tern_graph_find(a->graph, tname))
+		return tern_errorf(TERN_EUSAGE, "%s: the graph already has a value named '%s'; choose --target", a->source,
+		                   tname);
+	*target = tern_graph_add_input(a->graph, tname, &t);
+	if (!*target)
+		return tern_errorf(TERN_EOS, "out of memory");
+	tern_gval *y = (tern_gval *)out, *tg = (tern_gval *)*target, *l = NULL;
+	if (ce) {
+		if (tern_model_opset(a, "") < 12)
+			return tern_errorf(TERN_EDATA, "%s: --loss cross-entropy needs opset 12 or later (the model has %lld)",
+			                   a->source, (long long)tern_model_opset(a, ""));
+		tern_gval *in[2] = {y, tg};
+		tern_gattr r = TERN_GA_S("reduction", "mean");
+		l = tern_g_op(g, "", "SoftmaxCrossEntropyLoss", in, 2, &r, 1);
+	} else if (strcmp(kind, "mse") == 0) {
+		tern_gval *d = tern_g_sub(g, y, tg);
+		l = mean_all(g, tern_g_mul(g, d, d));
+	} else if (strcmp(kind, "l1") == 0) {
+		l = mean_all(g, tern_g_unary(g, "Abs", tern_g_sub(g, y, tg)));
+	} else {
+		/* mean(max(x, 0) - x t + log(1 + exp(-|x|))), the stable form PyTorch uses */
+		tern_gval *soft = tern_g_unary(g, "Softplus", tern_g_neg(g, tern_g_unary(g, "Abs", y)));
+		l = mean_all(g, tern_g_add(g, tern_g_sub(g, tern_g_unary(g, "Relu", y), tern_g_mul(g, y, tg)), soft));
+	}
+	if (!l)
+		return tern_g_status(g);
+	*loss = (tern_value *)l;
+	(*loss)->type.dtype = out->type.dtype;
+	(*loss)->type.rank = 0;
+	return TERN_OK;
+}
+
+/* ---------------------------------------------------------------- learning rate */
+
+static tern_gval *learning_rate(tern_grad_ctx *g, const tern_train_options *o, tern_gval *t, tern_gval *like,
+                                tern_status *st)
+{
+	const char *s = o->lr_schedule ? o->lr_schedule : "constant";
+	tern_gval *lr = tern_g_scalar(g, o->lr, like);
+	if (strcmp(s, "constant") == 0)
+		return lr;
+	tern_gattr to = TERN_GA_I("to", tern_g_dtype(g, like));
+	tern_gval *tf = tern_g_op(g, "", "Cast", &t, 1, &to, 1); /* the step taken, from 1 */
+	double a = 0, b = 0;
+	if (sscanf(s, "step:%lf:%lf", &a, &b) == 2 && a >= 1) {
+		/* lr gamma^floor((t - 1) / EVERY), StepLR counted in steps */
+		tern_gval *e = tern_g_unary(g, "Floor", tern_g_div(g, tern_g_sub(g, tf, tern_g_scalar(g, 1, like)),
+		                                                   tern_g_scalar(g, a, like)));
+		tern_gval *in[2] = {tern_g_scalar(g, b, like), e};
+		return tern_g_mul(g, lr, tern_g_op(g, "", "Pow", in, 2, NULL, 0));
+	}
+	if (sscanf(s, "cosine:%lf", &a) == 1 && a >= 1) {
+		/* lr (1 + cos(pi min(t - 1, STEPS) / STEPS)) / 2, CosineAnnealingLR to zero */
+		tern_gval *in[2] = {tern_g_sub(g, tf, tern_g_scalar(g, 1, like)), tern_g_scalar(g, a, like)};
+		tern_gval *frac = tern_g_div(g, tern_g_op(g, "", "Min", in, 2, NULL, 0), tern_g_scalar(g, a, like));
+		tern_gval *c = tern_g_unary(g, "Cos", tern_g_mul(g, frac, tern_g_scalar(g, M_PI, like)));
+		return tern_g_mul(g, lr, tern_g_mul(g, tern_g_add(g, c, tern_g_scalar(g, 1, like)), tern_g_scalar(g, 0.5, like)));
+	}
+	if (sscanf(s, "warmup:%lf", &a) == 1 && a >= 1) {
+		/* lr min(1, t / STEPS) */
+		tern_gval *in[2] = {tern_g_div(g, tf, tern_g_scalar(g, a, like)), tern_g_scalar(g, 1, like)};
+		return tern_g_mul(g, lr, tern_g_op(g, "", "Min", in, 2, NULL, 0));
+	}
+	*st = tern_errorf(TERN_EUSAGE, "--lr-schedule '%s': constant, step:EVERY:GAMMA, cosine:STEPS or warmup:STEPS", s);
+	return NULL;
+}
+
+/* ---------------------------------------------------------------- state and bindings */
+
+struct binding {
+	char *key; /* initializer of the main graph */
+	char *value; /* output of the algorithm graph */
+};
+
+struct plan {
+	struct binding *b;
+	size_t n, cap;
+	/* state initializers to add to the main graph */
+	tern_tensor *state;
+	char **state_names;
+	size_t n_state, cap_state, cap_names;
+};
+
+static tern_status bind(struct plan *p, const char *key, const char *value)
+{
+	if (!tern_grow((void **)&p->b, &p->cap, p->n + 1, sizeof *p->b))
+		return tern_errorf(TERN_EOS, "out of memory");
+	p->b[p->n].key = tern_strdup(key);
+	p->b[p->n].value = tern_strdup(value);
+	if (!p->b[p->n].key || !p->b[p->n].value)
+		return tern_errorf(TERN_EOS, "out of memory");
+	p->n++;
+	return TERN_OK;
+}
+
+/* A zero state like the parameter (or a scalar of dtype), an initializer of both graphs: in the
+ * algorithm model now, in the main graph later. */
+static tern_value *new_state(tern_model *a, struct plan *p, const char *name, int dtype, int rank, const int64_t *dims)
+{
+	if (tern_graph_find(a->graph, name))
+		return NULL;
+	if (!tern_grow((void **)&p->state, &p->cap_state, p->n_state + 1, sizeof *p->state) ||
+	    !tern_grow((void **)&p->state_names, &p->cap_names, p->n_state + 1, sizeof *p->state_names))
+		return NULL;
+	tern_tensor *t = &p->state[p->n_state];
+	memset(t, 0, sizeof *t);
+	if (tern_tensor_alloc(t, dtype, rank, dims))
+		return NULL;
+	p->state_names[p->n_state++] = tern_strdup(name);
+	return tern_graph_add_initializer(a->graph, name, t);
+}
+
+static void free_plan(struct plan *p)
+{
+	for (size_t i = 0; i < p->n; i++) {
+		free(p->b[i].key);
+		free(p->b[i].value);
+	}
+	for (size_t i = 0; i < p->n_state; i++) {
+		tern_tensor_free(&p->state[i]);
+		free(p->state_names[i]);
+	}
+	free(p->b);
+	free(p->state);
+	free(p->state_names);
+}
+
+/* ---------------------------------------------------------------- the algorithm graph's proto */
+
+static Onnx__GraphProto *copy_graph(const Onnx__GraphProto *g)
+{
+	size_t size = onnx__graph_proto__get_packed_size(g);
+	uint8_t *buf = malloc(size ? size : 1);
+	if (!buf)
+		return NULL;
+	onnx__graph_proto__pack(g, buf);
+	Onnx__GraphProto *copy = onnx__graph_proto__unpack(NULL, size, buf);
+	free(buf);
+	return copy;
+}
+
+struct renames {
+	char **from;
+	size_t n, cap;
+};
+
+static bool renamed(const struct renames *r, const char *name)
+{
+	for (size_t i = 0; i < r->n; i++)
+		if (strcmp(r->from[i], name) == 0)
+			return true;
+	return false;
+}
+
+/* "train/NAME" for every name the forward copy computes, in the nodes and value_info of g and in the
+ * nodes of its subgraphs (which may read outer values). */
+static tern_status rename_in(Onnx__GraphProto *g, const struct renames *r)
+{
+	for (size_t i = 0; i < g->n_node; i++) {
+		Onnx__NodeProto *n = g->node[i];
+		char **lists[2] = {n->input, n->output};
+		size_t counts[2] = {n->n_input, n->n_output};
+		for (int l = 0; l < 2; l++)
+			for (size_t k = 0; k < counts[l]; k++) {
+				char *name = lists[l][k];
+				if (!name || !*name || !renamed(r, name))
+					continue;
+				char *nn = malloc(strlen(name) + 7);
+				if (!nn)
+					return tern_errorf(TERN_EOS, "out of memory");
+				sprintf(nn, "train/%s", name);
+				free(name);
+				lists[l][k] = nn;
+			}
+		for (size_t k = 0; k < n->n_attribute; k++) {
+			Onnx__AttributeProto *at = n->attribute[k];
+			tern_status st = at->g ? rename_in(at->g, r) : TERN_OK;
+			for (size_t s = 0; !st && s < at->n_graphs; s++)
+				st = rename_in(at->graphs[s], r);
+			if (st)
+				return st;
+		}
+	}
+	for (size_t i = 0; i < g->n_value_info; i++) {
+		char *name = g->value_info[i]->name;
+		if (name && renamed(r, name)) {
+			char *nn = malloc(strlen(name) + 7);
+			if (!nn)
+				return tern_errorf(TERN_EOS, "out of memory");
+			sprintf(nn, "train/%s", name);
+			free(name);
+			g->value_info[i]->name = nn;
+		}
+	}
+	return TERN_OK;
+}
+
+/* Keeps the entries of list whose names pass keep(); frees the others. */
+#define FILTER(LIST, N, FREE, KEEP)                       \
+	do {                                              \
+		size_t k_ = 0;                            \
+		for (size_t i_ = 0; i_ < (N); i_++) {     \
+			if (KEEP((LIST)[i_]))             \
+				(LIST)[k_++] = (LIST)[i_]; \
+			else                              \
+				FREE((LIST)[i_], NULL);   \
+		}                                         \
+		(N) = k_;                                 \
+	} while (0)
+
+static const tern_graph *main_graph; /* for the filters below (one call at a time) */
+static const char *const *keep_outputs;
+static size_t n_keep_outputs;
+
+static bool not_main_initializer(const Onnx__TensorProto *t)
+{
+	return !t->name || !tern_graph_find((tern_graph *)main_graph, t->name) ||
+	       !(tern_graph_find((tern_graph *)main_graph, t->name)->flags & TERN_VALUE_INITIALIZER);
+}
+
+static bool new_input(const Onnx__ValueInfoProto *v)
+{
+	return v->name && !tern_graph_find((tern_graph *)main_graph, v->name);
+}
+
+static bool wanted_output(const Onnx__ValueInfoProto *v)
+{
+	for (size_t i = 0; i < n_keep_outputs; i++)
+		if (v->name && strcmp(v->name, keep_outputs[i]) == 0)
+			return true;
+	return false;
+}
+
+/* ---------------------------------------------------------------- entry */
+
+tern_status tern_model_add_training(tern_model *m, const tern_train_options *o, tern_train_summary *summary)
+{
+	if (m->proto->n_training_info)
+		return tern_errorf(TERN_EUSAGE, "%s: the model already has a training algorithm; start from the inference model",
+		                   m->source);
+	tern_graph *mg = m->graph;
+	/* the parameters: float initializers that are not caller-supplied defaults or running statistics */
+	int n_params = 0;
+	tern_value **params = calloc(mg->n_values + 1, sizeof *params);
+	if (!params)
+		return tern_errorf(TERN_EOS, "out of memory");
+	for (size_t i = 0; i < mg->n_values; i++) {
+		tern_value *v = mg->values[i];
+		if (!(v->flags & TERN_VALUE_INITIALIZER) || (v->flags & TERN_VALUE_INPUT) || !tern_g_differentiable(v->type.dtype) ||
+		    !v->n_consumers || running_statistic(v))
+			continue;
+		if (o->n_params && !matches_any(v->name, o->params, o->n_params))
+			continue;
+		if (matches_any(v->name, o->freeze, o->n_freeze))
+			continue;
+		params[n_params++] = v;
+	}
+	if (!n_params) {
+		free(params);
+		return tern_errorf(TERN_EDATA, "%s: no trainable parameter (float initializers%s)", m->source,
+		                   o->n_params || o->n_freeze ? " matching --params and not --freeze" : "");
+	}
+
+	/* the algorithm model: a copy of this one, to which the step is added */
+	void *bytes = NULL;
+	size_t size = 0;
+	tern_model *a = NULL;
+	tern_status st = tern_model_save_bytes(m, &bytes, &size);
+	if (!st)
+		st = tern_model_load_bytes(bytes, size, m->source, m->base_dir, &a);
+	free(bytes);
+	if (st) {
+		free(params);
+		return st;
+	}
+	tern_graph *ag = a->graph;
+	tern_value **wrt = calloc((size_t)n_params, sizeof *wrt), **grads = calloc((size_t)n_params, sizeof *grads);
+	struct renames ren = {0};
+	struct plan plan = {0};
+	tern_grad_ctx gc;
+	bool have_ctx = false;
+	if (!wrt || !grads)
+		st = tern_errorf(TERN_EOS, "out of memory");
+	for (int i = 0; !st && i < n_params; i++)
+		wrt[i] = tern_graph_find(ag, params[i]->name);
+	/* the names the forward copy computes */
+	for (size_t i = 0; !st && i < ag->n_values; i++) {
+		tern_value *v = ag->values[i];
+		if (!v->producer)
+			continue;
+		if (!tern_grow((void **)&ren.from, &ren.cap, ren.n + 1, sizeof *ren.from) || !(ren.from[ren.n++] = tern_strdup(v->name)))
+			st = tern_errorf(TERN_EOS, "out of memory");
+	}
+	if (!st)
+		st = tern_grad_ctx_open(a, &gc);
+	have_ctx = !st;
+	tern_value *out = NULL, *target = NULL, *loss = NULL;
+	if (!st) {
+		const char *name = o->loss_output ? o->loss_output : o->output;
+		for (size_t i = 0; i < ag->n_outputs && !out; i++)
+			if (!name || strcmp(ag->outputs[i]->name, name) == 0)
+				out = ag->outputs[i];
+		if (!out)
+			st = tern_errorf(TERN_EUSAGE, "%s: the graph has no output '%s'", m->source, name ? name : "");
+	}
+	if (!st) {
+		st = tern_model_infer_shapes(a, 0, NULL, NULL);
+	}
+	if (!st && o->loss_output) {
+		loss = out;
+		if (loss->type.rank != 0 && !(loss->type.rank == 1 && loss->type.dims[0] == 1))
+			st = tern_errorf(TERN_EDATA, "%s: --loss-output '%s' is not a scalar (rank %d)", m->source, loss->name,
+			                 loss->type.rank);
+	} else if (!st) {
+		st = add_loss(a, &gc, o, out, &target, &loss);
+	}
+	if (!st)
+		st = tern_autodiff(a, &loss, NULL, 1, wrt, n_params, grads);
+	for (int i = 0; !st && i < n_params; i++)
+		if (!grads[i])
+			st = tern_errorf(TERN_EDATA, "%s: the loss does not depend on parameter '%s'; --freeze it", m->source,
+			                 params[i]->name);
+	/* gradient clipping by the global norm, as torch.nn.utils.clip_grad_norm_ */
+	if (!st && o->clip_norm > 0) {
+		tern_gval *sq[64], *total = NULL;
+		for (int i = 0; i < n_params; i++) {
+			tern_gattr k = TERN_GA_I("keepdims", 0);
+			tern_gval *gi = (tern_gval *)grads[i];
+			sq[i % 64] = tern_g_op(&gc, "", "ReduceSumSquare", &gi, 1, &k, 1);
+			total = total ? tern_g_add(&gc, total, sq[i % 64]) : sq[i % 64];
+		}
+		tern_gval *norm = tern_g_unary(&gc, "Sqrt", total);
+		tern_gval *like = (tern_gval *)grads[0];
+		tern_gval *coef = tern_g_div(&gc, tern_g_scalar(&gc, o->clip_norm, like),
+		                             tern_g_add(&gc, norm, tern_g_scalar(&gc, 1e-6, like)));
+		tern_gval *in[2] = {coef, tern_g_scalar(&gc, 1.0, like)};
+		coef = tern_g_op(&gc, "", "Min", in, 2, NULL, 0);
+		for (int i = 0; i < n_params && coef; i++)
+			grads[i] = (tern_value *)tern_g_mul(&gc, (tern_gval *)grads[i], coef);
+		if (!coef || !grads[n_params - 1])
+			st = tern_g_status(&gc);
+	}
+	/* the step counter: t = step + 1 is the step being taken */
+	const char **outs = calloc((size_t)(4 * n_params + 8), sizeof *outs);
+	size_t n_outs = 0;
+	tern_gval *t = NULL;
+	if (!outs && !st)
+		st = tern_errorf(TERN_EOS, "out of memory");
+	if (!st) {
+		outs[n_outs++] = loss->name;
+		tern_value *step = new_state(a, &plan, "tern.step", TERN_INT64, 0, NULL);
+		tern_gval *one = step ? tern_g_op(&gc, "", "Constant", NULL, 0, NULL, 0) : NULL;
+		if (one) {
+			tern_tensor c = {0};
+			if (!tern_tensor_alloc(&c, TERN_INT64, 0, NULL)) {
+				*(int64_t *)c.data = 1;
+				st = tern_node_add_attr_tensor(((tern_value *)one)->producer, "value", &c);
+				tern_tensor_free(&c);
+			}
+			((tern_value *)one)->type.dtype = TERN_INT64;
+			((tern_value *)one)->type.rank = 0;
+		}
+		t = one && !st ? tern_g_add(&gc, (tern_gval *)step, one) : NULL;
+		if (!t && !st)
+			st = step ? tern_g_status(&gc) : tern_errorf(TERN_EUSAGE, "%s: the graph already has a value 'tern.step'",
+			                                           m->source);
+		if (!st) {
+			((tern_value *)t)->type = step->type;
+			outs[n_outs++] = ((tern_value *)t)->name;
+			st = bind(&plan, "tern.step", ((tern_value *)t)->name);
+		}
+	}
+	const char *opt = o->optimizer ? o->optimizer : "sgd";
+	bool sgd = !strcmp(opt, "sgd"), adam = !strcmp(opt, "adam"), adamw = !strcmp(opt, "adamw"),
+	     adagrad = !strcmp(opt, "adagrad");
+	if (!st && !sgd && !adam && !adamw && !adagrad)
+		st = tern_errorf(TERN_EUSAGE, "unknown optimizer '%s' (sgd, adam, adamw or adagrad)", opt);
+	tern_gval *lr = NULL;
+	if (!st)
+		lr = learning_rate(&gc, o, t, (tern_gval *)grads[0], &st);
+	if (!st && !lr)
+		st = tern_g_status(&gc);
+	for (int i = 0; !st && i < n_params; i++) {
+		tern_value *p = wrt[i];
+		char name[512];
+		tern_gval *in[6], *res[3] = {NULL};
+		int n_in = 0, n_res = 1;
+		const char *state_names[2] = {NULL, NULL};
+		const char *op;
+		tern_gattr at[6];
+		int n_at = 0;
+		double wd = o->weight_decay >= 0 ? o->weight_decay : adamw ? 0.01 : 0.0;
+		if (sgd) {
+			op = "SGD";
+			in[n_in++] = lr;
+			in[n_in++] = (tern_gval *)p;
+			in[n_in++] = (tern_gval *)grads[i];
+			at[n_at++] = TERN_GA_F("momentum", (float)o->momentum);
+			at[n_at++] = TERN_GA_I("nesterov", o->nesterov);
+			at[n_at++] = TERN_GA_F("weight_decay", (float)wd);
+			if (o->momentum != 0)
+				state_names[0] = "momentum_buffer";
+		} else {
+			op = adagrad ? "Adagrad" : "Adam";
+			in[n_in++] = lr;
+			in[n_in++] = t;
+			in[n_in++] = (tern_gval *)p;
+			in[n_in++] = (tern_gval *)grads[i];
+			at[n_at++] = TERN_GA_F("weight_decay", (float)wd);
+			at[n_at++] = TERN_GA_F("epsilon", (float)(o->eps > 0 ? o->eps : adagrad ? 1e-10 : 1e-8));
+			if (!adagrad) {
+				at[n_at++] = TERN_GA_F("beta1", (float)(o->beta1 > 0 ? o->beta1 : 0.9));
+				at[n_at++] = TERN_GA_F("beta2", (float)(o->beta2 > 0 ? o->beta2 : 0.999));
+				at[n_at++] = TERN_GA_I("decoupled", adamw);
+				state_names[0] = "exp_avg";
+				state_names[1] = "exp_avg_sq";
+			} else {
+				state_names[0] = "sum";
+			}
+		}
+		for (int s = 0; s < 2 && state_names[s] && !st; s++) {
+			snprintf(name, sizeof name, "%s.%s", p->name, state_names[s]);
+			tern_value *sv = new_state(a, &plan, name, p->type.dtype, p->type.rank, p->type.dims);
+			if (!sv)
+				st = tern_errorf(TERN_EUSAGE, "%s: cannot add the state '%s' (the name is taken?)", m->source, name);
+			else
+				in[n_in++] = (tern_gval *)sv, n_res++;
+		}
+		if (!st)
+			st = tern_g_op_n(&gc, TERN_DOMAIN, op, in, n_in, at, n_at, res, n_res);
+		for (int r = 0; !st && r < n_res; r++) {
+			tern_value *rv = (tern_value *)res[r];
+			rv->type = p->type;
+			outs[n_outs++] = rv->name;
+			if (r == 0) {
+				st = bind(&plan, p->name, rv->name);
+			} else {
+				snprintf(name, sizeof name, "%s.%s", p->name, state_names[r - 1]);
+				st = bind(&plan, name, rv->name);
+			}
+		}
+	}
+	for (size_t i = 0; !st && i < n_outs; i++)
+		st = tern_graph_add_output(ag, tern_graph_find(ag, outs[i]));
+
+	/* the algorithm graph: the copy's graph less what the main graph holds, forward values renamed */
+	Onnx__GraphProto *alg = NULL;
+	if (!st && !(st = tern_model_sync(a)) && !(alg = copy_graph(a->proto->graph)))
+		st = tern_errorf(TERN_EOS, "out of memory");
+	if (!st) {
+		main_graph = mg;
+		keep_outputs = outs;
+		n_keep_outputs = n_outs;
+		FILTER(alg->initializer, alg->n_initializer, onnx__tensor_proto__free_unpacked, not_main_initializer);
+		FILTER(alg->input, alg->n_input, onnx__value_info_proto__free_unpacked, new_input);
+		FILTER(alg->output, alg->n_output, onnx__value_info_proto__free_unpacked, wanted_output);
+		st = rename_in(alg, &ren);
+		for (size_t i = 0; !st && i < alg->n_output; i++)
+			if (renamed(&ren, alg->output[i]->name)) {
+				char *nn = malloc(strlen(alg->output[i]->name) + 7);
+				if (!nn) {
+					st = tern_errorf(TERN_EOS, "out of memory");
+					break;
+				}
+				sprintf(nn, "train/%s", alg->output[i]->name);
+				free(alg->output[i]->name);
+				alg->output[i]->name = nn;
+			}
+		/* algorithm initializers left: the state, which belongs to the main graph */
+		for (size_t i = 0; i < alg->n_initializer; i++)
+			onnx__tensor_proto__free_unpacked(alg->initializer[i], NULL);
+		alg->n_initializer = 0;
+		free(alg->name);
+		alg->name = tern_strdup("training_step");
+	}
+	/* into this model: state initializers, opset, the TrainingInfoProto */
+	for (size_t i = 0; !st && i < plan.n_state; i++)
+		if (!tern_graph_add_initializer(mg, plan.state_names[i], &plan.state[i]))
+			st = tern_errorf(TERN_EOS, "out of memory");
+	if (!st)
+		st = tern_model_import_opset(m, TERN_DOMAIN, TERN_DOMAIN_VERSION);
+	Onnx__TrainingInfoProto *ti = NULL;
+	Onnx__TrainingInfoProto **tis = NULL;
+	if (!st) {
+		ti = calloc(1, sizeof *ti);
+		tis = realloc(m->proto->training_info, sizeof *tis);
+		if (tis)
+			m->proto->training_info = tis;
+		Onnx__StringStringEntryProto **ub = calloc(plan.n + 1, sizeof *ub);
+		if (!ti || !tis || !ub) {
+			free(ti);
+			free(ub);
+			st = tern_errorf(TERN_EOS, "out of memory");
+		} else {
+			onnx__training_info_proto__init(ti);
+			ti->algorithm = alg;
+			alg = NULL;
+			ti->update_binding = ub;
+			for (size_t i = 0; i < plan.n && !st; i++) {
+				ub[i] = calloc(1, sizeof *ub[i]);
+				if (!ub[i]) {
+					st = tern_errorf(TERN_EOS, "out of memory");
+					break;
+				}
+				onnx__string_string_entry_proto__init(ub[i]);
+				ub[i]->key = plan.b[i].key;
+				/* a value the forward copy computes was renamed (BatchNormalization's statistics) */
+				if (renamed(&ren, plan.b[i].value)) {
+					ub[i]->value = malloc(strlen(plan.b[i].value) + 7);
+					if (ub[i]->value)
+						sprintf(ub[i]->value, "train/%s", plan.b[i].value);
+					free(plan.b[i].value);
+				} else {
+					ub[i]->value = plan.b[i].value;
+				}
+				plan.b[i].key = plan.b[i].value = NULL;
+				ti->n_update_binding++;
+			}
+			m->proto->training_info[m->proto->n_training_info++] = ti;
+		}
+	}
+	if (!st && summary) {
+		summary->n_params = n_params;
+		summary->n_state = (int)plan.n_state;
+		summary->param_elems = 0;
+		for (int i = 0; i < n_params; i++)
+			summary->param_elems += tern_numel(params[i]->type.rank, params[i]->type.dims);
+	}
+	if (alg)
+		onnx__graph_proto__free_unpacked(alg, NULL);
+	if (have_ctx)
+		tern_grad_ctx_close(&gc);
+	for (size_t i = 0; i < ren.n; i++)
+		free(ren.from[i]);
+	free(ren.from);
+	free(outs);
+	free_plan(&plan);
+	free(wrt);
+	free(grads);
+	free(params);
+	tern_model_free(a);
+	return st;
+}

@@ -1,0 +1,569 @@
+/* norm.c — normalisations: BatchNormalization (inference and training), InstanceNormalization,
+ * GroupNormalization, LayerNormalization, LRN, LpNormalization and MeanVarianceNormalization.
+ * Statistics are accumulated in double; the loops run over (batch, channel) planes, groups, rows or
+ * columns in parallel. Kernels exist for float and double; float16 and bfloat16 are computed in float. */
+#include "ops/nn.h"
+
+/* ---------------------------------------------------------------- batch normalisation */
+
+typedef struct bn_params {
+	int64_t n, c, sp; /* channels are scale's elements; sp elements of one channel per sample */
+	double eps, momentum;
+	bool training;
+} bn_params;
+
+typedef struct bn_ctx {
+	const bn_params *bp;
+	const void *x;
+	void *y;
+	double *mean, *var, *a, *b; /* per channel, in scratch */
+} bn_ctx;
+
+#define DEF_BN(S, T)                                                                                 \
+	TERN_ISA_BODY void bn_stats_##S##_body(void *ctx, int64_t begin, int64_t end)                                  \
+	{                                                                                                \
+		const bn_ctx *c = ctx;                                                                       \
+		const bn_params *bp = c->bp;                                                                 \
+		double count = (double)(bp->n * bp->sp);                                                     \
+		for (int64_t ch = begin; ch < end; ch++) {                                                   \
+			double sum = 0, sq = 0;                                                                  \
+			for (int64_t n = 0; n < bp->n; n++) {                                                    \
+				const T *x = (const T *)c->x + (n * bp->c + ch) * bp->sp;                            \
+				for (int64_t i = 0; i < bp->sp; i++)                                                 \
+					sum += x[i];                                                                     \
+			}                                                                                        \
+			double mean = sum / count;                                                               \
+			for (int64_t n = 0; n < bp->n; n++) {                                                    \
+				const T *x = (const T *)c->x + (n * bp->c + ch) * bp->sp;                            \
+				for (int64_t i = 0; i < bp->sp; i++)                                                 \
+					sq += (x[i] - mean) * (x[i] - mean);                                             \
+			}                                                                                        \
+			c->mean[ch] = mean;                                                                      \
+			c->var[ch] = sq / count;                                                                 \
+		}                                                                                            \
+	}                                                                                                \
+	TERN_ISA_VARIANTS3(void, bn_stats_##S, (void *ctx, int64_t begin, int64_t end), (ctx, begin, end)) \
+	TERN_ISA_BODY void bn_apply_##S##_body(void *ctx, int64_t begin, int64_t end)                                  \
+	{                                                                                                \
+		const bn_ctx *c = ctx;                                                                       \
+		const bn_params *bp = c->bp;                                                                 \
+		for (int64_t plane = begin; plane < end; plane++) {                                          \
+			int64_t ch = plane % bp->c;                                                              \
+			T a = (T)c->a[ch], b = (T)c->b[ch];                                                      \
+			const T *restrict x = (const T *)c->x + plane * bp->sp;                                  \
+			T *restrict y = (T *)c->y + plane * bp->sp;                                             \
+			for (int64_t i = 0; i < bp->sp; i++)                                                     \
+				y[i] = x[i] * a + b;                                                                 \
+		}                                                                                            \
+	} \
+	TERN_ISA_VARIANTS3(void, bn_apply_##S, (void *ctx, int64_t begin, int64_t end), (ctx, begin, end))
+
+DEF_BN(f32, float)
+DEF_BN(f64, double)
+
+static tern_status bn_kernel(const tern_kernel_args *a)
+{
+	const bn_params *bp = a->params;
+	const tern_tensor *scale = a->in[1], *bias = a->in[2], *mean_in = a->in[3], *var_in = a->in[4];
+	bool dbl = a->in[0]->dtype == TERN_DOUBLE;
+	double *s = a->scratch;
+	bn_ctx c = {bp, a->in[0]->data, a->out[0]->data, s, s + bp->c, s + 2 * bp->c, s + 3 * bp->c};
+	if (bp->training)
+		parallel_range(a->pool, bp->c, grain_for(bp->n * bp->sp), dbl ? bn_stats_f64 : bn_stats_f32, &c);
+	for (int64_t ch = 0; ch < bp->c; ch++) {
+		double mean = bp->training ? c.mean[ch] : tern_tensor_get_f64(mean_in, ch);
+		double var = bp->training ? c.var[ch] : tern_tensor_get_f64(var_in, ch);
+		c.a[ch] = tern_tensor_get_f64(scale, ch) / sqrt(var + bp->eps);
+		c.b[ch] = tern_tensor_get_f64(bias, ch) - mean * c.a[ch];
+	}
+	parallel_range(a->pool, bp->n * bp->c, grain_for(bp->sp), dbl ? bn_apply_f64 : bn_apply_f32, &c);
+	if (!bp->training)
+		return TERN_OK;
+	/* running statistics, then (before opset 14) the batch's own */
+	for (int64_t ch = 0; ch < bp->c; ch++) {
+		double m = bp->momentum;
+		if (a->n_out > 1 && a->out[1])
+			tern_store_f64(a->out[1]->dtype, a->out[1]->data, ch, tern_tensor_get_f64(mean_in, ch) * m + c.mean[ch] * (1 - m));
+		if (a->n_out > 2 && a->out[2])
+			tern_store_f64(a->out[2]->dtype, a->out[2]->data, ch, tern_tensor_get_f64(var_in, ch) * m + c.var[ch] * (1 - m));
+		if (a->n_out > 3 && a->out[3])
+			tern_store_f64(a->out[3]->dtype, a->out[3]->data, ch, c.mean[ch]);
+		if (a->n_out > 4 && a->out[4])
+			tern_store_f64(a->out[4]->dtype, a->out[4]->data, ch, c.var[ch]);
+	}
+	return TERN_OK;
+}
+
+static tern_status bn_prepare(tern_prepare_args *p)
+{
+	const tern_node *node = p->node;
+	const tern_tensor *x = p->in[0];
+	tern_status st = check_real(node, x, 0);
+	if (!st)
+		st = check_rank(node, x, 0, 2, TERN_MAX_RANK);
+	for (int i = 1; i < 5 && !st; i++)
+		if (p->n_in <= i || !p->in[i])
+			st = tern_node_errorf(node, TERN_EDATA, "input %d is required", i);
+		else
+			st = check_real(node, p->in[i], i);
+	if (st)
+		return st;
+	bn_params *bp = calloc(1, sizeof *bp);
+	if (!bp)
+		return no_memory(node);
+	p->params = bp;
+	p->free_params = free;
+	/* Before opset 9, spatial = 0 normalised every (channel, position) feature separately. */
+	bool spatial = node->opset >= 9 || tern_attr_int(node, "spatial", 1) != 0;
+	bp->n = x->dims[0];
+	bp->c = spatial ? x->dims[1] : prod(x->dims, 1, x->rank);
+	bp->sp = prod(x->dims, 1, x->rank) / (bp->c ? bp->c : 1);
+	bp->eps = tern_attr_float(node, "epsilon", 1e-5f);
+	bp->momentum = tern_attr_float(node, "momentum", 0.9f);
+	if (node->opset >= 14)
+		bp->training = tern_attr_int(node, "training_mode", 0) != 0;
+	else
+		for (int i = 1; i < p->n_out; i++)
+			bp->training |= p->out[i] != NULL;
+	static const char *const names[] = {"", "scale", "B", "mean", "var"};
+	for (int i = 1; i < 5; i++)
+		if ((st = check_numel(node, p->in[i], i, names[i], bp->c)))
+			return st;
+	tern_set_shape(p->out[0], x->dtype, x->rank, x->dims);
+	for (int i = 1; i < p->n_out; i++)
+		if (p->out[i]) {
+			if (!bp->training)
+				return tern_node_errorf(node, TERN_EDATA, "output %d exists only in training mode", i);
+			tern_set_shape(p->out[i], p->in[i % 2 ? 3 : 4]->dtype, 1, &bp->c);
+		}
+	p->scratch_bytes = (size_t)bp->c * 4 * sizeof(double);
+	p->kernel = bn_kernel;
+	return tern_nn_stage_halves(p);
+}
+
+/* ---------------------------------------------------------------- instance, group and layer normalisation */
+
+typedef struct group_norm_params {
+	int64_t n, c, groups, sp;
+	double eps;
+	bool scale_per_group; /* GroupNormalization-18: one scale and bias per group */
+} group_norm_params;
+
+typedef struct group_norm_ctx {
+	const group_norm_params *gp;
+	const void *x;
+	void *y;
+	const double *scale, *bias; /* per channel */
+} group_norm_ctx;
+
+/* Mean and 1/sqrt(variance + eps) of n elements, accumulated in double. */
+#define DEF_MOMENTS(S, T)                                                                        \
+	static void moments_##S(const T *x, int64_t n, double eps, double *mean, double *inv)        \
+	{                                                                                            \
+		double part[8] = {0}, sq = 0;                                                            \
+		double m = n ? sum_##S(x, n) / (double)n : 0;                                            \
+		int64_t i = 0;                                                                           \
+		for (; i + 8 <= n; i += 8)                                                               \
+			for (int l = 0; l < 8; l++)                                                          \
+				part[l] += (x[i + l] - m) * (x[i + l] - m);                                      \
+		for (; i < n; i++)                                                                       \
+			sq += (x[i] - m) * (x[i] - m);                                                       \
+		for (int l = 0; l < 8; l++)                                                              \
+			sq += part[l];                                                                       \
+		*mean = m;                                                                               \
+		*inv = 1.0 / sqrt((n ? sq / (double)n : 0) + eps);                                       \
+	}
+
+DEF_MOMENTS(f32, float)
+DEF_MOMENTS(f64, double)
+
+#define DEF_GROUP_NORM(S, T)                                                                     \
+	TERN_ISA_BODY void group_norm_blocks_##S##_body(void *ctx, int64_t begin, int64_t end)                     \
+	{                                                                                            \
+		const group_norm_ctx *c = ctx;                                                           \
+		const group_norm_params *gp = c->gp;                                                     \
+		int64_t per = gp->c / gp->groups;                                                        \
+		for (int64_t blk = begin; blk < end; blk++) {                                            \
+			const T *x = (const T *)c->x + blk * per * gp->sp;                                   \
+			T *y = (T *)c->y + blk * per * gp->sp;                                               \
+			double mean, inv;                                                                    \
+			moments_##S(x, per * gp->sp, gp->eps, &mean, &inv);                               \
+			int64_t c0 = (blk % gp->groups) * per;                                               \
+			for (int64_t ch = 0; ch < per; ch++) {                                               \
+				T a = (T)(c->scale[c0 + ch] * inv), b = (T)(c->bias[c0 + ch] - mean * c->scale[c0 + ch] * inv); \
+				const T *restrict xc = x + ch * gp->sp;                                          \
+				T *restrict yc = y + ch * gp->sp;                                                \
+				for (int64_t i = 0; i < gp->sp; i++)                                             \
+					yc[i] = xc[i] * a + b;                                                       \
+			}                                                                                    \
+		}                                                                                        \
+	} \
+	TERN_ISA_VARIANTS3(void, group_norm_blocks_##S, (void *ctx, int64_t begin, int64_t end), (ctx, begin, end))
+
+DEF_GROUP_NORM(f32, float)
+DEF_GROUP_NORM(f64, double)
+
+static tern_status group_norm_kernel(const tern_kernel_args *a)
+{
+	const group_norm_params *gp = a->params;
+	double *scale = a->scratch, *bias = scale + gp->c;
+	int64_t per = gp->c / gp->groups;
+	for (int64_t ch = 0; ch < gp->c; ch++) {
+		int64_t i = gp->scale_per_group ? ch / per : ch;
+		scale[ch] = tern_tensor_get_f64(a->in[1], i);
+		bias[ch] = tern_tensor_get_f64(a->in[2], i);
+	}
+	group_norm_ctx c = {gp, a->in[0]->data, a->out[0]->data, scale, bias};
+	parallel_range(a->pool, gp->n * gp->groups, grain_for(per * gp->sp),
+	               a->in[0]->dtype == TERN_DOUBLE ? group_norm_blocks_f64 : group_norm_blocks_f32, &c);
+	return TERN_OK;
+}
+
+static tern_status group_norm_setup(tern_prepare_args *p, bool instance)
+{
+	const tern_node *node = p->node;
+	const tern_tensor *x = p->in[0];
+	tern_status st = check_real(node, x, 0);
+	if (!st)
+		st = check_rank(node, x, 0, 2, TERN_MAX_RANK);
+	for (int i = 1; i < 3 && !st; i++)
+		st = p->n_in > i && p->in[i] ? check_real(node, p->in[i], i)
+		                             : tern_node_errorf(node, TERN_EDATA, "input %d is required", i);
+	if (st)
+		return st;
+	group_norm_params *gp = calloc(1, sizeof *gp);
+	if (!gp)
+		return no_memory(node);
+	p->params = gp;
+	p->free_params = free;
+	gp->n = x->dims[0];
+	gp->c = x->dims[1];
+	gp->sp = prod(x->dims, 2, x->rank);
+	gp->eps = tern_attr_float(node, "epsilon", 1e-5f);
+	gp->groups = instance ? gp->c : tern_attr_int(node, "num_groups", 0);
+	if (gp->groups < 1 || gp->c % gp->groups)
+		return tern_node_errorf(node, TERN_EDATA, "num_groups = %lld does not divide %lld channels",
+		                        (long long)gp->groups, (long long)gp->c);
+	int64_t ns = tern_tensor_numel(p->in[1]);
+	gp->scale_per_group = !instance && ns == gp->groups && node->opset < 21;
+	int64_t want = gp->scale_per_group ? gp->groups : gp->c;
+	if ((st = check_numel(node, p->in[1], 1, "scale", want)) || (st = check_numel(node, p->in[2], 2, "bias", want)))
+		return st;
+	tern_set_shape(p->out[0], x->dtype, x->rank, x->dims);
+	p->scratch_bytes = (size_t)gp->c * 2 * sizeof(double);
+	p->kernel = group_norm_kernel;
+	return tern_nn_stage_halves(p);
+}
+
+static tern_status instance_norm_prepare(tern_prepare_args *p) { return group_norm_setup(p, true); }
+static tern_status group_norm_prepare(tern_prepare_args *p) { return group_norm_setup(p, false); }
+
+typedef struct layer_norm_params {
+	int64_t rows, cols;
+	double eps;
+	bool scale_scalar, bias_scalar;
+} layer_norm_params;
+
+typedef struct layer_norm_ctx {
+	const layer_norm_params *lp;
+	const void *x, *scale, *bias;
+	void *y, *mean, *inv;
+} layer_norm_ctx;
+
+#define DEF_LAYER_NORM(S, T)                                                                   \
+	TERN_ISA_BODY void layer_norm_rows_##S##_body(void *ctx, int64_t begin, int64_t end)                     \
+	{                                                                                          \
+		const layer_norm_ctx *c = ctx;                                                         \
+		const layer_norm_params *lp = c->lp;                                                   \
+		const T *scale = c->scale, *bias = c->bias;                                            \
+		for (int64_t r = begin; r < end; r++) {                                                \
+			const T *restrict x = (const T *)c->x + r * lp->cols;                              \
+			T *restrict y = (T *)c->y + r * lp->cols;                                          \
+			double mean, inv;                                                                  \
+			moments_##S(x, lp->cols, lp->eps, &mean, &inv);                                 \
+			T m = (T)mean, iv = (T)inv;                                                        \
+			if (!lp->scale_scalar && bias && !lp->bias_scalar)                                 \
+				for (int64_t i = 0; i < lp->cols; i++)                                         \
+					y[i] = (x[i] - m) * iv * scale[i] + bias[i];                               \
+			else                                                                               \
+				for (int64_t i = 0; i < lp->cols; i++) {                                       \
+					T v = (x[i] - m) * iv * scale[lp->scale_scalar ? 0 : i];                   \
+					y[i] = bias ? v + bias[lp->bias_scalar ? 0 : i] : v;                       \
+				}                                                                              \
+			if (c->mean)                                                                       \
+				((T *)c->mean)[r] = m;                                                         \
+			if (c->inv)                                                                        \
+				((T *)c->inv)[r] = iv;                                                         \
+		}                                                                                      \
+	} \
+	TERN_ISA_VARIANTS3(void, layer_norm_rows_##S, (void *ctx, int64_t begin, int64_t end), (ctx, begin, end))
+
+DEF_LAYER_NORM(f32, float)
+DEF_LAYER_NORM(f64, double)
+
+static tern_status layer_norm_kernel(const tern_kernel_args *a)
+{
+	const layer_norm_params *lp = a->params;
+	layer_norm_ctx c = {lp,
+	                    a->in[0]->data,
+	                    a->in[1]->data,
+	                    a->n_in > 2 && a->in[2] ? a->in[2]->data : NULL,
+	                    a->out[0]->data,
+	                    a->n_out > 1 && a->out[1] ? a->out[1]->data : NULL,
+	                    a->n_out > 2 && a->out[2] ? a->out[2]->data : NULL};
+	parallel_range(a->pool, lp->rows, grain_for(lp->cols),
+	               a->in[0]->dtype == TERN_DOUBLE ? layer_norm_rows_f64 : layer_norm_rows_f32, &c);
+	return TERN_OK;
+}
+
+static tern_status layer_norm_prepare(tern_prepare_args *p)
+{
+	const tern_node *node = p->node;
+	const tern_tensor *x = p->in[0], *scale = p->in[1], *bias = p->n_in > 2 ? p->in[2] : NULL;
+	tern_status st = check_real_same(p, 3);
+	int axis = 0;
+	if (st || (st = axis_in(node, tern_attr_int(node, "axis", -1), x->rank, &axis)))
+		return st;
+	layer_norm_params *lp = calloc(1, sizeof *lp);
+	if (!lp)
+		return no_memory(node);
+	p->params = lp;
+	p->free_params = free;
+	lp->rows = prod(x->dims, 0, axis);
+	lp->cols = prod(x->dims, axis, x->rank);
+	lp->eps = tern_attr_float(node, "epsilon", 1e-5f);
+	/* Scale and B broadcast to the normalised shape; a full copy or one value are supported. */
+	int64_t ns = tern_tensor_numel(scale), nb = bias ? tern_tensor_numel(bias) : 1;
+	lp->scale_scalar = ns == 1;
+	lp->bias_scalar = nb == 1;
+	if ((ns != 1 && ns != lp->cols) || (nb != 1 && nb != lp->cols))
+		return tern_node_errorf(node, TERN_EDATA,
+		                        "Scale has %lld and B %lld elements; 1 or %lld (the normalised size) expected",
+		                        (long long)ns, (long long)nb, (long long)lp->cols);
+	tern_set_shape(p->out[0], x->dtype, x->rank, x->dims);
+	int64_t dims[TERN_MAX_RANK];
+	for (int i = 0; i < x->rank; i++)
+		dims[i] = i < axis ? x->dims[i] : 1;
+	/* Mean and InvStdDev are float for float16 and bfloat16 inputs (stash_type 1). */
+	int stat_type = is_half(x->dtype) ? TERN_FLOAT : x->dtype;
+	for (int i = 1; i < 3; i++)
+		if (p->n_out > i && p->out[i])
+			tern_set_shape(p->out[i], stat_type, x->rank, dims);
+	p->kernel = layer_norm_kernel;
+	return tern_nn_stage_halves(p);
+}
+
+/* ---------------------------------------------------------------- LRN, LpNormalization, MeanVarianceNormalization */
+
+typedef struct lrn_params {
+	int64_t n, c, sp, size;
+	double alpha, beta, bias;
+} lrn_params;
+
+#define DEF_LRN(S, T)                                                                                  \
+	TERN_ISA_BODY void lrn_planes_##S##_body(void *ctx, int64_t begin, int64_t end)                                  \
+	{                                                                                                  \
+		const plain_ctx *c = ctx;                                                                      \
+		const lrn_params *lp = c->params;                                                              \
+		int64_t before = (lp->size - 1) / 2, after = lp->size - 1 - before;                            \
+		for (int64_t plane = begin; plane < end; plane++) {                                            \
+			int64_t n = plane / lp->c, ch = plane % lp->c;                                             \
+			int64_t lo = ch - before < 0 ? 0 : ch - before, hi = ch + after >= lp->c ? lp->c - 1 : ch + after; \
+			const T *x = (const T *)c->x + plane * lp->sp;                                             \
+			T *y = (T *)c->y + plane * lp->sp;                                                         \
+			for (int64_t i = 0; i < lp->sp; i++) {                                                     \
+				double sq = 0;                                                                         \
+				for (int64_t k = lo; k <= hi; k++) {                                                   \
+					double v = ((const T *)c->x)[(n * lp->c + k) * lp->sp + i];                        \
+					sq += v * v;                                                                       \
+				}                                                                                      \
+				y[i] = (T)(x[i] / pow(lp->bias + lp->alpha / (double)lp->size * sq, lp->beta));         \
+			}                                                                                          \
+		}                                                                                              \
+	} \
+	TERN_ISA_VARIANTS3(void, lrn_planes_##S, (void *ctx, int64_t begin, int64_t end), (ctx, begin, end))
+
+DEF_LRN(f32, float)
+DEF_LRN(f64, double)
+
+static tern_status lrn_kernel(const tern_kernel_args *a)
+{
+	const lrn_params *lp = a->params;
+	plain_ctx c = {lp, a->in[0]->data, a->out[0]->data};
+	parallel_range(a->pool, lp->n * lp->c, grain_for(lp->sp * lp->size),
+	               a->in[0]->dtype == TERN_DOUBLE ? lrn_planes_f64 : lrn_planes_f32, &c);
+	return TERN_OK;
+}
+
+static tern_status lrn_prepare(tern_prepare_args *p)
+{
+	const tern_node *node = p->node;
+	const tern_tensor *x = p->in[0];
+	tern_status st = check_real(node, x, 0);
+	if (!st)
+		st = check_rank(node, x, 0, 2, TERN_MAX_RANK);
+	if (st)
+		return st;
+	lrn_params *lp = calloc(1, sizeof *lp);
+	if (!lp)
+		return no_memory(node);
+	p->params = lp;
+	p->free_params = free;
+	lp->n = x->dims[0];
+	lp->c = x->dims[1];
+	lp->sp = prod(x->dims, 2, x->rank);
+	lp->size = tern_attr_int(node, "size", 0);
+	lp->alpha = tern_attr_float(node, "alpha", 1e-4f);
+	lp->beta = tern_attr_float(node, "beta", 0.75f);
+	lp->bias = tern_attr_float(node, "bias", 1.0f);
+	if (lp->size < 1)
+		return tern_node_errorf(node, TERN_EDATA, "attribute 'size' = %lld must be positive", (long long)lp->size);
+	tern_set_shape(p->out[0], x->dtype, x->rank, x->dims);
+	p->kernel = lrn_kernel;
+	return tern_nn_stage_halves(p);
+}
+
+/* LpNormalization: every column along the axis (axis_params, nn.h) divided by its L1 or L2 norm. */
+#define DEF_LP_NORM(S, T)                                                                          \
+	TERN_ISA_BODY void lp_norm_columns_##S##_body(void *ctx, int64_t begin, int64_t end)                         \
+	{                                                                                              \
+		const plain_ctx *c = ctx;                                                                  \
+		const axis_params *ap = c->params;                                                         \
+		for (int64_t col = begin; col < end; col++) {                                              \
+			int64_t base = (col / ap->inner) * ap->n * ap->inner + col % ap->inner;                \
+			const T *x = (const T *)c->x + base;                                                   \
+			T *y = (T *)c->y + base;                                                               \
+			double norm = 0;                                                                       \
+			for (int64_t i = 0; i < ap->n; i++) {                                                  \
+				double v = x[i * ap->inner];                                                       \
+				norm += ap->p == 1 ? fabs(v) : v * v;                                              \
+			}                                                                                      \
+			if (ap->p == 2)                                                                        \
+				norm = sqrt(norm);                                                                 \
+			for (int64_t i = 0; i < ap->n; i++)                                                    \
+				y[i * ap->inner] = (T)(x[i * ap->inner] / norm);                                   \
+		}                                                                                          \
+	} \
+	TERN_ISA_VARIANTS3(void, lp_norm_columns_##S, (void *ctx, int64_t begin, int64_t end), (ctx, begin, end))
+
+DEF_LP_NORM(f32, float)
+DEF_LP_NORM(f64, double)
+
+static tern_status lp_norm_kernel(const tern_kernel_args *a)
+{
+	const axis_params *ap = a->params;
+	plain_ctx c = {ap, a->in[0]->data, a->out[0]->data};
+	parallel_range(a->pool, ap->outer * ap->inner, grain_for(ap->n),
+	               a->in[0]->dtype == TERN_DOUBLE ? lp_norm_columns_f64 : lp_norm_columns_f32, &c);
+	return TERN_OK;
+}
+
+static tern_status lp_norm_prepare(tern_prepare_args *p)
+{
+	axis_params *ap = NULL;
+	tern_status st = tern_nn_axis_setup(p, -1, false, &ap);
+	if (st)
+		return st;
+	ap->p = tern_attr_int(p->node, "p", 2);
+	if (ap->p != 1 && ap->p != 2)
+		return tern_node_errorf(p->node, TERN_EDATA, "attribute 'p' = %lld; 1 or 2 expected", (long long)ap->p);
+	p->kernel = lp_norm_kernel;
+	return tern_nn_stage_halves(p);
+}
+
+/* MeanVarianceNormalization: (x - mean) / (std + 1e-9) over the listed axes, for every index of the
+ * others. Rare, so one serial pass per statistic. */
+typedef struct mvn_params {
+	int rank;
+	int64_t dims[TERN_MAX_RANK];
+	bool reduced[TERN_MAX_RANK];
+	int64_t groups;
+} mvn_params;
+
+static int64_t mvn_group(const mvn_params *mp, int64_t i)
+{
+	int64_t g = 0, scale = 1;
+	for (int d = mp->rank - 1; d >= 0; d--) {
+		int64_t idx = i % mp->dims[d];
+		i /= mp->dims[d];
+		if (!mp->reduced[d]) {
+			g += idx * scale;
+			scale *= mp->dims[d];
+		}
+	}
+	return g;
+}
+
+static tern_status mvn_kernel(const tern_kernel_args *a)
+{
+	const mvn_params *mp = a->params;
+	const tern_tensor *x = a->in[0];
+	tern_tensor *y = a->out[0];
+	int64_t n = tern_tensor_numel(x), per = n / (mp->groups ? mp->groups : 1);
+	double *sum = a->scratch, *sq = sum + mp->groups;
+	memset(sum, 0, (size_t)mp->groups * 2 * sizeof *sum);
+	for (int64_t i = 0; i < n; i++)
+		sum[mvn_group(mp, i)] += tern_tensor_get_f64(x, i);
+	for (int64_t i = 0; i < n; i++) {
+		int64_t g = mvn_group(mp, i);
+		double d = tern_tensor_get_f64(x, i) - sum[g] / (double)per;
+		sq[g] += d * d;
+	}
+	for (int64_t i = 0; i < n; i++) {
+		int64_t g = mvn_group(mp, i);
+		double mean = sum[g] / (double)per, std = sqrt(sq[g] / (double)per);
+		tern_store_f64(y->dtype, y->data, i, (tern_tensor_get_f64(x, i) - mean) / (std + 1e-9));
+	}
+	return TERN_OK;
+}
+
+static tern_status mvn_prepare(tern_prepare_args *p)
+{
+	const tern_node *node = p->node;
+	const tern_tensor *x = p->in[0];
+	tern_status st = check_real(node, x, 0);
+	if (st)
+		return st;
+	mvn_params *mp = calloc(1, sizeof *mp);
+	if (!mp)
+		return no_memory(node);
+	p->params = mp;
+	p->free_params = free;
+	mp->rank = x->rank;
+	memcpy(mp->dims, x->dims, sizeof mp->dims);
+	size_t n;
+	const int64_t *axes = tern_attr_ints(node, "axes", &n);
+	static const int64_t dflt[] = {0, 2, 3};
+	if (!axes) {
+		axes = dflt;
+		n = 3;
+	}
+	for (size_t i = 0; i < n; i++) {
+		int ax = 0;
+		if ((st = axis_in(node, axes[i], x->rank, &ax)))
+			return st;
+		mp->reduced[ax] = true;
+	}
+	mp->groups = 1;
+	for (int d = 0; d < x->rank; d++)
+		if (!mp->reduced[d])
+			mp->groups *= x->dims[d];
+	tern_set_shape(p->out[0], x->dtype, x->rank, x->dims);
+	p->scratch_bytes = (size_t)mp->groups * 2 * sizeof(double);
+	p->kernel = mvn_kernel;
+	return tern_nn_stage_halves(p);
+}
+
+/* ---------------------------------------------------------------- table */
+
+static const tern_op ops[] = {
+	{"", "BatchNormalization", 1, 0, bn_prepare, TERN_DT_FLOATS, "norm"},
+	{"", "InstanceNormalization", 1, 0, instance_norm_prepare, TERN_DT_FLOATS, "norm"},
+	{"", "GroupNormalization", 18, 0, group_norm_prepare, TERN_DT_FLOATS, "norm"},
+	{"", "LayerNormalization", 17, 0, layer_norm_prepare, TERN_DT_FLOATS, "norm"},
+	{"", "LRN", 1, 0, lrn_prepare, TERN_DT_FLOATS, "norm"},
+	{"", "LpNormalization", 1, 0, lp_norm_prepare, TERN_DT_FLOATS, "norm"},
+	{"", "MeanVarianceNormalization", 9, 0, mvn_prepare, TERN_DT_FLOATS, "norm"},
+};
+
+const tern_op_table tern_ops_norm = {ops, TERN_ARRAY_LEN(ops)};

@@ -1,0 +1,429 @@
+/* pool.c — pooling: MaxPool (with its indices output), AveragePool and LpPool over 1 to 3 spatial
+ * dimensions, their Global forms, and MaxUnpool. A windowed pool goes plane by plane, each kernel tap
+ * adding one strided input row into a whole output row; float max and average pooling of 1-D and 2-D
+ * planes go by blocks of channels through the engine in nn_common.c. Kernels exist for float and
+ * double, MaxPool's for int8 and uint8 too; float16 and bfloat16 are computed in float. */
+#include "ops/nn.h"
+
+/* ---------------------------------------------------------------- pooling */
+
+typedef enum pool_kind { POOL_MAX, POOL_AVG, POOL_LP } pool_kind;
+
+/* Per spatial slot and output position: the kernel taps [lo, hi) inside the input and, for
+ * count_include_pad, [pad_lo, pad_hi) inside the padded input. Computed once when planning, so the
+ * loops below do no division. */
+enum { TAP_LO, TAP_HI, TAP_PAD_LO, TAP_PAD_HI, TAP_FIELDS };
+
+typedef struct pool_params {
+	window w;
+	pool_kind kind;
+	bool count_include_pad, column_major;
+	int64_t p; /* LpPool's exponent */
+	int64_t planes;
+	bool global;
+	int64_t *taps[SP]; /* TAP_FIELDS entries per output position, in the same allocation */
+	int64_t *rows2;    /* per tap of the last slot: the outputs [lo, hi) whose tap is inside the input */
+	/* float max and average pooling of 1-D and 2-D planes by blocks of channels */
+	bool blocks;
+	int64_t band, slot_elems, slots;
+	float *recip; /* average: 1 / divisor per output position */
+} pool_params;
+
+typedef struct pool_ctx {
+	const pool_params *pp;
+	int dtype;
+	const void *x;
+	void *y;
+	int64_t *ind;
+} pool_ctx;
+
+/* One (n, c) plane of a windowed pool, output row by output row: each kernel tap adds one strided
+ * input row into the whole output row (the outputs whose tap lies inside the input), so the inner
+ * loops carry no bounds tests. Indices (MaxPool's second output) take the per-output path: flat
+ * positions in the whole input, row-major or (storage_order 1) column-major over the spatial axes. */
+#define DEF_POOL_PLANE(S, T, LOWEST)                                                                            \
+	static void pool_argmax_##S(const pool_params *pp, const T *x, T *y, int64_t *ind, int64_t base)          \
+	{                                                                                                       \
+		const window *w = &pp->w;                                                                            \
+		int64_t o = 0;                                                                                       \
+		for (int64_t o0 = 0; o0 < w->out[0]; o0++) {                                                         \
+			const int64_t *t0 = pp->taps[0] + o0 * TAP_FIELDS, s0 = o0 * w->s[0] - w->pb[0];                \
+			for (int64_t o1 = 0; o1 < w->out[1]; o1++) {                                                     \
+				const int64_t *t1 = pp->taps[1] + o1 * TAP_FIELDS, s1 = o1 * w->s[1] - w->pb[1];             \
+				for (int64_t o2 = 0; o2 < w->out[2]; o2++, o++) {                                            \
+					const int64_t *t2 = pp->taps[2] + o2 * TAP_FIELDS, s2 = o2 * w->s[2] - w->pb[2];         \
+					T best = LOWEST;                                                                         \
+					int64_t at = -1;                                                                         \
+					for (int64_t k0 = t0[TAP_LO]; k0 < t0[TAP_HI]; k0++) {                                   \
+						int64_t i0 = s0 + k0 * w->d[0];                                                      \
+						for (int64_t k1 = t1[TAP_LO]; k1 < t1[TAP_HI]; k1++) {                               \
+							int64_t i1 = s1 + k1 * w->d[1];                                                  \
+							for (int64_t k2 = t2[TAP_LO]; k2 < t2[TAP_HI]; k2++) {                           \
+								int64_t i2 = s2 + k2 * w->d[2];                                              \
+								T v = x[(i0 * w->in[1] + i1) * w->in[2] + i2];                               \
+								if (v > best || at < 0) {                                                    \
+									best = v;                                                                \
+									at = pp->column_major ? i0 + i1 * w->in[0] + i2 * w->in[0] * w->in[1]    \
+									                      : (i0 * w->in[1] + i1) * w->in[2] + i2;            \
+								}                                                                            \
+							}                                                                                \
+						}                                                                                    \
+					}                                                                                        \
+					y[o] = at < 0 ? 0 : best;                                                                \
+					ind[o] = base + (at < 0 ? 0 : at);                                                       \
+				}                                                                                            \
+			}                                                                                                \
+		}                                                                                                    \
+	}                                                                                                        \
+	TERN_ISA_BODY void pool_plane_##S##_body(const pool_params *pp, const T *x, T *y, int64_t *ind, int64_t base)           \
+	{                                                                                                       \
+		if (ind) {                                                                                           \
+			pool_argmax_##S(pp, x, y, ind, base);                                                            \
+			return;                                                                                          \
+		}                                                                                                    \
+		const window *w = &pp->w;                                                                            \
+		const int64_t *t2 = pp->taps[2], *rows2 = pp->rows2;                                                 \
+		bool is_max = pp->kind == POOL_MAX, square = pp->kind == POOL_LP && pp->p == 2;                      \
+		for (int64_t o0 = 0; o0 < w->out[0]; o0++) {                                                         \
+			const int64_t *t0 = pp->taps[0] + o0 * TAP_FIELDS, s0 = o0 * w->s[0] - w->pb[0];                \
+			for (int64_t o1 = 0; o1 < w->out[1]; o1++) {                                                     \
+				const int64_t *t1 = pp->taps[1] + o1 * TAP_FIELDS, s1 = o1 * w->s[1] - w->pb[1];             \
+				T *restrict yr = y + (o0 * w->out[1] + o1) * w->out[2];                                      \
+				for (int64_t o2 = 0; o2 < w->out[2]; o2++)                                                   \
+					yr[o2] = is_max ? LOWEST : 0;                                                            \
+				for (int64_t k0 = t0[TAP_LO]; k0 < t0[TAP_HI]; k0++)                                         \
+					for (int64_t k1 = t1[TAP_LO]; k1 < t1[TAP_HI]; k1++) {                                   \
+						const T *row = x + ((s0 + k0 * w->d[0]) * w->in[1] + s1 + k1 * w->d[1]) * w->in[2];   \
+						for (int64_t k2 = 0; k2 < w->k[2]; k2++) {                                           \
+							const T *restrict xs = row + k2 * w->d[2] - w->pb[2];                            \
+							int64_t lo = rows2[2 * k2], hi = rows2[2 * k2 + 1], st = w->s[2];                \
+							if (is_max)                                                                      \
+								for (int64_t o2 = lo; o2 < hi; o2++)                                         \
+									yr[o2] = xs[o2 * st] > yr[o2] ? xs[o2 * st] : yr[o2];                    \
+							else if (pp->kind == POOL_AVG)                                                   \
+								for (int64_t o2 = lo; o2 < hi; o2++)                                         \
+									yr[o2] += xs[o2 * st];                                                   \
+							else if (square)                                                                 \
+								for (int64_t o2 = lo; o2 < hi; o2++)                                         \
+									yr[o2] += xs[o2 * st] * xs[o2 * st];                                     \
+							else                                                                             \
+								for (int64_t o2 = lo; o2 < hi; o2++)                                         \
+									yr[o2] += (T)pow(fabs((double)xs[o2 * st]), (double)pp->p);              \
+						}                                                                                    \
+					}                                                                                        \
+				int64_t n01 = (t0[TAP_HI] - t0[TAP_LO]) * (t1[TAP_HI] - t1[TAP_LO]);                         \
+				int64_t p01 = (t0[TAP_PAD_HI] - t0[TAP_PAD_LO]) * (t1[TAP_PAD_HI] - t1[TAP_PAD_LO]);         \
+				for (int64_t o2 = 0; o2 < w->out[2]; o2++) {                                                 \
+					const int64_t *t = t2 + o2 * TAP_FIELDS;                                                 \
+					int64_t count = n01 * (t[TAP_HI] - t[TAP_LO]);                                           \
+					if (is_max)                                                                              \
+						yr[o2] = count ? yr[o2] : 0;                                                         \
+					else if (pp->kind == POOL_LP)                                                            \
+						yr[o2] = (T)(square ? sqrt((double)yr[o2]) : pow((double)yr[o2], 1.0 / (double)pp->p)); \
+					else {                                                                                   \
+						if (pp->count_include_pad)                                                           \
+							count = p01 * (t[TAP_PAD_HI] - t[TAP_PAD_LO]);                                   \
+						yr[o2] = count ? (T)((double)yr[o2] / (double)count) : 0;                            \
+					}                                                                                        \
+				}                                                                                            \
+			}                                                                                                \
+		}                                                                                                    \
+	} \
+	TERN_ISA_VARIANTS3(void, pool_plane_##S, (const pool_params *pp, const T *x, T *y, int64_t *ind, int64_t base), (pp, x, y, ind, base))
+
+DEF_POOL_PLANE(f32, float, -INFINITY)
+DEF_POOL_PLANE(f64, double, -INFINITY)
+DEF_POOL_PLANE(i8, int8_t, INT8_MIN)
+DEF_POOL_PLANE(u8, uint8_t, 0)
+
+/* Global pools reduce a whole plane. */
+#define DEF_GLOBAL_PLANE(S, T)                                                                 \
+	TERN_ISA_BODY void global_plane_##S##_body(const pool_params *pp, const T *x, T *y, int64_t n)          \
+	{                                                                                       \
+		if (pp->kind == POOL_MAX) {                                                         \
+			T best = x[0];                                                                  \
+			for (int64_t i = 1; i < n; i++)                                                 \
+				best = x[i] > best ? x[i] : best;                                           \
+			*y = best;                                                                      \
+			return;                                                                         \
+		}                                                                                   \
+		if (pp->kind == POOL_AVG) {                                                         \
+			*y = (T)(sum_##S(x, n) / (double)n);                                            \
+			return;                                                                         \
+		}                                                                                   \
+		double sum = 0;                                                                     \
+		for (int64_t i = 0; i < n; i++)                                                     \
+			sum += pp->p == 2 ? (double)x[i] * x[i] : pow(fabs((double)x[i]), (double)pp->p); \
+		*y = (T)(pp->p == 2 ? sqrt(sum) : pow(sum, 1.0 / (double)pp->p));                   \
+	} \
+	TERN_ISA_VARIANTS3(void, global_plane_##S, (const pool_params *pp, const T *x, T *y, int64_t n), (pp, x, y, n))
+
+DEF_GLOBAL_PLANE(f32, float)
+DEF_GLOBAL_PLANE(f64, double)
+DEF_GLOBAL_PLANE(i8, int8_t)
+DEF_GLOBAL_PLANE(u8, uint8_t)
+
+static void pool_planes(void *ctx, int64_t begin, int64_t end)
+{
+	const pool_ctx *c = ctx;
+	const pool_params *pp = c->pp;
+	int64_t in_n = sp_numel(pp->w.in), out_n = pp->global ? 1 : sp_numel(pp->w.out);
+	for (int64_t i = begin; i < end; i++) {
+		int64_t *ind = c->ind ? c->ind + i * out_n : NULL;
+#define POOL_CASE(S, T)                                              \
+	{                                                                \
+		const T *x = (const T *)c->x + i * in_n;                     \
+		T *y = (T *)c->y + i * out_n;                                \
+		if (pp->global)                                              \
+			global_plane_##S(pp, x, y, in_n);                        \
+		else                                                         \
+			pool_plane_##S(pp, x, y, ind, i * in_n);                 \
+		break;                                                       \
+	}
+		switch (c->dtype) {
+		case TERN_FLOAT: POOL_CASE(f32, float)
+		case TERN_DOUBLE: POOL_CASE(f64, double)
+		case TERN_INT8: POOL_CASE(i8, int8_t)
+		case TERN_UINT8: POOL_CASE(u8, uint8_t)
+		}
+#undef POOL_CASE
+	}
+}
+
+static tern_status pool_kernel(const tern_kernel_args *a)
+{
+	const pool_params *pp = a->params;
+	pool_ctx c = {pp, a->in[0]->dtype, a->in[0]->data, a->out[0]->data,
+	              a->n_out > 1 && a->out[1] ? a->out[1]->data : NULL};
+	if (pp->blocks) {
+		wb_job j = {&pp->w, pp->kind == POOL_MAX ? WB_MAX : WB_AVG, a->in[0]->dims[0], a->in[0]->dims[1], pp->band,
+		            pp->slot_elems, a->in[0]->data, NULL, NULL, pp->recip, a->out[0]->data, a->scratch, NULL, NULL};
+		tern_nn_wb_run(a->pool, &j, pp->slots);
+		return TERN_OK;
+	}
+	int64_t work = pp->global ? sp_numel(pp->w.in) : sp_numel(pp->w.out) * sp_numel(pp->w.k);
+	parallel_range(a->pool, pp->planes, grain_for(work), pool_planes, &c);
+	return TERN_OK;
+}
+
+static void pool_params_free(void *p)
+{
+	pool_params *pp = p;
+	if (pp) {
+		free(pp->taps[0]);
+		free(pp->recip);
+	}
+	free(pp);
+}
+
+/* Whether max or average pooling goes by blocks of channels (float, no indices output, every window
+ * with an input element); then its plan and scratch, and for the average the divisors. */
+static tern_status pool_blocks_setup(tern_prepare_args *p, pool_params *pp)
+{
+	const window *w = &pp->w;
+	int dtype = p->in[0]->dtype;
+	if (pp->global || (pp->kind != POOL_MAX && pp->kind != POOL_AVG) || dtype == TERN_DOUBLE ||
+	    dtype == TERN_INT8 || dtype == TERN_UINT8 || (p->n_out > 1 && p->out[1]) ||
+	    !tern_nn_wb_plan(w, &pp->band, &pp->slot_elems))
+		return TERN_OK;
+	for (int i = 1; i < SP; i++)
+		for (int64_t o = 0; o < w->out[i]; o++)
+			if (pp->taps[i][o * TAP_FIELDS + TAP_HI] <= pp->taps[i][o * TAP_FIELDS + TAP_LO])
+				return TERN_OK;
+	if (pp->kind == POOL_AVG) {
+		if (!(pp->recip = malloc((size_t)(w->out[1] * w->out[2]) * sizeof *pp->recip)))
+			return no_memory(p->node);
+		int lo = pp->count_include_pad ? TAP_PAD_LO : TAP_LO, hi = pp->count_include_pad ? TAP_PAD_HI : TAP_HI;
+		for (int64_t o1 = 0; o1 < w->out[1]; o1++)
+			for (int64_t o2 = 0; o2 < w->out[2]; o2++) {
+				const int64_t *t1 = pp->taps[1] + o1 * TAP_FIELDS, *t2 = pp->taps[2] + o2 * TAP_FIELDS;
+				pp->recip[o1 * w->out[2] + o2] = (float)(1.0 / (double)((t1[hi] - t1[lo]) * (t2[hi] - t2[lo])));
+			}
+	}
+	pp->blocks = true;
+	pp->slots = slots_for(p->pool);
+	p->scratch_bytes = (size_t)(pp->slots * pp->slot_elems) * sizeof(float);
+	return TERN_OK;
+}
+
+static tern_status pool_taps(const tern_node *node, pool_params *pp)
+{
+	const window *w = &pp->w;
+	int64_t *t = malloc(((size_t)(w->out[0] + w->out[1] + w->out[2]) * TAP_FIELDS + 2 * (size_t)w->k[2]) * sizeof *t);
+	if (!t)
+		return no_memory(node);
+	for (int i = 0; i < SP; i++) {
+		pp->taps[i] = t;
+		for (int64_t o = 0; o < w->out[i]; o++, t += TAP_FIELDS) {
+			int64_t start = o * w->s[i] - w->pb[i];
+			taps_within(start, w->k[i], w->d[i], 0, w->in[i], &t[TAP_LO], &t[TAP_HI]);
+			taps_within(start, w->k[i], w->d[i], -w->pb[i], w->in[i] + w->pe[i], &t[TAP_PAD_LO], &t[TAP_PAD_HI]);
+		}
+	}
+	pp->rows2 = t;
+	for (int64_t k = 0; k < w->k[2]; k++)
+		outputs_within(k * w->d[2] - w->pb[2], w->s[2], w->in[2], w->out[2], &t[2 * k], &t[2 * k + 1]);
+	return TERN_OK;
+}
+
+static tern_status pool_setup(tern_prepare_args *p, pool_kind kind, bool global)
+{
+	const tern_node *node = p->node;
+	const tern_tensor *x = p->in[0];
+	bool int8 = x->dtype == TERN_INT8 || x->dtype == TERN_UINT8;
+	tern_status st = int8 && kind == POOL_MAX && !global ? TERN_OK : check_real(node, x, 0);
+	if (!st)
+		st = check_rank(node, x, 0, 3, SP + 2);
+	if (st)
+		return st;
+	pool_params *pp = calloc(1, sizeof *pp);
+	if (!pp)
+		return no_memory(node);
+	p->params = pp;
+	p->free_params = pool_params_free;
+	pp->kind = kind;
+	pp->global = global;
+	pp->planes = x->dims[0] * x->dims[1];
+	pp->p = tern_attr_int(node, "p", 2);
+	if (kind == POOL_LP && pp->p < 1)
+		return tern_node_errorf(node, TERN_EDATA, "attribute 'p' = %lld must be at least 1", (long long)pp->p);
+	int64_t dims[TERN_MAX_RANK];
+	dims[0] = x->dims[0];
+	dims[1] = x->dims[1];
+	if (global) {
+		window_init(&pp->w, x->rank - 2);
+		for (int i = 0; i < x->rank - 2; i++) {
+			pp->w.in[SP - (x->rank - 2) + i] = x->dims[2 + i];
+			dims[2 + i] = 1;
+		}
+	} else {
+		if ((st = tern_nn_window_read(node, x, NULL, &pp->w)))
+			return st;
+		int64_t ceil_mode = tern_attr_int(node, "ceil_mode", 0);
+		if ((st = tern_nn_window_forward(node, &pp->w, ceil_mode != 0)))
+			return st;
+		for (int i = 0; i < pp->w.nsp; i++)
+			dims[2 + i] = pp->w.out[SP - pp->w.nsp + i];
+		if ((st = pool_taps(node, pp)))
+			return st;
+		pp->count_include_pad = tern_attr_int(node, "count_include_pad", 0) != 0;
+		int64_t order = tern_attr_int(node, "storage_order", 0);
+		if (order != 0 && order != 1)
+			return tern_node_errorf(node, TERN_EDATA, "attribute 'storage_order' = %lld must be 0 or 1", (long long)order);
+		pp->column_major = order == 1;
+	}
+	if (tern_numel(x->rank, x->dims) == 0 && global)
+		return tern_node_errorf(node, TERN_EDATA, "global pooling of an empty input");
+	tern_set_shape(p->out[0], x->dtype, x->rank, dims);
+	if (p->n_out > 1 && p->out[1]) {
+		if (kind != POOL_MAX)
+			return tern_node_errorf(node, TERN_EDATA, "only MaxPool has an indices output");
+		tern_set_shape(p->out[1], TERN_INT64, x->rank, dims);
+	}
+	if ((st = pool_blocks_setup(p, pp)))
+		return st;
+	p->kernel = pool_kernel;
+	return tern_nn_stage_halves(p);
+}
+
+static tern_status maxpool_prepare(tern_prepare_args *p) { return pool_setup(p, POOL_MAX, false); }
+static tern_status avgpool_prepare(tern_prepare_args *p) { return pool_setup(p, POOL_AVG, false); }
+static tern_status lppool_prepare(tern_prepare_args *p) { return pool_setup(p, POOL_LP, false); }
+static tern_status global_maxpool_prepare(tern_prepare_args *p) { return pool_setup(p, POOL_MAX, true); }
+static tern_status global_avgpool_prepare(tern_prepare_args *p) { return pool_setup(p, POOL_AVG, true); }
+static tern_status global_lppool_prepare(tern_prepare_args *p) { return pool_setup(p, POOL_LP, true); }
+
+/* ---------------------------------------------------------------- MaxUnpool */
+
+typedef struct unpool_params {
+	int rank;
+	int64_t full[TERN_MAX_RANK]; /* the shape the indices address: MaxPool's input */
+} unpool_params;
+
+static tern_status max_unpool_kernel(const tern_kernel_args *a)
+{
+	const unpool_params *up = a->params;
+	const tern_tensor *x = a->in[0], *ind = a->in[1];
+	tern_tensor *y = a->out[0];
+	size_t es = tern_dtype_size(x->dtype);
+	memset(y->data, 0, y->nbytes);
+	int64_t n = tern_tensor_numel(x), total = tern_numel(up->rank, up->full);
+	for (int64_t i = 0; i < n; i++) {
+		int64_t at = tern_tensor_get_i64(ind, i);
+		if (at < 0 || at >= total)
+			return tern_node_errorf(a->node, TERN_EDATA, "index %lld at position %lld is outside [0, %lld)",
+			                        (long long)at, (long long)i, (long long)total);
+		/* The index addresses the unpooled shape; an explicit output shape holds it at its origin. */
+		int64_t off = 0, stride = 1, rest = at;
+		bool inside = true;
+		for (int d = up->rank - 1; d >= 0; d--) {
+			int64_t c = rest % up->full[d];
+			rest /= up->full[d];
+			inside &= c < y->dims[d];
+			off += c * stride;
+			stride *= y->dims[d];
+		}
+		if (inside)
+			memcpy((char *)y->data + (size_t)off * es, (const char *)x->data + (size_t)i * es, es);
+	}
+	return TERN_OK;
+}
+
+static tern_status max_unpool_prepare(tern_prepare_args *p)
+{
+	const tern_node *node = p->node;
+	const tern_tensor *x = p->in[0], *ind = p->in[1], *shape = p->n_in > 2 ? p->in[2] : NULL;
+	tern_status st = check_rank(node, x, 0, 3, SP + 2);
+	if (st)
+		return st;
+	if (ind->dtype != TERN_INT64 || tern_tensor_numel(ind) != tern_tensor_numel(x))
+		return tern_node_errorf(node, TERN_EDATA, "input 1 'I' must be int64 with the shape of input 0");
+	if (shape && !shape->data) {
+		p->defer = 1;
+		return TERN_OK;
+	}
+	window w;
+	if ((st = tern_nn_window_read(node, x, NULL, &w)))
+		return st;
+	unpool_params *up = calloc(1, sizeof *up);
+	if (!up)
+		return no_memory(node);
+	p->params = up;
+	p->free_params = free;
+	up->rank = x->rank;
+	up->full[0] = x->dims[0];
+	up->full[1] = x->dims[1];
+	for (int i = 0; i < w.nsp; i++) {
+		int j = SP - w.nsp + i;
+		up->full[2 + i] = (w.in[j] - 1) * w.s[j] - w.pb[j] - w.pe[j] + w.k[j];
+	}
+	int64_t dims[TERN_MAX_RANK];
+	memcpy(dims, up->full, sizeof dims);
+	if (shape) {
+		if (tern_tensor_numel(shape) != x->rank)
+			return tern_node_errorf(node, TERN_EDATA, "input 2 'output_shape' has %lld values for rank %d",
+			                        (long long)tern_tensor_numel(shape), x->rank);
+		for (int d = 0; d < x->rank; d++)
+			dims[d] = tern_tensor_get_i64(shape, d);
+	}
+	for (int d = 0; d < x->rank; d++)
+		if (dims[d] < 0 || up->full[d] < 0)
+			return tern_node_errorf(node, TERN_EDATA, "output dimension %d is negative", d);
+	tern_set_shape(p->out[0], x->dtype, x->rank, dims);
+	p->kernel = max_unpool_kernel;
+	return TERN_OK;
+}
+
+/* ---------------------------------------------------------------- table */
+
+static const tern_op ops[] = {
+	{"", "MaxPool", 1, 0, maxpool_prepare, TERN_DT_FLOATS | TERN_DT(INT8) | TERN_DT(UINT8), "pool"},
+	{"", "AveragePool", 1, 0, avgpool_prepare, TERN_DT_FLOATS, "pool"},
+	{"", "LpPool", 1, 0, lppool_prepare, TERN_DT_FLOATS, "pool"},
+	{"", "GlobalMaxPool", 1, 0, global_maxpool_prepare, TERN_DT_FLOATS, "pool"},
+	{"", "GlobalAveragePool", 1, 0, global_avgpool_prepare, TERN_DT_FLOATS, "pool"},
+	{"", "GlobalLpPool", 1, 0, global_lppool_prepare, TERN_DT_FLOATS, "pool"},
+	{"", "MaxUnpool", 9, 0, max_unpool_prepare, TERN_DT_FLOATS, "pool"},
+};
+
+const tern_op_table tern_ops_pool = {ops, TERN_ARRAY_LEN(ops)};

@@ -1,0 +1,330 @@
+/* softmax.c — Softmax, LogSoftmax and Hardmax along an axis, the losses that read log-probabilities
+ * (NegativeLogLikelihoodLoss, SoftmaxCrossEntropyLoss) and Dropout. Rows, or blocks of columns when the
+ * axis is not the last, run in parallel. Kernels exist for float and double; float16 and bfloat16 are
+ * computed in float. */
+#include "ops/nn.h"
+
+#include <stdatomic.h>
+
+/* ---------------------------------------------------------------- Softmax, LogSoftmax, Hardmax */
+
+enum { SOFTMAX, LOG_SOFTMAX, HARDMAX };
+
+#define LANES 16 /* columns of a strided softmax handled together, so the loops run along the rows */
+
+/* Softmax and LogSoftmax over n elements `inner` apart, for `lanes` neighbouring columns at once.
+ * The exponentials go through y; sums use LANES partial sums so that they vectorise too. */
+#define DEF_SOFTMAX(S, T, EXP, LOG, SELECT)                                                                   \
+	TERN_ISA_BODY void softmax_block_##S##_body(int kind, const T *x, T *y, int64_t n, int64_t inner, int lanes)   \
+	{                                                                                                \
+		T max[LANES], sum[LANES];                                                                    \
+		for (int l = 0; l < lanes; l++) {                                                            \
+			max[l] = x[l];                                                                           \
+			sum[l] = 0;                                                                              \
+		}                                                                                            \
+		for (int64_t i = 0; i < n; i++)                                                              \
+			for (int l = 0; l < lanes; l++)                                                          \
+				max[l] = x[i * inner + l] > max[l] ? x[i * inner + l] : max[l];                      \
+		for (int64_t i = 0; i < n; i++)                                                              \
+			for (int l = 0; l < lanes; l++) {                                                        \
+				T e = EXP(x[i * inner + l] - max[l]);                                                \
+				y[i * inner + l] = e;                                                                \
+				sum[l] += e;                                                                         \
+			}                                                                                        \
+		for (int l = 0; l < lanes; l++)                                                              \
+			sum[l] = kind == SOFTMAX ? 1 / sum[l] : max[l] + LOG(sum[l]);                            \
+		for (int64_t i = 0; i < n; i++)                                                              \
+			for (int l = 0; l < lanes; l++)                                                          \
+				y[i * inner + l] = kind == SOFTMAX ? y[i * inner + l] * sum[l] : x[i * inner + l] - sum[l]; \
+	}                                                                                                \
+	TERN_ISA_VARIANTS3(void, softmax_block_##S, (int kind, const T *x, T *y, int64_t n, int64_t inner, int lanes), (kind, x, y, n, inner, lanes)) \
+	TERN_ISA_BODY void softmax_row_##S##_body(int kind, const T *restrict x, T *restrict y, int64_t n)            \
+	{                                                                                                \
+		T max = x[0], part[LANES], sum = 0;                                                          \
+		int64_t i = 0;                                                                               \
+		for (int l = 0; l < LANES; l++)                                                              \
+			part[l] = x[0];                                                                          \
+		for (; i + LANES <= n; i += LANES)                                                           \
+			for (int l = 0; l < LANES; l++)                                                          \
+				part[l] = SELECT(x[i + l] > part[l], x[i + l], part[l]);                             \
+		for (; i < n; i++)                                                                           \
+			max = x[i] > max ? x[i] : max;                                                           \
+		for (int l = 0; l < LANES; l++) {                                                            \
+			max = part[l] > max ? part[l] : max;                                                     \
+			part[l] = 0;                                                                             \
+		}                                                                                            \
+		for (i = 0; i < n; i++)                                                                      \
+			y[i] = EXP(x[i] - max);                                                                  \
+		i = 0;                                                                                       \
+		for (; i + LANES <= n; i += LANES)                                                           \
+			for (int l = 0; l < LANES; l++)                                                          \
+				part[l] += y[i + l];                                                                 \
+		for (; i < n; i++)                                                                           \
+			sum += y[i];                                                                             \
+		for (int l = 0; l < LANES; l++)                                                              \
+			sum += part[l];                                                                          \
+		if (kind == SOFTMAX) {                                                                       \
+			T inv = 1 / sum;                                                                         \
+			for (int64_t k = 0; k < n; k++)                                                          \
+				y[k] *= inv;                                                                         \
+		} else {                                                                                     \
+			T shift = max + LOG(sum);                                                                \
+			for (int64_t k = 0; k < n; k++)                                                          \
+				y[k] = x[k] - shift;                                                                 \
+		}                                                                                            \
+	}                                                                                                \
+	TERN_ISA_VARIANTS3(void, softmax_row_##S, (int kind, const T *restrict x, T *restrict y, int64_t n), (kind, x, y, n)) \
+	static void hardmax_column_##S(const T *x, T *y, int64_t n, int64_t stride)                     \
+	{                                                                                                \
+		int64_t at = 0;                                                                              \
+		for (int64_t i = 1; i < n; i++)                                                              \
+			if (x[i * stride] > x[at * stride])                                                      \
+				at = i;                                                                              \
+		for (int64_t i = 0; i < n; i++)                                                              \
+			y[i * stride] = i == at;                                                                 \
+	}                                                                                                \
+	/* Work items: rows when inner is 1; else blocks of LANES columns, or single ones for Hardmax. */ \
+	static void softmax_items_##S(void *ctx, int64_t begin, int64_t end)                            \
+	{                                                                                                \
+		const plain_ctx *c = ctx;                                                                    \
+		const axis_params *ap = c->params;                                                           \
+		const T *x = c->x;                                                                           \
+		T *y = c->y;                                                                                 \
+		int64_t per = ap->kind == HARDMAX ? ap->inner : (ap->inner + LANES - 1) / LANES;             \
+		for (int64_t it = begin; it < end; it++) {                                                   \
+			int64_t col = ap->kind == HARDMAX ? it % per : it % per * LANES;                         \
+			int64_t base = it / per * ap->n * ap->inner + col;                                       \
+			if (ap->kind == HARDMAX)                                                                 \
+				hardmax_column_##S(x + base, y + base, ap->n, ap->inner);                            \
+			else if (ap->inner == 1)                                                                 \
+				softmax_row_##S(ap->kind, x + base, y + base, ap->n);                                \
+			else                                                                                     \
+				softmax_block_##S(ap->kind, x + base, y + base, ap->n, ap->inner,                    \
+				                  (int)(ap->inner - col < LANES ? ap->inner - col : LANES));         \
+		}                                                                                            \
+	}
+
+DEF_SOFTMAX(f32, float, tern_fast_expf, logf, tern_select_f32)
+DEF_SOFTMAX(f64, double, exp, log, tern_select_f64)
+
+static void softmax_run(tern_threadpool *pool, const axis_params *ap, int dtype, const void *x, void *y)
+{
+	if (ap->n == 0)
+		return;
+	plain_ctx c = {ap, x, y};
+	int64_t per = ap->kind == HARDMAX || ap->inner == 1 ? ap->inner : (ap->inner + LANES - 1) / LANES;
+	int64_t width = ap->kind == HARDMAX || ap->inner == 1 ? 1 : LANES;
+	parallel_range(pool, ap->outer * per, grain_for(ap->n * width * 4),
+	               dtype == TERN_DOUBLE ? softmax_items_f64 : softmax_items_f32, &c);
+}
+
+static tern_status softmax_kernel(const tern_kernel_args *a)
+{
+	softmax_run(a->pool, a->params, a->in[0]->dtype, a->in[0]->data, a->out[0]->data);
+	return TERN_OK;
+}
+
+static tern_status softmax_setup(tern_prepare_args *p, int kind)
+{
+	bool old = p->node->opset < 13;
+	axis_params *ap = NULL;
+	tern_status st = tern_nn_axis_setup(p, old ? 1 : -1, old, &ap);
+	if (st)
+		return st;
+	ap->kind = kind;
+	p->kernel = softmax_kernel;
+	return tern_nn_stage_halves(p);
+}
+
+static tern_status softmax_prepare(tern_prepare_args *p) { return softmax_setup(p, SOFTMAX); }
+static tern_status log_softmax_prepare(tern_prepare_args *p) { return softmax_setup(p, LOG_SOFTMAX); }
+static tern_status hardmax_prepare(tern_prepare_args *p) { return softmax_setup(p, HARDMAX); }
+
+/* ---------------------------------------------------------------- NegativeLogLikelihoodLoss and
+ * SoftmaxCrossEntropyLoss */
+
+enum { REDUCE_NONE, REDUCE_SUM, REDUCE_MEAN };
+
+typedef struct loss_params {
+	axis_params ap; /* classes on axis 1: outer = N, n = C, inner = the positions d1 x d2 ... */
+	int reduction;
+	bool has_ignore, softmax;
+	int64_t ignore;
+} loss_params;
+
+/* loss[n, d] = -weight[t] * logp[n, t, d] for t = target[n, d], 0 where t is ignore_index; then
+ * summed, or averaged over the weights of the targets counted. */
+static tern_status loss_kernel(const tern_kernel_args *a)
+{
+	const loss_params *lp = a->params;
+	const tern_tensor *x = a->in[0], *target = a->in[1], *weight = a->n_in > 2 ? a->in[2] : NULL;
+	tern_tensor *y = a->out[0];
+	const void *logp = x->data;
+	if (lp->softmax) {
+		void *dst = a->n_out > 1 && a->out[1] ? a->out[1]->data : a->scratch;
+		softmax_run(a->pool, &lp->ap, x->dtype, x->data, dst);
+		logp = dst;
+	}
+	int64_t c_n = lp->ap.n, d_n = lp->ap.inner, count = lp->ap.outer * d_n;
+	double total = 0, weights = 0;
+	for (int64_t i = 0; i < count; i++) {
+		int64_t t = tern_tensor_get_i64(target, i), n = i / d_n, d = i % d_n;
+		double l = 0, w = 0;
+		if (!lp->has_ignore || t != lp->ignore) {
+			if (t < 0 || t >= c_n)
+				return tern_node_errorf(a->node, TERN_EDATA, "target %lld at position %lld is outside [0, %lld)",
+				                        (long long)t, (long long)i, (long long)c_n);
+			int64_t at = (n * c_n + t) * d_n + d;
+			w = weight ? tern_tensor_get_f64(weight, t) : 1;
+			l = -w * (x->dtype == TERN_DOUBLE ? ((const double *)logp)[at] : ((const float *)logp)[at]);
+		}
+		if (lp->reduction == REDUCE_NONE)
+			tern_store_f64(y->dtype, y->data, i, l);
+		total += l;
+		weights += w;
+	}
+	if (lp->reduction != REDUCE_NONE)
+		tern_store_f64(y->dtype, y->data, 0, lp->reduction == REDUCE_SUM ? total : total / weights);
+	return TERN_OK;
+}
+
+static tern_status loss_setup(tern_prepare_args *p, bool softmax)
+{
+	const tern_node *node = p->node;
+	const tern_tensor *x = p->in[0], *target = p->in[1], *weight = p->n_in > 2 ? p->in[2] : NULL;
+	tern_status st = check_real(node, x, 0);
+	if (!st)
+		st = check_rank(node, x, 0, 2, TERN_MAX_RANK);
+	if (!st && weight)
+		st = check_same(node, x, weight, 2);
+	if (st)
+		return st;
+	char sx[128], st_[128];
+	bool fits = target->dtype == TERN_INT32 || target->dtype == TERN_INT64;
+	fits &= target->rank == x->rank - 1 && target->dims[0] == x->dims[0];
+	for (int i = 1; fits && i < target->rank; i++)
+		fits = target->dims[i] == x->dims[i + 1];
+	if (!fits)
+		return tern_node_errorf(node, TERN_EDATA, "input 1 %s must be int32 or int64 shaped like input 0 %s without axis 1",
+		                        tern_shape_str(target->dtype, target->rank, target->dims, st_, sizeof st_),
+		                        tern_shape_str(x->dtype, x->rank, x->dims, sx, sizeof sx));
+	loss_params *lp = calloc(1, sizeof *lp);
+	if (!lp)
+		return no_memory(node);
+	p->params = lp;
+	p->free_params = free;
+	lp->softmax = softmax;
+	lp->ap.kind = LOG_SOFTMAX;
+	lp->ap.outer = x->dims[0];
+	lp->ap.n = x->dims[1];
+	lp->ap.inner = prod(x->dims, 2, x->rank);
+	if ((st = check_numel(node, weight, 2, "weights", lp->ap.n)))
+		return st;
+	static const char *const reductions[] = {"none", "sum", "mean"};
+	if ((st = parse_enum(node, "reduction", "mean", reductions, 3, &lp->reduction)))
+		return st;
+	lp->has_ignore = tern_attr(node, "ignore_index") != NULL;
+	lp->ignore = tern_attr_int(node, "ignore_index", 0);
+	tern_set_shape(p->out[0], x->dtype, lp->reduction == REDUCE_NONE ? target->rank : 0, target->dims);
+	if (p->n_out > 1 && p->out[1])
+		tern_set_shape(p->out[1], x->dtype, x->rank, x->dims);
+	else if (softmax)
+		p->scratch_bytes = (size_t)tern_tensor_numel(x) * compute_size(x->dtype);
+	p->kernel = loss_kernel;
+	return tern_nn_stage_halves(p);
+}
+
+static tern_status nll_loss_prepare(tern_prepare_args *p) { return loss_setup(p, false); }
+static tern_status sce_loss_prepare(tern_prepare_args *p) { return loss_setup(p, true); }
+
+/* ---------------------------------------------------------------- Dropout */
+
+typedef struct dropout_params {
+	bool mask_bool;          /* the mask is bool (opset 10 on) rather than the input's type */
+	bool maybe_training;     /* a training_mode input decides at run time */
+	uint64_t seed;
+	_Atomic uint64_t runs;   /* each run draws a fresh mask */
+} dropout_params;
+
+static uint64_t splitmix64(uint64_t *state)
+{
+	uint64_t z = (*state += 0x9e3779b97f4a7c15u);
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9u;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebu;
+	return z ^ (z >> 31);
+}
+
+static tern_status dropout_kernel(const tern_kernel_args *a)
+{
+	dropout_params *dp = a->params;
+	const tern_tensor *x = a->in[0];
+	tern_tensor *y = a->out[0], *mask = a->n_out > 1 ? a->out[1] : NULL;
+	int64_t n = tern_tensor_numel(x);
+	double ratio = a->n_in > 1 && a->in[1] ? tern_tensor_get_f64(a->in[1], 0) : 0.5;
+	bool training = dp->maybe_training && a->n_in > 2 && a->in[2] && tern_tensor_get_i64(a->in[2], 0) != 0;
+	if (training && (ratio < 0 || ratio >= 1))
+		return tern_node_errorf(a->node, TERN_EDATA, "ratio %g is outside [0, 1)", ratio);
+	if (!training || ratio == 0) {
+		memcpy(y->data, x->data, x->nbytes);
+		if (mask && dp->mask_bool)
+			memset(mask->data, 1, (size_t)n);
+		else if (mask)
+			for (int64_t i = 0; i < n; i++)
+				tern_store_f64(mask->dtype, mask->data, i, 1.0);
+		return TERN_OK;
+	}
+	uint64_t state = dp->seed ^ (atomic_fetch_add(&dp->runs, 1) * 0xd1b54a32d192ed03u);
+	double keep = 1.0 - ratio, scale = 1.0 / keep;
+	for (int64_t i = 0; i < n; i++) {
+		bool kept = (double)(splitmix64(&state) >> 11) * 0x1p-53 < keep;
+		tern_store_f64(y->dtype, y->data, i, kept ? tern_tensor_get_f64(x, i) * scale : 0.0);
+		if (mask && dp->mask_bool)
+			((bool *)mask->data)[i] = kept;
+		else if (mask)
+			tern_store_f64(mask->dtype, mask->data, i, kept);
+	}
+	return TERN_OK;
+}
+
+static tern_status dropout_prepare(tern_prepare_args *p)
+{
+	const tern_node *node = p->node;
+	const tern_tensor *x = p->in[0];
+	tern_status st = check_real(node, x, 0);
+	if (st)
+		return st;
+	tern_set_shape(p->out[0], x->dtype, x->rank, x->dims);
+	bool has_mask = p->n_out > 1 && p->out[1];
+	if (has_mask)
+		tern_set_shape(p->out[1], node->opset >= 10 ? TERN_BOOL : x->dtype, x->rank, x->dims);
+	/* Before opset 12 there is no training input: Dropout is the identity in inference. */
+	const tern_tensor *training = node->opset >= 12 && p->n_in > 2 ? p->in[2] : NULL;
+	bool maybe_training = training && (!training->data || tern_tensor_get_i64(training, 0) != 0);
+	if (!maybe_training && !has_mask) {
+		p->alias_input0 = 1;
+		return TERN_OK;
+	}
+	dropout_params *dp = calloc(1, sizeof *dp);
+	if (!dp)
+		return no_memory(node);
+	p->params = dp;
+	p->free_params = free;
+	dp->mask_bool = node->opset >= 10;
+	dp->maybe_training = maybe_training;
+	dp->seed = (uint64_t)tern_attr_int(node, "seed", 0x7465726e);
+	p->kernel = dropout_kernel;
+	return tern_nn_stage_halves(p);
+}
+
+/* ---------------------------------------------------------------- table */
+
+static const tern_op ops[] = {
+	{"", "Softmax", 1, 0, softmax_prepare, TERN_DT_FLOATS, "softmax"},
+	{"", "LogSoftmax", 1, 0, log_softmax_prepare, TERN_DT_FLOATS, "softmax"},
+	{"", "Hardmax", 1, 0, hardmax_prepare, TERN_DT_FLOATS, "softmax"},
+	{"", "Dropout", 1, 0, dropout_prepare, TERN_DT_FLOATS, "softmax"},
+	{"", "NegativeLogLikelihoodLoss", 12, 0, nll_loss_prepare, TERN_DT_FLOATS, "softmax"},
+	{"", "SoftmaxCrossEntropyLoss", 12, 0, sce_loss_prepare, TERN_DT_FLOATS, "softmax"},
+};
+
+const tern_op_table tern_ops_softmax = {ops, TERN_ARRAY_LEN(ops)};
