@@ -332,6 +332,28 @@ typedef struct tern_train_summary {
  * The inference graph is unchanged. summary may be NULL. */
 tern_status tern_model_add_training(tern_model *model, const tern_train_options *opts, tern_train_summary *summary);
 
+/* Planned training steps on a model that carries a training algorithm: the inference graph and the
+ * algorithm combined and planned once (at the first step); parameters and optimizer state are held
+ * by the trainer, fed to each step and replaced by their new values. */
+typedef struct tern_trainer tern_trainer;
+tern_status tern_trainer_create(tern_model *model, const tern_plan_options *opts, tern_trainer **out);
+void tern_trainer_free(tern_trainer *trainer);
+/* The step's data inputs (the inference graph's, then the algorithm's, such as the target). */
+int tern_trainer_num_inputs(const tern_trainer *trainer);
+const char *tern_trainer_input_name(const tern_trainer *trainer, int index);
+tern_status tern_trainer_input_type(tern_trainer *trainer, int index, int *dtype, int *rank, int64_t *dims);
+/* One step on data[0..num_inputs); *loss (may be NULL) gets the algorithm's first output. */
+tern_status tern_trainer_step(tern_trainer *trainer, const tern_tensor *data, double *loss);
+/* The current value of a bound tensor (a parameter, a state, "tern.step"); NULL if none. */
+const tern_tensor *tern_trainer_state(const tern_trainer *trainer, const char *name);
+/* The step counter stored in the model (tern.step): the steps taken before this run. */
+int64_t tern_trainer_stored_step(const tern_trainer *trainer);
+/* The learning rate of the last step (the algorithm's second output, as tern-autodiff writes it);
+ * NaN when there is none. */
+double tern_trainer_lr(const tern_trainer *trainer);
+/* Writes the current values into the model's initializers, so that saving it saves the training. */
+tern_status tern_trainer_sync(tern_trainer *trainer);
+
 /* The passes, in pipeline order: name, one-line description, and the lowest level that runs each. */
 int tern_pass_count(void);
 const char *tern_pass_name(int index);

@@ -454,6 +454,14 @@ tern_status tern_model_add_training(tern_model *m, const tern_train_options *o, 
 		lr = learning_rate(&gc, o, t, (tern_gval *)grads[0], &st);
 	if (!st && !lr)
 		st = tern_g_status(&gc);
+	/* the algorithm's second output: the learning rate of the step (for logs) */
+	if (!st && (lr = tern_g_op(&gc, "", "Identity", &lr, 1, NULL, 0))) {
+		outs[n_outs] = outs[1]; /* after the loss, before the step counter */
+		outs[1] = ((tern_value *)lr)->name;
+		n_outs++;
+	}
+	else if (!st)
+		st = tern_g_status(&gc);
 	for (int i = 0; !st && i < n_params; i++) {
 		tern_value *p = wrt[i];
 		char name[512];

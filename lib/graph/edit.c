@@ -372,6 +372,8 @@ tern_value *tern_graph_add_input(tern_graph *g, const char *name, const tern_typ
 
 tern_status tern_graph_add_output(tern_graph *g, tern_value *v)
 {
+	if (v->flags & TERN_VALUE_OUTPUT)
+		return TERN_OK; /* already one */
 	tern_value **arr = realloc(g->outputs, (g->n_outputs + 1) * sizeof *arr);
 	if (!arr)
 		return tern_errorf(TERN_EOS, "out of memory");

@@ -219,6 +219,10 @@ tern_status tern_optimize(tern_model *m, const tern_optimize_options *o, tern_pa
 		*stats_out = NULL;
 	if (n_stats)
 		*n_stats = 0;
+	/* A training algorithm reads the inference graph's initializers and inputs by name: rewriting the
+	 * inference graph (folding weights into new initializers, dropping the old) would cut it off. */
+	if (m->proto->n_training_info && (o->level > 0 || o->n_passes > 0))
+		return TERN_OK;
 	const tern_pass *chosen[TERN_ARRAY_LEN(pipeline) * 4];
 	int n = 0;
 	if (o->n_passes > 0) {

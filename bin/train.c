@@ -1,0 +1,364 @@
+/* train.c — tern-run --train: slices the -i files into batches (shuffled per epoch from --seed),
+ * runs the model's training step on each, logs, checkpoints, and writes the trained model.
+ *
+ * The order of the data is a function of (seed, epoch) only and the step count is stored in the
+ * model (the tern.step initializer that tern-autodiff adds), so a run resumed from a checkpoint
+ * takes the same batches as one that was never interrupted. */
+#include "train.h"
+
+#include <errno.h>
+#include <stdbool.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+static volatile sig_atomic_t stop_signal;
+
+static void on_stop(int sig)
+{
+	stop_signal = sig;
+}
+
+static double now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* A permutation of 0..n-1 for one epoch: Fisher-Yates over splitmix64 seeded by (seed, epoch). */
+static void epoch_order(int64_t *perm, int64_t n, uint64_t seed, int64_t epoch, int shuffle)
+{
+	for (int64_t i = 0; i < n; i++)
+		perm[i] = i;
+	if (!shuffle)
+		return;
+	uint64_t x = seed * 0x9e3779b97f4a7c15ull + (uint64_t)epoch * 0xbf58476d1ce4e5b9ull + 1;
+	for (int64_t i = n - 1; i > 0; i--) {
+		x += 0x9e3779b97f4a7c15ull;
+		uint64_t z = x;
+		z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+		z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+		z ^= z >> 31;
+		int64_t j = (int64_t)(z % (uint64_t)(i + 1));
+		int64_t t = perm[i];
+		perm[i] = perm[j];
+		perm[j] = t;
+	}
+}
+
+/* Rows rows[0..b) of src (along axis 0) into dst, allocated [b, ...]. */
+static void gather_rows(const tern_tensor *src, const int64_t *rows, int64_t b, tern_tensor *dst)
+{
+	int64_t dims[TERN_MAX_RANK];
+	memcpy(dims, src->dims, sizeof dims);
+	dims[0] = b;
+	tern_cli_check(tern_tensor_alloc(dst, src->dtype, src->rank, dims));
+	size_t row = src->nbytes / (size_t)(src->dims[0] ? src->dims[0] : 1);
+	for (int64_t r = 0; r < b; r++)
+		memcpy((char *)dst->data + (size_t)r * row, (const char *)src->data + (size_t)rows[r] * row, row);
+}
+
+static void write_model(const tern_cli *cli, tern_trainer *tr, tern_model *model)
+{
+	if (!cli->output)
+		return;
+	tern_cli_check(tern_trainer_sync(tr));
+	FILE *out = tern_cli_open_output(cli, 1);
+	tern_cli_write_model(out, model);
+}
+
+static void progress(int64_t step, int64_t total, double loss, double rate, double eta)
+{
+	int e = (int)(eta + 0.5);
+	fprintf(stderr, "\rstep %lld/%lld  loss %.5g  %.0f samples/s  ETA %d:%02d:%02d ", (long long)step,
+	        (long long)total, loss, rate, e / 3600, e / 60 % 60, e % 60);
+	fflush(stderr);
+}
+
+/* ---------------------------------------------------------------- validation */
+
+struct val {
+	tern_tensor *in; /* the inference graph's inputs */
+	int n_in;
+	tern_tensor target;
+	int64_t rows;
+};
+
+static void read_val(const train_options *o, tern_trainer *tr, tern_model *model, struct val *v)
+{
+	memset(v, 0, sizeof *v);
+	if (!o->n_val_args)
+		return;
+	v->n_in = tern_model_num_inputs(model);
+	v->in = calloc((size_t)v->n_in + 1, sizeof *v->in);
+	if (!v->in)
+		tern_cli_fail(TERN_EOS, "out of memory");
+	for (int a = 0; a < o->n_val_args; a++) {
+		const char *arg = o->val_args[a], *eq = strchr(arg, '=');
+		if (!eq)
+			tern_cli_fail(TERN_EUSAGE, "--val takes NAME=FILE, not '%s'", arg);
+		size_t len = (size_t)(eq - arg);
+		tern_tensor *dst = NULL;
+		for (int i = 0; i < v->n_in && !dst; i++)
+			if (strlen(tern_model_input_name(model, i)) == len && !strncmp(tern_model_input_name(model, i), arg, len))
+				dst = &v->in[i];
+		for (int i = 0; i < tern_trainer_num_inputs(tr) && !dst; i++)
+			if (strlen(tern_trainer_input_name(tr, i)) == len && !strncmp(tern_trainer_input_name(tr, i), arg, len))
+				dst = &v->target;
+		if (!dst)
+			tern_cli_fail(TERN_EUSAGE, "--val %s: no input '%.*s'", arg, (int)len, arg);
+		tern_cli_check(tern_tensor_read_file(eq + 1, dst));
+		if (dst->rank < 1 || (v->rows >= 0 && v->rows && dst->dims[0] != v->rows))
+			tern_cli_fail(TERN_EDATA, "--val %s: %lld samples, the other --val files %lld", arg,
+			              dst->rank ? (long long)dst->dims[0] : 0LL, (long long)v->rows);
+		v->rows = dst->dims[0];
+	}
+	for (int i = 0; i < v->n_in; i++)
+		if (!v->in[i].dtype)
+			tern_cli_fail(TERN_EUSAGE, "--val: no data for the input '%s'", tern_model_input_name(model, i));
+	if (!v->target.dtype)
+		tern_cli_fail(TERN_EUSAGE, "--val: no data for the target");
+}
+
+/* The model's first output on the validation data in batches of b, scored against the target:
+ * accuracy and mean cross-entropy for integer targets of [N, C] outputs, else the mean squared error. */
+static void validate(struct val *v, tern_model *model, int threads, int64_t b, double *loss, double *acc)
+{
+	*loss = NAN;
+	*acc = NAN;
+	tern_plan *plan = NULL;
+	tern_plan_options po = {.n_threads = threads};
+	tern_tensor *batch = calloc((size_t)v->n_in + 1, sizeof *batch);
+	int64_t *rows = malloc((size_t)b * sizeof *rows);
+	if (!batch || !rows)
+		tern_cli_fail(TERN_EOS, "out of memory");
+	double sum_loss = 0, right = 0;
+	bool classes = v->target.dtype == TERN_INT64 || v->target.dtype == TERN_INT32;
+	for (int64_t start = 0; start < v->rows; start += b) {
+		int64_t m = start + b <= v->rows ? b : v->rows - start;
+		for (int64_t r = 0; r < m; r++)
+			rows[r] = start + r;
+		for (int i = 0; i < v->n_in; i++) {
+			tern_tensor_free(&batch[i]);
+			gather_rows(&v->in[i], rows, m, &batch[i]);
+		}
+		if (!plan)
+			tern_cli_check(tern_plan_create(model, &po, batch, v->n_in, &plan));
+		tern_status st = tern_plan_run(plan, batch, v->n_in);
+		if (st)
+			tern_cli_fail(st, "validation: %s", tern_error());
+		const tern_tensor *y = tern_plan_output(plan, 0);
+		if (classes && y->rank == 2 && y->dims[0] == m) {
+			int64_t c = y->dims[1];
+			for (int64_t r = 0; r < m; r++) {
+				int64_t best = 0, label = tern_tensor_get_i64(&v->target, start + r);
+				double mx = -INFINITY, se = 0;
+				for (int64_t k = 0; k < c; k++) {
+					double z = tern_tensor_get_f64(y, r * c + k);
+					if (z > mx)
+						mx = z, best = k;
+				}
+				for (int64_t k = 0; k < c; k++)
+					se += exp(tern_tensor_get_f64(y, r * c + k) - mx);
+				right += best == label;
+				if (label >= 0 && label < c)
+					sum_loss += log(se) + mx - tern_tensor_get_f64(y, r * c + label);
+			}
+		} else {
+			int64_t per = tern_tensor_numel(y) / (m ? m : 1);
+			for (int64_t k = 0; k < tern_tensor_numel(y); k++) {
+				double d = tern_tensor_get_f64(y, k) - tern_tensor_get_f64(&v->target, start * per + k);
+				sum_loss += d * d / (double)per;
+			}
+			classes = false;
+		}
+	}
+	*loss = sum_loss / (double)v->rows;
+	if (classes)
+		*acc = right / (double)v->rows;
+	for (int i = 0; i < v->n_in; i++)
+		tern_tensor_free(&batch[i]);
+	free(batch);
+	free(rows);
+	tern_plan_free(plan);
+}
+
+static void free_val(struct val *v)
+{
+	for (int i = 0; i < v->n_in; i++)
+		tern_tensor_free(&v->in[i]);
+	free(v->in);
+	tern_tensor_free(&v->target);
+}
+
+int tern_run_train(const train_options *o, const tern_cli *cli, tern_model *model)
+{
+	tern_plan_options po = {.n_threads = o->threads};
+	tern_trainer *tr = NULL;
+	tern_cli_check(tern_trainer_create(model, &po, &tr));
+	int n = tern_trainer_num_inputs(tr);
+
+	/* the data: every input of the step from -i, NAME=FILE or in order */
+	tern_tensor *data = calloc((size_t)n + 1, sizeof *data), *batch = calloc((size_t)n + 1, sizeof *batch);
+	if (!data || !batch)
+		tern_cli_fail(TERN_EOS, "out of memory");
+	int next = 0;
+	for (int a = 0; a < o->n_input_args; a++) {
+		const char *arg = o->input_args[a], *eq = strchr(arg, '=');
+		int i = -1;
+		for (int k = 0; eq && k < n && i < 0; k++)
+			if (strlen(tern_trainer_input_name(tr, k)) == (size_t)(eq - arg) &&
+			    strncmp(tern_trainer_input_name(tr, k), arg, (size_t)(eq - arg)) == 0)
+				i = k;
+		const char *path = i >= 0 ? eq + 1 : arg;
+		if (i < 0) {
+			while (next < n && data[next].dtype)
+				next++;
+			if (next == n)
+				tern_cli_fail(TERN_EUSAGE, "-i %s: the training step has only %d inputs", arg, n);
+			i = next;
+		}
+		if (data[i].dtype)
+			tern_cli_fail(TERN_EUSAGE, "input '%s' is given twice", tern_trainer_input_name(tr, i));
+		tern_cli_check(tern_tensor_read_file(path, &data[i]));
+		if (data[i].rank < 1)
+			tern_cli_fail(TERN_EDATA, "%s: a scalar cannot be cut into batches (input '%s')", path,
+			              tern_trainer_input_name(tr, i));
+	}
+	int64_t rows = -1;
+	for (int i = 0; i < n; i++) {
+		if (!data[i].dtype)
+			tern_cli_fail(TERN_EDATA, "the training step's input '%s' has no data; give it with -i %s=FILE",
+			              tern_trainer_input_name(tr, i), tern_trainer_input_name(tr, i));
+		if (rows >= 0 && data[i].dims[0] != rows)
+			tern_cli_fail(TERN_EDATA, "the -i files disagree on the number of samples: '%s' has %lld, '%s' %lld",
+			              tern_trainer_input_name(tr, 0), (long long)rows, tern_trainer_input_name(tr, i),
+			              (long long)data[i].dims[0]);
+		rows = data[i].dims[0];
+	}
+	/* the batch: as asked, or the declared first dimension when it is fixed */
+	int64_t b = o->batch;
+	if (!b) {
+		int dt, rank;
+		int64_t dims[TERN_MAX_RANK];
+		tern_cli_check(tern_trainer_input_type(tr, 0, &dt, &rank, dims));
+		b = rank > 0 && dims[0] > 0 ? dims[0] : 32;
+		if (b > rows)
+			b = rows;
+	}
+	if (b > rows)
+		tern_cli_fail(TERN_EUSAGE, "--batch %lld is larger than the %lld samples", (long long)b, (long long)rows);
+	int64_t per_epoch = o->drop_last ? rows / b : (rows + b - 1) / b;
+	if (per_epoch < 1)
+		tern_cli_fail(TERN_EUSAGE, "no batch of %lld in %lld samples", (long long)b, (long long)rows);
+	int64_t total = o->steps ? o->steps : (o->epochs ? o->epochs : 1) * per_epoch;
+	int64_t step = tern_trainer_stored_step(tr);
+	if (step >= total)
+		tern_cli_verbose(0, "the model has taken %lld steps already (of %lld): nothing to do", (long long)step,
+		                 (long long)total);
+	else if (step)
+		tern_cli_verbose(1, "resuming at step %lld of %lld", (long long)step, (long long)total);
+	tern_cli_verbose(1, "%lld samples, batch %lld, %lld steps an epoch, %d threads", (long long)rows, (long long)b,
+	                 (long long)per_epoch, o->threads);
+
+	FILE *log = NULL;
+	if (o->log && !(log = fopen(o->log, step ? "a" : "w")))
+		tern_cli_fail(TERN_EIO, "%s: %s", o->log, strerror(errno));
+	int64_t log_every = o->log_every ? o->log_every : 1;
+	bool bar = isatty(STDERR_FILENO) && !cli->quiet;
+	struct sigaction sa = {.sa_handler = on_stop}, old_int, old_term;
+	sigemptyset(&sa.sa_mask);
+	sigaction(SIGINT, &sa, &old_int);
+	sigaction(SIGTERM, &sa, &old_term);
+
+	struct val val;
+	read_val(o, tr, model, &val);
+	int64_t *perm = malloc((size_t)rows * sizeof *perm), *take = malloc((size_t)b * sizeof *take);
+	if (!perm || !take)
+		tern_cli_fail(TERN_EOS, "out of memory");
+	int64_t perm_epoch = -1;
+	double t_start = now_s(), t_log = t_start, loss = NAN;
+	int64_t samples_since = 0, first = step;
+	for (; step < total && !stop_signal; step++) {
+		int64_t epoch = step / per_epoch, pos = step % per_epoch;
+		if (epoch != perm_epoch) {
+			epoch_order(perm, rows, o->seed, epoch, o->shuffle);
+			perm_epoch = epoch;
+		}
+		int64_t start = pos * b, m = start + b <= rows ? b : rows - start;
+		for (int64_t r = 0; r < m; r++)
+			take[r] = perm[start + r];
+		for (int i = 0; i < n; i++) {
+			tern_tensor_free(&batch[i]);
+			gather_rows(&data[i], take, m, &batch[i]);
+		}
+		tern_status st = tern_trainer_step(tr, batch, &loss);
+		if (st)
+			tern_cli_fail(st, "step %lld: %s", (long long)step + 1, tern_error());
+		if (!isfinite(loss))
+			tern_cli_fail(TERN_EDATA, "step %lld (epoch %lld): the loss is %g; nothing written", (long long)step + 1,
+			              (long long)epoch + 1, loss);
+		samples_since += m;
+		double now = now_s();
+		if (log && ((step + 1) % log_every == 0 || step + 1 == total)) {
+			double rate = samples_since / (now - t_log > 1e-9 ? now - t_log : 1e-9);
+			fprintf(log, "{\"step\": %lld, \"epoch\": %lld, \"loss\": %.9g, \"samples_per_s\": %.6g, \"lr\": %.9g}\n",
+			        (long long)step + 1, (long long)epoch + 1, loss, rate, tern_trainer_lr(tr));
+			fflush(log);
+			t_log = now;
+			samples_since = 0;
+		}
+		if (bar) {
+			double rate = (double)(step + 1 - first) * (double)b / (now - t_start > 1e-9 ? now - t_start : 1e-9);
+			progress(step + 1, total, loss, rate, (double)(total - step - 1) * (double)b / (rate > 0 ? rate : 1));
+		}
+		if (o->checkpoint_every && (step + 1) % o->checkpoint_every == 0 && step + 1 < total)
+			write_model(cli, tr, model);
+		if (val.rows && ((step + 1) % per_epoch == 0 || step + 1 == total)) {
+			/* the inference graph with the current parameters, on the validation data */
+			double vl, va;
+			tern_cli_check(tern_trainer_sync(tr));
+			validate(&val, model, o->threads, b, &vl, &va);
+			if (bar)
+				fputc('\n', stderr);
+			tern_cli_verbose(0, "epoch %lld: validation loss %.6g%s%.4g", (long long)epoch + 1, vl,
+			                 isnan(va) ? "" : ", accuracy ", isnan(va) ? 0.0 : va);
+			if (log) {
+				fprintf(log, "{\"step\": %lld, \"epoch\": %lld, \"val_loss\": %.9g", (long long)step + 1,
+				        (long long)epoch + 1, vl);
+				if (!isnan(va))
+					fprintf(log, ", \"val_accuracy\": %.6g", va);
+				fputs("}\n", log);
+				fflush(log);
+			}
+		}
+	}
+	if (bar)
+		fputc('\n', stderr);
+	sigaction(SIGINT, &old_int, NULL);
+	sigaction(SIGTERM, &old_term, NULL);
+	write_model(cli, tr, model);
+	tern_cli_verbose(0, "step %lld of %lld: loss %.6g", (long long)step, (long long)total, loss);
+	if (log && fclose(log) != 0)
+		tern_cli_fail(TERN_EIO, "%s: %s", o->log, strerror(errno));
+	for (int i = 0; i < n; i++) {
+		tern_tensor_free(&data[i]);
+		tern_tensor_free(&batch[i]);
+	}
+	free(data);
+	free(batch);
+	free(perm);
+	free(take);
+	free_val(&val);
+	tern_trainer_free(tr);
+	if (stop_signal == SIGINT)
+		return 130;
+	if (stop_signal == SIGTERM)
+		return 143;
+	return 0;
+}

@@ -1,0 +1,368 @@
+/* trainer.c — planned training steps: the inference graph and the algorithm graph of a model's
+ * TrainingInfoProto combined into one graph (as ONNX defines a training step), planned once like any
+ * graph, and run step after step.
+ *
+ * Every tensor that update_binding names (parameters, optimizer state, the step counter) is a
+ * caller-held tensor fed to the plan as an input rather than a constant, so that nothing computed
+ * from it is folded while planning; after a step its new value is copied into it. The combined
+ * graph's outputs are the algorithm's, so the inference graph's own outputs (and whatever only they
+ * need) are not computed. */
+#include "internal.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+struct tern_trainer {
+	tern_model *src; /* the model being trained: its initializers are written by tern_trainer_sync */
+	tern_model *step_model; /* the combined graph */
+	tern_plan *plan;
+	tern_plan_options opts;
+	int n_data; /* caller inputs: the inference graph's and the algorithm's, in that order */
+	int n_state; /* bound tensors, fed after the data */
+	char **state_names;
+	tern_tensor *state; /* their current values */
+	int *state_out; /* the plan output holding each one's next value */
+	int loss_out; /* the plan output of the loss (the algorithm's first output) */
+	tern_tensor *feed; /* the step model's inputs, in its order */
+	int *feed_from; /* for each: >= 0 the data input of that index, < 0 state -1 - s */
+	int *data_input; /* the step model input of each data input */
+	int n_feed;
+	int64_t steps_done;
+};
+
+static Onnx__StringStringEntryProto *const *bindings(const tern_model *m, size_t *n)
+{
+	const Onnx__TrainingInfoProto *ti = m->proto->n_training_info ? m->proto->training_info[0] : NULL;
+	*n = ti ? ti->n_update_binding : 0;
+	return ti ? ti->update_binding : NULL;
+}
+
+static const char *bound_value(const tern_model *m, const char *key)
+{
+	size_t n;
+	Onnx__StringStringEntryProto *const *b = bindings(m, &n);
+	for (size_t i = 0; i < n; i++)
+		if (b[i]->key && strcmp(b[i]->key, key) == 0)
+			return b[i]->value;
+	return NULL;
+}
+
+/* Appends copies of src[0..n) to *dst (packing each through the wire format). */
+#define APPEND_COPIES(TYPE, PREFIX, DST, NDST, SRC, NSRC)                                              \
+	do {                                                                                           \
+		TYPE **arr_ = realloc(DST, (NDST + NSRC + 1) * sizeof *arr_);                           \
+		if (!arr_)                                                                             \
+			return tern_errorf(TERN_EOS, "out of memory");                                 \
+		DST = arr_;                                                                            \
+		for (size_t i_ = 0; i_ < NSRC; i_++) {                                                 \
+			size_t sz_ = PREFIX##__get_packed_size(SRC[i_]);                               \
+			uint8_t *buf_ = malloc(sz_ ? sz_ : 1);                                         \
+			if (!buf_)                                                                     \
+				return tern_errorf(TERN_EOS, "out of memory");                         \
+			PREFIX##__pack(SRC[i_], buf_);                                                 \
+			TYPE *c_ = PREFIX##__unpack(NULL, sz_, buf_);                                  \
+			free(buf_);                                                                    \
+			if (!c_)                                                                       \
+				return tern_errorf(TERN_EOS, "out of memory");                         \
+			DST[NDST++] = c_;                                                              \
+		}                                                                                      \
+	} while (0)
+
+/* The combined graph, in the proto of a copy of the model: the algorithm's nodes, inputs and
+ * value_info appended; its outputs instead of the inference graph's; bound initializers turned into
+ * inputs. */
+static tern_status combine(Onnx__ModelProto *mp)
+{
+	Onnx__GraphProto *g = mp->graph;
+	const Onnx__TrainingInfoProto *ti = mp->training_info[0];
+	const Onnx__GraphProto *alg = ti->algorithm;
+	APPEND_COPIES(Onnx__NodeProto, onnx__node_proto, g->node, g->n_node, alg->node, alg->n_node);
+	APPEND_COPIES(Onnx__ValueInfoProto, onnx__value_info_proto, g->input, g->n_input, alg->input, alg->n_input);
+	APPEND_COPIES(Onnx__ValueInfoProto, onnx__value_info_proto, g->value_info, g->n_value_info, alg->value_info,
+	              alg->n_value_info);
+	APPEND_COPIES(Onnx__TensorProto, onnx__tensor_proto, g->initializer, g->n_initializer, alg->initializer,
+	              alg->n_initializer);
+	for (size_t i = 0; i < g->n_output; i++)
+		onnx__value_info_proto__free_unpacked(g->output[i], NULL);
+	g->n_output = 0;
+	APPEND_COPIES(Onnx__ValueInfoProto, onnx__value_info_proto, g->output, g->n_output, alg->output, alg->n_output);
+	/* bound initializers become inputs of their own type */
+	size_t k = 0;
+	for (size_t i = 0; i < g->n_initializer; i++) {
+		Onnx__TensorProto *t = g->initializer[i];
+		bool bound = false;
+		for (size_t b = 0; b < ti->n_update_binding && !bound; b++)
+			bound = t->name && strcmp(ti->update_binding[b]->key, t->name) == 0;
+		if (!bound) {
+			g->initializer[k++] = t;
+			continue;
+		}
+		/* an IR-3 file may list the initializer among the inputs already */
+		bool listed = false;
+		for (size_t j = 0; j < g->n_input && !listed; j++)
+			listed = g->input[j]->name && strcmp(g->input[j]->name, t->name) == 0;
+		if (!listed) {
+			tern_type ty;
+			tern_type_unknown(&ty);
+			ty.dtype = t->data_type;
+			ty.rank = (int)t->n_dims;
+			for (size_t d = 0; d < t->n_dims; d++)
+				ty.dims[d] = t->dims[d];
+			Onnx__ValueInfoProto *vi = calloc(1, sizeof *vi);
+			Onnx__ValueInfoProto **arr = realloc(g->input, (g->n_input + 1) * sizeof *arr);
+			if (arr)
+				g->input = arr;
+			if (!vi || !arr)
+				return tern_errorf(TERN_EOS, "out of memory");
+			onnx__value_info_proto__init(vi);
+			vi->name = tern_strdup(t->name);
+			vi->type = tern_type_to_proto(&ty);
+			g->input[g->n_input++] = vi;
+			if (!vi->name || !vi->type)
+				return tern_errorf(TERN_EOS, "out of memory");
+		}
+		onnx__tensor_proto__free_unpacked(t, &tern_pb_allocator);
+	}
+	g->n_initializer = k;
+	/* the step model has no training information of its own */
+	for (size_t i = 0; i < mp->n_training_info; i++)
+		onnx__training_info_proto__free_unpacked(mp->training_info[i], &tern_pb_allocator);
+	mp->n_training_info = 0;
+	return TERN_OK;
+}
+
+void tern_trainer_free(tern_trainer *t)
+{
+	if (!t)
+		return;
+	tern_plan_free(t->plan);
+	tern_model_free(t->step_model);
+	for (int i = 0; i < t->n_state; i++) {
+		tern_tensor_free(&t->state[i]);
+		free(t->state_names[i]);
+	}
+	free(t->state);
+	free(t->state_names);
+	free(t->state_out);
+	free(t->feed);
+	free(t->feed_from);
+	free(t->data_input);
+	free(t);
+}
+
+tern_status tern_trainer_create(tern_model *m, const tern_plan_options *opts, tern_trainer **out)
+{
+	*out = NULL;
+	size_t n_bind;
+	bindings(m, &n_bind);
+	if (!m->proto->n_training_info || !m->proto->training_info[0]->algorithm || !n_bind)
+		return tern_errorf(TERN_EDATA, "%s: the model has no training algorithm; make one with tern-autodiff",
+		                   m->source);
+	tern_trainer *t = calloc(1, sizeof *t);
+	if (!t)
+		return tern_errorf(TERN_EOS, "out of memory");
+	t->src = m;
+	t->opts = opts ? *opts : (tern_plan_options){.n_threads = 1};
+	void *bytes = NULL;
+	size_t size = 0;
+	tern_status st = tern_model_save_bytes(m, &bytes, &size);
+	Onnx__ModelProto *mp = st ? NULL : onnx__model_proto__unpack(NULL, size, bytes);
+	free(bytes);
+	if (!st && !mp)
+		st = tern_errorf(TERN_EOS, "out of memory");
+	if (!st)
+		st = combine(mp);
+	if (!st) {
+		size = onnx__model_proto__get_packed_size(mp);
+		bytes = malloc(size ? size : 1);
+		if (!bytes)
+			st = tern_errorf(TERN_EOS, "out of memory");
+		else
+			onnx__model_proto__pack(mp, bytes);
+	}
+	if (mp)
+		onnx__model_proto__free_unpacked(mp, &tern_pb_allocator);
+	if (!st)
+		st = tern_model_load_bytes(bytes, size, m->source, m->base_dir, &t->step_model);
+	free(bytes);
+	if (!st)
+		st = tern_model_validate(t->step_model);
+	if (st) {
+		tern_trainer_free(t);
+		return tern_error_prefix(st, "training step");
+	}
+	/* the state: every bound initializer of the model, in binding order */
+	Onnx__StringStringEntryProto *const *b = bindings(m, &n_bind);
+	t->state = calloc(n_bind + 1, sizeof *t->state);
+	t->state_names = calloc(n_bind + 1, sizeof *t->state_names);
+	t->state_out = calloc(n_bind + 1, sizeof *t->state_out);
+	if (!t->state || !t->state_names || !t->state_out)
+		st = tern_errorf(TERN_EOS, "out of memory");
+	for (size_t i = 0; !st && i < n_bind; i++) {
+		tern_value *v = tern_graph_find(m->graph, b[i]->key);
+		if (!v || !(v->flags & TERN_VALUE_INITIALIZER)) {
+			st = tern_errorf(TERN_EDATA, "%s: update_binding names '%s', which is not an initializer", m->source,
+			                 b[i]->key);
+			break;
+		}
+		st = tern_tensor_from_proto(v->initializer, m->base_dir, v->name, &t->state[i]);
+		if (!st && !(t->state_names[i] = tern_strdup(b[i]->key)))
+			st = tern_errorf(TERN_EOS, "out of memory");
+		t->n_state++;
+	}
+	/* the step model's inputs: data (not bound) in their order, and state, by name */
+	int n_in = st ? 0 : tern_model_num_inputs(t->step_model);
+	t->feed = calloc((size_t)n_in + 1, sizeof *t->feed);
+	t->feed_from = calloc((size_t)n_in + 1, sizeof *t->feed_from);
+	t->data_input = calloc((size_t)n_in + 1, sizeof *t->data_input);
+	if (!st && (!t->feed || !t->feed_from || !t->data_input))
+		st = tern_errorf(TERN_EOS, "out of memory");
+	for (int i = 0; !st && i < n_in; i++) {
+		const char *name = tern_model_input_name(t->step_model, i);
+		int s = -1;
+		for (int k = 0; k < t->n_state && s < 0; k++)
+			if (strcmp(t->state_names[k], name) == 0)
+				s = k;
+		if (s >= 0) {
+			t->feed_from[i] = -1 - s;
+		} else {
+			t->feed_from[i] = t->n_data;
+			t->data_input[t->n_data++] = i;
+		}
+	}
+	t->n_feed = n_in;
+	if (st) {
+		tern_trainer_free(t);
+		return st;
+	}
+	*out = t;
+	return TERN_OK;
+}
+
+int tern_trainer_num_inputs(const tern_trainer *t)
+{
+	return t->n_data;
+}
+
+const char *tern_trainer_input_name(const tern_trainer *t, int i)
+{
+	return tern_model_input_name(t->step_model, t->data_input[i]);
+}
+
+tern_status tern_trainer_input_type(tern_trainer *t, int i, int *dtype, int *rank, int64_t *dims)
+{
+	return tern_model_input_type(t->step_model, t->data_input[i], dtype, rank, dims, NULL);
+}
+
+/* Matches plan outputs to the bound names, once the plan exists. */
+static tern_status map_outputs(tern_trainer *t)
+{
+	int n_out = tern_plan_num_outputs(t->plan);
+	t->loss_out = 0;
+	for (int s = 0; s < t->n_state; s++) {
+		const char *want = bound_value(t->src, t->state_names[s]);
+		t->state_out[s] = -1;
+		for (int o = 0; o < n_out && t->state_out[s] < 0; o++)
+			if (strcmp(tern_plan_output_name(t->plan, o), want) == 0)
+				t->state_out[s] = o;
+		if (t->state_out[s] < 0)
+			return tern_errorf(TERN_EDATA, "%s: update_binding's value '%s' is not an output of the algorithm",
+			                   t->src->source, want);
+	}
+	return TERN_OK;
+}
+
+tern_status tern_trainer_step(tern_trainer *t, const tern_tensor *data, double *loss)
+{
+	for (int i = 0; i < t->n_feed; i++)
+		t->feed[i] = t->feed_from[i] >= 0 ? data[t->feed_from[i]] : t->state[-1 - t->feed_from[i]];
+	int n = t->n_feed;
+	tern_status st;
+	if (!t->plan) {
+		if ((st = tern_plan_create(t->step_model, &t->opts, t->feed, n, &t->plan)) || (st = map_outputs(t)))
+			return st;
+	}
+	if ((st = tern_plan_run(t->plan, t->feed, n)))
+		return st;
+	const tern_tensor *l = tern_plan_output(t->plan, t->loss_out);
+	if (loss)
+		*loss = l && l->data && tern_tensor_numel(l) >= 1 ? tern_tensor_get_f64(l, 0) : 0;
+	for (int s = 0; s < t->n_state; s++) {
+		const tern_tensor *nv = tern_plan_output(t->plan, t->state_out[s]);
+		if (nv->nbytes != t->state[s].nbytes || nv->dtype != t->state[s].dtype)
+			return tern_errorf(TERN_EDATA, "%s: the new value of '%s' is %zu bytes of %s, the old %zu bytes of %s",
+			                   t->src->source, t->state_names[s], nv->nbytes, tern_dtype_name(nv->dtype),
+			                   t->state[s].nbytes, tern_dtype_name(t->state[s].dtype));
+		memcpy(t->state[s].data, nv->data, nv->nbytes);
+	}
+	t->steps_done++;
+	return TERN_OK;
+}
+
+const tern_tensor *tern_trainer_state(const tern_trainer *t, const char *name)
+{
+	for (int s = 0; s < t->n_state; s++)
+		if (strcmp(t->state_names[s], name) == 0)
+			return &t->state[s];
+	return NULL;
+}
+
+tern_status tern_trainer_sync(tern_trainer *t)
+{
+	for (int s = 0; s < t->n_state; s++) {
+		tern_value *v = tern_graph_find(t->src->graph, t->state_names[s]);
+		Onnx__TensorProto *tp = v ? v->initializer : NULL;
+		if (!tp)
+			return tern_errorf(TERN_EINTERNAL, "'%s' is no longer an initializer", t->state_names[s]);
+		/* replace the stored bytes (mapped external data is read-only: it gets bytes of its own) */
+		Onnx__TensorProto *fresh = malloc(sizeof *fresh);
+		if (!fresh)
+			return tern_errorf(TERN_EOS, "out of memory");
+		onnx__tensor_proto__init(fresh);
+		tern_tensor named = t->state[s];
+		named.name = NULL;
+		tern_status st = tern_tensor_to_proto(&named, fresh);
+		if (st) {
+			onnx__tensor_proto__free_unpacked(fresh, NULL);
+			return st;
+		}
+		if (tp->has_raw_data && tp->raw_data.data)
+			tern_pb_allocator.free(NULL, tp->raw_data.data);
+		tp->raw_data = fresh->raw_data;
+		tp->has_raw_data = 1;
+		fresh->raw_data.data = NULL;
+		fresh->has_raw_data = 0;
+		onnx__tensor_proto__free_unpacked(fresh, NULL);
+		/* typed fields and an external location no longer describe it */
+		free(tp->float_data), tp->float_data = NULL, tp->n_float_data = 0;
+		free(tp->int64_data), tp->int64_data = NULL, tp->n_int64_data = 0;
+		free(tp->int32_data), tp->int32_data = NULL, tp->n_int32_data = 0;
+		free(tp->double_data), tp->double_data = NULL, tp->n_double_data = 0;
+		if (tp->has_data_location && tp->data_location == ONNX__TENSOR_PROTO__DATA_LOCATION__EXTERNAL) {
+			tp->has_data_location = 0;
+			tp->data_location = ONNX__TENSOR_PROTO__DATA_LOCATION__DEFAULT;
+			for (size_t k = 0; k < tp->n_external_data; k++)
+				onnx__string_string_entry_proto__free_unpacked(tp->external_data[k], NULL);
+			tp->n_external_data = 0;
+		}
+	}
+	return TERN_OK;
+}
+
+int64_t tern_trainer_stored_step(const tern_trainer *t)
+{
+	const tern_tensor *s = tern_trainer_state(t, "tern.step");
+	return s && s->data ? tern_tensor_get_i64(s, 0) : 0;
+}
+
+double tern_trainer_lr(const tern_trainer *t)
+{
+	/* tern-autodiff writes the step's learning rate as the algorithm's second output */
+	if (!t->plan || tern_plan_num_outputs(t->plan) < 2)
+		return NAN;
+	for (int s = 0; s < t->n_state; s++)
+		if (t->state_out[s] == 1)
+			return NAN;
+	const tern_tensor *lr = tern_plan_output(t->plan, 1);
+	return lr && lr->data && tern_tensor_numel(lr) == 1 ? tern_tensor_get_f64(lr, 0) : NAN;
+}
