@@ -51,6 +51,9 @@ proto=/usr/include/onnx/onnx.proto
 if [ ! "$build/gen/onnx.pb-c.c" -nt "$proto" ]; then
 	protoc-c --proto_path="$(dirname "$proto")" --c_out="$build/gen" "$proto"
 fi
+if [ ! "$build/gen/values.pb-c.c" -nt "$src/formats/values.proto" ]; then
+	protoc-c --proto_path="$src/formats" --proto_path="$(dirname "$proto")" --c_out="$build/gen" "$src/formats/values.proto"
+fi
 {
 	echo "#pragma once"
 	sed -n "s/^ *version: '\([^']*\)'.*/#define TERN_VERSION \"\1\"/p" "$src/meson.build"
@@ -71,11 +74,11 @@ CC = $cc
 CFLAGS = -g -O1 -std=c11 -D_GNU_SOURCE -fno-omit-frame-pointer $sanitize -w \\
 	-I$build/gen -I$src/lib -I$src $(pkg-config --cflags libcgraph libprotobuf-c)
 LIBS = $(pkg-config --libs libcgraph libprotobuf-c) -lm -lpthread
-OBJ = $build/obj/onnx.pb-c.o $(for f in $lib_sources; do printf '%s ' "$build/obj/${f%.c}.o"; done)
+OBJ = $build/obj/onnx.pb-c.o $build/obj/values.pb-c.o $(for f in $lib_sources; do printf '%s ' "$build/obj/${f%.c}.o"; done)
 
 all: $build/fuzz_text $build/fuzz_onnx $build/seed_text
 
-$build/obj/onnx.pb-c.o: $build/gen/onnx.pb-c.c
+$build/obj/%.pb-c.o: $build/gen/%.pb-c.c
 	@mkdir -p \$(@D)
 	\$(CC) \$(CFLAGS) -fsanitize=fuzzer-no-link -MMD -c \$< -o \$@
 
