@@ -18,6 +18,7 @@ struct show {
 	const struct format *format;
 	int weights;
 	int infer; /* --infer-shapes */
+	int training; /* --training */
 	tern_cli_dims dims;
 };
 
@@ -62,7 +63,7 @@ static const struct format formats[] = {
         {"stats", 0, write_stats}, {"plan", 0, write_plan},
 };
 
-enum { OPT_TEXT = 256, OPT_ONNX, OPT_DOT, OPT_STATS, OPT_INFER, OPT_DIM };
+enum { OPT_TEXT = 256, OPT_ONNX, OPT_DOT, OPT_STATS, OPT_INFER, OPT_DIM, OPT_TRAINING };
 
 static const struct argp_option options[] = {
         {"format", 'f', "FORMAT", 0, "text (the default), onnx, dot, stats or plan", 0},
@@ -76,6 +77,8 @@ static const struct argp_option options[] = {
          "edges with them)",
          0},
         {"dim", OPT_DIM, "NAME=N", 0, "make symbolic dimension NAME static, of size N, first (repeatable)", 0},
+        {"training", OPT_TRAINING, NULL, 0,
+         "show the training step (the inference graph and the training algorithm combined) instead", 0},
         {0},
 };
 
@@ -102,6 +105,7 @@ static error_t parse_option(int key, char *arg, struct argp_state *state)
 	case 'w': show->weights = 1; return 0;
 	case OPT_INFER: show->infer = 1; return 0;
 	case OPT_DIM: tern_cli_parse_dim(&show->dims, arg, state); return 0;
+	case OPT_TRAINING: show->training = 1; return 0;
 	default: return ARGP_ERR_UNKNOWN;
 	}
 }
@@ -126,6 +130,13 @@ int main(int argc, char **argv)
 
 	FILE *out = tern_cli_open_output(&cli, show.format->binary);
 	tern_model *model = tern_cli_load(&cli);
+	if (show.training) {
+		tern_model *step = NULL;
+		tern_status st = tern_model_training_step(model, &step);
+		tern_model_free(model);
+		tern_cli_check(st);
+		model = step;
+	}
 	if (show.dims.n)
 		tern_cli_check(tern_model_bind_dims(model, show.dims.names, show.dims.values, show.dims.n));
 	if (show.infer || show.format->write == write_dot) {

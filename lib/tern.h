@@ -336,6 +336,9 @@ tern_status tern_model_add_training(tern_model *model, const tern_train_options 
  * algorithm combined and planned once (at the first step); parameters and optimizer state are held
  * by the trainer, fed to each step and replaced by their new values. */
 typedef struct tern_trainer tern_trainer;
+/* The training step as a model of its own: the inference graph and the algorithm combined, its
+ * outputs the algorithm's, every bound initializer (parameter, state) a graph input. */
+tern_status tern_model_training_step(tern_model *model, tern_model **out);
 tern_status tern_trainer_create(tern_model *model, const tern_plan_options *opts, tern_trainer **out);
 void tern_trainer_free(tern_trainer *trainer);
 /* The step's data inputs (the inference graph's, then the algorithm's, such as the target). */

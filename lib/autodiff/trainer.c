@@ -131,6 +131,42 @@ static tern_status combine(Onnx__ModelProto *mp)
 	return TERN_OK;
 }
 
+tern_status tern_model_training_step(tern_model *m, tern_model **out)
+{
+	*out = NULL;
+	if (!m->proto->n_training_info || !m->proto->training_info[0]->algorithm)
+		return tern_errorf(TERN_EDATA, "%s: the model has no training algorithm; make one with tern-autodiff",
+		                   m->source);
+	void *bytes = NULL;
+	size_t size = 0;
+	tern_status st = tern_model_save_bytes(m, &bytes, &size);
+	Onnx__ModelProto *mp = st ? NULL : onnx__model_proto__unpack(NULL, size, bytes);
+	free(bytes);
+	bytes = NULL;
+	if (!st && !mp)
+		st = tern_errorf(TERN_EOS, "out of memory");
+	if (!st)
+		st = combine(mp);
+	if (!st) {
+		size = onnx__model_proto__get_packed_size(mp);
+		bytes = malloc(size ? size : 1);
+		if (!bytes)
+			st = tern_errorf(TERN_EOS, "out of memory");
+		else
+			onnx__model_proto__pack(mp, bytes);
+	}
+	if (mp)
+		onnx__model_proto__free_unpacked(mp, &tern_pb_allocator);
+	if (!st)
+		st = tern_model_load_bytes(bytes, size, m->source, m->base_dir, out);
+	free(bytes);
+	if (!st && (st = tern_model_validate(*out))) {
+		tern_model_free(*out);
+		*out = NULL;
+	}
+	return st ? tern_error_prefix(st, "training step") : TERN_OK;
+}
+
 void tern_trainer_free(tern_trainer *t)
 {
 	if (!t)
@@ -163,33 +199,10 @@ tern_status tern_trainer_create(tern_model *m, const tern_plan_options *opts, te
 		return tern_errorf(TERN_EOS, "out of memory");
 	t->src = m;
 	t->opts = opts ? *opts : (tern_plan_options){.n_threads = 1};
-	void *bytes = NULL;
-	size_t size = 0;
-	tern_status st = tern_model_save_bytes(m, &bytes, &size);
-	Onnx__ModelProto *mp = st ? NULL : onnx__model_proto__unpack(NULL, size, bytes);
-	free(bytes);
-	if (!st && !mp)
-		st = tern_errorf(TERN_EOS, "out of memory");
-	if (!st)
-		st = combine(mp);
-	if (!st) {
-		size = onnx__model_proto__get_packed_size(mp);
-		bytes = malloc(size ? size : 1);
-		if (!bytes)
-			st = tern_errorf(TERN_EOS, "out of memory");
-		else
-			onnx__model_proto__pack(mp, bytes);
-	}
-	if (mp)
-		onnx__model_proto__free_unpacked(mp, &tern_pb_allocator);
-	if (!st)
-		st = tern_model_load_bytes(bytes, size, m->source, m->base_dir, &t->step_model);
-	free(bytes);
-	if (!st)
-		st = tern_model_validate(t->step_model);
+	tern_status st = tern_model_training_step(m, &t->step_model);
 	if (st) {
 		tern_trainer_free(t);
-		return tern_error_prefix(st, "training step");
+		return st;
 	}
 	/* the state: every bound initializer of the model, in binding order */
 	Onnx__StringStringEntryProto *const *b = bindings(m, &n_bind);

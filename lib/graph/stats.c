@@ -173,8 +173,59 @@ static void print_footer(FILE *f, const tern_model *model)
 			            fn->n_nodes == 1 ? " node" : " nodes");
 		}
 	}
-	for (size_t i = 0; i < mp->n_training_info; i++)
-		fprintf(f, "%-12s %zu parameter updates\n", "training", mp->training_info[i]->n_update_binding);
+	for (size_t i = 0; i < mp->n_training_info; i++) {
+		const Onnx__TrainingInfoProto *ti = mp->training_info[i];
+		/* what the updates are: parameters (the P of an optimizer node) and everything else bound */
+		size_t n_params = 0, n_state = 0;
+		uint64_t param_values = 0, param_bytes = 0, state_bytes = 0;
+		const Onnx__NodeProto *opt = NULL;
+		for (size_t b = 0; b < ti->n_update_binding; b++) {
+			const char *key = ti->update_binding[b]->key;
+			const tern_value *v = key ? tern_graph_find(model->graph, key) : NULL;
+			const Onnx__TensorProto *t = v ? v->initializer : NULL;
+			if (!t)
+				continue;
+			uint64_t n = 1;
+			for (size_t d = 0; d < t->n_dims; d++)
+				n *= (uint64_t)t->dims[d];
+			uint64_t bytes = n * tern_dtype_size(t->data_type);
+			bool param = false;
+			const Onnx__GraphProto *alg = ti->algorithm;
+			for (size_t k = 0; alg && k < alg->n_node && !param; k++) {
+				const Onnx__NodeProto *nd = alg->node[k];
+				if (!nd->domain || strcmp(nd->domain, "tern") || (strcmp(nd->op_type, "SGD") && strcmp(nd->op_type, "Adam") &&
+				                                                  strcmp(nd->op_type, "Adagrad")))
+					continue;
+				size_t p = strcmp(nd->op_type, "SGD") == 0 ? 1 : 2;
+				if (nd->n_input > p && strcmp(nd->input[p], key) == 0) {
+					param = true;
+					opt = nd;
+				}
+			}
+			if (param) {
+				n_params++;
+				param_values += n;
+				param_bytes += bytes;
+			} else {
+				n_state++;
+				state_bytes += bytes;
+			}
+		}
+		fprintf(f, "%-12s %zu parameters (%llu values, %.3f MB), %zu state tensors (%.3f MB)\n", "training",
+		        n_params, (unsigned long long)param_values, (double)param_bytes / 1e6, n_state,
+		        (double)state_bytes / 1e6);
+		if (opt) {
+			fprintf(f, "%-12s tern.%s", "optimizer", opt->op_type);
+			for (size_t a = 0; a < opt->n_attribute; a++) {
+				const Onnx__AttributeProto *at = opt->attribute[a];
+				if (at->type == ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__FLOAT)
+					fprintf(f, " %s=%g", at->name, at->f);
+				else if (at->type == ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__INT)
+					fprintf(f, " %s=%lld", at->name, (long long)at->i);
+			}
+			fputc('\n', f);
+		}
+	}
 	size_t annotations = 0;
 	for (size_t i = 0; i < mp->n_metadata_props; i++)
 		if (!strncmp(mp->metadata_props[i]->key, "tern.", 5)) {
