@@ -138,6 +138,12 @@ int main(int argc, char **argv)
 	tern_cli_check(tern_model_add_training(m, t, &s));
 	tern_cli_verbose(1, "%d parameters (%lld values), %d optimizer state tensors", s.n_params,
 	                 (long long)s.param_elems, s.n_state);
+	if (s.batchnorm_training)
+		tern_cli_verbose(1, "%d BatchNormalization nodes train on batch statistics", s.batchnorm_training);
+	if (s.batchnorm_inference)
+		tern_cli_warn("%d BatchNormalization nodes stay in inference mode: the model's opset is below 14, which "
+		              "has no training_mode",
+		              s.batchnorm_inference);
 	tern_cli_write_model(out, m);
 	tern_model_free(m);
 	free(opts.params);

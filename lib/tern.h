@@ -325,6 +325,8 @@ typedef struct tern_train_options {
 typedef struct tern_train_summary {
 	int n_params, n_state;
 	int64_t param_elems;
+	int batchnorm_training; /* BatchNormalization nodes that train on batch statistics */
+	int batchnorm_inference; /* those left in inference mode (opset < 14 has no training_mode) */
 } tern_train_summary;
 /* Adds an ONNX TrainingInfoProto whose algorithm graph is one training step (a training-mode copy of
  * the forward computation, the loss, the backward pass, the updates); optimizer state becomes zero

@@ -377,6 +377,46 @@ tern_status tern_model_add_training(tern_model *m, const tern_train_options *o, 
 		if (!out)
 			st = tern_errorf(TERN_EUSAGE, "%s: the graph has no output '%s'", m->source, name ? name : "");
 	}
+	int bn_kept = 0, bn_trained = 0;
+	/* training mode: BatchNormalization normalises with the batch's statistics and its running
+	 * statistics become bound state (ONNX's momentum: new = old momentum + batch (1 - momentum)) */
+	for (size_t i = 0, n_nodes = ag->n_nodes; !st && i < n_nodes; i++) {
+		tern_node *n = ag->nodes[i];
+		if (n->removed || !tern_pass_is(n, "BatchNormalization") || n->n_inputs < 5 || !n->outputs[0] ||
+		    tern_attr_int(n, "training_mode", 0))
+			continue;
+		if (n->opset < 14) {
+			/* before opset 14 there is no training_mode: it stays an affine map of its statistics */
+			bn_kept++;
+			continue;
+		}
+		tern_value *mean = n->inputs[3], *var = n->inputs[4];
+		if (!(mean->flags & TERN_VALUE_INITIALIZER) || !(var->flags & TERN_VALUE_INITIALIZER))
+			continue;
+		char mean_name[512], var_name[512];
+		snprintf(mean_name, sizeof mean_name, "train/%s.running", mean->name);
+		snprintf(var_name, sizeof var_name, "train/%s.running", var->name);
+		const char *ins[5];
+		for (int k = 0; k < 5; k++)
+			ins[k] = n->inputs[k]->name;
+		char *y = tern_strdup(n->outputs[0]->name);
+		const char *outs3[3] = {y, mean_name, var_name};
+		float eps = tern_attr_float(n, "epsilon", 1e-5f), mom = tern_attr_float(n, "momentum", 0.9f);
+		char *name = tern_strdup(n->name);
+		tern_graph_remove_node(ag, n);
+		tern_node *bn = y && name ? tern_graph_add_node(ag, "BatchNormalization", "", name, ins, 5, outs3, 3) : NULL;
+		free(y);
+		free(name);
+		if (!bn || tern_node_add_attr_float(bn, "epsilon", eps) || tern_node_add_attr_float(bn, "momentum", mom) ||
+		    tern_node_add_attr_int(bn, "training_mode", 1) || bind(&plan, mean->name, mean_name) ||
+		    bind(&plan, var->name, var_name)) {
+			st = tern_errorf(TERN_EOS, "out of memory");
+			break;
+		}
+		bn->outputs[1]->type = mean->type;
+		bn->outputs[2]->type = var->type;
+		bn_trained++;
+	}
 	if (!st) {
 		st = tern_model_infer_shapes(a, 0, NULL, NULL);
 	}
@@ -415,7 +455,7 @@ tern_status tern_model_add_training(tern_model *m, const tern_train_options *o, 
 			st = tern_g_status(&gc);
 	}
 	/* the step counter: t = step + 1 is the step being taken */
-	const char **outs = calloc((size_t)(4 * n_params + 8), sizeof *outs);
+	const char **outs = calloc((size_t)(4 * n_params + 8) + 2 * plan.n, sizeof *outs);
 	size_t n_outs = 0;
 	tern_gval *t = NULL;
 	if (!outs && !st)
@@ -522,8 +562,18 @@ tern_status tern_model_add_training(tern_model *m, const tern_train_options *o, 
 			}
 		}
 	}
-	for (size_t i = 0; !st && i < n_outs; i++)
-		st = tern_graph_add_output(ag, tern_graph_find(ag, outs[i]));
+	/* every bound value is an output (the running statistics were bound before the loss existed) */
+	for (size_t b = 0; !st && b < plan.n; b++) {
+		bool listed = false;
+		for (size_t i = 0; i < n_outs && !listed; i++)
+			listed = strcmp(outs[i], plan.b[b].value) == 0;
+		if (!listed)
+			outs[n_outs++] = plan.b[b].value;
+	}
+	for (size_t i = 0; !st && i < n_outs; i++) {
+		tern_value *v = tern_graph_find(ag, outs[i]);
+		st = v ? tern_graph_add_output(ag, v) : tern_errorf(TERN_EINTERNAL, "no value '%s'", outs[i]);
+	}
 
 	/* the algorithm graph: the copy's graph less what the main graph holds, forward values renamed */
 	Onnx__GraphProto *alg = NULL;
@@ -605,6 +655,8 @@ tern_status tern_model_add_training(tern_model *m, const tern_train_options *o, 
 		summary->n_params = n_params;
 		summary->n_state = (int)plan.n_state;
 		summary->param_elems = 0;
+		summary->batchnorm_training = bn_trained;
+		summary->batchnorm_inference = bn_kept;
 		for (int i = 0; i < n_params; i++)
 			summary->param_elems += tern_numel(params[i]->type.rank, params[i]->type.dims);
 	}
