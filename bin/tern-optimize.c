@@ -6,7 +6,7 @@
 #include <errno.h>
 #include <stdlib.h>
 
-enum { OPT_PASSES = 256, OPT_LIST, OPT_STATS, OPT_DIM };
+enum { OPT_PASSES = 256, OPT_LIST, OPT_STATS, OPT_DIM, OPT_DROP_TRAINING };
 
 typedef struct options {
 	int level;
@@ -16,6 +16,7 @@ typedef struct options {
 	int list;
 	int stats;
 	tern_cli_dims dims;
+	int drop_training;
 } options;
 
 static const struct argp_option option_table[] = {
@@ -27,6 +28,10 @@ static const struct argp_option option_table[] = {
         {"list-passes", OPT_LIST, NULL, 0, "list the passes with their level and what they do, and exit", 0},
         {"stats", OPT_STATS, NULL, 0, "print on standard error what each pass changed and how long it took", 0},
         {"dim", OPT_DIM, "NAME=N", 0, "make symbolic dimension NAME static, of size N (repeatable)", 0},
+        {"drop-training", OPT_DROP_TRAINING, NULL, 0,
+         "drop the training algorithm and optimizer state (tern-autodiff's), then optimise the inference graph; "
+         "without it a model that carries one is written as read",
+         0},
         {0},
 };
 
@@ -52,6 +57,7 @@ static error_t parse_option(int key, char *arg, struct argp_state *state)
 	case OPT_LIST: o->list = 1; return 0;
 	case OPT_STATS: o->stats = 1; return 0;
 	case OPT_DIM: tern_cli_parse_dim(&o->dims, arg, state); return 0;
+	case OPT_DROP_TRAINING: o->drop_training = 1; return 0;
 	default: return ARGP_ERR_UNKNOWN;
 	}
 }
@@ -115,6 +121,15 @@ int main(int argc, char **argv)
 	}
 	FILE *out = tern_cli_open_output(&cli, 1);
 	tern_model *m = tern_cli_load(&cli);
+	if (opts.drop_training) {
+		int dropped = tern_model_drop_training(m);
+		if (dropped)
+			tern_cli_verbose(1, "dropped the training algorithm (%d optimizer state tensors)", dropped);
+	} else if (tern_model_has_training(m)) {
+		tern_cli_warn("%s carries a training algorithm, which reads the inference graph by name: written as read "
+		              "(--drop-training optimises it for inference)",
+		              tern_model_source(m));
+	}
 	size_t before = live_nodes(m);
 	tern_optimize_options o = {opts.level,     opts.passes,     opts.n_passes,
 	                           opts.dims.names, opts.dims.values, opts.dims.n};

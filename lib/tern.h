@@ -334,6 +334,11 @@ typedef struct tern_train_summary {
  * The inference graph is unchanged. summary may be NULL. */
 tern_status tern_model_add_training(tern_model *model, const tern_train_options *opts, tern_train_summary *summary);
 
+/* Whether the model carries a training algorithm (ONNX TrainingInfoProto). */
+int tern_model_has_training(const tern_model *model);
+/* Removes it, with the initializers only it reads (optimizer state, the step counter); returns how
+ * many initializers went. */
+int tern_model_drop_training(tern_model *model);
 /* Planned training steps on a model that carries a training algorithm: the inference graph and the
  * algorithm combined and planned once (at the first step); parameters and optimizer state are held
  * by the trainer, fed to each step and replaced by their new values. */

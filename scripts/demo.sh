@@ -1,7 +1,10 @@
 #!/bin/sh
-# demo.sh — tern's main job on the built-in example, on a fresh machine: installs what is missing,
-# builds, then loads the example model, shows it as text and statistics, draws it with Graphviz and
-# runs it on the CPU. Output files go to demo-out/ (or the folder given as $1).
+# demo.sh — tern's main job on a fresh machine: installs what is missing, builds, then runs the whole
+# pipeline on real data that a package ships (scikit-learn's handwritten digits, no download):
+# a small CNN exported from PyTorch is made trainable (tern-autodiff), trained from the shell
+# (tern-run --train), optimised (tern-optimize), scheduled on several streams (tern-schedule), drawn
+# (tern-show -f dot) and run on the test digits, whose accuracy is printed. Output files go to
+# demo-out/ (or the folder given as $1).
 set -eu
 cd "$(dirname "$0")/.."
 scripts/setup.sh >&2
@@ -10,12 +13,20 @@ ninja -C build >/dev/null
 out=${1:-demo-out}
 mkdir -p "$out"
 PATH="$PWD/build/bin:$PATH"
+py=.venv/bin/python
 
 set -x
-tern-show -f onnx -o "$out/mlp.onnx" scripts/example/mlp.onnxtxt
-tern-show -f stats "$out/mlp.onnx"
-tern-show "$out/mlp.onnx"
-tern-show -f dot "$out/mlp.onnx" | dot -Tsvg -o "$out/mlp.svg"
-tern-run --random --seed 1 --dim N=2 --print "$out/mlp.onnx"
+$py scripts/digits.py data "$out"
+$py scripts/digits.py model "$out/cnn.onnx"
+tern-show -f stats "$out/cnn.onnx"
+tern-autodiff --loss cross-entropy --target label --optimizer adam --lr 3e-3 --lr-schedule cosine:675 \
+	"$out/cnn.onnx" -o "$out/train.onnx"
+tern-run --train "$out/train.onnx" -i x="$out/x_train.npy" -i label="$out/y_train.npy" --batch 32 --epochs 15 \
+	--shuffle --val x="$out/x_test.npy" --val label="$out/y_test.npy" --log "$out/train.jsonl" -o "$out/trained.onnx"
+tern-optimize --drop-training --dim N=359 "$out/trained.onnx" -o "$out/opt.onnx"
+tern-schedule "$out/opt.onnx" -o "$out/sched.onnx"
+tern-show -f dot "$out/sched.onnx" | dot -Tsvg -o "$out/cnn.svg"
+tern-run --threads 2 -i x="$out/x_test.npy" -O "$out/test" "$out/sched.onnx"
+$py scripts/digits.py accuracy "$out/test/logits.npy" "$out/y_test.npy"
 set +x
-echo "demo: wrote $out/mlp.onnx and $out/mlp.svg" >&2
+echo "demo: trained $out/trained.onnx (test accuracy above), drew $out/cnn.svg, log in $out/train.jsonl" >&2

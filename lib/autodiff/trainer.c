@@ -379,3 +379,31 @@ double tern_trainer_lr(const tern_trainer *t)
 	const tern_tensor *lr = tern_plan_output(t->plan, 1);
 	return lr && lr->data && tern_tensor_numel(lr) == 1 ? tern_tensor_get_f64(lr, 0) : NAN;
 }
+
+int tern_model_has_training(const tern_model *m)
+{
+	return m->proto->n_training_info > 0;
+}
+
+int tern_model_drop_training(tern_model *m)
+{
+	Onnx__ModelProto *mp = m->proto;
+	if (!mp->n_training_info)
+		return 0;
+	/* the bound initializers that no inference node reads */
+	int dropped = 0;
+	for (size_t t = 0; t < mp->n_training_info; t++) {
+		const Onnx__TrainingInfoProto *ti = mp->training_info[t];
+		for (size_t b = 0; b < ti->n_update_binding; b++) {
+			tern_value *v = tern_graph_find(m->graph, ti->update_binding[b]->key);
+			if (!v || !(v->flags & TERN_VALUE_INITIALIZER) || v->n_consumers || (v->flags & TERN_VALUE_OUTPUT))
+				continue;
+			tern_graph_drop_initializer(m->graph, v);
+			dropped++;
+		}
+	}
+	for (size_t t = 0; t < mp->n_training_info; t++)
+		onnx__training_info_proto__free_unpacked(mp->training_info[t], &tern_pb_allocator);
+	mp->n_training_info = 0;
+	return dropped;
+}

@@ -355,6 +355,23 @@ static tern_status append_value_info(Onnx__ValueInfoProto ***list, size_t *n, co
 	return TERN_OK;
 }
 
+void tern_graph_drop_initializer(tern_graph *g, tern_value *v)
+{
+	Onnx__GraphProto *gp = g->proto;
+	if (!(v->flags & TERN_VALUE_INITIALIZER) || (v->flags & TERN_VALUE_INPUT))
+		return;
+	for (size_t i = 0; i < gp->n_initializer; i++)
+		if (gp->initializer[i] == v->initializer) {
+			onnx__tensor_proto__free_unpacked(gp->initializer[i], &tern_pb_allocator);
+			memmove(&gp->initializer[i], &gp->initializer[i + 1],
+			        (gp->n_initializer - i - 1) * sizeof *gp->initializer);
+			gp->n_initializer--;
+			break;
+		}
+	v->flags &= ~(unsigned)TERN_VALUE_INITIALIZER;
+	v->initializer = NULL;
+}
+
 tern_value *tern_graph_add_input(tern_graph *g, const char *name, const tern_type *t)
 {
 	tern_value *v = tern_graph_value(g, name);

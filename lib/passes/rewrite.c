@@ -239,19 +239,9 @@ tern_value *tern_pass_add_ints(tern_pass_ctx *c, const char *stem, const int64_t
 
 void tern_pass_drop_initializer(tern_pass_ctx *c, tern_value *v)
 {
-	Onnx__GraphProto *gp = c->graph->proto;
 	if (!(v->flags & TERN_VALUE_INITIALIZER) || (v->flags & TERN_VALUE_INPUT))
 		return;
-	for (size_t i = 0; i < gp->n_initializer; i++)
-		if (gp->initializer[i] == v->initializer) {
-			onnx__tensor_proto__free_unpacked(gp->initializer[i], &tern_pb_allocator);
-			memmove(&gp->initializer[i], &gp->initializer[i + 1],
-			        (gp->n_initializer - i - 1) * sizeof *gp->initializer);
-			gp->n_initializer--;
-			break;
-		}
-	v->flags &= ~(unsigned)TERN_VALUE_INITIALIZER;
-	v->initializer = NULL;
+	tern_graph_drop_initializer(c->graph, v);
 	if ((size_t)v->index < c->n_data && c->data[v->index]) {
 		tern_tensor_free(c->data[v->index]);
 		free(c->data[v->index]);

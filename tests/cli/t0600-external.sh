@@ -10,16 +10,6 @@ pack() { # FORMAT-CHAR VALUES...
 	python3 -c 'import struct, sys; f = sys.argv[1]; v = sys.argv[2:]; sys.stdout.buffer.write(struct.pack("<%d%s" % (len(v), f), *[(float if f == "f" else int)(x) for x in v]))' "$@"
 }
 
-# A float32 .npy file: npy SHAPE VALUES... (SHAPE like 1,2).
-npy() {
-	python3 -c 'import struct, sys
-shape = tuple(int(d) for d in sys.argv[1].split(","))
-h = "{\x27descr\x27: \x27<f4\x27, \x27fortran_order\x27: False, \x27shape\x27: %r, }" % (shape,)
-h += " " * ((64 - (10 + len(h) + 1) % 64) % 64) + "\n"
-v = [float(x) for x in sys.argv[2:]]
-sys.stdout.buffer.write(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(h)) + h.encode() + struct.pack("<%df" % len(v), *v))' "$@"
-}
-
 test_expect_success 'set up a graph whose weights live in a data file' '
 	mkdir src &&
 	pack f 0.5 -1 2 0.25 1.5 -0.75 >src/w.bin &&

@@ -58,6 +58,16 @@ command -v dot >/dev/null 2>&1 && test_set_prereq DOT
 command -v script >/dev/null 2>&1 && test_set_prereq SCRIPT
 test -w /dev/full 2>/dev/null && test_set_prereq DEVFULL
 
+# A float32 .npy file from numbers, without numpy: npy SHAPE VALUES... (SHAPE like 1,2).
+npy() {
+	python3 -c 'import struct, sys
+shape = tuple(int(d) for d in sys.argv[1].split(","))
+h = "{\x27descr\x27: \x27<f4\x27, \x27fortran_order\x27: False, \x27shape\x27: %r, }" % (shape,)
+h += " " * ((64 - (10 + len(h) + 1) % 64) % 64) + "\n"
+v = [float(x) for x in sys.argv[2:]]
+sys.stdout.buffer.write(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(h)) + h.encode() + struct.pack("<%df" % len(v), *v))' "$@"
+}
+
 # Runs one test body in a subshell in the trash directory; its output goes to the log (and to the
 # terminal with -v) as TAP comments.
 test_run_() {
