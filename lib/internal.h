@@ -217,6 +217,9 @@ tern_value *tern_graph_value(tern_graph *g, const char *name);
 /* A name not yet used in the model, from a stem ("conv1_fused" -> "conv1_fused", "conv1_fused_1"). */
 char *tern_graph_unique_name(tern_graph *g, const char *stem);
 
+/* Reorders g->nodes topologically, keeping the current order wherever it already is one (removed
+ * nodes last, for tern_model_sync to free). */
+tern_status tern_graph_stable_order(tern_graph *g);
 /* Nodes in topological order (a new array, *out malloc'd); TERN_EDATA naming a node on a cycle. */
 tern_status tern_graph_toposort(tern_graph *g, tern_node ***out, size_t *n);
 

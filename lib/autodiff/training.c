@@ -43,6 +43,51 @@ static bool running_statistic(const tern_value *v)
 	return true;
 }
 
+/* Replaces BatchNormalization node n by one in the given mode: inference (one output) or training
+ * (also the running statistics, as out_mean and out_var). */
+static tern_node *rebuild_batchnorm(tern_graph *g, tern_node *n, bool training, const char *out_mean,
+                                    const char *out_var)
+{
+	const char *ins[5];
+	for (int k = 0; k < 5; k++)
+		ins[k] = n->inputs[k]->name;
+	char *y = tern_strdup(n->outputs[0]->name), *name = tern_strdup(n->name);
+	const char *outs[3] = {y, out_mean, out_var};
+	float eps = tern_attr_float(n, "epsilon", 1e-5f), mom = tern_attr_float(n, "momentum", 0.9f);
+	tern_graph_remove_node(g, n);
+	tern_node *bn = y && name ? tern_graph_add_node(g, "BatchNormalization", "", name, ins, 5, outs, training ? 3 : 1)
+	                          : NULL;
+	free(y);
+	free(name);
+	if (!bn || tern_node_add_attr_float(bn, "epsilon", eps) || tern_node_add_attr_float(bn, "momentum", mom) ||
+	    (training && tern_node_add_attr_int(bn, "training_mode", 1)))
+		return NULL;
+	return bn;
+}
+
+/* A model exported in training mode (PyTorch's TrainingMode.TRAINING) has BatchNormalization in
+ * training mode in its inference graph: the inference graph must infer, so it goes back to inference
+ * mode there (its running-statistics outputs were never the graph's). */
+static tern_status inference_mode(tern_model *m)
+{
+	tern_graph *g = m->graph;
+	bool changed = false;
+	for (size_t i = 0, n_nodes = g->n_nodes; i < n_nodes; i++) {
+		tern_node *n = g->nodes[i];
+		if (n->removed || !tern_pass_is(n, "BatchNormalization") || n->n_inputs < 5 ||
+		    !tern_attr_int(n, "training_mode", 0))
+			continue;
+		for (size_t o = 1; o < n->n_outputs; o++)
+			if (n->outputs[o] && (n->outputs[o]->n_consumers || (n->outputs[o]->flags & TERN_VALUE_OUTPUT)))
+				return tern_node_errorf(n, TERN_EDATA, "the running statistics of a training-mode "
+				                        "BatchNormalization are read in the inference graph");
+		if (!rebuild_batchnorm(g, n, false, NULL, NULL))
+			return tern_errorf(TERN_EOS, "out of memory");
+		changed = true;
+	}
+	return changed ? tern_graph_stable_order(g) : TERN_OK;
+}
+
 /* ---------------------------------------------------------------- the loss */
 
 static tern_gval *mean_all(tern_grad_ctx *g, tern_gval *x)
@@ -335,11 +380,13 @@ tern_status tern_model_add_training(tern_model *m, const tern_train_options *o, 
 		                   o->n_params || o->n_freeze ? " matching --params and not --freeze" : "");
 	}
 
-	/* the algorithm model: a copy of this one, to which the step is added */
+	/* the algorithm model: a copy of this one (in inference mode), to which the step is added */
 	void *bytes = NULL;
 	size_t size = 0;
 	tern_model *a = NULL;
-	tern_status st = tern_model_save_bytes(m, &bytes, &size);
+	tern_status st = inference_mode(m);
+	if (!st)
+		st = tern_model_save_bytes(m, &bytes, &size);
 	if (!st)
 		st = tern_model_load_bytes(bytes, size, m->source, m->base_dir, &a);
 	free(bytes);
@@ -396,20 +443,8 @@ tern_status tern_model_add_training(tern_model *m, const tern_train_options *o, 
 		char mean_name[512], var_name[512];
 		snprintf(mean_name, sizeof mean_name, "train/%s.running", mean->name);
 		snprintf(var_name, sizeof var_name, "train/%s.running", var->name);
-		const char *ins[5];
-		for (int k = 0; k < 5; k++)
-			ins[k] = n->inputs[k]->name;
-		char *y = tern_strdup(n->outputs[0]->name);
-		const char *outs3[3] = {y, mean_name, var_name};
-		float eps = tern_attr_float(n, "epsilon", 1e-5f), mom = tern_attr_float(n, "momentum", 0.9f);
-		char *name = tern_strdup(n->name);
-		tern_graph_remove_node(ag, n);
-		tern_node *bn = y && name ? tern_graph_add_node(ag, "BatchNormalization", "", name, ins, 5, outs3, 3) : NULL;
-		free(y);
-		free(name);
-		if (!bn || tern_node_add_attr_float(bn, "epsilon", eps) || tern_node_add_attr_float(bn, "momentum", mom) ||
-		    tern_node_add_attr_int(bn, "training_mode", 1) || bind(&plan, mean->name, mean_name) ||
-		    bind(&plan, var->name, var_name)) {
+		tern_node *bn = rebuild_batchnorm(ag, n, true, mean_name, var_name);
+		if (!bn || bind(&plan, mean->name, mean_name) || bind(&plan, var->name, var_name)) {
 			st = tern_errorf(TERN_EOS, "out of memory");
 			break;
 		}
@@ -417,6 +452,8 @@ tern_status tern_model_add_training(tern_model *m, const tern_train_options *o, 
 		bn->outputs[2]->type = var->type;
 		bn_trained++;
 	}
+	if (!st && bn_trained)
+		st = tern_graph_stable_order(ag);
 	if (!st) {
 		st = tern_model_infer_shapes(a, 0, NULL, NULL);
 	}

@@ -8,6 +8,7 @@
 #pragma GCC optimize("no-trapping-math")
 #endif
 #include "internal.h"
+#include "autodiff/grad.h"
 #include "ops_common.h"
 
 #include <math.h>
@@ -887,26 +888,263 @@ static tern_status det_prepare(tern_prepare_args *p)
 	return TERN_OK;
 }
 
+/* ---------------------------------------------------------------- gradients */
+
+/* v's static shape; false when its rank or a dimension is unknown. */
+static bool static_dims(tern_grad_ctx *g, const tern_gval *v, int *rank, int64_t *dims)
+{
+	tern_g_type(g, v, NULL, rank, dims);
+	for (int d = 0; d < *rank; d++)
+		if (dims[d] < 0)
+			return false;
+	return *rank >= 0;
+}
+
+/* A Reduce* node's axes and flags as its rules need them: the axes as an input (from the opset the
+ * operator takes them so: 13 for ReduceSum, 18 for the others) or as an attribute before. Emitted
+ * reductions and Unsqueezes take them in the form of their own opsets. */
+typedef struct grad_axes {
+	bool from_input;
+	tern_gval *input; /* the axes input; NULL when absent (all axes, or none with noop_with_empty_axes) */
+	int64_t attr[TERN_MAX_RANK];
+	int n_attr; /* 0: all axes */
+	bool keepdims;
+	int64_t noop;
+} grad_axes;
+
+static int axes_input_since(const char *op_type)
+{
+	for (size_t i = 0; i < TERN_ARRAY_LEN(reduce_defs); i++)
+		if (strcmp(reduce_defs[i].op_type, op_type) == 0)
+			return reduce_defs[i].axes_input_since;
+	return 18;
+}
+
+static tern_status grad_axes_get(tern_grad_ctx *g, grad_axes *ra)
+{
+	memset(ra, 0, sizeof *ra);
+	ra->from_input = g->node->opset >= axes_input_since(g->node->op_type);
+	ra->keepdims = tern_attr_int(g->node, "keepdims", 1) != 0;
+	ra->noop = tern_attr_int(g->node, "noop_with_empty_axes", 0);
+	if (g->node->opset < 8)
+		return tern_g_fail(g, "the rule needs opset 8 (Expand)");
+	if (ra->from_input) {
+		ra->input = g->n_in > 1 ? g->x[1] : NULL;
+		return TERN_OK;
+	}
+	size_t n = 0;
+	const int64_t *v = tern_attr_ints(g->node, "axes", &n);
+	if (n > TERN_MAX_RANK)
+		return tern_g_fail(g, "attribute 'axes' has %zu values", n);
+	for (size_t i = 0; i < n; i++)
+		ra->attr[i] = v[i];
+	ra->n_attr = (int)n;
+	return TERN_OK;
+}
+
+/* The axes as an input of an emitted node that takes them so (NULL: none given). */
+static tern_gval *axes_value(tern_grad_ctx *g, const grad_axes *ra)
+{
+	if (ra->from_input)
+		return ra->input;
+	return ra->n_attr ? tern_g_ints(g, ra->attr, (size_t)ra->n_attr) : NULL;
+}
+
+/* t (in the output's shape) with the reduced axes put back as 1s when keepdims dropped them. Without
+ * axes the output is a scalar (or the input itself, with noop_with_empty_axes), which broadcasts as is. */
+static tern_gval *keep_dims(tern_grad_ctx *g, tern_gval *t, const grad_axes *ra)
+{
+	if (!t || ra->keepdims || (ra->from_input ? !ra->input : ra->n_attr == 0))
+		return t;
+	tern_gval *axes = axes_value(g, ra);
+	if (!axes)
+		return NULL;
+	if (g->node->opset >= 13) {
+		tern_gval *in[2] = {t, axes};
+		return tern_g_op(g, "", "Unsqueeze", in, 2, NULL, 0);
+	}
+	tern_gattr at = TERN_GA_IS("axes", ra->attr, (size_t)ra->n_attr);
+	return tern_g_op(g, "", "Unsqueeze", &t, 1, &at, 1);
+}
+
+/* t (in the output's shape) broadcast to the input's shape. */
+static tern_gval *expand_back(tern_grad_ctx *g, tern_gval *t, const grad_axes *ra)
+{
+	tern_gval *in[2] = {keep_dims(g, t, ra), tern_g_shape(g, g->x[0])};
+	return in[0] && in[1] ? tern_g_op(g, "", "Expand", in, 2, NULL, 0) : NULL;
+}
+
+/* op_type (ReduceSum or ReduceProd) over the forward node's axes with keepdims. */
+static tern_gval *reduce_keep(tern_grad_ctx *g, const char *op_type, tern_gval *t, const grad_axes *ra)
+{
+	if (!t)
+		return NULL;
+	bool as_input = g->node->opset >= axes_input_since(op_type);
+	tern_gattr at[3] = {TERN_GA_I("keepdims", 1), TERN_GA_I("noop_with_empty_axes", ra->noop),
+	                    TERN_GA_IS("axes", ra->attr, (size_t)ra->n_attr)};
+	if (as_input) {
+		tern_gval *in[2] = {t, axes_value(g, ra)};
+		return tern_g_op(g, "", op_type, in, in[1] ? 2 : 1, at, ra->noop ? 2 : 1);
+	}
+	if (ra->from_input)
+		return NULL; /* not reached: an operator that takes axes as an input makes no older-form node */
+	return tern_g_op(g, "", op_type, &t, 1, at, ra->n_attr ? 3 : 1);
+}
+
+static tern_gval *cast_to(tern_grad_ctx *g, tern_gval *t, int dtype)
+{
+	tern_gattr at = TERN_GA_I("to", dtype);
+	return t ? tern_g_op(g, "", "Cast", &t, 1, &at, 1) : NULL;
+}
+
+/* a == b, as bool or as 0/1 of dtype. Equal takes floating point from opset 11; before, a == b is
+ * neither a < b nor a > b. */
+static tern_gval *equal(tern_grad_ctx *g, tern_gval *a, tern_gval *b)
+{
+	tern_gval *in[2] = {a, b};
+	if (!a || !b)
+		return NULL;
+	if (g->node->opset >= 11)
+		return tern_g_op(g, "", "Equal", in, 2, NULL, 0);
+	tern_gval *order[2] = {tern_g_op(g, "", "Less", in, 2, NULL, 0), tern_g_op(g, "", "Greater", in, 2, NULL, 0)};
+	tern_gval *either = order[0] && order[1] ? tern_g_op(g, "", "Or", order, 2, NULL, 0) : NULL;
+	return tern_g_unary(g, "Not", either);
+}
+
+static tern_gval *equal_mask(tern_grad_ctx *g, tern_gval *a, tern_gval *b, int dtype)
+{
+	return cast_to(g, equal(g, a, b), dtype);
+}
+
+static tern_gval *where(tern_grad_ctx *g, tern_gval *c, tern_gval *a, tern_gval *b)
+{
+	tern_gval *in[3] = {c, a, b};
+	return c && a && b ? tern_g_op(g, "", "Where", in, 3, NULL, 0) : NULL;
+}
+
+/* The Reduce* rules. dy and y are brought to keepdims form (dyk, yk), which broadcasts against x:
+ *   Sum: dy          Mean: dy * |y| / |x|          Max, Min: dy split equally among the ties
+ *   Prod: dy * (product of the other elements)     L1: dy sign(x)       L2: dy x / y (0 where y = 0)
+ *   SumSquare: 2 dy x      LogSumExp: dy exp(x - y)       LogSum: dy / exp(y)
+ * Max and Min split among ties as PyTorch's amax and amin do: each tied element gets dy / count. */
+static tern_status reduce_grad(tern_grad_ctx *g)
+{
+	if (!g->wants[0])
+		return TERN_OK;
+	grad_axes ra;
+	tern_status st = grad_axes_get(g, &ra);
+	if (st)
+		return st;
+	const char *op = g->node->op_type;
+	tern_gval *x = g->x[0], *y = g->y[0], *dy = g->dy[0], *dx = NULL;
+	int dtype = tern_g_dtype(g, x);
+	int64_t opset = g->node->opset;
+	if (strcmp(op, "ReduceSum") == 0) {
+		dx = expand_back(g, dy, &ra);
+	} else if (strcmp(op, "ReduceMean") == 0) {
+		int rx, ry;
+		int64_t xd[TERN_MAX_RANK], yd[TERN_MAX_RANK];
+		tern_gval *scale;
+		if (static_dims(g, x, &rx, xd) && static_dims(g, y, &ry, yd)) {
+			int64_t nx = tern_numel(rx, xd), ny = tern_numel(ry, yd);
+			scale = tern_g_scalar(g, nx ? (double)ny / (double)nx : 0.0, dy);
+		} else {
+			scale = tern_g_div(g, cast_to(g, tern_g_unary(g, "Size", y), dtype),
+			                   cast_to(g, tern_g_unary(g, "Size", x), dtype));
+		}
+		dx = expand_back(g, tern_g_mul(g, dy, scale), &ra);
+	} else if (strcmp(op, "ReduceMax") == 0 || strcmp(op, "ReduceMin") == 0) {
+		tern_gval *mask = equal_mask(g, x, keep_dims(g, y, &ra), dtype);
+		tern_gval *count = reduce_keep(g, "ReduceSum", mask, &ra);
+		dx = tern_g_mul(g, mask, tern_g_div(g, keep_dims(g, dy, &ra), count));
+	} else if (strcmp(op, "ReduceProd") == 0) {
+		tern_gval *dyk = keep_dims(g, dy, &ra);
+		if (opset < 9) {
+			/* y / x (no Where before opset 9): right where no element is zero */
+			dx = tern_g_mul(g, dyk, tern_g_div(g, keep_dims(g, y, &ra), x));
+		} else {
+			/* The product of the others: P / x with no zero in the group; with one zero, the product
+			 * of the non-zeros at that zero and 0 elsewhere; with more, 0. */
+			tern_gval *zero = tern_g_scalar(g, 0.0, x), *one = tern_g_scalar(g, 1.0, x);
+			tern_gval *is_zero = equal(g, x, zero);
+			tern_gval *zf = cast_to(g, is_zero, dtype);
+			tern_gval *x1 = where(g, is_zero, one, x);
+			tern_gval *p = reduce_keep(g, "ReduceProd", x1, &ra);
+			tern_gval *zeros = reduce_keep(g, "ReduceSum", zf, &ra);
+			tern_gval *none = equal(g, zeros, zero);
+			tern_gval *single = equal_mask(g, zeros, one, dtype);
+			tern_gval *others =
+			        where(g, none, tern_g_div(g, p, x1), tern_g_mul(g, zf, tern_g_mul(g, p, single)));
+			dx = tern_g_mul(g, dyk, others);
+		}
+	} else if (strcmp(op, "ReduceL1") == 0) {
+		if (opset < 9)
+			return tern_g_fail(g, "the rule needs opset 9 (Sign)");
+		dx = tern_g_mul(g, tern_g_unary(g, "Sign", x), keep_dims(g, dy, &ra));
+	} else if (strcmp(op, "ReduceL2") == 0) {
+		tern_gval *yk = keep_dims(g, y, &ra), *q = tern_g_div(g, keep_dims(g, dy, &ra), yk);
+		if (opset >= 9)
+			q = where(g, equal(g, yk, tern_g_scalar(g, 0.0, x)), tern_g_scalar(g, 0.0, x), q);
+		dx = tern_g_mul(g, x, q);
+	} else if (strcmp(op, "ReduceSumSquare") == 0) {
+		dx = tern_g_mul(g, tern_g_mul(g, x, tern_g_scalar(g, 2.0, x)), keep_dims(g, dy, &ra));
+	} else if (strcmp(op, "ReduceLogSumExp") == 0) {
+		dx = tern_g_mul(g, tern_g_unary(g, "Exp", tern_g_sub(g, x, keep_dims(g, y, &ra))),
+		                keep_dims(g, dy, &ra));
+	} else if (strcmp(op, "ReduceLogSum") == 0) {
+		dx = expand_back(g, tern_g_div(g, dy, tern_g_unary(g, "Exp", y)), &ra);
+	} else {
+		return tern_g_fail(g, "no rule for %s", op);
+	}
+	g->dx[0] = dx;
+	return dx ? TERN_OK : tern_g_status(g);
+}
+
+/* CumSum: the gradient summed the other way, exclusive as the forward one was. */
+static tern_status cumsum_grad(tern_grad_ctx *g)
+{
+	if (!g->wants[0])
+		return TERN_OK;
+	tern_gattr at[2] = {TERN_GA_I("exclusive", tern_attr_int(g->node, "exclusive", 0) != 0),
+	                    TERN_GA_I("reverse", tern_attr_int(g->node, "reverse", 0) == 0)};
+	tern_gval *in[2] = {g->dy[0], g->x[1]};
+	g->dx[0] = tern_g_op(g, "", "CumSum", in, 2, at, 2);
+	return g->dx[0] ? TERN_OK : tern_g_status(g);
+}
+
+/* TopK: the values' gradient added back where they were taken from (tern.GatherElementsGrad with the
+ * indices output). */
+static tern_status topk_grad(tern_grad_ctx *g)
+{
+	if (!g->wants[0] || !g->dy[0])
+		return TERN_OK;
+	if (g->n_out < 2 || !g->y[1])
+		return tern_g_fail(g, "the rule needs the indices output");
+	tern_gattr at = TERN_GA_I("axis", tern_attr_int(g->node, "axis", -1));
+	tern_gval *in[3] = {g->dy[0], tern_g_shape(g, g->x[0]), g->y[1]};
+	g->dx[0] = in[1] ? tern_g_op(g, "tern", "GatherElementsGrad", in, 3, &at, 1) : NULL;
+	return g->dx[0] ? TERN_OK : tern_g_status(g);
+}
 /* ---------------------------------------------------------------- table */
 
 #define REDUCE_DTYPES (TERN_DT_NUMERIC | TERN_DT(BOOL))
 
 static const tern_op ops[] = {
-        {"", "ReduceSum", 1, 0, reduce_prepare, TERN_DT_NUMERIC, "reduce"},
-        {"", "ReduceMean", 1, 0, reduce_prepare, TERN_DT_NUMERIC, "reduce"},
-        {"", "ReduceMax", 1, 0, reduce_prepare, REDUCE_DTYPES, "reduce"},
-        {"", "ReduceMin", 1, 0, reduce_prepare, REDUCE_DTYPES, "reduce"},
-        {"", "ReduceProd", 1, 0, reduce_prepare, TERN_DT_NUMERIC, "reduce"},
-        {"", "ReduceL1", 1, 0, reduce_prepare, TERN_DT_NUMERIC, "reduce"},
-        {"", "ReduceL2", 1, 0, reduce_prepare, TERN_DT_NUMERIC, "reduce"},
-        {"", "ReduceLogSum", 1, 0, reduce_prepare, TERN_DT_NUMERIC, "reduce"},
-        {"", "ReduceLogSumExp", 1, 0, reduce_prepare, TERN_DT_NUMERIC, "reduce"},
-        {"", "ReduceSumSquare", 1, 0, reduce_prepare, TERN_DT_NUMERIC, "reduce"},
+        {"", "ReduceSum", 1, 0, reduce_prepare, TERN_DT_NUMERIC, "reduce", reduce_grad},
+        {"", "ReduceMean", 1, 0, reduce_prepare, TERN_DT_NUMERIC, "reduce", reduce_grad},
+        {"", "ReduceMax", 1, 0, reduce_prepare, REDUCE_DTYPES, "reduce", reduce_grad},
+        {"", "ReduceMin", 1, 0, reduce_prepare, REDUCE_DTYPES, "reduce", reduce_grad},
+        {"", "ReduceProd", 1, 0, reduce_prepare, TERN_DT_NUMERIC, "reduce", reduce_grad},
+        {"", "ReduceL1", 1, 0, reduce_prepare, TERN_DT_NUMERIC, "reduce", reduce_grad},
+        {"", "ReduceL2", 1, 0, reduce_prepare, TERN_DT_NUMERIC, "reduce", reduce_grad},
+        {"", "ReduceLogSum", 1, 0, reduce_prepare, TERN_DT_NUMERIC, "reduce", reduce_grad},
+        {"", "ReduceLogSumExp", 1, 0, reduce_prepare, TERN_DT_NUMERIC, "reduce", reduce_grad},
+        {"", "ReduceSumSquare", 1, 0, reduce_prepare, TERN_DT_NUMERIC, "reduce", reduce_grad},
         {"", "ArgMax", 1, 0, arg_prepare, TERN_DT_NUMERIC, "reduce"},
         {"", "ArgMin", 1, 0, arg_prepare, TERN_DT_NUMERIC, "reduce"},
         {"", "CumSum", 11, 0, cumsum_prepare,
-         TERN_DT_FLOATS | TERN_DT(INT32) | TERN_DT(INT64) | TERN_DT(UINT32) | TERN_DT(UINT64), "reduce"},
-        {"", "TopK", 1, 0, topk_prepare, TERN_DT_NUMERIC, "reduce"},
+         TERN_DT_FLOATS | TERN_DT(INT32) | TERN_DT(INT64) | TERN_DT(UINT32) | TERN_DT(UINT64), "reduce", cumsum_grad},
+        {"", "TopK", 1, 0, topk_prepare, TERN_DT_NUMERIC, "reduce", topk_grad},
         {"", "Det", 11, 0, det_prepare, TERN_DT_FLOATS, "reduce"},
 };
 

@@ -1,8 +1,10 @@
 /* shape.c — operators that move, select and rearrange elements without arithmetic on them: reshapes,
  * transposes, slices, gathers and scatters, padding, shape queries and constants. */
 #include "internal.h"
+#include "autodiff/grad.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 /* Strided copies work on up to twice the tensor rank: Tile and DepthToSpace split each axis in two. */
@@ -904,25 +906,12 @@ static tern_status split_prepare(tern_prepare_args *p)
 
 /* ---------------------------------------------------------------- Slice */
 
-static tern_status slice_prepare(tern_prepare_args *p)
+/* Where Slice reads in a tensor of shape (rank, xdims): for each axis the first index, the step and the
+ * count, from starts, ends, axes and steps (na, nst < 0: absent). Shared with tern.SliceGrad. */
+static tern_status slice_geometry(const tern_node *node, int rank, const int64_t *xdims, const int64_t *starts, int ns,
+                                  const int64_t *ends, int ne, int64_t *axes, int na, int64_t *steps, int nst,
+                                  int64_t *begin, int64_t *step, int64_t *dims)
 {
-	const tern_tensor *x = p->in[0];
-	const tern_node *node = p->node;
-	tern_status st = check_copyable(node, x->dtype);
-	if (st)
-		return st;
-	bool from_input = node->opset >= 10;
-	int64_t starts[TERN_MAX_RANK], ends[TERN_MAX_RANK], axes[TERN_MAX_RANK], steps[TERN_MAX_RANK];
-	int ns, ne, na, nst;
-	if ((st = int_list_arg(p, from_input, "starts", 1, starts, TERN_MAX_RANK, &ns)) ||
-	    (st = int_list_arg(p, from_input, "ends", 2, ends, TERN_MAX_RANK, &ne)) ||
-	    (st = int_list_arg(p, from_input, "axes", 3, axes, TERN_MAX_RANK, &na)))
-		return st;
-	nst = -1;
-	if (from_input && (st = int_list_arg(p, true, "steps", 4, steps, TERN_MAX_RANK, &nst)))
-		return st;
-	if (p->defer)
-		return TERN_OK;
 	if (ns < 0 || ne < 0)
 		return tern_node_errorf(node, TERN_EDATA, "'starts' and 'ends' are required");
 	if (ns != ne || (na >= 0 && na != ns) || (nst >= 0 && nst != ns))
@@ -935,16 +924,17 @@ static tern_status slice_prepare(tern_prepare_args *p)
 		for (int i = 0; i < ns; i++)
 			steps[i] = 1;
 	int ax[TERN_MAX_RANK];
-	if ((st = normalize_axes(node, "axis", axes, ns, x->rank, ax)))
+	tern_status st = normalize_axes(node, "axis", axes, ns, rank, ax);
+	if (st)
 		return st;
-	int64_t begin[TERN_MAX_RANK] = {0}, step[TERN_MAX_RANK], dims[TERN_MAX_RANK];
-	for (int d = 0; d < x->rank; d++) {
+	for (int d = 0; d < rank; d++) {
+		begin[d] = 0;
 		step[d] = 1;
-		dims[d] = x->dims[d];
+		dims[d] = xdims[d];
 	}
 	for (int i = 0; i < ns; i++) {
 		int d = ax[i];
-		int64_t n = x->dims[d], s = starts[i], e = ends[i], k = steps[i];
+		int64_t n = xdims[d], s = starts[i], e = ends[i], k = steps[i];
 		if (k == 0)
 			return tern_node_errorf(node, TERN_EDATA, "step for axis %d is 0", d);
 		/* A step longer than the axis takes at most one element; clamping it avoids overflow below. */
@@ -973,17 +963,123 @@ static tern_status slice_prepare(tern_prepare_args *p)
 		step[d] = k;
 		dims[d] = len;
 	}
-	tern_set_shape(p->out[0], x->dtype, x->rank, dims);
+	return TERN_OK;
+}
+
+/* A copy plan over the sliced elements of a tensor of shape (rank, xdims): the strided side reads (or,
+ * for tern.SliceGrad, writes) them, the other side is contiguous. */
+static void slice_plan(copy_plan *c, int dtype, int rank, const int64_t *xdims, const int64_t *begin,
+                       const int64_t *step, const int64_t *dims, bool strided_dst)
+{
 	int64_t stride[TERN_MAX_RANK];
-	contiguous_strides(x->rank, x->dims, stride);
-	copy_plan c;
-	plan_begin(&c, x->dtype, x->rank, dims);
-	for (int d = 0; d < x->rank; d++) {
-		c.src_stride[d] = stride[d] * step[d];
+	contiguous_strides(rank, xdims, stride);
+	plan_begin(c, dtype, rank, dims);
+	int64_t *strided = strided_dst ? c->dst_stride : c->src_stride;
+	int64_t *offset = strided_dst ? &c->dst_offset : &c->src_offset;
+	for (int d = 0; d < rank; d++) {
+		strided[d] = stride[d] * step[d];
 		if (dims[d] > 0)
-			c.src_offset += begin[d] * stride[d];
+			*offset += begin[d] * stride[d];
 	}
+}
+
+static tern_status slice_prepare(tern_prepare_args *p)
+{
+	const tern_tensor *x = p->in[0];
+	const tern_node *node = p->node;
+	tern_status st = check_copyable(node, x->dtype);
+	if (st)
+		return st;
+	bool from_input = node->opset >= 10;
+	int64_t starts[TERN_MAX_RANK], ends[TERN_MAX_RANK], axes[TERN_MAX_RANK], steps[TERN_MAX_RANK];
+	int ns, ne, na, nst;
+	if ((st = int_list_arg(p, from_input, "starts", 1, starts, TERN_MAX_RANK, &ns)) ||
+	    (st = int_list_arg(p, from_input, "ends", 2, ends, TERN_MAX_RANK, &ne)) ||
+	    (st = int_list_arg(p, from_input, "axes", 3, axes, TERN_MAX_RANK, &na)))
+		return st;
+	nst = -1;
+	if (from_input && (st = int_list_arg(p, true, "steps", 4, steps, TERN_MAX_RANK, &nst)))
+		return st;
+	if (p->defer)
+		return TERN_OK;
+	int64_t begin[TERN_MAX_RANK], step[TERN_MAX_RANK], dims[TERN_MAX_RANK];
+	if ((st = slice_geometry(node, x->rank, x->dims, starts, ns, ends, ne, axes, na, steps, nst, begin, step,
+	                         dims)))
+		return st;
+	tern_set_shape(p->out[0], x->dtype, x->rank, dims);
+	copy_plan c;
+	slice_plan(&c, x->dtype, x->rank, x->dims, begin, step, dims, false);
 	return single_copy(p, &c);
+}
+
+/* The target shape of a backward operator, from input i (an int64 vector; p->defer while unknown). */
+static tern_status shape_input(tern_prepare_args *p, int i, int64_t *shape, int *n)
+{
+	if (!input(p, i))
+		return missing_input(p->node, i, "shape");
+	tern_status st = int_list_arg(p, true, "shape", i, shape, TERN_MAX_RANK, n);
+	if (st || p->defer)
+		return st;
+	for (int d = 0; d < *n; d++)
+		if (shape[d] < 0)
+			return tern_node_errorf(p->node, TERN_EDATA, "input %d 'shape'[%d] = %lld is negative", i, d,
+			                        (long long)shape[d]);
+	return TERN_OK;
+}
+
+/* That input 0 (a gradient) has the shape (rank, dims) the forward operator's output had. */
+static tern_status check_grad_shape(const tern_node *node, const tern_tensor *dy, int rank, const int64_t *dims)
+{
+	bool same = dy->rank == rank;
+	for (int d = 0; same && d < rank; d++)
+		same = dy->dims[d] == dims[d];
+	if (same)
+		return TERN_OK;
+	char b0[128], b1[128];
+	return tern_node_errorf(node, TERN_EDATA, "input 0 %s is not the forward output's shape %s",
+	                        shape_str(dy, b0, sizeof b0), tern_shape_str(dy->dtype, rank, dims, b1, sizeof b1));
+}
+
+/* tern.SliceGrad(dY, shape, starts, ends, axes, steps): zeros of `shape` with dY written where
+ * Slice(X, starts, ends, axes, steps) reads X (X of that shape) — the gradient of Slice. */
+static tern_status slice_grad_kernel(const tern_kernel_args *a)
+{
+	tern_tensor *dx = a->out[0];
+	size_t bytes = (size_t)tern_tensor_numel(dx) * tern_dtype_size(dx->dtype);
+	if (bytes)
+		memset(dx->data, 0, bytes);
+	return plan_run(a->node, a->params, dx->data, a->in[0]->data, a->pool);
+}
+
+static tern_status slice_grad_prepare(tern_prepare_args *p)
+{
+	const tern_tensor *dy = p->in[0];
+	const tern_node *node = p->node;
+	int64_t shape[TERN_MAX_RANK], starts[TERN_MAX_RANK], ends[TERN_MAX_RANK], axes[TERN_MAX_RANK];
+	int64_t steps[TERN_MAX_RANK];
+	int nr, ns, ne, na, nst;
+	tern_status st;
+	if (!input(p, 2) || !input(p, 3))
+		return missing_input(node, input(p, 2) ? 3 : 2, input(p, 2) ? "ends" : "starts");
+	if ((st = shape_input(p, 1, shape, &nr)) ||
+	    (st = int_list_arg(p, true, "starts", 2, starts, TERN_MAX_RANK, &ns)) ||
+	    (st = int_list_arg(p, true, "ends", 3, ends, TERN_MAX_RANK, &ne)) ||
+	    (st = int_list_arg(p, true, "axes", 4, axes, TERN_MAX_RANK, &na)) ||
+	    (st = int_list_arg(p, true, "steps", 5, steps, TERN_MAX_RANK, &nst)))
+		return st;
+	if (p->defer)
+		return TERN_OK;
+	int64_t begin[TERN_MAX_RANK], step[TERN_MAX_RANK], dims[TERN_MAX_RANK];
+	if ((st = slice_geometry(node, nr, shape, starts, ns, ends, ne, axes, na, steps, nst, begin, step, dims)) ||
+	    (st = check_grad_shape(node, dy, nr, dims)))
+		return st;
+	tern_set_shape(p->out[0], dy->dtype, nr, shape);
+	copy_plan *c = malloc(sizeof *c);
+	if (!c)
+		return out_of_memory(node);
+	slice_plan(c, dy->dtype, nr, shape, begin, step, dims, true);
+	plan_finish(c);
+	return use_kernel(p, TERN_OK, c, slice_grad_kernel);
 }
 
 /* ---------------------------------------------------------------- Expand, Tile */
@@ -1315,6 +1411,59 @@ static tern_status pad_kernel(const tern_kernel_args *a)
 	return TERN_OK;
 }
 
+/* Fills pp (all but the constant) for padding a tensor of shape (rank, xdims) by pads (np values) on
+ * axes (na < 0: all) in the named mode. Shared with tern.PadGrad. */
+static tern_status pad_geometry(const tern_node *node, int dtype, int rank, const int64_t *xdims, const int64_t *pads,
+                                int np, int64_t *axes, int na, const char *mode, bool allow_wrap, pad_params *pp)
+{
+	tern_status st = TERN_OK;
+	if (strcmp(mode, "constant") == 0)
+		pp->mode = PAD_CONSTANT;
+	else if (strcmp(mode, "reflect") == 0)
+		pp->mode = PAD_REFLECT;
+	else if (strcmp(mode, "edge") == 0)
+		pp->mode = PAD_EDGE;
+	else if (strcmp(mode, "wrap") == 0 && allow_wrap)
+		pp->mode = PAD_WRAP;
+	else
+		return tern_node_errorf(node, TERN_EDATA, "mode '%s' is not supported", mode);
+	int ax[TERN_MAX_RANK];
+	if (na < 0) {
+		na = rank;
+		for (int i = 0; i < na; i++)
+			axes[i] = i;
+	}
+	if (np != 2 * na)
+		return tern_node_errorf(node, TERN_EDATA, "pads has %d values, expected %d (2 per axis)", np, 2 * na);
+	if ((st = normalize_axes(node, "axis", axes, na, rank, ax)))
+		return st;
+	/* A scalar is padded as a one-element vector with no padding. */
+	pp->rank = rank ? rank : 1;
+	pp->es = elem_size(dtype);
+	pp->string = dtype == TERN_STRING;
+	for (int d = 0; d < pp->rank; d++) {
+		pp->in_dims[d] = rank ? xdims[d] : 1;
+		pp->keep[d] = pp->out_dims[d] = pp->in_dims[d];
+	}
+	for (int i = 0; i < na; i++) {
+		int d = ax[i];
+		int64_t begin = pads[i], end = pads[na + i], n = xdims[d];
+		int64_t cut_begin = begin < 0 ? -begin : 0, cut_end = end < 0 ? -end : 0;
+		if (cut_begin + cut_end > n)
+			return tern_node_errorf(node, TERN_EDATA,
+			                        "pads %lld and %lld remove more than axis %d's %lld elements",
+			                        (long long)begin, (long long)end, d, (long long)n);
+		pp->keep_begin[d] = cut_begin;
+		pp->keep[d] = n - cut_begin - cut_end;
+		pp->pad_begin[d] = begin > 0 ? begin : 0;
+		pp->out_dims[d] = n + begin + end;
+		if (pp->keep[d] == 0 && pp->out_dims[d] > 0 && pp->mode != PAD_CONSTANT)
+			return tern_node_errorf(node, TERN_EDATA,
+			                        "mode '%s' cannot pad axis %d, which has no elements left", mode, d);
+	}
+	return TERN_OK;
+}
+
 static tern_status pad_prepare(tern_prepare_args *p)
 {
 	const tern_tensor *x = p->in[0];
@@ -1340,55 +1489,7 @@ static tern_status pad_prepare(tern_prepare_args *p)
 		return out_of_memory(node);
 	char mode_buf[16];
 	const char *mode = attr_str(node, "mode", "constant", mode_buf, sizeof mode_buf);
-	if (strcmp(mode, "constant") == 0)
-		pp->mode = PAD_CONSTANT;
-	else if (strcmp(mode, "reflect") == 0)
-		pp->mode = PAD_REFLECT;
-	else if (strcmp(mode, "edge") == 0)
-		pp->mode = PAD_EDGE;
-	else if (strcmp(mode, "wrap") == 0 && opset >= 19)
-		pp->mode = PAD_WRAP;
-	else
-		st = tern_node_errorf(node, TERN_EDATA, "mode '%s' is not supported", mode);
-	int ax[TERN_MAX_RANK];
-	if (na < 0) {
-		na = x->rank;
-		for (int i = 0; i < na; i++)
-			axes[i] = i;
-	}
-	if (!st && np != 2 * na)
-		st = tern_node_errorf(node, TERN_EDATA, "pads has %d values, expected %d (2 per axis)", np, 2 * na);
-	if (!st)
-		st = normalize_axes(node, "axis", axes, na, x->rank, ax);
-	if (st) {
-		free(pp);
-		return st;
-	}
-	/* A scalar is padded as a one-element vector with no padding. */
-	pp->rank = x->rank ? x->rank : 1;
-	pp->es = elem_size(x->dtype);
-	pp->string = x->dtype == TERN_STRING;
-	for (int d = 0; d < pp->rank; d++) {
-		pp->in_dims[d] = x->rank ? x->dims[d] : 1;
-		pp->keep[d] = pp->out_dims[d] = pp->in_dims[d];
-	}
-	for (int i = 0; i < na; i++) {
-		int d = ax[i];
-		int64_t begin = pads[i], end = pads[na + i], n = x->dims[d];
-		int64_t cut_begin = begin < 0 ? -begin : 0, cut_end = end < 0 ? -end : 0;
-		if (cut_begin + cut_end > n)
-			st = tern_node_errorf(node, TERN_EDATA,
-			                      "pads %lld and %lld remove more than axis %d's %lld elements",
-			                      (long long)begin, (long long)end, d, (long long)n);
-		pp->keep_begin[d] = cut_begin;
-		pp->keep[d] = n - cut_begin - cut_end;
-		pp->pad_begin[d] = begin > 0 ? begin : 0;
-		pp->out_dims[d] = n + begin + end;
-		if (!st && pp->keep[d] == 0 && pp->out_dims[d] > 0 && pp->mode != PAD_CONSTANT)
-			st = tern_node_errorf(node, TERN_EDATA,
-			                      "mode '%s' cannot pad axis %d, which has no elements left", mode, d);
-	}
-	if (st) {
+	if ((st = pad_geometry(node, x->dtype, x->rank, x->dims, pads, np, axes, na, mode, opset >= 19, pp))) {
 		free(pp);
 		return st;
 	}
@@ -1898,6 +1999,244 @@ static tern_status scatter_nd_prepare(tern_prepare_args *p)
 		st = reduction_attr(p->node, x->dtype, &nd->reduction);
 	tern_set_shape(p->out[0], x->dtype, x->rank, x->dims);
 	return use_kernel(p, st, nd, scatter_nd_kernel);
+}
+
+/* ---------------------------------------------------------------- backward operators: tern.PadGrad, tern.GatherGrad,
+ * tern.GatherElementsGrad, tern.GatherNDGrad */
+
+/* *dst += *src for one element. */
+static inline void add_one(int dtype, char *dst, const char *src)
+{
+	if (dtype == TERN_FLOAT)
+		*(float *)dst += *(const float *)src;
+	else if (dtype == TERN_DOUBLE)
+		*(double *)dst += *(const double *)src;
+	else
+		reduce_into(dtype, REDUCE_ADD, dst, src, 1);
+}
+
+static void zero_output(tern_tensor *t)
+{
+	size_t bytes = (size_t)tern_tensor_numel(t) * tern_dtype_size(t->dtype);
+	if (bytes)
+		memset(t->data, 0, bytes);
+}
+
+/* tern.PadGrad(dY, shape, pads, axes) with Pad's mode: the gradient of Pad for an input of `shape`, each
+ * element of dY added to the input element Pad read it from (the constant's elements add nothing). */
+static tern_status pad_grad_kernel(const tern_kernel_args *a)
+{
+	const pad_params *pp = a->params;
+	tern_tensor *dx = a->out[0];
+	zero_output(dx);
+	int r = pp->rank, last = r - 1, dtype = dx->dtype;
+	int64_t out_n = tern_numel(r, pp->out_dims), row_len = pp->out_dims[last];
+	if (out_n == 0)
+		return TERN_OK;
+	int64_t in_stride[TERN_MAX_RANK], idx[TERN_MAX_RANK] = {0};
+	contiguous_strides(r, pp->in_dims, in_stride);
+	const char *src = a->in[0]->data;
+	char *dst = dx->data;
+	size_t es = pp->es;
+	for (int64_t row = 0; row < out_n / row_len; row++) {
+		int64_t base = 0;
+		bool constant_row = false;
+		for (int k = 0; k < last && !constant_row; k++) {
+			int64_t s = pad_source(pp, k, idx[k]);
+			constant_row = s < 0;
+			base += s * in_stride[k];
+		}
+		const char *s = src + (size_t)(row * row_len) * es;
+		for (int64_t o = 0; !constant_row && o < row_len; o++) {
+			int64_t j = pad_source(pp, last, o);
+			if (j >= 0)
+				add_one(dtype, dst + (size_t)(base + j) * es, s + (size_t)o * es);
+		}
+		for (int k = last - 1; k >= 0; k--) {
+			if (++idx[k] < pp->out_dims[k])
+				break;
+			idx[k] = 0;
+		}
+	}
+	return TERN_OK;
+}
+
+static tern_status pad_grad_prepare(tern_prepare_args *p)
+{
+	const tern_tensor *dy = p->in[0];
+	const tern_node *node = p->node;
+	int64_t shape[TERN_MAX_RANK], pads[2 * TERN_MAX_RANK], axes[TERN_MAX_RANK];
+	int nr, np, na;
+	tern_status st;
+	if (!input(p, 2))
+		return missing_input(node, 2, "pads");
+	if ((st = shape_input(p, 1, shape, &nr)) ||
+	    (st = int_list_arg(p, true, "pads", 2, pads, 2 * TERN_MAX_RANK, &np)) ||
+	    (st = int_list_arg(p, true, "axes", 3, axes, TERN_MAX_RANK, &na)))
+		return st;
+	if (p->defer)
+		return TERN_OK;
+	pad_params *pp = calloc(1, sizeof *pp);
+	if (!pp)
+		return out_of_memory(node);
+	char mode_buf[16];
+	const char *mode = attr_str(node, "mode", "constant", mode_buf, sizeof mode_buf);
+	if (!(st = pad_geometry(node, dy->dtype, nr, shape, pads, np, axes, na, mode, true, pp)))
+		st = check_grad_shape(node, dy, nr, pp->out_dims);
+	tern_set_shape(p->out[0], dy->dtype, nr, shape);
+	return use_kernel(p, st, pp, pad_grad_kernel);
+}
+
+/* The data tensor a backward gather operator writes: dY's element type, input 1's shape. */
+static tern_status grad_data_shape(tern_prepare_args *p, tern_tensor *x)
+{
+	int64_t shape[TERN_MAX_RANK];
+	int n;
+	tern_status st = shape_input(p, 1, shape, &n);
+	if (st || p->defer)
+		return st;
+	memset(x, 0, sizeof *x);
+	x->dtype = p->in[0]->dtype;
+	x->rank = n;
+	memcpy(x->dims, shape, (size_t)n * sizeof *shape);
+	return check_indices(p->node, input(p, 2), 2);
+}
+
+/* tern.GatherGrad(dY, shape, indices) with Gather's axis: zeros of `shape` with each row of dY added
+ * where Gather(X, indices) read it — the gradient of Gather's data. */
+static tern_status gather_grad_kernel(const tern_kernel_args *a)
+{
+	const gather_params *g = a->params;
+	const tern_tensor *dy = a->in[0], *idx = a->in[2];
+	tern_tensor *dx = a->out[0];
+	tern_status st = check_all_indices(a->node, idx, g->n_axis, g->axis);
+	if (st)
+		return st;
+	zero_output(dx);
+	int64_t n_idx = tern_tensor_numel(idx);
+	const char *src = dy->data;
+	char *dst = dx->data;
+	for (int64_t r = 0; r < g->outer * n_idx; r++) {
+		int64_t o = r / n_idx, k = index_at(idx, r % n_idx);
+		k += k < 0 ? g->n_axis : 0;
+		reduce_into(dx->dtype, REDUCE_ADD, dst + (size_t)((o * g->n_axis + k) * g->inner) * g->es,
+		            src + (size_t)(r * g->inner) * g->es, g->inner);
+	}
+	return TERN_OK;
+}
+
+static tern_status gather_grad_prepare(tern_prepare_args *p)
+{
+	tern_tensor x;
+	tern_status st = grad_data_shape(p, &x);
+	if (st || p->defer)
+		return st;
+	const tern_tensor *idx = p->in[2];
+	int axis = 0;
+	if ((st = normalize_axis(p->node, "axis", tern_attr_int(p->node, "axis", 0), x.rank, &axis)))
+		return st;
+	int64_t dims[2 * TERN_MAX_RANK];
+	int r = 0;
+	for (int d = 0; d < axis; d++)
+		dims[r++] = x.dims[d];
+	for (int d = 0; d < idx->rank; d++)
+		dims[r++] = idx->dims[d];
+	for (int d = axis + 1; d < x.rank; d++)
+		dims[r++] = x.dims[d];
+	if ((st = check_grad_shape(p->node, p->in[0], r, dims)))
+		return st;
+	tern_set_shape(p->out[0], x.dtype, x.rank, x.dims);
+	gather_params *g = calloc(1, sizeof *g);
+	if (!g)
+		return out_of_memory(p->node);
+	g->axis = axis;
+	g->outer = tern_numel(axis, x.dims);
+	g->n_axis = x.dims[axis];
+	g->inner = tern_numel(x.rank - axis - 1, x.dims + axis + 1);
+	g->es = elem_size(x.dtype);
+	return use_kernel(p, TERN_OK, g, gather_grad_kernel);
+}
+
+/* tern.GatherElementsGrad(dY, shape, indices) with GatherElements' axis: zeros of `shape` with each
+ * element of dY added where GatherElements(X, indices) read it (also the gradient of TopK's values). */
+static tern_status gather_elements_grad_kernel(const tern_kernel_args *a)
+{
+	const elements_params *e = a->params;
+	const tern_tensor *idx = a->in[2];
+	tern_tensor *dx = a->out[0];
+	tern_status st = check_all_indices(a->node, idx, e->n_axis, e->axis);
+	if (st)
+		return st;
+	zero_output(dx);
+	int64_t n = tern_tensor_numel(idx), pos[TERN_MAX_RANK] = {0}, off = 0;
+	const char *src = a->in[0]->data;
+	char *dst = dx->data;
+	for (int64_t i = 0; i < n; i++) {
+		int64_t k = index_at(idx, i);
+		k += k < 0 ? e->n_axis : 0;
+		add_one(dx->dtype, dst + (size_t)(off + k * e->axis_stride) * e->es, src + (size_t)i * e->es);
+		advance(e->rank, e->idx_dims, pos, e->data_stride, &off);
+	}
+	return TERN_OK;
+}
+
+static tern_status gather_elements_grad_prepare(tern_prepare_args *p)
+{
+	tern_tensor x;
+	tern_status st = grad_data_shape(p, &x);
+	if (st || p->defer)
+		return st;
+	const tern_tensor *idx = p->in[2];
+	elements_params *e = NULL;
+	if ((st = check_grad_shape(p->node, p->in[0], idx->rank, idx->dims)) ||
+	    (st = elements_params_make(p, &x, idx, &e)))
+		return st;
+	tern_set_shape(p->out[0], x.dtype, x.rank, x.dims);
+	return use_kernel(p, TERN_OK, e, gather_elements_grad_kernel);
+}
+
+/* tern.GatherNDGrad(dY, shape, indices) with GatherND's batch_dims: zeros of `shape` with each slice of
+ * dY added where GatherND(X, indices) read it. */
+static tern_status gather_nd_grad_kernel(const tern_kernel_args *a)
+{
+	const nd_params *nd = a->params;
+	tern_tensor *dx = a->out[0];
+	int64_t n = nd->batches * nd->tuples, off;
+	for (int64_t t = 0; t < n; t++) {
+		tern_status st = nd_offset(a->node, nd, a->in[2], t, &off);
+		if (st)
+			return st;
+	}
+	zero_output(dx);
+	const char *src = a->in[0]->data;
+	char *dst = dx->data;
+	for (int64_t t = 0; t < n; t++) {
+		nd_offset(a->node, nd, a->in[2], t, &off);
+		reduce_into(dx->dtype, REDUCE_ADD, dst + (size_t)off * nd->es, src + (size_t)(t * nd->slice) * nd->es,
+		            nd->slice);
+	}
+	return TERN_OK;
+}
+
+static tern_status gather_nd_grad_prepare(tern_prepare_args *p)
+{
+	tern_tensor x;
+	tern_status st = grad_data_shape(p, &x);
+	if (st || p->defer)
+		return st;
+	const tern_tensor *idx = p->in[2];
+	nd_params *nd = NULL;
+	if ((st = nd_params_make(p, &x, idx, (int)tern_attr_int(p->node, "batch_dims", 0), &nd)))
+		return st;
+	int64_t dims[2 * TERN_MAX_RANK];
+	int rank = 0;
+	for (int d = 0; d < idx->rank - 1; d++)
+		dims[rank++] = idx->dims[d];
+	for (int d = nd->batch_dims + nd->depth; d < x.rank; d++)
+		dims[rank++] = x.dims[d];
+	st = check_grad_shape(p->node, p->in[0], rank, dims);
+	tern_set_shape(p->out[0], x.dtype, x.rank, x.dims);
+	return use_kernel(p, st, nd, gather_nd_grad_kernel);
 }
 
 /* ---------------------------------------------------------------- Shape, Size, ConstantOfShape, Constant */
@@ -2653,29 +2992,542 @@ static tern_status unique_prepare(tern_prepare_args *p)
 	return TERN_OK;
 }
 
+/* ---------------------------------------------------------------- gradients */
+
+/* Each rule emits ONNX nodes in the form the forward node's opset takes (Reshape's shape is an input
+ * from opset 5, Slice's lists from 10, Unsqueeze's and ReduceSum's axes from 13) or the tern-domain
+ * backward operators above. */
+
+static int64_t opset_of(const tern_grad_ctx *g)
+{
+	return g->node->opset;
+}
+
+/* Every wanted dx was made, but those in `none` (inputs that get no gradient by design); else the
+ * builder's failure. */
+static tern_status grad_done(tern_grad_ctx *g, uint32_t none)
+{
+	for (int i = 0; i < g->n_in; i++)
+		if (g->wants[i] && !g->dx[i] && !(none >> i & 1))
+			return tern_g_status(g);
+	return TERN_OK;
+}
+
+/* v's static shape; false when its rank or a dimension is unknown. */
+static bool static_shape(tern_grad_ctx *g, const tern_gval *v, int *rank, int64_t *dims)
+{
+	tern_g_type(g, v, NULL, rank, dims);
+	for (int d = 0; d < *rank; d++)
+		if (dims[d] < 0)
+			return false;
+	return *rank >= 0;
+}
+
+/* a, of like's number of elements, in like's shape. Below opset 5 like's shape must be static. */
+static tern_gval *reshape_to(tern_grad_ctx *g, tern_gval *a, tern_gval *like)
+{
+	if (!a || !like)
+		return NULL;
+	int ra, rl;
+	int64_t da[TERN_MAX_RANK], dl[TERN_MAX_RANK];
+	bool sa = static_shape(g, a, &ra, da), sl = static_shape(g, like, &rl, dl);
+	if (sa && sl && ra == rl && (ra == 0 || memcmp(da, dl, (size_t)ra * sizeof *da) == 0))
+		return a;
+	if (opset_of(g) < 5) {
+		tern_gattr at = TERN_GA_IS("shape", dl, (size_t)rl);
+		return sl ? tern_g_op(g, "", "Reshape", &a, 1, &at, 1) : NULL;
+	}
+	if (opset_of(g) < 14)
+		return tern_g_reshape_like(g, a, like);
+	/* allowzero: a 0 in the shape is a 0, not "copy that dimension" */
+	tern_gval *in[2] = {a, tern_g_shape(g, like)};
+	tern_gattr at = TERN_GA_I("allowzero", 1);
+	return in[1] ? tern_g_op(g, "", "Reshape", in, 2, &at, 1) : NULL;
+}
+
+/* Zeros of v's type and shape (opset 8 and later: Expand). */
+static tern_gval *zeros_like(tern_grad_ctx *g, tern_gval *v)
+{
+	if (!v)
+		return NULL;
+	tern_gval *in[2] = {tern_g_scalar(g, 0.0, v), tern_g_shape(g, v)};
+	return in[0] && in[1] ? tern_g_op(g, "", "Expand", in, 2, NULL, 0) : NULL;
+}
+
+/* Unsqueeze and ReduceSum in the form of this opset (axes an attribute before 13, an input from 13);
+ * ReduceSum with no axes reduces all of them. */
+static tern_gval *unsqueeze_axes(tern_grad_ctx *g, tern_gval *a, const int64_t *axes, int n)
+{
+	if (!a || n == 0)
+		return a;
+	if (opset_of(g) >= 13) {
+		tern_gval *in[2] = {a, tern_g_ints(g, axes, (size_t)n)};
+		return in[1] ? tern_g_op(g, "", "Unsqueeze", in, 2, NULL, 0) : NULL;
+	}
+	tern_gattr at = TERN_GA_IS("axes", axes, (size_t)n);
+	return tern_g_op(g, "", "Unsqueeze", &a, 1, &at, 1);
+}
+
+static tern_gval *reduce_sum_axes(tern_grad_ctx *g, tern_gval *a, const int64_t *axes, int n, bool keepdims)
+{
+	if (!a)
+		return NULL;
+	tern_gattr at[2] = {TERN_GA_I("keepdims", keepdims), TERN_GA_IS("axes", axes, (size_t)n)};
+	if (opset_of(g) >= 13) {
+		tern_gval *in[2] = {a, n ? tern_g_ints(g, axes, (size_t)n) : NULL};
+		return n && !in[1] ? NULL : tern_g_op(g, "", "ReduceSum", in, n ? 2 : 1, at, 1);
+	}
+	return tern_g_op(g, "", "ReduceSum", &a, 1, at, n ? 2 : 1);
+}
+
+/* A length along one axis, or an offset: v when static, else an int64[1] value. */
+typedef struct dimx {
+	bool dynamic;
+	int64_t v;
+	tern_gval *dyn;
+} dimx;
+
+static tern_gval *dimx_vec(tern_grad_ctx *g, dimx d)
+{
+	return d.dynamic ? d.dyn : tern_g_ints(g, &d.v, 1);
+}
+
+static dimx dimx_add(tern_grad_ctx *g, dimx a, dimx b)
+{
+	if (!a.dynamic && !b.dynamic)
+		return (dimx){false, a.v + b.v, NULL};
+	return (dimx){true, 0, tern_g_add(g, dimx_vec(g, a), dimx_vec(g, b))};
+}
+
+/* Dimension d of x (d < 0 counts from the back): static where the type tells it, else Gather(Shape(x)). */
+static dimx x_dim(tern_grad_ctx *g, tern_gval *x, int64_t d)
+{
+	int rank;
+	int64_t dims[TERN_MAX_RANK];
+	tern_g_type(g, x, NULL, &rank, dims);
+	int64_t nd = d < 0 && rank >= 0 ? d + rank : d;
+	if (rank >= 0 && nd >= 0 && nd < rank && dims[nd] >= 0)
+		return (dimx){false, dims[nd], NULL};
+	tern_gval *in[2] = {tern_g_shape(g, x), tern_g_ints(g, &d, 1)};
+	tern_gattr at = TERN_GA_I("axis", 0);
+	return (dimx){true, 0, in[0] && in[1] ? tern_g_op(g, "", "Gather", in, 2, &at, 1) : NULL};
+}
+
+/* An int64[n] shape from n dimensions. */
+static tern_gval *shape_vec(tern_grad_ctx *g, const dimx *d, int n)
+{
+	int64_t v[TERN_MAX_RANK];
+	bool dynamic = false;
+	for (int i = 0; i < n; i++) {
+		dynamic |= d[i].dynamic;
+		v[i] = d[i].v;
+	}
+	if (!dynamic)
+		return tern_g_ints(g, v, (size_t)n);
+	tern_gval *parts[TERN_MAX_RANK];
+	for (int i = 0; i < n; i++)
+		if (!(parts[i] = dimx_vec(g, d[i])))
+			return NULL;
+	tern_gattr at = TERN_GA_I("axis", 0);
+	return tern_g_op(g, "", "Concat", parts, n, &at, 1);
+}
+
+/* a[start:end] along axis (Slice; below opset 10 the bounds must be static). */
+static tern_gval *slice_axis(tern_grad_ctx *g, tern_gval *a, int64_t axis, dimx start, dimx end)
+{
+	if (opset_of(g) >= 10) {
+		tern_gval *in[4] = {a, dimx_vec(g, start), dimx_vec(g, end), tern_g_ints(g, &axis, 1)};
+		return in[1] && in[2] && in[3] ? tern_g_op(g, "", "Slice", in, 4, NULL, 0) : NULL;
+	}
+	if (start.dynamic || end.dynamic)
+		return NULL;
+	tern_gattr at[3] = {TERN_GA_IS("starts", &start.v, 1), TERN_GA_IS("ends", &end.v, 1),
+	                    TERN_GA_IS("axes", &axis, 1)};
+	return tern_g_op(g, "", "Slice", &a, 1, at, 3);
+}
+
+/* Concat of n parts along axis, in nodes of at most 32 inputs. */
+static tern_gval *concat_axis(tern_grad_ctx *g, tern_gval **parts, int n, int64_t axis)
+{
+	tern_gattr at = TERN_GA_I("axis", axis);
+	tern_gval *acc = NULL, *in[32];
+	for (int k = 0; k < n;) {
+		int m = 0;
+		if (acc)
+			in[m++] = acc;
+		while (m < 32 && k < n)
+			in[m++] = parts[k++];
+		for (int i = 0; i < m; i++)
+			if (!in[i])
+				return NULL;
+		acc = m == 1 ? in[0] : tern_g_op(g, "", "Concat", in, m, &at, 1);
+	}
+	return acc;
+}
+
+/* Reshape, Flatten, Squeeze, Unsqueeze: the gradient in the input's shape. */
+static tern_status reshape_grad(tern_grad_ctx *g)
+{
+	if (!g->wants[0])
+		return TERN_OK;
+	int rank;
+	int64_t dims[TERN_MAX_RANK];
+	if (opset_of(g) < 5 && !static_shape(g, g->x[0], &rank, dims))
+		return tern_g_fail(g, "below opset 5 the input's shape must be static");
+	g->dx[0] = reshape_to(g, g->dy[0], g->x[0]);
+	return grad_done(g, 0);
+}
+
+static tern_status identity_grad(tern_grad_ctx *g)
+{
+	if (g->wants[0])
+		g->dx[0] = g->dy[0];
+	return TERN_OK;
+}
+
+/* Transpose by the inverse permutation; without perm (the axes reversed) it is its own inverse. */
+static tern_status transpose_grad(tern_grad_ctx *g)
+{
+	if (!g->wants[0])
+		return TERN_OK;
+	size_t n = 0;
+	const int64_t *perm = tern_attr_ints(g->node, "perm", &n);
+	if (!tern_attr(g->node, "perm")) {
+		g->dx[0] = tern_g_op(g, "", "Transpose", &g->dy[0], 1, NULL, 0);
+		return grad_done(g, 0);
+	}
+	int64_t inv[TERN_MAX_RANK];
+	if (n > TERN_MAX_RANK)
+		return tern_g_fail(g, "perm has %zu values", n);
+	for (size_t i = 0; i < n; i++) {
+		if (perm[i] < 0 || perm[i] >= (int64_t)n)
+			return tern_g_fail(g, "perm is not a permutation");
+		inv[perm[i]] = (int64_t)i;
+	}
+	g->dx[0] = tern_g_transpose(g, g->dy[0], inv, (int)n);
+	return grad_done(g, 0);
+}
+
+/* Concat: each input's part of the gradient sliced back out along the axis. */
+static tern_status concat_grad(tern_grad_ctx *g)
+{
+	int64_t axis = tern_attr_int(g->node, "axis", opset_of(g) < 4 ? 1 : 0);
+	dimx off = {false, 0, NULL};
+	for (int i = 0; i < g->n_in; i++) {
+		dimx size = x_dim(g, g->x[i], axis), end = dimx_add(g, off, size);
+		if (size.dynamic && opset_of(g) < 10)
+			return tern_g_fail(g, "below opset 10 the inputs' sizes along the axis must be static");
+		if (g->wants[i])
+			g->dx[i] = slice_axis(g, g->dy[0], axis, off, end);
+		off = end;
+	}
+	return grad_done(g, 0);
+}
+
+/* Split: the outputs' gradients concatenated, zeros for an output that gets none. */
+static tern_status split_grad(tern_grad_ctx *g)
+{
+	if (!g->wants[0])
+		return TERN_OK;
+	tern_gval *parts[TERN_MAX_RANK * 8];
+	if (g->n_out > (int)TERN_ARRAY_LEN(parts))
+		return tern_g_fail(g, "more than %d outputs", (int)TERN_ARRAY_LEN(parts));
+	for (int o = 0; o < g->n_out; o++) {
+		if (g->dy[o]) {
+			parts[o] = g->dy[o];
+			continue;
+		}
+		if (!g->y[o] || opset_of(g) < 8)
+			return tern_g_fail(g, "output %d has no gradient and %s", o,
+			                   g->y[o] ? "zeros need opset 8 (Expand)" : "is omitted");
+		parts[o] = zeros_like(g, g->y[o]);
+	}
+	g->dx[0] = concat_axis(g, parts, g->n_out, tern_attr_int(g->node, "axis", 0));
+	return grad_done(g, 0);
+}
+
+/* Slice: the gradient written into zeros where the slice read (tern.SliceGrad). */
+static tern_status slice_grad(tern_grad_ctx *g)
+{
+	if (!g->wants[0])
+		return TERN_OK;
+	tern_gval *in[6] = {g->dy[0], tern_g_shape(g, g->x[0])};
+	int n = 2;
+	if (opset_of(g) >= 10) {
+		for (int i = 1; i < g->n_in && i < 5; i++)
+			in[n++] = g->x[i];
+	} else {
+		static const char *const names[] = {"starts", "ends", "axes"};
+		for (int k = 0; k < 3; k++) {
+			size_t count = 0;
+			const int64_t *v = tern_attr_ints(g->node, names[k], &count);
+			if (!tern_attr(g->node, names[k]))
+				break;
+			if (!(in[n++] = tern_g_ints(g, v, count)))
+				return tern_g_status(g);
+		}
+	}
+	g->dx[0] = in[1] ? tern_g_op(g, "tern", "SliceGrad", in, n, NULL, 0) : NULL;
+	return grad_done(g, 0);
+}
+
+/* Pad. Constant mode: Pad with the pads negated (what was added is cut, what was cut comes back as
+ * zeros); constant_value gets what the padding received, the sum of the gradient less the input's
+ * part. Reflect, edge and wrap: tern.PadGrad adds each element back onto the one it copies. */
+static tern_status pad_grad(tern_grad_ctx *g)
+{
+	int64_t opset = opset_of(g);
+	char mode[16];
+	snprintf(mode, sizeof mode, "%s", tern_attr_string(g->node, "mode", "constant"));
+	bool constant = strcmp(mode, "constant") == 0;
+	bool want_value = constant && g->n_in > 2 && g->x[2] && g->wants[2];
+	tern_gval *axes = opset >= 18 && g->n_in > 3 ? g->x[3] : NULL, *dx = NULL, *dy = g->dy[0];
+	if (!g->wants[0] && !want_value)
+		return TERN_OK;
+	if (constant && opset >= 11) {
+		tern_gval *in[4] = {dy, tern_g_neg(g, g->x[1]), NULL, axes};
+		dx = in[1] ? tern_g_op(g, "", "Pad", in, axes ? 4 : 2, NULL, 0) : NULL;
+	} else if (constant) {
+		const char *name = opset >= 2 ? "pads" : "paddings";
+		size_t n = 0;
+		const int64_t *pads = tern_attr_ints(g->node, name, &n);
+		int64_t neg[2 * TERN_MAX_RANK];
+		if (n > TERN_ARRAY_LEN(neg))
+			return tern_g_fail(g, "'%s' has %zu values", name, n);
+		for (size_t i = 0; i < n; i++)
+			neg[i] = -pads[i];
+		tern_gattr at[2] = {TERN_GA_IS(name, neg, n), TERN_GA_S("mode", "constant")};
+		dx = tern_g_op(g, "", "Pad", &dy, 1, at, 2);
+	} else {
+		tern_gval *pads = g->x[1];
+		if (opset < 11) {
+			const char *name = opset >= 2 ? "pads" : "paddings";
+			size_t n = 0;
+			const int64_t *v = tern_attr_ints(g->node, name, &n);
+			pads = tern_g_ints(g, v, n);
+		}
+		tern_gval *in[4] = {dy, tern_g_shape(g, g->x[0]), pads, axes};
+		tern_gattr at = TERN_GA_S("mode", mode);
+		dx = in[1] && in[2] ? tern_g_op(g, "tern", "PadGrad", in, axes ? 4 : 3, &at, 1) : NULL;
+	}
+	if (g->wants[0])
+		g->dx[0] = dx;
+	if (want_value) {
+		tern_gval *d =
+		        tern_g_sub(g, reduce_sum_axes(g, dy, NULL, 0, false), reduce_sum_axes(g, dx, NULL, 0, false));
+		g->dx[2] = reshape_to(g, d, g->x[2]);
+	}
+	return grad_done(g, constant ? 0 : 1u << 2);
+}
+
+/* Expand: the gradient summed back to the input's shape. */
+static tern_status expand_grad(tern_grad_ctx *g)
+{
+	if (g->wants[0])
+		g->dx[0] = tern_g_sum_to(g, g->dy[0], g->x[0]);
+	return grad_done(g, 0);
+}
+
+/* Tile: the gradient seen as [r0, d0, r1, d1, ...] and summed over the repeat axes. */
+static tern_status tile_grad(tern_grad_ctx *g)
+{
+	if (!g->wants[0])
+		return TERN_OK;
+	int rank, ry;
+	int64_t xd[TERN_MAX_RANK], yd[TERN_MAX_RANK];
+	tern_g_type(g, g->x[0], NULL, &rank, xd);
+	if (rank < 0)
+		return tern_g_fail(g, "Tile needs an input of known rank");
+	if (rank == 0) {
+		g->dx[0] = g->dy[0];
+		return TERN_OK;
+	}
+	bool known = static_shape(g, g->x[0], &rank, xd) && static_shape(g, g->y[0], &ry, yd) && ry == rank;
+	int64_t split[2 * TERN_MAX_RANK], axes[TERN_MAX_RANK];
+	for (int d = 0; d < rank; d++) {
+		known = known && xd[d] > 0;
+		split[2 * d] = known ? yd[d] / xd[d] : 0;
+		split[2 * d + 1] = xd[d];
+		axes[d] = 2 * d;
+	}
+	tern_gval *target;
+	if (known) {
+		target = tern_g_ints(g, split, 2 * (size_t)rank);
+	} else {
+		/* [rank, 2] from repeats and Shape(x) side by side, flattened */
+		int64_t one = 1, flat = -1;
+		tern_gval *cols[2] = {unsqueeze_axes(g, g->x[1], &one, 1),
+		                      unsqueeze_axes(g, tern_g_shape(g, g->x[0]), &one, 1)};
+		tern_gval *in[2] = {concat_axis(g, cols, 2, 1), tern_g_ints(g, &flat, 1)};
+		target = in[0] && in[1] ? tern_g_op(g, "", "Reshape", in, 2, NULL, 0) : NULL;
+	}
+	tern_gval *in[2] = {g->dy[0], target};
+	tern_gattr at = TERN_GA_I("allowzero", 1);
+	tern_gval *r = target ? tern_g_op(g, "", "Reshape", in, 2, &at, opset_of(g) >= 14) : NULL;
+	g->dx[0] = reduce_sum_axes(g, r, axes, rank, false);
+	return grad_done(g, 0);
+}
+
+/* Gather, GatherElements, GatherND: the gradient added into zeros of the data's shape where the
+ * gather read (tern.GatherGrad, tern.GatherElementsGrad, tern.GatherNDGrad, with the forward node's
+ * axis or batch_dims). */
+static tern_status gather_family_grad(tern_grad_ctx *g, const char *backward)
+{
+	if (!g->wants[0])
+		return TERN_OK;
+	tern_gval *in[3] = {g->dy[0], tern_g_shape(g, g->x[0]), g->x[1]};
+	g->dx[0] = in[1] ? tern_g_op_like(g, "tern", backward, in, 3, NULL, 0) : NULL;
+	return grad_done(g, 0);
+}
+
+static tern_status gather_grad(tern_grad_ctx *g)
+{
+	return gather_family_grad(g, "GatherGrad");
+}
+
+static tern_status gather_elements_grad(tern_grad_ctx *g)
+{
+	return gather_family_grad(g, "GatherElementsGrad");
+}
+
+static tern_status gather_nd_grad(tern_grad_ctx *g)
+{
+	return gather_family_grad(g, "GatherNDGrad");
+}
+
+/* ScatterElements, Scatter, ScatterND. Without a reduction the data's gradient is the output's with the
+ * written positions zeroed (the same scatter, of zeros); with reduction "add" it is the output's. The
+ * updates' gradient is the output's gathered at the indices. Other reductions have no rule. */
+static tern_status scatter_grad(tern_grad_ctx *g, const char *gather)
+{
+	char reduction[16];
+	snprintf(reduction, sizeof reduction, "%s", tern_attr_string(g->node, "reduction", "none"));
+	bool add = strcmp(reduction, "add") == 0;
+	if (!add && strcmp(reduction, "none") != 0)
+		return tern_g_fail(g, "no gradient for reduction '%s'", reduction);
+	tern_gval *dy = g->dy[0], *idx = g->x[1];
+	if (g->wants[0] && add) {
+		g->dx[0] = dy;
+	} else if (g->wants[0]) {
+		tern_gval *in[3] = {dy, idx, zeros_like(g, g->x[2])};
+		g->dx[0] = in[2] ? tern_g_op_like(g, "", g->node->op_type, in, 3, NULL, 0) : NULL;
+	}
+	if (g->wants[2]) {
+		if (opset_of(g) < 11)
+			return tern_g_fail(g, "the gradient of the updates needs %s (opset 11)", gather);
+		tern_gattr at = strcmp(gather, "GatherND") == 0 ? TERN_GA_I("batch_dims", 0)
+		                                                : TERN_GA_I("axis", tern_attr_int(g->node, "axis", 0));
+		tern_gval *in[2] = {dy, idx};
+		g->dx[2] = tern_g_op(g, "", gather, in, 2, &at, 1);
+	}
+	return grad_done(g, 0);
+}
+
+static tern_status scatter_elements_grad(tern_grad_ctx *g)
+{
+	return scatter_grad(g, "GatherElements");
+}
+
+static tern_status scatter_nd_grad(tern_grad_ctx *g)
+{
+	return scatter_grad(g, "GatherND");
+}
+
+/* DepthToSpace (DCR) and SpaceToDepth undo each other; DepthToSpace in CRD mode is undone by its
+ * reshapes and transpose run backwards. */
+static tern_status space_to_depth_grad(tern_grad_ctx *g)
+{
+	if (!g->wants[0])
+		return TERN_OK;
+	tern_gattr at = TERN_GA_I("blocksize", tern_attr_int(g->node, "blocksize", 0));
+	g->dx[0] = tern_g_op(g, "", "DepthToSpace", &g->dy[0], 1, &at, 1);
+	return grad_done(g, 0);
+}
+
+static tern_status depth_to_space_grad(tern_grad_ctx *g)
+{
+	if (!g->wants[0])
+		return TERN_OK;
+	int64_t b = tern_attr_int(g->node, "blocksize", 0);
+	tern_gattr at = TERN_GA_I("blocksize", b);
+	if (strcmp(tern_attr_string(g->node, "mode", "DCR"), "CRD") != 0) {
+		g->dx[0] = tern_g_op(g, "", "SpaceToDepth", &g->dy[0], 1, &at, 1);
+		return grad_done(g, 0);
+	}
+	/* y = reshape(transpose(reshape(x, [N, C, b, b, H, W]), [0, 1, 4, 2, 5, 3]), [N, C, H b, W b]) */
+	tern_gval *x = g->x[0];
+	dimx c = x_dim(g, x, 1);
+	if (c.dynamic) {
+		int64_t bb = b * b;
+		c.dyn = tern_g_div(g, c.dyn, tern_g_ints(g, &bb, 1));
+	} else {
+		c.v /= b * b;
+	}
+	dimx block = {false, b, NULL};
+	dimx d6[6] = {x_dim(g, x, 0), c, x_dim(g, x, 2), block, x_dim(g, x, 3), block};
+	tern_gval *in[2] = {g->dy[0], shape_vec(g, d6, 6)};
+	static const int64_t inv[6] = {0, 1, 3, 5, 2, 4};
+	tern_gval *t = in[1] ? tern_g_transpose(g, tern_g_op(g, "", "Reshape", in, 2, NULL, 0), inv, 6) : NULL;
+	g->dx[0] = reshape_to(g, t, x);
+	return grad_done(g, 0);
+}
+
+/* Trilu keeps a fixed set of elements and ReverseSequence is its own inverse: the same node on the
+ * gradient. */
+static tern_status same_op_grad(tern_grad_ctx *g)
+{
+	if (!g->wants[0])
+		return TERN_OK;
+	tern_gval *in[2] = {g->dy[0], g->n_in > 1 ? g->x[1] : NULL};
+	g->dx[0] = tern_g_op_like(g, "", g->node->op_type, in, g->n_in > 1 ? 2 : 1, NULL, 0);
+	return grad_done(g, 0);
+}
+
+/* CenterCropPad back to the input's sizes: a centred crop undoes a centred pad and the other way round. */
+static tern_status center_crop_pad_grad(tern_grad_ctx *g)
+{
+	if (!g->wants[0])
+		return TERN_OK;
+	size_t n = 0;
+	const int64_t *axes = tern_attr_ints(g->node, "axes", &n);
+	int rank = tern_g_rank(g, g->x[0]);
+	bool all = !tern_attr(g->node, "axes");
+	if (all && rank < 0)
+		return tern_g_fail(g, "CenterCropPad needs an input of known rank");
+	int count = all ? rank : (int)n;
+	if (count > TERN_MAX_RANK)
+		return tern_g_fail(g, "%d axes", count);
+	dimx d[TERN_MAX_RANK];
+	for (int i = 0; i < count; i++)
+		d[i] = x_dim(g, g->x[0], all ? i : axes[i]);
+	tern_gval *in[2] = {g->dy[0], shape_vec(g, d, count)};
+	g->dx[0] = in[1] ? tern_g_op_like(g, "", "CenterCropPad", in, 2, NULL, 0) : NULL;
+	return grad_done(g, 0);
+}
+
 /* ---------------------------------------------------------------- the table */
 
 #define COPYABLE (TERN_DT_ALL)
 
 static const tern_op ops[] = {
-        {"", "Reshape", 1, 0, reshape_prepare, COPYABLE, "shape"},
-        {"", "Flatten", 1, 0, flatten_prepare, COPYABLE, "shape"},
-        {"", "Squeeze", 1, 0, squeeze_prepare, COPYABLE, "shape"},
-        {"", "Unsqueeze", 1, 0, unsqueeze_prepare, COPYABLE, "shape"},
-        {"", "Identity", 1, 0, identity_prepare, COPYABLE, "shape"},
-        {"", "Transpose", 1, 0, transpose_prepare, COPYABLE, "shape"},
-        {"", "Concat", 1, 0, concat_prepare, COPYABLE, "shape"},
-        {"", "Split", 1, 0, split_prepare, COPYABLE, "shape"},
-        {"", "Slice", 1, 0, slice_prepare, COPYABLE, "shape"},
-        {"", "Gather", 1, 0, gather_prepare, COPYABLE, "shape"},
-        {"", "GatherElements", 11, 0, gather_elements_prepare, COPYABLE, "shape"},
-        {"", "GatherND", 11, 0, gather_nd_prepare, COPYABLE, "shape"},
-        {"", "ScatterElements", 11, 0, scatter_elements_prepare, COPYABLE, "shape"},
-        {"", "ScatterND", 11, 0, scatter_nd_prepare, COPYABLE, "shape"},
-        {"", "Scatter", 9, 10, scatter_elements_prepare, COPYABLE, "shape"},
-        {"", "Expand", 8, 0, expand_prepare, COPYABLE, "shape"},
-        {"", "Tile", 6, 0, tile_prepare, COPYABLE, "shape"},
-        {"", "Pad", 1, 0, pad_prepare, COPYABLE, "shape"},
+        {"", "Reshape", 1, 0, reshape_prepare, COPYABLE, "shape", reshape_grad},
+        {"", "Flatten", 1, 0, flatten_prepare, COPYABLE, "shape", reshape_grad},
+        {"", "Squeeze", 1, 0, squeeze_prepare, COPYABLE, "shape", reshape_grad},
+        {"", "Unsqueeze", 1, 0, unsqueeze_prepare, COPYABLE, "shape", reshape_grad},
+        {"", "Identity", 1, 0, identity_prepare, COPYABLE, "shape", identity_grad},
+        {"", "Transpose", 1, 0, transpose_prepare, COPYABLE, "shape", transpose_grad},
+        {"", "Concat", 1, 0, concat_prepare, COPYABLE, "shape", concat_grad},
+        {"", "Split", 1, 0, split_prepare, COPYABLE, "shape", split_grad},
+        {"", "Slice", 1, 0, slice_prepare, COPYABLE, "shape", slice_grad},
+        {"", "Gather", 1, 0, gather_prepare, COPYABLE, "shape", gather_grad},
+        {"", "GatherElements", 11, 0, gather_elements_prepare, COPYABLE, "shape", gather_elements_grad},
+        {"", "GatherND", 11, 0, gather_nd_prepare, COPYABLE, "shape", gather_nd_grad},
+        {"", "ScatterElements", 11, 0, scatter_elements_prepare, COPYABLE, "shape", scatter_elements_grad},
+        {"", "ScatterND", 11, 0, scatter_nd_prepare, COPYABLE, "shape", scatter_nd_grad},
+        {"", "Scatter", 9, 10, scatter_elements_prepare, COPYABLE, "shape", scatter_elements_grad},
+        {"", "Expand", 8, 0, expand_prepare, COPYABLE, "shape", expand_grad},
+        {"", "Tile", 6, 0, tile_prepare, COPYABLE, "shape", tile_grad},
+        {"", "Pad", 1, 0, pad_prepare, COPYABLE, "shape", pad_grad},
         {"", "Shape", 1, 0, shape_prepare, 0, "shape"},
         {"", "Size", 1, 0, size_prepare, 0, "shape"},
         {"", "ConstantOfShape", 9, 0, constant_of_shape_prepare, TERN_DT(INT64), "shape"},
@@ -2683,15 +3535,21 @@ static const tern_op ops[] = {
         {"", "Range", 11, 0, range_prepare,
          TERN_DT(FLOAT) | TERN_DT(DOUBLE) | TERN_DT(INT16) | TERN_DT(INT32) | TERN_DT(INT64), "shape"},
         {"", "OneHot", 9, 0, one_hot_prepare, TERN_DT_NUMERIC, "shape"},
-        {"", "DepthToSpace", 1, 0, depth_to_space_prepare, COPYABLE, "shape"},
-        {"", "SpaceToDepth", 1, 0, space_to_depth_prepare, COPYABLE, "shape"},
-        {"", "Trilu", 14, 0, trilu_prepare, COPYABLE, "shape"},
+        {"", "DepthToSpace", 1, 0, depth_to_space_prepare, COPYABLE, "shape", depth_to_space_grad},
+        {"", "SpaceToDepth", 1, 0, space_to_depth_prepare, COPYABLE, "shape", space_to_depth_grad},
+        {"", "Trilu", 14, 0, trilu_prepare, COPYABLE, "shape", same_op_grad},
         {"", "NonZero", 9, 0, non_zero_prepare, TERN_DT_NUMERIC | TERN_DT(BOOL), "shape"},
         {"", "Compress", 9, 0, compress_prepare, COPYABLE, "shape"},
         {"", "EyeLike", 9, 0, eye_like_prepare, TERN_DT_NUMERIC | TERN_DT(BOOL), "shape"},
-        {"", "ReverseSequence", 10, 0, reverse_sequence_prepare, COPYABLE, "shape"},
-        {"", "CenterCropPad", 18, 0, center_crop_pad_prepare, COPYABLE, "shape"},
+        {"", "ReverseSequence", 10, 0, reverse_sequence_prepare, COPYABLE, "shape", same_op_grad},
+        {"", "CenterCropPad", 18, 0, center_crop_pad_prepare, COPYABLE, "shape", center_crop_pad_grad},
         {"", "Unique", 11, 0, unique_prepare, COPYABLE, "shape"},
+        /* backward operators that gradient rules emit */
+        {"tern", "SliceGrad", 1, 0, slice_grad_prepare, TERN_DT_NUMERIC, "shape"},
+        {"tern", "PadGrad", 1, 0, pad_grad_prepare, TERN_DT_NUMERIC, "shape"},
+        {"tern", "GatherGrad", 1, 0, gather_grad_prepare, TERN_DT_NUMERIC, "shape"},
+        {"tern", "GatherElementsGrad", 1, 0, gather_elements_grad_prepare, TERN_DT_NUMERIC, "shape"},
+        {"tern", "GatherNDGrad", 1, 0, gather_nd_grad_prepare, TERN_DT_NUMERIC, "shape"},
 };
 
 const tern_op_table tern_ops_shape = {ops, TERN_ARRAY_LEN(ops)};

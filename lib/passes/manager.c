@@ -131,7 +131,7 @@ tern_status tern_model_bind_dims(tern_model *m, const char *const *names, const 
 /* Nodes in tern_graph_toposort's order, which keeps the current order wherever it already is one, so
  * a second optimisation of the result leaves the order alone. Removed nodes follow, for
  * tern_model_sync to free. */
-static tern_status stable_order(tern_graph *g)
+tern_status tern_graph_stable_order(tern_graph *g)
 {
 	tern_node **order;
 	size_t live;
@@ -262,7 +262,7 @@ tern_status tern_optimize(tern_model *m, const tern_optimize_options *o, tern_pa
 			st = run_pass(&c, chosen[i], &stats[i], &changed);
 	}
 	if (!st)
-		st = stable_order(m->graph);
+		st = tern_graph_stable_order(m->graph);
 	if (!st) {
 		prune_value_info(m->graph);
 		if (!had_tern && !uses_tern_domain(m->graph))
