@@ -24,10 +24,11 @@ def read_registry(node_test):
     out = subprocess.run([node_test, "--list-ops"], check=True, capture_output=True, text=True).stdout
     ops = collections.OrderedDict()
     for line in out.splitlines():
-        domain, op, since, until, dtypes, family = line.split("\t")
+        domain, op, since, until, dtypes, family, grad = line.split("\t")
         entry = ops.setdefault(
-            (domain, op), {"ranges": [], "dtypes": set(), "checked": False, "family": family}
+            (domain, op), {"ranges": [], "dtypes": set(), "checked": False, "family": family, "grad": False}
         )
+        entry["grad"] |= grad == "grad"
         entry["ranges"].append((int(since), int(until)))
         if dtypes == "*":
             entry["checked"] = True
@@ -89,8 +90,10 @@ def generate(ops, counts, version):
     w("tern\\-ops \\- the operators tern plans and runs")
     w(".SH DESCRIPTION")
     w("Each row is one operator of the operator registry: its domain and name, the opset versions")
-    w("the registry entries cover, the element types the kernels accept, and how many of the")
-    w("ONNX backend node tests of that operator pass in")
+    w("the registry entries cover, the element types the kernels accept, whether it has a gradient")
+    w("rule (")
+    w(".BR tern\\-autodiff (1)")
+    w("differentiates through it), and how many of the ONNX backend node tests of that operator pass in")
     w(".BR tern (7)'s")
     w(".B conformance")
     w("suite.")
@@ -101,8 +104,8 @@ def generate(ops, counts, version):
     w(".I _expanded")
     w("test, which runs a function operator's body spelled out in primitive operators: it belongs")
     w("to the function operator, like the test it expands.")
-    w("The count is over the tests whose inputs and outputs are numeric or bool tensors;")
-    w("tests of sequences, optionals, strings and float8 types are skipped and not counted.")
+    w("Every test counts: tensors of every element type, strings and float8 included, sequences and")
+    w("optionals.")
     w("Types marked")
     w(".I (per node)")
     w("are checked when a node is planned rather than listed in the registry;")
@@ -115,20 +118,24 @@ def generate(ops, counts, version):
     w(".SH OPERATORS")
     w(".TS")
     w("tab(;);")
-    w("lb lb lb lb rb")
-    w("l l l l r.")
-    w("Domain;Operator;Opsets;Types;Tests")
+    w("lb lb lb lb lb rb")
+    w("l l l l l r.")
+    w("Domain;Operator;Opsets;Types;Gradient;Tests")
     w("_")
     for (domain, op), entry in ops.items():
         c = counts.get(op_key(domain, op), collections.Counter())
         n = c["PASS"] + c["FAIL"] + c["UNSUPPORTED"]
         tests = f"{c['PASS']}/{n}" if n else "\\(em"
-        w(f"{roff(domain)};{roff(op)};{opset_text(entry['ranges'])};{dtype_text(entry)};{tests}")
+        grad = "yes" if entry["grad"] else "\\(em"
+        w(f"{roff(domain)};{roff(op)};{opset_text(entry['ranges'])};{dtype_text(entry)};{grad};{tests}")
     w(".TE")
     w(".SH CONFORMANCE")
-    w(f"{total['PASS']} of {counted} numeric/bool node tests pass ({rate:.1f}%);")
+    n_grad = sum(1 for e in ops.values() if e["grad"])
+    w(f"{total['PASS']} of {counted} node tests pass ({rate:.1f}%);")
     w(f"{total['FAIL']} fail, {total['UNSUPPORTED']} use an operator, type or attribute tern does not")
     w(f"support, and {total['SKIP']} are skipped.")
+    w(".PP")
+    w(f"{n_grad} of the {len(ops)} operators have gradient rules.")
     if untested_ops:
         w(".PP")
         w("Operators with node tests and no registry entry:")

@@ -547,7 +547,7 @@ static void list_ops(void)
 				printf("%s%s", first ? "" : ",", tern_dtype_name(dt));
 				first = 0;
 			}
-		printf("\t%s\n", op->family ? op->family : "");
+		printf("\t%s\t%s\n", op->family ? op->family : "", op->grad ? "grad" : "-");
 	}
 }
 
