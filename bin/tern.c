@@ -14,7 +14,8 @@ static const struct {
 	const char *summary;
 } tools[] = {
         {"show", "print a graph as text, binary ONNX, Graphviz DOT, statistics or its schedule"},
-        {"run", "run a graph on tensor files and write its outputs"},
+        {"run", "run a graph on tensor files and write its outputs, or train it (--train)"},
+        {"autodiff", "add a training step: loss, gradients and the optimizer's update"},
         {"optimize", "rewrite a graph into a faster equivalent one"},
         {"partition", "split a graph for data-parallel training on several ranks"},
         {"schedule", "assign streams and synchronisation ahead of time"},
