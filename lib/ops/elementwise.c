@@ -7,6 +7,7 @@
 #pragma GCC optimize("no-trapping-math")
 #endif
 #include "internal.h"
+#include "autodiff/grad.h"
 #include "ops/gemm.h"
 #include "ops/ops_common.h"
 
@@ -392,6 +393,18 @@ EW_SINTS(EW_B, prelu, x0 < 0 ? (ET)((WT)x0 * (WT)x1) : x0)
 EW_UINTS(EW_B, prelu, ((void)x1, x0))
 EW_TABLE(prelu, EW_NUMERIC(EW_ENTRY, prelu, ~));
 
+/* tern's backward operators, for the gradients (below) of the activations that training runs most:
+ * tern.ReluGrad(dY, Y) is dY where Y > 0, else 0 (Y is Relu's output; its input gives the same mask);
+ * tern.SigmoidGrad(dY, Y) is dY Y (1 - Y) and tern.TanhGrad(dY, Y) dY (1 - Y^2), Y the forward
+ * output. One pass each, where the compositions of ONNX operators take three with two temporaries
+ * (Relu's a bool mask and a Where). */
+EW_FLOATS(EW_B, relu_grad, EW_SEL(x1 > 0, x0, 0))
+EW_TABLE(relu_grad, EW_FLOATS(EW_ENTRY, relu_grad, ~));
+EW_FLOATS(EW_B, sigmoid_grad, x0 *(x1 *(1 - x1)))
+EW_TABLE(sigmoid_grad, EW_FLOATS(EW_ENTRY, sigmoid_grad, ~));
+EW_FLOATS(EW_B, tanh_grad, x0 *(1 - x1 * x1))
+EW_TABLE(tanh_grad, EW_FLOATS(EW_ENTRY, tanh_grad, ~));
+
 /* Copies, by element size: Sum/Max/Min of one input, Cast to the same type. */
 EW_UINTS(EW_U, copy, v)
 static ew_fn ew_copy_fn(int dtype)
@@ -405,16 +418,32 @@ static ew_fn ew_copy_fn(int dtype)
 	}
 }
 
-/* Where selects by element size; inputs may each be broadcast. */
-#define EW_WHERE(name, expr, sfx, T, W)                                    \
-	static void ew_where_##sfx(const ew_row *r)                        \
-	{                                                                  \
-		const uint8_t *c = r->in[0];                               \
-		const T *x = r->in[1], *z = r->in[2];                      \
-		T *y = r->out;                                             \
-		const int64_t sc = r->st[0], sx = r->st[1], sz = r->st[2]; \
-		for (int64_t i = 0; i < r->n; i++)                         \
-			y[i] = c[i * sc] ? x[i * sx] : z[i * sz];          \
+/* Where selects by element size; inputs may each be broadcast. Both sides are read and the condition
+ * selects their bits through a mask, so that a condition without pattern (a gradient's mask) costs no
+ * branch mispredictions and the common layouts vectorise. */
+#define EW_WHERE_PASS(T, X, Z)                                            \
+	EW_IVDEP for (int64_t i = 0; i < n; i++)                          \
+	{                                                                 \
+		const T m = (T)((T)0 - (T)(c[i] != 0)), a = (X), b = (Z); \
+		y[i] = (T)((a & m) | (b & (T)~m));                        \
+	}
+#define EW_WHERE(name, expr, sfx, T, W)                                              \
+	static void ew_where_##sfx(const ew_row *r)                                  \
+	{                                                                            \
+		const uint8_t *c = r->in[0];                                         \
+		const T *x = r->in[1], *z = r->in[2];                                \
+		T *y = r->out;                                                       \
+		const int64_t sc = r->st[0], sx = r->st[1], sz = r->st[2], n = r->n; \
+		const T x0 = x[0], z0 = z[0];                                        \
+		if (sc && sx && sz)                                                  \
+			EW_WHERE_PASS(T, x[i], z[i])                                 \
+		else if (sc && sx)                                                   \
+			EW_WHERE_PASS(T, x[i], z0)                                   \
+		else if (sc && sz)                                                   \
+			EW_WHERE_PASS(T, x0, z[i])                                   \
+		else                                                                 \
+			for (int64_t i = 0; i < n; i++)                              \
+				y[i] = c[i * sc] ? x[i * sx] : z[i * sz];            \
 	}
 EW_UINTS(EW_WHERE, where, ~)
 
@@ -1119,6 +1148,9 @@ static const ew_desc ew_descs[] = {
         {"LessOrEqual", 2, true, less_equal_fns},
         {"Greater", 2, true, greater_fns},
         {"GreaterOrEqual", 2, true, greater_equal_fns},
+        {"ReluGrad", 2, false, relu_grad_fns},
+        {"SigmoidGrad", 2, false, sigmoid_grad_fns},
+        {"TanhGrad", 2, false, tanh_grad_fns},
 };
 
 static tern_status prep_simple_body(tern_prepare_args *p)
@@ -1502,60 +1534,638 @@ EW_PREPARE(clip)
 EW_PREPARE(cast)
 EW_PREPARE(cast_like)
 
+/* ---------------------------------------------------------------- gradients
+ *
+ * Rules (lib/autodiff/grad.h) for the differentiable operators above: dX from dY, emitted through the
+ * builder. Where a derivative has a kink the rule takes PyTorch's side of it (noted at each rule); the
+ * derivative of Floor, Ceil, Round and Sign is zero, and they give zeros, as PyTorch does.
+ *
+ * Emitted nodes are valid at the forward node's opset: before opset 7 a binary node broadcasts only
+ * with broadcast=1 (B onto A, placed at `axis`); Where exists from opset 9, Expand from 8, Sign from 9;
+ * Equal compares floats from opset 11; Cast names its type as a string before opset 6. Older opsets get
+ * equivalent compositions (a selection becomes arithmetic on a 0/1 mask, which lets a NaN or an
+ * infinity of the unselected side through). */
+
+/* How a binary node's operands broadcast before opset 7: the same shape, B a scalar constant, or B
+ * the forward node's input 1 broadcast onto A as the forward node does it. */
+enum ew_bc { EW_BC_SAME, EW_BC_SCALAR, EW_BC_FWD };
+
+/* One node on in[0..n); NULL when an input is NULL (an earlier builder call failed). */
+static tern_gval *ew_gop(tern_grad_ctx *g, const char *op, tern_gval *const *in, int n, const tern_gattr *at, int n_at)
+{
+	for (int i = 0; i < n; i++)
+		if (!in[i])
+			return NULL;
+	return tern_g_op(g, "", op, in, n, at, n_at);
+}
+
+/* A binary node; before opset 7 with the broadcast (and axis) attributes it needs: bcast and axis
+ * (-1: none) as given. */
+static tern_gval *ew_g2x(tern_grad_ctx *g, const char *op, tern_gval *a, tern_gval *b, bool bcast, int64_t axis)
+{
+	tern_gval *in[2] = {a, b};
+	tern_gattr at[2] = {{0}};
+	int n = 0;
+	if (g->node->opset < 7 && bcast) {
+		at[n++] = TERN_GA_I("broadcast", 1);
+		if (axis >= 0)
+			at[n++] = TERN_GA_I("axis", axis);
+	}
+	return ew_gop(g, op, in, 2, at, n);
+}
+
+static tern_gval *ew_g2(tern_grad_ctx *g, const char *op, tern_gval *a, tern_gval *b, enum ew_bc bc)
+{
+	bool fwd = bc == EW_BC_FWD && tern_attr_int(g->node, "broadcast", 0);
+	int64_t axis = fwd && tern_attr(g->node, "axis") ? tern_attr_int(g->node, "axis", 0) : -1;
+	return ew_g2x(g, op, a, b, bc == EW_BC_SCALAR || fwd, axis);
+}
+
+static tern_gval *ew_g1(tern_grad_ctx *g, const char *op, tern_gval *a)
+{
+	return ew_gop(g, op, &a, 1, NULL, 0);
+}
+
+/* A scalar constant of the output's element type. */
+static tern_gval *ew_k(tern_grad_ctx *g, double v)
+{
+	return tern_g_scalar(g, v, g->dy[0]);
+}
+
+#define EW_ADD(a, b) ew_g2(g, "Add", (a), (b), EW_BC_SAME)
+#define EW_SUB(a, b) ew_g2(g, "Sub", (a), (b), EW_BC_SAME)
+#define EW_MUL(a, b) ew_g2(g, "Mul", (a), (b), EW_BC_SAME)
+#define EW_DIV(a, b) ew_g2(g, "Div", (a), (b), EW_BC_SAME)
+/* a op a scalar v */
+#define EW_ADDK(a, v) ew_g2(g, "Add", (a), ew_k(g, (v)), EW_BC_SCALAR)
+#define EW_SUBK(a, v) ew_g2(g, "Sub", (a), ew_k(g, (v)), EW_BC_SCALAR)
+#define EW_MULK(a, v) ew_g2(g, "Mul", (a), ew_k(g, (v)), EW_BC_SCALAR)
+#define EW_DIVK(a, v) ew_g2(g, "Div", (a), ew_k(g, (v)), EW_BC_SCALAR)
+#define EW_CMPK(op, a, v) ew_g2(g, (op), (a), ew_k(g, (v)), EW_BC_SCALAR)
+#define EW_G1(op, a) ew_g1(g, (op), (a))
+
+/* v - a for a scalar v (before opset 7 only B broadcasts: -a + v). */
+static tern_gval *ew_ksub(tern_grad_ctx *g, double v, tern_gval *a)
+{
+	if (g->node->opset < 7)
+		return EW_ADDK(EW_G1("Neg", a), v);
+	return ew_g2(g, "Sub", ew_k(g, v), a, EW_BC_SAME);
+}
+
+/* Cast v to dtype ("to" is a type name before opset 6). */
+static tern_gval *ew_cast(tern_grad_ctx *g, tern_gval *v, int dtype)
+{
+	tern_gattr at = g->node->opset >= 6 ? TERN_GA_I("to", dtype)
+	        : dtype == TERN_DOUBLE      ? TERN_GA_S("to", "DOUBLE")
+	        : dtype == TERN_FLOAT16     ? TERN_GA_S("to", "FLOAT16")
+	                                    : TERN_GA_S("to", "FLOAT");
+	return ew_gop(g, "Cast", &v, 1, &at, 1);
+}
+
+/* A bool as 0 or 1 in the output's element type. */
+static tern_gval *ew_num(tern_grad_ctx *g, tern_gval *cond)
+{
+	return ew_cast(g, cond, tern_g_dtype(g, g->dy[0]));
+}
+
+/* cond ? a : b, for a and b of dY's shape (cond broadcasting to it). */
+static tern_gval *ew_select(tern_grad_ctx *g, tern_gval *cond, tern_gval *a, tern_gval *b)
+{
+	if (g->node->opset >= 9) {
+		tern_gval *in[3] = {cond, a, b};
+		return ew_gop(g, "Where", in, 3, NULL, 0);
+	}
+	return EW_ADD(b, EW_MUL(EW_SUB(a, b), ew_num(g, cond))); /* b + (a - b) cond */
+}
+
+/* v where cond holds, else 0. */
+static tern_gval *ew_keep(tern_grad_ctx *g, tern_gval *cond, tern_gval *v)
+{
+	if (g->node->opset >= 9) {
+		tern_gval *in[3] = {cond, v, ew_k(g, 0)};
+		return ew_gop(g, "Where", in, 3, NULL, 0);
+	}
+	return EW_MUL(v, ew_num(g, cond));
+}
+
+/* a != 0 and a == 0, elementwise (Equal takes floats from opset 11). */
+static tern_gval *ew_nonzero(tern_grad_ctx *g, tern_gval *a)
+{
+	if (g->node->opset >= 11)
+		return EW_G1("Not", EW_CMPK("Equal", a, 0));
+	return ew_g2(g, "Or", EW_CMPK("Less", a, 0), EW_CMPK("Greater", a, 0), EW_BC_SAME);
+}
+
+static tern_gval *ew_zero(tern_grad_ctx *g, tern_gval *a)
+{
+	if (g->node->opset >= 11)
+		return EW_CMPK("Equal", a, 0);
+	return EW_G1("Not", ew_nonzero(g, a));
+}
+
+/* Whether a and b have static shapes, known and equal. */
+static bool ew_g_same_shape(tern_grad_ctx *g, const tern_gval *a, const tern_gval *b)
+{
+	int ra, rb;
+	int64_t da[TERN_MAX_RANK], db[TERN_MAX_RANK];
+	tern_g_type(g, a, NULL, &ra, da);
+	tern_g_type(g, b, NULL, &rb, db);
+	if (ra < 0 || ra != rb)
+		return false;
+	for (int d = 0; d < ra; d++)
+		if (da[d] < 0 || da[d] != db[d])
+			return false;
+	return true;
+}
+
+/* t summed to the shape `view` (of t's rank, as input i broadcast) and reshaped to input i's own
+ * dimensions. Only before opset 9 (a legacy or per-channel broadcast), where no int64 Constant
+ * exists: ReduceSum over the axes where view is 1, keeping them, reads its axes from an attribute;
+ * the Reshape's shape is Shape(input), or an attribute before opset 5. */
+static tern_gval *ew_sum_to_view(tern_grad_ctx *g, tern_gval *t, int i, const int64_t *view, int rank)
+{
+	int64_t axes[TERN_MAX_RANK];
+	int n = 0;
+	for (int d = 0; d < rank; d++)
+		if (view[d] == 1)
+			axes[n++] = d;
+	tern_gattr at[2] = {TERN_GA_IS("axes", axes, (size_t)n), TERN_GA_I("keepdims", 1)};
+	tern_gval *r = n ? ew_gop(g, "ReduceSum", &t, 1, at, 2) : t;
+	if (g->node->opset >= 5)
+		return r ? tern_g_reshape_like(g, r, g->x[i]) : NULL;
+	int rx;
+	int64_t xd[TERN_MAX_RANK];
+	tern_g_type(g, g->x[i], NULL, &rx, xd);
+	tern_gattr shape = TERN_GA_IS("shape", xd, (size_t)rx);
+	return ew_gop(g, "Reshape", &r, 1, &shape, 1);
+}
+
+/* The legacy broadcast (before opset 7) of input 1 placed at a given axis that numpy's right
+ * alignment would not give: its view (rank of the output) in view; false when numpy's reading is the
+ * same. Its static shape must be known (ew_check_legacy). */
+static bool ew_legacy_placed(tern_grad_ctx *g, int64_t *view, int *rank)
+{
+	if (g->node->opset >= 7 || g->n_in < 2 || !tern_attr_int(g->node, "broadcast", 0) ||
+	    !tern_attr(g->node, "axis"))
+		return false;
+	int ry = tern_g_rank(g, g->y[0]), rb;
+	int64_t bd[TERN_MAX_RANK];
+	tern_g_type(g, g->x[1], NULL, &rb, bd);
+	int64_t axis = tern_attr_int(g->node, "axis", 0);
+	if (axis < 0)
+		axis += ry;
+	if (ry < 0 || rb < 0 || axis == ry - rb || axis < 0 || axis + rb > ry)
+		return false;
+	for (int d = 0; d < ry; d++)
+		view[d] = d >= axis && d < axis + rb ? bd[d - axis] : 1;
+	*rank = ry;
+	return true;
+}
+
+static tern_status ew_check_legacy(tern_grad_ctx *g)
+{
+	if (g->node->opset >= 7 || g->n_in < 2 || !tern_attr_int(g->node, "broadcast", 0) ||
+	    !tern_attr(g->node, "axis"))
+		return TERN_OK;
+	int ry = tern_g_rank(g, g->y[0]), rb;
+	int64_t bd[TERN_MAX_RANK];
+	tern_g_type(g, g->x[1], NULL, &rb, bd);
+	bool known = ry >= 0 && rb >= 0;
+	for (int d = 0; known && d < rb; d++)
+		known = bd[d] >= 0;
+	return known ? TERN_OK : tern_g_fail(g, "broadcast with axis before opset 7 needs input 1's static shape");
+}
+
+/* t, of the output's shape, summed down to forward input i's shape (undoing its broadcast). */
+static tern_gval *ew_sum_to(tern_grad_ctx *g, tern_gval *t, int i)
+{
+	if (!t || ew_g_same_shape(g, g->x[i], g->y[0]))
+		return t;
+	int64_t view[TERN_MAX_RANK];
+	int rank;
+	if (i == 1 && ew_legacy_placed(g, view, &rank))
+		return ew_sum_to_view(g, t, i, view, rank);
+	return tern_g_sum_to(g, t, g->x[i]);
+}
+
+/* Zeros of input 0's shape. */
+static tern_gval *ew_zeros(tern_grad_ctx *g)
+{
+	if (g->node->opset < 8)
+		return EW_MULK(g->dy[0], 0); /* no Expand yet: 0 dY */
+	if (tern_g_rank(g, g->x[0]) == 0)
+		return ew_k(g, 0);
+	tern_gval *in[2] = {ew_k(g, 0), tern_g_shape(g, g->x[0])};
+	return ew_gop(g, "Expand", in, 2, NULL, 0);
+}
+
+/* A node of tern's own (the backward operators above). */
+static tern_gval *ew_tern2(tern_grad_ctx *g, const char *op, tern_gval *a, tern_gval *b)
+{
+	tern_gval *in[2] = {a, b};
+	return a && b ? tern_g_op(g, "tern", op, in, 2, NULL, 0) : NULL;
+}
+
+/* The rule's answer is complete for inputs [0, n) that want one; else the builder's failure. */
+static tern_status ew_done_n(tern_grad_ctx *g, int n)
+{
+	for (int i = 0; i < n && i < g->n_in; i++)
+		if (g->wants[i] && !g->dx[i])
+			return tern_g_status(g);
+	return TERN_OK;
+}
+
+static tern_status ew_done(tern_grad_ctx *g)
+{
+	return ew_done_n(g, g->n_in);
+}
+
+/* Unary rules: dX = EXPR of x, y (the output) and dy. A unary rule runs only when its one input
+ * wants a gradient. */
+#define EW_GRAD1(name, EXPR)                                          \
+	static tern_status grad_##name(tern_grad_ctx *g)              \
+	{                                                             \
+		tern_gval *x = g->x[0], *y = g->y[0], *dy = g->dy[0]; \
+		(void)x;                                              \
+		(void)y;                                              \
+		(void)dy;                                             \
+		if (g->wants[0])                                      \
+			g->dx[0] = (EXPR);                            \
+		return ew_done(g);                                    \
+	}
+
+static tern_gval *ew_square(tern_grad_ctx *g, tern_gval *a)
+{
+	return EW_MUL(a, a);
+}
+
+/* 2 / sqrt(pi) */
+#define EW_TWO_OVER_SQRT_PI 1.12837916709551257390
+
+EW_GRAD1(neg, EW_G1("Neg", dy))
+/* |x|' = sign(x): 0 at x = 0, as PyTorch (sgn). Sign arrives in opset 9: before, (x > 0) - (x < 0). */
+EW_GRAD1(abs,
+         EW_MUL(dy,
+                g->node->opset >= 9 ? EW_G1("Sign", x)
+                                    : EW_SUB(ew_num(g, EW_CMPK("Greater", x, 0)), ew_num(g, EW_CMPK("Less", x, 0)))))
+/* the derivative is zero almost everywhere (and undefined at the steps): zeros, as PyTorch gives */
+EW_GRAD1(zero, ew_zeros(g))
+EW_GRAD1(sqrt, EW_DIV(dy, EW_ADD(y, y)))
+EW_GRAD1(reciprocal, EW_G1("Neg", EW_MUL(dy, EW_MUL(y, y))))
+EW_GRAD1(exp, EW_MUL(dy, y))
+EW_GRAD1(log, EW_DIV(dy, x))
+EW_GRAD1(sin, EW_MUL(dy, EW_G1("Cos", x)))
+EW_GRAD1(cos, EW_G1("Neg", EW_MUL(dy, EW_G1("Sin", x))))
+EW_GRAD1(tan, EW_MUL(dy, EW_ADDK(EW_MUL(y, y), 1)))
+EW_GRAD1(asin, EW_DIV(dy, EW_G1("Sqrt", ew_ksub(g, 1, EW_MUL(x, x)))))
+EW_GRAD1(acos, EW_G1("Neg", EW_DIV(dy, EW_G1("Sqrt", ew_ksub(g, 1, EW_MUL(x, x))))))
+EW_GRAD1(atan, EW_DIV(dy, EW_ADDK(EW_MUL(x, x), 1)))
+EW_GRAD1(sinh, EW_MUL(dy, EW_G1("Cosh", x)))
+EW_GRAD1(cosh, EW_MUL(dy, EW_G1("Sinh", x)))
+EW_GRAD1(tanh, ew_tern2(g, "TanhGrad", dy, y))
+EW_GRAD1(asinh, EW_DIV(dy, EW_G1("Sqrt", EW_ADDK(EW_MUL(x, x), 1))))
+EW_GRAD1(acosh, EW_DIV(dy, EW_G1("Sqrt", EW_SUBK(EW_MUL(x, x), 1))))
+EW_GRAD1(atanh, EW_DIV(dy, ew_ksub(g, 1, EW_MUL(x, x))))
+EW_GRAD1(erf, EW_MUL(dy, EW_MULK(EW_G1("Exp", EW_G1("Neg", EW_MUL(x, x))), EW_TWO_OVER_SQRT_PI)))
+/* dY where y > 0: 0 at x = 0, as PyTorch (threshold_backward on the result) */
+EW_GRAD1(relu, ew_tern2(g, "ReluGrad", dy, y))
+/* 1 for x > 0, alpha otherwise: alpha at x = 0, as PyTorch (leaky_relu_backward: x > 0) */
+EW_GRAD1(leaky_relu, ew_select(g, EW_CMPK("Greater", x, 0), dy, EW_MULK(dy, tern_attr_float(g->node, "alpha", 0.01f))))
+/* alpha e^x for x <= 0 (alpha at 0, as PyTorch's elu_backward), 1 above */
+EW_GRAD1(elu,
+         ew_select(g, EW_CMPK("Greater", x, 0), dy,
+                   EW_MUL(dy, EW_MULK(EW_G1("Exp", x), tern_attr_float(g->node, "alpha", 1.0f)))))
+/* gamma alpha e^x for x <= 0 (as PyTorch's elu_backward), gamma above */
+EW_GRAD1(selu,
+         ew_select(g, EW_CMPK("Greater", x, 0),
+                   EW_MULK(dy, tern_attr_float(g->node, "gamma", 1.05070102214813232421875f)),
+                   EW_MUL(dy,
+                          EW_MULK(EW_G1("Exp", x),
+                                  (double)tern_attr_float(g->node, "gamma", 1.05070102214813232421875f) *
+                                          tern_attr_float(g->node, "alpha", 1.67326319217681884765625f)))))
+/* e^(x / alpha) for x <= 0, 1 above: continuous (1 at 0) */
+EW_GRAD1(celu,
+         ew_select(g, EW_CMPK("Greater", x, 0), dy,
+                   EW_MUL(dy, EW_G1("Exp", EW_DIVK(x, tern_attr_float(g->node, "alpha", 1.0f))))))
+EW_GRAD1(sigmoid, ew_tern2(g, "SigmoidGrad", dy, y))
+/* alpha where 0 < alpha x + beta < 1 (0 < y < 1), 0 outside and at both kinks, as PyTorch's
+ * hardsigmoid_backward */
+EW_GRAD1(hard_sigmoid,
+         ew_keep(g, ew_g2(g, "And", EW_CMPK("Greater", y, 0), EW_CMPK("Less", y, 1), EW_BC_SAME),
+                 EW_MULK(dy, tern_attr_float(g->node, "alpha", 0.2f))))
+/* HardSwish is x hardsigmoid(x) with alpha 1/6, beta 1/2: 0 for x < -3, x/3 + 1/2 for -3 <= x <= 3, 1
+ * above: PyTorch's hardswish_backward, which gives -1/2 at -3 and 3/2 at 3 */
+EW_GRAD1(hard_swish,
+         ew_select(g, EW_CMPK("Greater", x, 3), dy,
+                   ew_select(g, EW_CMPK("Less", x, -3), ew_k(g, 0), EW_MUL(dy, EW_ADDK(EW_DIVK(x, 3), 0.5)))))
+EW_GRAD1(softplus, EW_MUL(dy, EW_G1("Sigmoid", x)))
+EW_GRAD1(softsign, EW_DIV(dy, ew_square(g, EW_ADDK(EW_G1("Abs", x), 1))))
+/* dY where x > alpha: 0 at alpha, as PyTorch's threshold_backward */
+EW_GRAD1(thresholded_relu, ew_keep(g, EW_CMPK("Greater", x, tern_attr_float(g->node, "alpha", 1.0f)), dy))
+/* dY where |x| > lambd: 0 at +-lambd, as PyTorch's hardshrink_backward */
+EW_GRAD1(shrink,
+         ew_keep(g,
+                 ew_g2(g, "Or", EW_CMPK("Less", x, -(double)tern_attr_float(g->node, "lambd", 0.5f)),
+                       EW_CMPK("Greater", x, tern_attr_float(g->node, "lambd", 0.5f)), EW_BC_SAME),
+                 dy))
+
+/* Mish: tanh(sp) + x sigmoid(x) (1 - tanh(sp)^2), sp = softplus(x) (PyTorch's mish_backward). */
+static tern_status grad_mish(tern_grad_ctx *g)
+{
+	tern_gval *x = g->x[0], *dy = g->dy[0];
+	tern_gval *th = EW_G1("Tanh", EW_G1("Softplus", x));
+	tern_gval *d = EW_ADD(th, EW_MUL(EW_MUL(x, EW_G1("Sigmoid", x)), ew_ksub(g, 1, EW_MUL(th, th))));
+	g->dx[0] = EW_MUL(dy, d);
+	return ew_done(g);
+}
+
+/* dY summed to each operand; Sub negates B's (after the sum: fewer elements). */
+static tern_status grad_add(tern_grad_ctx *g)
+{
+	tern_status st = ew_check_legacy(g);
+	if (st)
+		return st;
+	bool sub = strcmp(g->node->op_type, "Sub") == 0;
+	if (g->wants[0])
+		g->dx[0] = ew_sum_to(g, g->dy[0], 0);
+	if (g->wants[1]) {
+		tern_gval *d = ew_sum_to(g, g->dy[0], 1);
+		g->dx[1] = sub ? EW_G1("Neg", d) : d;
+	}
+	return ew_done(g);
+}
+
+static tern_status grad_mul(tern_grad_ctx *g)
+{
+	tern_status st = ew_check_legacy(g);
+	if (st)
+		return st;
+	tern_gval *a = g->x[0], *b = g->x[1], *dy = g->dy[0];
+	if (g->wants[0])
+		g->dx[0] = ew_sum_to(g, ew_g2(g, "Mul", dy, b, EW_BC_FWD), 0);
+	if (g->wants[1])
+		g->dx[1] = ew_sum_to(g, EW_MUL(dy, a), 1);
+	return ew_done(g);
+}
+
+/* z = a / b: dA = dY / b, dB = -dY z / b. */
+static tern_status grad_div(tern_grad_ctx *g)
+{
+	tern_status st = ew_check_legacy(g);
+	if (st)
+		return st;
+	tern_gval *b = g->x[1], *z = g->y[0], *dy = g->dy[0];
+	if (g->wants[0])
+		g->dx[0] = ew_sum_to(g, ew_g2(g, "Div", dy, b, EW_BC_FWD), 0);
+	if (g->wants[1])
+		g->dx[1] = EW_G1("Neg", ew_sum_to(g, ew_g2(g, "Div", EW_MUL(dy, z), b, EW_BC_FWD), 1));
+	return ew_done(g);
+}
+
+/* z = a^b. dA = dY b a^(b-1); where b is 0 the exponent b - 1 is replaced by 0, so that a = 0 gives 0
+ * rather than 0 * inf (PyTorch masks exponent == 0 the same way). dB = dY z log(a): the logarithm is
+ * defined for a > 0 only; at a = 0 the rule gives 0 (PyTorch's convention where b >= 0: log(a) is
+ * taken at 1 there), for a < 0 NaN, as PyTorch. An exponent of another type (Pow-12) is cast to the
+ * base's type; an integer exponent has no gradient. */
+static tern_status grad_pow(tern_grad_ctx *g)
+{
+	tern_status st = ew_check_legacy(g);
+	if (st)
+		return st;
+	tern_gval *a = g->x[0], *b = g->x[1], *z = g->y[0], *dy = g->dy[0];
+	int ta = tern_g_dtype(g, a), tb = tern_g_dtype(g, b);
+	if (g->wants[0]) {
+		tern_gval *bf = tb == ta ? b : ew_cast(g, b, ta);
+		tern_gval *e = EW_SUB(bf, ew_num(g, ew_nonzero(g, bf))); /* b - 1, or 0 where b is 0 */
+		tern_gval *d = ew_g2(g, "Mul", EW_MUL(dy, ew_g2(g, "Pow", a, e, EW_BC_FWD)), bf, EW_BC_FWD);
+		g->dx[0] = ew_sum_to(g, d, 0);
+	}
+	if (g->wants[1]) {
+		tern_gval *log_a = EW_G1("Log", EW_ADD(a, ew_num(g, ew_zero(g, a))));
+		tern_gval *d = EW_MUL(EW_MUL(dy, z), log_a);
+		if (tb != ta)
+			d = ew_cast(g, d, tb);
+		g->dx[1] = ew_sum_to(g, d, 1);
+	}
+	return ew_done(g);
+}
+
+/* Float Mod is C's fmod: z = a - b trunc(a / b), so dA = dY, dB = -dY trunc(a / b), with trunc(a / b)
+ * as (a - z) / b (PyTorch's fmod backward). */
+static tern_status grad_mod(tern_grad_ctx *g)
+{
+	tern_gval *a = g->x[0], *b = g->x[1], *z = g->y[0], *dy = g->dy[0];
+	if (g->wants[0])
+		g->dx[0] = ew_sum_to(g, dy, 0);
+	if (g->wants[1])
+		g->dx[1] = EW_G1("Neg", ew_sum_to(g, EW_MUL(dy, EW_DIV(EW_SUB(a, z), b)), 1));
+	return ew_done(g);
+}
+
+/* PRelu: dX = dY where x > 0, slope dY otherwise; dSlope = x dY where x <= 0, summed to the slope's
+ * shape. At x = 0 the slope's side, as PyTorch's prelu backward. Before opset 9 the slope may be
+ * per channel (prep_prelu), which needs static shapes here. */
+static tern_status grad_prelu(tern_grad_ctx *g)
+{
+	tern_gval *x = g->x[0], *s = g->x[1], *dy = g->dy[0];
+	int rx, rs;
+	int64_t xd[TERN_MAX_RANK], sd[TERN_MAX_RANK];
+	tern_g_type(g, x, NULL, &rx, xd);
+	tern_g_type(g, s, NULL, &rs, sd);
+	bool channel = false;
+	if (g->node->opset < 9 && rs >= 1 && rx > rs) {
+		bool known = true, unidirectional = true, fits = true;
+		for (int i = 0; i < rs; i++) {
+			known &= sd[i] >= 0 && xd[rx - rs + i] >= 0 && xd[1 + i] >= 0;
+			unidirectional &= sd[i] == 1 || sd[i] == xd[rx - rs + i];
+			fits &= sd[i] == 1 || sd[i] == xd[1 + i];
+		}
+		if (!known)
+			return tern_g_fail(g, "PRelu before opset 9 needs static shapes for its gradient");
+		channel = !unidirectional && fits;
+	}
+	/* the slope as it broadcasts against dY: per channel, its dimensions from axis 1 */
+	int64_t view[TERN_MAX_RANK];
+	for (int d = 0; d < rx; d++)
+		view[d] = channel && d >= 1 && d <= rs ? sd[d - 1] : 1;
+	tern_gval *slope = s, *sdy;
+	bool same = ew_g_same_shape(g, s, x);
+	if (channel && g->node->opset >= 7) {
+		/* numpy reads the slope from the right: trailing 1s put it at axis 1 (Unsqueeze's axes are an
+		 * attribute before opset 13) */
+		int64_t axes[TERN_MAX_RANK];
+		for (int d = 0; d < rx - 1 - rs; d++)
+			axes[d] = rs + d;
+		tern_gattr at = TERN_GA_IS("axes", axes, (size_t)(rx - 1 - rs));
+		slope = rx - 1 > rs ? ew_gop(g, "Unsqueeze", &s, 1, &at, 1) : s;
+	}
+	if (channel)
+		sdy = ew_g2x(g, "Mul", dy, slope, true, 1);
+	else
+		sdy = ew_g2x(g, "Mul", dy, slope, !same, -1);
+	tern_gval *pos = EW_CMPK("Greater", x, 0);
+	if (g->wants[0])
+		g->dx[0] = ew_select(g, pos, dy, sdy);
+	if (g->wants[1]) {
+		tern_gval *t = ew_keep(g, EW_G1("Not", pos), EW_MUL(dy, x));
+		g->dx[1] = channel ? ew_sum_to_view(g, t, 1, view, rx) : ew_sum_to(g, t, 1);
+	}
+	return ew_done(g);
+}
+
+/* Sum: dY to every input; Mean: dY / n. */
+static tern_status grad_sum(tern_grad_ctx *g)
+{
+	tern_gval *d = g->dy[0];
+	if (strcmp(g->node->op_type, "Mean") == 0 && g->n_in > 1)
+		d = EW_MULK(d, 1.0 / g->n_in);
+	for (int i = 0; i < g->n_in; i++)
+		if (g->wants[i])
+			g->dx[i] = ew_sum_to(g, d, i);
+	return ew_done(g);
+}
+
+/* Max, Min: dY to the inputs that attain the result, split evenly among them where several do
+ * (torch.maximum gives each of two tied operands half; this is the same for n operands, as amax
+ * spreads over ties). x_i attains the maximum where it is not below it. */
+static tern_status grad_extreme(tern_grad_ctx *g)
+{
+	int n = g->n_in;
+	tern_gval *y = g->y[0], *dy = g->dy[0];
+	if (n == 1) {
+		g->dx[0] = dy;
+		return ew_done(g);
+	}
+	const char *beaten = strcmp(g->node->op_type, "Max") == 0 ? "Less" : "Greater";
+	tern_gval *attains[32];
+	for (int i = 0; i < n; i++)
+		attains[i] = ew_num(g, EW_G1("Not", ew_g2(g, beaten, g->x[i], y, EW_BC_SAME)));
+	tern_gval *count = ew_gop(g, "Sum", attains, n, NULL, 0);
+	tern_gval *share = EW_DIV(dy, count);
+	for (int i = 0; i < n; i++)
+		if (g->wants[i])
+			g->dx[i] = ew_sum_to(g, EW_MUL(share, attains[i]), i);
+	return ew_done(g);
+}
+
+/* Where: dY to the side each element came from; the condition has none. */
+static tern_status grad_where(tern_grad_ctx *g)
+{
+	tern_gval *cond = g->x[0], *dy = g->dy[0];
+	for (int i = 1; i <= 2; i++) {
+		if (!g->wants[i])
+			continue;
+		tern_gval *in[3] = {cond, i == 1 ? dy : ew_k(g, 0), i == 1 ? ew_k(g, 0) : dy};
+		g->dx[i] = ew_sum_to(g, ew_gop(g, "Where", in, 3, NULL, 0), i);
+	}
+	return ew_done(g);
+}
+
+/* Clip: y = min(max(x, lo), hi). dX = dY where lo <= x <= hi: at the bounds x keeps its gradient, as
+ * PyTorch's clamp_backward. A bound gets dY where it is the output: lo where x < lo, hi where x > hi
+ * (as PyTorch), and where lo > hi, which makes every output hi (numpy.clip's order), all of it goes to
+ * hi. Bounds are attributes before opset 11, optional scalar inputs from then on. */
+static tern_status grad_clip(tern_grad_ctx *g)
+{
+	tern_gval *x = g->x[0], *dy = g->dy[0], *lo = NULL, *hi = NULL;
+	if (g->node->opset < 11) {
+		if (tern_attr(g->node, "min"))
+			lo = ew_k(g, tern_attr_float(g->node, "min", 0));
+		if (tern_attr(g->node, "max"))
+			hi = ew_k(g, tern_attr_float(g->node, "max", 0));
+	} else {
+		lo = g->n_in > 1 ? g->x[1] : NULL;
+		hi = g->n_in > 2 ? g->x[2] : NULL;
+	}
+	tern_gval *below = lo ? ew_g2(g, "Less", x, lo, EW_BC_SCALAR) : NULL;
+	tern_gval *above = hi ? ew_g2(g, "Greater", x, hi, EW_BC_SCALAR) : NULL;
+	if (g->wants[0]) {
+		tern_gval *out = below && above ? ew_g2(g, "Or", below, above, EW_BC_SAME) : below ? below : above;
+		g->dx[0] = out ? ew_keep(g, EW_G1("Not", out), dy) : dy;
+	}
+	/* only inputs (opset 11 on) want gradients */
+	tern_gval *crossed = (g->n_in > 1 && g->wants[1]) || (g->n_in > 2 && g->wants[2])
+	        ? lo && hi ? ew_g2(g, "Greater", lo, hi, EW_BC_SAME) : NULL
+	        : NULL;
+	if (g->n_in > 1 && g->wants[1]) {
+		tern_gval *c = crossed ? ew_g2(g, "And", below, EW_G1("Not", crossed), EW_BC_SAME) : below;
+		g->dx[1] = ew_sum_to(g, ew_keep(g, c, dy), 1);
+	}
+	if (g->n_in > 2 && g->wants[2]) {
+		tern_gval *c = crossed ? ew_g2(g, "Or", above, crossed, EW_BC_SAME) : above;
+		g->dx[2] = ew_sum_to(g, ew_keep(g, c, dy), 2);
+	}
+	return ew_done(g);
+}
+
+/* Cast, CastLike: dY cast back to the input's type (CastLike's target_type has no gradient). */
+static tern_status grad_cast(tern_grad_ctx *g)
+{
+	int from = tern_g_dtype(g, g->x[0]), to = tern_g_dtype(g, g->y[0]);
+	if (g->wants[0])
+		g->dx[0] = from == to ? g->dy[0] : ew_cast(g, g->dy[0], from);
+	return ew_done_n(g, 1);
+}
+
 #define EW_FAMILY "elementwise"
 #define EW_OP(name, since, prep)                       \
 	{                                              \
 		"", name, since, 0, prep, 0, EW_FAMILY \
 	}
+/* The same with a gradient rule. */
+#define EW_OPG(name, since, prep, grad)                      \
+	{                                                    \
+		"", name, since, 0, prep, 0, EW_FAMILY, grad \
+	}
 
 static const tern_op ops[] = {
-        EW_OP("Abs", 1, prep_simple),
-        EW_OP("Neg", 1, prep_simple),
-        EW_OP("Sign", 9, prep_simple),
-        EW_OP("Reciprocal", 1, prep_simple),
-        EW_OP("Floor", 1, prep_simple),
-        EW_OP("Ceil", 1, prep_simple),
-        EW_OP("Round", 11, prep_simple),
-        EW_OP("Sqrt", 1, prep_simple),
-        EW_OP("Exp", 1, prep_simple),
-        EW_OP("Log", 1, prep_simple),
-        EW_OP("Sin", 7, prep_simple),
-        EW_OP("Cos", 7, prep_simple),
-        EW_OP("Tan", 7, prep_simple),
-        EW_OP("Asin", 7, prep_simple),
-        EW_OP("Acos", 7, prep_simple),
-        EW_OP("Atan", 7, prep_simple),
-        EW_OP("Sinh", 9, prep_simple),
-        EW_OP("Cosh", 9, prep_simple),
-        EW_OP("Asinh", 9, prep_simple),
-        EW_OP("Acosh", 9, prep_simple),
-        EW_OP("Atanh", 9, prep_simple),
-        EW_OP("Erf", 9, prep_simple),
-        EW_OP("Tanh", 1, prep_simple),
+        EW_OPG("Abs", 1, prep_simple, grad_abs),
+        EW_OPG("Neg", 1, prep_simple, grad_neg),
+        EW_OPG("Sign", 9, prep_simple, grad_zero),
+        EW_OPG("Reciprocal", 1, prep_simple, grad_reciprocal),
+        EW_OPG("Floor", 1, prep_simple, grad_zero),
+        EW_OPG("Ceil", 1, prep_simple, grad_zero),
+        EW_OPG("Round", 11, prep_simple, grad_zero),
+        EW_OPG("Sqrt", 1, prep_simple, grad_sqrt),
+        EW_OPG("Exp", 1, prep_simple, grad_exp),
+        EW_OPG("Log", 1, prep_simple, grad_log),
+        EW_OPG("Sin", 7, prep_simple, grad_sin),
+        EW_OPG("Cos", 7, prep_simple, grad_cos),
+        EW_OPG("Tan", 7, prep_simple, grad_tan),
+        EW_OPG("Asin", 7, prep_simple, grad_asin),
+        EW_OPG("Acos", 7, prep_simple, grad_acos),
+        EW_OPG("Atan", 7, prep_simple, grad_atan),
+        EW_OPG("Sinh", 9, prep_simple, grad_sinh),
+        EW_OPG("Cosh", 9, prep_simple, grad_cosh),
+        EW_OPG("Asinh", 9, prep_simple, grad_asinh),
+        EW_OPG("Acosh", 9, prep_simple, grad_acosh),
+        EW_OPG("Atanh", 9, prep_simple, grad_atanh),
+        EW_OPG("Erf", 9, prep_simple, grad_erf),
+        EW_OPG("Tanh", 1, prep_simple, grad_tanh),
         EW_OP("Not", 1, prep_simple),
         EW_OP("BitwiseNot", 18, prep_simple),
         EW_OP("IsNaN", 9, prep_simple),
         EW_OP("IsInf", 10, prep_isinf),
-        EW_OP("Relu", 1, prep_simple),
-        EW_OP("LeakyRelu", 1, prep_simple),
-        EW_OP("Elu", 1, prep_simple),
-        EW_OP("Selu", 1, prep_simple),
-        EW_OP("Celu", 12, prep_simple),
-        EW_OP("Sigmoid", 1, prep_simple),
-        EW_OP("HardSigmoid", 1, prep_simple),
-        EW_OP("HardSwish", 14, prep_simple),
-        EW_OP("Softplus", 1, prep_simple),
-        EW_OP("Softsign", 1, prep_simple),
-        EW_OP("ThresholdedRelu", 10, prep_simple),
-        EW_OP("Mish", 18, prep_simple),
-        EW_OP("Shrink", 9, prep_simple),
-        EW_OP("PRelu", 1, prep_prelu),
-        EW_OP("Add", 1, prep_simple),
-        EW_OP("Sub", 1, prep_simple),
-        EW_OP("Mul", 1, prep_simple),
-        EW_OP("Div", 1, prep_simple),
-        EW_OP("Pow", 1, prep_pow),
-        EW_OP("Mod", 10, prep_mod),
+        EW_OPG("Relu", 1, prep_simple, grad_relu),
+        EW_OPG("LeakyRelu", 1, prep_simple, grad_leaky_relu),
+        EW_OPG("Elu", 1, prep_simple, grad_elu),
+        EW_OPG("Selu", 1, prep_simple, grad_selu),
+        EW_OPG("Celu", 12, prep_simple, grad_celu),
+        EW_OPG("Sigmoid", 1, prep_simple, grad_sigmoid),
+        EW_OPG("HardSigmoid", 1, prep_simple, grad_hard_sigmoid),
+        EW_OPG("HardSwish", 14, prep_simple, grad_hard_swish),
+        EW_OPG("Softplus", 1, prep_simple, grad_softplus),
+        EW_OPG("Softsign", 1, prep_simple, grad_softsign),
+        EW_OPG("ThresholdedRelu", 10, prep_simple, grad_thresholded_relu),
+        EW_OPG("Mish", 18, prep_simple, grad_mish),
+        EW_OPG("Shrink", 9, prep_simple, grad_shrink),
+        EW_OPG("PRelu", 1, prep_prelu, grad_prelu),
+        EW_OPG("Add", 1, prep_simple, grad_add),
+        EW_OPG("Sub", 1, prep_simple, grad_add),
+        EW_OPG("Mul", 1, prep_simple, grad_mul),
+        EW_OPG("Div", 1, prep_simple, grad_div),
+        EW_OPG("Pow", 1, prep_pow, grad_pow),
+        EW_OPG("Mod", 10, prep_mod, grad_mod),
         EW_OP("BitShift", 11, prep_bitshift),
         EW_OP("BitwiseAnd", 18, prep_simple),
         EW_OP("BitwiseOr", 18, prep_simple),
@@ -1568,14 +2178,17 @@ static const tern_op ops[] = {
         EW_OP("LessOrEqual", 12, prep_simple),
         EW_OP("Greater", 1, prep_simple),
         EW_OP("GreaterOrEqual", 12, prep_simple),
-        EW_OP("Sum", 1, prep_variadic),
-        EW_OP("Mean", 1, prep_variadic),
-        EW_OP("Max", 1, prep_variadic),
-        EW_OP("Min", 1, prep_variadic),
-        EW_OP("Where", 9, prep_where),
-        EW_OP("Clip", 1, prep_clip),
-        EW_OP("Cast", 1, prep_cast),
-        EW_OP("CastLike", 15, prep_cast_like),
+        EW_OPG("Sum", 1, prep_variadic, grad_sum),
+        EW_OPG("Mean", 1, prep_variadic, grad_sum),
+        EW_OPG("Max", 1, prep_variadic, grad_extreme),
+        EW_OPG("Min", 1, prep_variadic, grad_extreme),
+        EW_OPG("Where", 9, prep_where, grad_where),
+        EW_OPG("Clip", 1, prep_clip, grad_clip),
+        EW_OPG("Cast", 1, prep_cast, grad_cast),
+        EW_OPG("CastLike", 15, prep_cast_like, grad_cast),
+        {"tern", "ReluGrad", 1, 0, prep_simple, 0, EW_FAMILY},
+        {"tern", "SigmoidGrad", 1, 0, prep_simple, 0, EW_FAMILY},
+        {"tern", "TanhGrad", 1, 0, prep_simple, 0, EW_FAMILY},
 };
 
 const tern_op_table tern_ops_elementwise = {ops, TERN_ARRAY_LEN(ops)};
