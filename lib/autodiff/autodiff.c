@@ -473,7 +473,12 @@ tern_status tern_autodiff(tern_model *m, tern_value *const *ys, tern_value *cons
 			continue;
 		const tern_op *op = tern_op_find(n->domain, n->op_type, n->opset);
 		if (!op || !op->grad) {
-			bool fused = strcmp(n->domain, TERN_DOMAIN) == 0;
+			/* tern's own operators without a rule are the fused ones tern-optimize -O2 makes */
+			bool fused = strcmp(n->domain, TERN_DOMAIN) == 0 && (strncmp(n->op_type, "Fused", 5) == 0 ||
+			                                                     !strcmp(n->op_type, "ElementwiseChain") ||
+			                                                     !strcmp(n->op_type, "Gelu") ||
+			                                                     !strcmp(n->op_type, "SkipLayerNormalization") ||
+			                                                     !strcmp(n->op_type, "Attention"));
 			st = tern_node_errorf(n, TERN_EDATA, "no gradient rule for %s%s%s", n->op_type,
 			                      fused ? " (a fused operator: run tern-autodiff before tern-optimize -O2)" : "",
 			                      op ? "" : " (not a known operator)");

@@ -6,7 +6,10 @@
 
 /* tern's own operators that compute and nothing else (communication operators have effects). */
 static const char *const pure_tern_ops[] = {
-        "FusedConv", "FusedGemm", "FusedMatMul", "ElementwiseChain", "Gelu", "SkipLayerNormalization", "Attention"};
+        "FusedConv", "FusedGemm", "FusedMatMul", "ElementwiseChain", "Gelu", "SkipLayerNormalization", "Attention",
+        /* the backward kernels of training steps */
+        "SumTo", "ReluGrad", "SigmoidGrad", "TanhGrad", "SliceGrad", "PadGrad", "GatherGrad", "GatherElementsGrad",
+        "GatherNDGrad"};
 
 static bool pure(const tern_node *n)
 {
