@@ -444,12 +444,34 @@ tern_status tern_model_add_training(tern_model *m, const tern_train_options *o, 
 		snprintf(mean_name, sizeof mean_name, "train/%s.running", mean->name);
 		snprintf(var_name, sizeof var_name, "train/%s.running", var->name);
 		tern_node *bn = rebuild_batchnorm(ag, n, true, mean_name, var_name);
-		if (!bn || bind(&plan, mean->name, mean_name) || bind(&plan, var->name, var_name)) {
+		if (!bn || bind(&plan, mean->name, mean_name)) {
 			st = tern_errorf(TERN_EOS, "out of memory");
 			break;
 		}
 		bn->outputs[1]->type = mean->type;
 		bn->outputs[2]->type = var->type;
+		/* ONNX updates the running variance with the batch's biased variance, PyTorch with the unbiased
+		 * one: m rv + (1 - m) v n / (n - 1), n the values a channel has. As ONNX's output is
+		 * m rv + (1 - m) v, PyTorch's is m rv + (onnx - m rv) n / (n - 1). */
+		tern_gval *x0 = (tern_gval *)bn->inputs[0], *rv = (tern_gval *)var;
+		int64_t one = 1;
+		tern_gval *gi[2] = {tern_g_shape(&gc, x0), tern_g_ints(&gc, &one, 1)};
+		tern_gattr ax = TERN_GA_I("axis", 0);
+		tern_gval *ch = gi[0] && gi[1] ? tern_g_op(&gc, "", "Gather", gi, 2, &ax, 1) : NULL;
+		tern_gval *cnt = tern_g_div(&gc, tern_g_unary(&gc, "Size", x0), ch);
+		tern_gattr to = TERN_GA_I("to", var->type.dtype);
+		cnt = cnt ? tern_g_op(&gc, "", "Cast", &cnt, 1, &to, 1) : NULL;
+		if (cnt)
+			((tern_value *)cnt)->type.dtype = var->type.dtype;
+		tern_gval *ratio = tern_g_div(&gc, cnt, tern_g_sub(&gc, cnt, tern_g_scalar(&gc, 1, rv)));
+		tern_gval *mrv = tern_g_mul(&gc, rv, tern_g_scalar(&gc, tern_attr_float(bn, "momentum", 0.9f), rv));
+		tern_gval *torch_rv =
+		        tern_g_add(&gc, mrv, tern_g_mul(&gc, tern_g_sub(&gc, (tern_gval *)bn->outputs[2], mrv), ratio));
+		if (!torch_rv || bind(&plan, var->name, ((tern_value *)torch_rv)->name)) {
+			st = tern_g_status(&gc);
+			break;
+		}
+		((tern_value *)torch_rv)->type = var->type;
 		bn_trained++;
 	}
 	if (!st && bn_trained)

@@ -1204,6 +1204,56 @@ static tern_status conv_transpose_kernel(const tern_kernel_args *a)
 	return TERN_OK;
 }
 
+/* ConvTranspose's geometry for X and kernel dimensions `kernel`: read as a convolution over X, then
+ * turned around: the image (w->in) is the output, whose spatial dimensions go to ydims, and X's
+ * positions are w->out. Pads come out resolved (auto_pad, output_shape). */
+static tern_status conv_transpose_window(const tern_node *node, const tern_tensor *x, const int64_t *kernel, window *w,
+                                         int64_t *ydims)
+{
+	tern_status st;
+	if ((st = tern_nn_window_read(node, x, kernel, w)))
+		return st;
+	int nsp = w->nsp;
+	int64_t opad[SP] = {0, 0, 0}, oshape[SP] = {0, 0, 0};
+	if ((st = tern_nn_read_ints(node, "output_padding", nsp, 1, 0, opad, NULL)))
+		return st;
+	size_t n_os;
+	const int64_t *os = tern_attr_ints(node, "output_shape", &n_os);
+	if (os && n_os != (size_t)nsp && n_os != (size_t)nsp + 2)
+		return tern_node_errorf(node, TERN_EDATA, "attribute 'output_shape' has %zu values; %d expected", n_os, nsp);
+	for (int i = 0; os && i < nsp; i++)
+		oshape[SP - nsp + i] = os[n_os - nsp + i];
+	const char *auto_pad = tern_attr_string(node, "auto_pad", "NOTSET");
+	bool same_upper = streq(auto_pad, "SAME_UPPER"), same_lower = streq(auto_pad, "SAME_LOWER");
+	if (!same_upper && !same_lower && !streq(auto_pad, "VALID") && !streq(auto_pad, "NOTSET"))
+		return bad_attr(node, "auto_pad", auto_pad);
+	bool explicit_pads = tern_attr(node, "pads") != NULL && !same_upper && !same_lower;
+	for (int i = SP - nsp; i < SP; i++) {
+		int64_t in = w->in[i];
+		int64_t full = w->s[i] * (in - 1) + opad[i] + (w->k[i] - 1) * w->d[i] + 1, out;
+		if (streq(auto_pad, "VALID"))
+			w->pb[i] = w->pe[i] = 0;
+		if (os || ((same_upper || same_lower) && !explicit_pads)) {
+			out = os ? oshape[i] : in * w->s[i];
+			if (!explicit_pads) {
+				int64_t total = full - out;
+				w->pb[i] = same_upper ? floor_div(total, 2) : total - floor_div(total, 2);
+				w->pe[i] = total - w->pb[i];
+			}
+		} else {
+			out = full - w->pb[i] - w->pe[i];
+		}
+		if (out < 1)
+			return tern_node_errorf(node, TERN_EDATA, "spatial dimension %d: output size %lld", i - (SP - nsp),
+			                        (long long)out);
+		/* col2im reads X's positions (w->out) and writes the image (w->in) */
+		w->out[i] = in;
+		w->in[i] = out;
+		ydims[i - (SP - nsp)] = out;
+	}
+	return TERN_OK;
+}
+
 static tern_status conv_transpose_prepare(tern_prepare_args *p)
 {
 	const tern_node *node = p->node;
@@ -1233,49 +1283,10 @@ static tern_status conv_transpose_prepare(tern_prepare_args *p)
 	cp->cout = cp->mg * cp->group;
 	if ((st = check_numel(node, b, 2, "B", cp->cout)))
 		return st;
-	/* Read the geometry as a convolution over X, then turn it around: the image is the output. */
 	window *w = &cp->w;
-	if ((st = tern_nn_window_read(node, x, wt->dims + 2, w)))
-		return st;
-	int nsp = w->nsp;
-	int64_t opad[SP] = {0, 0, 0}, oshape[SP] = {0, 0, 0};
-	if ((st = tern_nn_read_ints(node, "output_padding", nsp, 1, 0, opad, NULL)))
-		return st;
-	size_t n_os;
-	const int64_t *os = tern_attr_ints(node, "output_shape", &n_os);
-	if (os && n_os != (size_t)nsp && n_os != (size_t)nsp + 2)
-		return tern_node_errorf(node, TERN_EDATA, "attribute 'output_shape' has %zu values; %d expected", n_os, nsp);
-	for (int i = 0; os && i < nsp; i++)
-		oshape[SP - nsp + i] = os[n_os - nsp + i];
-	const char *auto_pad = tern_attr_string(node, "auto_pad", "NOTSET");
-	bool same_upper = streq(auto_pad, "SAME_UPPER"), same_lower = streq(auto_pad, "SAME_LOWER");
-	if (!same_upper && !same_lower && !streq(auto_pad, "VALID") && !streq(auto_pad, "NOTSET"))
-		return bad_attr(node, "auto_pad", auto_pad);
-	bool explicit_pads = tern_attr(node, "pads") != NULL && !same_upper && !same_lower;
 	int64_t dims[TERN_MAX_RANK] = {cp->n, cp->cout};
-	for (int i = SP - nsp; i < SP; i++) {
-		int64_t in = w->in[i];
-		int64_t full = w->s[i] * (in - 1) + opad[i] + (w->k[i] - 1) * w->d[i] + 1, out;
-		if (streq(auto_pad, "VALID"))
-			w->pb[i] = w->pe[i] = 0;
-		if (os || ((same_upper || same_lower) && !explicit_pads)) {
-			out = os ? oshape[i] : in * w->s[i];
-			if (!explicit_pads) {
-				int64_t total = full - out;
-				w->pb[i] = same_upper ? floor_div(total, 2) : total - floor_div(total, 2);
-				w->pe[i] = total - w->pb[i];
-			}
-		} else {
-			out = full - w->pb[i] - w->pe[i];
-		}
-		if (out < 1)
-			return tern_node_errorf(node, TERN_EDATA, "spatial dimension %d: output size %lld", i - (SP - nsp),
-			                        (long long)out);
-		/* col2im reads X's positions (w->out) and writes the image (w->in) */
-		w->out[i] = in;
-		w->in[i] = out;
-		dims[2 + i - (SP - nsp)] = out;
-	}
+	if ((st = conv_transpose_window(node, x, wt->dims + 2, w, dims + 2)))
+		return st;
 	cp->kk = sp_numel(w->k);
 	cp->in_sp = sp_numel(w->in);
 	cp->out_sp = sp_numel(w->out);
@@ -1357,15 +1368,333 @@ static tern_status col2im_prepare(tern_prepare_args *p)
 	return tern_nn_stage_halves(p);
 }
 
+/* ---------------------------------------------------------------- gradients */
+
+/* Per tap of the last slot, the outputs [lo, hi) it reaches inside the input (the depthwise loops'). */
+static tern_status depthwise_rows(const tern_node *node, conv_params *cp)
+{
+	const window *w = &cp->w;
+	if (!(cp->rows2 = malloc(2 * (size_t)w->k[2] * sizeof *cp->rows2)))
+		return no_memory(node);
+	for (int64_t k = 0; k < w->k[2]; k++)
+		outputs_within(k * w->d[2] - w->pb[2], w->s[2], w->in[2], w->out[2], &cp->rows2[2 * k], &cp->rows2[2 * k + 1]);
+	return TERN_OK;
+}
+
+/* Depthwise backward, the forward's loops turned around. The data gradient, plane (n, c) by plane:
+ * every output row of every channel m that reads c adds weight * its dY row into the input row under
+ * each tap. The weight gradient, channel m by channel: per tap, the sum over images and output rows
+ * of dY row . the input row under the tap. (ctx: x = dY and y = dX, or x = X, wt = dY and y = dW.) */
+#define DEF_DW_GRAD(S, T)                                                                                       \
+	TERN_ISA_BODY void dw_grad_input_##S##_body(void *ctx, int64_t begin, int64_t end)                          \
+	{                                                                                                           \
+		const conv_ctx *c = ctx;                                                                                \
+		const conv_params *cp = c->cp;                                                                          \
+		const window *w = &cp->w;                                                                               \
+		for (int64_t plane = begin; plane < end; plane++) {                                                     \
+			int64_t n = plane / cp->cin, ch = plane % cp->cin;                                                  \
+			T *dx = (T *)c->y + plane * cp->in_sp;                                                              \
+			memset(dx, 0, (size_t)cp->in_sp * sizeof *dx);                                                      \
+			for (int64_t m = ch * cp->mg; m < (ch + 1) * cp->mg; m++) {                                         \
+				const T *dy = (const T *)c->x + (n * cp->cout + m) * cp->out_sp;                                \
+				const T *wk = (const T *)c->wt + m * cp->kk;                                                    \
+				for (int64_t o0 = 0; o0 < w->out[0]; o0++) {                                                    \
+					int64_t s0 = o0 * w->s[0] - w->pb[0], l0, h0;                                               \
+					taps_within(s0, w->k[0], w->d[0], 0, w->in[0], &l0, &h0);                                   \
+					for (int64_t o1 = 0; o1 < w->out[1]; o1++) {                                                \
+						int64_t s1 = o1 * w->s[1] - w->pb[1], l1, h1;                                           \
+						taps_within(s1, w->k[1], w->d[1], 0, w->in[1], &l1, &h1);                               \
+						const T *restrict dyrow = dy + (o0 * w->out[1] + o1) * w->out[2];                       \
+						for (int64_t k0 = l0; k0 < h0; k0++)                                                    \
+							for (int64_t k1 = l1; k1 < h1; k1++) {                                              \
+								T *xrow = dx + ((s0 + k0 * w->d[0]) * w->in[1] + s1 + k1 * w->d[1]) * w->in[2]; \
+								for (int64_t k2 = 0; k2 < w->k[2]; k2++) {                                      \
+									T wv = wk[(k0 * w->k[1] + k1) * w->k[2] + k2];                              \
+									int64_t lo = cp->rows2[2 * k2], hi = cp->rows2[2 * k2 + 1];                 \
+									T *restrict xs = xrow + k2 * w->d[2] - w->pb[2];                            \
+									if (w->s[2] == 1)                                                           \
+										for (int64_t o2 = lo; o2 < hi; o2++)                                    \
+											xs[o2] += wv * dyrow[o2];                                           \
+									else                                                                        \
+										for (int64_t o2 = lo; o2 < hi; o2++)                                    \
+											xs[o2 * w->s[2]] += wv * dyrow[o2];                                 \
+								}                                                                               \
+							}                                                                                   \
+					}                                                                                           \
+				}                                                                                               \
+			}                                                                                                   \
+		}                                                                                                       \
+	}                                                                                                           \
+	TERN_ISA_VARIANTS3(void, dw_grad_input_##S, (void *ctx, int64_t begin, int64_t end), (ctx, begin, end))     \
+	TERN_ISA_BODY void dw_grad_weight_##S##_body(void *ctx, int64_t begin, int64_t end)                         \
+	{                                                                                                           \
+		const conv_ctx *c = ctx;                                                                                \
+		const conv_params *cp = c->cp;                                                                          \
+		const window *w = &cp->w;                                                                               \
+		for (int64_t m = begin; m < end; m++) {                                                                 \
+			int64_t ch = m / cp->mg;                                                                            \
+			for (int64_t t = 0; t < cp->kk; t++) {                                                              \
+				int64_t k0 = t / (w->k[1] * w->k[2]), k1 = t / w->k[2] % w->k[1], k2 = t % w->k[2];             \
+				int64_t lo = cp->rows2[2 * k2], hi = cp->rows2[2 * k2 + 1];                                     \
+				double acc = 0;                                                                                 \
+				for (int64_t n = 0; n < cp->n; n++) {                                                           \
+					const T *x = (const T *)c->x + (n * cp->cin + ch) * cp->in_sp;                              \
+					const T *dy = (const T *)c->wt + (n * cp->cout + m) * cp->out_sp;                           \
+					for (int64_t o0 = 0; o0 < w->out[0]; o0++) {                                                \
+						int64_t i0 = o0 * w->s[0] - w->pb[0] + k0 * w->d[0];                                    \
+						if (i0 < 0 || i0 >= w->in[0])                                                           \
+							continue;                                                                           \
+						for (int64_t o1 = 0; o1 < w->out[1]; o1++) {                                            \
+							int64_t i1 = o1 * w->s[1] - w->pb[1] + k1 * w->d[1];                                \
+							if (i1 < 0 || i1 >= w->in[1])                                                       \
+								continue;                                                                       \
+							const T *restrict dyrow = dy + (o0 * w->out[1] + o1) * w->out[2];                   \
+							const T *restrict xs = x + (i0 * w->in[1] + i1) * w->in[2] + k2 * w->d[2] - w->pb[2]; \
+							T part[8] = {0, 0, 0, 0, 0, 0, 0, 0}, tail = 0;                                     \
+							int64_t o2 = lo;                                                                    \
+							if (w->s[2] == 1)                                                                   \
+								for (; o2 + 8 <= hi; o2 += 8)                                                   \
+									for (int l = 0; l < 8; l++)                                                 \
+										part[l] += dyrow[o2 + l] * xs[o2 + l];                                  \
+							for (; o2 < hi; o2++)                                                               \
+								tail += dyrow[o2] * xs[o2 * w->s[2]];                                           \
+							for (int l = 0; l < 4; l++)                                                         \
+								part[l] += part[l + 4];                                                         \
+							acc += (double)(part[0] + part[2]) + (double)(part[1] + part[3]) + tail;            \
+						}                                                                                       \
+					}                                                                                           \
+				}                                                                                               \
+				((T *)c->y)[m * cp->kk + t] = (T)acc;                                                           \
+			}                                                                                                   \
+		}                                                                                                       \
+	}                                                                                                           \
+	TERN_ISA_VARIANTS3(void, dw_grad_weight_##S, (void *ctx, int64_t begin, int64_t end), (ctx, begin, end))
+
+DEF_DW_GRAD(f32, float)
+DEF_DW_GRAD(f64, double)
+
+/* tern.ConvGradInput(dY, W, x_shape) -> dX, with Conv's attributes: the data gradient of Conv, a
+ * transposed convolution. Per image and group the columns W_g^T dY_g (W_g^T packed), summed back
+ * onto the input by col2im; a pointwise convolution's columns are dX itself; depthwise directly. */
+static tern_status conv_grad_input_kernel(const tern_kernel_args *a)
+{
+	const conv_params *cp = a->params;
+	int dtype = a->in[0]->dtype;
+	size_t es = compute_size(dtype);
+	const char *dy = a->in[0]->data, *wt = a->in[1]->data;
+	char *dx = a->out[0]->data;
+	if (cp->depthwise) {
+		conv_ctx c = {cp, dy, wt, NULL, dx, NULL, NULL};
+		parallel_range(a->pool, cp->n * cp->cin, grain_for(cp->mg * cp->out_sp * cp->kk),
+		               dtype == TERN_DOUBLE ? dw_grad_input_f64 : dw_grad_input_f32, &c);
+		return TERN_OK;
+	}
+	int64_t ck = cp->cg * cp->kk;
+	for (int64_t g = 0; g < cp->group; g++) {
+		const char *wg = wt + (size_t)(g * cp->mg * ck) * es;
+		tern_packed *pk = NULL;
+		if (dtype == TERN_FLOAT && !(pk = cp->packed ? cp->packed[g] : tern_pack_a(ck, cp->mg, (const float *)wg, ck, true, 1.0f)))
+			return no_memory(a->node);
+		for (int64_t n = 0; n < cp->n; n++) {
+			const char *dyg = dy + (size_t)((n * cp->cout + g * cp->mg) * cp->out_sp) * es;
+			char *dxg = dx + (size_t)((n * cp->cin + g * cp->cg) * cp->in_sp) * es;
+			void *col = cp->pointwise ? (void *)dxg : a->scratch;
+			if (pk)
+				tern_gemm_packed(a->pool, pk, cp->out_sp, (const float *)dyg, cp->out_sp, NULL, col, cp->out_sp);
+			else
+				tern_gemm_f64(true, false, ck, cp->out_sp, cp->mg, 1.0, (const double *)wg, ck, (const double *)dyg,
+				              cp->out_sp, 0.0, col, cp->out_sp);
+			if (!cp->pointwise)
+				col2im(a->pool, dtype, &cp->w, cp->cg, col, dxg);
+		}
+		if (!cp->packed)
+			tern_packed_free(pk);
+	}
+	return TERN_OK;
+}
+
+static tern_status conv_grad_input_prepare(tern_prepare_args *p)
+{
+	const tern_node *node = p->node;
+	const tern_tensor *dy = p->in[0], *wt = p->in[1];
+	int rank = 0;
+	int64_t dims[TERN_MAX_RANK];
+	bool ready;
+	tern_status st = check_real_same(p, 2);
+	if (st || (st = tern_nn_shape_input(p, 2, &rank, dims, &ready)) || !ready)
+		return st;
+	tern_tensor x = tern_nn_shape_only(dy->dtype, rank, dims);
+	conv_params *cp = NULL;
+	if ((st = conv_setup(p, &x, wt, 1, &cp)) || (st = tern_nn_check_dy(p)))
+		return st;
+	tern_set_shape(p->out[0], dy->dtype, rank, dims);
+	cp->depthwise = cp->cg == 1 && !cp->pointwise;
+	if (cp->depthwise) {
+		if ((st = depthwise_rows(node, cp)))
+			return st;
+	} else {
+		if ((st = pack_groups(node, cp, wt, cp->cg * cp->kk, cp->mg, true)))
+			return st;
+		if (!cp->pointwise)
+			p->scratch_bytes = (size_t)(cp->cg * cp->kk * cp->out_sp) * compute_size(dy->dtype);
+	}
+	p->kernel = conv_grad_input_kernel;
+	return tern_nn_stage_halves(p);
+}
+
+/* tern.ConvGradWeight(dY, X, w_shape) -> dW, with Conv's attributes: the weight gradient of Conv, X
+ * correlated with dY. Per group, summed over the images: dY_g times the transpose of X_g's column
+ * matrix (im2col; X_g itself when pointwise), dY_g packed and the columns read across; depthwise
+ * directly. */
+static tern_status conv_grad_weight_kernel(const tern_kernel_args *a)
+{
+	const conv_params *cp = a->params;
+	int dtype = a->in[0]->dtype;
+	size_t es = compute_size(dtype);
+	const char *dy = a->in[0]->data, *x = a->in[1]->data;
+	char *dw = a->out[0]->data;
+	if (cp->depthwise) {
+		conv_ctx c = {cp, x, dy, NULL, dw, NULL, NULL};
+		parallel_range(a->pool, cp->cout, grain_for(cp->n * cp->out_sp * cp->kk),
+		               dtype == TERN_DOUBLE ? dw_grad_weight_f64 : dw_grad_weight_f32, &c);
+		return TERN_OK;
+	}
+	if (cp->n == 0)
+		memset(dw, 0, (size_t)tern_tensor_numel(a->out[0]) * es);
+	int64_t ck = cp->cg * cp->kk;
+	for (int64_t g = 0; g < cp->group; g++) {
+		char *dwg = dw + (size_t)(g * cp->mg * ck) * es;
+		for (int64_t n = 0; n < cp->n; n++) {
+			const char *xg = x + (size_t)((n * cp->cin + g * cp->cg) * cp->in_sp) * es;
+			const char *dyg = dy + (size_t)((n * cp->cout + g * cp->mg) * cp->out_sp) * es;
+			const void *col = xg;
+			if (!cp->pointwise) {
+				im2col(a->pool, &cp->w, es, cp->cg, xg, a->scratch);
+				col = a->scratch;
+			}
+			if (dtype == TERN_DOUBLE) {
+				tern_gemm_f64(false, true, cp->mg, ck, cp->out_sp, 1.0, (const double *)dyg, cp->out_sp, col,
+				              cp->out_sp, n ? 1.0 : 0.0, (double *)dwg, ck);
+				continue;
+			}
+			tern_packed *pk = tern_pack_a(cp->mg, cp->out_sp, (const float *)dyg, cp->out_sp, false, 1.0f);
+			if (!pk)
+				return no_memory(a->node);
+			/* B = the columns' transpose: row p (an output position) of column j at col + j * out_sp + p */
+			tern_gemm_b b = {col, NULL, 1, 0, 0, cp->out_sp};
+			tern_gemm_c c = {(float *)dwg, ck, false, n > 0, NULL, NULL, NULL};
+			tern_gemm_packed_run(a->pool, pk, ck, &b, &c, TERN_GEMM_COLS);
+			tern_packed_free(pk);
+		}
+	}
+	return TERN_OK;
+}
+
+static tern_status conv_grad_weight_prepare(tern_prepare_args *p)
+{
+	const tern_node *node = p->node;
+	const tern_tensor *x = p->in[1];
+	int rank = 0;
+	int64_t dims[TERN_MAX_RANK];
+	bool ready;
+	tern_status st = check_real_same(p, 2);
+	if (st || (st = tern_nn_shape_input(p, 2, &rank, dims, &ready)) || !ready)
+		return st;
+	tern_tensor wt = tern_nn_shape_only(x->dtype, rank, dims);
+	conv_params *cp = NULL;
+	if ((st = conv_setup(p, x, &wt, 2, &cp)) || (st = tern_nn_check_dy(p)))
+		return st;
+	tern_set_shape(p->out[0], x->dtype, rank, dims);
+	cp->depthwise = cp->cg == 1 && !cp->pointwise;
+	if (cp->depthwise) {
+		if ((st = depthwise_rows(node, cp)))
+			return st;
+	} else if (!cp->pointwise) {
+		p->scratch_bytes = (size_t)(cp->cg * cp->kk * cp->out_sp) * compute_size(x->dtype);
+	}
+	p->kernel = conv_grad_weight_kernel;
+	return tern_nn_stage_halves(p);
+}
+
+/* Conv: dX = tern.ConvGradInput, dW = tern.ConvGradWeight (both with Conv's attributes), dB = dY
+ * summed over all axes but the channels. */
+static tern_status conv_grad(tern_grad_ctx *g)
+{
+	tern_gval *x = g->x[0], *w = g->x[1], *dy = g->dy[0];
+	if (g->wants[0]) {
+		tern_gval *in[3] = {dy, w, tern_nn_g_shape(g, x)};
+		g->dx[0] = in[2] ? tern_g_op_like(g, "tern", "ConvGradInput", in, 3, NULL, 0) : NULL;
+	}
+	if (g->wants[1]) {
+		tern_gval *in[3] = {dy, x, tern_nn_g_shape(g, w)};
+		g->dx[1] = in[2] ? tern_g_op_like(g, "tern", "ConvGradWeight", in, 3, NULL, 0) : NULL;
+	}
+	if (g->n_in > 2 && g->wants[2])
+		g->dx[2] = tern_nn_g_channel_sum(g, dy);
+	return tern_nn_g_done(g, 0);
+}
+
+/* ConvTranspose is the data gradient of the convolution of its output back to its input (its
+ * geometry turned around, pads resolved): dX = Conv(dY, W), dW = tern.ConvGradWeight with X in dY's
+ * place and dY in X's, dB = dY summed over all axes but the channels. */
+static tern_status conv_transpose_grad(tern_grad_ctx *g)
+{
+	tern_gval *x = g->x[0], *w = g->x[1], *dy = g->dy[0];
+	int dtype, xr, wr;
+	int64_t xd[TERN_MAX_RANK], wd[TERN_MAX_RANK], yd[TERN_MAX_RANK];
+	tern_g_type(g, x, &dtype, &xr, xd);
+	tern_g_type(g, w, NULL, &wr, wd);
+	bool known = xr >= 3 && xr <= SP + 2 && wr == xr;
+	for (int d = 2; known && d < xr; d++)
+		known = xd[d] >= 0 && wd[d] >= 0;
+	if (!known)
+		return tern_g_fail(g, "ConvTranspose needs X's spatial dimensions and W's shape known");
+	tern_tensor xt = tern_nn_shape_only(dtype, xr, xd);
+	window win;
+	tern_status st = conv_transpose_window(g->node, &xt, wd + 2, &win, yd);
+	if (st)
+		return st;
+	int nsp = win.nsp;
+	int64_t kernel[SP], strides[SP], dilations[SP], pads[2 * SP];
+	for (int i = 0; i < nsp; i++) {
+		int j = SP - nsp + i;
+		kernel[i] = win.k[j];
+		strides[i] = win.s[j];
+		dilations[i] = win.d[j];
+		pads[i] = win.pb[j];
+		pads[nsp + i] = win.pe[j];
+		int64_t span = win.in[j] + win.pb[j] + win.pe[j] - (win.k[j] - 1) * win.d[j] - 1;
+		if (win.pb[j] < 0 || win.pe[j] < 0 || span < 0 || span / win.s[j] + 1 != win.out[j])
+			return tern_g_fail(g, "ConvTranspose's output (pads %lld+%lld) does not convolve back to its input",
+			                   (long long)win.pb[j], (long long)win.pe[j]);
+	}
+	tern_gattr at[5] = {TERN_GA_IS("kernel_shape", kernel, (size_t)nsp), TERN_GA_IS("strides", strides, (size_t)nsp),
+	                    TERN_GA_IS("dilations", dilations, (size_t)nsp), TERN_GA_IS("pads", pads, 2 * (size_t)nsp),
+	                    TERN_GA_I("group", tern_attr_int(g->node, "group", 1))};
+	if (g->wants[0]) {
+		tern_gval *in[2] = {dy, w};
+		g->dx[0] = tern_g_op(g, "", "Conv", in, 2, at, 5);
+	}
+	if (g->wants[1]) {
+		tern_gval *in[3] = {x, dy, tern_nn_g_shape(g, w)};
+		g->dx[1] = in[2] ? tern_g_op(g, "tern", "ConvGradWeight", in, 3, at, 5) : NULL;
+	}
+	if (g->n_in > 2 && g->wants[2])
+		g->dx[2] = tern_nn_g_channel_sum(g, dy);
+	return tern_nn_g_done(g, 0);
+}
+
 /* ---------------------------------------------------------------- table */
 
 static const tern_op ops[] = {
-	{"", "Conv", 1, 0, conv_prepare, TERN_DT_FLOATS, "conv"},
+	{"", "Conv", 1, 0, conv_prepare, TERN_DT_FLOATS, "conv", conv_grad},
 	{"", "ConvInteger", 10, 0, conv_integer_prepare, TERN_DT(INT8) | TERN_DT(UINT8), "conv"},
 	{"", "QLinearConv", 10, 0, qlinear_conv_prepare, TERN_DT(INT8) | TERN_DT(UINT8), "conv"},
 	{"", "DeformConv", 19, 0, deform_conv_prepare, TERN_DT_FLOATS, "conv"},
-	{"", "ConvTranspose", 1, 0, conv_transpose_prepare, TERN_DT_FLOATS, "conv"},
+	{"", "ConvTranspose", 1, 0, conv_transpose_prepare, TERN_DT_FLOATS, "conv", conv_transpose_grad},
 	{"", "Col2Im", 18, 0, col2im_prepare, TERN_DT_FLOATS, "conv"},
+	{"tern", "ConvGradInput", 1, 0, conv_grad_input_prepare, TERN_DT_FLOATS, "conv"},
+	{"tern", "ConvGradWeight", 1, 0, conv_grad_weight_prepare, TERN_DT_FLOATS, "conv"},
 };
 
 const tern_op_table tern_ops_conv = {ops, TERN_ARRAY_LEN(ops)};

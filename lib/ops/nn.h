@@ -7,6 +7,7 @@
 #ifndef TERN_OPS_NN_H
 #define TERN_OPS_NN_H
 
+#include "autodiff/grad.h"
 #include "internal.h"
 #include "ops/gemm.h"
 #include "ops/ops_common.h"
@@ -302,5 +303,42 @@ bool tern_nn_wb_plan(const window *w, int64_t *band, int64_t *slot_elems);
 
 /* Runs a job planned by tern_nn_wb_plan, `slots` slots of scratch of j->slot_elems floats each. */
 void tern_nn_wb_run(tern_threadpool *pool, const wb_job *j, int64_t slots);
+
+/* ---------------------------------------------------------------- gradients */
+
+/* What the families' gradient rules and backward operators share (nn_common.c). */
+
+/* Whether every wanted input has its gradient, but for those in the mask `none` (bit i: input i has
+ * none), for a rule to return. */
+tern_status tern_nn_g_done(tern_grad_ctx *g, uint32_t none);
+
+/* ReduceSum of v over the axes (keepdims as given), in the form the forward node's opset has: axes
+ * as an input from opset 13, as an attribute before. */
+tern_gval *tern_nn_g_reduce_sum(tern_grad_ctx *g, tern_gval *v, const int64_t *axes, int n_axes, bool keepdims);
+
+/* A bias gradient: v (of known rank) summed over every axis but 1, to [C]. */
+tern_gval *tern_nn_g_channel_sum(tern_grad_ctx *g, tern_gval *v);
+
+/* Shape(v), or a constant when v's shape is static. */
+tern_gval *tern_nn_g_shape(tern_grad_ctx *g, tern_gval *v);
+
+/* Input `index` of a backward operator that gives a shape (int64, rank 1) as rank and dims. While its
+ * values are not known, *ready is false and p->defer is set. */
+tern_status tern_nn_shape_input(tern_prepare_args *p, int index, int *rank, int64_t *dims, bool *ready);
+
+/* A tensor that stands for a shape, for the geometry code (which reads only dtype and dims). */
+static inline tern_tensor tern_nn_shape_only(int dtype, int rank, const int64_t *dims)
+{
+	tern_tensor t;
+	memset(&t, 0, sizeof t);
+	t.dtype = dtype;
+	t.rank = rank;
+	memcpy(t.dims, dims, (size_t)rank * sizeof *dims);
+	return t;
+}
+
+/* Input 0 of a backward operator, the forward output's gradient, against the forward output's shape
+ * that the operator's setup put in p->out[0]. */
+tern_status tern_nn_check_dy(const tern_prepare_args *p);
 
 #endif

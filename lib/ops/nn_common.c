@@ -357,3 +357,87 @@ void tern_nn_wb_run(tern_threadpool *pool, const wb_job *j, int64_t slots)
 bool tern_nn_wb_plan(const window *w, int64_t *band, int64_t *slot_elems) { return false; }
 void tern_nn_wb_run(tern_threadpool *pool, const wb_job *j, int64_t slots) {}
 #endif
+
+/* ---------------------------------------------------------------- gradients */
+
+tern_status tern_nn_g_done(tern_grad_ctx *g, uint32_t none)
+{
+	for (int i = 0; i < g->n_in; i++)
+		if (g->wants[i] && !g->dx[i] && !(none >> i & 1))
+			return tern_g_status(g);
+	return TERN_OK;
+}
+
+tern_gval *tern_nn_g_reduce_sum(tern_grad_ctx *g, tern_gval *v, const int64_t *axes, int n_axes, bool keepdims)
+{
+	if (!v)
+		return NULL;
+	tern_gattr keep = TERN_GA_I("keepdims", keepdims);
+	if (g->node->opset >= 13) {
+		tern_gval *in[2] = {v, tern_g_ints(g, axes, (size_t)n_axes)};
+		return in[1] ? tern_g_op(g, "", "ReduceSum", in, 2, &keep, 1) : NULL;
+	}
+	tern_gattr at[2] = {TERN_GA_IS("axes", axes, (size_t)n_axes), keep};
+	return tern_g_op(g, "", "ReduceSum", &v, 1, at, 2);
+}
+
+tern_gval *tern_nn_g_channel_sum(tern_grad_ctx *g, tern_gval *v)
+{
+	int rank = v ? tern_g_rank(g, v) : -1;
+	if (rank < 2) {
+		if (v)
+			tern_g_fail(g, "the bias gradient needs an output of known rank");
+		return NULL;
+	}
+	int64_t axes[TERN_MAX_RANK];
+	int n = 0;
+	for (int d = 0; d < rank; d++)
+		if (d != 1)
+			axes[n++] = d;
+	return tern_nn_g_reduce_sum(g, v, axes, n, false);
+}
+
+tern_gval *tern_nn_g_shape(tern_grad_ctx *g, tern_gval *v)
+{
+	if (!v)
+		return NULL;
+	int rank;
+	int64_t dims[TERN_MAX_RANK];
+	tern_g_type(g, v, NULL, &rank, dims);
+	bool known = rank >= 0;
+	for (int d = 0; known && d < rank; d++)
+		known = dims[d] >= 0;
+	return known ? tern_g_ints(g, dims, (size_t)rank) : tern_g_shape(g, v);
+}
+
+tern_status tern_nn_shape_input(tern_prepare_args *p, int index, int *rank, int64_t *dims, bool *ready)
+{
+	const tern_tensor *s = index < p->n_in ? p->in[index] : NULL;
+	*ready = false;
+	if (!s || s->dtype != TERN_INT64 || s->rank != 1 || s->dims[0] > TERN_MAX_RANK)
+		return tern_node_errorf(p->node, TERN_EDATA, "input %d must be a shape (int64, rank 1)", index);
+	if (!s->data) {
+		p->defer = 1;
+		return TERN_OK;
+	}
+	*rank = (int)s->dims[0];
+	for (int d = 0; d < *rank; d++)
+		if ((dims[d] = ((const int64_t *)s->data)[d]) < 0)
+			return tern_node_errorf(p->node, TERN_EDATA, "input %d: dimension %d is negative", index, d);
+	*ready = true;
+	return TERN_OK;
+}
+
+tern_status tern_nn_check_dy(const tern_prepare_args *p)
+{
+	const tern_tensor *dy = p->in[0], *y = p->out[0];
+	bool same = dy->rank == y->rank;
+	for (int d = 0; same && d < y->rank; d++)
+		same = dy->dims[d] == y->dims[d];
+	if (same)
+		return TERN_OK;
+	char s1[128], s2[128];
+	return tern_node_errorf(p->node, TERN_EDATA, "input 0 %s (the output's gradient) does not match the output %s",
+	                        tern_shape_str(dy->dtype, dy->rank, dy->dims, s1, sizeof s1),
+	                        tern_shape_str(y->dtype, y->rank, y->dims, s2, sizeof s2));
+}

@@ -554,16 +554,546 @@ static tern_status mvn_prepare(tern_prepare_args *p)
 	return tern_nn_stage_halves(p);
 }
 
+/* ---------------------------------------------------------------- gradients */
+
+/* tern.BatchNormGrad(dY, X, scale[, mean, var]) -> dX, dScale, dB[, dMean, dVar], attributes epsilon,
+ * training_mode and spatial as BatchNormalization's: channel by channel. In training mode the batch's
+ * statistics (recomputed from X) carry the gradient as in PyTorch's batch_norm_backward,
+ *     dX = scale * inv * (dY - mean(dY) - xhat * mean(dY * xhat)),  xhat = (x - mean) * inv;
+ * in inference mode the map is affine per channel: dX = dY * scale * inv, and the given mean and
+ * variance get theirs. dScale = sum(dY * xhat), dB = sum(dY) either way. */
+typedef struct bn_grad_ctx {
+	const bn_params *bp;
+	const void *dy, *x;
+	const tern_tensor *scale, *mean, *var;
+	void *dx;
+	tern_tensor *const *out; /* dScale, dB, dMean, dVar (NULL where absent) */
+} bn_grad_ctx;
+
+/* Over n elements, in double and eight partial sums (vectors of eight): the sums of x - k, of its
+ * square, of dy and of dy (x - k). */
+typedef double v8d __attribute__((vector_size(64)));
+typedef double v8du __attribute__((vector_size(64), aligned(8), may_alias));
+typedef float v8fu __attribute__((vector_size(32), aligned(4), may_alias));
+#define LOAD8_f32(p) __builtin_convertvector(*(const v8fu *)(p), v8d)
+#define LOAD8_f64(p) (*(const v8du *)(p))
+
+#define DEF_SUMS4(S, T)                                                                                 \
+	static inline __attribute__((always_inline)) void sums4_##S(const T *restrict x, const T *restrict dy, \
+	                                                            double k, int64_t n, double *out)       \
+	{                                                                                                   \
+		v8d p0 = {0}, p1 = {0}, p2 = {0}, p3 = {0}, kv = (v8d){0} + k;                                  \
+		int64_t i = 0;                                                                                  \
+		for (; i + 8 <= n; i += 8) {                                                                    \
+			v8d v = LOAD8_##S(x + i) - kv, d = LOAD8_##S(dy + i);                                       \
+			p0 += v;                                                                                    \
+			p1 += v * v;                                                                                \
+			p2 += d;                                                                                    \
+			p3 += d * v;                                                                                \
+		}                                                                                               \
+		for (; i < n; i++) {                                                                            \
+			double v = (double)x[i] - k, d = dy[i];                                                     \
+			p0[0] += v;                                                                                 \
+			p1[0] += v * v;                                                                             \
+			p2[0] += d;                                                                                 \
+			p3[0] += d * v;                                                                             \
+		}                                                                                               \
+		for (int l = 0; l < 8; l++) {                                                                   \
+			out[0] += p0[l];                                                                            \
+			out[1] += p1[l];                                                                            \
+			out[2] += p2[l];                                                                            \
+			out[3] += p3[l];                                                                            \
+		}                                                                                               \
+	}
+
+DEF_SUMS4(f32, float)
+DEF_SUMS4(f64, double)
+
+/* One pass over a channel gathers its sums about a shift k (its first element in training, the given
+ * mean in inference), from which the batch's mean and variance follow; a second writes dX. */
+#define DEF_BN_GRAD(S, T)                                                                               \
+	TERN_ISA_BODY void bn_grad_channels_##S##_body(void *ctx, int64_t begin, int64_t end)                  \
+	{                                                                                                   \
+		const bn_grad_ctx *c = ctx;                                                                     \
+		const bn_params *bp = c->bp;                                                                    \
+		double count = (double)(bp->n * bp->sp);                                                        \
+		for (int64_t ch = begin; ch < end; ch++) {                                                      \
+			double mean, var, k;                                                                        \
+			if (bp->training)                                                                           \
+				k = count ? ((const T *)c->x)[ch * bp->sp] : 0;                                         \
+			else                                                                                        \
+				k = tern_tensor_get_f64(c->mean, ch);                                                   \
+			double sums[4] = {0, 0, 0, 0};                                                              \
+			for (int64_t n = 0; n < bp->n; n++)                                                         \
+				sums4_##S((const T *)c->x + (n * bp->c + ch) * bp->sp,                                  \
+				          (const T *)c->dy + (n * bp->c + ch) * bp->sp, k, bp->sp, sums);               \
+			if (bp->training) {                                                                         \
+				double m1 = count ? sums[0] / count : 0;                                                \
+				mean = k + m1;                                                                          \
+				var = count ? sums[1] / count - m1 * m1 : 0;                                            \
+				var = var > 0 ? var : 0;                                                                \
+			} else {                                                                                    \
+				mean = k;                                                                               \
+				var = tern_tensor_get_f64(c->var, ch);                                                  \
+			}                                                                                           \
+			double inv = 1.0 / sqrt(var + bp->eps), scale = tern_tensor_get_f64(c->scale, ch);          \
+			/* sum(dy) and sum(dy (x - mean)) */                                                        \
+			double s1 = sums[2], s2 = sums[3] - (mean - k) * sums[2];                                   \
+			/* dX = a dY + b (x - mean) + e */                                                          \
+			double a = scale * inv, b = 0, e = 0;                                                       \
+			if (bp->training && count) {                                                                \
+				b = -scale * inv * inv * inv * s2 / count;                                              \
+				e = -scale * inv * s1 / count;                                                          \
+			}                                                                                           \
+			for (int64_t n = 0; c->dx && n < bp->n; n++) {                                              \
+				const T *restrict x = (const T *)c->x + (n * bp->c + ch) * bp->sp;                      \
+				const T *restrict dy = (const T *)c->dy + (n * bp->c + ch) * bp->sp;                    \
+				T *restrict dx = (T *)c->dx + (n * bp->c + ch) * bp->sp;                                \
+				T ta = (T)a, tb = (T)b, te = (T)e, tm = (T)mean;                                        \
+				for (int64_t i = 0; i < bp->sp; i++)                                                    \
+					dx[i] = ta * dy[i] + tb * (x[i] - tm) + te;                                         \
+			}                                                                                           \
+			double got[4] = {s2 * inv, s1, -s1 * scale * inv, -0.5 * scale * s2 * inv * inv * inv};     \
+			for (int o = 0; o < 4; o++)                                                                 \
+				if (c->out[o])                                                                          \
+					tern_store_f64(c->out[o]->dtype, c->out[o]->data, ch, got[o]);                      \
+		}                                                                                               \
+	}                                                                                                   \
+	TERN_ISA_VARIANTS3(void, bn_grad_channels_##S, (void *ctx, int64_t begin, int64_t end), (ctx, begin, end))
+
+DEF_BN_GRAD(f32, float)
+DEF_BN_GRAD(f64, double)
+
+static tern_status bn_grad_kernel(const tern_kernel_args *a)
+{
+	const bn_params *bp = a->params;
+	tern_tensor *out[4] = {NULL};
+	for (int o = 1; o < a->n_out && o < 5; o++)
+		out[o - 1] = a->out[o];
+	bn_grad_ctx c = {bp, a->in[0]->data, a->in[1]->data, a->in[2], a->n_in > 3 ? a->in[3] : NULL,
+	                 a->n_in > 4 ? a->in[4] : NULL, a->out[0] ? a->out[0]->data : NULL, out};
+	parallel_range(a->pool, bp->c, grain_for(3 * bp->n * bp->sp),
+	               a->in[0]->dtype == TERN_DOUBLE ? bn_grad_channels_f64 : bn_grad_channels_f32, &c);
+	return TERN_OK;
+}
+
+static tern_status bn_grad_prepare(tern_prepare_args *p)
+{
+	const tern_node *node = p->node;
+	const tern_tensor *x = p->in[1];
+	tern_status st = check_real_same(p, 2);
+	if (!st)
+		st = check_rank(node, x, 1, 2, TERN_MAX_RANK);
+	if (st)
+		return st;
+	bn_params *bp = calloc(1, sizeof *bp);
+	if (!bp)
+		return no_memory(node);
+	p->params = bp;
+	p->free_params = free;
+	bool spatial = tern_attr_int(node, "spatial", 1) != 0;
+	bp->n = x->dims[0];
+	bp->c = spatial ? x->dims[1] : prod(x->dims, 1, x->rank);
+	bp->sp = prod(x->dims, 1, x->rank) / (bp->c ? bp->c : 1);
+	bp->eps = tern_attr_float(node, "epsilon", 1e-5f);
+	bp->training = tern_attr_int(node, "training_mode", 0) != 0;
+	int need = bp->training ? 3 : 5;
+	static const char *const names[] = {"", "", "scale", "mean", "var"};
+	for (int i = 2; i < need && !st; i++)
+		if (p->n_in <= i || !p->in[i])
+			st = tern_node_errorf(node, TERN_EDATA, "input %d is required", i);
+		else if (!(st = check_real(node, p->in[i], i)))
+			st = check_numel(node, p->in[i], i, names[i], bp->c);
+	if (st)
+		return st;
+	tern_set_shape(p->out[0], x->dtype, x->rank, x->dims);
+	if ((st = tern_nn_check_dy(p)))
+		return st;
+	for (int o = 1; o < p->n_out; o++)
+		if (p->out[o]) {
+			if (o >= need)
+				return tern_node_errorf(node, TERN_EDATA, "output %d exists only in inference mode", o);
+			tern_set_shape(p->out[o], p->in[o < 3 ? 2 : o]->dtype, 1, &bp->c);
+		}
+	p->kernel = bn_grad_kernel;
+	return tern_nn_stage_halves(p);
+}
+
+/* BatchNormalization, as tern computes it: training mode (opset 14 on: training_mode; before: when
+ * it has the statistics outputs) through the batch's statistics, else the affine map of the given
+ * ones. The running and saved statistics carry no gradient back. */
+static tern_status bn_grad(tern_grad_ctx *g)
+{
+	const tern_node *node = g->node;
+	for (int o = 1; o < g->n_out; o++)
+		if (g->dy[o])
+			return tern_g_fail(g, "output %d (a running or saved statistic) carries no gradient", o);
+	bool training = false;
+	if (node->opset >= 14)
+		training = tern_attr_int(node, "training_mode", 0) != 0;
+	else
+		for (int o = 1; o < g->n_out; o++)
+			training |= g->y[o] != NULL;
+	bool spatial = node->opset >= 9 || tern_attr_int(node, "spatial", 1) != 0;
+	tern_gattr at[3] = {TERN_GA_F("epsilon", tern_attr_float(node, "epsilon", 1e-5f)),
+	                    TERN_GA_I("training_mode", training), TERN_GA_I("spatial", spatial)};
+	int n = training ? 3 : 5;
+	tern_gval *in[5] = {g->dy[0], g->x[0], g->x[1], g->x[3], g->x[4]}, *out[5] = {NULL};
+	if (tern_g_op_n(g, "tern", "BatchNormGrad", in, n, at, 3, out, n))
+		return tern_g_status(g);
+	for (int i = 0; i < n; i++)
+		if (g->wants[i])
+			g->dx[i] = out[i];
+	return tern_nn_g_done(g, training ? 1u << 3 | 1u << 4 : 0);
+}
+
+/* tern.LayerNormGrad(dY, X, Scale[, B]) -> dX, dScale, dB, attributes axis and epsilon as
+ * LayerNormalization's (B is read for its shape, that of dB): row by row as PyTorch's
+ * layer_norm_backward, with g = dY * scale,
+ *     dX = inv * (g - mean(g) - xhat * mean(g * xhat)),
+ * and dScale = sum over rows of dY * xhat, dB = sum over rows of dY, in partial sums per chunk of
+ * rows that are added up after. */
+typedef struct layer_norm_grad_params {
+	layer_norm_params lp;
+	int64_t slots;
+} layer_norm_grad_params;
+
+typedef struct layer_norm_grad_ctx {
+	const layer_norm_grad_params *gp;
+	const void *dy, *x, *scale;
+	void *dx;
+	double *sums; /* per slot: cols of dScale, then cols of dB */
+} layer_norm_grad_ctx;
+
+#define DEF_LAYER_NORM_GRAD(S, T)                                                                      \
+	TERN_ISA_BODY void layer_norm_grad_rows_##S##_body(void *ctx, int64_t begin, int64_t end, int64_t slot) \
+	{                                                                                                  \
+		const layer_norm_grad_ctx *c = ctx;                                                            \
+		const layer_norm_params *lp = &c->gp->lp;                                                      \
+		int64_t cols = lp->cols;                                                                       \
+		const T *scale = c->scale;                                                                     \
+		double *ds = c->sums + slot * 2 * cols, *db = ds + cols;                                       \
+		for (int64_t r = begin; r < end; r++) {                                                        \
+			const T *restrict x = (const T *)c->x + r * cols;                                          \
+			const T *restrict dy = (const T *)c->dy + r * cols;                                        \
+			/* the moments about the row's first element, in one pass */                               \
+			double k = cols ? x[0] : 0, m1 = 0, m2 = 0;                                                \
+			v8d p0 = {0}, p1 = {0}, kv = (v8d){0} + k;                                                 \
+			int64_t i = 0;                                                                             \
+			for (; i + 8 <= cols; i += 8) {                                                            \
+				v8d v = LOAD8_##S(x + i) - kv;                                                         \
+				p0 += v;                                                                               \
+				p1 += v * v;                                                                           \
+			}                                                                                          \
+			for (; i < cols; i++) {                                                                    \
+				double v = x[i] - k;                                                                   \
+				m1 += v;                                                                               \
+				m2 += v * v;                                                                           \
+			}                                                                                          \
+			for (int l = 0; l < 8; l++) {                                                              \
+				m1 += p0[l];                                                                           \
+				m2 += p1[l];                                                                           \
+			}                                                                                          \
+			m1 /= (double)(cols ? cols : 1);                                                           \
+			double var = m2 / (double)(cols ? cols : 1) - m1 * m1, mean = k + m1;                      \
+			double inv = 1.0 / sqrt((var > 0 ? var : 0) + lp->eps), sg = 0, sgx = 0;                  \
+			/* g = dy scale: its sums with and without xhat; the columns' sums of dy xhat and dy */    \
+			v8d mv = (v8d){0} + mean, iv = (v8d){0} + inv, s0 = {0}, s1 = {0};                         \
+			v8d sc = (v8d){0} + (double)scale[0];                                                      \
+			if (lp->scale_scalar)                                                                      \
+				for (i = 0; i + 8 <= cols; i += 8) {                                                   \
+					v8d xh = (LOAD8_##S(x + i) - mv) * iv, d = LOAD8_##S(dy + i), gi = d * sc;         \
+					s0 += gi;                                                                          \
+					s1 += gi * xh;                                                                     \
+					*(v8du *)(ds + i) += d * xh;                                                       \
+					*(v8du *)(db + i) += d;                                                            \
+				}                                                                                      \
+			else                                                                                       \
+				for (i = 0; i + 8 <= cols; i += 8) {                                                   \
+					v8d xh = (LOAD8_##S(x + i) - mv) * iv, d = LOAD8_##S(dy + i);                      \
+					v8d gi = d * LOAD8_##S(scale + i);                                                 \
+					s0 += gi;                                                                          \
+					s1 += gi * xh;                                                                     \
+					*(v8du *)(ds + i) += d * xh;                                                       \
+					*(v8du *)(db + i) += d;                                                            \
+				}                                                                                      \
+			for (; i < cols; i++) {                                                                    \
+				double xh = (x[i] - mean) * inv, gi = (double)dy[i] * scale[lp->scale_scalar ? 0 : i]; \
+				sg += gi;                                                                              \
+				sgx += gi * xh;                                                                        \
+				ds[i] += dy[i] * xh;                                                                   \
+				db[i] += dy[i];                                                                        \
+			}                                                                                          \
+			for (int l = 0; l < 8; l++) {                                                              \
+				sg += s0[l];                                                                           \
+				sgx += s1[l];                                                                          \
+			}                                                                                          \
+			if (!c->dx)                                                                                \
+				continue;                                                                              \
+			T *restrict dx = (T *)c->dx + r * cols;                                                    \
+			T m = (T)mean, ivt = (T)inv, a = (T)(sg / (double)cols), b = (T)(sgx / (double)cols);      \
+			if (lp->scale_scalar)                                                                      \
+				for (i = 0; i < cols; i++)                                                             \
+					dx[i] = ivt * (dy[i] * scale[0] - a - (x[i] - m) * ivt * b);                       \
+			else                                                                                       \
+				for (i = 0; i < cols; i++)                                                             \
+					dx[i] = ivt * (dy[i] * scale[i] - a - (x[i] - m) * ivt * b);                       \
+		}                                                                                              \
+	}                                                                                                  \
+	TERN_ISA_VARIANTS3(void, layer_norm_grad_rows_##S, (void *ctx, int64_t begin, int64_t end, int64_t slot), \
+	                   (ctx, begin, end, slot))
+
+DEF_LAYER_NORM_GRAD(f32, float)
+DEF_LAYER_NORM_GRAD(f64, double)
+
+/* Column sums of the slots into an output of n elements (1: everything summed). */
+static void store_column_sums(tern_tensor *t, const double *sums, int64_t slots, int64_t cols, int64_t stride)
+{
+	if (!t)
+		return;
+	int64_t n = tern_tensor_numel(t);
+	double all = 0;
+	for (int64_t j = 0; j < cols; j++) {
+		double v = 0;
+		for (int64_t s = 0; s < slots; s++)
+			v += sums[s * stride + j];
+		if (n == 1)
+			all += v;
+		else
+			tern_store_f64(t->dtype, t->data, j, v);
+	}
+	if (n == 1)
+		tern_store_f64(t->dtype, t->data, 0, all);
+}
+
+static tern_status layer_norm_grad_kernel(const tern_kernel_args *a)
+{
+	const layer_norm_grad_params *gp = a->params;
+	int64_t cols = gp->lp.cols;
+	double *sums = a->scratch;
+	memset(sums, 0, (size_t)(gp->slots * 2 * cols) * sizeof *sums);
+	layer_norm_grad_ctx c = {gp, a->in[0]->data, a->in[1]->data, a->in[2]->data, a->out[0] ? a->out[0]->data : NULL, sums};
+	parallel_slots(a->pool, gp->lp.rows, grain_for(3 * cols), gp->slots,
+	               a->in[0]->dtype == TERN_DOUBLE ? layer_norm_grad_rows_f64 : layer_norm_grad_rows_f32, &c);
+	store_column_sums(a->n_out > 1 ? a->out[1] : NULL, sums, gp->slots, cols, 2 * cols);
+	store_column_sums(a->n_out > 2 ? a->out[2] : NULL, sums + cols, gp->slots, cols, 2 * cols);
+	return TERN_OK;
+}
+
+static tern_status layer_norm_grad_prepare(tern_prepare_args *p)
+{
+	const tern_node *node = p->node;
+	const tern_tensor *x = p->in[1], *scale = p->in[2], *bias = p->n_in > 3 ? p->in[3] : NULL;
+	tern_status st = check_real_same(p, 4);
+	int axis = 0;
+	if (st || (st = axis_in(node, tern_attr_int(node, "axis", -1), x->rank, &axis)))
+		return st;
+	layer_norm_grad_params *gp = calloc(1, sizeof *gp);
+	if (!gp)
+		return no_memory(node);
+	p->params = gp;
+	p->free_params = free;
+	layer_norm_params *lp = &gp->lp;
+	lp->rows = prod(x->dims, 0, axis);
+	lp->cols = prod(x->dims, axis, x->rank);
+	lp->eps = tern_attr_float(node, "epsilon", 1e-5f);
+	int64_t ns = tern_tensor_numel(scale), nb = bias ? tern_tensor_numel(bias) : lp->cols;
+	lp->scale_scalar = ns == 1;
+	if ((ns != 1 && ns != lp->cols) || (nb != 1 && nb != lp->cols))
+		return tern_node_errorf(node, TERN_EDATA,
+		                        "Scale has %lld and B %lld elements; 1 or %lld (the normalised size) expected",
+		                        (long long)ns, (long long)nb, (long long)lp->cols);
+	tern_set_shape(p->out[0], x->dtype, x->rank, x->dims);
+	if ((st = tern_nn_check_dy(p)))
+		return st;
+	if (p->n_out > 1 && p->out[1])
+		tern_set_shape(p->out[1], scale->dtype, scale->rank, scale->dims);
+	if (p->n_out > 2 && p->out[2]) {
+		if (!bias)
+			return tern_node_errorf(node, TERN_EDATA, "output 2 (dB) needs input 3 (B, for its shape)");
+		tern_set_shape(p->out[2], bias->dtype, bias->rank, bias->dims);
+	}
+	gp->slots = slots_for(p->pool);
+	p->scratch_bytes = (size_t)(gp->slots * 2 * lp->cols) * sizeof(double);
+	p->kernel = layer_norm_grad_kernel;
+	return tern_nn_stage_halves(p);
+}
+
+/* LayerNormalization: tern.LayerNormGrad. The Mean and InvStdDev outputs carry no gradient back. */
+static tern_status layer_norm_grad(tern_grad_ctx *g)
+{
+	for (int o = 1; o < g->n_out; o++)
+		if (g->dy[o])
+			return tern_g_fail(g, "output %d (Mean or InvStdDev) carries no gradient", o);
+	tern_gattr at[2] = {TERN_GA_I("axis", tern_attr_int(g->node, "axis", -1)),
+	                    TERN_GA_F("epsilon", tern_attr_float(g->node, "epsilon", 1e-5f))};
+	bool bias = g->n_in > 2 && g->x[2];
+	tern_gval *in[4] = {g->dy[0], g->x[0], g->x[1], bias ? g->x[2] : NULL}, *out[3] = {NULL};
+	int n_out = bias ? 3 : 2;
+	if (tern_g_op_n(g, "tern", "LayerNormGrad", in, bias ? 4 : 3, at, 2, out, n_out))
+		return tern_g_status(g);
+	for (int i = 0; i < n_out; i++)
+		if (g->wants[i])
+			g->dx[i] = out[i];
+	return tern_nn_g_done(g, 0);
+}
+
+/* tern.GroupNormGrad(dY, X, scale, bias) -> dX, dScale, dB, attributes epsilon, num_groups (0: one
+ * per channel, InstanceNormalization) and scale_per_group (1: a scale and bias of num_groups values
+ * are per group, GroupNormalization before opset 21). Per (image, group) block, with g = dY * scale
+ * and M the block's elements, dX = inv * (g - mean(g) - xhat * mean(g * xhat)); dScale and dB sum
+ * each channel's dY * xhat and dY over the images (then over the group's channels when the scale is
+ * per group). */
+typedef struct group_norm_grad_ctx {
+	const group_norm_params *gp;
+	const void *dy, *x;
+	void *dx;
+	const double *scale; /* per channel */
+	double *sums;        /* per (image, channel): sum of dY * xhat, then sum of dY */
+} group_norm_grad_ctx;
+
+#define DEF_GROUP_NORM_GRAD(S, T)                                                                     \
+	TERN_ISA_BODY void group_norm_grad_blocks_##S##_body(void *ctx, int64_t begin, int64_t end)          \
+	{                                                                                                 \
+		const group_norm_grad_ctx *c = ctx;                                                           \
+		const group_norm_params *gp = c->gp;                                                          \
+		int64_t per = gp->c / gp->groups, m = per * gp->sp;                                           \
+		for (int64_t blk = begin; blk < end; blk++) {                                                 \
+			const T *x = (const T *)c->x + blk * m, *dy = (const T *)c->dy + blk * m;                 \
+			int64_t n = blk / gp->groups, c0 = blk % gp->groups * per;                                \
+			double mean, inv, sg = 0, sgx = 0;                                                        \
+			moments_##S(x, m, gp->eps, &mean, &inv);                                                  \
+			for (int64_t ch = 0; ch < per; ch++) {                                                    \
+				const T *xc = x + ch * gp->sp, *dyc = dy + ch * gp->sp;                               \
+				double sums[4] = {0, 0, 0, 0};                                                        \
+				sums4_##S(xc, dyc, mean, gp->sp, sums);                                               \
+				double s1 = sums[2], s2 = sums[3];                                                    \
+				double *out = c->sums + 2 * (n * gp->c + c0 + ch);                                    \
+				out[0] = s2 * inv;                                                                    \
+				out[1] = s1;                                                                          \
+				sg += c->scale[c0 + ch] * s1;                                                         \
+				sgx += c->scale[c0 + ch] * s2 * inv;                                                  \
+			}                                                                                         \
+			if (!c->dx)                                                                               \
+				continue;                                                                             \
+			double a = sg / (double)m, b = sgx / (double)m;                                           \
+			for (int64_t ch = 0; ch < per; ch++) {                                                    \
+				const T *restrict xc = x + ch * gp->sp, *restrict dyc = dy + ch * gp->sp;             \
+				T *restrict dxc = (T *)c->dx + blk * m + ch * gp->sp;                                 \
+				/* dX = inv * (scale dY - a - (x - mean) inv b) = k1 dY + k2 x + k3 */                \
+				T k1 = (T)(inv * c->scale[c0 + ch]), k2 = (T)(-inv * inv * b);                        \
+				T k3 = (T)(-inv * a + inv * inv * b * mean);                                          \
+				for (int64_t i = 0; i < gp->sp; i++)                                                  \
+					dxc[i] = k1 * dyc[i] + k2 * xc[i] + k3;                                           \
+			}                                                                                         \
+		}                                                                                             \
+	}                                                                                                 \
+	TERN_ISA_VARIANTS3(void, group_norm_grad_blocks_##S, (void *ctx, int64_t begin, int64_t end), (ctx, begin, end))
+
+DEF_GROUP_NORM_GRAD(f32, float)
+DEF_GROUP_NORM_GRAD(f64, double)
+
+static tern_status group_norm_grad_kernel(const tern_kernel_args *a)
+{
+	const group_norm_params *gp = a->params;
+	double *scale = a->scratch, *sums = scale + gp->c;
+	int64_t per = gp->c / gp->groups;
+	for (int64_t ch = 0; ch < gp->c; ch++)
+		scale[ch] = tern_tensor_get_f64(a->in[2], gp->scale_per_group ? ch / per : ch);
+	group_norm_grad_ctx c = {gp, a->in[0]->data, a->in[1]->data, a->out[0] ? a->out[0]->data : NULL, scale, sums};
+	parallel_range(a->pool, gp->n * gp->groups, grain_for(3 * per * gp->sp),
+	               a->in[0]->dtype == TERN_DOUBLE ? group_norm_grad_blocks_f64 : group_norm_grad_blocks_f32, &c);
+	for (int o = 1; o < 3 && o < a->n_out; o++) {
+		tern_tensor *t = a->out[o];
+		if (!t)
+			continue;
+		int64_t nt = tern_tensor_numel(t);
+		for (int64_t i = 0; i < nt; i++) {
+			double v = 0;
+			int64_t c0 = gp->scale_per_group ? i * per : i, c1 = gp->scale_per_group ? c0 + per : c0 + 1;
+			for (int64_t n = 0; n < gp->n; n++)
+				for (int64_t ch = c0; ch < c1; ch++)
+					v += sums[2 * (n * gp->c + ch) + (o - 1)];
+			tern_store_f64(t->dtype, t->data, i, v);
+		}
+	}
+	return TERN_OK;
+}
+
+static tern_status group_norm_grad_prepare(tern_prepare_args *p)
+{
+	const tern_node *node = p->node;
+	const tern_tensor *x = p->in[1];
+	tern_status st = check_real_same(p, 4);
+	if (!st)
+		st = check_rank(node, x, 1, 2, TERN_MAX_RANK);
+	for (int i = 2; i < 4 && !st; i++)
+		if (p->n_in <= i || !p->in[i])
+			st = tern_node_errorf(node, TERN_EDATA, "input %d is required", i);
+	if (st)
+		return st;
+	group_norm_params *gp = calloc(1, sizeof *gp);
+	if (!gp)
+		return no_memory(node);
+	p->params = gp;
+	p->free_params = free;
+	gp->n = x->dims[0];
+	gp->c = x->dims[1];
+	gp->sp = prod(x->dims, 2, x->rank);
+	gp->eps = tern_attr_float(node, "epsilon", 1e-5f);
+	gp->groups = tern_attr_int(node, "num_groups", 0);
+	if (gp->groups == 0)
+		gp->groups = gp->c;
+	if (gp->groups < 1 || gp->c % gp->groups)
+		return tern_node_errorf(node, TERN_EDATA, "num_groups = %lld does not divide %lld channels",
+		                        (long long)gp->groups, (long long)gp->c);
+	int64_t ns = tern_tensor_numel(p->in[2]);
+	gp->scale_per_group = ns == gp->groups && tern_attr_int(node, "scale_per_group", 0) != 0;
+	int64_t want = gp->scale_per_group ? gp->groups : gp->c;
+	if ((st = check_numel(node, p->in[2], 2, "scale", want)) || (st = check_numel(node, p->in[3], 3, "bias", want)))
+		return st;
+	tern_set_shape(p->out[0], x->dtype, x->rank, x->dims);
+	if ((st = tern_nn_check_dy(p)))
+		return st;
+	for (int o = 1; o < 3 && o < p->n_out; o++)
+		if (p->out[o])
+			tern_set_shape(p->out[o], p->in[o + 1]->dtype, p->in[o + 1]->rank, p->in[o + 1]->dims);
+	p->scratch_bytes = (size_t)(gp->c + 2 * gp->n * gp->c) * sizeof(double);
+	p->kernel = group_norm_grad_kernel;
+	return tern_nn_stage_halves(p);
+}
+
+static tern_status group_norm_grad_rule(tern_grad_ctx *g, bool instance)
+{
+	tern_gattr at[3] = {TERN_GA_F("epsilon", tern_attr_float(g->node, "epsilon", 1e-5f)),
+	                    TERN_GA_I("num_groups", instance ? 0 : tern_attr_int(g->node, "num_groups", 0)),
+	                    TERN_GA_I("scale_per_group", !instance && g->node->opset < 21)};
+	tern_gval *in[4] = {g->dy[0], g->x[0], g->x[1], g->x[2]}, *out[3] = {NULL};
+	if (tern_g_op_n(g, "tern", "GroupNormGrad", in, 4, at, 3, out, 3))
+		return tern_g_status(g);
+	for (int i = 0; i < 3; i++)
+		if (g->wants[i])
+			g->dx[i] = out[i];
+	return tern_nn_g_done(g, 0);
+}
+
+/* InstanceNormalization and GroupNormalization: tern.GroupNormGrad. */
+static tern_status instance_norm_grad(tern_grad_ctx *g) { return group_norm_grad_rule(g, true); }
+static tern_status group_norm_grad(tern_grad_ctx *g) { return group_norm_grad_rule(g, false); }
+
 /* ---------------------------------------------------------------- table */
 
 static const tern_op ops[] = {
-	{"", "BatchNormalization", 1, 0, bn_prepare, TERN_DT_FLOATS, "norm"},
-	{"", "InstanceNormalization", 1, 0, instance_norm_prepare, TERN_DT_FLOATS, "norm"},
-	{"", "GroupNormalization", 18, 0, group_norm_prepare, TERN_DT_FLOATS, "norm"},
-	{"", "LayerNormalization", 17, 0, layer_norm_prepare, TERN_DT_FLOATS, "norm"},
+	{"", "BatchNormalization", 1, 0, bn_prepare, TERN_DT_FLOATS, "norm", bn_grad},
+	{"", "InstanceNormalization", 1, 0, instance_norm_prepare, TERN_DT_FLOATS, "norm", instance_norm_grad},
+	{"", "GroupNormalization", 18, 0, group_norm_prepare, TERN_DT_FLOATS, "norm", group_norm_grad},
+	{"", "LayerNormalization", 17, 0, layer_norm_prepare, TERN_DT_FLOATS, "norm", layer_norm_grad},
 	{"", "LRN", 1, 0, lrn_prepare, TERN_DT_FLOATS, "norm"},
 	{"", "LpNormalization", 1, 0, lp_norm_prepare, TERN_DT_FLOATS, "norm"},
 	{"", "MeanVarianceNormalization", 9, 0, mvn_prepare, TERN_DT_FLOATS, "norm"},
+	{"tern", "BatchNormGrad", 1, 0, bn_grad_prepare, TERN_DT_FLOATS, "norm"},
+	{"tern", "LayerNormGrad", 1, 0, layer_norm_grad_prepare, TERN_DT_FLOATS, "norm"},
+	{"tern", "GroupNormGrad", 1, 0, group_norm_grad_prepare, TERN_DT_FLOATS, "norm"},
 };
 
 const tern_op_table tern_ops_norm = {ops, TERN_ARRAY_LEN(ops)};

@@ -266,10 +266,10 @@ static tern_status pool_taps(const tern_node *node, pool_params *pp)
 	return TERN_OK;
 }
 
-static tern_status pool_setup(tern_prepare_args *p, pool_kind kind, bool global)
+/* The parameters of a pool over input x (into p->params) and its output's shape (dims). */
+static tern_status pool_plan(tern_prepare_args *p, const tern_tensor *x, pool_kind kind, bool global, int64_t *dims)
 {
 	const tern_node *node = p->node;
-	const tern_tensor *x = p->in[0];
 	bool int8 = x->dtype == TERN_INT8 || x->dtype == TERN_UINT8;
 	tern_status st = int8 && kind == POOL_MAX && !global ? TERN_OK : check_real(node, x, 0);
 	if (!st)
@@ -287,7 +287,6 @@ static tern_status pool_setup(tern_prepare_args *p, pool_kind kind, bool global)
 	pp->p = tern_attr_int(node, "p", 2);
 	if (kind == POOL_LP && pp->p < 1)
 		return tern_node_errorf(node, TERN_EDATA, "attribute 'p' = %lld must be at least 1", (long long)pp->p);
-	int64_t dims[TERN_MAX_RANK];
 	dims[0] = x->dims[0];
 	dims[1] = x->dims[1];
 	if (global) {
@@ -314,6 +313,18 @@ static tern_status pool_setup(tern_prepare_args *p, pool_kind kind, bool global)
 	}
 	if (tern_numel(x->rank, x->dims) == 0 && global)
 		return tern_node_errorf(node, TERN_EDATA, "global pooling of an empty input");
+	return TERN_OK;
+}
+
+static tern_status pool_setup(tern_prepare_args *p, pool_kind kind, bool global)
+{
+	const tern_node *node = p->node;
+	const tern_tensor *x = p->in[0];
+	int64_t dims[TERN_MAX_RANK];
+	tern_status st = pool_plan(p, x, kind, global, dims);
+	if (st)
+		return st;
+	pool_params *pp = p->params;
 	tern_set_shape(p->out[0], x->dtype, x->rank, dims);
 	if (p->n_out > 1 && p->out[1]) {
 		if (kind != POOL_MAX)
@@ -414,16 +425,223 @@ static tern_status max_unpool_prepare(tern_prepare_args *p)
 	return TERN_OK;
 }
 
+/* ---------------------------------------------------------------- gradients */
+
+#define MPG_BLOCK 64 /* outputs of a row that MaxPool's gradient follows together */
+
+typedef struct pool_grad_ctx {
+	const pool_params *pp;
+	int dtype;
+	const void *dy, *x;
+	void *dx;
+} pool_grad_ctx;
+
+/* One (n, c) plane of a pool's data gradient. MaxPool's: each output's gradient goes to its window's
+ * first maximum in scan order, the element the forward picked (PyTorch's rule). AveragePool's: each
+ * output's gradient over the forward's divisor goes to every element of its window inside the input. */
+#define DEF_POOL_GRAD(S, T)                                                                              \
+	/* n outputs' best so far and its position against their elements xs[j * st], at base + j * st: the \
+	 * forward's first maximum (strictly greater, or the first element seen) */                         \
+	static inline __attribute__((always_inline)) void argmax_step_##S(const T *restrict xs, T *restrict best, \
+	                                                                  int32_t *restrict at, int32_t n,   \
+	                                                                  int32_t base, int32_t st)          \
+	{                                                                                                    \
+		if (st == 1)                                                                                     \
+			for (int32_t j = 0; j < n; j++) {                                                            \
+				T v = xs[j];                                                                             \
+				int take = (v > best[j]) | (at[j] < 0);                                                  \
+				best[j] = take ? v : best[j];                                                            \
+				at[j] = take ? base + j : at[j];                                                         \
+			}                                                                                            \
+		else                                                                                             \
+			for (int32_t j = 0; j < n; j++) {                                                            \
+				T v = xs[j * st];                                                                        \
+				int take = (v > best[j]) | (at[j] < 0);                                                  \
+				best[j] = take ? v : best[j];                                                            \
+				at[j] = take ? base + j * st : at[j];                                                    \
+			}                                                                                            \
+	}                                                                                                    \
+	TERN_ISA_BODY void max_grad_plane_##S##_body(const pool_params *pp, const T *x, const T *dy, T *dx)     \
+	{                                                                                                    \
+		const window *w = &pp->w;                                                                        \
+		int64_t in_n = sp_numel(w->in), o = 0;                                                           \
+		memset(dx, 0, (size_t)in_n * sizeof *dx);                                                        \
+		if (pp->global) {                                                                                \
+			int64_t at = 0;                                                                              \
+			for (int64_t i = 1; i < in_n; i++)                                                           \
+				at = x[i] > x[at] ? i : at;                                                              \
+			dx[at] = dy[0];                                                                              \
+			return;                                                                                      \
+		}                                                                                                \
+		/* a block of outputs of one row at a time, tap by tap in the forward's order, each output      \
+		 * keeping its best so far: vectors along the row */                                             \
+		for (int64_t o0 = 0; o0 < w->out[0]; o0++) {                                                     \
+			const int64_t *t0 = pp->taps[0] + o0 * TAP_FIELDS, s0 = o0 * w->s[0] - w->pb[0];            \
+			for (int64_t o1 = 0; o1 < w->out[1]; o1++, o += w->out[2]) {                                 \
+				const int64_t *t1 = pp->taps[1] + o1 * TAP_FIELDS, s1 = o1 * w->s[1] - w->pb[1];         \
+				for (int64_t b0 = 0; b0 < w->out[2]; b0 += MPG_BLOCK) {                                  \
+					int64_t b1 = b0 + MPG_BLOCK < w->out[2] ? b0 + MPG_BLOCK : w->out[2];                \
+					T best[MPG_BLOCK];                                                                   \
+					int32_t at[MPG_BLOCK];                                                               \
+					for (int64_t j = 0; j < b1 - b0; j++) {                                              \
+						best[j] = 0;                                                                     \
+						at[j] = -1;                                                                      \
+					}                                                                                    \
+					for (int64_t k0 = t0[TAP_LO]; k0 < t0[TAP_HI]; k0++)                                 \
+						for (int64_t k1 = t1[TAP_LO]; k1 < t1[TAP_HI]; k1++) {                           \
+							int64_t row = ((s0 + k0 * w->d[0]) * w->in[1] + s1 + k1 * w->d[1]) * w->in[2]; \
+							for (int64_t k2 = 0; k2 < w->k[2]; k2++) {                                   \
+								int64_t lo = pp->rows2[2 * k2], hi = pp->rows2[2 * k2 + 1];              \
+								lo = lo > b0 ? lo : b0;                                                  \
+								hi = hi < b1 ? hi : b1;                                                  \
+								int32_t st = (int32_t)w->s[2], base = (int32_t)(row + k2 * w->d[2] - w->pb[2] + lo * st); \
+								if (lo < hi)                                                             \
+									argmax_step_##S(x + base, best + (lo - b0), at + (lo - b0), (int32_t)(hi - lo), base, st); \
+							}                                                                            \
+						}                                                                                \
+					for (int64_t j = 0; j < b1 - b0; j++)                                                \
+						if (at[j] >= 0)                                                                  \
+							dx[at[j]] += dy[o + b0 + j];                                                 \
+				}                                                                                        \
+			}                                                                                            \
+		}                                                                                                \
+	}                                                                                                    \
+	TERN_ISA_VARIANTS3(void, max_grad_plane_##S, (const pool_params *pp, const T *x, const T *dy, T *dx),    \
+	                   (pp, x, dy, dx))                                                                  \
+	TERN_ISA_BODY void avg_grad_plane_##S##_body(const pool_params *pp, const T *dy, T *dx)                  \
+	{                                                                                                    \
+		const window *w = &pp->w;                                                                        \
+		int64_t in_n = sp_numel(w->in), o = 0;                                                           \
+		if (pp->global) {                                                                                \
+			T v = (T)((double)dy[0] / (double)in_n);                                                     \
+			for (int64_t i = 0; i < in_n; i++)                                                           \
+				dx[i] = v;                                                                               \
+			return;                                                                                      \
+		}                                                                                                \
+		memset(dx, 0, (size_t)in_n * sizeof *dx);                                                        \
+		for (int64_t o0 = 0; o0 < w->out[0]; o0++) {                                                     \
+			const int64_t *t0 = pp->taps[0] + o0 * TAP_FIELDS, s0 = o0 * w->s[0] - w->pb[0];            \
+			for (int64_t o1 = 0; o1 < w->out[1]; o1++) {                                                 \
+				const int64_t *t1 = pp->taps[1] + o1 * TAP_FIELDS, s1 = o1 * w->s[1] - w->pb[1];         \
+				int64_t n01 = (t0[TAP_HI] - t0[TAP_LO]) * (t1[TAP_HI] - t1[TAP_LO]);                     \
+				int64_t p01 = (t0[TAP_PAD_HI] - t0[TAP_PAD_LO]) * (t1[TAP_PAD_HI] - t1[TAP_PAD_LO]);     \
+				for (int64_t o2 = 0; o2 < w->out[2]; o2++, o++) {                                        \
+					const int64_t *t2 = pp->taps[2] + o2 * TAP_FIELDS, s2 = o2 * w->s[2] - w->pb[2];     \
+					int64_t count = pp->count_include_pad ? p01 * (t2[TAP_PAD_HI] - t2[TAP_PAD_LO])      \
+					                                      : n01 * (t2[TAP_HI] - t2[TAP_LO]);             \
+					if (!count)                                                                          \
+						continue;                                                                        \
+					T v = (T)((double)dy[o] / (double)count);                                            \
+					for (int64_t k0 = t0[TAP_LO]; k0 < t0[TAP_HI]; k0++) {                               \
+						int64_t i0 = s0 + k0 * w->d[0];                                                  \
+						for (int64_t k1 = t1[TAP_LO]; k1 < t1[TAP_HI]; k1++) {                           \
+							T *row = dx + (i0 * w->in[1] + s1 + k1 * w->d[1]) * w->in[2] + s2;           \
+							for (int64_t k2 = t2[TAP_LO]; k2 < t2[TAP_HI]; k2++)                         \
+								row[k2 * w->d[2]] += v;                                                  \
+						}                                                                                \
+					}                                                                                    \
+				}                                                                                        \
+			}                                                                                            \
+		}                                                                                                \
+	}                                                                                                    \
+	TERN_ISA_VARIANTS3(void, avg_grad_plane_##S, (const pool_params *pp, const T *dy, T *dx), (pp, dy, dx)) \
+	static void pool_grad_planes_##S(void *ctx, int64_t begin, int64_t end)                              \
+	{                                                                                                    \
+		const pool_grad_ctx *c = ctx;                                                                    \
+		const pool_params *pp = c->pp;                                                                   \
+		int64_t in_n = sp_numel(pp->w.in), out_n = pp->global ? 1 : sp_numel(pp->w.out);                \
+		for (int64_t i = begin; i < end; i++) {                                                          \
+			const T *dy = (const T *)c->dy + i * out_n;                                                  \
+			T *dx = (T *)c->dx + i * in_n;                                                               \
+			if (pp->kind == POOL_MAX)                                                                    \
+				max_grad_plane_##S(pp, (const T *)c->x + i * in_n, dy, dx);                              \
+			else                                                                                         \
+				avg_grad_plane_##S(pp, dy, dx);                                                          \
+		}                                                                                                \
+	}
+
+DEF_POOL_GRAD(f32, float)
+DEF_POOL_GRAD(f64, double)
+
+static tern_status pool_grad_kernel(const tern_kernel_args *a)
+{
+	const pool_params *pp = a->params;
+	int dtype = a->in[0]->dtype;
+	pool_grad_ctx c = {pp, dtype, a->in[0]->data, a->in[1]->data, a->out[0]->data};
+	int64_t work = pp->global ? sp_numel(pp->w.in) : sp_numel(pp->w.out) * sp_numel(pp->w.k);
+	parallel_range(a->pool, pp->planes, grain_for(work), dtype == TERN_DOUBLE ? pool_grad_planes_f64 : pool_grad_planes_f32,
+	               &c);
+	return TERN_OK;
+}
+
+/* The pool over x, checked against dY (input 0); dX gets x's shape. */
+static tern_status pool_grad_setup(tern_prepare_args *p, const tern_tensor *x, pool_kind kind)
+{
+	int64_t dims[TERN_MAX_RANK];
+	tern_status st = pool_plan(p, x, kind, tern_attr_int(p->node, "global", 0) != 0, dims);
+	if (st)
+		return st;
+	tern_set_shape(p->out[0], x->dtype, x->rank, dims);
+	if ((st = tern_nn_check_dy(p)))
+		return st;
+	tern_set_shape(p->out[0], x->dtype, x->rank, x->dims);
+	if (sp_numel(((pool_params *)p->params)->w.in) > INT32_MAX)
+		return tern_node_errorf(p->node, TERN_EDATA, "planes of more than 2^31 elements are not supported");
+	p->kernel = pool_grad_kernel;
+	return tern_nn_stage_halves(p);
+}
+
+/* tern.MaxPoolGrad(dY, X) -> dX, with MaxPool's attributes (or global = 1: GlobalMaxPool's): dY onto
+ * the argmax of each window, recomputed from X. */
+static tern_status maxpool_grad_prepare(tern_prepare_args *p)
+{
+	tern_status st = check_real_same(p, 2);
+	return st ? st : pool_grad_setup(p, p->in[1], POOL_MAX);
+}
+
+/* tern.AveragePoolGrad(dY, x_shape) -> dX, with AveragePool's attributes (or global = 1:
+ * GlobalAveragePool's): dY over each window's divisor, spread over the window. */
+static tern_status avgpool_grad_prepare(tern_prepare_args *p)
+{
+	int rank = 0;
+	int64_t dims[TERN_MAX_RANK];
+	bool ready;
+	tern_status st = check_real(p->node, p->in[0], 0);
+	if (st || (st = tern_nn_shape_input(p, 1, &rank, dims, &ready)) || !ready)
+		return st;
+	tern_tensor x = tern_nn_shape_only(p->in[0]->dtype, rank, dims);
+	return pool_grad_setup(p, &x, POOL_AVG);
+}
+
+static tern_status pool_grad_rule(tern_grad_ctx *g, bool max, bool global)
+{
+	if (!g->wants[0])
+		return TERN_OK;
+	tern_gattr at = TERN_GA_I("global", 1);
+	tern_gval *in[2] = {g->dy[0], max ? g->x[0] : tern_nn_g_shape(g, g->x[0])};
+	g->dx[0] = in[1] ? tern_g_op_like(g, "tern", max ? "MaxPoolGrad" : "AveragePoolGrad", in, 2, &at, global) : NULL;
+	return tern_nn_g_done(g, 0);
+}
+
+/* MaxPool and GlobalMaxPool: tern.MaxPoolGrad (the Indices output carries no gradient). */
+static tern_status maxpool_grad(tern_grad_ctx *g) { return pool_grad_rule(g, true, false); }
+static tern_status global_maxpool_grad(tern_grad_ctx *g) { return pool_grad_rule(g, true, true); }
+/* AveragePool and GlobalAveragePool: tern.AveragePoolGrad. */
+static tern_status avgpool_grad(tern_grad_ctx *g) { return pool_grad_rule(g, false, false); }
+static tern_status global_avgpool_grad(tern_grad_ctx *g) { return pool_grad_rule(g, false, true); }
+
 /* ---------------------------------------------------------------- table */
 
 static const tern_op ops[] = {
-	{"", "MaxPool", 1, 0, maxpool_prepare, TERN_DT_FLOATS | TERN_DT(INT8) | TERN_DT(UINT8), "pool"},
-	{"", "AveragePool", 1, 0, avgpool_prepare, TERN_DT_FLOATS, "pool"},
+	{"", "MaxPool", 1, 0, maxpool_prepare, TERN_DT_FLOATS | TERN_DT(INT8) | TERN_DT(UINT8), "pool", maxpool_grad},
+	{"", "AveragePool", 1, 0, avgpool_prepare, TERN_DT_FLOATS, "pool", avgpool_grad},
 	{"", "LpPool", 1, 0, lppool_prepare, TERN_DT_FLOATS, "pool"},
-	{"", "GlobalMaxPool", 1, 0, global_maxpool_prepare, TERN_DT_FLOATS, "pool"},
-	{"", "GlobalAveragePool", 1, 0, global_avgpool_prepare, TERN_DT_FLOATS, "pool"},
+	{"", "GlobalMaxPool", 1, 0, global_maxpool_prepare, TERN_DT_FLOATS, "pool", global_maxpool_grad},
+	{"", "GlobalAveragePool", 1, 0, global_avgpool_prepare, TERN_DT_FLOATS, "pool", global_avgpool_grad},
 	{"", "GlobalLpPool", 1, 0, global_lppool_prepare, TERN_DT_FLOATS, "pool"},
 	{"", "MaxUnpool", 9, 0, max_unpool_prepare, TERN_DT_FLOATS, "pool"},
+	{"tern", "MaxPoolGrad", 1, 0, maxpool_grad_prepare, TERN_DT_FLOATS, "pool"},
+	{"tern", "AveragePoolGrad", 1, 0, avgpool_grad_prepare, TERN_DT_FLOATS, "pool"},
 };
 
 const tern_op_table tern_ops_pool = {ops, TERN_ARRAY_LEN(ops)};

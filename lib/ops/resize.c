@@ -293,8 +293,9 @@ static tern_status resize_kernel(const tern_kernel_args *a)
 	return TERN_OK;
 }
 
-/* Builds the taps of every axis from per-axis scales and output sizes. */
-static tern_status resize_finish(tern_prepare_args *p, const resize_options *o, const double *scale,
+/* Builds the taps of every axis from per-axis scales and output sizes (into p->params) and output 0's
+ * shape. */
+static tern_status resize_build(tern_prepare_args *p, const resize_options *o, const double *scale,
                                  const int64_t *out, const double *roi)
 {
 	const tern_node *node = p->node;
@@ -330,16 +331,26 @@ static tern_status resize_finish(tern_prepare_args *p, const resize_options *o, 
 	rp->in_plane = prod(x->dims, rp->first, x->rank);
 	rp->out_plane = prod(out, rp->first, x->rank);
 	tern_set_shape(p->out[0], x->dtype, x->rank, out);
+	return TERN_OK;
+}
+
+/* The kernel for parameters resize_build made (nothing when planning was deferred). */
+static tern_status resize_done(tern_prepare_args *p, tern_status st)
+{
+	const resize_params *rp = p->params;
+	if (st || !rp)
+		return st;
 	p->kernel = resize_kernel;
 	return rp->nearest ? TERN_OK : tern_nn_stage_halves(p);
 }
 
-static tern_status resize_prepare(tern_prepare_args *p)
+/* Resize's parameters as at opset `opset`, or p->defer. */
+static tern_status resize_plan(tern_prepare_args *p, int64_t opset)
 {
 	const tern_node *node = p->node;
 	const tern_tensor *x = p->in[0];
 	int r = x->rank;
-	bool v10 = node->opset < 11;
+	bool v10 = opset < 11;
 	const tern_tensor *roi = v10 || p->n_in < 2 ? NULL : p->in[1];
 	const tern_tensor *scales = p->n_in > (v10 ? 1 : 2) ? p->in[v10 ? 1 : 2] : NULL;
 	const tern_tensor *sizes = !v10 && p->n_in > 3 ? p->in[3] : NULL;
@@ -434,16 +445,19 @@ static tern_status resize_prepare(tern_prepare_args *p)
 			out[axes[i]] = (int64_t)(s * (double)x->dims[axes[i]] + 0.5);
 		}
 	}
-	return resize_finish(p, &o, scale, out, roi ? roi_full : NULL);
+	return resize_build(p, &o, scale, out, roi ? roi_full : NULL);
 }
 
-static tern_status upsample_prepare(tern_prepare_args *p)
+static tern_status resize_prepare(tern_prepare_args *p) { return resize_done(p, resize_plan(p, p->node->opset)); }
+
+/* Upsample's parameters as at opset `opset`, or p->defer. */
+static tern_status upsample_plan(tern_prepare_args *p, int64_t opset)
 {
 	const tern_node *node = p->node;
 	const tern_tensor *x = p->in[0];
 	double scale[TERN_MAX_RANK];
 	int64_t out[TERN_MAX_RANK];
-	if (node->opset >= 9) {
+	if (opset >= 9) {
 		const tern_tensor *s = p->n_in > 1 ? p->in[1] : NULL;
 		if (!s)
 			return tern_node_errorf(node, TERN_EDATA, "input 1 'scales' is required");
@@ -479,14 +493,138 @@ static tern_status upsample_prepare(tern_prepare_args *p)
 		return bad_attr(node, "mode", mode);
 	o.coord = ASYMMETRIC;
 	o.nearest = NEAREST_FLOOR;
-	return resize_finish(p, &o, scale, out, NULL);
+	return resize_build(p, &o, scale, out, NULL);
 }
+
+static tern_status upsample_prepare(tern_prepare_args *p) { return resize_done(p, upsample_plan(p, p->node->opset)); }
+
+/* ---------------------------------------------------------------- gradients */
+
+/* tern.ResizeGrad(dY, x_shape, <the forward's other inputs>) -> dX, with the forward's attributes and
+ * `forward` ("Resize" or "Upsample") and `opset` (the forward's): the adjoint of the resize, every
+ * output element's gradient added back onto the input elements it read, times their weights (nearest:
+ * the one it copied; linear and cubic: the taps, edges clamped as the forward's; an output outside
+ * the input, tf_crop_and_resize's extrapolation, sends nothing back). */
+#define DEF_RESIZE_GRAD(S, T)                                                                              \
+	static void resize_scatter_##S(const resize_params *rp, int axis, T *dx, const int64_t *o, double g)   \
+	{                                                                                                     \
+		const resize_axis *ax = &rp->ax[axis];                                                            \
+		const int64_t *off = ax->off + o[axis] * ax->taps;                                                \
+		const double *w = ax->w + o[axis] * ax->taps;                                                     \
+		if (axis == rp->rank - 1)                                                                         \
+			for (int i = 0; i < ax->count[o[axis]]; i++)                                                  \
+				dx[off[i]] += (T)(w[i] * g);                                                              \
+		else                                                                                              \
+			for (int i = 0; i < ax->count[o[axis]]; i++)                                                  \
+				resize_scatter_##S(rp, axis + 1, dx + off[i], o, w[i] * g);                               \
+	}                                                                                                     \
+	static void resize_grad_planes_##S(void *ctx, int64_t begin, int64_t end)                            \
+	{                                                                                                     \
+		const resize_ctx *c = ctx; /* x: dY, y: dX */                                                     \
+		const resize_params *rp = c->rp;                                                                  \
+		for (int64_t plane = begin; plane < end; plane++) {                                               \
+			const T *dy = (const T *)c->x + plane * rp->out_plane;                                        \
+			T *dx = (T *)c->y + plane * rp->in_plane;                                                     \
+			memset(dx, 0, (size_t)rp->in_plane * sizeof *dx);                                             \
+			int64_t o[TERN_MAX_RANK] = {0};                                                               \
+			for (int64_t i = 0; i < rp->out_plane; i++) {                                                 \
+				bool outside = false;                                                                     \
+				for (int d = rp->first; d < rp->rank; d++)                                                \
+					outside |= rp->ax[d].outside[o[d]];                                                   \
+				if (!outside && rp->first < rp->rank)                                                     \
+					resize_scatter_##S(rp, rp->first, dx, o, dy[i]);                                      \
+				else if (!outside)                                                                        \
+					dx[0] += dy[i];                                                                       \
+				for (int d = rp->rank - 1; d >= rp->first; d--) {                                         \
+					if (++o[d] < rp->ax[d].out)                                                           \
+						break;                                                                            \
+					o[d] = 0;                                                                             \
+				}                                                                                         \
+			}                                                                                             \
+		}                                                                                                 \
+	}
+
+DEF_RESIZE_GRAD(f32, float)
+DEF_RESIZE_GRAD(f64, double)
+
+static tern_status resize_grad_kernel(const tern_kernel_args *a)
+{
+	const resize_params *rp = a->params;
+	int dtype = a->in[0]->dtype;
+	resize_ctx c = {rp, compute_size(dtype), a->in[0]->data, a->out[0]->data, NULL};
+	parallel_range(a->pool, rp->planes, grain_for(rp->out_plane * 4),
+	               dtype == TERN_DOUBLE ? resize_grad_planes_f64 : resize_grad_planes_f32, &c);
+	return TERN_OK;
+}
+
+static tern_status resize_grad_prepare(tern_prepare_args *p)
+{
+	const tern_node *node = p->node;
+	const tern_tensor *dy = p->in[0];
+	int rank = 0;
+	int64_t dims[TERN_MAX_RANK];
+	bool ready;
+	tern_status st = check_real(node, dy, 0);
+	if (st || (st = tern_nn_shape_input(p, 1, &rank, dims, &ready)) || !ready)
+		return st;
+	if (p->n_in > 6)
+		return tern_node_errorf(node, TERN_EDATA, "too many inputs");
+	/* the forward's planning, on X's shape and its other inputs */
+	tern_tensor x = tern_nn_shape_only(dy->dtype, rank, dims), y;
+	memset(&y, 0, sizeof y);
+	tern_tensor *fin[5] = {&x}, *fout[1] = {&y};
+	for (int i = 2; i < p->n_in; i++)
+		fin[i - 1] = p->in[i];
+	tern_prepare_args f = *p;
+	f.in = fin;
+	f.n_in = p->n_in - 1;
+	f.out = fout;
+	f.n_out = 1;
+	int64_t opset = tern_attr_int(node, "opset", 13);
+	st = streq(tern_attr_string(node, "forward", "Resize"), "Upsample") ? upsample_plan(&f, opset) : resize_plan(&f, opset);
+	p->params = f.params;
+	p->free_params = f.free_params;
+	p->defer = f.defer;
+	if (st || f.defer)
+		return st;
+	bool same = dy->rank == y.rank;
+	for (int d = 0; same && d < y.rank; d++)
+		same = dy->dims[d] == y.dims[d];
+	if (!same) {
+		char s1[128], s2[128];
+		return tern_node_errorf(node, TERN_EDATA, "input 0 %s (the output's gradient) does not match the output %s",
+		                        tern_shape_str(dy->dtype, dy->rank, dy->dims, s1, sizeof s1),
+		                        tern_shape_str(y.dtype, y.rank, y.dims, s2, sizeof s2));
+	}
+	tern_set_shape(p->out[0], dy->dtype, rank, dims);
+	p->kernel = resize_grad_kernel;
+	return tern_nn_stage_halves(p);
+}
+
+/* Resize and Upsample: tern.ResizeGrad (roi, scales and sizes carry no gradient). */
+static tern_status resize_grad_rule(tern_grad_ctx *g, const char *forward)
+{
+	if (!g->wants[0])
+		return tern_nn_g_done(g, ~0u);
+	tern_gval *in[6] = {g->dy[0], tern_nn_g_shape(g, g->x[0])};
+	if (g->n_in > 5)
+		return tern_g_fail(g, "too many inputs");
+	for (int i = 1; i < g->n_in; i++)
+		in[i + 1] = g->x[i];
+	tern_gattr at[2] = {TERN_GA_S("forward", forward), TERN_GA_I("opset", g->node->opset)};
+	g->dx[0] = in[1] ? tern_g_op_like(g, "tern", "ResizeGrad", in, g->n_in + 1, at, 2) : NULL;
+	return tern_nn_g_done(g, ~1u);
+}
+
+static tern_status resize_grad(tern_grad_ctx *g) { return resize_grad_rule(g, "Resize"); }
+static tern_status upsample_grad(tern_grad_ctx *g) { return resize_grad_rule(g, "Upsample"); }
 
 /* ---------------------------------------------------------------- table */
 
 static const tern_op ops[] = {
-	{"", "Resize", 10, 0, resize_prepare, 0, "resize"},
-	{"", "Upsample", 7, 9, upsample_prepare, 0, "resize"},
+	{"", "Resize", 10, 0, resize_prepare, 0, "resize", resize_grad},
+	{"", "Upsample", 7, 9, upsample_prepare, 0, "resize", upsample_grad},
+	{"tern", "ResizeGrad", 1, 0, resize_grad_prepare, TERN_DT_FLOATS, "resize"},
 };
 
 const tern_op_table tern_ops_resize = {ops, TERN_ARRAY_LEN(ops)};

@@ -1,0 +1,124 @@
+#!/usr/bin/env python3
+"""Training-step time and memory, tern against PyTorch eager, in one run on the same data.
+
+    bench_train.py [--bin build/bin] [--steps 60] [--threads 1,2] [NAME...]   NAME: mlp cnn transformer lstm
+
+For each parity model (tests/models/train_parity.py) at batch 64: PyTorch eager (forward, backward,
+Adam step) and tern (tern-autodiff --optimizer adam, then tern-run --train) each take STEPS steps;
+the median step time is taken from the second half (tern: from its --log, one line a step). Peak
+memory is each process's maximum resident set (a fresh process each: PyTorch's includes the library
+itself). Prints a table and the geometric mean of tern/PyTorch per thread count.
+"""
+import argparse
+import json
+import math
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "tests", "models"))
+
+
+def torch_child(name, threads, steps, work):
+    """Runs in a child process: PyTorch's steps; prints JSON {median_ms}."""
+    import torch
+    import train_parity as tp
+    torch.set_num_threads(threads)
+    tp.BATCH = 64
+    tp.STEPS = steps
+    net, x, y = tp.make(name)
+    net.train()
+    opt = torch.optim.Adam(net.parameters(), lr=1e-3)
+    times = []
+    for s in range(steps):
+        xb, yb = x[(s * 64) % len(x):][:64], y[(s * 64) % len(y):][:64]
+        t0 = time.perf_counter()
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(net(xb), yb)
+        loss.backward()
+        opt.step()
+        times.append((time.perf_counter() - t0) * 1e3)
+    print(json.dumps({"median_ms": statistics.median(times[steps // 2:])}))
+
+
+def peak_of(cmd, env=None):
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    out, err = p.communicate()
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return p.returncode, out.decode(), err.decode()
+
+
+def rss_of(cmd):
+    """(returncode, stdout, peak resident bytes) of a fresh process."""
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out = p.stdout.read()
+    err = p.stderr.read()
+    _, status, usage = os.wait4(p.pid, 0)
+    return os.waitstatus_to_exitcode(status), out.decode(), err.decode(), usage.ru_maxrss * 1024
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--bin", default=os.path.join(HERE, "..", "build", "bin"))
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
+    ap.add_argument("names", nargs="*")
+    a = ap.parse_args()
+    if a.child:
+        torch_child(a.child[0], int(a.child[1]), a.steps, None)
+        return 0
+    import numpy as np
+    import torch
+    import train_parity as tp
+    tp.BATCH = 64
+    tp.STEPS = a.steps
+    names = a.names or ["mlp", "cnn", "transformer"]
+    ratios = {}
+    rows = []
+    with tempfile.TemporaryDirectory() as w:
+        for name in names:
+            net, x, y = tp.make(name)
+            model = os.path.join(w, f"{name}.onnx")
+            tp.export(net, x, model)
+            np.save(os.path.join(w, "x.npy"), x.numpy())
+            np.save(os.path.join(w, "y.npy"), y.numpy().astype(np.int64))
+            train = os.path.join(w, f"{name}-train.onnx")
+            subprocess.run([os.path.join(a.bin, "tern-autodiff"), "--loss", "cross-entropy", "--optimizer", "adam",
+                            "--lr", "1e-3", model, "-o", train], check=True)
+            for th in [int(t) for t in a.threads.split(",")]:
+                log = os.path.join(w, "log.jsonl")
+                rc, _, err, tern_rss = rss_of([os.path.join(a.bin, "tern-run"), "--train", train, "-i",
+                                               "x=" + os.path.join(w, "x.npy"), "-i", "target=" + os.path.join(w, "y.npy"),
+                                               "--batch", "64", "--steps", str(a.steps), "--threads", str(th),
+                                               "--log", log])
+                if rc:
+                    print(f"{name}: tern failed: {err.strip()}")
+                    continue
+                steps = [json.loads(l) for l in open(log) if '"samples_per_s"' in l]
+                tern_ms = statistics.median(64 / s["samples_per_s"] * 1e3 for s in steps[len(steps) // 2:])
+                rc, out, err, torch_rss = rss_of([sys.executable, os.path.abspath(__file__), "--steps", str(a.steps),
+                                                  "--child", name, str(th), "x"])
+                if rc:
+                    print(f"{name}: torch failed: {err.strip()[-300:]}")
+                    continue
+                torch_ms = json.loads(out.strip().splitlines()[-1])["median_ms"]
+                r = tern_ms / torch_ms
+                ratios.setdefault(th, []).append(r)
+                rows.append((name, th, tern_ms, torch_ms, r, tern_rss / 2**20, torch_rss / 2**20))
+    print(f"{'model':<12} {'threads':>7} {'tern ms':>9} {'torch ms':>9} {'ratio':>6} {'tern MB':>8} {'torch MB':>9}")
+    for n, th, t, p, r, tm, pm in rows:
+        print(f"{n:<12} {th:>7} {t:>9.3f} {p:>9.3f} {r:>6.2f} {tm:>8.1f} {pm:>9.1f}")
+    for th, rs in ratios.items():
+        print(f"geometric mean tern/PyTorch at {th} thread{'s' if th > 1 else ''}: "
+              f"{math.exp(sum(map(math.log, rs)) / len(rs)):.3f} (worst {max(rs):.2f})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
