@@ -74,6 +74,11 @@ static tern_status inference_mode(tern_model *m)
 	bool changed = false;
 	for (size_t i = 0, n_nodes = g->n_nodes; i < n_nodes; i++) {
 		tern_node *n = g->nodes[i];
+		/* Dropout infers when its training_mode input is left out */
+		if (!n->removed && tern_pass_is(n, "Dropout") && n->n_inputs >= 3 && n->inputs[2]) {
+			tern_node_set_input(n, 2, NULL);
+			continue;
+		}
 		if (n->removed || !tern_pass_is(n, "BatchNormalization") || n->n_inputs < 5 ||
 		    !tern_attr_int(n, "training_mode", 0))
 			continue;
@@ -86,6 +91,54 @@ static tern_status inference_mode(tern_model *m)
 		changed = true;
 	}
 	return changed ? tern_graph_stable_order(g) : TERN_OK;
+}
+
+/* In the algorithm graph every Dropout (opset 12+) is active: training_mode a true constant, and a seed
+ * of its own when it has none, so that a step is reproducible (the mask depends on the seed and the
+ * run). */
+static tern_status dropout_training(tern_model *a)
+{
+	tern_graph *g = a->graph;
+	int k = 0;
+	for (size_t i = 0, n_nodes = g->n_nodes; i < n_nodes; i++) {
+		tern_node *n = g->nodes[i];
+		if (n->removed || !tern_pass_is(n, "Dropout") || n->opset < 12 || !n->outputs[0])
+			continue;
+		char cname[512];
+		snprintf(cname, sizeof cname, "train/%s.training_mode", n->outputs[0]->name);
+		char *c = tern_graph_unique_name(g, cname);
+		tern_tensor on = {0};
+		const char *no_inputs[1] = {NULL};
+		const char *couts[1] = {c};
+		tern_node *cn = c && !tern_tensor_alloc(&on, TERN_BOOL, 0, NULL)
+		                        ? tern_graph_add_node(g, "Constant", "", c, no_inputs, 0, couts, 1)
+		                        : NULL;
+		if (on.data)
+			*(uint8_t *)on.data = 1;
+		tern_status st = cn ? tern_node_add_attr_tensor(cn, "value", &on) : tern_errorf(TERN_EOS, "out of memory");
+		tern_tensor_free(&on);
+		if (st) {
+			free(c);
+			return st;
+		}
+		cn->outputs[0]->type.dtype = TERN_BOOL;
+		cn->outputs[0]->type.rank = 0;
+		/* the node gets its third input: rebuilt with the same inputs, outputs and attributes */
+		const char *ins[3] = {n->inputs[0]->name, n->n_inputs > 1 && n->inputs[1] ? n->inputs[1]->name : "", c};
+		const char *outs[2] = {n->outputs[0]->name, n->n_outputs > 1 && n->outputs[1] ? n->outputs[1]->name : ""};
+		char *y = tern_strdup(outs[0]), *m = tern_strdup(outs[1]), *name = tern_strdup(n->name), *x = tern_strdup(ins[0]),
+		     *r = tern_strdup(ins[1]);
+		int64_t seed = tern_attr_int(n, "seed", 1000 + k++);
+		tern_graph_remove_node(g, n);
+		const char *ins2[3] = {x, r, c}, *outs2[2] = {y, m};
+		tern_node *d = y && m && name && x && r
+		                       ? tern_graph_add_node(g, "Dropout", "", name, ins2, 3, outs2, *m ? 2 : 1)
+		                       : NULL;
+		free(y), free(m), free(name), free(x), free(r), free(c);
+		if (!d || tern_node_add_attr_int(d, "seed", seed))
+			return tern_errorf(TERN_EOS, "out of memory");
+	}
+	return k ? tern_graph_stable_order(g) : TERN_OK;
 }
 
 /* ---------------------------------------------------------------- the loss */
@@ -476,6 +529,8 @@ tern_status tern_model_add_training(tern_model *m, const tern_train_options *o, 
 	}
 	if (!st && bn_trained)
 		st = tern_graph_stable_order(ag);
+	if (!st)
+		st = dropout_training(a);
 	if (!st) {
 		st = tern_model_infer_shapes(a, 0, NULL, NULL);
 	}
