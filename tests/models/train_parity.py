@@ -2,7 +2,8 @@
 """Training parity with PyTorch: the same model, initial weights and batches, 20 steps of SGD with
 momentum and 20 of Adam, in PyTorch and in tern (tern-autodiff, then tern-run --train).
 
-    train_parity.py --bin BUILD/bin --work DIR [NAME...]     NAME: mlp cnn lstm transformer
+    train_parity.py --bin BUILD/bin --work DIR [--optimizers sgd,adam,...] [NAME...]
+        NAME: mlp cnn lstm transformer; optimizers: sgd adam nesterov adamw adagrad clip
 
 The loss at every step and the parameters at the end must agree within a relative 1e-4 of their
 scale (max |tern - torch| <= 1e-4 max |torch|). Prints one line per model and optimizer; exits 1
@@ -84,12 +85,25 @@ def export(net, x, path):
     return {k: v.detach().clone() for k, v in net.state_dict().items()}
 
 
+# optimizer: (tern-autodiff's options, torch.optim's constructor, clip norm)
+OPTIMIZERS = {
+    "sgd": (["--optimizer", "sgd", "--lr", "0.05", "--momentum", "0.9"],
+            lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9), None),
+    "adam": (["--optimizer", "adam", "--lr", "1e-3"], lambda p: torch.optim.Adam(p, lr=1e-3), None),
+    "nesterov": (["--optimizer", "sgd", "--lr", "0.05", "--momentum", "0.8", "--nesterov", "--weight-decay", "0.01"],
+                 lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.8, nesterov=True, weight_decay=0.01), None),
+    "adamw": (["--optimizer", "adamw", "--lr", "2e-3", "--betas", "0.8,0.99", "--eps", "1e-6"],
+              lambda p: torch.optim.AdamW(p, lr=2e-3, betas=(0.8, 0.99), eps=1e-6), None),
+    "adagrad": (["--optimizer", "adagrad", "--lr", "0.05", "--weight-decay", "0.001"],
+                lambda p: torch.optim.Adagrad(p, lr=0.05, weight_decay=0.001), None),
+    "clip": (["--optimizer", "sgd", "--lr", "0.5", "--clip-norm", "0.5"], lambda p: torch.optim.SGD(p, lr=0.5), 0.5),
+}
+
+
 def torch_train(net, x, y, opt_name):
     net.train()
-    if opt_name == "sgd":
-        opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
-    else:
-        opt = torch.optim.Adam(net.parameters(), lr=1e-3)
+    opt = OPTIMIZERS[opt_name][1](net.parameters())
+    clip = OPTIMIZERS[opt_name][2]
     losses = []
     # the largest gradient each parameter element ever had: elements whose gradient is zero in exact
     # arithmetic (a bias before a normalisation, attention's key bias) get rounding noise, which Adam
@@ -100,6 +114,8 @@ def torch_train(net, x, y, opt_name):
         opt.zero_grad()
         loss = nn.functional.cross_entropy(net(xb), yb)
         loss.backward()
+        if clip:
+            torch.nn.utils.clip_grad_norm_(net.parameters(), clip)
         for k, p in net.named_parameters():
             peak[k] = torch.maximum(peak[k], p.grad.abs())
         opt.step()
@@ -112,13 +128,14 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bin", required=True)
     ap.add_argument("--work", required=True)
+    ap.add_argument("--optimizers", default="sgd,adam", help="comma-separated: " + ",".join(OPTIMIZERS))
     ap.add_argument("names", nargs="*")
     a = ap.parse_args()
     torch.set_num_threads(1)
     os.makedirs(a.work, exist_ok=True)
     failed = 0
     for name in a.names or ["mlp", "cnn", "lstm", "transformer"]:
-        for opt_name in ("sgd", "adam"):
+        for opt_name in a.optimizers.split(","):
             net, x, y = make(name)
             model = os.path.join(a.work, f"{name}.onnx")
             export(net, x, model)
@@ -136,8 +153,7 @@ def main():
             train = os.path.join(a.work, f"{name}-{opt_name}-train.onnx")
             trained = os.path.join(a.work, f"{name}-{opt_name}-trained.onnx")
             log = os.path.join(a.work, f"{name}-{opt_name}.jsonl")
-            args = ["--optimizer", "sgd", "--lr", "0.05", "--momentum", "0.9"] if opt_name == "sgd" else \
-                   ["--optimizer", "adam", "--lr", "1e-3"]
+            args = OPTIMIZERS[opt_name][0]
             p = subprocess.run([os.path.join(a.bin, "tern-autodiff"), "--loss", "cross-entropy", *args, model,
                                 "-o", train], capture_output=True, text=True)
             if p.returncode == 0:
