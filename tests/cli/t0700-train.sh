@@ -64,6 +64,23 @@ assert int(w[\"tern.step\"]) == 240
 "
 '
 
+test_expect_success PYTHON 'learning-rate schedules are computed in the graph from the step' '
+	for sched in step:2:0.5 cosine:4 warmup:4; do
+		tern-autodiff --loss mse --lr 1 --lr-schedule $sched lin.txt -o s.onnx &&
+		tern-run --train s.onnx -i x=x.npy -i target=t.npy --batch 16 --steps 6 --log $sched.jsonl || return 1
+	done &&
+	"$TERN_PYTHON" -c "
+import json, math
+lr = lambda f: [json.loads(l)[\"lr\"] for l in open(f)]
+want = {\"step:2:0.5\": [1, 1, .5, .5, .25, .25],
+        \"cosine:4\": [(1 + math.cos(math.pi * min(t - 1, 4) / 4)) / 2 for t in range(1, 7)],
+        \"warmup:4\": [min(1, t / 4) for t in range(1, 7)]}
+for k, w in want.items():
+    got = lr(k + \".jsonl\")
+    assert all(abs(a - b) < 1e-6 for a, b in zip(got, w)) and len(got) == 6, (k, got, w)
+"
+'
+
 test_expect_success PYTHON 'a run resumed from its checkpoint ends bit-identical to one never stopped' '
 	tern-run --train train.onnx -i x=x.npy -i target=t.npy --batch 16 --steps 30 --shuffle --seed 7 -o whole.onnx &&
 	tern-run --train train.onnx -i x=x.npy -i target=t.npy --batch 16 --steps 13 --shuffle --seed 7 -o half.onnx &&
