@@ -13,7 +13,6 @@ import argparse
 import json
 import math
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -46,20 +45,13 @@ def torch_child(name, threads, steps, work):
     print(json.dumps({"median_ms": statistics.median(times[steps // 2:])}))
 
 
-def peak_of(cmd, env=None):
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
-    out, err = p.communicate()
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return p.returncode, out.decode(), err.decode()
-
-
 def rss_of(cmd):
-    """(returncode, stdout, peak resident bytes) of a fresh process."""
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    out = p.stdout.read()
-    err = p.stderr.read()
-    _, status, usage = os.wait4(p.pid, 0)
-    return os.waitstatus_to_exitcode(status), out.decode(), err.decode(), usage.ru_maxrss * 1024
+    """(returncode, stdout, stderr, peak resident bytes) of a fresh process. It runs under GNU time:
+    a child forked straight from this (big) Python process would start with its resident size."""
+    with tempfile.NamedTemporaryFile("r") as t:
+        p = subprocess.run(["/usr/bin/time", "-o", t.name, "-f", "%M"] + cmd, capture_output=True, text=True)
+        rss = int(t.read().strip().splitlines()[-1]) * 1024
+    return p.returncode, p.stdout, p.stderr, rss
 
 
 def main():
@@ -78,7 +70,7 @@ def main():
     import train_parity as tp
     tp.BATCH = 64
     tp.STEPS = a.steps
-    names = a.names or ["mlp", "cnn", "transformer"]
+    names = a.names or ["mlp", "cnn", "lstm", "transformer"]
     ratios = {}
     rows = []
     with tempfile.TemporaryDirectory() as w:
