@@ -198,6 +198,11 @@ static void free_val(struct val *v)
 
 int tern_run_train(const train_options *o, const tern_cli *cli, tern_model *model)
 {
+	/* from the start: a signal before the first step must still end in a written model */
+	struct sigaction sa = {.sa_handler = on_stop}, old_int, old_term;
+	sigemptyset(&sa.sa_mask);
+	sigaction(SIGINT, &sa, &old_int);
+	sigaction(SIGTERM, &sa, &old_term);
 	tern_plan_options po = {.n_threads = o->threads};
 	tern_trainer *tr = NULL;
 	tern_cli_check(tern_trainer_create(model, &po, &tr));
@@ -271,11 +276,6 @@ int tern_run_train(const train_options *o, const tern_cli *cli, tern_model *mode
 		tern_cli_fail(TERN_EIO, "%s: %s", o->log, strerror(errno));
 	int64_t log_every = o->log_every ? o->log_every : 1;
 	bool bar = isatty(STDERR_FILENO) && !cli->quiet;
-	struct sigaction sa = {.sa_handler = on_stop}, old_int, old_term;
-	sigemptyset(&sa.sa_mask);
-	sigaction(SIGINT, &sa, &old_int);
-	sigaction(SIGTERM, &sa, &old_term);
-
 	struct val val;
 	read_val(o, tr, model, &val);
 	int64_t *perm = malloc((size_t)rows * sizeof *perm), *take = malloc((size_t)b * sizeof *take);

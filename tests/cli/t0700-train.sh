@@ -89,6 +89,27 @@ test_expect_success PYTHON 'a run resumed from its checkpoint ends bit-identical
 	! cmp -s whole.onnx half.onnx
 '
 
+test_expect_success PYTHON 'SIGINT finishes the step, writes the model and exits 130; SIGTERM 143' '
+	for sig in INT TERM; do
+		rm -f progress.jsonl
+		# (alone: "A && B &" would put the whole list, not tern-run, in the background)
+		tern-run --train train.onnx -i x=x.npy -i target=t.npy --batch 16 --steps 100000000 --log progress.jsonl \
+			-o stopped.onnx &
+		pid=$!
+		while ! test -s progress.jsonl; do sleep 0.1; done &&
+		kill -$sig $pid &&
+		{ wait $pid; rc=$?; } &&
+		{ { test $sig = INT && test $rc = 130; } || { test $sig = TERM && test $rc = 143; }; } &&
+		"$TERN_PYTHON" -c "
+import onnx
+from onnx import numpy_helper
+s = {t.name: numpy_helper.to_array(t) for t in onnx.load(\"stopped.onnx\").graph.initializer}[\"tern.step\"]
+assert 0 < int(s) < 100000000, s
+" || return 1
+		rm -f stopped.onnx
+	done
+'
+
 test_expect_success PYTHON 'a model that has trained to --steps already does nothing' '
 	tern-run --train whole.onnx -i x=x.npy -i target=t.npy --batch 16 --steps 30 -o again.onnx 2>err &&
 	grep "nothing to do" err &&
