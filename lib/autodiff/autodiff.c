@@ -45,7 +45,11 @@ tern_status tern_g_fail(tern_grad_ctx *g, const char *fmt, ...)
 	va_start(ap, fmt);
 	vsnprintf(msg, sizeof msg, fmt, ap);
 	va_end(ap);
-	return tern_node_errorf(g->node, TERN_EDATA, "gradient: %s", msg);
+	tern_status st = tern_node_errorf(g->node, TERN_EDATA, "gradient: %s", msg);
+	/* a helper that fails and returns NULL leaves the reason for tern_g_status */
+	if (g->b && !g->b->status)
+		g->b->status = st;
+	return st;
 }
 
 /* A fresh value name from the forward node's ("conv1" -> "conv1/grad_3"). */
@@ -497,6 +501,7 @@ tern_status tern_autodiff(tern_model *m, tern_value *const *ys, tern_value *cons
 		if (st)
 			break;
 		b.forward = n;
+		b.status = TERN_OK; /* a rule's failures are its own */
 		tern_grad_ctx ctx = {n, (int)n->n_inputs, (int)n->n_outputs, x, y, dy, wants, dx, &b};
 		seed_ctx.node = n;
 		if ((st = op->grad(&ctx)))

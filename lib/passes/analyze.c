@@ -94,6 +94,26 @@ static void set_known(tern_pass_ctx *c, const tern_value *v, int dtype, int rank
 	vi->shape.data = NULL;
 }
 
+bool tern_prepare_shapes(const tern_op *op, const tern_node *n, tern_tensor **in, tern_tensor *out_t, tern_tensor **out)
+{
+	for (size_t o = 0; o < n->n_outputs; o++) {
+		memset(&out_t[o], 0, sizeof out_t[o]);
+		out[o] = n->outputs[o] ? &out_t[o] : NULL;
+	}
+	tern_prepare_args p = {0};
+	p.node = n;
+	p.in = in;
+	p.n_in = (int)n->n_inputs;
+	p.out = out;
+	p.n_out = (int)n->n_outputs;
+	tern_status st = op->prepare(&p);
+	if (p.free_params && p.params)
+		p.free_params(p.params);
+	if (st)
+		tern_error_clear();
+	return !st && !p.defer && !p.dynamic_output;
+}
+
 /* Prepares one node; its outputs become known when prepare decides their shapes without run-time data. */
 static void infer_node(tern_pass_ctx *c, tern_node *n)
 {
@@ -126,24 +146,7 @@ static void infer_node(tern_pass_ctx *c, tern_node *n)
 		in_t[i].nbytes = data ? data->nbytes : 0;
 		in[i] = &in_t[i];
 	}
-	for (size_t o = 0; o < n->n_outputs; o++) {
-		memset(&out_t[o], 0, sizeof out_t[o]);
-		out[o] = n->outputs[o] ? &out_t[o] : NULL;
-	}
-	tern_prepare_args p = {0};
-	p.node = n;
-	p.in = in;
-	p.n_in = (int)n->n_inputs;
-	p.out = out;
-	p.n_out = (int)n->n_outputs;
-	tern_status st = op->prepare(&p);
-	if (p.free_params && p.params)
-		p.free_params(p.params);
-	if (st) {
-		tern_error_clear();
-		return;
-	}
-	if (p.defer || p.dynamic_output)
+	if (!tern_prepare_shapes(op, n, in, out_t, out))
 		return;
 	for (size_t o = 0; o < n->n_outputs; o++)
 		if (n->outputs[o])

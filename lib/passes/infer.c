@@ -160,24 +160,7 @@ static void infer_node(struct slot *slots, tern_node *n)
 		all_data &= in_t[i].data != NULL || tern_tensor_numel(&in_t[i]) == 0;
 		in[i] = &in_t[i];
 	}
-	for (size_t o = 0; o < n->n_outputs; o++) {
-		memset(&out_t[o], 0, sizeof out_t[o]);
-		out[o] = n->outputs[o] ? &out_t[o] : NULL;
-	}
-	tern_prepare_args p = {0};
-	p.node = n;
-	p.in = in;
-	p.n_in = (int)n->n_inputs;
-	p.out = out;
-	p.n_out = (int)n->n_outputs;
-	tern_status st = op->prepare(&p);
-	if (p.free_params && p.params)
-		p.free_params(p.params);
-	if (st) {
-		tern_error_clear();
-		return;
-	}
-	if (p.defer || p.dynamic_output)
+	if (!tern_prepare_shapes(op, n, in, out_t, out))
 		return;
 	bool small = true;
 	for (size_t o = 0; o < n->n_outputs; o++) {

@@ -63,6 +63,10 @@ void tern_pass_ctx_free(tern_pass_ctx *c);
 
 /* Default-domain node of this type (not removed). */
 bool tern_pass_is(const tern_node *n, const char *op_type);
+/* Runs op's prepare on n with inputs in[] (shapes, data where known) for the output types only: true
+ * when it decided them (into out_t, with out[] pointing there or NULL for omitted outputs), false when
+ * it failed, deferred or leaves them to the kernel. Nothing is kept (params are freed). */
+bool tern_prepare_shapes(const tern_op *op, const tern_node *n, tern_tensor **in, tern_tensor *out_t, tern_tensor **out);
 /* The node that produces v in the main graph, when it is one of op_type (NULL: any). */
 tern_node *tern_pass_producer(const tern_value *v, const char *op_type);
 /* v has exactly one consumer, through an explicit input, and is not a graph output. */
