@@ -127,10 +127,23 @@ static tern_status emit(tern_grad_ctx *g, const char *domain, const char *op_typ
 	for (int k = 0; !st && k < n_attrs; k++)
 		st = add_attr(n, &attrs[k]);
 	if (!st) {
-		/* the element type follows the first input that has one (rules emit arithmetic) */
+		/* the element type follows the first input that has one (rules emit arithmetic), except for the
+		 * operators whose output type is their own */
 		int dtype = 0;
 		for (int i = 0; i < n_in && !dtype; i++)
 			dtype = in[i] ? V(in[i])->type.dtype : 0;
+		static const char *const to_bool[] = {"Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual",
+		                                      "Not", "And", "Or", "Xor", "IsNaN", "IsInf"};
+		if (!*op_type || !domain || !*domain) {
+			for (size_t k = 0; k < TERN_ARRAY_LEN(to_bool); k++)
+				if (strcmp(op_type, to_bool[k]) == 0)
+					dtype = TERN_BOOL;
+			if (!strcmp(op_type, "Shape") || !strcmp(op_type, "Size") || !strcmp(op_type, "ArgMax") ||
+			    !strcmp(op_type, "ArgMin") || !strcmp(op_type, "NonZero"))
+				dtype = TERN_INT64;
+			if (!strcmp(op_type, "Cast"))
+				dtype = (int)tern_attr_int(n, "to", dtype);
+		}
 		for (int o = 0; o < n_out; o++) {
 			tern_value *v = n->outputs[o];
 			if (v && !v->type.dtype) {
