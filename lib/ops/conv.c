@@ -7,6 +7,8 @@
  * computed in float. */
 #include "ops/nn.h"
 
+#include <stdatomic.h>
+
 /* padded positions of the largest depthwise plane with unit strides done by channel blocks */
 #define DW_BLOCKS_MAX_PLANE (60 * 60)
 
@@ -42,6 +44,10 @@ typedef struct conv_params {
 	int64_t *phases;  /* per phase plane: its first row and column in the padded input */
 	int64_t *row_off; /* per row (channel, tap) of the column matrix */
 	size_t grid_off;  /* scratch: phase planes first, then the rows kernel's grid */
+	/* tern.ConvGradInput and tern.ConvGradWeight: slots of scratch when the images are shared among
+	 * threads (products too small to split, see by_images), else 0 */
+	int64_t img_slots;
+	size_t img_elems; /* scratch elements per slot */
 } conv_params;
 
 /* A kernel tap's input offsets (d0, d1 in slots 0 and 1; d2, padding included, in slot 2) and the
@@ -1473,9 +1479,66 @@ static tern_status depthwise_rows(const tern_node *node, conv_params *cp)
 DEF_DW_GRAD(f32, float)
 DEF_DW_GRAD(f64, double)
 
+/* Below this many multiply-adds per group and image, the product of one image is not shared among
+ * threads (tern_gemm_packed_run's threshold) nor is its im2col or col2im, so the gradients share out
+ * the images instead: each slot has its own column matrix (and, for the weight gradient, its own
+ * partial sum, reduced at the end). A small CNN's 3x3 convolutions of 8 channels on 8x8 images at
+ * batch 64 are some 37,000 per image. */
+#define BY_IMAGES_MAX_WORK ((int64_t)1 << 16)
+
+/* Slots of scratch for sharing out the images (0: not worth it, or one thread). */
+static int64_t by_images(tern_threadpool *pool, const conv_params *cp)
+{
+	if (!pool || tern_threadpool_size(pool) < 2 || cp->n < 2 || cp->mg * cp->cg * cp->kk * cp->out_sp >= BY_IMAGES_MAX_WORK)
+		return 0;
+	int64_t slots = slots_for(pool);
+	return slots < cp->n ? slots : cp->n;
+}
+
+/* Images [begin, end) of the data gradient, group by group: columns W_g^T dY_g, summed back onto the
+ * image by col2im (a pointwise convolution's columns are dX itself). pk[g]: W_g^T packed (float). */
+static void grad_input_images(tern_threadpool *pool, const conv_params *cp, int dtype, tern_packed *const *pk,
+                              const char *dy, const char *wt, char *dx, void *col_buf, int64_t begin, int64_t end)
+{
+	size_t es = compute_size(dtype);
+	int64_t ck = cp->cg * cp->kk;
+	for (int64_t n = begin; n < end; n++)
+		for (int64_t g = 0; g < cp->group; g++) {
+			const char *wg = wt + (size_t)(g * cp->mg * ck) * es;
+			const char *dyg = dy + (size_t)((n * cp->cout + g * cp->mg) * cp->out_sp) * es;
+			char *dxg = dx + (size_t)((n * cp->cin + g * cp->cg) * cp->in_sp) * es;
+			void *col = cp->pointwise ? (void *)dxg : col_buf;
+			if (dtype == TERN_FLOAT)
+				tern_gemm_packed(pool, pk[g], cp->out_sp, (const float *)dyg, cp->out_sp, NULL, col, cp->out_sp);
+			else
+				tern_gemm_f64(true, false, ck, cp->out_sp, cp->mg, 1.0, (const double *)wg, ck, (const double *)dyg,
+				              cp->out_sp, 0.0, col, cp->out_sp);
+			if (!cp->pointwise)
+				col2im(pool, dtype, &cp->w, cp->cg, col, dxg);
+		}
+}
+
+typedef struct grad_images_ctx {
+	const conv_params *cp;
+	int dtype;
+	tern_packed *const *pk;
+	const char *a, *b; /* dY and W, or dY and X */
+	char *y, *scratch;  /* dX, or the slots' partial sums of dW */
+	atomic_int status;
+} grad_images_ctx;
+
+static void grad_input_slot(void *ctx, int64_t begin, int64_t end, int64_t slot)
+{
+	grad_images_ctx *c = ctx;
+	const conv_params *cp = c->cp;
+	void *col = c->scratch + (size_t)(slot * (int64_t)cp->img_elems) * compute_size(c->dtype);
+	grad_input_images(NULL, cp, c->dtype, c->pk, c->a, c->b, c->y, col, begin, end);
+}
+
 /* tern.ConvGradInput(dY, W, x_shape) -> dX, with Conv's attributes: the data gradient of Conv, a
  * transposed convolution. Per image and group the columns W_g^T dY_g (W_g^T packed), summed back
- * onto the input by col2im; a pointwise convolution's columns are dX itself; depthwise directly. */
+ * onto the input by col2im; a pointwise convolution's columns are dX itself; depthwise directly.
+ * Small products go image by image on the threads, larger ones split each product. */
 static tern_status conv_grad_input_kernel(const tern_kernel_args *a)
 {
 	const conv_params *cp = a->params;
@@ -1490,27 +1553,30 @@ static tern_status conv_grad_input_kernel(const tern_kernel_args *a)
 		return TERN_OK;
 	}
 	int64_t ck = cp->cg * cp->kk;
-	for (int64_t g = 0; g < cp->group; g++) {
-		const char *wg = wt + (size_t)(g * cp->mg * ck) * es;
-		tern_packed *pk = NULL;
-		if (dtype == TERN_FLOAT && !(pk = cp->packed ? cp->packed[g] : tern_pack_a(ck, cp->mg, (const float *)wg, ck, true, 1.0f)))
+	tern_packed **pk = NULL;
+	tern_status st = TERN_OK;
+	if (dtype == TERN_FLOAT && !(pk = cp->packed)) {
+		if (!(pk = calloc((size_t)cp->group, sizeof *pk)))
 			return no_memory(a->node);
-		for (int64_t n = 0; n < cp->n; n++) {
-			const char *dyg = dy + (size_t)((n * cp->cout + g * cp->mg) * cp->out_sp) * es;
-			char *dxg = dx + (size_t)((n * cp->cin + g * cp->cg) * cp->in_sp) * es;
-			void *col = cp->pointwise ? (void *)dxg : a->scratch;
-			if (pk)
-				tern_gemm_packed(a->pool, pk, cp->out_sp, (const float *)dyg, cp->out_sp, NULL, col, cp->out_sp);
-			else
-				tern_gemm_f64(true, false, ck, cp->out_sp, cp->mg, 1.0, (const double *)wg, ck, (const double *)dyg,
-				              cp->out_sp, 0.0, col, cp->out_sp);
-			if (!cp->pointwise)
-				col2im(a->pool, dtype, &cp->w, cp->cg, col, dxg);
-		}
-		if (!cp->packed)
-			tern_packed_free(pk);
+		for (int64_t g = 0; g < cp->group && !st; g++)
+			if (!(pk[g] = tern_pack_a(ck, cp->mg, (const float *)(wt + (size_t)(g * cp->mg * ck) * es), ck, true, 1.0f)))
+				st = no_memory(a->node);
 	}
-	return TERN_OK;
+	if (!st) {
+		if (cp->img_slots) {
+			grad_images_ctx c = {cp, dtype, pk, dy, wt, dx, a->scratch, 0};
+			parallel_slots(a->pool, cp->n, grain_for(cp->group * cp->mg * ck * cp->out_sp), cp->img_slots,
+			               grad_input_slot, &c);
+		} else {
+			grad_input_images(a->pool, cp, dtype, pk, dy, wt, dx, a->scratch, 0, cp->n);
+		}
+	}
+	if (pk && !cp->packed) {
+		for (int64_t g = 0; g < cp->group; g++)
+			tern_packed_free(pk[g]);
+		free(pk);
+	}
+	return st;
 }
 
 static tern_status conv_grad_input_prepare(tern_prepare_args *p)
@@ -1535,17 +1601,66 @@ static tern_status conv_grad_input_prepare(tern_prepare_args *p)
 	} else {
 		if ((st = pack_groups(node, cp, wt, cp->cg * cp->kk, cp->mg, true)))
 			return st;
-		if (!cp->pointwise)
-			p->scratch_bytes = (size_t)(cp->cg * cp->kk * cp->out_sp) * compute_size(dy->dtype);
+		cp->img_slots = by_images(p->pool, cp);
+		cp->img_elems = cp->pointwise ? 0 : (size_t)(cp->cg * cp->kk * cp->out_sp);
+		p->scratch_bytes = (size_t)(cp->img_slots ? cp->img_slots : 1) * cp->img_elems * compute_size(dy->dtype);
 	}
 	p->kernel = conv_grad_input_kernel;
 	return tern_nn_stage_halves(p);
 }
 
+/* The weight gradient of images [begin, end) into dw (cout x cg*kk), their sum: per group dY_g
+ * times the transpose of X_g's column matrix, image by image. False when out of memory. */
+static bool grad_weight_images(tern_threadpool *pool, const conv_params *cp, int dtype, const char *dy,
+                               const char *x, char *dw, void *col_buf, int64_t begin, int64_t end)
+{
+	size_t es = compute_size(dtype);
+	int64_t ck = cp->cg * cp->kk;
+	for (int64_t g = 0; g < cp->group; g++) {
+		char *dwg = dw + (size_t)(g * cp->mg * ck) * es;
+		for (int64_t n = begin; n < end; n++) {
+			bool add = n > begin;
+			const char *xg = x + (size_t)((n * cp->cin + g * cp->cg) * cp->in_sp) * es;
+			const char *dyg = dy + (size_t)((n * cp->cout + g * cp->mg) * cp->out_sp) * es;
+			const void *col = xg;
+			if (!cp->pointwise) {
+				im2col(pool, &cp->w, es, cp->cg, xg, col_buf);
+				col = col_buf;
+			}
+			if (dtype == TERN_DOUBLE) {
+				tern_gemm_f64(false, true, cp->mg, ck, cp->out_sp, 1.0, (const double *)dyg, cp->out_sp, col,
+				              cp->out_sp, add ? 1.0 : 0.0, (double *)dwg, ck);
+				continue;
+			}
+			tern_packed *pk = tern_pack_a(cp->mg, cp->out_sp, (const float *)dyg, cp->out_sp, false, 1.0f);
+			if (!pk)
+				return false;
+			/* B = the columns' transpose: row p (an output position) of column j at col + j * out_sp + p */
+			tern_gemm_b b = {col, NULL, 1, 0, 0, cp->out_sp};
+			tern_gemm_c c = {(float *)dwg, ck, false, add, NULL, NULL, NULL};
+			tern_gemm_packed_run(pool, pk, ck, &b, &c, TERN_GEMM_COLS);
+			tern_packed_free(pk);
+		}
+	}
+	return true;
+}
+
+/* A chunk's images into its slot's partial sum of dW. */
+static void grad_weight_slot(void *ctx, int64_t begin, int64_t end, int64_t slot)
+{
+	grad_images_ctx *c = ctx;
+	const conv_params *cp = c->cp;
+	size_t es = compute_size(c->dtype), dw_elems = (size_t)(cp->cout * cp->cg * cp->kk);
+	char *part = c->scratch + (size_t)slot * (dw_elems + cp->img_elems) * es;
+	if (!grad_weight_images(NULL, cp, c->dtype, c->a, c->b, part, part + dw_elems * es, begin, end))
+		atomic_store(&c->status, 1);
+}
+
 /* tern.ConvGradWeight(dY, X, w_shape) -> dW, with Conv's attributes: the weight gradient of Conv, X
  * correlated with dY. Per group, summed over the images: dY_g times the transpose of X_g's column
  * matrix (im2col; X_g itself when pointwise), dY_g packed and the columns read across; depthwise
- * directly. */
+ * directly. Small products go image by image on the threads, each chunk of images summed into its
+ * slot's partial dW, and the partial sums added up in slot order at the end. */
 static tern_status conv_grad_weight_kernel(const tern_kernel_args *a)
 {
 	const conv_params *cp = a->params;
@@ -1559,32 +1674,38 @@ static tern_status conv_grad_weight_kernel(const tern_kernel_args *a)
 		               dtype == TERN_DOUBLE ? dw_grad_weight_f64 : dw_grad_weight_f32, &c);
 		return TERN_OK;
 	}
-	if (cp->n == 0)
+	if (cp->n == 0) {
 		memset(dw, 0, (size_t)tern_tensor_numel(a->out[0]) * es);
-	int64_t ck = cp->cg * cp->kk;
-	for (int64_t g = 0; g < cp->group; g++) {
-		char *dwg = dw + (size_t)(g * cp->mg * ck) * es;
-		for (int64_t n = 0; n < cp->n; n++) {
-			const char *xg = x + (size_t)((n * cp->cin + g * cp->cg) * cp->in_sp) * es;
-			const char *dyg = dy + (size_t)((n * cp->cout + g * cp->mg) * cp->out_sp) * es;
-			const void *col = xg;
-			if (!cp->pointwise) {
-				im2col(a->pool, &cp->w, es, cp->cg, xg, a->scratch);
-				col = a->scratch;
-			}
-			if (dtype == TERN_DOUBLE) {
-				tern_gemm_f64(false, true, cp->mg, ck, cp->out_sp, 1.0, (const double *)dyg, cp->out_sp, col,
-				              cp->out_sp, n ? 1.0 : 0.0, (double *)dwg, ck);
-				continue;
-			}
-			tern_packed *pk = tern_pack_a(cp->mg, cp->out_sp, (const float *)dyg, cp->out_sp, false, 1.0f);
-			if (!pk)
-				return no_memory(a->node);
-			/* B = the columns' transpose: row p (an output position) of column j at col + j * out_sp + p */
-			tern_gemm_b b = {col, NULL, 1, 0, 0, cp->out_sp};
-			tern_gemm_c c = {(float *)dwg, ck, false, n > 0, NULL, NULL, NULL};
-			tern_gemm_packed_run(a->pool, pk, ck, &b, &c, TERN_GEMM_COLS);
-			tern_packed_free(pk);
+		return TERN_OK;
+	}
+	if (!cp->img_slots)
+		return grad_weight_images(a->pool, cp, dtype, dy, x, dw, a->scratch, 0, cp->n) ? TERN_OK : no_memory(a->node);
+	/* the slots no chunk reaches stay zero */
+	size_t dw_elems = (size_t)(cp->cout * cp->cg * cp->kk), stride = dw_elems + cp->img_elems;
+	for (int64_t s = 0; s < cp->img_slots; s++)
+		memset(a->scratch + s * stride * es, 0, dw_elems * es);
+	grad_images_ctx c = {cp, dtype, NULL, dy, x, NULL, a->scratch, 0};
+	parallel_slots(a->pool, cp->n, grain_for(cp->cout * cp->cg * cp->kk * cp->out_sp), cp->img_slots,
+	               grad_weight_slot, &c);
+	if (atomic_load(&c.status))
+		return no_memory(a->node);
+	if (dtype == TERN_DOUBLE) {
+		double *out = (double *)dw;
+		const double *part = a->scratch;
+		for (size_t i = 0; i < dw_elems; i++) {
+			double sum = part[i];
+			for (int64_t s = 1; s < cp->img_slots; s++)
+				sum += part[s * stride + i];
+			out[i] = sum;
+		}
+	} else {
+		float *out = (float *)dw;
+		const float *part = a->scratch;
+		for (size_t i = 0; i < dw_elems; i++) {
+			float sum = part[i];
+			for (int64_t s = 1; s < cp->img_slots; s++)
+				sum += part[s * stride + i];
+			out[i] = sum;
 		}
 	}
 	return TERN_OK;
@@ -1609,8 +1730,12 @@ static tern_status conv_grad_weight_prepare(tern_prepare_args *p)
 	if (cp->depthwise) {
 		if ((st = depthwise_rows(node, cp)))
 			return st;
-	} else if (!cp->pointwise) {
-		p->scratch_bytes = (size_t)(cp->cg * cp->kk * cp->out_sp) * compute_size(x->dtype);
+	} else {
+		cp->img_slots = by_images(p->pool, cp);
+		cp->img_elems = cp->pointwise ? 0 : (size_t)(cp->cg * cp->kk * cp->out_sp);
+		/* per slot: its partial dW, then its column matrix */
+		size_t slot = cp->img_elems + (cp->img_slots ? (size_t)(cp->cout * cp->cg * cp->kk) : 0);
+		p->scratch_bytes = (size_t)(cp->img_slots ? cp->img_slots : 1) * slot * compute_size(x->dtype);
 	}
 	p->kernel = conv_grad_weight_kernel;
 	return tern_nn_stage_halves(p);
