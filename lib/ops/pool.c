@@ -428,6 +428,10 @@ static tern_status max_unpool_prepare(tern_prepare_args *p)
 /* ---------------------------------------------------------------- gradients */
 
 #define MPG_BLOCK 64 /* outputs of a row that MaxPool's gradient follows together */
+#define MPG_L(T) (int)(64 / sizeof(T)) /* outputs of a row held in one vector, over at most MPG_TAPS taps along the row */
+#define MPG_TAPS 16
+#define MPG_CHAINS 4 /* vectors of outputs followed together */
+#define MPG_ROWS 64 /* and at most this many kernel rows */
 
 typedef struct pool_grad_ctx {
 	const pool_params *pp;
@@ -436,10 +440,49 @@ typedef struct pool_grad_ctx {
 	void *dx;
 } pool_grad_ctx;
 
+/* The argmax over rows[0 .. nr) and taps [0, nk) along the row of MPG_CHAINS vectors of outputs (64
+ * bytes each) starting at outputs c0[c], from the phase-split rows xt[rows[i] * rs + phq[k2] + c0[c] +
+ * j], into out[c][j]: the forward's first maximum (-1: none). The
+ * target is on the function itself, so that its vectors are lowered for it. */
+#define MPG_CHUNK_DEF(S, T, IT, SUF, TARGET)                                                              \
+	TARGET static void mpg_chunk_##S##_##SUF(const T *xt, const int64_t *rows, int nr, const int64_t *phq,  \
+	                                         int nk, int64_t rs, const int64_t *c0, IT base0, IT W, IT d, \
+	                                         IT st, IT *out)                                             \
+	{                                                                                                    \
+		static const IT lanes[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};               \
+		mpg_vi_##S iota, at[MPG_CHAINS], ci[MPG_CHAINS];                                                 \
+		mpg_vt_##S best[MPG_CHAINS];                                                                     \
+		memcpy(&iota, lanes, sizeof iota);                                                               \
+		iota = iota * st;                                                                                \
+		for (int c = 0; c < MPG_CHAINS; c++) {                                                           \
+			best[c] = (mpg_vt_##S){0};                                                                   \
+			at[c] = best[c] > best[c];                                                                   \
+			at[c] = at[c] - 1;                                                                           \
+			ci[c] = iota + (IT)c0[c] * st + base0;                                                       \
+		}                                                                                                \
+		for (int i = 0; i < nr; i++) {                                                                   \
+			const T *xr = xt + rows[i] * rs;                                                             \
+			IT rb = (IT)rows[i] * W;                                                                     \
+			for (int k2 = 0; k2 < nk; k2++) {                                                            \
+				IT b = rb + (IT)k2 * d;                                                                  \
+				for (int c = 0; c < MPG_CHAINS; c++) {                                                   \
+					mpg_vt_##S v;                                                                        \
+					memcpy(&v, xr + phq[k2] + c0[c], sizeof v);                                          \
+					mpg_vi_##S take = (v > best[c]) | (at[c] < 0);                                       \
+					best[c] = (mpg_vt_##S)(((mpg_vi_##S)v & take) | ((mpg_vi_##S)best[c] & ~take));      \
+					at[c] = ((ci[c] + b) & take) | (at[c] & ~take);                                      \
+				}                                                                                        \
+			}                                                                                            \
+		}                                                                                                \
+		memcpy(out, at, sizeof at);                                                                      \
+	}
+
 /* One (n, c) plane of a pool's data gradient. MaxPool's: each output's gradient goes to its window's
  * first maximum in scan order, the element the forward picked (PyTorch's rule). AveragePool's: each
  * output's gradient over the forward's divisor goes to every element of its window inside the input. */
-#define DEF_POOL_GRAD(S, T)                                                                              \
+#define DEF_POOL_GRAD(S, T, IT)                                                                          \
+	typedef T mpg_vt_##S __attribute__((vector_size(64)));                                                \
+	typedef IT mpg_vi_##S __attribute__((vector_size(64)));                                               \
 	/* n outputs' best so far and its position against their elements xs[j * st], at base + j * st: the \
 	 * forward's first maximum (strictly greater, or the first element seen) */                         \
 	static inline __attribute__((always_inline)) void argmax_step_##S(const T *restrict xs, T *restrict best, \
@@ -461,10 +504,65 @@ typedef struct pool_grad_ctx {
 				at[j] = take ? base + j * st : at[j];                                                    \
 			}                                                                                            \
 	}                                                                                                    \
-	TERN_ISA_BODY void max_grad_plane_##S##_body(const pool_params *pp, const T *x, const T *dy, T *dx)     \
+	/* the same against contiguous elements xs[j], at base + j * ps */                                   \
+	static inline __attribute__((always_inline)) void argmax_stepc_##S(const T *restrict xs, T *restrict best, \
+	                                                                   int32_t *restrict at, int32_t n,  \
+	                                                                   int32_t base, int32_t ps)         \
+	{                                                                                                    \
+		for (int32_t j = 0; j < n; j++) {                                                                \
+			T v = xs[j];                                                                                 \
+			int take = (v > best[j]) | (at[j] < 0);                                                      \
+			best[j] = take ? v : best[j];                                                                \
+			at[j] = take ? base + j * ps : at[j];                                                        \
+		}                                                                                                \
+	}                                                                                                    \
+	/* MPG_CHAINS vectors of outputs of one row (see MPG_CHUNK_DEF), by the machine's vectors */        \
+	MPG_CHUNK_DEF(S, T, IT, avx512, TERN_TARGET_AVX512)                                                 \
+	MPG_CHUNK_DEF(S, T, IT, avx2, TERN_TARGET_AVX2)                                                     \
+	MPG_CHUNK_DEF(S, T, IT, generic, )                                                                  \
+	static void mpg_chunk_##S(const T *xt, const int64_t *rows, int nr, const int64_t *phq, int nk,      \
+	                          int64_t rs, const int64_t *c0, IT base0, IT W, IT d, IT st, IT *out)       \
+	{                                                                                                    \
+		if (tern_isa() == TERN_ISA_AVX512)                                                               \
+			mpg_chunk_##S##_avx512(xt, rows, nr, phq, nk, rs, c0, base0, W, d, st, out);                     \
+		else if (tern_isa() == TERN_ISA_AVX2)                                                            \
+			mpg_chunk_##S##_avx2(xt, rows, nr, phq, nk, rs, c0, base0, W, d, st, out);                       \
+		else                                                                                             \
+			mpg_chunk_##S##_generic(xt, rows, nr, phq, nk, rs, c0, base0, W, d, st, out);                    \
+	}                                                                                                    \
+	TERN_ISA_BODY void max_grad_plane_##S##_body(const pool_params *pp, const T *x, const T *dy, T *dx,     \
+	                                             T *xt)                                                  \
 	{                                                                                                    \
 		const window *w = &pp->w;                                                                        \
 		int64_t in_n = sp_numel(w->in), o = 0;                                                           \
+		/* with a stride along the row (xt given): the plane's rows split by phase, xt[(r * st + p) * mw \
+		 * + m] = x[r * W + p + st * m], so that each tap reads contiguous elements */                   \
+		int64_t st2 = w->s[2], W = w->in[2], mw = (W + st2 - 1) / st2;                                   \
+		if (xt && !pp->global) {                                                                         \
+			int64_t rows = w->in[0] * w->in[1];                                                          \
+			for (int64_t r = 0; r < rows && st2 == 2; r++) {                                             \
+				const T *restrict src = x + r * W;                                                       \
+				T *restrict d0 = xt + 2 * r * mw, *restrict d1 = d0 + mw;                                \
+				for (int64_t m = 0; m < W / 2; m++) {                                                    \
+					d0[m] = src[2 * m];                                                                  \
+					d1[m] = src[2 * m + 1];                                                              \
+				}                                                                                        \
+				if (W & 1) {                                                                             \
+					d0[mw - 1] = src[W - 1];                                                             \
+					d1[mw - 1] = 0;                                                                      \
+				}                                                                                        \
+			}                                                                                            \
+			for (int64_t r = 0; r < rows && st2 != 2; r++)                                               \
+				for (int64_t ph = 0; ph < st2; ph++) {                                                   \
+					const T *src = x + r * W + ph;                                                       \
+					T *restrict dst = xt + (r * st2 + ph) * mw;                                          \
+					int64_t m = 0, cnt = (W - ph + st2 - 1) / st2;                                       \
+					for (; m < cnt; m++)                                                                 \
+						dst[m] = src[m * st2];                                                           \
+					for (; m < mw; m++)                                                                  \
+						dst[m] = 0;                                                                      \
+				}                                                                                        \
+		}                                                                                                \
 		memset(dx, 0, (size_t)in_n * sizeof *dx);                                                        \
 		if (pp->global) {                                                                                \
 			int64_t at = 0;                                                                              \
@@ -474,13 +572,73 @@ typedef struct pool_grad_ctx {
 			return;                                                                                      \
 		}                                                                                                \
 		/* a block of outputs of one row at a time, tap by tap in the forward's order, each output      \
-		 * keeping its best so far: vectors along the row */                                             \
+		 * keeping its best so far: vectors along the row. With xt and at most MPG_TAPS taps along the  \
+		 * row, the outputs [ilo, ihi) whose every tap along the row is inside the input go by groups  \
+		 * of MPG_CHAINS vectors held in registers (the last vector overlapping the one before), the    \
+		 * few others one by one. */                                                                     \
+		int64_t ilo = 0, ihi = w->out[2], phq[MPG_TAPS], rows[MPG_ROWS];                                 \
+		for (int64_t k2 = 0; k2 < w->k[2]; k2++) {                                                       \
+			ilo = pp->rows2[2 * k2] > ilo ? pp->rows2[2 * k2] : ilo;                                     \
+			ihi = pp->rows2[2 * k2 + 1] < ihi ? pp->rows2[2 * k2 + 1] : ihi;                             \
+		}                                                                                                \
+		bool fast = xt && !pp->global && w->k[2] <= MPG_TAPS && w->k[0] * w->k[1] <= MPG_ROWS && ihi - ilo >= MPG_L(T);                     \
+		if (fast)                                                                                        \
+			for (int64_t k2 = 0; k2 < w->k[2]; k2++) {                                                   \
+				int64_t off = k2 * w->d[2] - w->pb[2], ph = ((off % st2) + st2) % st2;                   \
+				phq[k2] = ph * mw + (off - ph) / st2;                                                    \
+			}                                                                                            \
 		for (int64_t o0 = 0; o0 < w->out[0]; o0++) {                                                     \
 			const int64_t *t0 = pp->taps[0] + o0 * TAP_FIELDS, s0 = o0 * w->s[0] - w->pb[0];            \
 			for (int64_t o1 = 0; o1 < w->out[1]; o1++, o += w->out[2]) {                                 \
 				const int64_t *t1 = pp->taps[1] + o1 * TAP_FIELDS, s1 = o1 * w->s[1] - w->pb[1];         \
-				for (int64_t b0 = 0; b0 < w->out[2]; b0 += MPG_BLOCK) {                                  \
-					int64_t b1 = b0 + MPG_BLOCK < w->out[2] ? b0 + MPG_BLOCK : w->out[2];                \
+				for (int seg = 0; seg < 3; seg++) {                                                      \
+					int64_t r0 = !fast ? (seg ? 0 : 0) : seg == 0 ? 0 : seg == 1 ? ilo : ihi;           \
+					int64_t r1 = !fast ? (seg ? 0 : w->out[2]) : seg == 0 ? ilo : seg == 1 ? ihi : w->out[2]; \
+					if (fast && seg == 1) {                                                              \
+						int nr = 0;                                                                      \
+						for (int64_t k0 = t0[TAP_LO]; k0 < t0[TAP_HI]; k0++)                             \
+							for (int64_t k1 = t1[TAP_LO]; k1 < t1[TAP_HI]; k1++, nr++)                   \
+								rows[nr] = (s0 + k0 * w->d[0]) * w->in[1] + s1 + k1 * w->d[1];          \
+						for (int64_t g0 = r0; g0 < r1; g0 += MPG_CHAINS * MPG_L(T)) {                    \
+							int64_t c0[MPG_CHAINS], j0[MPG_CHAINS];                                      \
+							for (int c = 0; c < MPG_CHAINS; c++) {                                       \
+								int64_t j = g0 + c * MPG_L(T);                                           \
+								j0[c] = j < r1 ? j : r1;                                                 \
+								c0[c] = j + MPG_L(T) <= r1 ? j : r1 - MPG_L(T);                          \
+							}                                                                            \
+							IT ats[MPG_CHAINS][MPG_L(T)];                                                \
+							mpg_chunk_##S(xt, rows, nr, phq, (int)w->k[2], st2 * mw, c0,                 \
+							              (IT)(-w->pb[2]), (IT)W, (IT)w->d[2], (IT)st2, ats[0]);         \
+							for (int c = 0; c < MPG_CHAINS; c++)                                         \
+								for (int64_t j = j0[c] - c0[c]; j < MPG_L(T); j++)                       \
+									if (ats[c][j] >= 0)                                                  \
+										dx[ats[c][j]] += dy[o + c0[c] + j];                              \
+						}                                                                                \
+						continue;                                                                        \
+					}                                                                                    \
+					if (fast) { /* the few outputs near the row's ends, one by one */                    \
+						for (int64_t o2 = r0; o2 < r1; o2++) {                                           \
+							const int64_t *t2 = pp->taps[2] + o2 * TAP_FIELDS, s2 = o2 * st2 - w->pb[2]; \
+							T bv = 0;                                                                    \
+							int64_t ba = -1;                                                             \
+							for (int64_t k0 = t0[TAP_LO]; k0 < t0[TAP_HI]; k0++)                         \
+								for (int64_t k1 = t1[TAP_LO]; k1 < t1[TAP_HI]; k1++) {                   \
+									int64_t rw = ((s0 + k0 * w->d[0]) * w->in[1] + s1 + k1 * w->d[1]) * W + s2; \
+									for (int64_t k2 = t2[TAP_LO]; k2 < t2[TAP_HI]; k2++) {               \
+										T v = x[rw + k2 * w->d[2]];                                      \
+										if (v > bv || ba < 0) {                                          \
+											bv = v;                                                      \
+											ba = rw + k2 * w->d[2];                                      \
+										}                                                                \
+									}                                                                    \
+								}                                                                        \
+							if (ba >= 0)                                                                 \
+								dx[ba] += dy[o + o2];                                                    \
+						}                                                                                \
+						continue;                                                                        \
+					}                                                                                    \
+				for (int64_t b0 = r0; b0 < r1; b0 += MPG_BLOCK) {                                        \
+					int64_t b1 = b0 + MPG_BLOCK < r1 ? b0 + MPG_BLOCK : r1;                              \
 					T best[MPG_BLOCK];                                                                   \
 					int32_t at[MPG_BLOCK];                                                               \
 					for (int64_t j = 0; j < b1 - b0; j++) {                                              \
@@ -495,7 +653,14 @@ typedef struct pool_grad_ctx {
 								lo = lo > b0 ? lo : b0;                                                  \
 								hi = hi < b1 ? hi : b1;                                                  \
 								int32_t st = (int32_t)w->s[2], base = (int32_t)(row + k2 * w->d[2] - w->pb[2] + lo * st); \
-								if (lo < hi)                                                             \
+								if (lo >= hi)                                                            \
+									continue;                                                            \
+								if (xt && !pp->global) {                                                 \
+									int64_t off = k2 * w->d[2] - w->pb[2], ph = ((off % st2) + st2) % st2; \
+									int64_t q = (off - ph) / st2, r = row / W;                           \
+									argmax_stepc_##S(xt + (r * st2 + ph) * mw + lo + q, best + (lo - b0), at + (lo - b0), \
+									                 (int32_t)(hi - lo), base, st);                      \
+								} else                                                                   \
 									argmax_step_##S(x + base, best + (lo - b0), at + (lo - b0), (int32_t)(hi - lo), base, st); \
 							}                                                                            \
 						}                                                                                \
@@ -503,11 +668,12 @@ typedef struct pool_grad_ctx {
 						if (at[j] >= 0)                                                                  \
 							dx[at[j]] += dy[o + b0 + j];                                                 \
 				}                                                                                        \
+				}                                                                                        \
 			}                                                                                            \
 		}                                                                                                \
 	}                                                                                                    \
-	TERN_ISA_VARIANTS3(void, max_grad_plane_##S, (const pool_params *pp, const T *x, const T *dy, T *dx),    \
-	                   (pp, x, dy, dx))                                                                  \
+	TERN_ISA_VARIANTS3(void, max_grad_plane_##S, (const pool_params *pp, const T *x, const T *dy, T *dx, T *xt), \
+	                   (pp, x, dy, dx, xt))                                                              \
 	TERN_ISA_BODY void avg_grad_plane_##S##_body(const pool_params *pp, const T *dy, T *dx)                  \
 	{                                                                                                    \
 		const window *w = &pp->w;                                                                        \
@@ -550,18 +716,23 @@ typedef struct pool_grad_ctx {
 		const pool_grad_ctx *c = ctx;                                                                    \
 		const pool_params *pp = c->pp;                                                                   \
 		int64_t in_n = sp_numel(pp->w.in), out_n = pp->global ? 1 : sp_numel(pp->w.out);                \
+		T *xt = NULL;                                                                                    \
+		if (pp->kind == POOL_MAX && !pp->global && pp->w.s[2] > 1)                                       \
+			xt = malloc((size_t)(pp->w.in[0] * pp->w.in[1] * pp->w.s[2] *                                 \
+			                     ((pp->w.in[2] + pp->w.s[2] - 1) / pp->w.s[2])) * sizeof *xt);             \
 		for (int64_t i = begin; i < end; i++) {                                                          \
 			const T *dy = (const T *)c->dy + i * out_n;                                                  \
 			T *dx = (T *)c->dx + i * in_n;                                                               \
 			if (pp->kind == POOL_MAX)                                                                    \
-				max_grad_plane_##S(pp, (const T *)c->x + i * in_n, dy, dx);                              \
+				max_grad_plane_##S(pp, (const T *)c->x + i * in_n, dy, dx, xt);                          \
 			else                                                                                         \
 				avg_grad_plane_##S(pp, dy, dx);                                                          \
 		}                                                                                                \
+		free(xt);                                                                                        \
 	}
 
-DEF_POOL_GRAD(f32, float)
-DEF_POOL_GRAD(f64, double)
+DEF_POOL_GRAD(f32, float, int32_t)
+DEF_POOL_GRAD(f64, double, int64_t)
 
 static tern_status pool_grad_kernel(const tern_kernel_args *a)
 {
