@@ -12,7 +12,8 @@
 #   --time S   S seconds per target
 #   ARGS       passed to libFuzzer (-jobs=2, -max_len=4096, ...)
 #
-# Seeds: the ONNX node tests (binary models, and their text as tern writes it) and tests/fuzz/seeds.
+# Seeds: the ONNX node tests (binary models, and their text as tern writes it) and tests/fuzz/seeds
+# (text *.txt, binary *.onnx).
 # New inputs are kept in DIR/corpus/TARGET, crashing ones in DIR/crashes. Exits 77 (skipped) when
 # clang with libFuzzer is missing, non-zero when a target crashes, leaks or breaks its checks.
 set -euo pipefail
@@ -106,7 +107,9 @@ if [ -n "$node" ] && [ -z "$(ls -A "$build/seeds/onnx")" ]; then
 	find "$build/seeds/onnx" -name '*.onnx' -size +64k -delete
 	"$build/seed_text" "$build/seeds/text" "$build/seeds/onnx"/*.onnx
 fi
-cp "$src"/tests/fuzz/seeds/* "$build/seeds/text/"
+cp "$src"/tests/fuzz/seeds/*.txt "$build/seeds/text/"
+# binary seeds: inputs that once broke a check (kept so that they stay fixed)
+cp "$src"/tests/fuzz/seeds/*.onnx "$build/seeds/onnx/"
 
 status=0
 for target in "${targets[@]}"; do

@@ -44,10 +44,7 @@ size_t tern_dtype_size(int dtype)
 
 const char *tern_dtype_name(int dtype)
 {
-	if (dtype == TERN_SEQUENCE)
-		return "seq";
-	if (dtype == TERN_NONE)
-		return "none";
+	/* element types only: TERN_SEQUENCE and TERN_NONE are not (the text syntax prints this name) */
 	return dtype >= 0 && dtype < TERN_DTYPE_COUNT && dtype_info[dtype].name ? dtype_info[dtype].name : "?";
 }
 
@@ -202,7 +199,8 @@ tern_status tern_sequence_insert(tern_tensor *seq, const tern_tensor *item, int6
 	if (!q)
 		return tern_errorf(TERN_EINTERNAL, "not a sequence");
 	if (item->dtype == TERN_SEQUENCE || item->dtype == TERN_NONE)
-		return tern_errorf(TERN_EDATA, "a sequence holds tensors, not a %s", tern_dtype_name(item->dtype));
+		return tern_errorf(TERN_EDATA, "a sequence holds tensors, not %s",
+		                   item->dtype == TERN_SEQUENCE ? "a sequence" : "an empty optional");
 	if (q->elem_dtype && item->dtype != q->elem_dtype)
 		return tern_errorf(TERN_EDATA, "a sequence of %s cannot hold a %s tensor", tern_dtype_name(q->elem_dtype),
 		                   tern_dtype_name(item->dtype));
@@ -228,7 +226,7 @@ tern_status tern_sequence_insert(tern_tensor *seq, const tern_tensor *item, int6
 const char *tern_shape_str(int dtype, int rank, const int64_t *dims, char *buf, size_t size)
 {
 	if (dtype == TERN_SEQUENCE || dtype == TERN_NONE) {
-		snprintf(buf, size, "%s", tern_dtype_name(dtype));
+		snprintf(buf, size, "%s", dtype == TERN_SEQUENCE ? "seq" : "none");
 		return buf;
 	}
 	size_t n = (size_t)snprintf(buf, size, "%s[", tern_dtype_name(dtype));

@@ -10,8 +10,13 @@ static tern_status need_sequence(const tern_kernel_args *a, int i, tern_sequence
 {
 	*out = i < a->n_in && a->in[i] ? tern_sequence_of(a->in[i]) : NULL;
 	if (!*out)
-		return tern_node_errorf(a->node, TERN_EDATA, "input %d is a %s, not a sequence", i,
-		                        i < a->n_in && a->in[i] ? tern_dtype_name(a->in[i]->dtype) : "missing value");
+		return tern_node_errorf(a->node, TERN_EDATA, "input %d is %s%s, not a sequence", i,
+		                        !(i < a->n_in && a->in[i])         ? "missing"
+		                        : a->in[i]->dtype == TERN_NONE      ? "an empty optional"
+		                                                            : "a tensor of ",
+		                        i < a->n_in && a->in[i] && a->in[i]->dtype != TERN_NONE
+		                                ? tern_dtype_name(a->in[i]->dtype)
+		                                : "");
 	return TERN_OK;
 }
 
