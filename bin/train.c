@@ -51,15 +51,20 @@ static void epoch_order(int64_t *perm, int64_t n, uint64_t seed, int64_t epoch, 
 	}
 }
 
-/* Rows rows[0..b) of src (along axis 0) into dst, allocated [b, ...]. */
-static void gather_rows(const tern_tensor *src, const int64_t *rows, int64_t b, tern_tensor *dst)
+/* Rows rows[0..m) of src (along axis 0) into dst, whose storage is allocated once for `cap` rows and
+ * reused by every later batch (a short last batch is a shorter view of it). */
+static void gather_rows(const tern_tensor *src, const int64_t *rows, int64_t m, int64_t cap, tern_tensor *dst)
 {
-	int64_t dims[TERN_MAX_RANK];
-	memcpy(dims, src->dims, sizeof dims);
-	dims[0] = b;
-	tern_cli_check(tern_tensor_alloc(dst, src->dtype, src->rank, dims));
 	size_t row = src->nbytes / (size_t)(src->dims[0] ? src->dims[0] : 1);
-	for (int64_t r = 0; r < b; r++)
+	if (!dst->data) {
+		int64_t dims[TERN_MAX_RANK];
+		memcpy(dims, src->dims, sizeof dims);
+		dims[0] = cap;
+		tern_cli_check(tern_tensor_alloc(dst, src->dtype, src->rank, dims));
+	}
+	dst->dims[0] = m;
+	dst->nbytes = (size_t)m * row;
+	for (int64_t r = 0; r < m; r++)
 		memcpy((char *)dst->data + (size_t)r * row, (const char *)src->data + (size_t)rows[r] * row, row);
 }
 
@@ -143,10 +148,8 @@ static void validate(struct val *v, tern_model *model, int threads, int64_t b, d
 		int64_t m = start + b <= v->rows ? b : v->rows - start;
 		for (int64_t r = 0; r < m; r++)
 			rows[r] = start + r;
-		for (int i = 0; i < v->n_in; i++) {
-			tern_tensor_free(&batch[i]);
-			gather_rows(&v->in[i], rows, m, &batch[i]);
-		}
+		for (int i = 0; i < v->n_in; i++)
+			gather_rows(&v->in[i], rows, m, b, &batch[i]);
 		if (!plan)
 			tern_cli_check(tern_plan_create(model, &po, batch, v->n_in, &plan));
 		tern_status st = tern_plan_run(plan, batch, v->n_in);
@@ -293,10 +296,8 @@ int tern_run_train(const train_options *o, const tern_cli *cli, tern_model *mode
 		int64_t start = pos * b, m = start + b <= rows ? b : rows - start;
 		for (int64_t r = 0; r < m; r++)
 			take[r] = perm[start + r];
-		for (int i = 0; i < n; i++) {
-			tern_tensor_free(&batch[i]);
-			gather_rows(&data[i], take, m, &batch[i]);
-		}
+		for (int i = 0; i < n; i++)
+			gather_rows(&data[i], take, m, b, &batch[i]);
 		tern_status st = tern_trainer_step(tr, batch, &loss);
 		if (st)
 			tern_cli_fail(st, "step %lld: %s", (long long)step + 1, tern_error());
