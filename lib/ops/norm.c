@@ -316,6 +316,24 @@ static tern_status layer_norm_kernel(const tern_kernel_args *a)
 	return TERN_OK;
 }
 
+/* Rows and columns around axis, epsilon, and Scale and B, which broadcast to the normalised shape (a
+ * full copy or one value are supported): for LayerNormalization and its gradient alike. */
+static tern_status layer_norm_geometry(const tern_node *node, const tern_tensor *x, const tern_tensor *scale,
+                                       const tern_tensor *bias, int axis, layer_norm_params *lp)
+{
+	lp->rows = prod(x->dims, 0, axis);
+	lp->cols = prod(x->dims, axis, x->rank);
+	lp->eps = tern_attr_float(node, "epsilon", 1e-5f);
+	int64_t ns = tern_tensor_numel(scale), nb = bias ? tern_tensor_numel(bias) : 1;
+	lp->scale_scalar = ns == 1;
+	lp->bias_scalar = nb == 1;
+	if ((ns != 1 && ns != lp->cols) || (nb != 1 && nb != lp->cols))
+		return tern_node_errorf(node, TERN_EDATA,
+		                        "Scale has %lld and B %lld elements; 1 or %lld (the normalised size) expected",
+		                        (long long)ns, (long long)nb, (long long)lp->cols);
+	return TERN_OK;
+}
+
 static tern_status layer_norm_prepare(tern_prepare_args *p)
 {
 	const tern_node *node = p->node;
@@ -329,17 +347,8 @@ static tern_status layer_norm_prepare(tern_prepare_args *p)
 		return no_memory(node);
 	p->params = lp;
 	p->free_params = free;
-	lp->rows = prod(x->dims, 0, axis);
-	lp->cols = prod(x->dims, axis, x->rank);
-	lp->eps = tern_attr_float(node, "epsilon", 1e-5f);
-	/* Scale and B broadcast to the normalised shape; a full copy or one value are supported. */
-	int64_t ns = tern_tensor_numel(scale), nb = bias ? tern_tensor_numel(bias) : 1;
-	lp->scale_scalar = ns == 1;
-	lp->bias_scalar = nb == 1;
-	if ((ns != 1 && ns != lp->cols) || (nb != 1 && nb != lp->cols))
-		return tern_node_errorf(node, TERN_EDATA,
-		                        "Scale has %lld and B %lld elements; 1 or %lld (the normalised size) expected",
-		                        (long long)ns, (long long)nb, (long long)lp->cols);
+	if ((st = layer_norm_geometry(node, x, scale, bias, axis, lp)))
+		return st;
 	tern_set_shape(p->out[0], x->dtype, x->rank, x->dims);
 	int64_t dims[TERN_MAX_RANK];
 	for (int i = 0; i < x->rank; i++)
@@ -894,15 +903,8 @@ static tern_status layer_norm_grad_prepare(tern_prepare_args *p)
 	p->params = gp;
 	p->free_params = free;
 	layer_norm_params *lp = &gp->lp;
-	lp->rows = prod(x->dims, 0, axis);
-	lp->cols = prod(x->dims, axis, x->rank);
-	lp->eps = tern_attr_float(node, "epsilon", 1e-5f);
-	int64_t ns = tern_tensor_numel(scale), nb = bias ? tern_tensor_numel(bias) : lp->cols;
-	lp->scale_scalar = ns == 1;
-	if ((ns != 1 && ns != lp->cols) || (nb != 1 && nb != lp->cols))
-		return tern_node_errorf(node, TERN_EDATA,
-		                        "Scale has %lld and B %lld elements; 1 or %lld (the normalised size) expected",
-		                        (long long)ns, (long long)nb, (long long)lp->cols);
+	if ((st = layer_norm_geometry(node, x, scale, bias, axis, lp)))
+		return st;
 	tern_set_shape(p->out[0], x->dtype, x->rank, x->dims);
 	if ((st = tern_nn_check_dy(p)))
 		return st;
