@@ -30,6 +30,7 @@ enum {
 	OPT_SCHEDULE,
 	OPT_FREEZE,
 	OPT_PARAMS,
+	OPT_DENSE,
 };
 
 static const struct argp_option option_table[] = {
@@ -53,6 +54,8 @@ static const struct argp_option option_table[] = {
         {0, 0, 0, 0, "Parameters:", 3},
         {"params", OPT_PARAMS, "GLOB", 0, "train only initializers whose name matches GLOB (repeatable)", 3},
         {"freeze", OPT_FREEZE, "GLOB", 0, "do not train initializers whose name matches GLOB (repeatable)", 3},
+        {"dense-gradients", OPT_DENSE, NULL, 0,
+         "give embedding tables a dense gradient of their size instead of the rows read (the default)", 3},
         {0},
 };
 
@@ -97,6 +100,7 @@ static error_t parse_option(int key, char *arg, struct argp_state *state)
 			argp_error(state, "--betas takes B1,B2 between 0 and 1, not '%s'", arg);
 		return 0;
 	case OPT_EPS: t->eps = number(state, "--eps", arg, 0); return 0;
+	case OPT_DENSE: t->dense_gradients = 1; return 0;
 	case OPT_CLIP: t->clip_norm = number(state, "--clip-norm", arg, 0); return 0;
 	case OPT_SCHEDULE: t->lr_schedule = arg; return 0;
 	case OPT_PARAMS: o->params = push(o->params, &t->n_params, arg); return 0;
@@ -138,6 +142,8 @@ int main(int argc, char **argv)
 	tern_cli_check(tern_model_add_training(m, t, &s));
 	tern_cli_verbose(1, "%d parameters (%lld values), %d optimizer state tensors", s.n_params,
 	                 (long long)s.param_elems, s.n_state);
+	if (s.n_sparse)
+		tern_cli_verbose(1, "%d embedding tables get their gradient as the rows read", s.n_sparse);
 	if (s.batchnorm_training)
 		tern_cli_verbose(1, "%d BatchNormalization nodes train on batch statistics", s.batchnorm_training);
 	if (s.batchnorm_inference)

@@ -304,6 +304,11 @@ int tern_run_train(const train_options *o, const tern_cli *cli, tern_model *mode
 		if (!isfinite(loss))
 			tern_cli_fail(TERN_EDATA, "step %lld (epoch %lld): the loss is %g; nothing written", (long long)step + 1,
 			              (long long)epoch + 1, loss);
+		if (step == first) {
+			int n_state, n_inplace = tern_trainer_num_inplace(tr, &n_state);
+			tern_cli_verbose(1, "%d of %d parameters and state tensors updated in place; arena %zu bytes", n_inplace,
+			                 n_state, tern_trainer_arena_bytes(tr));
+		}
 		samples_since += m;
 		double now = now_s();
 		if (log && ((step + 1) % log_every == 0 || step + 1 == total)) {

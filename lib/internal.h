@@ -200,6 +200,15 @@ bool tern_tensor_proto_mapped(const Onnx__TensorProto *tp);
  * depends on wrt[i]). TERN_EDATA names a node without a rule. */
 tern_status tern_autodiff(tern_model *model, tern_value *const *ys, tern_value *const *seeds, int n_ys,
                           tern_value *const *wrt, int n_wrt, tern_value **grads);
+/* The same, with sparse gradients: for each wrt[i] with rows_ok[i] whose gradient flows only through
+ * Gathers along axis 0 that read its rows (an embedding table), the gradient is given as rows instead
+ * of a dense tensor of the table's size: grad_indices[i] the row indices (Gather's indices, any
+ * integer type and shape, negative ones counting from the end, duplicates not summed) and grads[i]
+ * the rows, [indices' shape..., the table's row shape]. Elsewhere grad_indices[i] is NULL and
+ * grads[i] dense. */
+tern_status tern_autodiff_rows(tern_model *model, tern_value *const *ys, tern_value *const *seeds, int n_ys,
+                               tern_value *const *wrt, int n_wrt, const bool *rows_ok, tern_value **grads,
+                               tern_value **grad_indices);
 
 /* Adds domain at version to the model's opset imports unless it imports it already. */
 tern_status tern_model_import_opset(tern_model *model, const char *domain, int64_t version);
@@ -335,6 +344,10 @@ typedef struct tern_prepare_args {
 	int dynamic_output;
 	/* The kernel may write output i into input i's storage (elementwise ops, Reshape). */
 	int inplace_ok;
+	/* Bit j: any output of input j's dtype and shape may share input j's storage (every element of
+	 * it is read before the same element of the output is written, and nothing else of it is read
+	 * afterwards): the parameter updates of a training step, written in place. */
+	uint32_t inplace_inputs;
 	/* Output 0 aliases input 0's storage (Reshape, Squeeze, Flatten, Identity): no kernel runs. */
 	int alias_input0;
 	tern_exec_ptr exec; /* the executor planning this node (for operators that plan subgraphs) */

@@ -229,6 +229,14 @@ typedef struct tern_plan_options {
 	const int64_t *dim_values;
 	int n_dims;
 	int single_stream; /* ignore a schedule in the file */
+	/* In-place updates (a training step's parameters and optimizer state): the plan may write output
+	 * inplace_output[i] straight into the caller's buffer of input inplace_input[i], so that after a
+	 * run the input holds the new value and tern_plan_output()->data is the input's data. Taken for
+	 * each pair where the planner can show it safe (the producer reads the input element by element
+	 * and every other reader of the input finishes before it starts); the others stay in the arena.
+	 * The caller must then pass the same buffers at every run. */
+	const int *inplace_input, *inplace_output;
+	int n_inplace;
 } tern_plan_options;
 
 /* Plans the main graph for the given input tensors (shape and dtype matter, values do not):
@@ -253,6 +261,8 @@ tern_status tern_model_input_type(tern_model *model, int index, int *dtype, int 
                                   const char **dim_params);
 /* Bytes of the plan's activation arena (a planning figure, for -v and tests). */
 size_t tern_plan_arena_bytes(const tern_plan *plan);
+/* How many of tern_plan_options' in-place pairs the plan writes in place. */
+int tern_plan_num_inplace(const tern_plan *plan);
 /* Threads the plan runs on: the n_threads asked for, or fewer CPUs where the process has fewer. */
 int tern_plan_num_threads(const tern_plan *plan);
 
@@ -321,9 +331,14 @@ typedef struct tern_train_options {
 	int n_params;
 	const char *const *freeze; /* globs of initializers not to train */
 	int n_freeze;
+	/* An embedding table (a parameter that only Gathers along axis 0 read) gets its gradient as the
+	 * rows read (tern.SGDRows, tern.AdamRows, tern.AdagradRows), never a dense tensor of its size;
+	 * dense_gradients turns that off. The updates are the same either way. */
+	int dense_gradients;
 } tern_train_options;
 typedef struct tern_train_summary {
 	int n_params, n_state;
+	int n_sparse; /* parameters whose gradient is rows */
 	int64_t param_elems;
 	int batchnorm_training; /* BatchNormalization nodes that train on batch statistics */
 	int batchnorm_inference; /* those left in inference mode (opset < 14 has no training_mode) */
@@ -356,6 +371,11 @@ tern_status tern_trainer_input_type(tern_trainer *trainer, int index, int *dtype
 tern_status tern_trainer_step(tern_trainer *trainer, const tern_tensor *data, double *loss);
 /* The current value of a bound tensor (a parameter, a state, "tern.step"); NULL if none. */
 const tern_tensor *tern_trainer_state(const tern_trainer *trainer, const char *name);
+/* How many bound tensors the planned step updates in place (of *n_state); the others are copied in
+ * after each step. 0 before the first step. */
+int tern_trainer_num_inplace(const tern_trainer *trainer, int *n_state);
+/* The bytes of the planned step's arena (activations, gradients, temporaries); 0 before a step. */
+size_t tern_trainer_arena_bytes(const tern_trainer *trainer);
 /* The step counter stored in the model (tern.step): the steps taken before this run. */
 int64_t tern_trainer_stored_step(const tern_trainer *trainer);
 /* The learning rate of the last step (the algorithm's second output, as tern-autodiff writes it);

@@ -399,12 +399,88 @@ static tern_status total(tern_grad_ctx *g, pending *p, const tern_value *v, tern
 	return TERN_OK;
 }
 
+/* Gather(X, indices) along axis 0 that reads rows of v (and not with v as its indices). */
+static bool gathers_rows(const tern_node *n, const tern_value *v)
+{
+	if (n->removed || *n->domain || strcmp(n->op_type, "Gather") != 0 || n->n_inputs < 2 || n->inputs[0] != v ||
+	    n->inputs[1] == v || n->n_outputs != 1 || v->type.rank < 1)
+		return false;
+	int64_t axis = tern_attr_int(n, "axis", 0);
+	return axis == 0 || axis == -(int64_t)v->type.rank;
+}
+
+/* The sparse gradient of a table from the rows its Gathers read: indices and rows as they are for
+ * one Gather; for several, each flattened ([N] int64 and [N, row...]) and concatenated. */
+typedef struct rows_parts {
+	tern_value **idx, **rows;
+	size_t n, cap_idx, cap_rows;
+} rows_parts;
+
+static tern_status rows_total(tern_grad_ctx *g, rows_parts *p, const tern_value *table, tern_value **idx,
+                              tern_value **rows)
+{
+	*idx = *rows = NULL;
+	if (!p->n)
+		return TERN_OK;
+	if (p->n == 1) {
+		*idx = p->idx[0];
+		*rows = p->rows[0];
+		return TERN_OK;
+	}
+	tern_gval *ci[32], *cr[32], *cat_i = NULL, *cat_r = NULL;
+	int64_t flat = -1, shape[TERN_MAX_RANK];
+	shape[0] = -1;
+	for (int d = 1; d < table->type.rank; d++)
+		shape[d] = table->type.dims[d];
+	tern_gattr ax = TERN_GA_I("axis", 0), to = TERN_GA_I("to", TERN_INT64);
+	for (size_t k = 0; k < p->n;) {
+		int m = 0;
+		if (cat_i) {
+			ci[m] = cat_i;
+			cr[m++] = cat_r;
+		}
+		for (; m < 32 && k < p->n; k++, m++) {
+			tern_gval *iv = G(p->idx[k]);
+			if (p->idx[k]->type.dtype != TERN_INT64 && iv)
+				iv = tern_g_op(g, "", "Cast", &iv, 1, &to, 1);
+			tern_gval *ri[2] = {iv, tern_g_ints(g, &flat, 1)};
+			ci[m] = ri[0] && ri[1] ? tern_g_op(g, "", "Reshape", ri, 2, NULL, 0) : NULL;
+			tern_gval *rr[2] = {G(p->rows[k]), tern_g_ints(g, shape, (size_t)table->type.rank)};
+			cr[m] = rr[1] ? tern_g_op(g, "", "Reshape", rr, 2, NULL, 0) : NULL;
+			if (!ci[m] || !cr[m])
+				return tern_g_status(g);
+		}
+		cat_i = tern_g_op(g, "", "Concat", ci, m, &ax, 1);
+		cat_r = tern_g_op(g, "", "Concat", cr, m, &ax, 1);
+		if (!cat_i || !cat_r)
+			return tern_g_status(g);
+		V(cat_i)->type.dtype = TERN_INT64;
+		V(cat_i)->type.rank = 1;
+		V(cat_i)->type.dims[0] = -1;
+		V(cat_r)->type = table->type;
+		V(cat_r)->type.dims[0] = -1;
+	}
+	*idx = V(cat_i);
+	*rows = V(cat_r);
+	return TERN_OK;
+}
+
 tern_status tern_autodiff(tern_model *m, tern_value *const *ys, tern_value *const *seeds, int n_ys, tern_value *const *wrt,
                           int n_wrt, tern_value **grads)
 {
+	return tern_autodiff_rows(m, ys, seeds, n_ys, wrt, n_wrt, NULL, grads, NULL);
+}
+
+tern_status tern_autodiff_rows(tern_model *m, tern_value *const *ys, tern_value *const *seeds, int n_ys,
+                               tern_value *const *wrt, int n_wrt, const bool *rows_ok, tern_value **grads,
+                               tern_value **grad_indices)
+{
 	tern_graph *g = m->graph;
-	for (int i = 0; i < n_wrt; i++)
+	for (int i = 0; i < n_wrt; i++) {
 		grads[i] = NULL;
+		if (grad_indices)
+			grad_indices[i] = NULL;
+	}
 	tern_status st = tern_model_infer_shapes(m, 0, NULL, NULL);
 	if (st)
 		return st;
@@ -448,6 +524,26 @@ tern_status tern_autodiff(tern_model *m, tern_value *const *ys, tern_value *cons
 	bool depends = false;
 	for (int j = 0; j < n_ys; j++)
 		depends |= needs[ys[j]->index];
+	/* tables whose gradient flows only through Gathers of their rows: gradient as (indices, rows) */
+	int *rows_of = malloc((nv ? nv : 1) * sizeof *rows_of);
+	rows_parts *rp = calloc((size_t)n_wrt + 1, sizeof *rp);
+	if (!rows_of || !rp)
+		st = tern_errorf(TERN_EOS, "out of memory");
+	for (size_t i = 0; rows_of && i < nv; i++)
+		rows_of[i] = -1;
+	for (int i = 0; !st && rows_ok && grad_indices && i < n_wrt; i++) {
+		const tern_value *v = wrt[i];
+		bool ok = rows_ok[i] && !(v->flags & TERN_VALUE_OUTPUT) && v->n_consumers > 0 && rows_of[v->index] < 0;
+		for (size_t c = 0; ok && c < v->n_consumers; c++) {
+			const tern_node *n = v->consumers[c];
+			bool used = false;
+			for (size_t o = 0; o < n->n_outputs; o++)
+				used |= n->outputs[o] && useful[n->outputs[o]->index];
+			ok = n->removed || !used || gathers_rows(n, v);
+		}
+		if (ok)
+			rows_of[v->index] = i;
+	}
 	if (!depends)
 		st = tern_errorf(TERN_EDATA, "%s: '%s' does not depend on any parameter", m->source, n_ys ? ys[0]->name : "?");
 
@@ -488,6 +584,22 @@ tern_status tern_autodiff(tern_model *m, tern_value *const *ys, tern_value *cons
 		}
 		if (!flows || !wanted)
 			continue;
+		if (n->n_inputs >= 2 && n->inputs[0] && rows_of[n->inputs[0]->index] >= 0 && gathers_rows(n, n->inputs[0])) {
+			rows_parts *p = &rp[rows_of[n->inputs[0]->index]];
+			tern_value *d = NULL;
+			if ((st = total(&seed_ctx, &acc[n->outputs[0]->index], n->outputs[0], &d)))
+				break;
+			if (!d)
+				continue;
+			if (!tern_grow((void **)&p->idx, &p->cap_idx, p->n + 1, sizeof *p->idx) ||
+			    !tern_grow((void **)&p->rows, &p->cap_rows, p->n + 1, sizeof *p->rows)) {
+				st = tern_errorf(TERN_EOS, "out of memory");
+				break;
+			}
+			p->idx[p->n] = n->inputs[1];
+			p->rows[p->n++] = d;
+			continue;
+		}
 		const tern_op *op = tern_op_find(n->domain, n->op_type, n->opset);
 		if (!op || !op->grad) {
 			/* tern's own operators without a rule are the fused ones tern-optimize -O2 makes */
@@ -528,8 +640,21 @@ tern_status tern_autodiff(tern_model *m, tern_value *const *ys, tern_value *cons
 			st = add_part(&acc[n->inputs[i]->index], d);
 		}
 	}
-	for (int i = 0; i < n_wrt && !st; i++)
-		st = total(&seed_ctx, &acc[wrt[i]->index], wrt[i], &grads[i]);
+	for (int i = 0; i < n_wrt && !st; i++) {
+		if (rows_of[wrt[i]->index] == i) {
+			seed_ctx.node = NULL;
+			b.forward = NULL;
+			st = rows_total(&seed_ctx, &rp[i], wrt[i], &grad_indices[i], &grads[i]);
+		} else {
+			st = total(&seed_ctx, &acc[wrt[i]->index], wrt[i], &grads[i]);
+		}
+	}
+	for (int i = 0; rp && i < n_wrt; i++) {
+		free(rp[i].idx);
+		free(rp[i].rows);
+	}
+	free(rp);
+	free(rows_of);
 	for (size_t i = 0; i < nv; i++)
 		free(acc[i].parts);
 	free(acc);

@@ -1,10 +1,13 @@
 /* trainer.c — planned training steps: the inference graph and the algorithm graph of a model's
  * TrainingInfoProto combined into one graph (as ONNX defines a training step), planned once like any
- * graph, and run step after step.
+ * graph, and run step after step. The inference graph's own nodes, which no output of the algorithm
+ * needs (it computes a training-mode copy of them), are removed.
  *
  * Every tensor that update_binding names (parameters, optimizer state, the step counter) is a
  * caller-held tensor fed to the plan as an input rather than a constant, so that nothing computed
- * from it is folded while planning; after a step its new value is copied into it. The combined
+ * from it is folded while planning. Its new value is written into it in place by the step that
+ * computes it (the optimizer's update, tern_plan_options.inplace_*); where the planner cannot show
+ * that safe (a value some later step still reads the old one of), it is copied in after the step. The combined
  * graph's outputs are the algorithm's, so the inference graph's own outputs (and whatever only they
  * need) are not computed. */
 #include "internal.h"
@@ -27,8 +30,12 @@ struct tern_trainer {
 	int *feed_from; /* for each: >= 0 the data input of that index, < 0 state -1 - s */
 	int *data_input; /* the step model input of each data input */
 	int n_feed;
+	int *inplace; /* plan inputs, then the outputs written into them */
+	int n_inplace;
 	int64_t steps_done;
 };
+
+static tern_status adopt(tern_model *m, tern_value *v, tern_tensor *out);
 
 static Onnx__StringStringEntryProto *const *bindings(const tern_model *m, size_t *n)
 {
@@ -137,9 +144,38 @@ tern_status tern_model_training_step(tern_model *m, tern_model **out)
 	if (!m->proto->n_training_info || !m->proto->training_info[0]->algorithm)
 		return tern_errorf(TERN_EDATA, "%s: the model has no training algorithm; make one with tern-autodiff",
 		                   m->source);
+	/* The bound initializers become inputs of the step: their bytes (a big model's most) are left out
+	 * of the copy, stashed while it is packed. */
+	Onnx__GraphProto *mg = m->proto->graph;
+	size_t n_bind;
+	bindings(m, &n_bind);
+	struct stash {
+		Onnx__TensorProto *tp;
+		Onnx__TensorProto kept;
+	} *stash = calloc(mg->n_initializer + 1, sizeof *stash);
+	if (!stash)
+		return tern_errorf(TERN_EOS, "out of memory");
+	size_t n_stash = 0;
+	for (size_t i = 0; i < mg->n_initializer; i++) {
+		Onnx__TensorProto *tp = mg->initializer[i];
+		if (!tp->name || !bound_value(m, tp->name))
+			continue;
+		stash[n_stash].tp = tp;
+		stash[n_stash++].kept = *tp;
+		tp->has_raw_data = 0;
+		tp->raw_data.data = NULL;
+		tp->raw_data.len = 0;
+		tp->n_float_data = tp->n_int32_data = tp->n_int64_data = tp->n_double_data = tp->n_uint64_data = 0;
+		tp->n_string_data = 0;
+		tp->has_data_location = 0;
+		tp->n_external_data = 0;
+	}
 	void *bytes = NULL;
 	size_t size = 0;
 	tern_status st = tern_model_save_bytes(m, &bytes, &size);
+	for (size_t i = 0; i < n_stash; i++)
+		*stash[i].tp = stash[i].kept;
+	free(stash);
 	Onnx__ModelProto *mp = st ? NULL : onnx__model_proto__unpack(NULL, size, bytes);
 	free(bytes);
 	bytes = NULL;
@@ -160,6 +196,16 @@ tern_status tern_model_training_step(tern_model *m, tern_model **out)
 	if (!st)
 		st = tern_model_load_bytes(bytes, size, m->source, m->base_dir, out);
 	free(bytes);
+	/* the inference graph's own nodes compute nothing the algorithm's outputs need */
+	if (!st) {
+		static const char *const dce[] = {"dce"};
+		tern_optimize_options oo = {.passes = dce, .n_passes = 1};
+		st = tern_optimize(*out, &oo, NULL, NULL);
+		if (st) {
+			tern_model_free(*out);
+			*out = NULL;
+		}
+	}
 	if (!st && (st = tern_model_validate(*out))) {
 		tern_model_free(*out);
 		*out = NULL;
@@ -183,6 +229,7 @@ void tern_trainer_free(tern_trainer *t)
 	free(t->feed);
 	free(t->feed_from);
 	free(t->data_input);
+	free(t->inplace);
 	free(t);
 }
 
@@ -218,7 +265,7 @@ tern_status tern_trainer_create(tern_model *m, const tern_plan_options *opts, te
 			                 b[i]->key);
 			break;
 		}
-		st = tern_tensor_from_proto(v->initializer, m->base_dir, v->name, &t->state[i]);
+		st = adopt(m, v, &t->state[i]);
 		if (!st && !(t->state_names[i] = tern_strdup(b[i]->key)))
 			st = tern_errorf(TERN_EOS, "out of memory");
 		t->n_state++;
@@ -244,6 +291,29 @@ tern_status tern_trainer_create(tern_model *m, const tern_plan_options *opts, te
 		}
 	}
 	t->n_feed = n_in;
+	/* each bound tensor's new value written into its own buffer, where the planner can */
+	t->inplace = st ? NULL : calloc(2 * (size_t)t->n_state + 1, sizeof *t->inplace);
+	if (!st && !t->inplace)
+		st = tern_errorf(TERN_EOS, "out of memory");
+	const tern_graph *sg = st ? NULL : t->step_model->graph;
+	for (int i = 0; !st && i < n_in; i++) {
+		if (t->feed_from[i] >= 0)
+			continue;
+		const char *want = bound_value(m, t->state_names[-1 - t->feed_from[i]]);
+		for (size_t o = 0; want && o < sg->n_outputs; o++)
+			if (strcmp(sg->outputs[o]->name, want) == 0) {
+				t->inplace[t->n_inplace] = i;
+				t->inplace[t->n_state + t->n_inplace] = (int)o;
+				t->n_inplace++;
+				break;
+			}
+	}
+	if (!st) {
+		memmove(t->inplace + t->n_inplace, t->inplace + t->n_state, (size_t)t->n_inplace * sizeof *t->inplace);
+		t->opts.inplace_input = t->inplace;
+		t->opts.inplace_output = t->inplace + t->n_inplace;
+		t->opts.n_inplace = t->n_inplace;
+	}
 	if (st) {
 		tern_trainer_free(t);
 		return st;
@@ -306,10 +376,23 @@ tern_status tern_trainer_step(tern_trainer *t, const tern_tensor *data, double *
 			return tern_errorf(TERN_EDATA, "%s: the new value of '%s' is %zu bytes of %s, the old %zu bytes of %s",
 			                   t->src->source, t->state_names[s], nv->nbytes, tern_dtype_name(nv->dtype),
 			                   t->state[s].nbytes, tern_dtype_name(t->state[s].dtype));
-		memcpy(t->state[s].data, nv->data, nv->nbytes);
+		if (nv->data != t->state[s].data)
+			memcpy(t->state[s].data, nv->data, nv->nbytes);
 	}
 	t->steps_done++;
 	return TERN_OK;
+}
+
+int tern_trainer_num_inplace(const tern_trainer *t, int *n_state)
+{
+	if (n_state)
+		*n_state = t->n_state;
+	return t->plan ? tern_plan_num_inplace(t->plan) : 0;
+}
+
+size_t tern_trainer_arena_bytes(const tern_trainer *t)
+{
+	return t->plan ? tern_plan_arena_bytes(t->plan) : 0;
 }
 
 const tern_tensor *tern_trainer_state(const tern_trainer *t, const char *name)
@@ -320,6 +403,61 @@ const tern_tensor *tern_trainer_state(const tern_trainer *t, const char *name)
 	return NULL;
 }
 
+/* Typed fields and an external location no longer describe a tensor whose bytes are now raw_data
+ * (the location stays, as a mark: the writer puts the tensor in the data file again). */
+static void plain_raw(Onnx__TensorProto *tp)
+{
+	free(tp->float_data), tp->float_data = NULL, tp->n_float_data = 0;
+	free(tp->int64_data), tp->int64_data = NULL, tp->n_int64_data = 0;
+	free(tp->int32_data), tp->int32_data = NULL, tp->n_int32_data = 0;
+	free(tp->double_data), tp->double_data = NULL, tp->n_double_data = 0;
+	for (size_t k = 0; k < tp->n_external_data; k++)
+		onnx__string_string_entry_proto__free_unpacked(tp->external_data[k], NULL);
+	tp->n_external_data = 0;
+}
+
+/* A bound tensor's current value lives in its initializer's own bytes: the step updates them in
+ * place, and saving the model saves the training with no copy. Bytes the model does not own (mapped
+ * external data, which is read-only) or that are not raw (typed fields) are copied once into raw bytes
+ * it owns; the mapping's pages are given back. */
+static tern_status adopt(tern_model *m, tern_value *v, tern_tensor *out)
+{
+	Onnx__TensorProto *tp = v->initializer;
+	bool typed = tp->n_float_data || tp->n_int64_data || tp->n_int32_data || tp->n_double_data;
+	if (!typed && !tern_tensor_proto_mapped(tp) && tern_tensor_view_proto(tp, out)) {
+		out->owns_data = 0;
+		return TERN_OK;
+	}
+	tern_tensor view;
+	tern_status st = TERN_OK;
+	if (!typed && tern_tensor_view_proto(tp, &view)) {
+		/* mapped: copied a piece at a time, each piece's pages given back, so that the copy and the
+		 * mapping are never both resident */
+		if ((st = tern_tensor_alloc(out, view.dtype, view.rank, view.dims)))
+			return st;
+		const size_t piece = (size_t)16 << 20;
+		for (size_t at = 0; at < view.nbytes; at += piece) {
+			size_t n = view.nbytes - at < piece ? view.nbytes - at : piece;
+			memcpy((char *)out->data + at, (const char *)view.data + at, n);
+			tern_mapped_release((const char *)view.data + at, n);
+		}
+	} else if ((st = tern_tensor_from_proto(tp, m->base_dir, v->name, out))) {
+		return st;
+	}
+	free(out->name);
+	out->name = NULL;
+	if (tp->has_raw_data && tp->raw_data.data) {
+		tern_mapped_release(tp->raw_data.data, tp->raw_data.len);
+		tern_pb_allocator.free(NULL, tp->raw_data.data);
+	}
+	tp->raw_data.data = out->data;
+	tp->raw_data.len = out->nbytes;
+	tp->has_raw_data = 1;
+	plain_raw(tp);
+	out->owns_data = 0;
+	return TERN_OK;
+}
+
 tern_status tern_trainer_sync(tern_trainer *t)
 {
 	for (int s = 0; s < t->n_state; s++) {
@@ -327,6 +465,8 @@ tern_status tern_trainer_sync(tern_trainer *t)
 		Onnx__TensorProto *tp = v ? v->initializer : NULL;
 		if (!tp)
 			return tern_errorf(TERN_EINTERNAL, "'%s' is no longer an initializer", t->state_names[s]);
+		if (tp->has_raw_data && tp->raw_data.data == t->state[s].data)
+			continue; /* the initializer's bytes are the state */
 		/* replace the stored bytes (mapped external data is read-only: it gets bytes of its own) */
 		Onnx__TensorProto *fresh = malloc(sizeof *fresh);
 		if (!fresh)
@@ -346,18 +486,7 @@ tern_status tern_trainer_sync(tern_trainer *t)
 		fresh->raw_data.data = NULL;
 		fresh->has_raw_data = 0;
 		onnx__tensor_proto__free_unpacked(fresh, NULL);
-		/* typed fields and an external location no longer describe it */
-		free(tp->float_data), tp->float_data = NULL, tp->n_float_data = 0;
-		free(tp->int64_data), tp->int64_data = NULL, tp->n_int64_data = 0;
-		free(tp->int32_data), tp->int32_data = NULL, tp->n_int32_data = 0;
-		free(tp->double_data), tp->double_data = NULL, tp->n_double_data = 0;
-		if (tp->has_data_location && tp->data_location == ONNX__TENSOR_PROTO__DATA_LOCATION__EXTERNAL) {
-			tp->has_data_location = 0;
-			tp->data_location = ONNX__TENSOR_PROTO__DATA_LOCATION__DEFAULT;
-			for (size_t k = 0; k < tp->n_external_data; k++)
-				onnx__string_string_entry_proto__free_unpacked(tp->external_data[k], NULL);
-			tp->n_external_data = 0;
-		}
+		plain_raw(tp);
 	}
 	return TERN_OK;
 }

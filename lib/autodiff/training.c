@@ -250,7 +250,8 @@ struct plan {
 	/* state initializers to add to the main graph */
 	tern_tensor *state;
 	char **state_names;
-	size_t n_state, cap_state, cap_names;
+	bool *state_external; /* belongs with external data: the state of a parameter that came from a data file */
+	size_t n_state, cap_state, cap_names, cap_external;
 };
 
 static tern_status bind(struct plan *p, const char *key, const char *value)
@@ -272,8 +273,10 @@ static tern_value *new_state(tern_model *a, struct plan *p, const char *name, in
 	if (tern_graph_find(a->graph, name))
 		return NULL;
 	if (!tern_grow((void **)&p->state, &p->cap_state, p->n_state + 1, sizeof *p->state) ||
-	    !tern_grow((void **)&p->state_names, &p->cap_names, p->n_state + 1, sizeof *p->state_names))
+	    !tern_grow((void **)&p->state_names, &p->cap_names, p->n_state + 1, sizeof *p->state_names) ||
+	    !tern_grow((void **)&p->state_external, &p->cap_external, p->n_state + 1, sizeof *p->state_external))
 		return NULL;
+	p->state_external[p->n_state] = false;
 	tern_tensor *t = &p->state[p->n_state];
 	memset(t, 0, sizeof *t);
 	if (tern_tensor_alloc(t, dtype, rank, dims))
@@ -295,6 +298,7 @@ static void free_plan(struct plan *p)
 	free(p->b);
 	free(p->state);
 	free(p->state_names);
+	free(p->state_external);
 }
 
 /* ---------------------------------------------------------------- the algorithm graph's proto */
@@ -449,12 +453,16 @@ tern_status tern_model_add_training(tern_model *m, const tern_train_options *o, 
 	}
 	tern_graph *ag = a->graph;
 	tern_value **wrt = calloc((size_t)n_params, sizeof *wrt), **grads = calloc((size_t)n_params, sizeof *grads);
+	tern_value **gidx = calloc((size_t)n_params, sizeof *gidx);
+	bool *rows_ok = calloc((size_t)n_params, sizeof *rows_ok);
 	struct renames ren = {0};
 	struct plan plan = {0};
 	tern_grad_ctx gc;
 	bool have_ctx = false;
-	if (!wrt || !grads)
+	if (!wrt || !grads || !gidx || !rows_ok)
 		st = tern_errorf(TERN_EOS, "out of memory");
+	for (int i = 0; !st && i < n_params; i++)
+		rows_ok[i] = !o->dense_gradients;
 	for (int i = 0; !st && i < n_params; i++)
 		wrt[i] = tern_graph_find(ag, params[i]->name);
 	/* the names the forward copy computes */
@@ -543,7 +551,7 @@ tern_status tern_model_add_training(tern_model *m, const tern_train_options *o, 
 		st = add_loss(a, &gc, o, out, &target, &loss);
 	}
 	if (!st)
-		st = tern_autodiff(a, &loss, NULL, 1, wrt, n_params, grads);
+		st = tern_autodiff_rows(a, &loss, NULL, 1, wrt, n_params, rows_ok, grads, gidx);
 	for (int i = 0; !st && i < n_params; i++)
 		if (!grads[i])
 			st = tern_errorf(TERN_EDATA, "%s: the loss does not depend on parameter '%s'; --freeze it", m->source,
@@ -554,7 +562,18 @@ tern_status tern_model_add_training(tern_model *m, const tern_train_options *o, 
 		for (int i = 0; i < n_params; i++) {
 			tern_gattr k = TERN_GA_I("keepdims", 0);
 			tern_gval *gi = (tern_gval *)grads[i];
-			sq[i % 64] = tern_g_op(&gc, "", "ReduceSumSquare", &gi, 1, &k, 1);
+			if (gidx[i]) {
+				/* duplicate rows are summed first: the norm is the dense gradient's */
+				tern_gval *ir[2] = {(tern_gval *)gidx[i], gi};
+				tern_gattr rows = TERN_GA_I("rows", wrt[i]->type.dims[0]);
+				sq[i % 64] = tern_g_op(&gc, TERN_DOMAIN, "RowsSumSquare", ir, 2, &rows, 1);
+				if (sq[i % 64]) {
+					((tern_value *)sq[i % 64])->type.dtype = wrt[i]->type.dtype;
+					((tern_value *)sq[i % 64])->type.rank = 0;
+				}
+			} else {
+				sq[i % 64] = tern_g_op(&gc, "", "ReduceSumSquare", &gi, 1, &k, 1);
+			}
 			total = total ? tern_g_add(&gc, total, sq[i % 64]) : sq[i % 64];
 		}
 		tern_gval *norm = tern_g_unary(&gc, "Sqrt", total);
@@ -598,6 +617,7 @@ tern_status tern_model_add_training(tern_model *m, const tern_train_options *o, 
 			st = bind(&plan, "tern.step", ((tern_value *)t)->name);
 		}
 	}
+	int n_sparse = 0;
 	const char *opt = o->optimizer ? o->optimizer : "sgd";
 	bool sgd = !strcmp(opt, "sgd"), adam = !strcmp(opt, "adam"), adamw = !strcmp(opt, "adamw"),
 	     adagrad = !strcmp(opt, "adagrad");
@@ -626,10 +646,13 @@ tern_status tern_model_add_training(tern_model *m, const tern_train_options *o, 
 		tern_gattr at[6];
 		int n_at = 0;
 		double wd = o->weight_decay >= 0 ? o->weight_decay : adamw ? 0.01 : 0.0;
+		n_sparse += gidx[i] != NULL;
 		if (sgd) {
-			op = "SGD";
+			op = gidx[i] ? "SGDRows" : "SGD";
 			in[n_in++] = lr;
 			in[n_in++] = (tern_gval *)p;
+			if (gidx[i])
+				in[n_in++] = (tern_gval *)gidx[i];
 			in[n_in++] = (tern_gval *)grads[i];
 			at[n_at++] = TERN_GA_F("momentum", (float)o->momentum);
 			at[n_at++] = TERN_GA_I("nesterov", o->nesterov);
@@ -637,10 +660,12 @@ tern_status tern_model_add_training(tern_model *m, const tern_train_options *o, 
 			if (o->momentum != 0)
 				state_names[0] = "momentum_buffer";
 		} else {
-			op = adagrad ? "Adagrad" : "Adam";
+			op = adagrad ? (gidx[i] ? "AdagradRows" : "Adagrad") : gidx[i] ? "AdamRows" : "Adam";
 			in[n_in++] = lr;
 			in[n_in++] = t;
 			in[n_in++] = (tern_gval *)p;
+			if (gidx[i])
+				in[n_in++] = (tern_gval *)gidx[i];
 			in[n_in++] = (tern_gval *)grads[i];
 			at[n_at++] = TERN_GA_F("weight_decay", (float)wd);
 			at[n_at++] = TERN_GA_F("epsilon", (float)(o->eps > 0 ? o->eps : adagrad ? 1e-10 : 1e-8));
@@ -657,6 +682,10 @@ tern_status tern_model_add_training(tern_model *m, const tern_train_options *o, 
 		for (int s = 0; s < 2 && state_names[s] && !st; s++) {
 			snprintf(name, sizeof name, "%s.%s", p->name, state_names[s]);
 			tern_value *sv = new_state(a, &plan, name, p->type.dtype, p->type.rank, p->type.dims);
+			const Onnx__TensorProto *ptp = params[i]->initializer;
+			if (sv)
+				plan.state_external[plan.n_state - 1] =
+				        ptp && ptp->has_data_location && ptp->data_location == ONNX__TENSOR_PROTO__DATA_LOCATION__EXTERNAL;
 			if (!sv)
 				st = tern_errorf(TERN_EUSAGE, "%s: cannot add the state '%s' (the name is taken?)", m->source, name);
 			else
@@ -720,9 +749,16 @@ tern_status tern_model_add_training(tern_model *m, const tern_train_options *o, 
 		alg->name = tern_strdup("training_step");
 	}
 	/* into this model: state initializers, opset, the TrainingInfoProto */
-	for (size_t i = 0; !st && i < plan.n_state; i++)
-		if (!tern_graph_add_initializer(mg, plan.state_names[i], &plan.state[i]))
+	for (size_t i = 0; !st && i < plan.n_state; i++) {
+		tern_value *sv = tern_graph_add_initializer(mg, plan.state_names[i], &plan.state[i]);
+		if (!sv)
 			st = tern_errorf(TERN_EOS, "out of memory");
+		else if (plan.state_external[i] && sv->initializer) {
+			/* raw bytes in memory, marked for the data file: the writer puts it beside its parameter */
+			sv->initializer->has_data_location = 1;
+			sv->initializer->data_location = ONNX__TENSOR_PROTO__DATA_LOCATION__EXTERNAL;
+		}
+	}
 	if (!st)
 		st = tern_model_import_opset(m, TERN_DOMAIN, TERN_DOMAIN_VERSION);
 	Onnx__TrainingInfoProto *ti = NULL;
@@ -766,6 +802,8 @@ tern_status tern_model_add_training(tern_model *m, const tern_train_options *o, 
 		}
 	}
 	if (!st && summary) {
+		memset(summary, 0, sizeof *summary);
+		summary->n_sparse = n_sparse;
 		summary->n_params = n_params;
 		summary->n_state = (int)plan.n_state;
 		summary->param_elems = 0;
@@ -785,6 +823,8 @@ tern_status tern_model_add_training(tern_model *m, const tern_train_options *o, 
 	free_plan(&plan);
 	free(wrt);
 	free(grads);
+	free(gidx);
+	free(rows_ok);
 	free(params);
 	tern_model_free(a);
 	return st;

@@ -45,6 +45,7 @@ typedef struct step {
 	int dynamic_output; /* the kernel allocates its outputs */
 	int alias; /* output 0 aliases input 0: nothing to launch */
 	int noop; /* a scheduled node folded while planning: only its place in the order */
+	uint32_t inplace_inputs; /* inputs an output may overwrite (tern_prepare_args.inplace_inputs) */
 	int stream;
 	int *waits; /* steps on other streams that must finish first */
 	int n_waits;
@@ -71,6 +72,13 @@ struct tern_exec {
 	void *scratch;
 	size_t scratch_bytes;
 	int has_late; /* some step is prepared or allocates its outputs at run time */
+	/* In-place outputs (tern_plan_options.inplace_*): output inplace_out[i] may be written into the
+	 * caller's input inplace_in[i]; `donated` lists the output slots that are (aliases of the input,
+	 * rebound to the caller's buffer at each run). */
+	const int *inplace_in, *inplace_out;
+	int n_inplace;
+	int *donated;
+	int n_donated;
 	/* Streams (Nimble): the schedule this plan follows (NULL: one stream, steps in order). */
 	const tern_schedule *schedule;
 	int n_streams;

@@ -70,6 +70,9 @@ void tern_exec_release(tern_exec *e)
 	free(e->events);
 	e->events = NULL;
 	e->n_events = 0;
+	free(e->donated);
+	e->donated = NULL;
+	e->n_donated = 0;
 	e->arena_bytes = e->scratch_bytes = 0;
 	e->has_late = 0;
 }
@@ -244,6 +247,7 @@ tern_status tern_exec_prepare_step(tern_exec *e, step *st, int at_run)
 	st->scratch_bytes = p.scratch_bytes;
 	st->dynamic_output = p.dynamic_output;
 	st->alias = p.alias_input0;
+	st->inplace_inputs = p.inplace_inputs | (p.inplace_ok ? 1u : 0u);
 	if (!st->kernel && !st->alias)
 		return tern_node_errorf(st->node, TERN_EINTERNAL, "prepare chose no kernel");
 	if (st->alias && (st->n_in < 1 || !st->in[0]))
@@ -487,6 +491,74 @@ static void concat_in_place(tern_exec *e)
 		}
 }
 
+/* In-place outputs: output slot O written into the caller's input slot I, when
+ *   - O is an ordinary arena value of I's dtype and shape, produced by step P;
+ *   - P reads I only as inputs it declares it may overwrite (tern_prepare_args.inplace_inputs),
+ *     directly and not through a view of another shape;
+ *   - every other step that reads I (directly or through views) finishes before P starts, in the
+ *     order that streams and waits impose (vector clocks, as the memory plan);
+ *   - I is no output of the plan and gets only one such output.
+ * O becomes an alias of I; run binds it to the caller's buffer. */
+static tern_status donate_inputs(tern_exec *e)
+{
+	int S = e->n_streams > 0 ? e->n_streams : 1;
+	mem_ctx c = {S, NULL, e->steps};
+	tern_status rc = vector_clocks(e, &c);
+	if (rc)
+		return rc;
+	e->donated = calloc((size_t)e->n_inplace + 1, sizeof *e->donated);
+	if (!e->donated) {
+		free(c.clock);
+		return tern_errorf(TERN_EOS, "out of memory");
+	}
+	for (int q = 0; q < e->n_inplace; q++) {
+		int ii = e->inplace_in[q], oo = e->inplace_out[q];
+		if (ii < 0 || ii >= e->n_inputs || oo < 0 || oo >= e->n_outputs)
+			continue;
+		int I = e->input_slot[ii], O = e->output_slot[oo];
+		slot *so = &e->slots[O], *si = &e->slots[I];
+		int P = so->first_def;
+		bool ok = O != I && so->kind == SLOT_ARENA && P >= 0 && P < e->n_steps && so->t.dtype == si->t.dtype &&
+		          so->t.dtype != TERN_STRING && slot_bytes(&so->t) == slot_bytes(&si->t);
+		for (int r = 0; ok && r < so->t.rank; r++)
+			ok = so->t.rank == si->t.rank && so->t.dims[r] == si->t.dims[r];
+		for (int d = 0; ok && d < e->n_donated; d++)
+			ok = e->slots[e->donated[d]].alias_of != I;
+		for (int k = 0; ok && k < e->n_outputs; k++)
+			ok = root_slot(e, e->output_slot[k]) != I;
+		const step *ps = ok ? &e->steps[P] : NULL;
+		ok = ok && !ps->late && !ps->alias && !ps->noop && !ps->dynamic_output && ps->kernel;
+		for (int j = 0; ok && j < ps->n_in; j++) {
+			int s = ps->in_slot[j];
+			if (s < 0 || root_slot(e, s) != I)
+				continue;
+			ok = j < 32 && (ps->inplace_inputs >> j & 1u) && s == I;
+		}
+		for (int u = 0; ok && u < ps->n_use; u++)
+			if (root_slot(e, ps->use_slot[u]) == I) {
+				bool as_input = false;
+				for (int j = 0; j < ps->n_in && !as_input; j++)
+					as_input = ps->in_slot[j] == ps->use_slot[u];
+				ok = as_input;
+			}
+		for (int k = 0; ok && k < e->n_steps; k++) {
+			if (k == P)
+				continue;
+			for (int u = 0; ok && u < e->steps[k].n_use; u++)
+				if (root_slot(e, e->steps[k].use_slot[u]) == I)
+					ok = happens_before(&c, k, P) && k != P;
+		}
+		if (!ok)
+			continue;
+		so->kind = SLOT_ALIAS;
+		so->alias_of = I;
+		so->alias_offset = 0;
+		e->donated[e->n_donated++] = O;
+	}
+	free(c.clock);
+	return TERN_OK;
+}
+
 /* Where slot i's bytes are: its root's, plus the offsets of the pieces on the way. */
 static void *slot_data(const tern_exec *e, int i)
 {
@@ -686,6 +758,8 @@ tern_status tern_exec_plan(tern_exec *e, tern_tensor *const *inputs, int n_input
 			e->scratch_bytes = e->steps[i].scratch_bytes;
 	if (e->scratch_bytes && !(e->scratch = tern_aligned_alloc(e->scratch_bytes)))
 		return tern_errorf(TERN_EOS, "out of memory for %zu bytes of scratch", e->scratch_bytes);
+	if (e->n_inplace && (rc = donate_inputs(e)))
+		return rc;
 	if (!e->schedule && !e->parent)
 		concat_in_place(e);
 	if ((rc = plan_memory(e)))

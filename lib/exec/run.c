@@ -125,6 +125,10 @@ tern_status tern_exec_run(tern_exec *e, tern_tensor *const *inputs, int n_inputs
 		t->data = inputs[i]->data;
 		t->nbytes = inputs[i]->nbytes;
 	}
+	for (int i = 0; i < e->n_donated; i++) {
+		slot *s = &e->slots[e->donated[i]];
+		s->t.data = e->slots[s->alias_of].t.data;
+	}
 	if (e->has_late || e->parent) {
 		for (size_t i = 0; i < e->n_slots; i++) {
 			slot *s = &e->slots[i];
@@ -160,6 +164,7 @@ struct tern_plan {
 	tern_threadpool *pool;
 	tern_exec *exec;
 	tern_schedule *schedule;
+	int *inplace; /* the in-place pairs: inputs, then outputs */
 };
 
 tern_status tern_plan_create(tern_model *model, const tern_plan_options *opts, const tern_tensor *inputs, int n_inputs,
@@ -187,6 +192,15 @@ tern_status tern_plan_create(tern_model *model, const tern_plan_options *opts, c
 	pthread_once(&blas_once, blas_single_threaded);
 #endif
 	tern_status rc = tern_threadpool_create(n_threads, &p->pool);
+	if (!rc && opts && opts->n_inplace > 0) {
+		p->inplace = malloc(2 * (size_t)opts->n_inplace * sizeof *p->inplace);
+		if (!p->inplace)
+			rc = tern_errorf(TERN_EOS, "out of memory");
+		else {
+			memcpy(p->inplace, opts->inplace_input, (size_t)opts->n_inplace * sizeof *p->inplace);
+			memcpy(p->inplace + opts->n_inplace, opts->inplace_output, (size_t)opts->n_inplace * sizeof *p->inplace);
+		}
+	}
 	const char *sched_text = tern_model_meta(model, TERN_SCHEDULE_KEY);
 	if (!rc && sched_text && !(opts && opts->single_stream))
 		rc = tern_schedule_parse(model->graph, sched_text, &p->schedule);
@@ -196,6 +210,11 @@ tern_status tern_plan_create(tern_model *model, const tern_plan_options *opts, c
 		p->exec->graph = model->graph;
 		p->exec->pool = p->pool;
 		p->exec->schedule = p->schedule;
+		if (p->inplace) {
+			p->exec->inplace_in = p->inplace;
+			p->exec->inplace_out = p->inplace + opts->n_inplace;
+			p->exec->n_inplace = opts->n_inplace;
+		}
 		rc = tern_exec_plan(p->exec, ptrs, n_inputs);
 	}
 	free(ptrs);
@@ -214,6 +233,7 @@ void tern_plan_free(tern_plan *p)
 	tern_exec_free(p->exec);
 	tern_schedule_free(p->schedule);
 	tern_threadpool_free(p->pool);
+	free(p->inplace);
 	free(p);
 }
 
@@ -246,6 +266,11 @@ const char *tern_plan_output_name(const tern_plan *p, int i)
 int tern_plan_num_threads(const tern_plan *p)
 {
 	return tern_threadpool_size(p->pool);
+}
+
+int tern_plan_num_inplace(const tern_plan *p)
+{
+	return p->exec->n_donated;
 }
 
 size_t tern_plan_arena_bytes(const tern_plan *p)

@@ -430,7 +430,9 @@ static tern_status choose_one(Onnx__TensorProto *tp, void *vctx)
 	struct save_ctx *c = vctx;
 	size_t nbytes = 0;
 	bool typed = tensor_bytes(tp, &nbytes);
-	bool from_external = tern_tensor_proto_mapped(tp);
+	/* from a data file: mapped at load, or raw bytes in memory that keep (or were given) an external
+	 * location — a trained parameter, the optimizer state of one */
+	bool from_external = tern_tensor_proto_mapped(tp) || (is_external(tp) && tp->has_raw_data);
 	bool out = c->data_file && typed && !c->o->inline_all &&
 	           (from_external || (c->threshold != SIZE_MAX && nbytes >= c->threshold));
 	if (!out && !from_external)

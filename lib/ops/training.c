@@ -405,48 +405,267 @@ UPDATE_LOOPS(f32, float, sqrtf)
 UPDATE_LOOPS(f64, double, sqrt)
 #undef UPDATE_LOOPS
 
+/* One update over n elements; p.. the parameter's and state's elements, g the gradient's. */
+static void update_run(const update_params *u, bool f64, double lr, int64_t t, int64_t n, const void *const *d,
+                       void *const *o)
+{
+	switch (u->kind) {
+	case UPDATE_SGD:
+		if (f64)
+			sgd_f64(u, lr, n, d[0], d[1], d[2], o[0], o[1]);
+		else
+			sgd_f32(u, (float)lr, n, d[0], d[1], d[2], o[0], o[1]);
+		break;
+	case UPDATE_ADAM:
+		if (f64)
+			adam_f64(u, lr, t, n, d[0], d[1], d[2], d[3], o[0], o[1], o[2]);
+		else
+			adam_f32(u, (float)lr, t, n, d[0], d[1], d[2], d[3], o[0], o[1], o[2]);
+		break;
+	case UPDATE_ADAGRAD:
+		if (f64)
+			adagrad_f64(u, lr, t, n, d[0], d[1], d[2], o[0], o[1]);
+		else
+			adagrad_f32(u, (float)lr, t, n, d[0], d[1], d[2], o[0], o[1]);
+		break;
+	}
+}
+
+/* The state tensors the node has: SGD's buffer with momentum, Adam's two, Adagrad's sum. */
+static int update_states(const update_params *u)
+{
+	return u->kind == UPDATE_ADAM ? 2 : u->kind == UPDATE_ADAGRAD ? 1 : u->momentum != 0 ? 1 : 0;
+}
+
 static tern_status update_kernel(const tern_kernel_args *a)
 {
 	const update_params *u = a->params;
 	double lr = tern_tensor_get_f64(a->in[0], 0);
 	int64_t t = u->kind == UPDATE_SGD ? 1 : tern_tensor_get_i64(a->in[1], 0);
-	int k = u->first_tensor;
-	const tern_tensor *p = a->in[k];
-	int64_t n = tern_tensor_numel(p);
-	bool f64 = p->dtype == TERN_DOUBLE;
-#define D(i) (a->in[k + (i)] ? a->in[k + (i)]->data : NULL)
-#define O(i) (a->out[i] ? a->out[i]->data : NULL)
-	switch (u->kind) {
-	case UPDATE_SGD:
-		if (f64)
-			sgd_f64(u, lr, n, D(0), D(1), a->n_in > k + 2 ? D(2) : NULL, O(0), a->n_out > 1 ? O(1) : NULL);
-		else
-			sgd_f32(u, (float)lr, n, D(0), D(1), a->n_in > k + 2 ? D(2) : NULL, O(0), a->n_out > 1 ? O(1) : NULL);
-		break;
-	case UPDATE_ADAM:
-		if (f64)
-			adam_f64(u, lr, t, n, D(0), D(1), D(2), D(3), O(0), O(1), O(2));
-		else
-			adam_f32(u, (float)lr, t, n, D(0), D(1), D(2), D(3), O(0), O(1), O(2));
-		break;
-	case UPDATE_ADAGRAD:
-		if (f64)
-			adagrad_f64(u, lr, t, n, D(0), D(1), D(2), O(0), O(1));
-		else
-			adagrad_f32(u, (float)lr, t, n, D(0), D(1), D(2), O(0), O(1));
-		break;
+	int k = u->first_tensor, ns = update_states(u);
+	const void *d[4] = {a->in[k]->data, a->in[k + 1]->data, NULL, NULL};
+	void *o[3] = {a->out[0] ? a->out[0]->data : NULL, NULL, NULL};
+	for (int s = 0; s < ns; s++) {
+		d[2 + s] = a->in[k + 2 + s]->data;
+		o[1 + s] = a->n_out > 1 + s && a->out[1 + s] ? a->out[1 + s]->data : NULL;
 	}
-#undef D
-#undef O
+	update_run(u, a->in[k]->dtype == TERN_DOUBLE, lr, t, tern_tensor_numel(a->in[k]), d, o);
 	return TERN_OK;
 }
 
-static tern_status update_setup(tern_prepare_args *p, enum update_kind kind)
+/* ---------------------------------------------------------------- the same with the gradient as rows */
+
+/* tern.SGDRows(lr, P, I, R[, B]), tern.AdamRows(lr, t, P, I, R, M, V), tern.AdagradRows(lr, t, P, I, R, S):
+ * tern.SGD, tern.Adam and tern.Adagrad with a sparse gradient, the rows R[k] of P's first axis at
+ * indices I[k] (a Gather's indices and output gradient: any integer type and shape, negative indices
+ * from the end, duplicates summed), as tern-autodiff writes them for an embedding table. The update is
+ * the dense one with that gradient (duplicate rows summed in the order they come, as the dense
+ * gradient sums them), so a model trains the same either way; but no tensor of the table's size is
+ * made. Where the rule leaves a row with no gradient unchanged (SGD without momentum or weight decay,
+ * Adagrad without weight decay), only the rows touched are visited; otherwise (momentum, Adam's
+ * moments, weight decay) every row is, as in the dense update.
+ *
+ * tern.RowsSumSquare(I, R) with attribute rows (the table's first dimension): the squared norm of that
+ * gradient, for clipping by the global norm. */
+
+typedef struct row_ref {
+	int64_t row, at;
+} row_ref;
+
+static int by_row_then_place(const void *a, const void *b)
+{
+	const row_ref *x = a, *y = b;
+	if (x->row != y->row)
+		return x->row < y->row ? -1 : 1;
+	return (x->at > y->at) - (x->at < y->at);
+}
+
+#define ROWS_ZERO 64 /* rows of zeros for runs of rows with no gradient */
+
+/* Sums duplicate rows: refs (n of them) sorted, sums[u*D..] the sum of the rows at the u-th distinct
+ * index, which goes to refs[u].row. Returns the distinct count, or -1 when an index is out of range. */
+static int64_t coalesce_rows(const tern_tensor *idx, const tern_tensor *rows, int64_t n_rows, int64_t D,
+                             row_ref *refs, void *sums, int64_t *bad)
+{
+	int64_t n = tern_tensor_numel(idx);
+	for (int64_t k = 0; k < n; k++) {
+		int64_t r = idx->dtype == TERN_INT32 ? ((const int32_t *)idx->data)[k] : ((const int64_t *)idx->data)[k];
+		if (r < -n_rows || r >= n_rows) {
+			*bad = r;
+			return -1;
+		}
+		refs[k] = (row_ref){r < 0 ? r + n_rows : r, k};
+	}
+	qsort(refs, (size_t)n, sizeof *refs, by_row_then_place);
+	bool f64 = rows->dtype == TERN_DOUBLE;
+	int64_t u = -1;
+	for (int64_t k = 0; k < n; k++) {
+		bool fresh = u < 0 || refs[k].row != refs[u].row;
+		if (fresh)
+			refs[++u].row = refs[k].row;
+		if (f64) {
+			double *dst = (double *)sums + u * D;
+			const double *src = (const double *)rows->data + refs[k].at * D;
+			for (int64_t e = 0; e < D; e++)
+				dst[e] = (fresh ? 0.0 : dst[e]) + src[e];
+		} else {
+			float *dst = (float *)sums + u * D;
+			const float *src = (const float *)rows->data + refs[k].at * D;
+			for (int64_t e = 0; e < D; e++)
+				dst[e] = (fresh ? 0.0f : dst[e]) + src[e];
+		}
+	}
+	return u + 1;
+}
+
+static tern_status rows_kernel(const tern_kernel_args *a)
+{
+	const update_params *u = a->params;
+	double lr = tern_tensor_get_f64(a->in[0], 0);
+	int64_t t = u->kind == UPDATE_SGD ? 1 : tern_tensor_get_i64(a->in[1], 0);
+	int k = u->first_tensor, ns = update_states(u);
+	const tern_tensor *P = a->in[k], *I = a->in[k + 1], *R = a->in[k + 2];
+	int64_t n_rows = P->rank ? P->dims[0] : 1, D = n_rows ? tern_tensor_numel(P) / n_rows : 0;
+	size_t es = tern_dtype_size(P->dtype);
+	bool f64 = P->dtype == TERN_DOUBLE;
+	int64_t n = tern_tensor_numel(I);
+	row_ref *refs = a->scratch;
+	char *zero = (char *)a->scratch + ((size_t)n * sizeof *refs + TERN_ALIGN - 1) / TERN_ALIGN * TERN_ALIGN;
+	char *sums = zero + (size_t)(ROWS_ZERO * D) * es;
+	memset(zero, 0, (size_t)(ROWS_ZERO * D) * es);
+	int64_t bad = 0, U = coalesce_rows(I, R, n_rows, D, refs, sums, &bad);
+	if (U < 0)
+		return tern_node_errorf(a->node, TERN_EDATA, "row index %lld is out of range for %lld rows", (long long)bad,
+		                        (long long)n_rows);
+	/* the tensors: P, the gradient's place (set per run of rows), the state */
+	const char *in[4] = {P->data, NULL, NULL, NULL};
+	char *out[3] = {a->out[0] ? a->out[0]->data : NULL, NULL, NULL};
+	for (int s = 0; s < ns; s++) {
+		in[2 + s] = a->in[k + 3 + s]->data;
+		out[1 + s] = a->n_out > 1 + s && a->out[1 + s] ? a->out[1 + s]->data : NULL;
+	}
+	size_t row_bytes = (size_t)D * es;
+	bool touched_only = u->weight_decay == 0 && (u->kind == UPDATE_ADAGRAD || (u->kind == UPDATE_SGD && u->momentum == 0));
+	if (touched_only) {
+		/* rows without gradient keep their values: copied unless written in place */
+		if (out[0] && out[0] != in[0])
+			memcpy(out[0], in[0], (size_t)n_rows * row_bytes);
+		for (int s = 0; s < ns; s++)
+			if (out[1 + s] && out[1 + s] != in[2 + s])
+				memcpy(out[1 + s], in[2 + s], (size_t)n_rows * row_bytes);
+	}
+	int64_t next = 0; /* the next distinct row with a gradient */
+	for (int64_t r = 0; r < n_rows;) {
+		int64_t len = 1;
+		const void *g;
+		if (next < U && refs[next].row == r) {
+			g = sums + (size_t)next * row_bytes;
+			next++;
+		} else if (touched_only) {
+			r = next < U ? refs[next].row : n_rows;
+			continue;
+		} else {
+			int64_t stop = next < U ? refs[next].row : n_rows;
+			len = stop - r < ROWS_ZERO ? stop - r : ROWS_ZERO;
+			g = zero;
+		}
+		size_t at = (size_t)r * row_bytes;
+		const void *d[4] = {in[0] + at, g, NULL, NULL};
+		void *o[3] = {out[0] ? out[0] + at : NULL, NULL, NULL};
+		for (int s = 0; s < ns; s++) {
+			d[2 + s] = in[2 + s] + at;
+			o[1 + s] = out[1 + s] ? out[1 + s] + at : NULL;
+		}
+		/* an output left out still needs somewhere to go: the state loops write every one given */
+		update_run(u, f64, lr, t, len * D, d, o);
+		r += len;
+	}
+	return TERN_OK;
+}
+
+typedef struct sumsq_params {
+	int64_t rows, D;
+} sumsq_params;
+
+static tern_status rows_sumsq_kernel(const tern_kernel_args *a)
+{
+	const sumsq_params *sp = a->params;
+	const tern_tensor *I = a->in[0], *R = a->in[1];
+	int64_t n = tern_tensor_numel(I);
+	row_ref *refs = a->scratch;
+	char *sums = (char *)a->scratch + ((size_t)n * sizeof *refs + TERN_ALIGN - 1) / TERN_ALIGN * TERN_ALIGN;
+	int64_t bad = 0, U = coalesce_rows(I, R, sp->rows, sp->D, refs, sums, &bad);
+	if (U < 0)
+		return tern_node_errorf(a->node, TERN_EDATA, "row index %lld is out of range for %lld rows", (long long)bad,
+		                        (long long)sp->rows);
+	double acc = 0;
+	for (int64_t e = 0; e < U * sp->D; e++) {
+		double v = R->dtype == TERN_DOUBLE ? ((const double *)sums)[e] : ((const float *)sums)[e];
+		acc += v * v;
+	}
+	if (a->out[0]->dtype == TERN_DOUBLE)
+		*(double *)a->out[0]->data = acc;
+	else
+		*(float *)a->out[0]->data = (float)acc;
+	return TERN_OK;
+}
+
+/* I and R of a gradient as rows against a table of n_rows rows of `row` elements: I integer, R of
+ * I's shape followed by the row's. */
+static tern_status check_rows(const tern_node *node, const tern_tensor *I, const tern_tensor *R, int dtype,
+                              const int64_t *row_dims, int row_rank)
+{
+	char a[128], b[128];
+	if (!I || (I->dtype != TERN_INT32 && I->dtype != TERN_INT64))
+		return tern_node_errorf(node, TERN_EDATA, "the row indices must be int32 or int64");
+	bool ok = R && R->dtype == dtype && R->rank == I->rank + row_rank;
+	for (int d = 0; ok && d < I->rank; d++)
+		ok = R->dims[d] == I->dims[d];
+	for (int d = 0; ok && d < row_rank; d++)
+		ok = R->dims[I->rank + d] == row_dims[d];
+	if (!ok)
+		return tern_node_errorf(node, TERN_EDATA, "rows %s do not fit indices %s and rows of the table's shape",
+		                        R ? tern_shape_str(R->dtype, R->rank, R->dims, a, sizeof a) : "(none)",
+		                        tern_shape_str(I->dtype, I->rank, I->dims, b, sizeof b));
+	return TERN_OK;
+}
+
+static size_t rows_scratch(int64_t n, int64_t D, size_t es, bool zero)
+{
+	size_t refs = ((size_t)n * sizeof(row_ref) + TERN_ALIGN - 1) / TERN_ALIGN * TERN_ALIGN;
+	return refs + (size_t)((zero ? ROWS_ZERO : 0) + n) * (size_t)D * es + 1;
+}
+
+static tern_status rows_sumsq_prepare(tern_prepare_args *p)
+{
+	const tern_tensor *I = p->in[0], *R = p->n_in > 1 ? p->in[1] : NULL;
+	int64_t rows = tern_attr_int(p->node, "rows", -1);
+	if (p->n_in != 2 || rows < 0)
+		return tern_node_errorf(p->node, TERN_EDATA, "RowsSumSquare takes indices and rows and a 'rows' attribute");
+	if (!R || (R->dtype != TERN_FLOAT && R->dtype != TERN_DOUBLE) || R->rank < I->rank)
+		return tern_node_errorf(p->node, TERN_EDATA, "the rows must be float or double, of the indices' shape and more");
+	tern_status st = check_rows(p->node, I, R, R->dtype, R->dims + I->rank, R->rank - I->rank);
+	if (st)
+		return st;
+	sumsq_params *sp = calloc(1, sizeof *sp);
+	if (!sp)
+		return tern_errorf(TERN_EOS, "out of memory");
+	sp->rows = rows;
+	sp->D = tern_numel(R->rank - I->rank, R->dims + I->rank);
+	tern_set_shape(p->out[0], R->dtype, 0, NULL);
+	p->params = sp;
+	p->free_params = free;
+	p->kernel = rows_sumsq_kernel;
+	p->scratch_bytes = rows_scratch(tern_tensor_numel(I), sp->D, tern_dtype_size(R->dtype), false);
+	return TERN_OK;
+}
+
+static tern_status update_setup(tern_prepare_args *p, enum update_kind kind, bool rows)
 {
 	const tern_node *node = p->node;
-	int first = kind == UPDATE_SGD ? 1 : 2, states = kind == UPDATE_ADAM ? 2 : 1;
+	int first = kind == UPDATE_SGD ? 1 : 2, states = kind == UPDATE_ADAM ? 2 : 1, grads = rows ? 2 : 1;
 	bool momentum = tern_attr_float(node, "momentum", 0.0f) != 0;
-	int want_in = first + 2 + (kind == UPDATE_SGD ? (momentum ? 1 : 0) : states);
+	int want_in = first + 1 + grads + (kind == UPDATE_SGD ? (momentum ? 1 : 0) : states);
 	tern_status st;
 	if (p->n_in != want_in)
 		return tern_node_errorf(node, TERN_EDATA, "%d inputs; %d expected", p->n_in, want_in);
@@ -457,7 +676,11 @@ static tern_status update_setup(tern_prepare_args *p, enum update_kind kind)
 	const tern_tensor *x = p->in[first];
 	if (!x || (x->dtype != TERN_FLOAT && x->dtype != TERN_DOUBLE))
 		return tern_node_errorf(node, TERN_EDATA, "the parameter must be float or double");
-	for (int i = first + 1; i < p->n_in; i++)
+	if (rows && x->rank < 1)
+		return tern_node_errorf(node, TERN_EDATA, "a gradient as rows needs a parameter of rank 1 or more");
+	if (rows && (st = check_rows(node, p->in[first + 1], p->in[first + 2], x->dtype, x->dims + 1, x->rank - 1)))
+		return st;
+	for (int i = first + (rows ? 3 : 1); i < p->n_in; i++)
 		if (!p->in[i] || p->in[i]->dtype != x->dtype || !same_shape(p->in[i], x))
 			return tern_node_errorf(node, TERN_EDATA, "input %d must have the parameter's type and shape", i);
 	for (int o = 0; o < p->n_out; o++)
@@ -478,23 +701,50 @@ static tern_status update_setup(tern_prepare_args *p, enum update_kind kind)
 	        .decoupled = (int)tern_attr_int(node, "decoupled", 0),
 	        .first_tensor = first,
 	};
+	/* every state output the loops write needs a place: an omitted one is a design error of the caller */
+	for (int s = 0; s < update_states(u); s++)
+		if (p->n_out < 2 + s || !p->out[1 + s]) {
+			free(u);
+			return tern_node_errorf(node, TERN_EDATA, "output %d (the new state) is required", 1 + s);
+		}
 	p->params = u;
 	p->free_params = free;
-	p->kernel = update_kernel;
+	p->kernel = rows ? rows_kernel : update_kernel;
+	if (rows) {
+		int64_t D = x->dims[0] ? tern_tensor_numel(x) / x->dims[0] : 0;
+		p->scratch_bytes = rows_scratch(tern_tensor_numel(p->in[first + 1]), D, tern_dtype_size(x->dtype), true);
+	}
+	/* element by element: P and the state may be updated in place */
+	for (int i = first; i < p->n_in; i++)
+		if (i > first + grads)
+			p->inplace_inputs |= 1u << i;
+	p->inplace_inputs |= 1u << first;
 	return TERN_OK;
 }
 
 static tern_status sgd_prepare(tern_prepare_args *p)
 {
-	return update_setup(p, UPDATE_SGD);
+	return update_setup(p, UPDATE_SGD, false);
 }
 static tern_status adam_update_prepare(tern_prepare_args *p)
 {
-	return update_setup(p, UPDATE_ADAM);
+	return update_setup(p, UPDATE_ADAM, false);
 }
 static tern_status adagrad_update_prepare(tern_prepare_args *p)
 {
-	return update_setup(p, UPDATE_ADAGRAD);
+	return update_setup(p, UPDATE_ADAGRAD, false);
+}
+static tern_status sgd_rows_prepare(tern_prepare_args *p)
+{
+	return update_setup(p, UPDATE_SGD, true);
+}
+static tern_status adam_rows_prepare(tern_prepare_args *p)
+{
+	return update_setup(p, UPDATE_ADAM, true);
+}
+static tern_status adagrad_rows_prepare(tern_prepare_args *p)
+{
+	return update_setup(p, UPDATE_ADAGRAD, true);
 }
 
 static const tern_op ops[] = {
@@ -502,6 +752,10 @@ static const tern_op ops[] = {
         {TERN_DOMAIN_NAME, "SGD", 1, 0, sgd_prepare, 0, "training"},
         {TERN_DOMAIN_NAME, "Adam", 1, 0, adam_update_prepare, 0, "training"},
         {TERN_DOMAIN_NAME, "Adagrad", 1, 0, adagrad_update_prepare, 0, "training"},
+        {TERN_DOMAIN_NAME, "SGDRows", 1, 0, sgd_rows_prepare, 0, "training"},
+        {TERN_DOMAIN_NAME, "AdamRows", 1, 0, adam_rows_prepare, 0, "training"},
+        {TERN_DOMAIN_NAME, "AdagradRows", 1, 0, adagrad_rows_prepare, 0, "training"},
+        {TERN_DOMAIN_NAME, "RowsSumSquare", 1, 0, rows_sumsq_prepare, 0, "training"},
         {TRAINING_DOMAIN, "Adagrad", 1, 0, adagrad_prepare, 0, "loss"},
         {TRAINING_DOMAIN, "Adam", 1, 0, adam_prepare, 0, "loss"},
         {TRAINING_DOMAIN, "Momentum", 1, 0, momentum_prepare, 0, "loss"},

@@ -64,6 +64,11 @@ assert int(w[\"tern.step\"]) == 240
 "
 '
 
+test_expect_success PYTHON 'parameters, momentum and the step counter are updated in place' '
+	tern-run --train train.onnx -i x=x.npy -i target=t.npy --batch 16 --steps 2 -v -o inplace.onnx 2>err &&
+	grep "5 of 5 parameters and state tensors updated in place" err
+'
+
 test_expect_success PYTHON 'learning-rate schedules are computed in the graph from the step' '
 	for sched in step:2:0.5 cosine:4 warmup:4; do
 		tern-autodiff --loss mse --lr 1 --lr-schedule $sched lin.txt -o s.onnx &&

@@ -3,7 +3,7 @@
 momentum and 20 of Adam, in PyTorch and in tern (tern-autodiff, then tern-run --train).
 
     train_parity.py --bin BUILD/bin --work DIR [--optimizers sgd,adam,...] [NAME...]
-        NAME: mlp cnn lstm transformer; optimizers: sgd adam nesterov adamw adagrad clip
+        NAME: mlp cnn lstm transformer; optimizers: sgd adam nesterov adamw adagrad adagrad-plain clip
 
 The loss at every step and the parameters at the end must agree within a relative 1e-4 of their
 scale (max |tern - torch| <= 1e-4 max |torch|). Prints one line per model and optimizer; exits 1
@@ -96,6 +96,8 @@ OPTIMIZERS = {
               lambda p: torch.optim.AdamW(p, lr=2e-3, betas=(0.8, 0.99), eps=1e-6), None),
     "adagrad": (["--optimizer", "adagrad", "--lr", "0.05", "--weight-decay", "0.001"],
                 lambda p: torch.optim.Adagrad(p, lr=0.05, weight_decay=0.001), None),
+    # no weight decay: the rows of an embedding with no gradient are left as they are
+    "adagrad-plain": (["--optimizer", "adagrad", "--lr", "0.05"], lambda p: torch.optim.Adagrad(p, lr=0.05), None),
     "clip": (["--optimizer", "sgd", "--lr", "0.5", "--clip-norm", "0.5"], lambda p: torch.optim.SGD(p, lr=0.5), 0.5),
 }
 
