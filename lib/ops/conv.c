@@ -48,6 +48,11 @@ typedef struct conv_params {
 	 * threads (products too small to split, see by_images), else 0 */
 	int64_t img_slots;
 	size_t img_elems; /* scratch elements per slot */
+	/* Conv: float weights not known when planning, packed at each call; with img_slots, the images
+	 * shared among threads, fwd_bytes of scratch per slot */
+	bool pack_runtime;
+	size_t fwd_bytes;
+	bool gw_phases; /* the gradients: the column matrix made from (im2col) or summed into (col2im) phase planes */
 } conv_params;
 
 /* A kernel tap's input offsets (d0, d1 in slots 0 and 1; d2, padding included, in slot 2) and the
@@ -464,33 +469,33 @@ static void grid_copy(void *ctx, int64_t begin, int64_t end)
 		grid_to_plane(cp, c->grid + m * cp->grid_n, c->y + m * cp->out_sp, c->z ? c->z + m * cp->out_sp : NULL);
 }
 
-/* One group of one image through the packed weights, its column matrix read in place; z is the fused
- * residual's group (NULL: none). */
-static void conv_direct(const tern_kernel_args *a, const conv_params *cp, int64_t g, const float *x, const float *bias,
-                        float *y, const float *z)
+/* One group of one image through the packed weights pk, its column matrix read in place; z is the
+ * fused residual's group (NULL: none); scratch: the phase planes, then the grid. */
+static void conv_direct(tern_threadpool *pool, const conv_params *cp, const tern_packed *pk, void *scratch,
+                        const float *x, const float *bias, float *y, const float *z)
 {
 	const window *w = &cp->w;
 	const float *planes = x;
 	const tern_act *act = cp->fused ? &cp->act : NULL;
 	if (cp->split) {
-		phase_ctx pc = {cp, x, a->scratch};
-		parallel_range(a->pool, cp->cg, grain_for(cp->n_phases * cp->hq * cp->wq), phase_planes, &pc);
-		planes = a->scratch;
+		phase_ctx pc = {cp, x, scratch};
+		parallel_range(pool, cp->cg, grain_for(cp->n_phases * cp->hq * cp->wq), phase_planes, &pc);
+		planes = scratch;
 	}
 	if (cp->kind == TERN_GEMM_COLS) {
 		tern_gemm_b b = {planes, cp->row_off, 0, w->out[2], cp->wq, 1};
 		tern_gemm_c c = {y, cp->out_sp, false, false, bias, act, z};
-		tern_gemm_packed_run(a->pool, cp->packed[g], cp->out_sp, &b, &c, TERN_GEMM_COLS);
+		tern_gemm_packed_run(pool, pk, cp->out_sp, &b, &c, TERN_GEMM_COLS);
 		return;
 	}
 	bool gaps = cp->wq != w->out[2];
-	float *grid = gaps ? (float *)((char *)a->scratch + cp->grid_off) : y;
+	float *grid = gaps ? (float *)((char *)scratch + cp->grid_off) : y;
 	tern_gemm_b b = {planes, cp->row_off, 0, cp->grid_n, cp->grid_n, 1};
 	tern_gemm_c c = {grid, gaps ? cp->grid_n : cp->out_sp, false, false, bias, gaps ? NULL : act, z};
-	tern_gemm_packed_run(a->pool, cp->packed[g], cp->grid_n, &b, &c, TERN_GEMM_ROWS);
+	tern_gemm_packed_run(pool, pk, cp->grid_n, &b, &c, TERN_GEMM_ROWS);
 	if (gaps) {
 		grid_ctx gc = {cp, grid, y, z};
-		parallel_range(a->pool, cp->mg, grain_for(cp->out_sp), grid_copy, &gc);
+		parallel_range(pool, cp->mg, grain_for(cp->out_sp), grid_copy, &gc);
 	}
 }
 
@@ -711,11 +716,90 @@ static tern_status conv_act_pass(const tern_kernel_args *a, const conv_params *c
 	return TERN_OK;
 }
 
+/* One call of a convolution that is not depthwise: the weights packed per group (when planning, or
+ * for this call; NULL: double, through im2col and the shared gemm), the tensors, and the scratch. */
+typedef struct conv_run {
+	const conv_params *cp;
+	tern_packed *const *pk;
+	int dtype;
+	const char *x, *wt;
+	const char *bias;
+	char *y, *scratch;
+	const float *z;
+} conv_run;
+
+/* Images [begin, end), group by group, with the pool given (NULL: on this thread) and scratch for one
+ * image. */
+static void conv_images(tern_threadpool *pool, const conv_run *r, char *scratch, int64_t begin, int64_t end)
+{
+	const conv_params *cp = r->cp;
+	size_t es = compute_size(r->dtype);
+	int64_t ck = cp->cg * cp->kk;
+	for (int64_t n = begin; n < end; n++)
+		for (int64_t g = 0; g < cp->group; g++) {
+			int64_t y0 = (n * cp->cout + g * cp->mg) * cp->out_sp;
+			const char *xg = r->x + (size_t)((n * cp->cin + g * cp->cg) * cp->in_sp) * es;
+			char *yg = r->y + (size_t)y0 * es;
+			const void *bg = r->bias ? r->bias + (size_t)(g * cp->mg) * es : NULL;
+			const float *zg = r->z ? r->z + y0 : NULL;
+			if (r->pk && cp->direct) {
+				conv_direct(pool, cp, r->pk[g], scratch, (const float *)xg, bg, (float *)yg, zg);
+				continue;
+			}
+			if (r->pk && cp->pointwise) {
+				tern_gemm_b b = {(const float *)xg, NULL, cp->out_sp, cp->out_sp, cp->out_sp, 1};
+				tern_gemm_c c = {(float *)yg, cp->out_sp, false, false, bg, cp->fused ? &cp->act : NULL, zg};
+				tern_gemm_packed_run(pool, r->pk[g], cp->out_sp, &b, &c, TERN_GEMM_AUTO);
+				continue;
+			}
+			if (r->pk) {
+				conv_fill_ctx f = {cp, (const float *)xg};
+				tern_gemm_packed_fill(pool, r->pk[g], cp->out_sp, conv_fill, &f, bg, (float *)yg, cp->out_sp);
+				continue;
+			}
+			const void *col = xg;
+			if (!cp->pointwise) {
+				im2col(pool, &cp->w, es, cp->cg, xg, scratch);
+				col = scratch;
+			}
+			gemm_typed(r->dtype, false, cp->mg, cp->out_sp, ck, r->wt + (size_t)(g * cp->mg * ck) * es, ck, col, cp->out_sp,
+			           yg);
+			if (bg)
+				add_bias_rows(r->dtype, yg, bg, cp->mg, cp->out_sp);
+		}
+}
+
+static void conv_images_slot(void *ctx, int64_t begin, int64_t end, int64_t slot)
+{
+	const conv_run *r = ctx;
+	conv_images(NULL, r, r->scratch + (size_t)slot * r->cp->fwd_bytes, begin, end);
+}
+
+/* Float weights not known when planning, packed per group for one call (NULL when out of memory). */
+static tern_packed **pack_now(const conv_params *cp, const float *wt, int64_t m, int64_t k, bool trans)
+{
+	tern_packed **pk = calloc((size_t)cp->group, sizeof *pk);
+	for (int64_t g = 0; pk && g < cp->group; g++)
+		if (!(pk[g] = tern_pack_a(m, k, wt + g * m * k, trans ? m : k, trans, 1.0f))) {
+			for (int64_t i = 0; i < g; i++)
+				tern_packed_free(pk[i]);
+			free(pk);
+			return NULL;
+		}
+	return pk;
+}
+
+static void free_packs(const conv_params *cp, tern_packed **pk)
+{
+	for (int64_t g = 0; pk && g < cp->group; g++)
+		tern_packed_free(pk[g]);
+	free(pk);
+}
+
 static tern_status conv_kernel(const tern_kernel_args *a)
 {
 	const conv_params *cp = a->params;
 	int dtype = a->in[0]->dtype;
-	size_t es = compute_size(dtype);
 	const char *x = a->in[0]->data, *wt = a->in[1]->data;
 	const void *bias = a->n_in > 2 && a->in[2] ? a->in[2]->data : NULL;
 	char *y = a->out[0]->data;
@@ -735,35 +819,17 @@ static tern_status conv_kernel(const tern_kernel_args *a)
 			               &c);
 		return conv_act_pass(a, cp, z);
 	}
-	int64_t ck = cp->cg * cp->kk;
-	for (int64_t n = 0; n < cp->n; n++)
-		for (int64_t g = 0; g < cp->group; g++) {
-			int64_t y0 = (n * cp->cout + g * cp->mg) * cp->out_sp;
-			const char *xg = x + (size_t)((n * cp->cin + g * cp->cg) * cp->in_sp) * es;
-			char *yg = y + (size_t)y0 * es;
-			const void *bg = bias ? (const char *)bias + (size_t)(g * cp->mg) * es : NULL;
-			if (cp->direct) {
-				conv_direct(a, cp, g, (const float *)xg, bg, (float *)yg, z ? z + y0 : NULL);
-				continue;
-			}
-			if (cp->packed && cp->pointwise) {
-				tern_gemm_b b = {(const float *)xg, NULL, cp->out_sp, cp->out_sp, cp->out_sp, 1};
-				tern_gemm_c c = {(float *)yg, cp->out_sp, false, false, bg, cp->fused ? &cp->act : NULL, z ? z + y0 : NULL};
-				tern_gemm_packed_run(a->pool, cp->packed[g], cp->out_sp, &b, &c, TERN_GEMM_AUTO);
-				continue;
-			}
-			if (cp->packed && !cp->pointwise) {
-				conv_fill_ctx f = {cp, (const float *)xg};
-				tern_gemm_packed_fill(a->pool, cp->packed[g], cp->out_sp, conv_fill, &f, bg, (float *)yg, cp->out_sp);
-				continue;
-			}
-			const void *col = xg;
-			if (!cp->pointwise) {
-				im2col(a->pool, &cp->w, es, cp->cg, xg, a->scratch);
-				col = a->scratch;
-			}
-			group_product(a, cp, g, false, cp->mg, cp->out_sp, ck, wt + (size_t)(g * cp->mg * ck) * es, col, bg, yg);
-		}
+	tern_packed **now = NULL;
+	if (cp->pack_runtime && dtype == TERN_FLOAT &&
+	    !(now = pack_now(cp, (const float *)wt, cp->mg, cp->cg * cp->kk, false)))
+		return no_memory(a->node);
+	conv_run r = {cp, now ? now : dtype == TERN_FLOAT ? cp->packed : NULL, dtype, x, wt, bias, y, a->scratch, z};
+	if (cp->img_slots)
+		parallel_slots(a->pool, cp->n, grain_for(cp->group * cp->mg * cp->cg * cp->kk * cp->out_sp), cp->img_slots,
+		               conv_images_slot, &r);
+	else
+		conv_images(a->pool, &r, a->scratch, 0, cp->n);
+	free_packs(cp, now);
 	return conv_act_pass(a, cp, z);
 }
 
@@ -861,7 +927,36 @@ static tern_status phase_setup(const tern_node *node, conv_params *cp, int64_t c
 	return TERN_OK;
 }
 
-/* The product's kernel and scratch for a 1-D or 2-D convolution with packed weights. */
+/* Below this many multiply-adds per group and image, the product of one image is not shared among
+ * threads (tern_gemm_packed_run's threshold) nor is its im2col or col2im, so a convolution and its
+ * gradients share out the images instead: each slot has its own scratch (and, for the weight
+ * gradient, its own partial sum, reduced at the end). A small CNN's 3x3 convolutions of 8 channels
+ * on 8x8 images at batch 64 are some 37,000 per image. */
+#define BY_IMAGES_MAX_WORK ((int64_t)1 << 16)
+
+/* Slots of scratch for sharing out the images (0: not worth it, or one thread). */
+static int64_t by_images(tern_threadpool *pool, const conv_params *cp)
+{
+	if (!pool || tern_threadpool_size(pool) < 2 || cp->n < 2 || cp->mg * cp->cg * cp->kk * cp->out_sp >= BY_IMAGES_MAX_WORK)
+		return 0;
+	int64_t slots = slots_for(pool);
+	return slots < cp->n ? slots : cp->n;
+}
+
+/* Conv's kernel, and its scratch for one image (p->scratch_bytes) made room for per slot when the
+ * images are shared out. */
+static tern_status conv_finish(tern_prepare_args *p, conv_params *cp)
+{
+	if (!cp->depthwise && (cp->img_slots = by_images(p->pool, cp))) {
+		cp->fwd_bytes = round_up(p->scratch_bytes);
+		p->scratch_bytes = (size_t)cp->img_slots * cp->fwd_bytes;
+	}
+	p->kernel = conv_kernel;
+	return tern_nn_stage_halves(p);
+}
+
+/* The product's kernel and scratch for a 1-D or 2-D convolution with packed weights (packed when
+ * planning, or, with pack_runtime, at each call: then a zero matrix of their shape picks the kernel). */
 static tern_status conv_direct_setup(tern_prepare_args *p, conv_params *cp)
 {
 	tern_status st = phase_setup(p->node, cp, cp->cg, false);
@@ -869,13 +964,21 @@ static tern_status conv_direct_setup(tern_prepare_args *p, conv_params *cp)
 		return st;
 	const window *w = &cp->w;
 	cp->direct = true;
-	cp->kind = tern_gemm_choose(cp->packed[0], cp->grid_n, w->out[1], w->out[2], false);
+	tern_packed *shape = NULL;
+	if (!cp->packed) {
+		float *zeros = calloc((size_t)(cp->mg * cp->cg * cp->kk) + 1, sizeof *zeros);
+		shape = zeros ? tern_pack_a(cp->mg, cp->cg * cp->kk, zeros, cp->cg * cp->kk, false, 1.0f) : NULL;
+		free(zeros);
+		if (!shape)
+			return no_memory(p->node);
+	}
+	cp->kind = tern_gemm_choose(cp->packed ? cp->packed[0] : shape, cp->grid_n, w->out[1], w->out[2], false);
+	tern_packed_free(shape);
 	size_t planes = cp->split ? round_up((size_t)(cp->cg * cp->n_phases * cp->hq * cp->wq) * sizeof(float)) : 0;
 	cp->grid_off = planes;
 	bool gaps = cp->kind == TERN_GEMM_ROWS && cp->wq != w->out[2];
 	p->scratch_bytes = planes + (gaps ? (size_t)(cp->mg * cp->grid_n) * sizeof(float) : 0);
-	p->kernel = conv_kernel;
-	return tern_nn_stage_halves(p);
+	return conv_finish(p, cp);
 }
 
 static tern_status conv_prepare(tern_prepare_args *p)
@@ -913,9 +1016,12 @@ static tern_status conv_prepare(tern_prepare_args *p)
 	}
 	if (!cp->depthwise && (st = pack_groups(node, cp, p->in[1], cp->mg, cp->cg * cp->kk, false)))
 		return st;
-	if (cp->packed && !cp->pointwise && w->k[0] == 1 && w->in[0] == 1)
+	/* weights computed in float but not known: packed at each call, for the same kernels */
+	cp->pack_runtime = !cp->depthwise && !cp->packed && x->dtype != TERN_DOUBLE;
+	bool packed = cp->packed || cp->pack_runtime;
+	if (packed && !cp->pointwise && w->k[0] == 1 && w->in[0] == 1)
 		return conv_direct_setup(p, cp);
-	if (cp->packed && !cp->pointwise) {
+	if (packed && !cp->pointwise) {
 		if (!(cp->taps = malloc((size_t)cp->kk * sizeof *cp->taps)))
 			return no_memory(node);
 		for (int64_t k = 0; k < cp->kk; k++) {
@@ -928,10 +1034,9 @@ static tern_status conv_prepare(tern_prepare_args *p)
 		}
 	}
 	/* the column matrix, unless the product makes it block by block or needs none */
-	if (!cp->pointwise && !cp->depthwise && !cp->packed)
+	if (!cp->pointwise && !cp->depthwise && !packed)
 		p->scratch_bytes = (size_t)(cp->cg * cp->kk * cp->out_sp) * compute_size(x->dtype);
-	p->kernel = conv_kernel;
-	return tern_nn_stage_halves(p);
+	return conv_finish(p, cp);
 }
 
 tern_status tern_fused_conv_prepare(tern_prepare_args *p)
@@ -1479,20 +1584,56 @@ static tern_status depthwise_rows(const tern_node *node, conv_params *cp)
 DEF_DW_GRAD(f32, float)
 DEF_DW_GRAD(f64, double)
 
-/* Below this many multiply-adds per group and image, the product of one image is not shared among
- * threads (tern_gemm_packed_run's threshold) nor is its im2col or col2im, so the gradients share out
- * the images instead: each slot has its own column matrix (and, for the weight gradient, its own
- * partial sum, reduced at the end). A small CNN's 3x3 convolutions of 8 channels on 8x8 images at
- * batch 64 are some 37,000 per image. */
-#define BY_IMAGES_MAX_WORK ((int64_t)1 << 16)
-
-/* Slots of scratch for sharing out the images (0: not worth it, or one thread). */
-static int64_t by_images(tern_threadpool *pool, const conv_params *cp)
+/* col2im for a float 1-D or 2-D convolution through its phase planes (cp->gw_phases): each column
+ * row is added onto its plane shifted by row_off, output row by output row with no bounds to test
+ * (into planes, zeroed first, past the column matrix in its buffer; without padding or strides the
+ * image is its own plane), then every padded position of a plane that lies inside the image is
+ * copied to it. Padded positions no tap reads get nothing: dX is zero there. */
+TERN_ISA_BODY void rows_to_planes_body(const conv_params *cp, const float *col, float *planes)
 {
-	if (!pool || tern_threadpool_size(pool) < 2 || cp->n < 2 || cp->mg * cp->cg * cp->kk * cp->out_sp >= BY_IMAGES_MAX_WORK)
-		return 0;
-	int64_t slots = slots_for(pool);
-	return slots < cp->n ? slots : cp->n;
+	int64_t o1n = cp->w.out[1], o2n = cp->w.out[2], wq = cp->wq;
+	for (int64_t r = 0; r < cp->cg * cp->kk; r++) {
+		float *restrict dst = planes + cp->row_off[r];
+		const float *restrict src = col + r * cp->out_sp;
+		for (int64_t o1 = 0; o1 < o1n; o1++)
+			for (int64_t o2 = 0; o2 < o2n; o2++)
+				dst[o1 * wq + o2] += src[o1 * o2n + o2];
+	}
+}
+TERN_ISA_VARIANTS3(void, rows_to_planes, (const conv_params *cp, const float *col, float *planes), (cp, col, planes))
+
+static void col2im_phases(const conv_params *cp, const float *col, float *img)
+{
+	const window *w = &cp->w;
+	int64_t plane = cp->hq * cp->wq;
+	if (!cp->split) {
+		memset(img, 0, (size_t)(cp->cg * cp->in_sp) * sizeof *img);
+		rows_to_planes(cp, col, img);
+		return;
+	}
+	float *planes = (float *)col + cp->cg * cp->kk * cp->out_sp;
+	memset(planes, 0, (size_t)(cp->cg * cp->n_phases * plane) * sizeof *planes);
+	rows_to_planes(cp, col, planes);
+	if (cp->n_phases < w->s[1] * w->s[2])
+		memset(img, 0, (size_t)(cp->cg * cp->in_sp) * sizeof *img);
+	int64_t s1 = w->s[1], s2 = w->s[2], in2 = w->in[2];
+	for (int64_t ch = 0; ch < cp->cg; ch++)
+		for (int64_t q = 0; q < cp->n_phases; q++) {
+			const float *pl = planes + (ch * cp->n_phases + q) * plane;
+			float *xc = img + ch * cp->in_sp;
+			int64_t r0 = cp->phases[2 * q] - w->pb[1], c0 = cp->phases[2 * q + 1] - w->pb[2], lo, hi, ilo, ihi;
+			outputs_within(r0, s1, w->in[1], cp->hq, &ilo, &ihi);
+			outputs_within(c0, s2, in2, cp->wq, &lo, &hi);
+			for (int64_t i = ilo; i < ihi; i++) {
+				float *dst = xc + (r0 + i * s1) * in2 + c0;
+				const float *src = pl + i * cp->wq;
+				if (s2 == 1)
+					memcpy(dst + lo, src + lo, (size_t)(hi - lo) * sizeof *dst);
+				else
+					for (int64_t j = lo; j < hi; j++)
+						dst[j * s2] = src[j];
+			}
+		}
 }
 
 /* Images [begin, end) of the data gradient, group by group: columns W_g^T dY_g, summed back onto the
@@ -1513,7 +1654,9 @@ static void grad_input_images(tern_threadpool *pool, const conv_params *cp, int 
 			else
 				tern_gemm_f64(true, false, ck, cp->out_sp, cp->mg, 1.0, (const double *)wg, ck, (const double *)dyg,
 				              cp->out_sp, 0.0, col, cp->out_sp);
-			if (!cp->pointwise)
+			if (cp->gw_phases)
+				col2im_phases(cp, col, (float *)dxg);
+			else if (!cp->pointwise)
 				col2im(pool, dtype, &cp->w, cp->cg, col, dxg);
 		}
 }
@@ -1603,10 +1746,46 @@ static tern_status conv_grad_input_prepare(tern_prepare_args *p)
 			return st;
 		cp->img_slots = by_images(p->pool, cp);
 		cp->img_elems = cp->pointwise ? 0 : (size_t)(cp->cg * cp->kk * cp->out_sp);
+		/* float 1-D and 2-D: col2im through phase planes (after the column matrix in the scratch) */
+		cp->gw_phases = !cp->pointwise && dy->dtype != TERN_DOUBLE && cp->w.k[0] == 1 && cp->w.in[0] == 1;
+		if (cp->gw_phases) {
+			if ((st = phase_setup(node, cp, cp->cg, false)))
+				return st;
+			if (cp->split)
+				cp->img_elems += (size_t)(cp->cg * cp->n_phases * cp->hq * cp->wq);
+		}
 		p->scratch_bytes = (size_t)(cp->img_slots ? cp->img_slots : 1) * cp->img_elems * compute_size(dy->dtype);
 	}
 	p->kernel = conv_grad_input_kernel;
 	return tern_nn_stage_halves(p);
+}
+
+/* A float 1-D or 2-D column matrix (cg * kk rows of out_sp) through the phase planes: each row is
+ * its plane shifted by row_off, read output row by output row with no bounds to test. The planes
+ * lie past the column matrix in col's buffer. */
+TERN_ISA_BODY void col_rows_body(const conv_params *cp, const float *planes, float *col)
+{
+	int64_t o1n = cp->w.out[1], o2n = cp->w.out[2], wq = cp->wq;
+	for (int64_t r = 0; r < cp->cg * cp->kk; r++) {
+		const float *restrict src = planes + cp->row_off[r];
+		float *restrict dst = col + r * cp->out_sp;
+		for (int64_t o1 = 0; o1 < o1n; o1++)
+			for (int64_t o2 = 0; o2 < o2n; o2++)
+				dst[o1 * o2n + o2] = src[o1 * wq + o2];
+	}
+}
+TERN_ISA_VARIANTS3(void, col_rows, (const conv_params *cp, const float *planes, float *col), (cp, planes, col))
+
+static void col_from_phases(tern_threadpool *pool, const conv_params *cp, const float *x, float *col)
+{
+	const float *planes = x;
+	if (cp->split) {
+		float *buf = col + cp->cg * cp->kk * cp->out_sp;
+		phase_ctx pc = {cp, x, buf};
+		parallel_range(pool, cp->cg, grain_for(cp->n_phases * cp->hq * cp->wq), phase_planes, &pc);
+		planes = buf;
+	}
+	col_rows(cp, planes, col);
 }
 
 /* The weight gradient of images [begin, end) into dw (cout x cg*kk), their sum: per group dY_g
@@ -1623,7 +1802,10 @@ static bool grad_weight_images(tern_threadpool *pool, const conv_params *cp, int
 			const char *xg = x + (size_t)((n * cp->cin + g * cp->cg) * cp->in_sp) * es;
 			const char *dyg = dy + (size_t)((n * cp->cout + g * cp->mg) * cp->out_sp) * es;
 			const void *col = xg;
-			if (!cp->pointwise) {
+			if (cp->gw_phases) {
+				col_from_phases(pool, cp, (const float *)xg, col_buf);
+				col = col_buf;
+			} else if (!cp->pointwise) {
 				im2col(pool, &cp->w, es, cp->cg, xg, col_buf);
 				col = col_buf;
 			}
@@ -1733,6 +1915,14 @@ static tern_status conv_grad_weight_prepare(tern_prepare_args *p)
 	} else {
 		cp->img_slots = by_images(p->pool, cp);
 		cp->img_elems = cp->pointwise ? 0 : (size_t)(cp->cg * cp->kk * cp->out_sp);
+		/* float 1-D and 2-D: the column matrix made from phase planes (after it in the scratch) */
+		cp->gw_phases = !cp->pointwise && x->dtype != TERN_DOUBLE && cp->w.k[0] == 1 && cp->w.in[0] == 1;
+		if (cp->gw_phases) {
+			if ((st = phase_setup(node, cp, cp->cg, false)))
+				return st;
+			if (cp->split)
+				cp->img_elems += (size_t)(cp->cg * cp->n_phases * cp->hq * cp->wq);
+		}
 		/* per slot: its partial dW, then its column matrix */
 		size_t slot = cp->img_elems + (cp->img_slots ? (size_t)(cp->cout * cp->cg * cp->kk) : 0);
 		p->scratch_bytes = (size_t)(cp->img_slots ? cp->img_slots : 1) * slot * compute_size(x->dtype);

@@ -27,6 +27,9 @@ typedef struct pool_params {
 	bool blocks;
 	int64_t band, slot_elems, slots;
 	float *recip; /* average: 1 / divisor per output position */
+	/* MaxPool's gradient: windows that do not overlap (no dilation, strides at least the kernel), so
+	 * each input element is in at most one window and takes its gradient by assignment */
+	bool tiles;
 } pool_params;
 
 typedef struct pool_ctx {
@@ -711,6 +714,53 @@ typedef struct pool_grad_ctx {
 		}                                                                                                \
 	}                                                                                                    \
 	TERN_ISA_VARIANTS3(void, avg_grad_plane_##S, (const pool_params *pp, const T *dy, T *dx), (pp, dy, dx)) \
+	/* LpPool's: y = (sum |x|^p)^(1/p) over the window, so each element of the window gets dY times    \
+	 * sign(x) |x|^(p-1) / y^(p-1) (nothing where y is 0). */                                          \
+	static void lp_grad_plane_##S(const pool_params *pp, const T *x, const T *dy, T *dx)                 \
+	{                                                                                                    \
+		const window *w = &pp->w;                                                                        \
+		int64_t in_n = sp_numel(w->in), o = 0;                                                           \
+		double p = (double)pp->p;                                                                        \
+		memset(dx, 0, (size_t)in_n * sizeof *dx);                                                        \
+		for (int64_t o0 = 0; o0 < (pp->global ? 1 : w->out[0]); o0++) {                                  \
+			const int64_t *t0 = pp->global ? NULL : pp->taps[0] + o0 * TAP_FIELDS;                       \
+			int64_t s0 = o0 * w->s[0] - w->pb[0];                                                        \
+			for (int64_t o1 = 0; o1 < (pp->global ? 1 : w->out[1]); o1++) {                              \
+				const int64_t *t1 = pp->global ? NULL : pp->taps[1] + o1 * TAP_FIELDS;                   \
+				int64_t s1 = o1 * w->s[1] - w->pb[1];                                                    \
+				for (int64_t o2 = 0; o2 < (pp->global ? 1 : w->out[2]); o2++, o++) {                     \
+					const int64_t *t2 = pp->global ? NULL : pp->taps[2] + o2 * TAP_FIELDS;               \
+					int64_t s2 = o2 * w->s[2] - w->pb[2];                                                \
+					int64_t l0 = t0 ? t0[TAP_LO] : 0, h0 = t0 ? t0[TAP_HI] : w->in[0];                   \
+					int64_t l1 = t1 ? t1[TAP_LO] : 0, h1 = t1 ? t1[TAP_HI] : w->in[1];                   \
+					int64_t l2 = t2 ? t2[TAP_LO] : 0, h2 = t2 ? t2[TAP_HI] : w->in[2];                   \
+					int64_t d0 = pp->global ? 1 : w->d[0], d1 = pp->global ? 1 : w->d[1];               \
+					int64_t d2 = pp->global ? 1 : w->d[2];                                               \
+					if (pp->global)                                                                      \
+						s0 = s1 = s2 = 0;                                                                \
+					double sum = 0;                                                                      \
+					for (int64_t k0 = l0; k0 < h0; k0++)                                                 \
+						for (int64_t k1 = l1; k1 < h1; k1++)                                             \
+							for (int64_t k2 = l2; k2 < h2; k2++) {                                       \
+								double v = fabs((double)x[((s0 + k0 * d0) * w->in[1] + s1 + k1 * d1) * w->in[2] + s2 + k2 * d2]); \
+								sum += pp->p == 2 ? v * v : pow(v, p);                                   \
+							}                                                                            \
+					double y = pp->p == 2 ? sqrt(sum) : pow(sum, 1.0 / p);                               \
+					if (y == 0)                                                                          \
+						continue;                                                                        \
+					double scale = (double)dy[o] / (pp->p == 1 ? 1.0 : pp->p == 2 ? y : pow(y, p - 1));  \
+					for (int64_t k0 = l0; k0 < h0; k0++)                                                 \
+						for (int64_t k1 = l1; k1 < h1; k1++)                                             \
+							for (int64_t k2 = l2; k2 < h2; k2++) {                                       \
+								int64_t i = ((s0 + k0 * d0) * w->in[1] + s1 + k1 * d1) * w->in[2] + s2 + k2 * d2; \
+								double v = (double)x[i], a = fabs(v);                                    \
+								double g = pp->p == 1 ? (v > 0) - (v < 0) : pp->p == 2 ? v : (v < 0 ? -1 : 1) * pow(a, p - 1); \
+								dx[i] += (T)(scale * g);                                                 \
+							}                                                                            \
+				}                                                                                        \
+			}                                                                                            \
+		}                                                                                                \
+	}                                                                                                    \
 	static void pool_grad_planes_##S(void *ctx, int64_t begin, int64_t end)                              \
 	{                                                                                                    \
 		const pool_grad_ctx *c = ctx;                                                                    \
@@ -725,6 +775,8 @@ typedef struct pool_grad_ctx {
 			T *dx = (T *)c->dx + i * in_n;                                                               \
 			if (pp->kind == POOL_MAX)                                                                    \
 				max_grad_plane_##S(pp, (const T *)c->x + i * in_n, dy, dx, xt);                          \
+			else if (pp->kind == POOL_LP)                                                                \
+				lp_grad_plane_##S(pp, (const T *)c->x + i * in_n, dy, dx);                               \
 			else                                                                                         \
 				avg_grad_plane_##S(pp, dy, dx);                                                          \
 		}                                                                                                \
@@ -734,11 +786,99 @@ typedef struct pool_grad_ctx {
 DEF_POOL_GRAD(f32, float, int32_t)
 DEF_POOL_GRAD(f64, double, int64_t)
 
+/* MaxPool's gradient with windows that do not overlap, planes [begin, end): dX is zero but at each
+ * window's first maximum in scan order (the forward's pick), which gets its output's gradient. The
+ * 2 x 2 windows of stride 2 without padding (the usual downsampling) go two input rows at a time. */
+#define DEF_MAX_GRAD_TILES(S, T)                                                                             \
+	TERN_ISA_BODY void max_grad_tiles_##S##_body(const pool_params *pp, const T *x, const T *dy, T *dx,         \
+	                                             int64_t planes)                                            \
+	{                                                                                                       \
+		const window *w = &pp->w;                                                                            \
+		int64_t in_n = sp_numel(w->in), out_n = sp_numel(w->out), W = w->in[2];                             \
+		bool pairs = w->k[0] == 1 && w->pb[0] == 0 && w->k[1] == 2 && w->k[2] == 2 && w->s[1] == 2 && w->s[2] == 2 &&         \
+		             w->pb[1] == 0 && w->pb[2] == 0 && 2 * w->out[1] <= w->in[1] && 2 * w->out[2] <= W;     \
+		for (int64_t i = 0; i < planes; i++, x += in_n, dy += out_n, dx += in_n) {                          \
+			if (pairs) {                                                                                     \
+				int64_t O1 = w->out[1], O2 = w->out[2];                                                      \
+				memset(dx, 0, (size_t)in_n * sizeof *dx);                                                    \
+				for (int64_t o0 = 0; o0 < w->out[0]; o0++) {                                                 \
+					const T *xp = x + o0 * w->s[0] * w->in[1] * W;                                           \
+					T *dp = dx + o0 * w->s[0] * w->in[1] * W;                                                \
+					const T *dyp = dy + o0 * O1 * O2;                                                        \
+					for (int64_t o1 = 0; o1 < O1; o1++) {                                                    \
+						const T *restrict r0 = xp + 2 * o1 * W, *restrict r1 = r0 + W;                       \
+						T *restrict d0 = dp + 2 * o1 * W, *restrict d1 = d0 + W;                             \
+						const T *restrict g = dyp + o1 * O2;                                                 \
+						for (int64_t o2 = 0; o2 < O2; o2++) {                                                \
+							T a = r0[2 * o2], b = r0[2 * o2 + 1], c = r1[2 * o2], d = r1[2 * o2 + 1];        \
+							/* the first maximum: a later element wins only when strictly greater */       \
+							bool tb = b > a;                                                                 \
+							T m0 = tb ? b : a;                                                               \
+							bool td = d > c;                                                                 \
+							T m1 = td ? d : c;                                                               \
+							bool bottom = m1 > m0;                                                           \
+							T v = g[o2];                                                                     \
+							d0[2 * o2] = !bottom && !tb ? v : 0;                                             \
+							d0[2 * o2 + 1] = !bottom && tb ? v : 0;                                          \
+							d1[2 * o2] = bottom && !td ? v : 0;                                              \
+							d1[2 * o2 + 1] = bottom && td ? v : 0;                                           \
+						}                                                                                    \
+					}                                                                                        \
+				}                                                                                            \
+				continue;                                                                                    \
+			}                                                                                                \
+			memset(dx, 0, (size_t)in_n * sizeof *dx);                                                        \
+			int64_t o = 0;                                                                                   \
+			for (int64_t o0 = 0; o0 < w->out[0]; o0++) {                                                     \
+				const int64_t *t0 = pp->taps[0] + o0 * TAP_FIELDS, s0 = o0 * w->s[0] - w->pb[0];            \
+				for (int64_t o1 = 0; o1 < w->out[1]; o1++) {                                                 \
+					const int64_t *t1 = pp->taps[1] + o1 * TAP_FIELDS, s1 = o1 * w->s[1] - w->pb[1];         \
+					for (int64_t o2 = 0; o2 < w->out[2]; o2++, o++) {                                        \
+						const int64_t *t2 = pp->taps[2] + o2 * TAP_FIELDS, s2 = o2 * w->s[2] - w->pb[2];     \
+						T best = 0;                                                                          \
+						int64_t at = -1;                                                                     \
+						for (int64_t k0 = t0[TAP_LO]; k0 < t0[TAP_HI]; k0++)                                 \
+							for (int64_t k1 = t1[TAP_LO]; k1 < t1[TAP_HI]; k1++) {                           \
+								int64_t row = ((s0 + k0) * w->in[1] + s1 + k1) * W + s2;                     \
+								for (int64_t k2 = t2[TAP_LO]; k2 < t2[TAP_HI]; k2++) {                       \
+									T v = x[row + k2];                                                       \
+									if (v > best || at < 0) {                                                \
+										best = v;                                                            \
+										at = row + k2;                                                       \
+									}                                                                        \
+								}                                                                            \
+							}                                                                                \
+						if (at >= 0)                                                                         \
+							dx[at] = dy[o];                                                                  \
+					}                                                                                        \
+				}                                                                                            \
+			}                                                                                                \
+		}                                                                                                    \
+	}                                                                                                        \
+	TERN_ISA_VARIANTS3(void, max_grad_tiles_##S, (const pool_params *pp, const T *x, const T *dy, T *dx, int64_t planes), \
+	                   (pp, x, dy, dx, planes))                                                              \
+	static void max_grad_tile_planes_##S(void *ctx, int64_t begin, int64_t end)                              \
+	{                                                                                                        \
+		const pool_grad_ctx *c = ctx;                                                                        \
+		const pool_params *pp = c->pp;                                                                       \
+		int64_t in_n = sp_numel(pp->w.in), out_n = sp_numel(pp->w.out);                                      \
+		max_grad_tiles_##S(pp, (const T *)c->x + begin * in_n, (const T *)c->dy + begin * out_n,              \
+		                   (T *)c->dx + begin * in_n, end - begin);                                          \
+	}
+
+DEF_MAX_GRAD_TILES(f32, float)
+DEF_MAX_GRAD_TILES(f64, double)
+
 static tern_status pool_grad_kernel(const tern_kernel_args *a)
 {
 	const pool_params *pp = a->params;
 	int dtype = a->in[0]->dtype;
 	pool_grad_ctx c = {pp, dtype, a->in[0]->data, a->in[1]->data, a->out[0]->data};
+	if (pp->tiles) {
+		parallel_range(a->pool, pp->planes, grain_for(sp_numel(pp->w.in)),
+		               dtype == TERN_DOUBLE ? max_grad_tile_planes_f64 : max_grad_tile_planes_f32, &c);
+		return TERN_OK;
+	}
 	int64_t work = pp->global ? sp_numel(pp->w.in) : sp_numel(pp->w.out) * sp_numel(pp->w.k);
 	parallel_range(a->pool, pp->planes, grain_for(work), dtype == TERN_DOUBLE ? pool_grad_planes_f64 : pool_grad_planes_f32,
 	               &c);
@@ -758,6 +898,10 @@ static tern_status pool_grad_setup(tern_prepare_args *p, const tern_tensor *x, p
 	tern_set_shape(p->out[0], x->dtype, x->rank, x->dims);
 	if (sp_numel(((pool_params *)p->params)->w.in) > INT32_MAX)
 		return tern_node_errorf(p->node, TERN_EDATA, "planes of more than 2^31 elements are not supported");
+	pool_params *pp = p->params;
+	pp->tiles = kind == POOL_MAX && !pp->global;
+	for (int i = 0; i < SP; i++)
+		pp->tiles &= pp->w.d[i] == 1 && pp->w.s[i] >= pp->w.k[i];
 	p->kernel = pool_grad_kernel;
 	return tern_nn_stage_halves(p);
 }
@@ -768,6 +912,14 @@ static tern_status maxpool_grad_prepare(tern_prepare_args *p)
 {
 	tern_status st = check_real_same(p, 2);
 	return st ? st : pool_grad_setup(p, p->in[1], POOL_MAX);
+}
+
+/* tern.LpPoolGrad(dY, X) -> dX, with LpPool's attributes (or global = 1: GlobalLpPool's): dY times
+ * the derivative of each window's p-norm, recomputed from X. */
+static tern_status lppool_grad_prepare(tern_prepare_args *p)
+{
+	tern_status st = check_real_same(p, 2);
+	return st ? st : pool_grad_setup(p, p->in[1], POOL_LP);
 }
 
 /* tern.AveragePoolGrad(dY, x_shape) -> dX, with AveragePool's attributes (or global = 1:
@@ -794,6 +946,19 @@ static tern_status pool_grad_rule(tern_grad_ctx *g, bool max, bool global)
 	return tern_nn_g_done(g, 0);
 }
 
+/* LpPool and GlobalLpPool: tern.LpPoolGrad, from X. */
+static tern_status lppool_grad_rule(tern_grad_ctx *g, bool global)
+{
+	if (!g->wants[0])
+		return TERN_OK;
+	tern_gattr at = TERN_GA_I("global", 1);
+	tern_gval *in[2] = {g->dy[0], g->x[0]};
+	g->dx[0] = tern_g_op_like(g, "tern", "LpPoolGrad", in, 2, &at, global);
+	return tern_nn_g_done(g, 0);
+}
+static tern_status lppool_grad(tern_grad_ctx *g) { return lppool_grad_rule(g, false); }
+static tern_status global_lppool_grad(tern_grad_ctx *g) { return lppool_grad_rule(g, true); }
+
 /* MaxPool and GlobalMaxPool: tern.MaxPoolGrad (the Indices output carries no gradient). */
 static tern_status maxpool_grad(tern_grad_ctx *g) { return pool_grad_rule(g, true, false); }
 static tern_status global_maxpool_grad(tern_grad_ctx *g) { return pool_grad_rule(g, true, true); }
@@ -806,13 +971,14 @@ static tern_status global_avgpool_grad(tern_grad_ctx *g) { return pool_grad_rule
 static const tern_op ops[] = {
 	{"", "MaxPool", 1, 0, maxpool_prepare, TERN_DT_FLOATS | TERN_DT(INT8) | TERN_DT(UINT8), "pool", maxpool_grad},
 	{"", "AveragePool", 1, 0, avgpool_prepare, TERN_DT_FLOATS, "pool", avgpool_grad},
-	{"", "LpPool", 1, 0, lppool_prepare, TERN_DT_FLOATS, "pool"},
+	{"", "LpPool", 1, 0, lppool_prepare, TERN_DT_FLOATS, "pool", lppool_grad},
 	{"", "GlobalMaxPool", 1, 0, global_maxpool_prepare, TERN_DT_FLOATS, "pool", global_maxpool_grad},
 	{"", "GlobalAveragePool", 1, 0, global_avgpool_prepare, TERN_DT_FLOATS, "pool", global_avgpool_grad},
-	{"", "GlobalLpPool", 1, 0, global_lppool_prepare, TERN_DT_FLOATS, "pool"},
+	{"", "GlobalLpPool", 1, 0, global_lppool_prepare, TERN_DT_FLOATS, "pool", global_lppool_grad},
 	{"", "MaxUnpool", 9, 0, max_unpool_prepare, TERN_DT_FLOATS, "pool"},
 	{"tern", "MaxPoolGrad", 1, 0, maxpool_grad_prepare, TERN_DT_FLOATS, "pool"},
 	{"tern", "AveragePoolGrad", 1, 0, avgpool_grad_prepare, TERN_DT_FLOATS, "pool"},
+	{"tern", "LpPoolGrad", 1, 0, lppool_grad_prepare, TERN_DT_FLOATS, "pool"},
 };
 
 const tern_op_table tern_ops_pool = {ops, TERN_ARRAY_LEN(ops)};
