@@ -1912,12 +1912,296 @@ static tern_status gemm_grad(tern_grad_ctx *g)
 	return TERN_OK;
 }
 
+/* Einsum: the gradient of operand i is itself an Einsum, of dY (on the output's subscripts) and the
+ * other operands, that comes out on operand i's subscripts. Two kinds of subscript need one more
+ * operand there, since an Einsum's output takes only subscripts that some input has:
+ *   - one that only operand i has, once (summed away by the forward): a ones tensor on those
+ *     subscripts broadcasts the gradient back along them;
+ *   - one repeated within operand i (a diagonal): each repeat gets a fresh letter, tied to the first by
+ *     an identity matrix (EyeLike), so that the gradient lands on the diagonal and is zero elsewhere.
+ * The ellipsis is written out as fresh letters (ranks must be known). Where operand i has 1 for a
+ * subscript another operand has larger (the forward broadcast it), the result is summed down to
+ * operand i's shape (tern.SumTo); where it is the only one larger, the result is broadcast up (Expand)
+ * first. Static dimensions spare those nodes where they are not needed. */
+#define EIN_G_EQ 512
+
+/* The next letter no term uses (0 when all 52 are taken). */
+static int ein_fresh(bool *used)
+{
+	for (int k = 0; k < 52; k++) {
+		int c = k < 26 ? 'a' + k : 'A' + k - 26;
+		if (!used[c]) {
+			used[c] = true;
+			return c;
+		}
+	}
+	return 0;
+}
+
+static void ein_put(char *eq, size_t *n, const int *letters, int count, char sep)
+{
+	for (int k = 0; k < count && *n + 2 < EIN_G_EQ; k++)
+		eq[(*n)++] = (char)letters[k];
+	if (sep && *n + 3 < EIN_G_EQ) {
+		eq[(*n)++] = sep;
+		if (sep == '-')
+			eq[(*n)++] = '>';
+	}
+	eq[*n] = '\0';
+}
+
+/* The dimensions dims[0..n) of x as an int64 vector: a constant when known, else gathered from
+ * Shape(x). */
+static tern_gval *ein_dims(tern_grad_ctx *g, tern_gval *x, const int64_t *xd, const int64_t *axes, int n)
+{
+	int64_t v[TERN_MAX_RANK];
+	bool known = true;
+	for (int k = 0; k < n; k++)
+		known &= (v[k] = xd[axes[k]]) >= 0;
+	if (known)
+		return tern_g_ints(g, v, (size_t)n);
+	tern_gval *in[2] = {tern_g_shape(g, x), tern_g_ints(g, axes, (size_t)n)};
+	tern_gattr at = TERN_GA_I("axis", 0);
+	return in[0] && in[1] ? tern_g_op(g, "", "Gather", in, 2, &at, 1) : NULL;
+}
+
+static tern_status einsum_grad(tern_grad_ctx *g)
+{
+	const char *eq = tern_attr_string(g->node, "equation", NULL);
+	if (!eq)
+		return tern_g_fail(g, "attribute 'equation' is required");
+	char buf[EIN_G_EQ];
+	size_t n = 0;
+	if (strlen(eq) >= sizeof buf)
+		return tern_g_fail(g, "equation '%s' is too long", eq);
+	for (const char *c = eq; *c; c++)
+		if (*c != ' ')
+			buf[n++] = *c;
+	buf[n] = '\0';
+	char *arrow = strstr(buf, "->");
+	size_t lhs_len = arrow ? (size_t)(arrow - buf) : n;
+	int n_in = g->n_in;
+	int letters[EIN_MAX_IN][EIN_MAX_LABELS], n_letters[EIN_MAX_IN], ell_at[EIN_MAX_IN];
+	int rank[EIN_MAX_IN], label[EIN_MAX_IN][TERN_MAX_RANK];
+	int64_t dims[EIN_MAX_IN][TERN_MAX_RANK];
+	int n_terms = 0, ell_rank = 0;
+	if (n_in < 1 || n_in > EIN_MAX_IN)
+		return tern_g_fail(g, "%d operands; 1 to %d are supported", n_in, EIN_MAX_IN);
+	for (size_t i = 0, start = 0; i <= lhs_len; i++) {
+		if (i < lhs_len && buf[i] != ',')
+			continue;
+		if (n_terms == n_in ||
+		    !scan_term(buf + start, i - start, letters[n_terms], &n_letters[n_terms], &ell_at[n_terms]))
+			return tern_g_fail(g, "equation '%s' does not match the %d operands", eq, n_in);
+		n_terms++;
+		start = i + 1;
+	}
+	if (n_terms != n_in)
+		return tern_g_fail(g, "equation '%s' does not match the %d operands", eq, n_in);
+	for (int i = 0; i < n_in; i++) {
+		if (!g->x[i])
+			return tern_g_fail(g, "input %d is missing", i);
+		tern_g_type(g, g->x[i], NULL, &rank[i], dims[i]);
+		int ell = rank[i] - n_letters[i];
+		if (rank[i] < 0 || rank[i] > TERN_MAX_RANK || ell < 0 || (ell_at[i] < 0 && ell))
+			return tern_g_fail(g, "operand %d needs a known rank that matches term %d of '%s'", i, i, eq);
+		if (ell > ell_rank)
+			ell_rank = ell;
+	}
+	/* labels dimension by dimension, as the forward reads them; then the output's */
+	int count[256] = {0};
+	bool used[256] = {false};
+	for (int i = 0; i < n_in; i++) {
+		expand_term(letters[i], n_letters[i], ell_at[i], rank[i] - n_letters[i], ell_rank, label[i]);
+		for (int d = 0; d < rank[i]; d++)
+			count[label[i][d]]++;
+		for (int k = 0; k < n_letters[i]; k++)
+			used[letters[i][k]] = true;
+	}
+	int out[EIN_MAX_LABELS], n_out = 0;
+	if (arrow) {
+		int ol[EIN_MAX_LABELS], nol, oat;
+		if (!scan_term(arrow + 2, strlen(arrow + 2), ol, &nol, &oat))
+			return tern_g_fail(g, "equation '%s': output term is not letters and one '...'", eq);
+		n_out = expand_term(ol, nol, oat, oat >= 0 ? ell_rank : 0, ell_rank, out);
+	} else {
+		for (int j = 0; j < ell_rank; j++)
+			out[n_out++] = EIN_ELLIPSIS + j;
+		for (int l = 0; l < EIN_ELLIPSIS; l++)
+			if (count[l] == 1)
+				out[n_out++] = l;
+	}
+	int64_t ydims[TERN_MAX_RANK];
+	int yrank;
+	tern_g_type(g, g->y[0], NULL, &yrank, ydims);
+	if (yrank != n_out)
+		for (int d = 0; d < n_out && d < TERN_MAX_RANK; d++)
+			ydims[d] = -1;
+	/* letters for the ellipsis' dimensions */
+	int code[256];
+	for (int l = 0; l < 256; l++)
+		code[l] = l;
+	for (int j = 0; j < ell_rank; j++)
+		if (!(code[EIN_ELLIPSIS + j] = ein_fresh(used)))
+			return tern_g_fail(g, "equation '%s' leaves no letters for its ellipsis", eq);
+	for (int i = 0; i < n_in; i++)
+		for (int d = 0; d < rank[i]; d++)
+			label[i][d] = code[label[i][d]];
+	for (int d = 0; d < n_out; d++)
+		out[d] = code[out[d]];
+
+	for (int i = 0; i < n_in; i++) {
+		if (!g->wants[i])
+			continue;
+		bool fresh[256];
+		memcpy(fresh, used, sizeof fresh);
+		char geq[EIN_G_EQ];
+		size_t len = 0;
+		tern_gval *in[EIN_MAX_IN];
+		int n_ops = 0;
+		/* dY and the other operands, as they are */
+		in[n_ops++] = g->dy[0];
+		ein_put(geq, &len, out, n_out, ',');
+		for (int j = 0; j < n_in; j++)
+			if (j != i) {
+				in[n_ops++] = g->x[j];
+				ein_put(geq, &len, label[j], rank[j], ',');
+			}
+		/* operand i's subscripts, a repeat taking a fresh letter; the lone ones */
+		int res[TERN_MAX_RANK], first[TERN_MAX_RANK];
+		int64_t lone[TERN_MAX_RANK];
+		int n_lone = 0;
+		int extra = 0; /* operands to add: the identities, then the ones */
+		for (int d = 0; d < rank[i]; d++) {
+			int l = label[i][d];
+			res[d] = l;
+			first[d] = d;
+			for (int e = 0; e < d; e++)
+				if (label[i][e] == l) {
+					first[d] = e;
+					break;
+				}
+			if (first[d] != d) {
+				if (!(res[d] = ein_fresh(fresh)))
+					return tern_g_fail(g, "equation '%s' leaves no letters for its diagonals", eq);
+				extra++;
+				continue;
+			}
+			bool elsewhere = false, repeated = false;
+			for (int k = 0; k < n_out; k++)
+				elsewhere |= out[k] == l;
+			for (int j = 0; j < n_in; j++)
+				for (int e = 0; j != i && e < rank[j]; e++)
+					elsewhere |= label[j][e] == l;
+			for (int e = d + 1; e < rank[i]; e++)
+				repeated |= label[i][e] == l;
+			if (!elsewhere && !repeated)
+				lone[n_lone++] = d;
+		}
+		if (n_ops + extra + (n_lone > 0) > EIN_MAX_IN)
+			return tern_g_fail(g, "equation '%s': the gradient of operand %d needs more than %d operands", eq, i,
+			                   EIN_MAX_IN);
+		for (int d = 0; d < rank[i]; d++) {
+			if (first[d] == d)
+				continue;
+			/* the identity is as large as the subscript: the largest of its dimensions in operand i (a
+			 * dimension of 1 broadcasts) */
+			int64_t size = -1;
+			tern_gval *dyn = NULL;
+			bool known = true;
+			for (int e = 0; e < rank[i]; e++)
+				if (label[i][e] == label[i][d]) {
+					known &= dims[i][e] >= 0;
+					size = dims[i][e] > size ? dims[i][e] : size;
+				}
+			if (known) {
+				int64_t sq[2] = {size, size};
+				dyn = tern_g_ints(g, sq, 2);
+			} else {
+				for (int e = 0, seen = 0; e < rank[i]; e++) {
+					if (label[i][e] != label[i][d])
+						continue;
+					int64_t ax[2] = {e, e};
+					tern_gval *s = ein_dims(g, g->x[i], dims[i], ax, 2);
+					tern_gval *mx[2] = {dyn, s};
+					dyn = !seen++ ? s : dyn && s ? tern_g_op(g, "", "Max", mx, 2, NULL, 0) : NULL;
+				}
+			}
+			tern_gval *zero[2] = {tern_g_scalar(g, 0.0, g->x[i]), dyn};
+			tern_gval *z = zero[0] && zero[1] ? tern_g_op(g, "", "Expand", zero, 2, NULL, 0) : NULL;
+			in[n_ops++] = tern_g_unary(g, "EyeLike", z);
+			int pair[2] = {res[first[d]], res[d]};
+			ein_put(geq, &len, pair, 2, ',');
+		}
+		if (n_lone) {
+			tern_gval *ones[2] = {tern_g_scalar(g, 1.0, g->x[i]), ein_dims(g, g->x[i], dims[i], lone, n_lone)};
+			in[n_ops++] = ones[0] && ones[1] ? tern_g_op(g, "", "Expand", ones, 2, NULL, 0) : NULL;
+			int ll[TERN_MAX_RANK];
+			for (int k = 0; k < n_lone; k++)
+				ll[k] = label[i][lone[k]];
+			ein_put(geq, &len, ll, n_lone, ',');
+		}
+		len--; /* the last separator becomes the arrow */
+		ein_put(geq, &len, res, 0, '-');
+		ein_put(geq, &len, res, rank[i], 0);
+		if (len + 2 >= EIN_G_EQ)
+			return tern_g_fail(g, "equation '%s': the gradient's equation is too long", eq);
+		for (int k = 0; k < n_ops; k++)
+			if (!in[k])
+				return tern_g_status(g);
+		tern_gattr at = TERN_GA_S("equation", geq);
+		tern_gval *r = tern_g_op(g, "", "Einsum", in, n_ops, &at, 1);
+		/* The result's size for each of operand i's dimensions: the largest any of the gradient's
+		 * operands has for that subscript (operand i's own where an identity or the ones give it). */
+		bool expand = false, sum = false;
+		for (int d = 0; d < rank[i]; d++) {
+			int l = label[i][d];
+			bool own = first[d] != d;
+			int64_t size = 1;
+			bool known = true;
+			for (int k = 0; k < n_lone; k++)
+				own |= lone[k] == d;
+			for (int e = 0; e < rank[i]; e++)
+				own |= e != d && label[i][e] == l; /* a diagonal: the identity's size */
+			if (own) {
+				for (int e = 0; e < rank[i]; e++)
+					if (label[i][e] == l) {
+						known &= dims[i][e] >= 0;
+						size = dims[i][e] > size ? dims[i][e] : size;
+					}
+			}
+			for (int k = 0; k < n_out; k++)
+				if (out[k] == l) {
+					known &= ydims[k] >= 0;
+					size = ydims[k] > size ? ydims[k] : size;
+				}
+			for (int j = 0; j < n_in; j++)
+				for (int e = 0; j != i && e < rank[j]; e++)
+					if (label[j][e] == l) {
+						known &= dims[j][e] >= 0;
+						size = dims[j][e] > size ? dims[j][e] : size;
+					}
+			int64_t xd = dims[i][d];
+			expand |= !known || xd < 0 || size < xd;
+			sum |= !known || xd < 0 || size > xd;
+		}
+		if (expand) {
+			tern_gval *e[2] = {r, tern_g_shape(g, g->x[i])};
+			r = e[0] && e[1] ? tern_g_op(g, "", "Expand", e, 2, NULL, 0) : NULL;
+		}
+		g->dx[i] = sum ? tern_g_sum_to(g, r, g->x[i]) : r;
+		if (!g->dx[i])
+			return tern_g_status(g);
+	}
+	return TERN_OK;
+}
+
 static const tern_op ops[] = {
         {"", "MatMul", 1, 0, matmul_prepare, 0, "matmul", matmul_grad},
         {"", "Gemm", 1, 0, gemm_prepare, 0, "matmul", gemm_grad},
         {"", "MatMulInteger", 10, 0, matmul_integer_prepare, TERN_DT(INT8) | TERN_DT(UINT8), "matmul"},
         {"", "QLinearMatMul", 10, 0, qlinear_matmul_prepare, TERN_DT(INT8) | TERN_DT(UINT8), "matmul"},
-        {"", "Einsum", 12, 0, einsum_prepare, TERN_DT_NUMERIC, "matmul"},
+        {"", "Einsum", 12, 0, einsum_prepare, TERN_DT_NUMERIC, "matmul", einsum_grad},
 };
 
 const tern_op_table tern_ops_matmul = {ops, TERN_ARRAY_LEN(ops)};

@@ -563,6 +563,173 @@ static tern_status mvn_prepare(tern_prepare_args *p)
 	return tern_nn_stage_halves(p);
 }
 
+/* Their gradient rules, composed of ONNX operators through the builder. */
+
+/* a * b, a + b, a - b, a / b: NULL when either is */
+#define LN_MUL(a, b) tern_g_mul(g, (a), (b))
+#define LN_ADD(a, b) tern_g_add(g, (a), (b))
+#define LN_SUB(a, b) tern_g_sub(g, (a), (b))
+#define LN_DIV(a, b) tern_g_div(g, (a), (b))
+#define LN_K(v) tern_g_scalar(g, (v), g->x[0])
+
+/* LRN's window over the channels, summed: t [N, C, ...] seen as [N, 1, C, R] and convolved with a
+ * ones kernel [1, 1, size, 1] padded with `lo` channels before and `hi` after. With lo and hi as the
+ * forward's (before, after) it is the forward's sum of squares; swapped, its transpose (channel c
+ * receives from the windows that hold it). */
+static tern_gval *lrn_window(tern_grad_ctx *g, tern_gval *t, tern_gval *view, tern_gval *kernel, int64_t lo,
+                             int64_t hi)
+{
+	tern_gval *in[2] = {t, view};
+	tern_gval *r = t && view ? tern_g_op(g, "", "Reshape", in, 2, NULL, 0) : NULL;
+	int64_t pads[4] = {lo, 0, hi, 0};
+	tern_gattr at = TERN_GA_IS("pads", pads, 4);
+	tern_gval *c[2] = {r, kernel};
+	r = r && kernel ? tern_g_op(g, "", "Conv", c, 2, &at, 1) : NULL;
+	return tern_g_reshape_like(g, r, g->x[0]);
+}
+
+/* LRN: with k = alpha / size, d = bias + k W(x^2) (W the window sum over channels) and y = x d^-beta,
+ *     dX = dY d^-beta - 2 k beta x W^T(dY y / d)
+ * (x d^(-beta-1) = y / d). Expand (for the kernel) arrives in opset 8. */
+static tern_status lrn_grad(tern_grad_ctx *g)
+{
+	if (!g->wants[0])
+		return TERN_OK;
+	if (g->node->opset < 8)
+		return tern_g_fail(g, "the rule needs opset 8 (Expand)");
+	int64_t size = tern_attr_int(g->node, "size", 0);
+	double alpha = tern_attr_float(g->node, "alpha", 1e-4f), beta = tern_attr_float(g->node, "beta", 0.75f);
+	double bias = tern_attr_float(g->node, "bias", 1.0f), k = alpha / (double)size;
+	if (size < 1)
+		return tern_g_fail(g, "attribute 'size' = %lld must be positive", (long long)size);
+	int rank;
+	int64_t dims[TERN_MAX_RANK];
+	tern_g_type(g, g->x[0], NULL, &rank, dims);
+	if (rank < 2)
+		return tern_g_fail(g, "LRN needs an input of known rank, 2 or more");
+	int64_t before = (size - 1) / 2, after = size - 1 - before;
+	/* [N, 1, C, R]: C from the static type, else from Shape(x) */
+	tern_gval *view;
+	if (dims[1] >= 0) {
+		int64_t v[4] = {0, 1, dims[1], -1};
+		view = tern_g_ints(g, v, 4);
+	} else {
+		static const int64_t lead[2] = {0, 1}, rest[1] = {-1}, chan[1] = {1};
+		tern_gattr axis = TERN_GA_I("axis", 0);
+		tern_gval *gin[2] = {tern_g_shape(g, g->x[0]), tern_g_ints(g, chan, 1)};
+		tern_gval *parts[3] = {tern_g_ints(g, lead, 2), NULL, tern_g_ints(g, rest, 1)};
+		parts[1] = gin[0] && gin[1] ? tern_g_op(g, "", "Gather", gin, 2, &axis, 1) : NULL;
+		view = parts[0] && parts[1] && parts[2] ? tern_g_op(g, "", "Concat", parts, 3, &axis, 1) : NULL;
+	}
+	int64_t kshape[4] = {1, 1, size, 1};
+	tern_gval *kin[2] = {LN_K(1.0), tern_g_ints(g, kshape, 4)};
+	tern_gval *kernel = kin[0] && kin[1] ? tern_g_op(g, "", "Expand", kin, 2, NULL, 0) : NULL;
+	tern_gval *x = g->x[0], *y = g->y[0], *dy = g->dy[0];
+	tern_gval *d = LN_ADD(LN_MUL(lrn_window(g, LN_MUL(x, x), view, kernel, before, after), LN_K(k)), LN_K(bias));
+	tern_gval *pw[2] = {d, LN_K(-beta)};
+	tern_gval *scale = d && pw[1] ? tern_g_op(g, "", "Pow", pw, 2, NULL, 0) : NULL;
+	tern_gval *back = lrn_window(g, LN_DIV(LN_MUL(dy, y), d), view, kernel, after, before);
+	g->dx[0] = LN_SUB(LN_MUL(dy, scale), LN_MUL(LN_MUL(x, back), LN_K(2.0 * k * beta)));
+	return tern_nn_g_done(g, 0);
+}
+
+/* The axes attribute's values made non-negative, for rank. */
+static bool ln_axes(const int64_t *axes, size_t n, int rank, int64_t *out)
+{
+	for (size_t i = 0; i < n; i++) {
+		out[i] = axes[i] < 0 ? axes[i] + rank : axes[i];
+		if (out[i] < 0 || out[i] >= rank)
+			return false;
+	}
+	return true;
+}
+
+/* LpNormalization: y = x / n with n the L1 or L2 norm of x's column along the axis, and n' = sign(x)
+ * (L1) or y (L2):
+ *     dX = (dY - n' sum(dY y)) / n
+ * Broadcasting the column sums needs opset 7; Sign (L1), opset 9. */
+static tern_status lp_norm_grad(tern_grad_ctx *g)
+{
+	if (!g->wants[0])
+		return TERN_OK;
+	int64_t p = tern_attr_int(g->node, "p", 2), axis = tern_attr_int(g->node, "axis", -1);
+	int rank = tern_g_rank(g, g->x[0]);
+	if (p != 1 && p != 2)
+		return tern_g_fail(g, "attribute 'p' = %lld; 1 or 2 expected", (long long)p);
+	if (g->node->opset < (p == 1 ? 9 : 7))
+		return tern_g_fail(g, "the rule needs opset %d (%s)", p == 1 ? 9 : 7,
+		                   p == 1 ? "Sign" : "numpy broadcasting");
+	if (rank < 0 || !ln_axes(&axis, 1, rank, &axis))
+		return tern_g_fail(g, "LpNormalization needs an input of known rank, with 'axis' inside it");
+	tern_gval *x = g->x[0], *y = g->y[0], *dy = g->dy[0];
+	tern_gval *n = p == 1 ? tern_nn_g_reduce_sum(g, tern_g_unary(g, "Abs", x), &axis, 1, true)
+	                      : tern_g_unary(g, "Sqrt", tern_nn_g_reduce_sum(g, LN_MUL(x, x), &axis, 1, true));
+	tern_gval *dn = p == 1 ? tern_g_unary(g, "Sign", x) : y;
+	tern_gval *s = tern_nn_g_reduce_sum(g, LN_MUL(dy, y), &axis, 1, true);
+	g->dx[0] = LN_DIV(LN_SUB(dy, LN_MUL(dn, s)), n);
+	return tern_nn_g_done(g, 0);
+}
+
+/* MeanVarianceNormalization: with u = x - mean(x), s = sqrt(mean(u^2)), d = s + 1e-9 and y = u / d
+ * (means over the axes),
+ *     dX = (dY - mean(dY) - (u / s) mean(dY y)) / d
+ * (the mean's share of s's derivative is zero: u sums to zero). A group whose elements are all equal
+ * (s = 0) has no derivative there, and gets NaN. */
+static tern_status mvn_grad(tern_grad_ctx *g)
+{
+	if (!g->wants[0])
+		return TERN_OK;
+	int rank;
+	int64_t dims[TERN_MAX_RANK], axes[TERN_MAX_RANK];
+	tern_g_type(g, g->x[0], NULL, &rank, dims);
+	size_t n = 0;
+	const int64_t *given = tern_attr_ints(g->node, "axes", &n);
+	static const int64_t dflt[] = {0, 2, 3};
+	if (!given) {
+		given = dflt;
+		n = 3;
+	}
+	if (rank < 0 || n > TERN_MAX_RANK || !ln_axes(given, n, rank, axes))
+		return tern_g_fail(g, "MeanVarianceNormalization needs an input of known rank, with 'axes' inside it");
+	/* the count of each mean: static where the reduced dimensions are, else Size(x) / Size(sum) */
+	tern_gval *x = g->x[0], *y = g->y[0], *dy = g->dy[0], *inv_m;
+	int64_t m = 1;
+	bool known = true;
+	for (size_t i = 0; i < n; i++) {
+		bool repeat = false;
+		for (size_t j = 0; j < i; j++)
+			repeat |= axes[j] == axes[i];
+		if (!repeat) {
+			known &= dims[axes[i]] >= 0;
+			m *= dims[axes[i]];
+		}
+	}
+	if (known) {
+		inv_m = LN_K(m ? 1.0 / (double)m : 0.0);
+	} else {
+		tern_gattr to = TERN_GA_I("to", tern_g_dtype(g, x));
+		tern_gval *sizes[2] = {tern_g_unary(g, "Size", tern_nn_g_reduce_sum(g, x, axes, (int)n, true)),
+		                       tern_g_unary(g, "Size", x)};
+		for (int i = 0; i < 2; i++)
+			sizes[i] = sizes[i] ? tern_g_op(g, "", "Cast", &sizes[i], 1, &to, 1) : NULL;
+		inv_m = LN_DIV(sizes[0], sizes[1]);
+	}
+#define LN_MEAN(v) LN_MUL(tern_nn_g_reduce_sum(g, (v), axes, (int)n, true), inv_m)
+	tern_gval *u = LN_SUB(x, LN_MEAN(x));
+	tern_gval *s = tern_g_unary(g, "Sqrt", LN_MEAN(LN_MUL(u, u)));
+	tern_gval *d = LN_ADD(s, LN_K(1e-9));
+	tern_gval *t = LN_SUB(LN_SUB(dy, LN_MEAN(dy)), LN_MUL(LN_DIV(u, s), LN_MEAN(LN_MUL(dy, y))));
+#undef LN_MEAN
+	g->dx[0] = LN_DIV(t, d);
+	return tern_nn_g_done(g, 0);
+}
+
+#undef LN_MUL
+#undef LN_ADD
+#undef LN_SUB
+#undef LN_DIV
+#undef LN_K
+
 /* ---------------------------------------------------------------- gradients */
 
 /* tern.BatchNormGrad(dY, X, scale[, mean, var]) -> dX, dScale, dB[, dMean, dVar], attributes epsilon,
@@ -1090,9 +1257,9 @@ static const tern_op ops[] = {
 	{"", "InstanceNormalization", 1, 0, instance_norm_prepare, TERN_DT_FLOATS, "norm", instance_norm_grad},
 	{"", "GroupNormalization", 18, 0, group_norm_prepare, TERN_DT_FLOATS, "norm", group_norm_grad},
 	{"", "LayerNormalization", 17, 0, layer_norm_prepare, TERN_DT_FLOATS, "norm", layer_norm_grad},
-	{"", "LRN", 1, 0, lrn_prepare, TERN_DT_FLOATS, "norm"},
-	{"", "LpNormalization", 1, 0, lp_norm_prepare, TERN_DT_FLOATS, "norm"},
-	{"", "MeanVarianceNormalization", 9, 0, mvn_prepare, TERN_DT_FLOATS, "norm"},
+	{"", "LRN", 1, 0, lrn_prepare, TERN_DT_FLOATS, "norm", lrn_grad},
+	{"", "LpNormalization", 1, 0, lp_norm_prepare, TERN_DT_FLOATS, "norm", lp_norm_grad},
+	{"", "MeanVarianceNormalization", 9, 0, mvn_prepare, TERN_DT_FLOATS, "norm", mvn_grad},
 	{"tern", "BatchNormGrad", 1, 0, bn_grad_prepare, TERN_DT_FLOATS, "norm"},
 	{"tern", "LayerNormGrad", 1, 0, layer_norm_grad_prepare, TERN_DT_FLOATS, "norm"},
 	{"tern", "GroupNormGrad", 1, 0, group_norm_grad_prepare, TERN_DT_FLOATS, "norm"},

@@ -1,4 +1,4 @@
-/* reduce.c — reductions (Reduce*, ArgMax, ArgMin), running sums (CumSum), TopK and Det.
+/* reduce.c — reductions (Reduce*, ArgMax, ArgMin), running sums (CumSum), TopK, Det and tern.Inverse.
  * Reductions fold into float, double or int64 accumulators; other element types convert at the edges. */
 
 /* Under GCC's default -ftrapping-math a float comparison may raise an exception, which keeps the
@@ -888,6 +888,73 @@ static tern_status det_prepare(tern_prepare_args *p)
 	return TERN_OK;
 }
 
+/* ---------------------------------------------------------------- tern.Inverse */
+
+/* tern.Inverse(A) -> A^-1 for square matrices [..., M, M] (ONNX has no inverse; Det's gradient needs
+ * one): Gauss-Jordan elimination with partial pivoting, in double whatever the element type. A matrix
+ * with a zero pivot is singular and fails the run, as numpy's inv does, rather than giving infinities. */
+static tern_status inverse_kernel(const tern_kernel_args *a)
+{
+	const tern_tensor *x = a->in[0];
+	tern_tensor *y = a->out[0];
+	int64_t m = x->dims[x->rank - 1], mm = m * m, batch = mm ? tern_tensor_numel(x) / mm : 0;
+	double *lu = a->scratch, *inv = lu + mm;
+	for (int64_t b = 0; b < batch; b++) {
+		for (int64_t i = 0; i < mm; i++) {
+			lu[i] = tern_tensor_get_f64(x, b * mm + i);
+			inv[i] = i / m == i % m;
+		}
+		for (int64_t c = 0; c < m; c++) {
+			int64_t piv = c;
+			for (int64_t r = c + 1; r < m; r++)
+				if (fabs(lu[r * m + c]) > fabs(lu[piv * m + c]))
+					piv = r;
+			if (lu[piv * m + c] == 0)
+				return tern_node_errorf(a->node, TERN_EDATA, "matrix %lld of the input is singular",
+				                        (long long)b);
+			if (piv != c)
+				for (int64_t j = 0; j < m; j++) {
+					double t = lu[c * m + j];
+					lu[c * m + j] = lu[piv * m + j];
+					lu[piv * m + j] = t;
+					t = inv[c * m + j];
+					inv[c * m + j] = inv[piv * m + j];
+					inv[piv * m + j] = t;
+				}
+			/* row c scaled to a unit pivot, then eliminated from every other row */
+			double d = 1.0 / lu[c * m + c];
+			for (int64_t j = 0; j < m; j++) {
+				lu[c * m + j] *= d;
+				inv[c * m + j] *= d;
+			}
+			for (int64_t r = 0; r < m; r++) {
+				double f = lu[r * m + c];
+				if (r == c || f == 0)
+					continue;
+				for (int64_t j = c; j < m; j++)
+					lu[r * m + j] -= f * lu[c * m + j];
+				for (int64_t j = 0; j < m; j++)
+					inv[r * m + j] -= f * inv[c * m + j];
+			}
+		}
+		for (int64_t i = 0; i < mm; i++)
+			tern_store_f64(y->dtype, y->data, b * mm + i, inv[i]);
+	}
+	return TERN_OK;
+}
+
+static tern_status inverse_prepare(tern_prepare_args *p)
+{
+	const tern_tensor *x = p->in[0];
+	if (x->rank < 2 || x->dims[x->rank - 1] != x->dims[x->rank - 2])
+		return tern_node_errorf(p->node, TERN_EDATA, "input 0 must be square matrices [..., M, M], not rank %d",
+		                        x->rank);
+	tern_set_shape(p->out[0], x->dtype, x->rank, x->dims);
+	p->scratch_bytes = 2 * (size_t)(x->dims[x->rank - 1] * x->dims[x->rank - 1]) * sizeof(double);
+	p->kernel = inverse_kernel;
+	return TERN_OK;
+}
+
 /* ---------------------------------------------------------------- gradients */
 
 /* v's static shape; false when its rank or a dimension is unknown. */
@@ -1125,6 +1192,62 @@ static tern_status topk_grad(tern_grad_ctx *g)
 	g->dx[0] = in[1] ? tern_g_op(g, "tern", "GatherElementsGrad", in, 3, &at, 1) : NULL;
 	return g->dx[0] ? TERN_OK : tern_g_status(g);
 }
+
+/* a (of known rank) with its last two axes swapped */
+static tern_gval *transpose_last(tern_grad_ctx *g, tern_gval *a, int rank)
+{
+	int64_t perm[TERN_MAX_RANK];
+	for (int d = 0; d < rank; d++)
+		perm[d] = d;
+	perm[rank - 2] = rank - 1;
+	perm[rank - 1] = rank - 2;
+	return tern_g_transpose(g, a, perm, rank);
+}
+
+static tern_gval *matmul(tern_grad_ctx *g, tern_gval *a, tern_gval *b)
+{
+	tern_gval *in[2] = {a, b};
+	return a && b ? tern_g_op(g, "", "MatMul", in, 2, NULL, 0) : NULL;
+}
+
+/* Det: d det(A) = det(A) A^-T, for each matrix of the batch: dA = (dY Y)[..., 1, 1] tern.Inverse(A)^T.
+ * A singular matrix (where the gradient is the adjugate, which this form cannot give) fails the run in
+ * tern.Inverse. */
+static tern_status det_grad(tern_grad_ctx *g)
+{
+	if (!g->wants[0])
+		return TERN_OK;
+	tern_gval *a = g->x[0];
+	int rank = tern_g_rank(g, a);
+	if (rank < 2)
+		return tern_g_fail(g, "Det needs an input of known rank");
+	tern_gval *s = tern_g_mul(g, g->dy[0], g->y[0]);
+	/* [...] to [..., 1, 1]: Unsqueeze takes its axes as an input from opset 13 */
+	static const int64_t last2[2] = {-2, -1};
+	if (g->node->opset >= 13) {
+		tern_gval *in[2] = {s, tern_g_ints(g, last2, 2)};
+		s = in[0] && in[1] ? tern_g_op(g, "", "Unsqueeze", in, 2, NULL, 0) : NULL;
+	} else {
+		tern_gattr at = TERN_GA_IS("axes", last2, 2);
+		s = s ? tern_g_op(g, "", "Unsqueeze", &s, 1, &at, 1) : NULL;
+	}
+	tern_gval *inv = a ? tern_g_op(g, "tern", "Inverse", &a, 1, NULL, 0) : NULL;
+	g->dx[0] = tern_g_mul(g, s, transpose_last(g, inv, rank));
+	return g->dx[0] ? TERN_OK : tern_g_status(g);
+}
+
+/* tern.Inverse: Y = A^-1 gives dA = -Y^T dY Y^T. */
+static tern_status inverse_grad(tern_grad_ctx *g)
+{
+	if (!g->wants[0])
+		return TERN_OK;
+	int rank = tern_g_rank(g, g->x[0]);
+	if (rank < 2)
+		return tern_g_fail(g, "Inverse needs an input of known rank");
+	tern_gval *yt = transpose_last(g, g->y[0], rank);
+	g->dx[0] = tern_g_neg(g, matmul(g, matmul(g, yt, g->dy[0]), yt));
+	return g->dx[0] ? TERN_OK : tern_g_status(g);
+}
 /* ---------------------------------------------------------------- table */
 
 #define REDUCE_DTYPES (TERN_DT_NUMERIC | TERN_DT(BOOL))
@@ -1145,7 +1268,8 @@ static const tern_op ops[] = {
         {"", "CumSum", 11, 0, cumsum_prepare,
          TERN_DT_FLOATS | TERN_DT(INT32) | TERN_DT(INT64) | TERN_DT(UINT32) | TERN_DT(UINT64), "reduce", cumsum_grad},
         {"", "TopK", 1, 0, topk_prepare, TERN_DT_NUMERIC, "reduce", topk_grad},
-        {"", "Det", 11, 0, det_prepare, TERN_DT_FLOATS, "reduce"},
+        {"", "Det", 11, 0, det_prepare, TERN_DT_FLOATS, "reduce", det_grad},
+        {"tern", "Inverse", 1, 0, inverse_prepare, TERN_DT_FLOATS, "reduce", inverse_grad},
 };
 
 const tern_op_table tern_ops_reduce = {ops, TERN_ARRAY_LEN(ops)};

@@ -449,6 +449,23 @@ static tern_status softmax_grad_rule(tern_grad_ctx *g, bool log)
 static tern_status softmax_grad(tern_grad_ctx *g) { return softmax_grad_rule(g, false); }
 static tern_status log_softmax_grad(tern_grad_ctx *g) { return softmax_grad_rule(g, true); }
 
+/* Hardmax is piecewise constant: its derivative is zero almost everywhere (and undefined where the
+ * maximum changes hands), so the rule gives zeros of X's shape, as Sign and Floor do. Expand arrives in
+ * opset 8; before, 0 dY (dY has X's shape), which lets a NaN or an infinity of dY through. */
+static tern_status hardmax_grad(tern_grad_ctx *g)
+{
+	if (!g->wants[0])
+		return TERN_OK;
+	tern_gval *zero = tern_g_scalar(g, 0.0, g->x[0]);
+	if (g->node->opset < 8) {
+		g->dx[0] = tern_g_mul(g, g->dy[0], zero);
+	} else {
+		tern_gval *in[2] = {zero, tern_g_shape(g, g->x[0])};
+		g->dx[0] = in[0] && in[1] ? tern_g_op(g, "", "Expand", in, 2, NULL, 0) : NULL;
+	}
+	return tern_nn_g_done(g, 0);
+}
+
 /* tern.SoftmaxCrossEntropyLossGrad(dLoss, scores, labels[, weights[, dLogProb]]) -> dScores and
  * tern.NegativeLogLikelihoodLossGrad(dLoss, input, target[, weights]) -> dInput, attributes reduction
  * and ignore_index as the losses': with g the loss gradient per position (dLoss; with sum its one
@@ -662,7 +679,7 @@ static tern_status dropout_grad(tern_grad_ctx *g)
 static const tern_op ops[] = {
 	{"", "Softmax", 1, 0, softmax_prepare, TERN_DT_FLOATS, "softmax", softmax_grad},
 	{"", "LogSoftmax", 1, 0, log_softmax_prepare, TERN_DT_FLOATS, "softmax", log_softmax_grad},
-	{"", "Hardmax", 1, 0, hardmax_prepare, TERN_DT_FLOATS, "softmax"},
+	{"", "Hardmax", 1, 0, hardmax_prepare, TERN_DT_FLOATS, "softmax", hardmax_grad},
 	{"", "Dropout", 1, 0, dropout_prepare, TERN_DT_FLOATS, "softmax", dropout_grad},
 	{"", "NegativeLogLikelihoodLoss", 12, 0, nll_loss_prepare, TERN_DT_FLOATS, "softmax", nll_loss_grad},
 	{"", "SoftmaxCrossEntropyLoss", 12, 0, sce_loss_prepare, TERN_DT_FLOATS, "softmax", sce_loss_grad},
