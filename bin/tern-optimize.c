@@ -125,17 +125,24 @@ int main(int argc, char **argv)
 		int dropped = tern_model_drop_training(m);
 		if (dropped)
 			tern_cli_verbose(1, "dropped the training algorithm (%d optimizer state tensors)", dropped);
-	} else if (tern_model_has_training(m)) {
-		tern_cli_warn("%s carries a training algorithm, which reads the inference graph by name: written as read "
-		              "(--drop-training optimises it for inference)",
-		              tern_model_source(m));
 	}
+	bool training = tern_model_has_training(m);
 	size_t before = live_nodes(m);
 	tern_optimize_options o = {opts.level,     opts.passes,     opts.n_passes,
 	                           opts.dims.names, opts.dims.values, opts.dims.n};
 	tern_pass_stat *stats = NULL;
 	int n_stats = 0;
-	tern_cli_check(tern_optimize(m, &o, &stats, &n_stats));
+	if (training) {
+		/* the training step is optimised; the inference graph, which it reads by name, stays */
+		if (opts.dims.n)
+			tern_cli_fail(TERN_EUSAGE, "--dim on a model with a training algorithm: the batch size of training is "
+			                           "chosen by tern-run --batch (--drop-training first for inference)");
+		tern_cli_check(tern_model_optimize_training(m, &o, &stats, &n_stats));
+		tern_cli_verbose(1, "optimised the training step; the inference graph is left as it is "
+		                    "(--drop-training optimises it for inference)");
+	} else {
+		tern_cli_check(tern_optimize(m, &o, &stats, &n_stats));
+	}
 	int changes = 0;
 	for (int i = 0; i < n_stats; i++)
 		changes += stats[i].removed + stats[i].added + stats[i].fused + stats[i].rewritten;
@@ -143,7 +150,8 @@ int main(int argc, char **argv)
 		tern_cli_drop_annotations(m);
 	if (opts.stats)
 		print_stats(stats, n_stats);
-	tern_cli_verbose(1, "%zu nodes before, %zu after", before, live_nodes(m));
+	if (!training)
+		tern_cli_verbose(1, "%zu nodes before, %zu after", before, live_nodes(m));
 	tern_cli_write_model(out, m);
 	free(stats);
 	free(opts.passes);

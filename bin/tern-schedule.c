@@ -97,6 +97,14 @@ int main(int argc, char **argv)
 	if (opts.max_streams && st.lost_pairs)
 		tern_cli_verbose(1, "--streams %d puts %lld pairs of independent nodes on one stream", opts.max_streams,
 		                 (long long)st.lost_pairs);
+	if (tern_model_has_training(m)) {
+		/* the training step too: tern-run --train follows it */
+		tern_schedule_stats ts;
+		int n_step = 0;
+		tern_cli_check(tern_model_schedule_training(m, opts.max_streams, &ts, &n_step));
+		tern_cli_verbose(1, "training step: %d nodes, %d chains on %d streams, %d cross-stream waits", n_step,
+		                 ts.chains, ts.streams, ts.waits);
+	}
 	tern_cli_write_model(out, m);
 	free(text);
 	tern_schedule_free(s);

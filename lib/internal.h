@@ -433,6 +433,9 @@ typedef struct tern_schedule_stats {
 } tern_schedule_stats;
 
 #define TERN_SCHEDULE_KEY "tern.schedule"
+/* The schedule of a model's training step (the inference graph and its training algorithm combined,
+ * tern_model_training_step), in the same form. */
+#define TERN_TRAINING_SCHEDULE_KEY "tern.training_schedule"
 
 /* Computes a schedule for graph g: max_streams 0 = uncapped. */
 tern_status tern_schedule_compute(tern_graph *g, int max_streams, tern_schedule **out, tern_schedule_stats *stats);
@@ -442,6 +445,9 @@ tern_status tern_schedule_format(const tern_schedule *s, char **out);
  * dependency ordered by stream order and waits. */
 tern_status tern_schedule_parse(tern_graph *g, const char *text, tern_schedule **out);
 void tern_schedule_free(tern_schedule *s);
+/* Schedules a model's training step and stores it under TERN_TRAINING_SCHEDULE_KEY; the algorithm's
+ * nodes are named first where they lack unique names. */
+tern_status tern_model_schedule_training(tern_model *model, int max_streams, tern_schedule_stats *stats, int *n_nodes);
 
 /* ---------------------------------------------------------------- execution (lib/exec) */
 

@@ -361,6 +361,12 @@ typedef struct tern_trainer tern_trainer;
 /* The training step as a model of its own: the inference graph and the algorithm combined, its
  * outputs the algorithm's, every bound initializer (parameter, state) a graph input. */
 tern_status tern_model_training_step(tern_model *model, tern_model **out);
+/* Optimises a model's training algorithm (tern-optimize on a model from tern-autodiff): the step is
+ * optimised as one graph, with the parameters and optimizer state as inputs, so nothing computed from
+ * them is folded; the result becomes the algorithm graph (constants the passes made as its
+ * initializers). The inference graph, which the algorithm reads by name, is left as it is. */
+tern_status tern_model_optimize_training(tern_model *model, const tern_optimize_options *opts, tern_pass_stat **stats,
+                                         int *n_stats);
 tern_status tern_trainer_create(tern_model *model, const tern_plan_options *opts, tern_trainer **out);
 void tern_trainer_free(tern_trainer *trainer);
 /* The step's data inputs (the inference graph's, then the algorithm's, such as the target). */

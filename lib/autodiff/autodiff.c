@@ -116,7 +116,8 @@ static tern_status emit(tern_grad_ctx *g, const char *domain, const char *op_typ
 	for (int o = 0; o < n_out && !st; o++)
 		if (!(out_names[o] = fresh_name(b)))
 			st = tern_errorf(TERN_EOS, "out of memory");
-	char *node_name = st ? NULL : fresh_name(b);
+	/* named after its first output, a fresh value name: node names stay unique across builders too */
+	char *node_name = st ? NULL : n_out && out_names[0] ? tern_strdup(out_names[0]) : fresh_name(b);
 	tern_node *n = st || !node_name ? NULL
 	                                : tern_graph_add_node(b->g, op_type, domain, node_name, in_names, (size_t)n_in,
 	                                                      (const char *const *)out_names, (size_t)n_out);

@@ -196,6 +196,23 @@ tern_status tern_model_training_step(tern_model *m, tern_model **out)
 	if (!st)
 		st = tern_model_load_bytes(bytes, size, m->source, m->base_dir, out);
 	free(bytes);
+	/* the step follows the training schedule (tern-schedule's, of this very graph), not the inference
+	 * graph's */
+	if (!st) {
+		const char *train_sched = tern_model_meta(*out, TERN_TRAINING_SCHEDULE_KEY);
+		char *copy = train_sched ? tern_strdup(train_sched) : NULL;
+		if (train_sched && !copy)
+			st = tern_errorf(TERN_EOS, "out of memory");
+		if (!st)
+			st = tern_model_set_meta(*out, TERN_SCHEDULE_KEY, copy);
+		if (!st)
+			st = tern_model_set_meta(*out, TERN_TRAINING_SCHEDULE_KEY, NULL);
+		free(copy);
+		if (st) {
+			tern_model_free(*out);
+			*out = NULL;
+		}
+	}
 	/* the inference graph's own nodes compute nothing the algorithm's outputs need */
 	if (!st) {
 		static const char *const dce[] = {"dce"};
@@ -211,6 +228,179 @@ tern_status tern_model_training_step(tern_model *m, tern_model **out)
 		*out = NULL;
 	}
 	return st ? tern_error_prefix(st, "training step") : TERN_OK;
+}
+
+/* ---------------------------------------------------------------- optimising the step */
+
+static const Onnx__TensorProto *find_initializer(const Onnx__GraphProto *g, const char *name)
+{
+	for (size_t i = 0; name && i < g->n_initializer; i++)
+		if (g->initializer[i]->name && strcmp(g->initializer[i]->name, name) == 0)
+			return g->initializer[i];
+	return NULL;
+}
+
+static bool listed(Onnx__ValueInfoProto *const *v, size_t n, const char *name)
+{
+	for (size_t i = 0; name && i < n; i++)
+		if (v[i]->name && strcmp(v[i]->name, name) == 0)
+			return true;
+	return false;
+}
+
+/* Whether two initializers hold the same tensor. */
+static tern_status same_tensor(const tern_model *m, const Onnx__TensorProto *a, const Onnx__TensorProto *b, bool *same)
+{
+	tern_tensor x = {0}, y = {0};
+	tern_status st = tern_tensor_from_proto(a, m->base_dir, a->name, &x);
+	if (!st)
+		st = tern_tensor_from_proto(b, m->base_dir, b->name, &y);
+	*same = !st && x.dtype == y.dtype && x.rank == y.rank && x.nbytes == y.nbytes &&
+	        !memcmp(x.dims, y.dims, (size_t)x.rank * sizeof *x.dims) && (!x.nbytes || !memcmp(x.data, y.data, x.nbytes));
+	tern_tensor_free(&x);
+	tern_tensor_free(&y);
+	return st;
+}
+
+tern_status tern_model_optimize_training(tern_model *m, const tern_optimize_options *o, tern_pass_stat **stats,
+                                         int *n_stats)
+{
+	if (stats)
+		*stats = NULL;
+	if (n_stats)
+		*n_stats = 0;
+	tern_model *step = NULL;
+	tern_status st = tern_model_training_step(m, &step);
+	if (!st)
+		st = tern_optimize(step, o, stats, n_stats);
+	if (!st)
+		st = tern_model_sync(step);
+	Onnx__GraphProto *sg = st ? NULL : step->proto->graph, *ng = NULL;
+	if (sg) {
+		size_t size = onnx__graph_proto__get_packed_size(sg);
+		uint8_t *buf = malloc(size ? size : 1);
+		if (buf) {
+			onnx__graph_proto__pack(sg, buf);
+			ng = onnx__graph_proto__unpack(&tern_pb_allocator, size, buf);
+			free(buf);
+		}
+		if (!ng)
+			st = tern_errorf(TERN_EOS, "out of memory");
+	}
+	Onnx__TrainingInfoProto *ti = st ? NULL : m->proto->training_info[0];
+	const Onnx__GraphProto *mg = m->proto->graph;
+	/* its inputs: the algorithm's own (the target), not the inference graph's nor the state */
+	if (ti) {
+		size_t k = 0;
+		for (size_t i = 0; i < ng->n_input; i++) {
+			if (listed(ti->algorithm->input, ti->algorithm->n_input, ng->input[i]->name))
+				ng->input[k++] = ng->input[i];
+			else
+				onnx__value_info_proto__free_unpacked(ng->input[i], &tern_pb_allocator);
+		}
+		ng->n_input = k;
+		/* its initializers: the constants the passes made; the inference graph's stay where they are */
+		k = 0;
+		for (size_t i = 0; i < ng->n_initializer; i++) {
+			Onnx__TensorProto *t = ng->initializer[i];
+			const Onnx__TensorProto *orig = find_initializer(mg, t->name);
+			bool same = false;
+			if (orig && !st && !(st = same_tensor(m, orig, t, &same)) && !same)
+				st = tern_errorf(TERN_EINTERNAL, "%s: optimising the training step changed initializer '%s'", m->source,
+				                 t->name);
+			if (!orig)
+				ng->initializer[k++] = t;
+			else
+				onnx__tensor_proto__free_unpacked(t, &tern_pb_allocator);
+		}
+		ng->n_initializer = k;
+		free(ng->name);
+		ng->name = tern_strdup(ti->algorithm->name ? ti->algorithm->name : "training_step");
+	}
+	/* the operators the passes used (tern's fused ones) */
+	for (size_t i = 0; !st && i < step->proto->n_opset_import; i++) {
+		const Onnx__OperatorSetIdProto *op = step->proto->opset_import[i];
+		st = tern_model_import_opset(m, op->domain ? op->domain : "", op->version);
+	}
+	if (!st) {
+		onnx__graph_proto__free_unpacked(ti->algorithm, &tern_pb_allocator);
+		ti->algorithm = ng;
+		ng = NULL;
+	}
+	if (ng)
+		onnx__graph_proto__free_unpacked(ng, &tern_pb_allocator);
+	tern_model_free(step);
+	if (st && stats) {
+		free(*stats);
+		*stats = NULL;
+		if (n_stats)
+			*n_stats = 0;
+	}
+	return st ? tern_error_prefix(st, "optimising the training step") : TERN_OK;
+}
+
+/* ---------------------------------------------------------------- scheduling the step */
+
+/* A schedule names nodes: the algorithm's unnamed nodes and duplicates (of each other or of the
+ * inference graph's) get fresh names in the proto, so that every step built from the file has them. */
+static tern_status name_algorithm_nodes(tern_model *m, int *renamed)
+{
+	Onnx__GraphProto *alg = m->proto->training_info[0]->algorithm, *mg = m->proto->graph;
+	*renamed = 0;
+	for (size_t i = 0; i < alg->n_node; i++) {
+		Onnx__NodeProto *n = alg->node[i];
+		const char *name = n->name ? n->name : "";
+		bool clash = !*name || strcmp(name, "-") == 0 || strpbrk(name, "\t\n\r,");
+		for (size_t j = 0; j < i && !clash; j++)
+			clash = alg->node[j]->name && strcmp(alg->node[j]->name, name) == 0;
+		for (size_t j = 0; j < mg->n_node && !clash; j++)
+			clash = mg->node[j]->name && strcmp(mg->node[j]->name, name) == 0;
+		if (!clash)
+			continue;
+		char *fresh = malloc(strlen(n->op_type ? n->op_type : "node") + 40);
+		if (!fresh)
+			return tern_errorf(TERN_EOS, "out of memory");
+		for (size_t k = i;; k++) {
+			sprintf(fresh, "train/%s_%zu", n->op_type ? n->op_type : "node", k);
+			bool used = false;
+			for (size_t j = 0; j < alg->n_node && !used; j++)
+				used = j != i && alg->node[j]->name && strcmp(alg->node[j]->name, fresh) == 0;
+			for (size_t j = 0; j < mg->n_node && !used; j++)
+				used = mg->node[j]->name && strcmp(mg->node[j]->name, fresh) == 0;
+			if (!used)
+				break;
+		}
+		if (n->name && n->name != protobuf_c_empty_string)
+			free(n->name);
+		n->name = fresh;
+		(*renamed)++;
+	}
+	return TERN_OK;
+}
+
+tern_status tern_model_schedule_training(tern_model *m, int max_streams, tern_schedule_stats *stats, int *n_nodes)
+{
+	if (!m->proto->n_training_info || !m->proto->training_info[0]->algorithm)
+		return tern_errorf(TERN_EDATA, "%s: the model has no training algorithm", m->source);
+	int renamed;
+	tern_status st = name_algorithm_nodes(m, &renamed);
+	tern_model *step = NULL;
+	if (!st)
+		st = tern_model_training_step(m, &step);
+	tern_schedule *s = NULL;
+	char *text = NULL;
+	if (!st)
+		st = tern_schedule_compute(step->graph, max_streams, &s, stats);
+	if (!st)
+		st = tern_schedule_format(s, &text);
+	if (!st)
+		st = tern_model_set_meta(m, TERN_TRAINING_SCHEDULE_KEY, text);
+	if (!st && n_nodes)
+		*n_nodes = s->n_nodes;
+	free(text);
+	tern_schedule_free(s);
+	tern_model_free(step);
+	return st ? tern_error_prefix(st, "scheduling the training step") : TERN_OK;
 }
 
 void tern_trainer_free(tern_trainer *t)

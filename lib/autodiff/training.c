@@ -329,13 +329,15 @@ static bool renamed(const struct renames *r, const char *name)
 }
 
 /* "train/NAME" for every name the forward copy computes, in the nodes and value_info of g and in the
- * nodes of its subgraphs (which may read outer values). */
+ * nodes of its subgraphs (which may read outer values), and for the names of the nodes that compute
+ * them. */
 static tern_status rename_in(Onnx__GraphProto *g, const struct renames *r)
 {
 	for (size_t i = 0; i < g->n_node; i++) {
 		Onnx__NodeProto *n = g->node[i];
 		char **lists[2] = {n->input, n->output};
 		size_t counts[2] = {n->n_input, n->n_output};
+		bool copy = false; /* a node of the forward copy: it is renamed too (node names stay unique) */
 		for (int l = 0; l < 2; l++)
 			for (size_t k = 0; k < counts[l]; k++) {
 				char *name = lists[l][k];
@@ -347,7 +349,16 @@ static tern_status rename_in(Onnx__GraphProto *g, const struct renames *r)
 				sprintf(nn, "train/%s", name);
 				free(name);
 				lists[l][k] = nn;
+				copy |= l == 1;
 			}
+		if (copy && n->name && *n->name) {
+			char *nn = malloc(strlen(n->name) + 7);
+			if (!nn)
+				return tern_errorf(TERN_EOS, "out of memory");
+			sprintf(nn, "train/%s", n->name);
+			free(n->name);
+			n->name = nn;
+		}
 		for (size_t k = 0; k < n->n_attribute; k++) {
 			Onnx__AttributeProto *at = n->attribute[k];
 			tern_status st = at->g ? rename_in(at->g, r) : TERN_OK;

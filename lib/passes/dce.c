@@ -7,9 +7,12 @@
 /* tern's own operators that compute and nothing else (communication operators have effects). */
 static const char *const pure_tern_ops[] = {
         "FusedConv", "FusedGemm", "FusedMatMul", "ElementwiseChain", "Gelu", "SkipLayerNormalization", "Attention",
-        /* the backward kernels of training steps */
+        /* the backward kernels and updates of training steps (all pure: outputs from inputs alone) */
         "SumTo", "ReluGrad", "SigmoidGrad", "TanhGrad", "SliceGrad", "PadGrad", "GatherGrad", "GatherElementsGrad",
-        "GatherNDGrad"};
+        "GatherNDGrad", "ConvGradInput", "ConvGradWeight", "MaxPoolGrad", "AveragePoolGrad", "LpPoolGrad",
+        "BatchNormGrad", "LayerNormGrad", "GroupNormGrad", "SoftmaxGrad", "SoftmaxCrossEntropyLossGrad",
+        "NegativeLogLikelihoodLossGrad", "DropoutGrad", "ResizeGrad", "LSTM", "GRU", "RNN", "LSTMGrad", "GRUGrad",
+        "RNNGrad", "Inverse", "RowsSumSquare", "SGD", "Adam", "Adagrad", "SGDRows", "AdamRows", "AdagradRows"};
 
 static bool pure(const tern_node *n)
 {

@@ -174,11 +174,39 @@ test_expect_success 'tern-autodiff refuses what it cannot train (65, nothing wri
 	! test -e n.onnx
 '
 
-test_expect_success 'a model with a training algorithm goes through tern-optimize unchanged' '
-	tern-autodiff --loss mse lin.txt -o t2.onnx &&
-	tern-optimize t2.onnx -o t3.onnx &&
-	tern-show t2.onnx >a && tern-show t3.onnx >b &&
-	test_cmp a b
+test_expect_success PYTHON 'tern-optimize | tern-schedule | tern-run --train: the step optimised and scheduled, the inference graph kept' '
+	tern-autodiff --loss mse --optimizer adam --lr 0.05 lin.txt -o t2.onnx &&
+	tern-optimize -v t2.onnx 2>opt.err | tern-schedule -v 2>sched.err >t3.onnx &&
+	grep "optimised the training step" opt.err &&
+	grep "training step: [0-9]* nodes" sched.err &&
+	"$TERN_PYTHON" -c "
+import onnx
+a, b = onnx.load(\"t2.onnx\"), onnx.load(\"t3.onnx\")
+onnx.checker.check_model(b, full_check=True)
+nodes = lambda m: [(n.op_type, list(n.input), list(n.output)) for n in m.graph.node]
+assert nodes(a) == nodes(b), \"the inference graph changed\"
+assert [t.SerializeToString() for t in a.graph.initializer] == [t.SerializeToString() for t in b.graph.initializer]
+keys = [p.key for p in b.metadata_props]
+assert \"tern.training_schedule\" in keys, keys
+assert len(b.training_info[0].algorithm.node) < len(a.training_info[0].algorithm.node), \"nothing optimised\"
+" &&
+	tern-run --train t2.onnx -i x=x.npy -i target=t.npy --batch 16 --steps 30 --log la.jsonl -o ta.onnx &&
+	tern-run --train t3.onnx -i x=x.npy -i target=t.npy --batch 16 --steps 30 --threads 2 --log lb.jsonl -o tb.onnx &&
+	"$TERN_PYTHON" -c "
+import json, onnx, numpy as np
+from onnx import numpy_helper
+la = [json.loads(l)[\"loss\"] for l in open(\"la.jsonl\")]
+lb = [json.loads(l)[\"loss\"] for l in open(\"lb.jsonl\")]
+assert np.allclose(la, lb, rtol=1e-5), (la, lb)
+wa = {t.name: numpy_helper.to_array(t) for t in onnx.load(\"ta.onnx\").graph.initializer}
+wb = {t.name: numpy_helper.to_array(t) for t in onnx.load(\"tb.onnx\").graph.initializer}
+assert all(np.allclose(wa[k], wb[k], rtol=1e-5, atol=1e-7) for k in wa), \"parameters differ\"
+"
+'
+
+test_expect_success 'tern-optimize --dim on a training model is refused (64)' '
+	test_expect_code 64 tern-optimize --dim N=4 t2.onnx -o t4.onnx 2>err &&
+	test_line_count = 1 err && ! test -e t4.onnx
 '
 
 test_done
