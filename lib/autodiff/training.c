@@ -650,7 +650,7 @@ tern_status tern_model_add_training(tern_model *m, const tern_train_options *o, 
 	for (int i = 0; !st && i < n_params; i++) {
 		tern_value *p = wrt[i];
 		char name[512];
-		tern_gval *in[6], *res[3] = {NULL};
+		tern_gval *in[8], *res[3] = {NULL};
 		int n_in = 0, n_res = 1;
 		const char *state_names[2] = {NULL, NULL};
 		const char *op;
