@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
 """Training-step time and memory, tern against PyTorch eager, in one run on the same data.
 
-    bench_train.py [--bin build/bin] [--steps 60] [--threads 1,2] [NAME...]   NAME: mlp cnn transformer lstm
+    bench_train.py [--bin build/bin] [--steps 60] [--threads 1,2] [--pipeline full|autodiff] [NAME...]
+    NAME: mlp cnn transformer lstm
 
 For each parity model (tests/models/train_parity.py) at batch 64: PyTorch eager (forward, backward,
-Adam step) and tern (tern-autodiff --optimizer adam, then tern-run --train) each take STEPS steps;
+Adam step) and tern (tern-autodiff --optimizer adam | tern-optimize | tern-schedule, then tern-run
+--train; --pipeline autodiff skips the optimising and scheduling) each take STEPS steps;
 the median step time is taken from the second half (tern: from its --log, one line a step). Peak
 memory is each process's maximum resident set (a fresh process each: PyTorch's includes the library
 itself). Prints a table and the geometric mean of tern/PyTorch per thread count.
@@ -59,6 +61,8 @@ def main():
     ap.add_argument("--bin", default=os.path.join(HERE, "..", "build", "bin"))
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--pipeline", choices=["full", "autodiff"], default="full",
+                    help="full: tern-autodiff | tern-optimize | tern-schedule (default); autodiff: its output as it is")
     ap.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     ap.add_argument("names", nargs="*")
     a = ap.parse_args()
@@ -83,6 +87,11 @@ def main():
             train = os.path.join(w, f"{name}-train.onnx")
             subprocess.run([os.path.join(a.bin, "tern-autodiff"), "--loss", "cross-entropy", "--optimizer", "adam",
                             "--lr", "1e-3", model, "-o", train], check=True)
+            if a.pipeline == "full":
+                # as a user runs it: the training step optimised and scheduled
+                opt = subprocess.run([os.path.join(a.bin, "tern-optimize"), train], check=True, capture_output=True)
+                train = os.path.join(w, f"{name}-train-sched.onnx")
+                subprocess.run([os.path.join(a.bin, "tern-schedule"), "-o", train], input=opt.stdout, check=True)
             for th in [int(t) for t in a.threads.split(",")]:
                 log = os.path.join(w, "log.jsonl")
                 rc, _, err, tern_rss = rss_of([os.path.join(a.bin, "tern-run"), "--train", train, "-i",

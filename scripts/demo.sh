@@ -1,8 +1,8 @@
 #!/bin/sh
 # demo.sh — tern's main job on a fresh machine: installs what is missing, builds, then runs the whole
 # pipeline on real data that a package ships (scikit-learn's handwritten digits, no download):
-# a small CNN exported from PyTorch is made trainable (tern-autodiff), trained from the shell
-# (tern-run --train), optimised (tern-optimize), scheduled on several streams (tern-schedule), drawn
+# a small CNN exported from PyTorch is made trainable (tern-autodiff), its training step optimised
+# and scheduled (tern-optimize, tern-schedule), trained from the shell (tern-run --train), optimised (tern-optimize), scheduled on several streams (tern-schedule), drawn
 # (tern-show -f dot) and run on the test digits, whose accuracy is printed. Output files go to
 # demo-out/ (or the folder given as $1).
 set -eu
@@ -20,8 +20,8 @@ $py scripts/digits.py data "$out"
 $py scripts/digits.py model "$out/cnn.onnx"
 tern-show -f stats "$out/cnn.onnx"
 tern-autodiff --loss cross-entropy --target label --optimizer adam --lr 3e-3 --lr-schedule cosine:675 \
-	"$out/cnn.onnx" -o "$out/train.onnx"
-tern-run --train "$out/train.onnx" -i x="$out/x_train.npy" -i label="$out/y_train.npy" --batch 32 --epochs 15 \
+	"$out/cnn.onnx" | tern-optimize | tern-schedule -o "$out/train.onnx"
+tern-run --train --threads 2 "$out/train.onnx" -i x="$out/x_train.npy" -i label="$out/y_train.npy" --batch 32 --epochs 15 \
 	--shuffle --val x="$out/x_test.npy" --val label="$out/y_test.npy" --log "$out/train.jsonl" -o "$out/trained.onnx"
 tern-optimize --drop-training --dim N=359 "$out/trained.onnx" -o "$out/opt.onnx"
 tern-schedule "$out/opt.onnx" -o "$out/sched.onnx"
