@@ -377,6 +377,12 @@ tern_status tern_trainer_input_type(tern_trainer *trainer, int index, int *dtype
 tern_status tern_trainer_step(tern_trainer *trainer, const tern_tensor *data, double *loss);
 /* The current value of a bound tensor (a parameter, a state, "tern.step"); NULL if none. */
 const tern_tensor *tern_trainer_state(const tern_trainer *trainer, const char *name);
+/* Replaces the current value of a parameter or state tensor (same dtype and shape): for a caller that
+ * sets parameters itself (another rank's, an eager program's). */
+tern_status tern_trainer_set_state(tern_trainer *trainer, const char *name, const tern_tensor *value);
+/* The parameters and state tensors (update_binding's keys), in binding order. */
+int tern_trainer_num_state(const tern_trainer *trainer);
+const char *tern_trainer_state_name(const tern_trainer *trainer, int index);
 /* How many bound tensors the planned step updates in place (of *n_state); the others are copied in
  * after each step. 0 before the first step. */
 int tern_trainer_num_inplace(const tern_trainer *trainer, int *n_state);

@@ -681,6 +681,36 @@ tern_status tern_trainer_sync(tern_trainer *t)
 	return TERN_OK;
 }
 
+tern_status tern_trainer_set_state(tern_trainer *t, const char *name, const tern_tensor *value)
+{
+	for (int s = 0; s < t->n_state; s++) {
+		tern_tensor *d = &t->state[s];
+		if (strcmp(t->state_names[s], name) != 0)
+			continue;
+		char want[160], got[160];
+		if (value->dtype != d->dtype || value->rank != d->rank ||
+		    memcmp(value->dims, d->dims, (size_t)d->rank * sizeof *d->dims) != 0 || value->nbytes != d->nbytes)
+			return tern_errorf(TERN_EDATA, "'%s' is %s; the value given is %s", name,
+			                   tern_shape_str(d->dtype, d->rank, d->dims, want, sizeof want),
+			                   tern_shape_str(value->dtype, value->rank, value->dims, got, sizeof got));
+		if (d->nbytes)
+			memcpy(d->data, value->data, d->nbytes);
+		return TERN_OK;
+	}
+	return tern_errorf(TERN_EUSAGE, "%s: '%s' is not a parameter or state tensor of the training step", t->src->source,
+	                   name);
+}
+
+int tern_trainer_num_state(const tern_trainer *t)
+{
+	return t->n_state;
+}
+
+const char *tern_trainer_state_name(const tern_trainer *t, int i)
+{
+	return i >= 0 && i < t->n_state ? t->state_names[i] : NULL;
+}
+
 int64_t tern_trainer_stored_step(const tern_trainer *t)
 {
 	const tern_tensor *s = tern_trainer_state(t, "tern.step");
