@@ -42,4 +42,10 @@ if [ "${1:-}" = "--bench" ]; then
 		DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq libdnnl-dev >/dev/null
 	[ -x .venv-bench/bin/python ] || /usr/bin/python3 -m venv --system-site-packages .venv-bench
 	.venv-bench/bin/python -m pip install -q --disable-pip-version-check --upgrade onnxruntime
+	# bench_train.py's third peer: onnxruntime-training (its own module onnxruntime, so its own
+	# environment; it needs Debian's torch, and numpy 1 and onnx 1.14 for that torch)
+	[ -x .venv-ort-training/bin/python ] || /usr/bin/python3 -m venv --system-site-packages .venv-ort-training
+	.venv-ort-training/bin/python -c 'import onnxruntime.training' 2>/dev/null ||
+		.venv-ort-training/bin/python -m pip install -q --disable-pip-version-check onnxruntime-training-cpu==1.19.2 \
+			onnx==1.14.1 'numpy<2'
 fi
