@@ -210,6 +210,13 @@ tern_status tern_autodiff_rows(tern_model *model, tern_value *const *ys, tern_va
                                tern_value *const *wrt, int n_wrt, const bool *rows_ok, tern_value **grads,
                                tern_value **grad_indices);
 
+/* Runs a graph node eagerly (lib/eager): its operator, attributes and opset, on in[0..n_inputs),
+ * out[0..n_outputs) set to new references (NULL where left out). */
+struct tern_ctx;
+struct tern_var;
+tern_status tern_call_node(struct tern_ctx *ctx, const tern_node *node, struct tern_var *const *in,
+                           struct tern_var **out);
+
 /* Adds domain at version to the model's opset imports unless it imports it already. */
 tern_status tern_model_import_opset(tern_model *model, const char *domain, int64_t version);
 

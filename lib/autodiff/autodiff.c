@@ -19,7 +19,33 @@ struct tern_grad_builder {
 	const tern_node *forward; /* the node whose rule is running, for names and messages */
 	int n_made;
 	tern_status status; /* the first failure */
+	void *eager; /* eager mode (lib/eager's state for the rule): handles are eager tensors */
 };
+
+/* The type of a handle in eager mode: its tensor's, every dimension known. */
+static void eager_type(const tern_gval *v, tern_type *t)
+{
+	const tern_tensor *x = tern_eager_gval_tensor(v);
+	tern_type_unknown(t);
+	t->dtype = x->dtype;
+	t->rank = x->rank;
+	for (int d = 0; d < x->rank; d++)
+		t->dims[d] = x->dims[d];
+}
+
+tern_status tern_grad_run_eager(void *rule, const tern_node *forward, tern_grad_ctx *ctx)
+{
+	tern_grad_builder b = {.forward = forward, .eager = rule};
+	ctx->b = &b;
+	const tern_op *op = tern_op_find(forward->domain, forward->op_type, forward->opset);
+	if (!op || !op->grad)
+		return tern_node_errorf(forward, TERN_EDATA, "no gradient rule for %s", forward->op_type);
+	tern_status st = op->grad(ctx);
+	if (!st && b.status)
+		st = b.status;
+	ctx->b = NULL;
+	return st;
+}
 
 tern_status tern_g_status(tern_grad_ctx *g)
 {
@@ -101,6 +127,12 @@ static tern_status emit(tern_grad_ctx *g, const char *domain, const char *op_typ
                         const tern_gattr *attrs, int n_attrs, bool like, tern_gval **out, int n_out)
 {
 	tern_grad_builder *b = g->b;
+	if (b->eager) {
+		tern_status st = tern_eager_emit(b->eager, g->node, domain, op_type, in, n_in, attrs, n_attrs, like, out, n_out);
+		if (st && !b->status)
+			b->status = st;
+		return st;
+	}
 	if (domain && strcmp(domain, "tern") == 0) {
 		tern_status st = tern_model_import_opset(b->m, TERN_DOMAIN, TERN_DOMAIN_VERSION);
 		if (st)
@@ -226,6 +258,12 @@ tern_gval *tern_g_neg(tern_grad_ctx *g, tern_gval *a)
 
 static tern_gval *constant(tern_grad_ctx *g, const tern_tensor *t)
 {
+	if (g->b->eager) {
+		tern_gval *c = tern_eager_constant(g->b->eager, t);
+		if (!c && !g->b->status)
+			g->b->status = tern_errorf(TERN_EOS, "out of memory");
+		return c;
+	}
 	tern_gval *out[1] = {NULL};
 	if (emit(g, "", "Constant", NULL, 0, NULL, 0, false, out, 1))
 		return NULL;
@@ -241,7 +279,7 @@ static tern_gval *constant(tern_grad_ctx *g, const tern_tensor *t)
 
 tern_gval *tern_g_scalar(tern_grad_ctx *g, double x, tern_gval *like)
 {
-	int dtype = like ? V(like)->type.dtype : TERN_FLOAT;
+	int dtype = like ? tern_g_dtype(g, like) : TERN_FLOAT;
 	tern_tensor t = {0};
 	if (tern_tensor_alloc(&t, dtype ? dtype : TERN_FLOAT, 0, NULL))
 		return NULL;
@@ -274,7 +312,7 @@ tern_gval *tern_g_ints(tern_grad_ctx *g, const int64_t *v, size_t n)
 tern_gval *tern_g_shape(tern_grad_ctx *g, tern_gval *x)
 {
 	tern_gval *s = tern_g_unary(g, "Shape", x);
-	if (s) {
+	if (s && !g->b->eager) {
 		V(s)->type.dtype = TERN_INT64;
 		V(s)->type.rank = 1;
 		V(s)->type.dims[0] = V(x)->type.rank;
@@ -298,13 +336,16 @@ tern_gval *tern_g_sum_to(tern_grad_ctx *g, tern_gval *grad, tern_gval *x)
 {
 	if (!grad || !x)
 		return NULL;
-	if (same_static_shape(&V(grad)->type, &V(x)->type))
+	tern_type tg, tx;
+	tern_g_full_type(g, grad, &tg);
+	tern_g_full_type(g, x, &tx);
+	if (same_static_shape(&tg, &tx))
 		return grad;
 	tern_gval *in[2] = {grad, tern_g_shape(g, x)};
 	if (!in[1])
 		return NULL;
 	tern_gval *r = tern_g_op(g, TERN_DOMAIN, "SumTo", in, 2, NULL, 0);
-	if (r)
+	if (r && !g->b->eager)
 		V(r)->type = V(x)->type;
 	return r;
 }
@@ -319,19 +360,32 @@ tern_gval *tern_g_reshape_like(tern_grad_ctx *g, tern_gval *a, tern_gval *like)
 {
 	if (!a || !like)
 		return NULL;
-	if (same_static_shape(&V(a)->type, &V(like)->type))
+	tern_type ta, tl;
+	tern_g_full_type(g, a, &ta);
+	tern_g_full_type(g, like, &tl);
+	if (same_static_shape(&ta, &tl))
 		return a;
 	tern_gval *in[2] = {a, tern_g_shape(g, like)};
 	tern_gval *r = in[1] ? tern_g_op(g, "", "Reshape", in, 2, NULL, 0) : NULL;
-	if (r)
+	if (r && !g->b->eager)
 		V(r)->type = V(like)->type;
 	return r;
 }
 
+void tern_g_full_type(tern_grad_ctx *g, const tern_gval *v, tern_type *out)
+{
+	if (g->b && g->b->eager)
+		eager_type(v, out);
+	else
+		*out = V(v)->type;
+}
+
 void tern_g_type(tern_grad_ctx *g, const tern_gval *v, int *dtype, int *rank, int64_t *dims)
 {
-	(void)g;
-	const tern_type *t = &V(v)->type;
+	tern_type et;
+	if (g->b && g->b->eager)
+		eager_type(v, &et);
+	const tern_type *t = g->b && g->b->eager ? &et : &V(v)->type;
 	if (dtype)
 		*dtype = t->dtype;
 	if (rank)
@@ -342,13 +396,15 @@ void tern_g_type(tern_grad_ctx *g, const tern_gval *v, int *dtype, int *rank, in
 
 int tern_g_rank(tern_grad_ctx *g, const tern_gval *v)
 {
-	(void)g;
+	if (g->b && g->b->eager)
+		return tern_eager_gval_tensor(v)->rank;
 	return V(v)->type.rank;
 }
 
 int tern_g_dtype(tern_grad_ctx *g, const tern_gval *v)
 {
-	(void)g;
+	if (g->b && g->b->eager)
+		return tern_eager_gval_tensor(v)->dtype;
 	return V(v)->type.dtype;
 }
 

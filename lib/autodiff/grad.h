@@ -82,6 +82,8 @@ tern_gval *tern_g_reshape_like(tern_grad_ctx *g, tern_gval *a, tern_gval *like);
  * allowed. */
 void tern_g_type(tern_grad_ctx *g, const tern_gval *v, int *dtype, int *rank, int64_t *dims);
 int tern_g_rank(tern_grad_ctx *g, const tern_gval *v);
+/* The whole static type (symbolic dimension names included, in graph mode). */
+void tern_g_full_type(tern_grad_ctx *g, const tern_gval *v, tern_type *out);
 int tern_g_dtype(tern_grad_ctx *g, const tern_gval *v);
 
 /* The status of the builder's first failure (a NULL handle came back), for a rule to return; TERN_OK
@@ -90,6 +92,18 @@ int tern_g_dtype(tern_grad_ctx *g, const tern_gval *v);
 tern_status tern_g_status(tern_grad_ctx *g);
 /* A rule's failure: "node 'x' (Op): gradient: ..." with TERN_EDATA. */
 tern_status tern_g_fail(tern_grad_ctx *g, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* ---------------------------------------------------------------- eager mode (lib/eager) */
+
+/* Runs a rule eagerly: every node it emits is executed at once on the eager tensors that are its
+ * handles (rule: lib/eager's state for one rule). */
+tern_status tern_grad_run_eager(void *rule, const tern_node *forward, tern_grad_ctx *ctx);
+/* lib/eager's side: run one emitted node, make a constant, read a handle's tensor. */
+tern_status tern_eager_emit(void *rule, const tern_node *forward, const char *domain, const char *op_type,
+                            tern_gval *const *in, int n_in, const tern_gattr *attrs, int n_attrs, bool like,
+                            tern_gval **out, int n_out);
+tern_gval *tern_eager_constant(void *rule, const tern_tensor *t);
+const tern_tensor *tern_eager_gval_tensor(const tern_gval *v);
 
 /* Whether the element type carries gradients (floating point). */
 static inline bool tern_g_differentiable(int dtype)

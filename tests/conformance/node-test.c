@@ -1,6 +1,7 @@
 /* node-test.c — runs ONNX backend node tests (model.onnx + test_data_set_*) through libtern's public
  * API and compares every output with the expected one, as onnx's backend test runner does. */
 #include "internal.h"
+#include "tern_eager.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -18,10 +19,12 @@
 #include <unistd.h>
 
 static const char usage[] = "usage: node-test [--report FILE] [--rtol R] [--atol A] [--threads N] [--timeout S]\n"
-                            "                 [--min-pass-rate P] [--exclude PATTERN]... [--no-fork] DIR...\n"
+                            "                 [--min-pass-rate P] [--exclude PATTERN]... [--no-fork] [--eager] DIR...\n"
                             "       node-test --list-ops\n"
                             "DIR is a node test folder (model.onnx, test_data_set_*) or a folder of them.\n"
-                            "--exclude skips the tests whose folder name matches PATTERN (fnmatch).\n";
+                            "--exclude skips the tests whose folder name matches PATTERN (fnmatch).\n"
+                            "--eager runs each one-node test through the eager API (tern_call) instead of a\n"
+                            "plan; tests of several nodes, subgraphs, sequences or optionals are skipped.\n";
 
 enum result { PASS, FAIL, UNSUPPORTED, SKIP };
 static const char *const result_names[] = {"PASS", "FAIL", "UNSUPPORTED", "SKIP"};
@@ -35,6 +38,7 @@ struct options {
 	int no_fork;
 	const char *exclude[16]; /* folder-name patterns of tests to skip */
 	int n_exclude;
+	int eager; /* run the node through the eager API (tern_call) instead of a plan */
 };
 
 /* What the test is about, read from model.onnx directly so that it is known even when tern cannot
@@ -379,6 +383,87 @@ static void free_tensors(tern_tensor *t, int n)
 	free(t);
 }
 
+/* The node of a one-node graph, the eager way: inputs become eager tensors, the node runs through
+ * tern_call_node, and each graph output is the node output of its name. */
+static enum result run_eager(tern_model *model, tern_tensor *inputs, int n_in, tern_tensor *expected, int n_out,
+                             const struct test_info *info, const struct options *opt, struct outcome *o)
+{
+	tern_graph *g = model->graph;
+	for (int i = 0; i < n_out && i < 64; i++)
+		if (info->output_kind[i]) {
+			o->result = SKIP;
+			snprintf(o->message, sizeof o->message, "eager: output %d is a sequence or an optional", i);
+			return SKIP;
+		}
+	const tern_node *node = NULL;
+	int live = 0;
+	for (size_t i = 0; i < g->n_nodes; i++)
+		if (!g->nodes[i]->removed)
+			node = g->nodes[i], live++;
+	if (live != 1 || node->n_subgraphs) {
+		o->result = SKIP;
+		snprintf(o->message, sizeof o->message, "eager: %d nodes%s", live, node && node->n_subgraphs ? ", subgraphs" : "");
+		return SKIP;
+	}
+	tern_ctx *c = NULL;
+	if (tern_ctx_create(opt->threads, &c) != TERN_OK)
+		return from_error(o, "eager");
+	tern_var *in[64] = {NULL}, *out[64] = {NULL};
+	enum result r = PASS;
+	o->result = PASS;
+	/* graph inputs, in order, are the caller's (non-initializer) inputs; initializers are constants */
+	for (size_t i = 0; i < node->n_inputs && r == PASS; i++) {
+		tern_value *v = node->inputs[i];
+		if (!v)
+			continue;
+		const tern_tensor *t = NULL;
+		tern_tensor init = {0};
+		int k = 0;
+		for (size_t j = 0; j < g->n_inputs && !t; j++) {
+			if (g->inputs[j]->flags & TERN_VALUE_INITIALIZER)
+				continue;
+			if (g->inputs[j] == v)
+				t = k < n_in ? &inputs[k] : NULL;
+			k++;
+		}
+		if (!t && (v->flags & TERN_VALUE_INITIALIZER)) {
+			if (tern_tensor_from_proto(v->initializer, model->base_dir, v->name, &init) != TERN_OK) {
+				r = from_error(o, "eager");
+				break;
+			}
+			t = &init;
+		}
+		if (!t || t->dtype == TERN_SEQUENCE || t->dtype == TERN_NONE || t->dtype == TERN_STRING) {
+			tern_tensor_free(&init);
+			o->result = r = SKIP;
+			snprintf(o->message, sizeof o->message, "eager: input %zu is %s", i,
+			         !t ? "not a graph input" : "a sequence, an optional or strings");
+			break;
+		}
+		if (tern_var_from(c, t->dtype, t->rank, t->dims, t->data, &in[i]) != TERN_OK)
+			r = from_error(o, "eager");
+		tern_tensor_free(&init);
+	}
+	if (r == PASS && tern_call_node(c, node, in, out) != TERN_OK)
+		r = from_error(o, "eager");
+	for (int i = 0; r == PASS && i < n_out; i++) {
+		const tern_var *got = NULL;
+		for (size_t k = 0; k < node->n_outputs && !got; k++)
+			if (node->outputs[k] && node->outputs[k] == g->outputs[i])
+				got = out[k];
+		if (!got)
+			r = failf(o, "eager: output %d is missing", i);
+		else
+			r = compare(tern_var_tensor(got), &expected[i], i, g->outputs[i]->name, opt, o);
+	}
+	for (int i = 0; i < 64; i++) {
+		tern_var_unref(in[i]);
+		tern_var_unref(out[i]);
+	}
+	tern_ctx_free(c);
+	return r;
+}
+
 static enum result run_data_set(tern_model *model, const char *set_dir, const struct test_info *info,
                                 const struct options *opt, struct outcome *o)
 {
@@ -390,6 +475,10 @@ static enum result run_data_set(tern_model *model, const char *set_dir, const st
 		goto out;
 	if (n_in != tern_model_num_inputs(model)) {
 		failf(o, "%d input files for %d graph inputs", n_in, tern_model_num_inputs(model));
+		goto out;
+	}
+	if (opt->eager) {
+		run_eager(model, inputs, n_in, expected, n_out, info, opt, o);
 		goto out;
 	}
 	tern_plan_options popt = {.n_threads = opt->threads};
@@ -611,6 +700,8 @@ int main(int argc, char **argv)
 		} else if (strcmp(a, "--min-pass-rate") == 0) {
 			opt.min_pass_rate = number_arg(a, v);
 			i++;
+		} else if (strcmp(a, "--eager") == 0) {
+			opt.eager = 1;
 		} else if (strcmp(a, "--exclude") == 0 && v && opt.n_exclude < 16) {
 			opt.exclude[opt.n_exclude++] = v;
 			i++;

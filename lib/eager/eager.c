@@ -1,0 +1,1454 @@
+/* eager.c — tern one operator at a time (tern_eager.h).
+ *
+ * A call is a node of the context's scratch graph, made once per signature (operator, attributes,
+ * input dtypes and shapes, outputs wanted): its prepare runs once, on inputs whose bytes it does not
+ * see (as a plan prepares an input it does not know), and later calls with that signature only
+ * allocate the outputs and run the kernel. An operator whose prepare needs input values (a shape
+ * tensor) prepares at every call, and its signature includes those inputs' values; a random operator
+ * prepares at every call with a fresh seed from the context's stream.
+ *
+ * Autograd: a call on tensors that require gradients records a tape node (the cached node, for its
+ * attributes; the inputs; the outputs, saved as tensors sharing their bytes but not their history, so
+ * that the tape holds no cycle). tern_backward visits the tape from the loss back and hands each node
+ * to its operator's gradient rule through the builder of lib/autodiff in eager mode, where each
+ * emitted node runs at once (tern_eager_emit below).
+ *
+ * A context and its tensors are used by one thread at a time (counts are plain integers). */
+#include "eager/tern_eager.h"
+
+#include "autodiff/grad.h"
+#include "internal.h"
+#include "passes/passes.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#define DEFAULT_OPSET 19
+
+typedef struct storage {
+	int refs;
+	void *data;
+} storage;
+
+typedef struct entry entry;
+
+typedef struct tape_node {
+	int refs;
+	const entry *e;
+	int n_in, n_out;
+	tern_var **in; /* references; NULL for omitted inputs */
+	tern_var **out; /* the outputs' bytes, without history */
+	tern_var **dy; /* gradients of the outputs while backward runs */
+	int released; /* backward has run through it */
+	int marked; /* visited by the backward running now */
+} tape_node;
+
+struct tern_var {
+	int refs;
+	tern_ctx *ctx;
+	tern_tensor t; /* t.data points into st */
+	storage *st;
+	int requires_grad;
+	tern_var *grad;
+	tape_node *fn; /* the recorded operation that made it (a reference), or NULL for a leaf */
+	int fn_out;
+};
+
+struct entry {
+	uint64_t hash;
+	char *key;
+	size_t key_len;
+	tern_node *node;
+	const tern_op *op;
+	int n_in, n_out;
+	int per_call; /* prepared at every call (needs input values, or random) */
+	int random;
+	/* a prepared call, reused */
+	tern_kernel_fn kernel;
+	void *params;
+	void (*free_params)(void *);
+	size_t scratch_bytes;
+	int dynamic_output, alias;
+	tern_tensor *out_shape; /* n_out; dtype 0 where the output is left out */
+};
+
+struct tern_ctx {
+	int refs; /* the owner's, and one per live tensor */
+	int closed;
+	tern_threadpool *pool;
+	tern_model *model; /* the scratch graph that holds the cached nodes */
+	int64_t opset;
+	uint64_t rng;
+	int grad_enabled;
+	entry **table;
+	size_t cap, n;
+	int64_t hits, misses, made;
+	void *scratch;
+	size_t scratch_bytes;
+};
+
+/* ---------------------------------------------------------------- contexts */
+
+static void ctx_release(tern_ctx *c)
+{
+	if (--c->refs > 0)
+		return;
+	for (size_t i = 0; i < c->cap; i++) {
+		entry *e = c->table[i];
+		if (!e)
+			continue;
+		if (e->free_params && e->params)
+			e->free_params(e->params);
+		free(e->out_shape);
+		free(e->key);
+		free(e);
+	}
+	free(c->table);
+	free(c->scratch);
+	tern_model_free(c->model);
+	tern_threadpool_free(c->pool);
+	free(c);
+}
+
+tern_status tern_ctx_create(int n_threads, tern_ctx **out)
+{
+	*out = NULL;
+	tern_ctx *c = calloc(1, sizeof *c);
+	if (!c)
+		return tern_errorf(TERN_EOS, "out of memory");
+	c->refs = 1;
+	c->opset = DEFAULT_OPSET;
+	c->rng = 0x9e3779b97f4a7c15ull;
+	c->grad_enabled = 1;
+	static const char text[] = "<ir_version: 8, opset_import: [\"\" : 19, \"tern\" : 1]>\n"
+	                           "eager (float x) => (float y) { y = Identity (x) }\n";
+	tern_status st = tern_threadpool_create(n_threads > 0 ? n_threads : 1, &c->pool);
+	if (!st)
+		st = tern_model_load_bytes(text, sizeof text - 1, "eager", NULL, &c->model);
+	if (!st && !(c->table = calloc(c->cap = 256, sizeof *c->table)))
+		st = tern_errorf(TERN_EOS, "out of memory");
+	if (st) {
+		ctx_release(c);
+		return st;
+	}
+	*out = c;
+	return TERN_OK;
+}
+
+void tern_ctx_free(tern_ctx *c)
+{
+	if (!c || c->closed)
+		return;
+	c->closed = 1;
+	ctx_release(c);
+}
+
+void tern_ctx_manual_seed(tern_ctx *c, uint64_t seed)
+{
+	c->rng = seed * 0x9e3779b97f4a7c15ull + 0x632be59bd9b4e019ull;
+}
+
+int tern_ctx_set_grad_enabled(tern_ctx *c, int enabled)
+{
+	int was = c->grad_enabled;
+	c->grad_enabled = enabled != 0;
+	return was;
+}
+
+int tern_ctx_grad_enabled(const tern_ctx *c)
+{
+	return c->grad_enabled;
+}
+
+void tern_ctx_set_opset(tern_ctx *c, int64_t opset)
+{
+	c->opset = opset > 0 ? opset : DEFAULT_OPSET;
+}
+
+void tern_ctx_cache_stats(const tern_ctx *c, int64_t *hits, int64_t *misses)
+{
+	if (hits)
+		*hits = c->hits;
+	if (misses)
+		*misses = c->misses;
+}
+
+static uint64_t next_random(tern_ctx *c)
+{
+	/* splitmix64 */
+	uint64_t z = (c->rng += 0x9e3779b97f4a7c15ull);
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+	return z ^ (z >> 31);
+}
+
+static tern_status closed_error(void)
+{
+	return tern_errorf(TERN_EUSAGE, "a tensor of a freed context");
+}
+
+/* ---------------------------------------------------------------- tensors */
+
+static tern_var *var_alloc(tern_ctx *c)
+{
+	tern_var *v = calloc(1, sizeof *v);
+	if (!v)
+		return NULL;
+	v->refs = 1;
+	v->ctx = c;
+	c->refs++;
+	return v;
+}
+
+/* Takes the bytes of t (owned) as a new tensor's. */
+static tern_var *var_adopt(tern_ctx *c, tern_tensor *t)
+{
+	tern_var *v = var_alloc(c);
+	storage *s = v ? calloc(1, sizeof *s) : NULL;
+	if (!s) {
+		if (v)
+			tern_var_unref(v);
+		tern_tensor_free(t);
+		return NULL;
+	}
+	s->refs = 1;
+	s->data = t->data;
+	v->st = s;
+	v->t = *t;
+	v->t.owns_data = 0;
+	v->t.name = NULL;
+	free(t->name);
+	memset(t, 0, sizeof *t);
+	return v;
+}
+
+/* A tensor sharing src's bytes (and shape unless given), without history. */
+static tern_var *var_share(tern_var *src, const tern_tensor *shape)
+{
+	tern_var *v = var_alloc(src->ctx);
+	if (!v)
+		return NULL;
+	v->st = src->st;
+	if (v->st)
+		v->st->refs++;
+	v->t = shape ? *shape : src->t;
+	v->t.data = src->t.data;
+	v->t.owns_data = 0;
+	v->t.name = NULL;
+	if (shape)
+		v->t.nbytes = src->t.nbytes;
+	return v;
+}
+
+tern_status tern_var_new(tern_ctx *c, int dtype, int rank, const int64_t *dims, tern_var **out)
+{
+	*out = NULL;
+	if (c->closed)
+		return tern_errorf(TERN_EUSAGE, "the context is freed");
+	tern_tensor t = {0};
+	tern_status st = tern_tensor_alloc(&t, dtype, rank, dims);
+	if (st)
+		return st;
+	if (!(*out = var_adopt(c, &t)))
+		return tern_errorf(TERN_EOS, "out of memory");
+	return TERN_OK;
+}
+
+tern_status tern_var_from(tern_ctx *c, int dtype, int rank, const int64_t *dims, const void *data, tern_var **out)
+{
+	if (dtype == TERN_STRING)
+		return tern_errorf(TERN_EUSAGE, "string tensors cannot be made from bytes");
+	tern_status st = tern_var_new(c, dtype, rank, dims, out);
+	if (!st && (*out)->t.nbytes && data)
+		memcpy((*out)->t.data, data, (*out)->t.nbytes);
+	return st;
+}
+
+tern_var *tern_var_ref(tern_var *v)
+{
+	if (v)
+		v->refs++;
+	return v;
+}
+
+static void tape_unref(tape_node *n);
+
+void tern_var_unref(tern_var *v)
+{
+	if (!v || --v->refs > 0)
+		return;
+	if (v->st && --v->st->refs == 0) {
+		if (v->t.dtype == TERN_STRING) {
+			/* string elements are heap strings the tensor owns */
+			tern_tensor t = v->t;
+			t.data = v->st->data;
+			t.owns_data = 1;
+			tern_tensor_free(&t);
+		} else {
+			free(v->st->data);
+		}
+		free(v->st);
+	}
+	tern_var_unref(v->grad);
+	if (v->fn)
+		tape_unref(v->fn);
+	tern_ctx *c = v->ctx;
+	free(v);
+	ctx_release(c);
+}
+
+tern_ctx *tern_var_ctx(const tern_var *v)
+{
+	return v->ctx;
+}
+
+const tern_tensor *tern_var_tensor(const tern_var *v)
+{
+	return &v->t;
+}
+
+int tern_var_requires_grad(const tern_var *v)
+{
+	return v->requires_grad;
+}
+
+tern_status tern_var_set_requires_grad(tern_var *v, int on)
+{
+	if (v->fn)
+		return tern_errorf(TERN_EUSAGE, "requires_grad can be set only on a leaf tensor (this one is the result of %s)",
+		                   v->fn->e->node->op_type);
+	if (on && v->t.dtype != TERN_FLOAT && v->t.dtype != TERN_DOUBLE && v->t.dtype != TERN_FLOAT16 &&
+	    v->t.dtype != TERN_BFLOAT16)
+		return tern_errorf(TERN_EUSAGE, "only floating-point tensors can require gradients, not %s",
+		                   tern_dtype_name(v->t.dtype));
+	v->requires_grad = on != 0;
+	return TERN_OK;
+}
+
+int tern_var_is_leaf(const tern_var *v)
+{
+	return v->fn == NULL;
+}
+
+tern_var *tern_var_grad(const tern_var *v)
+{
+	return v->grad;
+}
+
+void tern_var_set_grad(tern_var *v, tern_var *g)
+{
+	tern_var_ref(g);
+	tern_var_unref(v->grad);
+	v->grad = g;
+}
+
+tern_var *tern_var_detach(tern_var *v)
+{
+	return var_share(v, NULL);
+}
+
+/* ---------------------------------------------------------------- the tape */
+
+static void tape_release_links(tape_node *n)
+{
+	for (int i = 0; i < n->n_in; i++)
+		tern_var_unref(n->in[i]);
+	for (int o = 0; o < n->n_out; o++) {
+		tern_var_unref(n->out[o]);
+		tern_var_unref(n->dy[o]);
+	}
+	memset(n->in, 0, (size_t)n->n_in * sizeof *n->in);
+	memset(n->out, 0, (size_t)n->n_out * sizeof *n->out);
+	memset(n->dy, 0, (size_t)n->n_out * sizeof *n->dy);
+	n->released = 1;
+}
+
+static void tape_unref(tape_node *n)
+{
+	if (--n->refs > 0)
+		return;
+	tape_release_links(n);
+	free(n->in);
+	free(n->out);
+	free(n->dy);
+	free(n);
+}
+
+/* ---------------------------------------------------------------- the call cache */
+
+typedef struct keybuf {
+	char *p;
+	size_t n, cap;
+	int failed;
+} keybuf;
+
+static void key_put(keybuf *k, const void *p, size_t n)
+{
+	if (k->failed)
+		return;
+	if (!tern_grow((void **)&k->p, &k->cap, k->n + n + 1, 1)) {
+		k->failed = 1;
+		return;
+	}
+	memcpy(k->p + k->n, p, n);
+	k->n += n;
+}
+
+static void key_str(keybuf *k, const char *s)
+{
+	key_put(k, s, strlen(s) + 1);
+}
+
+static uint64_t hash_bytes(const char *p, size_t n)
+{
+	uint64_t h = 1469598103934665603ull;
+	for (size_t i = 0; i < n; i++)
+		h = (h ^ (unsigned char)p[i]) * 1099511628211ull;
+	return h;
+}
+
+static bool is_random(const char *domain, const char *op)
+{
+	return !*domain && (!strcmp(op, "RandomNormal") || !strcmp(op, "RandomUniform") || !strcmp(op, "RandomNormalLike") ||
+	                    !strcmp(op, "RandomUniformLike") || !strcmp(op, "Bernoulli") || !strcmp(op, "Multinomial") ||
+	                    !strcmp(op, "Dropout"));
+}
+
+static entry *cache_find(tern_ctx *c, uint64_t h, const char *key, size_t n)
+{
+	for (size_t i = h & (c->cap - 1);; i = (i + 1) & (c->cap - 1)) {
+		entry *e = c->table[i];
+		if (!e)
+			return NULL;
+		if (e->hash == h && e->key_len == n && memcmp(e->key, key, n) == 0)
+			return e;
+	}
+}
+
+static tern_status cache_insert(tern_ctx *c, entry *e)
+{
+	if ((c->n + 1) * 2 > c->cap) {
+		size_t cap = c->cap * 2;
+		entry **t = calloc(cap, sizeof *t);
+		if (!t)
+			return tern_errorf(TERN_EOS, "out of memory");
+		for (size_t i = 0; i < c->cap; i++) {
+			entry *x = c->table[i];
+			if (!x)
+				continue;
+			size_t j = x->hash & (cap - 1);
+			while (t[j])
+				j = (j + 1) & (cap - 1);
+			t[j] = x;
+		}
+		free(c->table);
+		c->table = t;
+		c->cap = cap;
+	}
+	size_t j = e->hash & (c->cap - 1);
+	while (c->table[j])
+		j = (j + 1) & (c->cap - 1);
+	c->table[j] = e;
+	c->n++;
+	return TERN_OK;
+}
+
+/* A copy of an attribute (through its wire form). */
+static Onnx__AttributeProto *copy_attr(const Onnx__AttributeProto *a)
+{
+	size_t size = onnx__attribute_proto__get_packed_size(a);
+	uint8_t *buf = malloc(size ? size : 1);
+	if (!buf)
+		return NULL;
+	onnx__attribute_proto__pack(a, buf);
+	Onnx__AttributeProto *c = onnx__attribute_proto__unpack(NULL, size, buf);
+	free(buf);
+	return c;
+}
+
+/* The node of a new signature: in the scratch graph, inputs and outputs named after the entry. */
+static tern_status make_node(tern_ctx *c, const char *domain, const char *op_type, int n_in, const bool *present,
+                             int n_out, Onnx__AttributeProto *const *attrs, int n_attrs, tern_node **out)
+{
+	char names[2][64][32];
+	const char *ins[64], *outs[64];
+	if (n_in > 64 || n_out > 64)
+		return tern_errorf(TERN_EUSAGE, "%s: more than 64 inputs or outputs", op_type);
+	long long id = (long long)c->made++;
+	for (int i = 0; i < n_in; i++) {
+		snprintf(names[0][i], sizeof names[0][i], "e%lld_i%d", id, i);
+		ins[i] = present[i] ? names[0][i] : "";
+	}
+	for (int o = 0; o < n_out; o++) {
+		snprintf(names[1][o], sizeof names[1][o], "e%lld_o%d", id, o);
+		outs[o] = names[1][o];
+	}
+	if (*domain && tern_model_opset(c->model, domain) < 0) {
+		tern_status st = tern_model_import_opset(c->model, domain, 1);
+		if (st)
+			return st;
+	}
+	tern_node *n = tern_graph_add_node(c->model->graph, op_type, domain, op_type, ins, (size_t)n_in, outs, (size_t)n_out);
+	if (!n)
+		return tern_errorf(TERN_EOS, "out of memory");
+	if (!*domain)
+		n->opset = c->opset;
+	Onnx__NodeProto *np = n->proto;
+	if (n_attrs) {
+		np->attribute = calloc((size_t)n_attrs, sizeof *np->attribute);
+		if (!np->attribute)
+			return tern_errorf(TERN_EOS, "out of memory");
+		for (int k = 0; k < n_attrs; k++) {
+			if (!(np->attribute[k] = copy_attr(attrs[k])))
+				return tern_errorf(TERN_EOS, "out of memory");
+			np->n_attribute++;
+		}
+	}
+	*out = n;
+	return TERN_OK;
+}
+
+/* The usual number of outputs. */
+static int default_outputs(const char *domain, const char *op, Onnx__AttributeProto *const *attrs, int n_attrs,
+                           tern_var *const *in, int n_in)
+{
+	if (*domain)
+		return 1;
+	if (!strcmp(op, "LSTM") || !strcmp(op, "DynamicQuantizeLinear"))
+		return 3;
+	if (!strcmp(op, "GRU") || !strcmp(op, "RNN") || !strcmp(op, "TopK"))
+		return 2;
+	if (!strcmp(op, "Unique"))
+		return 4;
+	if (!strcmp(op, "Split")) {
+		for (int k = 0; k < n_attrs; k++) {
+			if (!strcmp(attrs[k]->name, "num_outputs"))
+				return (int)attrs[k]->i;
+			if (!strcmp(attrs[k]->name, "split"))
+				return (int)attrs[k]->n_ints;
+		}
+		if (n_in > 1 && in[1])
+			return (int)tern_tensor_numel(&in[1]->t);
+		return 2;
+	}
+	return 1;
+}
+
+/* ---------------------------------------------------------------- running one call */
+
+static tern_status ensure_scratch(tern_ctx *c, size_t n)
+{
+	if (n <= c->scratch_bytes)
+		return TERN_OK;
+	void *p = tern_aligned_alloc(n);
+	if (!p)
+		return tern_errorf(TERN_EOS, "out of memory for %zu bytes of scratch", n);
+	free(c->scratch);
+	c->scratch = p;
+	c->scratch_bytes = n;
+	return TERN_OK;
+}
+
+/* Prepares node on tensors in[] (with or without bytes); outputs' shapes into out[]. */
+static tern_status prepare(tern_ctx *c, entry *e, tern_tensor **in, tern_tensor **out, tern_prepare_args *p)
+{
+	memset(p, 0, sizeof *p);
+	p->node = e->node;
+	p->in = in;
+	p->n_in = e->n_in;
+	p->out = out;
+	p->n_out = e->n_out;
+	p->pool = c->pool;
+	tern_status st = e->op->prepare(p);
+	if (st && p->params && p->free_params) {
+		p->free_params(p->params);
+		p->params = NULL;
+	}
+	return st;
+}
+
+/* Runs prepared call p (kernel, params) on in[] into fresh output tensors outs[]. */
+static tern_status launch(tern_ctx *c, entry *e, tern_tensor **in, tern_tensor *outs, const tern_prepare_args *p)
+{
+	tern_tensor *out[64] = {NULL};
+	for (int o = 0; o < e->n_out; o++)
+		out[o] = outs[o].dtype || p->dynamic_output ? &outs[o] : NULL;
+	tern_status st = TERN_OK;
+	for (int o = 0; o < e->n_out && !st; o++) {
+		if (!out[o] || p->dynamic_output)
+			continue;
+		tern_tensor shape = outs[o];
+		memset(&outs[o], 0, sizeof outs[o]);
+		st = tern_tensor_alloc(&outs[o], shape.dtype, shape.rank, shape.dims);
+	}
+	if (!st && p->alias_input0) {
+		if (outs[0].nbytes)
+			memcpy(outs[0].data, in[0]->data, outs[0].nbytes);
+		return TERN_OK;
+	}
+	if (!st && p->scratch_bytes)
+		st = ensure_scratch(c, p->scratch_bytes);
+	if (!st) {
+		tern_kernel_args a = {e->node, in, e->n_in, out, e->n_out, p->params, c->scratch, c->pool, NULL};
+		st = p->kernel(&a);
+	}
+	return st;
+}
+
+static Onnx__AttributeProto *find_attr(Onnx__NodeProto *np, const char *name)
+{
+	for (size_t k = 0; k < np->n_attribute; k++)
+		if (!strcmp(np->attribute[k]->name, name))
+			return np->attribute[k];
+	return NULL;
+}
+
+/* A random operator's seed for this call: the caller's, or the next of the context's stream. */
+static tern_status reseed(tern_ctx *c, entry *e, bool given)
+{
+	if (given)
+		return TERN_OK;
+	Onnx__AttributeProto *a = find_attr(e->node->proto, "seed");
+	bool dropout = !strcmp(e->node->op_type, "Dropout");
+	if (!a) {
+		tern_status st = dropout ? tern_node_add_attr_int(e->node, "seed", 0) : tern_node_add_attr_float(e->node, "seed", 0);
+		if (st)
+			return st;
+		a = find_attr(e->node->proto, "seed");
+	}
+	uint64_t r = next_random(c);
+	if (dropout) {
+		a->i = (int64_t)(r >> 33);
+	} else {
+		a->f = (float)(r >> 41); /* exact in a float: 23 bits */
+	}
+	return TERN_OK;
+}
+
+static tern_status record(tern_ctx *c, entry *e, tern_var *const *in, tern_var **outs)
+{
+	tape_node *n = calloc(1, sizeof *n);
+	if (!n)
+		return tern_errorf(TERN_EOS, "out of memory");
+	n->refs = 0;
+	n->e = e;
+	n->n_in = e->n_in;
+	n->n_out = e->n_out;
+	n->in = calloc((size_t)e->n_in + 1, sizeof *n->in);
+	n->out = calloc((size_t)e->n_out + 1, sizeof *n->out);
+	n->dy = calloc((size_t)e->n_out + 1, sizeof *n->dy);
+	if (!n->in || !n->out || !n->dy) {
+		free(n->in), free(n->out), free(n->dy), free(n);
+		return tern_errorf(TERN_EOS, "out of memory");
+	}
+	for (int i = 0; i < e->n_in; i++)
+		n->in[i] = tern_var_ref(in[i]);
+	for (int o = 0; o < e->n_out; o++) {
+		if (!outs[o])
+			continue;
+		n->out[o] = var_share(outs[o], NULL);
+		int dt = outs[o]->t.dtype;
+		if (dt == TERN_FLOAT || dt == TERN_DOUBLE || dt == TERN_FLOAT16 || dt == TERN_BFLOAT16) {
+			outs[o]->requires_grad = 1;
+			outs[o]->fn = n;
+			outs[o]->fn_out = o;
+			n->refs++;
+		}
+	}
+	(void)c;
+	if (!n->refs)
+		tape_unref((n->refs = 1, n));
+	return TERN_OK;
+}
+
+/* The call, with attributes as protos; record: put it on the tape when an input requires a gradient. */
+static tern_status call_protos(tern_ctx *c, const char *domain, const char *op_type, tern_var *const *in, int n_in,
+                               Onnx__AttributeProto *const *attrs, int n_attrs, tern_var **outv, int n_out, bool record_ok)
+{
+	if (c->closed)
+		return closed_error();
+	if (!strcmp(domain, "ai.onnx"))
+		domain = "";
+	for (int o = 0; o < (n_out > 0 ? n_out : 0); o++)
+		outv[o] = NULL;
+	const tern_op *op = tern_op_find(domain, op_type, *domain ? 1 : c->opset);
+	if (!op)
+		return tern_errorf(TERN_EUSAGE, "%s%s%s: %s", domain, *domain ? "." : "", op_type,
+		                   tern_op_known(domain, op_type) ? "not implemented at this opset" : "unknown operator");
+	if (n_in > 64)
+		return tern_errorf(TERN_EUSAGE, "%s: more than 64 inputs", op_type);
+	for (int i = 0; i < n_in; i++)
+		if (in[i] && (in[i]->ctx != c || in[i]->ctx->closed))
+			return in[i]->ctx->closed ? closed_error()
+			                          : tern_errorf(TERN_EUSAGE, "%s: input %d belongs to another context", op_type, i);
+	if (n_out < 0)
+		n_out = default_outputs(domain, op_type, attrs, n_attrs, in, n_in);
+	if (n_out < 1 || n_out > 64)
+		return tern_errorf(TERN_EUSAGE, "%s: %d outputs asked for", op_type, n_out);
+	bool random = is_random(domain, op_type), seed_given = false;
+	for (int k = 0; k < n_attrs; k++)
+		seed_given |= !strcmp(attrs[k]->name, "seed");
+
+	/* the signature */
+	keybuf k = {0};
+	key_str(&k, domain);
+	key_str(&k, op_type);
+	key_put(&k, &c->opset, sizeof c->opset);
+	key_put(&k, &n_out, sizeof n_out);
+	for (int a = 0; a < n_attrs; a++) {
+		if (random && !strcmp(attrs[a]->name, "seed"))
+			continue;
+		size_t size = onnx__attribute_proto__get_packed_size(attrs[a]);
+		uint8_t small[256], *buf = size <= sizeof small ? small : malloc(size);
+		if (!buf) {
+			k.failed = 1;
+			break;
+		}
+		onnx__attribute_proto__pack(attrs[a], buf);
+		key_put(&k, &size, sizeof size);
+		key_put(&k, buf, size);
+		if (buf != small)
+			free(buf);
+	}
+	for (int i = 0; i < n_in; i++) {
+		int present = in[i] != NULL;
+		key_put(&k, &present, sizeof present);
+		if (!present)
+			continue;
+		key_put(&k, &in[i]->t.dtype, sizeof in[i]->t.dtype);
+		key_put(&k, &in[i]->t.rank, sizeof in[i]->t.rank);
+		key_put(&k, in[i]->t.dims, (size_t)in[i]->t.rank * sizeof *in[i]->t.dims);
+	}
+	if (k.failed) {
+		free(k.p);
+		return tern_errorf(TERN_EOS, "out of memory");
+	}
+	tern_tensor views[64], *inp[64] = {NULL};
+	for (int i = 0; i < n_in; i++) {
+		if (!in[i])
+			continue;
+		views[i] = in[i]->t;
+		inp[i] = &views[i];
+	}
+	tern_status st = TERN_OK;
+	uint64_t h = hash_bytes(k.p, k.n);
+	entry *e = cache_find(c, h, k.p, k.n);
+	tern_tensor outs[64];
+	memset(outs, 0, (size_t)n_out * sizeof *outs);
+	tern_prepare_args p;
+	tern_tensor *outp[64];
+	for (int o = 0; o < n_out; o++)
+		outp[o] = &outs[o];
+	if (e && !e->per_call) {
+		/* the prepared call */
+		c->hits++;
+		free(k.p);
+		for (int o = 0; o < n_out; o++)
+			outs[o] = e->out_shape[o];
+		memset(&p, 0, sizeof p);
+		p.kernel = e->kernel;
+		p.params = e->params;
+		p.scratch_bytes = e->scratch_bytes;
+		p.dynamic_output = e->dynamic_output;
+		p.alias_input0 = e->alias;
+		st = launch(c, e, inp, outs, &p);
+	} else {
+		c->misses++;
+		if (!e) {
+			e = calloc(1, sizeof *e);
+			bool present[64];
+			for (int i = 0; i < n_in; i++)
+				present[i] = in[i] != NULL;
+			if (!e)
+				st = tern_errorf(TERN_EOS, "out of memory");
+			if (!st) {
+				e->hash = h;
+				e->key = k.p;
+				e->key_len = k.n;
+				k.p = NULL;
+				e->op = op;
+				e->n_in = n_in;
+				e->n_out = n_out;
+				e->random = random;
+				st = make_node(c, domain, op_type, n_in, present, n_out, attrs, n_attrs, &e->node);
+			}
+			if (!st && e->node->n_subgraphs)
+				st = tern_errorf(TERN_EUSAGE, "%s: operators with subgraphs do not run one at a time", op_type);
+			if (!st && !(e->out_shape = calloc((size_t)n_out, sizeof *e->out_shape)))
+				st = tern_errorf(TERN_EOS, "out of memory");
+			/* a first prepare without the inputs' bytes: reusable unless it needs them */
+			if (!st && !random) {
+				tern_tensor blind[64], *bp[64] = {NULL};
+				for (int i = 0; i < n_in; i++)
+					if (inp[i]) {
+						blind[i] = *inp[i];
+						blind[i].data = NULL;
+						bp[i] = &blind[i];
+					}
+				st = prepare(c, e, bp, outp, &p);
+				if (!st && p.defer) {
+					e->per_call = 1;
+					if (p.params && p.free_params)
+						p.free_params(p.params);
+				} else if (!st) {
+					e->kernel = p.kernel;
+					e->params = p.params;
+					e->free_params = p.free_params;
+					e->scratch_bytes = p.scratch_bytes;
+					e->dynamic_output = p.dynamic_output;
+					e->alias = p.alias_input0;
+					if (!e->kernel && !e->alias)
+						st = tern_errorf(TERN_EINTERNAL, "%s: prepare chose no kernel", op_type);
+					for (int o = 0; o < n_out; o++)
+						e->out_shape[o] = outs[o];
+				}
+			} else if (!st) {
+				e->per_call = 1;
+			}
+			if (!st)
+				st = cache_insert(c, e);
+			if (st) {
+				/* the node stays in the scratch graph, unused */
+				if (e && e->params && e->free_params)
+					e->free_params(e->params);
+				if (e) {
+					free(e->out_shape);
+					free(e->key);
+					free(e);
+				}
+				free(k.p);
+				return st;
+			}
+			free(k.p);
+			k.p = NULL;
+		} else {
+			free(k.p);
+		}
+		if (e->per_call) {
+			/* prepared now, on the inputs' values */
+			if (e->random)
+				st = reseed(c, e, seed_given);
+			memset(outs, 0, (size_t)n_out * sizeof *outs);
+			if (!st)
+				st = prepare(c, e, inp, outp, &p);
+			if (!st && p.defer)
+				st = tern_errorf(TERN_EINTERNAL, "%s: prepare deferred although every input is known", op_type);
+			if (!st)
+				st = launch(c, e, inp, outs, &p);
+			if (p.params && p.free_params)
+				p.free_params(p.params);
+		} else if (!st) {
+			for (int o = 0; o < n_out; o++)
+				outs[o] = e->out_shape[o];
+			st = launch(c, e, inp, outs, &p);
+		}
+	}
+	for (int o = 0; !st && o < n_out; o++)
+		if (outs[o].dtype == TERN_SEQUENCE || outs[o].dtype == TERN_NONE)
+			st = tern_errorf(TERN_EUSAGE, "%s: output %d is a %s, which the eager API does not hold", op_type, o,
+			                 outs[o].dtype == TERN_SEQUENCE ? "sequence" : "optional");
+	for (int o = 0; !st && o < n_out; o++) {
+		if (!outs[o].dtype)
+			continue;
+		if (!(outv[o] = var_adopt(c, &outs[o])))
+			st = tern_errorf(TERN_EOS, "out of memory");
+	}
+	if (st) {
+		for (int o = 0; o < n_out; o++) {
+			tern_tensor_free(&outs[o]);
+			tern_var_unref(outv[o]);
+			outv[o] = NULL;
+		}
+		return st;
+	}
+	bool wants = false;
+	for (int i = 0; i < n_in; i++)
+		wants |= in[i] && in[i]->requires_grad;
+	if (record_ok && c->grad_enabled && wants)
+		st = record(c, e, in, outv);
+	return st;
+}
+
+/* ---------------------------------------------------------------- the public call */
+
+static Onnx__AttributeProto *make_attr(const tern_attr_arg *a, tern_status *st)
+{
+	Onnx__AttributeProto *p = malloc(sizeof *p);
+	if (!p) {
+		*st = tern_errorf(TERN_EOS, "out of memory");
+		return NULL;
+	}
+	onnx__attribute_proto__init(p);
+	p->name = tern_strdup(a->name ? a->name : "");
+	p->has_type = 1;
+	*st = TERN_OK;
+	switch (a->kind) {
+	case TERN_ATTR_INT:
+		p->type = ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__INT;
+		p->has_i = 1;
+		p->i = a->i;
+		break;
+	case TERN_ATTR_FLOAT:
+		p->type = ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__FLOAT;
+		p->has_f = 1;
+		p->f = (float)a->f;
+		break;
+	case TERN_ATTR_STRING:
+		p->type = ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__STRING;
+		p->has_s = 1;
+		p->s.len = a->s ? strlen(a->s) : 0;
+		p->s.data = (uint8_t *)tern_strdup(a->s ? a->s : "");
+		break;
+	case TERN_ATTR_INTS:
+		p->type = ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__INTS;
+		p->ints = malloc((a->n ? a->n : 1) * sizeof *p->ints);
+		if (p->ints && a->n)
+			memcpy(p->ints, a->ints, a->n * sizeof *p->ints);
+		p->n_ints = a->n;
+		break;
+	case TERN_ATTR_FLOATS:
+		p->type = ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__FLOATS;
+		p->floats = malloc((a->n ? a->n : 1) * sizeof *p->floats);
+		for (size_t i = 0; p->floats && i < a->n; i++)
+			p->floats[i] = (float)a->floats[i];
+		p->n_floats = a->n;
+		break;
+	case TERN_ATTR_STRINGS:
+		p->type = ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__STRINGS;
+		p->strings = calloc(a->n ? a->n : 1, sizeof *p->strings);
+		for (size_t i = 0; p->strings && i < a->n; i++) {
+			p->strings[i].len = strlen(a->strings[i]);
+			p->strings[i].data = (uint8_t *)tern_strdup(a->strings[i]);
+			p->n_strings++;
+		}
+		break;
+	case TERN_ATTR_TENSOR:
+		p->type = ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__TENSOR;
+		p->t = malloc(sizeof *p->t);
+		if (p->t) {
+			onnx__tensor_proto__init(p->t);
+			if (!a->t)
+				*st = tern_errorf(TERN_EUSAGE, "attribute '%s': no tensor given", p->name);
+			else
+				*st = tern_tensor_to_proto(a->t, p->t);
+		}
+		break;
+	default: *st = tern_errorf(TERN_EUSAGE, "attribute '%s': unknown kind %d", p->name, a->kind); break;
+	}
+	if (!*st && !p->name)
+		*st = tern_errorf(TERN_EOS, "out of memory");
+	if (*st) {
+		onnx__attribute_proto__free_unpacked(p, NULL);
+		return NULL;
+	}
+	return p;
+}
+
+tern_status tern_call(tern_ctx *c, const char *domain, const char *op_type, tern_var *const *in, int n_in,
+                      const tern_attr_arg *attrs, int n_attrs, tern_var **out, int n_out)
+{
+	Onnx__AttributeProto *protos[64] = {0};
+	if (n_attrs > 64)
+		return tern_errorf(TERN_EUSAGE, "%s: more than 64 attributes", op_type);
+	tern_status st = TERN_OK;
+	int made = 0;
+	for (; made < n_attrs && !st; made++)
+		if (!(protos[made] = make_attr(&attrs[made], &st)))
+			break;
+	if (!st)
+		st = call_protos(c, domain ? domain : "", op_type, in, n_in, protos, n_attrs, out, n_out, true);
+	for (int k = 0; k < made && k < n_attrs; k++)
+		if (protos[k])
+			onnx__attribute_proto__free_unpacked(protos[k], NULL);
+	return st;
+}
+
+tern_status tern_call_node(tern_ctx *c, const tern_node *node, tern_var *const *in, tern_var **out)
+{
+	int64_t keep = c->opset;
+	if (!*node->domain && node->opset > 0)
+		c->opset = node->opset;
+	tern_status st = call_protos(c, node->domain, node->op_type, in, (int)node->n_inputs, node->proto->attribute,
+	                             (int)node->proto->n_attribute, out, (int)node->n_outputs, true);
+	c->opset = keep;
+	return st;
+}
+
+int tern_op_outputs(const char *domain, const char *op_type, const tern_attr_arg *attrs, int n_attrs, tern_var *const *in,
+                    int n_in)
+{
+	Onnx__AttributeProto *protos[64] = {0};
+	int n = 0;
+	tern_status st = TERN_OK;
+	for (; n < n_attrs && n < 64; n++)
+		if (!(protos[n] = make_attr(&attrs[n], &st)))
+			break;
+	int r = default_outputs(domain && strcmp(domain, "ai.onnx") ? domain : "", op_type, protos, n, in, n_in);
+	for (int k = 0; k < n; k++)
+		if (protos[k])
+			onnx__attribute_proto__free_unpacked(protos[k], NULL);
+	return r;
+}
+
+/* ---------------------------------------------------------------- the eager builder (lib/autodiff) */
+
+/* What the builder of a gradient rule holds in eager mode: the context, and every tensor the rule
+ * made, released when it is done. */
+typedef struct eager_rule {
+	tern_ctx *ctx;
+	tern_var **made;
+	size_t n, cap;
+} eager_rule;
+
+static tern_status keep(eager_rule *r, tern_var *v)
+{
+	if (!tern_grow((void **)&r->made, &r->cap, r->n + 1, sizeof *r->made)) {
+		tern_var_unref(v);
+		return tern_errorf(TERN_EOS, "out of memory");
+	}
+	r->made[r->n++] = v;
+	return TERN_OK;
+}
+
+static Onnx__AttributeProto *gattr_proto(const tern_gattr *a, tern_status *st)
+{
+	tern_attr_arg x = {.name = a->name};
+	double fl[64];
+	switch (a->type) {
+	case TERN_GA_INT: x.kind = TERN_ATTR_INT, x.i = a->i; break;
+	case TERN_GA_FLOAT: x.kind = TERN_ATTR_FLOAT, x.f = a->f; break;
+	case TERN_GA_INTS: x.kind = TERN_ATTR_INTS, x.ints = a->ints, x.n = a->n; break;
+	case TERN_GA_FLOATS:
+		x.kind = TERN_ATTR_FLOATS;
+		x.n = a->n < 64 ? a->n : 64;
+		for (size_t i = 0; i < x.n; i++)
+			fl[i] = a->floats[i];
+		x.floats = fl;
+		break;
+	case TERN_GA_STRING: x.kind = TERN_ATTR_STRING, x.s = a->s; break;
+	}
+	return make_attr(&x, st);
+}
+
+tern_status tern_eager_emit(void *rule, const tern_node *forward, const char *domain, const char *op_type,
+                            tern_gval *const *in, int n_in, const tern_gattr *attrs, int n_attrs, bool like,
+                            tern_gval **out, int n_out)
+{
+	eager_rule *r = rule;
+	Onnx__AttributeProto *protos[96];
+	int n = 0;
+	tern_status st = TERN_OK;
+	if (like && forward) {
+		for (size_t k = 0; k < forward->proto->n_attribute && n < 64; k++)
+			protos[n++] = forward->proto->attribute[k];
+	}
+	int first_own = n;
+	for (int k = 0; k < n_attrs && n < 96 && !st; k++)
+		if ((protos[n] = gattr_proto(&attrs[k], &st)))
+			n++;
+	tern_var *outs[8] = {NULL};
+	if (!st)
+		st = call_protos(r->ctx, domain ? domain : "", op_type, (tern_var *const *)in, n_in, protos, n, outs, n_out,
+		                 false);
+	for (int k = first_own; k < n; k++)
+		onnx__attribute_proto__free_unpacked(protos[k], NULL);
+	for (int o = 0; o < n_out; o++) {
+		if (out)
+			out[o] = (tern_gval *)outs[o];
+		if (outs[o] && !st)
+			st = keep(r, outs[o]);
+		else if (outs[o])
+			tern_var_unref(outs[o]);
+	}
+	return st;
+}
+
+tern_gval *tern_eager_constant(void *rule, const tern_tensor *t)
+{
+	eager_rule *r = rule;
+	tern_var *v = NULL;
+	if (tern_var_from(r->ctx, t->dtype, t->rank, t->dims, t->data, &v) || keep(r, v))
+		return NULL;
+	return (tern_gval *)v;
+}
+
+const tern_tensor *tern_eager_gval_tensor(const tern_gval *v)
+{
+	return &((const tern_var *)v)->t;
+}
+
+/* ---------------------------------------------------------------- backward */
+
+/* grad += d (both references kept by the caller; *acc replaced by a new reference) */
+static tern_status accumulate(tern_ctx *c, tern_var **acc, tern_var *d)
+{
+	if (!*acc) {
+		*acc = tern_var_ref(d);
+		return TERN_OK;
+	}
+	tern_var *in[2] = {*acc, d}, *sum = NULL;
+	tern_status st = call_protos(c, "", "Add", in, 2, NULL, 0, &sum, 1, false);
+	if (st)
+		return st;
+	tern_var_unref(*acc);
+	*acc = sum;
+	return TERN_OK;
+}
+
+typedef struct order {
+	tape_node **n;
+	size_t len, cap;
+} order;
+
+/* Post-order of the tape below root (iterative: deep models make deep tapes); every node visited is
+ * marked, held (a reference) and listed in seen. */
+static tern_status topo(tape_node *root, order *ord, order *seen)
+{
+	typedef struct frame {
+		tape_node *n;
+		int next;
+	} frame;
+	frame *stack = NULL;
+	size_t depth = 0, cap = 0;
+	if (!tern_grow((void **)&stack, &cap, 1, sizeof *stack) ||
+	    !tern_grow((void **)&seen->n, &seen->cap, seen->len + 1, sizeof *seen->n)) {
+		free(stack);
+		return tern_errorf(TERN_EOS, "out of memory");
+	}
+	stack[depth++] = (frame){root, 0};
+	root->refs++;
+	root->marked = 1;
+	seen->n[seen->len++] = root;
+	tern_status st = TERN_OK;
+	while (depth) {
+		frame *f = &stack[depth - 1];
+		if (f->next < f->n->n_in) {
+			tern_var *x = f->n->in[f->next++];
+			tape_node *m = x ? x->fn : NULL;
+			if (!m || m->released || m->marked)
+				continue;
+			if (!tern_grow((void **)&stack, &cap, depth + 1, sizeof *stack) ||
+			    !tern_grow((void **)&seen->n, &seen->cap, seen->len + 1, sizeof *seen->n)) {
+				st = tern_errorf(TERN_EOS, "out of memory");
+				break;
+			}
+			m->refs++;
+			m->marked = 1;
+			seen->n[seen->len++] = m;
+			stack[depth++] = (frame){m, 0};
+			continue;
+		}
+		if (!tern_grow((void **)&ord->n, &ord->cap, ord->len + 1, sizeof *ord->n)) {
+			st = tern_errorf(TERN_EOS, "out of memory");
+			break;
+		}
+		ord->n[ord->len++] = f->n;
+		depth--;
+	}
+	free(stack);
+	return st;
+}
+
+tern_status tern_grad_ctx_open(tern_model *m, tern_grad_ctx *ctx);
+void tern_grad_ctx_close(tern_grad_ctx *ctx);
+tern_status tern_grad_run_eager(void *rule, const tern_node *forward, tern_grad_ctx *ctx);
+
+tern_status tern_backward(tern_var *y, tern_var *seed)
+{
+	tern_ctx *c = y->ctx;
+	if (c->closed)
+		return closed_error();
+	if (!y->requires_grad)
+		return tern_errorf(TERN_EUSAGE, "backward: the tensor does not require a gradient (no parameter led to it, or it "
+		                                "was computed under no_grad)");
+	char shape[160];
+	if (!seed && tern_tensor_numel(&y->t) != 1)
+		return tern_errorf(TERN_EUSAGE, "backward on a tensor of shape %s needs a gradient (only a one-element tensor "
+		                                "has an implicit one)",
+		                   tern_shape_str(y->t.dtype, y->t.rank, y->t.dims, shape, sizeof shape));
+	if (seed && (seed->t.dtype != y->t.dtype || tern_tensor_numel(&seed->t) != tern_tensor_numel(&y->t)))
+		return tern_errorf(TERN_EUSAGE, "backward: the gradient given is %s, the tensor %s",
+		                   tern_shape_str(seed->t.dtype, seed->t.rank, seed->t.dims, shape, sizeof shape),
+		                   tern_shape_str(y->t.dtype, y->t.rank, y->t.dims, shape + 80, 80));
+	tern_var *one = NULL;
+	tern_status st = TERN_OK;
+	if (!seed) {
+		st = tern_var_new(c, y->t.dtype, y->t.rank, y->t.dims, &one);
+		if (st)
+			return st;
+		tern_tensor *t = &one->t;
+		switch (t->dtype) {
+		case TERN_DOUBLE: *(double *)t->data = 1; break;
+		case TERN_FLOAT16: *(uint16_t *)t->data = tern_f32_to_f16(1.0f); break;
+		case TERN_BFLOAT16: *(uint16_t *)t->data = tern_f32_to_bf16(1.0f); break;
+		default: *(float *)t->data = 1; break;
+		}
+		seed = one;
+	}
+	int was = tern_ctx_set_grad_enabled(c, 0);
+	if (!y->fn) {
+		/* a leaf: its own gradient */
+		st = accumulate(c, &y->grad, seed);
+		tern_var_unref(one);
+		tern_ctx_set_grad_enabled(c, was);
+		return st;
+	}
+	if (y->fn->released) {
+		tern_var_unref(one);
+		tern_ctx_set_grad_enabled(c, was);
+		return tern_errorf(TERN_EUSAGE, "backward through operations whose tape a backward has released already");
+	}
+	order ord = {0}, seen = {0};
+	st = topo(y->fn, &ord, &seen);
+	if (!st)
+		st = accumulate(c, &y->fn->dy[y->fn_out], seed);
+	/* reverse post-order: every consumer before its producers */
+	for (size_t k = ord.len; !st && k-- > 0;) {
+		tape_node *n = ord.n[k];
+		bool flows = false;
+		for (int o = 0; o < n->n_out; o++)
+			flows |= n->dy[o] != NULL;
+		bool wants[64] = {false}, wanted = false;
+		for (int i = 0; i < n->n_in; i++) {
+			wants[i] = n->in[i] && n->in[i]->requires_grad;
+			wanted |= wants[i];
+		}
+		if (!flows || !wanted)
+			continue;
+		const tern_node *fwd = n->e->node;
+		if (!n->e->op->grad) {
+			st = tern_errorf(TERN_EDATA, "%s: no gradient rule", fwd->op_type);
+			break;
+		}
+		tern_gval *x[64], *yv[64], *dy[64], *dx[64] = {NULL};
+		for (int i = 0; i < n->n_in; i++)
+			x[i] = (tern_gval *)n->in[i];
+		for (int o = 0; o < n->n_out; o++) {
+			yv[o] = (tern_gval *)n->out[o];
+			dy[o] = (tern_gval *)n->dy[o];
+		}
+		eager_rule r = {c, NULL, 0, 0};
+		tern_grad_ctx gc = {fwd, n->n_in, n->n_out, x, yv, dy, wants, dx, NULL};
+		st = tern_grad_run_eager(&r, fwd, &gc);
+		for (int i = 0; !st && i < n->n_in; i++) {
+			if (!wants[i] || !dx[i])
+				continue;
+			tern_var *in = n->in[i], *d = (tern_var *)dx[i];
+			if (tern_tensor_numel(&d->t) != tern_tensor_numel(&in->t) || d->t.dtype != in->t.dtype) {
+				char a[160], b[160];
+				st = tern_errorf(TERN_EINTERNAL, "%s: the gradient of input %d is %s, the input %s", fwd->op_type, i,
+				                 tern_shape_str(d->t.dtype, d->t.rank, d->t.dims, a, sizeof a),
+				                 tern_shape_str(in->t.dtype, in->t.rank, in->t.dims, b, sizeof b));
+				break;
+			}
+			tern_var *shaped = d;
+			if (d->t.rank != in->t.rank || memcmp(d->t.dims, in->t.dims, (size_t)in->t.rank * sizeof *in->t.dims)) {
+				tern_tensor shape = in->t;
+				shaped = var_share(d, &shape);
+				if (!shaped) {
+					st = tern_errorf(TERN_EOS, "out of memory");
+					break;
+				}
+			} else {
+				tern_var_ref(shaped);
+			}
+			if (in->fn && !in->fn->released)
+				st = accumulate(c, &in->fn->dy[in->fn_out], shaped);
+			else if (!in->fn)
+				st = accumulate(c, &in->grad, shaped);
+			tern_var_unref(shaped);
+		}
+		for (size_t m = 0; m < r.n; m++)
+			tern_var_unref(r.made[m]);
+		free(r.made);
+	}
+	/* the tape below y is spent */
+	for (size_t k = 0; k < seen.len; k++) {
+		tape_release_links(seen.n[k]);
+		tape_unref(seen.n[k]);
+	}
+	free(seen.n);
+	free(ord.n);
+	tern_var_unref(one);
+	tern_ctx_set_grad_enabled(c, was);
+	return st;
+}
+
+/* ---------------------------------------------------------------- optimizers */
+
+struct tern_optim {
+	tern_ctx *ctx;
+	tern_optim_options o;
+	int kind; /* 0 sgd, 1 adam, 2 adagrad */
+	int decoupled;
+	int n;
+	tern_var **params;
+	tern_var **state[2];
+	tern_var *lr, *t;
+	int64_t steps;
+};
+
+tern_status tern_optim_create(tern_ctx *c, const tern_optim_options *o, tern_var *const *params, int n,
+                              tern_optim **out)
+{
+	*out = NULL;
+	const char *kind = o->kind ? o->kind : "sgd";
+	int k = !strcmp(kind, "sgd") ? 0 : !strcmp(kind, "adam") || !strcmp(kind, "adamw") ? 1 : !strcmp(kind, "adagrad") ? 2 : -1;
+	if (k < 0)
+		return tern_errorf(TERN_EUSAGE, "unknown optimizer '%s' (sgd, adam, adamw or adagrad)", kind);
+	for (int i = 0; i < n; i++)
+		if (!params[i] || params[i]->fn || params[i]->ctx != c ||
+		    (params[i]->t.dtype != TERN_FLOAT && params[i]->t.dtype != TERN_DOUBLE))
+			return tern_errorf(TERN_EUSAGE, "optimizer: parameter %d is not a float or double leaf tensor of this context", i);
+	tern_optim *p = calloc(1, sizeof *p);
+	if (!p)
+		return tern_errorf(TERN_EOS, "out of memory");
+	p->ctx = c;
+	c->refs++;
+	p->o = *o;
+	p->kind = k;
+	p->decoupled = !strcmp(kind, "adamw");
+	if (p->o.weight_decay < 0)
+		p->o.weight_decay = p->decoupled ? 0.01 : 0;
+	if (p->o.lr < 0)
+		p->o.lr = k == 1 ? 1e-3 : 1e-2;
+	p->n = n;
+	p->params = calloc((size_t)n + 1, sizeof *p->params);
+	p->state[0] = calloc((size_t)n + 1, sizeof *p->state[0]);
+	p->state[1] = calloc((size_t)n + 1, sizeof *p->state[1]);
+	tern_status st = p->params && p->state[0] && p->state[1] ? TERN_OK : tern_errorf(TERN_EOS, "out of memory");
+	int states = k == 1 ? 2 : k == 2 ? 1 : o->momentum != 0 ? 1 : 0;
+	for (int i = 0; !st && i < n; i++) {
+		p->params[i] = tern_var_ref(params[i]);
+		for (int s = 0; s < states && !st; s++)
+			st = tern_var_new(c, params[i]->t.dtype, params[i]->t.rank, params[i]->t.dims, &p->state[s][i]);
+	}
+	int64_t zero = 0;
+	if (!st)
+		st = tern_var_from(c, TERN_INT64, 0, NULL, &zero, &p->t);
+	if (st) {
+		tern_optim_free(p);
+		return st;
+	}
+	*out = p;
+	return TERN_OK;
+}
+
+void tern_optim_free(tern_optim *p)
+{
+	if (!p)
+		return;
+	for (int i = 0; i < p->n; i++) {
+		if (p->params)
+			tern_var_unref(p->params[i]);
+		for (int s = 0; s < 2; s++)
+			if (p->state[s])
+				tern_var_unref(p->state[s][i]);
+	}
+	free(p->params);
+	free(p->state[0]);
+	free(p->state[1]);
+	tern_var_unref(p->lr);
+	tern_var_unref(p->t);
+	tern_ctx *c = p->ctx;
+	free(p);
+	ctx_release(c);
+}
+
+void tern_optim_set_lr(tern_optim *p, double lr)
+{
+	p->o.lr = lr;
+}
+
+double tern_optim_lr(const tern_optim *p)
+{
+	return p->o.lr;
+}
+
+int64_t tern_optim_steps(const tern_optim *p)
+{
+	return p->steps;
+}
+
+void tern_optim_zero_grad(tern_optim *p)
+{
+	for (int i = 0; i < p->n; i++)
+		tern_var_set_grad(p->params[i], NULL);
+}
+
+/* The update of every parameter with a gradient, through the same tern.SGD/Adam/Adagrad kernels as a
+ * training step; the new values are copied into the parameters' and state's own bytes. */
+tern_status tern_optim_step(tern_optim *p)
+{
+	tern_ctx *c = p->ctx;
+	if (c->closed)
+		return closed_error();
+	p->steps++;
+	*(int64_t *)p->t->t.data = p->steps;
+	tern_status st = TERN_OK;
+	int was = tern_ctx_set_grad_enabled(c, 0);
+	for (int i = 0; !st && i < p->n; i++) {
+		tern_var *w = p->params[i], *g = w->grad;
+		if (!g)
+			continue;
+		tern_var_unref(p->lr);
+		p->lr = NULL;
+		if (w->t.dtype == TERN_DOUBLE) {
+			double lr = p->o.lr;
+			st = tern_var_from(c, TERN_DOUBLE, 0, NULL, &lr, &p->lr);
+		} else {
+			float lr = (float)p->o.lr;
+			st = tern_var_from(c, TERN_FLOAT, 0, NULL, &lr, &p->lr);
+		}
+		if (st)
+			break;
+		tern_attr_arg at[6];
+		int na = 0;
+		tern_var *in[6];
+		int n_in = 0, n_out = 1;
+		const char *op;
+		at[na++] = (tern_attr_arg){.name = "weight_decay", .kind = TERN_ATTR_FLOAT, .f = p->o.weight_decay};
+		in[n_in++] = p->lr;
+		if (p->kind == 0) {
+			op = "SGD";
+			at[na++] = (tern_attr_arg){.name = "momentum", .kind = TERN_ATTR_FLOAT, .f = p->o.momentum};
+			at[na++] = (tern_attr_arg){.name = "nesterov", .kind = TERN_ATTR_INT, .i = p->o.nesterov};
+			in[n_in++] = w;
+			in[n_in++] = g;
+			if (p->o.momentum != 0)
+				in[n_in++] = p->state[0][i], n_out = 2;
+		} else {
+			op = p->kind == 1 ? "Adam" : "Adagrad";
+			in[n_in++] = p->t;
+			in[n_in++] = w;
+			in[n_in++] = g;
+			double eps = p->o.eps > 0 ? p->o.eps : p->kind == 2 ? 1e-10 : 1e-8;
+			at[na++] = (tern_attr_arg){.name = "epsilon", .kind = TERN_ATTR_FLOAT, .f = eps};
+			if (p->kind == 1) {
+				at[na++] = (tern_attr_arg){.name = "beta1", .kind = TERN_ATTR_FLOAT, .f = p->o.beta1 > 0 ? p->o.beta1 : 0.9};
+				at[na++] = (tern_attr_arg){.name = "beta2", .kind = TERN_ATTR_FLOAT, .f = p->o.beta2 > 0 ? p->o.beta2 : 0.999};
+				at[na++] = (tern_attr_arg){.name = "decoupled", .kind = TERN_ATTR_INT, .i = p->decoupled};
+				in[n_in++] = p->state[0][i];
+				in[n_in++] = p->state[1][i];
+				n_out = 3;
+			} else {
+				at[na++] = (tern_attr_arg){.name = "lr_decay", .kind = TERN_ATTR_FLOAT, .f = p->o.lr_decay};
+				in[n_in++] = p->state[0][i];
+				n_out = 2;
+			}
+		}
+		tern_var *outs[3] = {NULL};
+		st = tern_call(c, "tern", op, in, n_in, at, na, outs, n_out);
+		if (!st) {
+			tern_var *dst[3] = {w, p->state[0][i], p->state[1][i]};
+			for (int o = 0; o < n_out; o++)
+				if (outs[o] && dst[o] && dst[o]->t.nbytes == outs[o]->t.nbytes)
+					memcpy(dst[o]->t.data, outs[o]->t.data, outs[o]->t.nbytes);
+		}
+		for (int o = 0; o < 3; o++)
+			tern_var_unref(outs[o]);
+	}
+	tern_ctx_set_grad_enabled(c, was);
+	return st;
+}

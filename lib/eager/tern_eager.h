@@ -1,0 +1,140 @@
+/* tern_eager.h — tern one operator at a time: reference-counted tensors, every operator of the
+ * registry callable by name with ONNX attributes (through the same prepare functions and kernels that
+ * plans use, with a cache of prepared calls), autograd that records a tape and runs the operators'
+ * gradient rules eagerly, and optimizers with tern-autodiff's update rules.
+ *
+ * A context holds the thread pool, the cache, the random state and the grad mode. Tensors belong to
+ * the context that made them; a context freed while tensors are alive is closed (its memory lives on
+ * until the last tensor goes), and any call on such a tensor fails with TERN_EUSAGE.
+ *
+ * Every function returning tern_status sets the message tern_error() reads on failure: one line that
+ * names the operator and the offending shape, dtype or attribute. */
+#ifndef TERN_EAGER_H
+#define TERN_EAGER_H
+
+#include "tern.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct tern_ctx tern_ctx;
+typedef struct tern_var tern_var;
+
+/* ---------------------------------------------------------------- contexts */
+
+tern_status tern_ctx_create(int n_threads, tern_ctx **out);
+/* Closes the context (its tensors stay readable until released; operations on them fail). */
+void tern_ctx_free(tern_ctx *ctx);
+/* Seeds the random operators (RandomNormal, RandomUniform, Bernoulli, Dropout, ... without a seed
+ * attribute draw theirs from this stream). */
+void tern_ctx_manual_seed(tern_ctx *ctx, uint64_t seed);
+/* Records the tape for operations on tensors that require gradients (the default: on); returns the
+ * previous setting. */
+int tern_ctx_set_grad_enabled(tern_ctx *ctx, int enabled);
+int tern_ctx_grad_enabled(const tern_ctx *ctx);
+/* The ai.onnx opset operators are called at (default: the newest tern implements). */
+void tern_ctx_set_opset(tern_ctx *ctx, int64_t opset);
+/* Calls served from the cache of prepared calls, and calls that prepared. */
+void tern_ctx_cache_stats(const tern_ctx *ctx, int64_t *hits, int64_t *misses);
+
+/* ---------------------------------------------------------------- tensors */
+
+/* A tensor of zeros. */
+tern_status tern_var_new(tern_ctx *ctx, int dtype, int rank, const int64_t *dims, tern_var **out);
+/* A tensor holding a copy of data (numel * element size bytes, C order). */
+tern_status tern_var_from(tern_ctx *ctx, int dtype, int rank, const int64_t *dims, const void *data, tern_var **out);
+tern_var *tern_var_ref(tern_var *v);
+void tern_var_unref(tern_var *v);
+tern_ctx *tern_var_ctx(const tern_var *v);
+/* Its dtype, shape and bytes. The bytes may be written (an optimizer, numpy interop); writes are not
+ * seen by autograd. */
+const tern_tensor *tern_var_tensor(const tern_var *v);
+int tern_var_requires_grad(const tern_var *v);
+/* Only a leaf (a tensor no recorded operation made) can be marked; TERN_EUSAGE otherwise. */
+tern_status tern_var_set_requires_grad(tern_var *v, int requires_grad);
+int tern_var_is_leaf(const tern_var *v);
+/* The accumulated gradient (borrowed), or NULL. */
+tern_var *tern_var_grad(const tern_var *v);
+/* Replaces the gradient (takes a reference; NULL clears it). */
+void tern_var_set_grad(tern_var *v, tern_var *grad);
+/* A new tensor sharing v's bytes, with no history and no gradient. */
+tern_var *tern_var_detach(tern_var *v);
+
+/* ---------------------------------------------------------------- operators */
+
+enum {
+	TERN_ATTR_INT = 1,
+	TERN_ATTR_FLOAT,
+	TERN_ATTR_STRING,
+	TERN_ATTR_TENSOR,
+	TERN_ATTR_INTS,
+	TERN_ATTR_FLOATS,
+	TERN_ATTR_STRINGS,
+};
+
+/* An ONNX attribute by name: kind says which field holds it (n: the length of a list). */
+typedef struct tern_attr_arg {
+	const char *name;
+	int kind;
+	int64_t i;
+	double f;
+	const char *s;
+	const tern_tensor *t;
+	const int64_t *ints;
+	const double *floats;
+	const char *const *strings;
+	size_t n;
+} tern_attr_arg;
+
+/* Runs the operator domain.op_type ("" or "ai.onnx" for ONNX, "tern" for tern's own) on in[0..n_in)
+ * (NULL entries: omitted optional inputs) and sets out[0..n_out) to new references (NULL where the
+ * operator left an output out). n_out < 0 asks for the operator's usual outputs
+ * (tern_op_outputs). With the grad mode on and an input that requires a gradient, the call is
+ * recorded on the tape. */
+tern_status tern_call(tern_ctx *ctx, const char *domain, const char *op_type, tern_var *const *in, int n_in,
+                      const tern_attr_arg *attrs, int n_attrs, tern_var **out, int n_out);
+/* How many outputs a call of the operator returns by default: 1 for most; LSTM 3, GRU and RNN 2,
+ * TopK 2, Unique 4, Split as many as its split input or num_outputs says, ... */
+int tern_op_outputs(const char *domain, const char *op_type, const tern_attr_arg *attrs, int n_attrs,
+                    tern_var *const *in, int n_in);
+
+/* ---------------------------------------------------------------- autograd */
+
+/* Accumulates d(sum(y * seed))/dx into the gradient of every leaf x that requires one, running the
+ * gradient rules of the recorded operations from y back. seed NULL: y must have one element (a
+ * scalar loss), seed 1. The tape below y is released afterwards. */
+tern_status tern_backward(tern_var *y, tern_var *seed);
+
+/* ---------------------------------------------------------------- optimizers */
+
+typedef struct tern_optim tern_optim;
+/* tern-autodiff's optimizers (torch.optim's rules, the same tern.SGD, tern.Adam and tern.Adagrad
+ * kernels): kind "sgd", "adam", "adamw" or "adagrad"; numbers < 0 take torch.optim's defaults. */
+typedef struct tern_optim_options {
+	const char *kind;
+	double lr;
+	double momentum;
+	int nesterov;
+	double weight_decay;
+	double beta1, beta2, eps;
+	double lr_decay;
+} tern_optim_options;
+
+tern_status tern_optim_create(tern_ctx *ctx, const tern_optim_options *opts, tern_var *const *params, int n_params,
+                              tern_optim **out);
+void tern_optim_free(tern_optim *opt);
+/* Updates every parameter that has a gradient, in place. */
+tern_status tern_optim_step(tern_optim *opt);
+/* Clears the parameters' gradients. */
+void tern_optim_zero_grad(tern_optim *opt);
+void tern_optim_set_lr(tern_optim *opt, double lr);
+double tern_optim_lr(const tern_optim *opt);
+/* Steps taken. */
+int64_t tern_optim_steps(const tern_optim *opt);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

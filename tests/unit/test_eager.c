@@ -1,0 +1,213 @@
+/* test_eager.c — the C eager API: operators by name with attributes, the cache of prepared calls,
+ * autograd against central finite differences in float64, the optimizers against a hand computation,
+ * and one clear error for each kind of misuse. */
+#include "check.h"
+
+#include "tern_eager.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+static tern_var *vec(tern_ctx *c, int dtype, int rank, const int64_t *dims, const double *v)
+{
+	tern_var *t = NULL;
+	CHECK_OK(tern_var_new(c, dtype, rank, dims, &t));
+	if (!t)
+		return NULL;
+	const tern_tensor *x = tern_var_tensor(t);
+	for (int64_t i = 0; i < tern_tensor_numel(x); i++) {
+		if (dtype == TERN_DOUBLE)
+			((double *)x->data)[i] = v[i];
+		else if (dtype == TERN_FLOAT)
+			((float *)x->data)[i] = (float)v[i];
+		else
+			((int64_t *)x->data)[i] = (int64_t)v[i];
+	}
+	return t;
+}
+
+static double at(const tern_var *t, int64_t i)
+{
+	return tern_tensor_get_f64(tern_var_tensor(t), i);
+}
+
+static tern_var *call1(tern_ctx *c, const char *op, tern_var *a, tern_var *b, const tern_attr_arg *attrs, int n_attrs)
+{
+	tern_var *in[2] = {a, b}, *out = NULL;
+	CHECK_OK(tern_call(c, "", op, in, b ? 2 : 1, attrs, n_attrs, &out, 1));
+	return out;
+}
+
+/* f(x, w, b) = ReduceSum(Tanh(Gemm(x, w, b, transB=1)) * x2): a loss through broadcasting. */
+static tern_var *loss_of(tern_ctx *c, tern_var *x, tern_var *w, tern_var *b)
+{
+	tern_attr_arg tb = {.name = "transB", .kind = TERN_ATTR_INT, .i = 1};
+	tern_var *g = call1(c, "Gemm", x, w, &tb, 1);
+	tern_var *in3[3] = {x, w, b}, *g3 = NULL;
+	CHECK_OK(tern_call(c, "", "Gemm", in3, 3, &tb, 1, &g3, 1));
+	tern_var *t = call1(c, "Tanh", g3, NULL, NULL, 0);
+	tern_var *m = call1(c, "Mul", t, g, NULL, 0);
+	tern_attr_arg kd = {.name = "keepdims", .kind = TERN_ATTR_INT, .i = 0};
+	tern_var *s = call1(c, "ReduceSum", m, NULL, &kd, 1);
+	tern_var_unref(g);
+	tern_var_unref(g3);
+	tern_var_unref(t);
+	tern_var_unref(m);
+	return s;
+}
+
+static void autograd(tern_ctx *c)
+{
+	int64_t dx[2] = {3, 4}, dw[2] = {2, 4}, db[1] = {2};
+	double xv[12], wv[8], bv[2] = {0.1, -0.2};
+	for (int i = 0; i < 12; i++)
+		xv[i] = sin(i * 0.7) * 0.8;
+	for (int i = 0; i < 8; i++)
+		wv[i] = cos(i * 1.3) * 0.5;
+	tern_var *x = vec(c, TERN_DOUBLE, 2, dx, xv), *w = vec(c, TERN_DOUBLE, 2, dw, wv), *b = vec(c, TERN_DOUBLE, 1, db, bv);
+	CHECK_OK(tern_var_set_requires_grad(w, 1));
+	CHECK_OK(tern_var_set_requires_grad(b, 1));
+	tern_var *l = loss_of(c, x, w, b);
+	CHECK(l && tern_var_requires_grad(l) && !tern_var_is_leaf(l));
+	CHECK_OK(tern_backward(l, NULL));
+	tern_var *gw = tern_var_grad(w), *gb = tern_var_grad(b);
+	CHECK(gw && gb && tern_var_grad(x) == NULL);
+	/* central differences */
+	int no = tern_ctx_set_grad_enabled(c, 0);
+	double worst = 0;
+	for (int p = 0; p < 2 && gw && gb; p++) {
+		tern_var *param = p ? b : w, *grad = p ? gb : gw;
+		const tern_tensor *pt = tern_var_tensor(param);
+		for (int64_t i = 0; i < tern_tensor_numel(pt); i++) {
+			double *e = &((double *)pt->data)[i], keep = *e, h = 1e-6;
+			*e = keep + h;
+			tern_var *lp = loss_of(c, x, w, b);
+			*e = keep - h;
+			tern_var *lm = loss_of(c, x, w, b);
+			*e = keep;
+			double num = (at(lp, 0) - at(lm, 0)) / (2 * h), err = fabs(num - at(grad, i));
+			worst = err > worst ? err : worst;
+			tern_var_unref(lp);
+			tern_var_unref(lm);
+		}
+	}
+	tern_ctx_set_grad_enabled(c, no);
+	CHECK(worst < 1e-7);
+	/* the tape is spent */
+	CHECK(tern_backward(l, NULL) == TERN_EUSAGE);
+	tern_var_unref(l);
+	/* an optimizer: SGD with momentum 0.5, lr 0.1 on the gradient just computed */
+	double w0 = at(w, 0), g0 = at(gw, 0);
+	tern_optim_options o = {.kind = "sgd", .lr = 0.1, .momentum = 0.5, .weight_decay = -1, .eps = -1};
+	tern_optim *opt = NULL;
+	tern_var *params[2] = {w, b};
+	CHECK_OK(tern_optim_create(c, &o, params, 2, &opt));
+	CHECK_OK(tern_optim_step(opt));
+	CHECK(fabs(at(w, 0) - (w0 - 0.1 * g0)) < 1e-12);
+	CHECK_OK(tern_optim_step(opt)); /* same gradient again: buffer 1.5 g */
+	CHECK(fabs(at(w, 0) - (w0 - 0.1 * g0 - 0.1 * 1.5 * g0)) < 1e-12);
+	tern_optim_zero_grad(opt);
+	CHECK(tern_var_grad(w) == NULL);
+	tern_optim_free(opt);
+	tern_var_unref(x);
+	tern_var_unref(w);
+	tern_var_unref(b);
+}
+
+static void calls(tern_ctx *c)
+{
+	int64_t d[1] = {4};
+	double av[4] = {1, -2, 3, -4}, bv[4] = {0.5, 0.5, 0.5, 0.5};
+	tern_var *a = vec(c, TERN_FLOAT, 1, d, av), *b = vec(c, TERN_FLOAT, 1, d, bv);
+	int64_t h0, m0, h1, m1;
+	tern_ctx_cache_stats(c, &h0, &m0);
+	for (int i = 0; i < 10; i++) {
+		tern_var *s = call1(c, "Add", a, b, NULL, 0);
+		CHECK(s && at(s, 1) == -1.5);
+		tern_var_unref(s);
+	}
+	tern_ctx_cache_stats(c, &h1, &m1);
+	CHECK(m1 - m0 == 1 && h1 - h0 == 9);
+	/* an attribute, and an operator whose prepare needs an input's values (Reshape's shape) */
+	tern_attr_arg alpha = {.name = "alpha", .kind = TERN_ATTR_FLOAT, .f = 0.5};
+	tern_var *lr = call1(c, "LeakyRelu", a, NULL, &alpha, 1);
+	CHECK(lr && at(lr, 3) == -2);
+	int64_t sd[1] = {2};
+	double shape[2] = {2, 2};
+	tern_var *sh = vec(c, TERN_INT64, 1, sd, shape);
+	tern_var *r = call1(c, "Reshape", a, sh, NULL, 0);
+	CHECK(r && tern_var_tensor(r)->rank == 2 && at(r, 2) == 3);
+	/* several outputs */
+	tern_attr_arg k = {.name = "axis", .kind = TERN_ATTR_INT, .i = 0};
+	tern_var *outs[2] = {NULL}, *in1[1] = {a};
+	CHECK(tern_op_outputs("", "Split", &k, 1, in1, 1) == 2);
+	tern_attr_arg n2[2] = {k, {.name = "num_outputs", .kind = TERN_ATTR_INT, .i = 2}};
+	CHECK_OK(tern_call(c, "", "Split", in1, 1, n2, 2, outs, -1));
+	CHECK(outs[0] && outs[1] && at(outs[1], 0) == 3);
+	tern_var_unref(outs[0]);
+	tern_var_unref(outs[1]);
+	/* seeded random operators: the same seed, the same numbers */
+	tern_attr_arg rn[1] = {{.name = "shape", .kind = TERN_ATTR_INTS, .ints = d, .n = 1}};
+	tern_var *r1 = NULL, *r2 = NULL, *r3 = NULL;
+	tern_ctx_manual_seed(c, 7);
+	CHECK_OK(tern_call(c, "", "RandomNormal", NULL, 0, rn, 1, &r1, 1));
+	CHECK_OK(tern_call(c, "", "RandomNormal", NULL, 0, rn, 1, &r3, 1));
+	tern_ctx_manual_seed(c, 7);
+	CHECK_OK(tern_call(c, "", "RandomNormal", NULL, 0, rn, 1, &r2, 1));
+	CHECK(r1 && r2 && r3 && memcmp(tern_var_tensor(r1)->data, tern_var_tensor(r2)->data, 16) == 0);
+	CHECK(r1 && r3 && memcmp(tern_var_tensor(r1)->data, tern_var_tensor(r3)->data, 16) != 0);
+	tern_var_unref(r1);
+	tern_var_unref(r2);
+	tern_var_unref(r3);
+	/* misuse: one error each */
+	int64_t d3[1] = {3};
+	tern_var *three = vec(c, TERN_FLOAT, 1, d3, av), *out = NULL, *in2[2] = {a, three};
+	CHECK(tern_call(c, "", "Add", in2, 2, NULL, 0, &out, 1) == TERN_EDATA && !out);
+	CHECK(strstr(tern_error(), "Add") != NULL);
+	CHECK(tern_call(c, "", "NoSuchOp", in2, 1, NULL, 0, &out, 1) == TERN_EUSAGE && strstr(tern_error(), "unknown"));
+	CHECK_OK(tern_var_set_requires_grad(a, 1));
+	tern_var *sq = call1(c, "Mul", a, a, NULL, 0);
+	CHECK(tern_backward(sq, NULL) == TERN_EUSAGE && strstr(tern_error(), "needs a gradient"));
+	CHECK(tern_var_set_requires_grad(sq, 0) == TERN_EUSAGE);
+	/* no_grad: nothing recorded */
+	int was = tern_ctx_set_grad_enabled(c, 0);
+	tern_var *ng = call1(c, "Mul", a, a, NULL, 0);
+	CHECK(ng && !tern_var_requires_grad(ng) && tern_var_is_leaf(ng));
+	tern_ctx_set_grad_enabled(c, was);
+	tern_var_unref(ng);
+	tern_var_unref(sq);
+	tern_var_unref(three);
+	tern_var_unref(lr);
+	tern_var_unref(sh);
+	tern_var_unref(r);
+	tern_var_unref(a);
+	tern_var_unref(b);
+}
+
+static void freed_context(void)
+{
+	tern_ctx *c = NULL;
+	CHECK_OK(tern_ctx_create(1, &c));
+	int64_t d[1] = {2};
+	double v[2] = {1, 2};
+	tern_var *a = vec(c, TERN_FLOAT, 1, d, v);
+	tern_ctx_free(c);
+	CHECK(a && at(a, 1) == 2); /* still readable */
+	tern_var *in[1] = {a}, *out = NULL;
+	CHECK(tern_call(c, "", "Relu", in, 1, NULL, 0, &out, 1) == TERN_EUSAGE && strstr(tern_error(), "freed"));
+	tern_var_unref(a); /* the context's memory goes with its last tensor */
+}
+
+int main(void)
+{
+	tern_ctx *c = NULL;
+	CHECK_OK(tern_ctx_create(1, &c));
+	if (c) {
+		calls(c);
+		autograd(c);
+		tern_ctx_free(c);
+	}
+	freed_context();
+	return check_report("test_eager");
+}
