@@ -131,12 +131,27 @@ def main():
     ap.add_argument("--bin", required=True)
     ap.add_argument("--work", required=True)
     ap.add_argument("--optimizers", default="sgd,adam", help="comma-separated: " + ",".join(OPTIMIZERS))
+    ap.add_argument("--eager-grad", metavar="PROGRAM",
+                    help="also check eager gradients against tern-autodiff's with this program "
+                         "(BUILD/tests/grad/eager_vs_graph) on each exported model's first batch")
     ap.add_argument("names", nargs="*")
     a = ap.parse_args()
     torch.set_num_threads(1)
     os.makedirs(a.work, exist_ok=True)
     failed = 0
     for name in a.names or ["mlp", "cnn", "lstm", "transformer"]:
+        if a.eager_grad:
+            net, x, y = make(name)
+            model = os.path.join(a.work, f"{name}.onnx")
+            export(net, x, model)
+            np.save(os.path.join(a.work, "xb.npy"), x[:BATCH].numpy())
+            np.save(os.path.join(a.work, "yb.npy"), y[:BATCH].numpy().astype(np.int64))
+            p = subprocess.run([a.eager_grad, model, os.path.join(a.work, "xb.npy"), os.path.join(a.work, "yb.npy")],
+                               capture_output=True, text=True)
+            out = (p.stdout.strip().splitlines() or [p.stderr.strip()])[-1]
+            print(f"{'ok  ' if p.returncode == 0 else 'FAIL'} {name} eager gradients vs tern-autodiff's: "
+                  f"{out.replace('ok   ', '').replace('FAIL ', '')}" + ("" if p.returncode == 0 else " " + p.stderr.strip()))
+            failed += p.returncode != 0
         for opt_name in a.optimizers.split(","):
             net, x, y = make(name)
             model = os.path.join(a.work, f"{name}.onnx")
