@@ -377,19 +377,44 @@ static void tape_unref(tape_node *n)
 
 /* ---------------------------------------------------------------- the call cache */
 
+/* A call's signature, built on the stack unless it is long. */
 typedef struct keybuf {
 	char *p;
 	size_t n, cap;
 	int failed;
+	char local[512];
 } keybuf;
+
+static void key_init(keybuf *k)
+{
+	k->p = k->local;
+	k->n = 0;
+	k->cap = sizeof k->local;
+	k->failed = 0;
+}
+
+static void key_free(keybuf *k)
+{
+	if (k->p != k->local)
+		free(k->p);
+	k->p = k->local;
+}
 
 static void key_put(keybuf *k, const void *p, size_t n)
 {
 	if (k->failed)
 		return;
-	if (!tern_grow((void **)&k->p, &k->cap, k->n + n + 1, 1)) {
-		k->failed = 1;
-		return;
+	if (k->n + n > k->cap) {
+		size_t cap = (k->n + n) * 2;
+		char *q = k->p == k->local ? malloc(cap) : realloc(k->p, cap);
+		if (!q) {
+			k->failed = 1;
+			return;
+		}
+		if (k->p == k->local)
+			memcpy(q, k->local, k->n);
+		k->p = q;
+		k->cap = cap;
 	}
 	memcpy(k->p + k->n, p, n);
 	k->n += n;
@@ -672,10 +697,6 @@ static tern_status call_protos(tern_ctx *c, const char *domain, const char *op_t
 		domain = "";
 	for (int o = 0; o < (n_out > 0 ? n_out : 0); o++)
 		outv[o] = NULL;
-	const tern_op *op = tern_op_find(domain, op_type, *domain ? 1 : c->opset);
-	if (!op)
-		return tern_errorf(TERN_EUSAGE, "%s%s%s: %s", domain, *domain ? "." : "", op_type,
-		                   tern_op_known(domain, op_type) ? "not implemented at this opset" : "unknown operator");
 	if (n_in > 64)
 		return tern_errorf(TERN_EUSAGE, "%s: more than 64 inputs", op_type);
 	for (int i = 0; i < n_in; i++)
@@ -691,7 +712,8 @@ static tern_status call_protos(tern_ctx *c, const char *domain, const char *op_t
 		seed_given |= !strcmp(attrs[k]->name, "seed");
 
 	/* the signature */
-	keybuf k = {0};
+	keybuf k;
+	key_init(&k);
 	key_str(&k, domain);
 	key_str(&k, op_type);
 	key_put(&k, &c->opset, sizeof c->opset);
@@ -721,7 +743,7 @@ static tern_status call_protos(tern_ctx *c, const char *domain, const char *op_t
 		key_put(&k, in[i]->t.dims, (size_t)in[i]->t.rank * sizeof *in[i]->t.dims);
 	}
 	if (k.failed) {
-		free(k.p);
+		key_free(&k);
 		return tern_errorf(TERN_EOS, "out of memory");
 	}
 	tern_tensor views[64], *inp[64] = {NULL};
@@ -743,7 +765,7 @@ static tern_status call_protos(tern_ctx *c, const char *domain, const char *op_t
 	if (e && !e->per_call) {
 		/* the prepared call */
 		c->hits++;
-		free(k.p);
+		key_free(&k);
 		for (int o = 0; o < n_out; o++)
 			outs[o] = e->out_shape[o];
 		memset(&p, 0, sizeof p);
@@ -755,6 +777,12 @@ static tern_status call_protos(tern_ctx *c, const char *domain, const char *op_t
 		st = launch(c, e, inp, outs, &p);
 	} else {
 		c->misses++;
+		const tern_op *op = e ? e->op : tern_op_find(domain, op_type, *domain ? 1 : c->opset);
+		if (!op) {
+			key_free(&k);
+			return tern_errorf(TERN_EUSAGE, "%s%s%s: %s", domain, *domain ? "." : "", op_type,
+			                   tern_op_known(domain, op_type) ? "not implemented at this opset" : "unknown operator");
+		}
 		if (!e) {
 			e = calloc(1, sizeof *e);
 			bool present[64];
@@ -762,11 +790,12 @@ static tern_status call_protos(tern_ctx *c, const char *domain, const char *op_t
 				present[i] = in[i] != NULL;
 			if (!e)
 				st = tern_errorf(TERN_EOS, "out of memory");
+			if (!st && !(e->key = malloc(k.n ? k.n : 1)))
+				st = tern_errorf(TERN_EOS, "out of memory");
 			if (!st) {
 				e->hash = h;
-				e->key = k.p;
+				memcpy(e->key, k.p, k.n);
 				e->key_len = k.n;
-				k.p = NULL;
 				e->op = op;
 				e->n_in = n_in;
 				e->n_out = n_out;
@@ -817,14 +846,11 @@ static tern_status call_protos(tern_ctx *c, const char *domain, const char *op_t
 					free(e->key);
 					free(e);
 				}
-				free(k.p);
+				key_free(&k);
 				return st;
 			}
-			free(k.p);
-			k.p = NULL;
-		} else {
-			free(k.p);
 		}
+		key_free(&k);
 		if (e->per_call) {
 			/* prepared now, on the inputs' values */
 			if (e->random)
@@ -1287,6 +1313,7 @@ struct tern_optim {
 	tern_var **state[2];
 	tern_var *lr, *t;
 	int64_t steps;
+	int64_t *param_steps; /* per parameter, as torch.optim: a step without its gradient does not count */
 };
 
 tern_status tern_optim_create(tern_ctx *c, const tern_optim_options *o, tern_var *const *params, int n,
@@ -1317,7 +1344,9 @@ tern_status tern_optim_create(tern_ctx *c, const tern_optim_options *o, tern_var
 	p->params = calloc((size_t)n + 1, sizeof *p->params);
 	p->state[0] = calloc((size_t)n + 1, sizeof *p->state[0]);
 	p->state[1] = calloc((size_t)n + 1, sizeof *p->state[1]);
-	tern_status st = p->params && p->state[0] && p->state[1] ? TERN_OK : tern_errorf(TERN_EOS, "out of memory");
+	p->param_steps = calloc((size_t)n + 1, sizeof *p->param_steps);
+	tern_status st = p->params && p->state[0] && p->state[1] && p->param_steps ? TERN_OK
+	                                                                           : tern_errorf(TERN_EOS, "out of memory");
 	int states = k == 1 ? 2 : k == 2 ? 1 : o->momentum != 0 ? 1 : 0;
 	for (int i = 0; !st && i < n; i++) {
 		p->params[i] = tern_var_ref(params[i]);
@@ -1349,6 +1378,7 @@ void tern_optim_free(tern_optim *p)
 	free(p->params);
 	free(p->state[0]);
 	free(p->state[1]);
+	free(p->param_steps);
 	tern_var_unref(p->lr);
 	tern_var_unref(p->t);
 	tern_ctx *c = p->ctx;
@@ -1385,13 +1415,13 @@ tern_status tern_optim_step(tern_optim *p)
 	if (c->closed)
 		return closed_error();
 	p->steps++;
-	*(int64_t *)p->t->t.data = p->steps;
 	tern_status st = TERN_OK;
 	int was = tern_ctx_set_grad_enabled(c, 0);
 	for (int i = 0; !st && i < p->n; i++) {
 		tern_var *w = p->params[i], *g = w->grad;
 		if (!g)
 			continue;
+		*(int64_t *)p->t->t.data = ++p->param_steps[i];
 		tern_var_unref(p->lr);
 		p->lr = NULL;
 		if (w->t.dtype == TERN_DOUBLE) {

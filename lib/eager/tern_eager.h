@@ -124,7 +124,8 @@ typedef struct tern_optim_options {
 tern_status tern_optim_create(tern_ctx *ctx, const tern_optim_options *opts, tern_var *const *params, int n_params,
                               tern_optim **out);
 void tern_optim_free(tern_optim *opt);
-/* Updates every parameter that has a gradient, in place. */
+/* Updates every parameter that has a gradient, in place. Each parameter counts its own steps (Adam's
+ * bias correction, Adagrad's decay), as torch.optim does: one without a gradient does not advance. */
 tern_status tern_optim_step(tern_optim *opt);
 /* Clears the parameters' gradients. */
 void tern_optim_zero_grad(tern_optim *opt);
