@@ -210,6 +210,19 @@ tern_status tern_autodiff_rows(tern_model *model, tern_value *const *ys, tern_va
                                tern_value *const *wrt, int n_wrt, const bool *rows_ok, tern_value **grads,
                                tern_value **grad_indices);
 
+/* The inputs a call of an ONNX operator version must have (lib/ops/arity.c, generated from onnx's
+ * schemas): the least count and a mask of the required positions. */
+typedef struct tern_arity {
+	const char *domain, *op_type;
+	int since_version;
+	int min_inputs;
+	uint32_t required;
+} tern_arity;
+extern const tern_arity tern_arities[];
+extern const size_t tern_n_arities;
+/* The entry for domain.op_type at opset (NULL: none known). */
+const tern_arity *tern_arity_find(const char *domain, const char *op_type, int64_t opset);
+
 /* Runs a graph node eagerly (lib/eager): its operator, attributes and opset, on in[0..n_inputs),
  * out[0..n_outputs) set to new references (NULL where left out). */
 struct tern_ctx;

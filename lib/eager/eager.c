@@ -687,6 +687,42 @@ static tern_status record(tern_ctx *c, entry *e, tern_var *const *in, tern_var *
 	return TERN_OK;
 }
 
+/* Required inputs present: for ONNX operators as their schema says (prepare functions take those for
+ * granted), for tern's backward and fused operators their least counts. */
+static tern_status check_inputs(tern_ctx *c, const char *domain, const char *op_type, tern_var *const *in, int n_in)
+{
+	int min = 0;
+	uint32_t required = 0;
+	if (!*domain || !strcmp(domain, "ai.onnx.ml")) {
+		const tern_arity *a = tern_arity_find(domain, op_type, *domain ? 5 : c->opset);
+		if (a) {
+			min = a->min_inputs;
+			required = a->required;
+		}
+	} else if (!strcmp(domain, "tern")) {
+		static const struct {
+			const char *op;
+			int min;
+		} least[] = {{"ConvGradInput", 3}, {"ConvGradWeight", 3}, {"GroupNormGrad", 4}, {"LayerNormGrad", 3}, {"DropoutGrad", 4},
+		             {"FusedConv", 2},     {"FusedGemm", 2},      {"FusedMatMul", 2},  {"Inverse", 1},
+		             {"SGD", 3},           {"Adam", 6},           {"Adagrad", 5},      {"SGDRows", 4},
+		             {"AdamRows", 7},      {"AdagradRows", 6},    {"RowsSumSquare", 2}};
+		size_t len = strlen(op_type);
+		min = len > 4 && !strcmp(op_type + len - 4, "Grad") ? 2 : 1;
+		for (size_t k = 0; k < TERN_ARRAY_LEN(least); k++)
+			if (!strcmp(least[k].op, op_type))
+				min = least[k].min;
+		required = min >= 32 ? ~0u : (1u << min) - 1;
+	}
+	if (n_in < min)
+		return tern_errorf(TERN_EUSAGE, "%s%s%s: %d inputs given; it needs at least %d", domain, *domain ? "." : "",
+		                   op_type, n_in, min);
+	for (int i = 0; i < n_in && i < 32; i++)
+		if ((required >> i & 1u) && !in[i])
+			return tern_errorf(TERN_EUSAGE, "%s%s%s: input %d is required", domain, *domain ? "." : "", op_type, i);
+	return TERN_OK;
+}
+
 /* The call, with attributes as protos; record: put it on the tape when an input requires a gradient. */
 static tern_status call_protos(tern_ctx *c, const char *domain, const char *op_type, tern_var *const *in, int n_in,
                                Onnx__AttributeProto *const *attrs, int n_attrs, tern_var **outv, int n_out, bool record_ok)
@@ -783,6 +819,10 @@ static tern_status call_protos(tern_ctx *c, const char *domain, const char *op_t
 			return tern_errorf(TERN_EUSAGE, "%s%s%s: %s", domain, *domain ? "." : "", op_type,
 			                   tern_op_known(domain, op_type) ? "not implemented at this opset" : "unknown operator");
 		}
+		if (!e && (st = check_inputs(c, domain, op_type, in, n_in))) {
+			key_free(&k);
+			return st;
+		}
 		if (!e) {
 			e = calloc(1, sizeof *e);
 			bool present[64];
@@ -838,7 +878,11 @@ static tern_status call_protos(tern_ctx *c, const char *domain, const char *op_t
 			if (!st)
 				st = cache_insert(c, e);
 			if (st) {
-				/* the node stays in the scratch graph, unused */
+				/* the node goes: a program that retries failing calls must not grow */
+				if (e && e->node) {
+					tern_graph_remove_node(c->model->graph, e->node);
+					tern_model_sync(c->model);
+				}
 				if (e && e->params && e->free_params)
 					e->free_params(e->params);
 				if (e) {

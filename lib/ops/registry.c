@@ -66,3 +66,26 @@ const tern_op *tern_op_at(size_t i)
 	}
 	return NULL;
 }
+
+const tern_arity *tern_arity_find(const char *domain, const char *op_type, int64_t opset)
+{
+	/* sorted by domain, name, version: the last version <= opset of the name */
+	size_t lo = 0, hi = tern_n_arities;
+	while (lo < hi) {
+		size_t mid = (lo + hi) / 2;
+		int c = strcmp(tern_arities[mid].domain, domain);
+		if (!c)
+			c = strcmp(tern_arities[mid].op_type, op_type);
+		if (c < 0)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	const tern_arity *best = NULL;
+	for (size_t i = lo; i < tern_n_arities && !strcmp(tern_arities[i].domain, domain) &&
+	                    !strcmp(tern_arities[i].op_type, op_type);
+	     i++)
+		if (tern_arities[i].since_version <= opset)
+			best = &tern_arities[i];
+	return best;
+}

@@ -166,6 +166,12 @@ static void calls(tern_ctx *c)
 	CHECK(tern_call(c, "", "Add", in2, 2, NULL, 0, &out, 1) == TERN_EDATA && !out);
 	CHECK(strstr(tern_error(), "Add") != NULL);
 	CHECK(tern_call(c, "", "NoSuchOp", in2, 1, NULL, 0, &out, 1) == TERN_EUSAGE && strstr(tern_error(), "unknown"));
+	/* required inputs missing: an error from the schema, not a prepare that assumes them */
+	CHECK(tern_call(c, "", "Conv", NULL, 0, NULL, 0, &out, 1) == TERN_EUSAGE && strstr(tern_error(), "at least 2"));
+	tern_var *none_first[2] = {NULL, a};
+	CHECK(tern_call(c, "", "Gemm", none_first, 2, NULL, 0, &out, 1) == TERN_EUSAGE &&
+	      strstr(tern_error(), "input 0 is required"));
+	CHECK(tern_call(c, "tern", "ConvGradWeight", in2, 2, NULL, 0, &out, 1) == TERN_EUSAGE);
 	CHECK_OK(tern_var_set_requires_grad(a, 1));
 	tern_var *sq = call1(c, "Mul", a, a, NULL, 0);
 	CHECK(tern_backward(sq, NULL) == TERN_EUSAGE && strstr(tern_error(), "needs a gradient"));
