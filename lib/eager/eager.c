@@ -364,15 +364,42 @@ static void tape_release_links(tape_node *n)
 	n->released = 1;
 }
 
-static void tape_unref(tape_node *n)
+/* Nodes whose last reference went, freed by the outermost tape_unref: freeing one releases its
+ * inputs, whose producers may go in turn, and a tape of a long loop is that deep (200,000 steps of an
+ * unrolled recurrence would overflow the stack if freed recursively). */
+static _Thread_local struct {
+	tape_node **n;
+	size_t len, cap;
+	int draining;
+} dead;
+
+static void tape_free(tape_node *n)
 {
-	if (--n->refs > 0)
-		return;
 	tape_release_links(n);
 	free(n->in);
 	free(n->out);
 	free(n->dy);
 	free(n);
+}
+
+static void tape_unref(tape_node *n)
+{
+	if (--n->refs > 0)
+		return;
+	if (!tern_grow((void **)&dead.n, &dead.cap, dead.len + 1, sizeof *dead.n)) {
+		tape_free(n); /* out of memory: recursively, then */
+		return;
+	}
+	dead.n[dead.len++] = n;
+	if (dead.draining)
+		return;
+	dead.draining = 1;
+	while (dead.len)
+		tape_free(dead.n[--dead.len]);
+	dead.draining = 0;
+	free(dead.n);
+	dead.n = NULL;
+	dead.cap = 0;
 }
 
 /* ---------------------------------------------------------------- the call cache */

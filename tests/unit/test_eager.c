@@ -205,6 +205,41 @@ static void freed_context(void)
 	tern_var_unref(a); /* the context's memory goes with its last tensor */
 }
 
+/* A tape 100,000 calls deep: backward through it, and its release, go without recursion. */
+static void deep_tape(tern_ctx *c)
+{
+	int64_t d[1] = {4};
+	double v[4] = {1, 2, 3, 4}, h[4] = {1, 1, 1, 1};
+	tern_var *x = vec(c, TERN_DOUBLE, 1, d, v), *k = vec(c, TERN_DOUBLE, 1, d, h), *y = tern_var_ref(x);
+	CHECK_OK(tern_var_set_requires_grad(x, 1));
+	for (int i = 0; i < 100000 && y; i++) {
+		tern_var *in[2] = {y, k}, *z = NULL;
+		CHECK_OK(tern_call(c, "", i % 2 ? "Add" : "Mul", in, 2, NULL, 0, &z, 1));
+		tern_var_unref(y);
+		y = z;
+	}
+	tern_attr_arg kd = {.name = "keepdims", .kind = TERN_ATTR_INT, .i = 0};
+	tern_var *s = y ? call1(c, "ReduceSum", y, NULL, &kd, 1) : NULL;
+	CHECK_OK(tern_backward(s, NULL));
+	CHECK(tern_var_grad(x) && at(tern_var_grad(x), 0) == 1);
+	tern_var_unref(s);
+	tern_var_unref(y);
+	tern_var_unref(k);
+	tern_var_unref(x);
+	/* and a tape that is only freed, never differentiated */
+	x = vec(c, TERN_DOUBLE, 1, d, v);
+	CHECK_OK(tern_var_set_requires_grad(x, 1));
+	y = tern_var_ref(x);
+	for (int i = 0; i < 100000 && y; i++) {
+		tern_var *in[1] = {y}, *z = NULL;
+		CHECK_OK(tern_call(c, "", "Neg", in, 1, NULL, 0, &z, 1));
+		tern_var_unref(y);
+		y = z;
+	}
+	tern_var_unref(y);
+	tern_var_unref(x);
+}
+
 int main(void)
 {
 	tern_ctx *c = NULL;
@@ -212,6 +247,7 @@ int main(void)
 	if (c) {
 		calls(c);
 		autograd(c);
+		deep_tape(c);
 		tern_ctx_free(c);
 	}
 	freed_context();
