@@ -223,6 +223,10 @@ extern const size_t tern_n_arities;
 /* The entry for domain.op_type at opset (NULL: none known). */
 const tern_arity *tern_arity_find(const char *domain, const char *op_type, int64_t opset);
 
+/* BLAS runs on the calling thread: its own threads (started with the library) would spin beside
+ * tern's. Once per process; plans and eager contexts call it. */
+void tern_blas_own_threads(void);
+
 /* Runs a graph node eagerly (lib/eager): its operator, attributes and opset, on in[0..n_inputs),
  * out[0..n_outputs) set to new references (NULL where left out). */
 struct tern_ctx;

@@ -123,6 +123,7 @@ tern_status tern_ctx_create(int n_threads, tern_ctx **out)
 	c->grad_enabled = 1;
 	static const char text[] = "<ir_version: 8, opset_import: [\"\" : 19, \"tern\" : 1]>\n"
 	                           "eager (float x) => (float y) { y = Identity (x) }\n";
+	tern_blas_own_threads();
 	tern_status st = tern_threadpool_create(n_threads > 0 ? n_threads : 1, &c->pool);
 	if (!st)
 		st = tern_model_load_bytes(text, sizeof text - 1, "eager", NULL, &c->model);
@@ -627,6 +628,9 @@ static tern_status launch(tern_ctx *c, entry *e, tern_tensor **in, tern_tensor *
 	for (int o = 0; o < e->n_out; o++)
 		out[o] = outs[o].dtype || p->dynamic_output ? &outs[o] : NULL;
 	tern_status st = TERN_OK;
+	/* an alias (Reshape, Squeeze, Identity, ...): its output shares input 0's bytes (call_protos) */
+	if (p->alias_input0 && e->n_out == 1 && in[0] && in[0]->dtype != TERN_STRING)
+		return TERN_OK;
 	for (int o = 0; o < e->n_out && !st; o++) {
 		if (!out[o] || p->dynamic_output)
 			continue;
@@ -945,7 +949,16 @@ static tern_status call_protos(tern_ctx *c, const char *domain, const char *op_t
 		if (outs[o].dtype == TERN_SEQUENCE || outs[o].dtype == TERN_NONE)
 			st = tern_errorf(TERN_EUSAGE, "%s: output %d is a %s, which the eager API does not hold", op_type, o,
 			                 outs[o].dtype == TERN_SEQUENCE ? "sequence" : "optional");
-	for (int o = 0; !st && o < n_out; o++) {
+	bool shares = !st && n_out == 1 && outs[0].dtype && !outs[0].data && in[0] && in[0]->t.dtype != TERN_STRING &&
+	              p.alias_input0;
+	if (shares) {
+		/* the alias's output: input 0's bytes in the output's shape */
+		tern_tensor shape = outs[0];
+		if (!(outv[0] = var_share(in[0], &shape)))
+			st = tern_errorf(TERN_EOS, "out of memory");
+		memset(&outs[0], 0, sizeof outs[0]);
+	}
+	for (int o = shares ? 1 : 0; !st && o < n_out; o++) {
 		if (!outs[o].dtype)
 			continue;
 		if (!(outv[o] = var_adopt(c, &outs[o])))

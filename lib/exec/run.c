@@ -30,6 +30,13 @@ static void blas_single_threaded(void)
 }
 #endif
 
+void tern_blas_own_threads(void)
+{
+#if TERN_HAVE_BLAS
+	pthread_once(&blas_once, blas_single_threaded);
+#endif
+}
+
 static bool same_shape(const tern_tensor *a, const tern_tensor *b)
 {
 	if (a->dtype != b->dtype || a->rank != b->rank)
@@ -188,9 +195,7 @@ tern_status tern_plan_create(tern_model *model, const tern_plan_options *opts, c
 	if (n_threads > 1 && sched_getaffinity(0, sizeof allowed, &allowed) == 0 && CPU_COUNT(&allowed) > 0 &&
 	    n_threads > CPU_COUNT(&allowed))
 		n_threads = CPU_COUNT(&allowed);
-#if TERN_HAVE_BLAS
-	pthread_once(&blas_once, blas_single_threaded);
-#endif
+	tern_blas_own_threads();
 	tern_status rc = tern_threadpool_create(n_threads, &p->pool);
 	if (!rc && opts && opts->n_inplace > 0) {
 		p->inplace = malloc(2 * (size_t)opts->n_inplace * sizeof *p->inplace);
