@@ -448,6 +448,31 @@ def _bn_running_update(input, running_mean, running_var, factor):
     return ((1.0 - factor) * rm + factor * mean).astype(dt), ((1.0 - factor) * rv + factor * var).astype(dt)
 
 
+def _batch_norm_train(x, running_mean, running_var, weight, bias, eps, factor):
+    """Training-mode batch normalisation and PyTorch's running statistics after it, in one operator
+    call: (y, new running mean, new running variance). ONNX's BatchNormalization with momentum 1 - f
+    gives (1 - f) running + f batch with the batch's biased variance; PyTorch's variance is unbiased,
+    (1 - f) rv + (onnx - (1 - f) rv) n / (n - 1) with n the values a channel has."""
+    c = x.shape[1]
+    if weight is None:
+        weight = _const(np.ones(c), like=x)
+    if bias is None:
+        bias = _const(np.zeros(c), like=x)
+    rank2 = _ndim(x) == 2
+    if rank2:
+        x = _unsqueeze(x, 2)
+    n = x.shape[0] * int(np.prod(x.shape[2:]))
+    if n <= 1:
+        raise ValueError('Expected more than 1 value per channel when training, got input size %r' % (x.shape,))
+    y, mean, var = tern.op.BatchNormalization(x, weight, bias, running_mean, running_var, epsilon=float(eps),
+                                              momentum=float(1.0 - factor), training_mode=1, _outputs=3)
+    with tern.no_grad():
+        keep = running_var * float(1.0 - factor)
+        var = keep + (var.detach() - keep) * float(n / (n - 1))
+        mean = mean.detach()
+    return (_squeeze(y, 2) if rank2 else y), mean, var
+
+
 def _batch_norm_forward(x, running_mean, running_var, weight, bias, use_batch, eps):
     c = x.shape[1]
     if weight is None:

@@ -754,6 +754,18 @@ class _BatchNorm(Module):
         self._check_input_dim(input)
         if input.shape[1] != self.num_features:
             raise ValueError('expected %d channels, got input of shape %r' % (self.num_features, tuple(input.shape)))
+        if self.training and self.track_running_stats and self.running_mean is not None:
+            # one call: the output and the running statistics after it
+            tracked = int(_np(self.num_batches_tracked)) + 1
+            f = 1.0 / tracked if self.momentum is None else float(self.momentum)
+            y, mean, var = F._batch_norm_train(input, self.running_mean, self.running_var, self.weight, self.bias,
+                                               self.eps, f)
+            with tern.no_grad():
+                self.running_mean.copy_(mean)
+                self.running_var.copy_(var)
+            if not _init.copy_into(self.num_batches_tracked, np.asarray(tracked, np.int64)):
+                self.num_batches_tracked = tern.tensor(np.asarray(tracked, np.int64))
+            return y
         if self.training and self.track_running_stats:
             self._update_running_stats(input)
         use_batch = self.training or self.running_mean is None
