@@ -29,6 +29,7 @@
 typedef struct storage {
 	int refs;
 	void *data;
+	size_t pooled; /* from the context's pool: its size class (0: not) */
 } storage;
 
 typedef struct entry entry;
@@ -86,7 +87,70 @@ struct tern_ctx {
 	int64_t hits, misses, made;
 	void *scratch;
 	size_t scratch_bytes;
+	/* Freed tensor bytes kept for the next call of the same size class (a training loop makes the
+	 * same tensors every step: reusing them saves the allocator's page faults on big ones). */
+	struct {
+		void **p;
+		int n, cap;
+	} freed[48];
+	size_t pooled_bytes;
 };
+
+#define POOL_MAX_BYTES ((size_t)256 << 20)
+#define POOL_PER_CLASS 16
+
+static int size_class(size_t n)
+{
+	int k = 6; /* 64 bytes, the alignment */
+	while (k < 47 && ((size_t)1 << k) < n)
+		k++;
+	return k;
+}
+
+/* n bytes, 64-byte aligned, not cleared (kernels write every output element, as in a plan's arena;
+ * TERN_EAGER_POISON=1 fills them with 0xff bytes, NaN in every float type, to show one that does not). */
+static void *pool_get(tern_ctx *c, size_t n, size_t *cap)
+{
+	static int poison = -1;
+	if (poison < 0) {
+		const char *e = getenv("TERN_EAGER_POISON");
+		poison = e && *e == '1';
+	}
+	int k = size_class(n ? n : 1);
+	*cap = (size_t)1 << k;
+	void *p;
+	if (c->freed[k].n > 0) {
+		c->pooled_bytes -= *cap;
+		p = c->freed[k].p[--c->freed[k].n];
+	} else {
+		p = aligned_alloc(64, *cap);
+	}
+	if (p && poison)
+		memset(p, 0xff, *cap);
+	return p;
+}
+
+static void pool_put(tern_ctx *c, void *p, size_t cap)
+{
+	int k = size_class(cap);
+	if (((size_t)1 << k) != cap || c->closed || c->pooled_bytes + cap > POOL_MAX_BYTES ||
+	    c->freed[k].n >= POOL_PER_CLASS) {
+		free(p);
+		return;
+	}
+	if (c->freed[k].n == c->freed[k].cap) {
+		int cap2 = c->freed[k].cap ? c->freed[k].cap * 2 : 4;
+		void **q = realloc(c->freed[k].p, (size_t)cap2 * sizeof *q);
+		if (!q) {
+			free(p);
+			return;
+		}
+		c->freed[k].p = q;
+		c->freed[k].cap = cap2;
+	}
+	c->freed[k].p[c->freed[k].n++] = p;
+	c->pooled_bytes += cap;
+}
 
 /* ---------------------------------------------------------------- contexts */
 
@@ -106,6 +170,11 @@ static void ctx_release(tern_ctx *c)
 	}
 	free(c->table);
 	free(c->scratch);
+	for (int k = 0; k < 48; k++) {
+		for (int i = 0; i < c->freed[k].n; i++)
+			free(c->freed[k].p[i]);
+		free(c->freed[k].p);
+	}
 	tern_model_free(c->model);
 	tern_threadpool_free(c->pool);
 	free(c);
@@ -286,6 +355,8 @@ void tern_var_unref(tern_var *v)
 			t.data = v->st->data;
 			t.owns_data = 1;
 			tern_tensor_free(&t);
+		} else if (v->st->pooled) {
+			pool_put(v->ctx, v->st->data, v->st->pooled);
 		} else {
 			free(v->st->data);
 		}
@@ -622,7 +693,8 @@ static tern_status prepare(tern_ctx *c, entry *e, tern_tensor **in, tern_tensor 
 }
 
 /* Runs prepared call p (kernel, params) on in[] into fresh output tensors outs[]. */
-static tern_status launch(tern_ctx *c, entry *e, tern_tensor **in, tern_tensor *outs, const tern_prepare_args *p)
+static tern_status launch(tern_ctx *c, entry *e, tern_tensor **in, tern_tensor *outs, const tern_prepare_args *p,
+                          size_t *caps)
 {
 	tern_tensor *out[64] = {NULL};
 	for (int o = 0; o < e->n_out; o++)
@@ -636,7 +708,16 @@ static tern_status launch(tern_ctx *c, entry *e, tern_tensor **in, tern_tensor *
 			continue;
 		tern_tensor shape = outs[o];
 		memset(&outs[o], 0, sizeof outs[o]);
-		st = tern_tensor_alloc(&outs[o], shape.dtype, shape.rank, shape.dims);
+		if (shape.dtype == TERN_STRING) {
+			st = tern_tensor_alloc(&outs[o], shape.dtype, shape.rank, shape.dims);
+			continue;
+		}
+		tern_set_shape(&outs[o], shape.dtype, shape.rank, shape.dims);
+		outs[o].nbytes = (size_t)tern_tensor_numel(&outs[o]) * tern_dtype_size(shape.dtype);
+		if (!(outs[o].data = pool_get(c, outs[o].nbytes, &caps[o])))
+			st = tern_errorf(TERN_EOS, "out of memory for %zu bytes", outs[o].nbytes);
+		else
+			outs[o].owns_data = 1;
 	}
 	if (!st && p->alias_input0) {
 		if (outs[0].nbytes)
@@ -824,6 +905,7 @@ static tern_status call_protos(tern_ctx *c, const char *domain, const char *op_t
 	uint64_t h = hash_bytes(k.p, k.n);
 	entry *e = cache_find(c, h, k.p, k.n);
 	tern_tensor outs[64];
+	size_t caps[64] = {0}; /* outputs from the pool: their size class */
 	memset(outs, 0, (size_t)n_out * sizeof *outs);
 	tern_prepare_args p;
 	tern_tensor *outp[64];
@@ -841,7 +923,7 @@ static tern_status call_protos(tern_ctx *c, const char *domain, const char *op_t
 		p.scratch_bytes = e->scratch_bytes;
 		p.dynamic_output = e->dynamic_output;
 		p.alias_input0 = e->alias;
-		st = launch(c, e, inp, outs, &p);
+		st = launch(c, e, inp, outs, &p, caps);
 	} else {
 		c->misses++;
 		const tern_op *op = e ? e->op : tern_op_find(domain, op_type, *domain ? 1 : c->opset);
@@ -936,13 +1018,13 @@ static tern_status call_protos(tern_ctx *c, const char *domain, const char *op_t
 			if (!st && p.defer)
 				st = tern_errorf(TERN_EINTERNAL, "%s: prepare deferred although every input is known", op_type);
 			if (!st)
-				st = launch(c, e, inp, outs, &p);
+				st = launch(c, e, inp, outs, &p, caps);
 			if (p.params && p.free_params)
 				p.free_params(p.params);
 		} else if (!st) {
 			for (int o = 0; o < n_out; o++)
 				outs[o] = e->out_shape[o];
-			st = launch(c, e, inp, outs, &p);
+			st = launch(c, e, inp, outs, &p, caps);
 		}
 	}
 	for (int o = 0; !st && o < n_out; o++)
@@ -961,7 +1043,9 @@ static tern_status call_protos(tern_ctx *c, const char *domain, const char *op_t
 	for (int o = shares ? 1 : 0; !st && o < n_out; o++) {
 		if (!outs[o].dtype)
 			continue;
-		if (!(outv[o] = var_adopt(c, &outs[o])))
+		if ((outv[o] = var_adopt(c, &outs[o])) && caps[o])
+			outv[o]->st->pooled = caps[o];
+		if (!outv[o])
 			st = tern_errorf(TERN_EOS, "out of memory");
 	}
 	if (st) {
