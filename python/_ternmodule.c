@@ -1625,6 +1625,60 @@ static PyObject *tensor_reshape(TensorObject *self, PyObject *args)
 	return r;
 }
 
+/* flatten(start_dim=0, end_dim=-1): the axes from start to end as one (torch's). */
+static PyObject *tensor_flatten(TensorObject *self, PyObject *args, PyObject *kw)
+{
+	static char *names[] = {"start_dim", "end_dim", NULL};
+	Py_ssize_t a = 0, b = -1;
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "|nn:flatten", names, &a, &b))
+		return NULL;
+	const tern_tensor *t = tern_var_tensor(self->var);
+	int rank = t->rank ? t->rank : 1;
+	a = a < 0 ? a + rank : a;
+	b = b < 0 ? b + rank : b;
+	if (a < 0 || b >= rank || a > b) {
+		PyErr_Format(PyExc_IndexError, "flatten: axes %zd..%zd of a tensor of %d dimensions", a, b, t->rank);
+		return NULL;
+	}
+	int64_t dims[TERN_MAX_RANK];
+	int n = 0;
+	for (Py_ssize_t d = 0; d < a; d++)
+		dims[n++] = t->dims[d];
+	int64_t merged = 1;
+	for (Py_ssize_t d = a; d <= b && t->rank; d++)
+		merged *= t->dims[d];
+	dims[n++] = merged;
+	for (Py_ssize_t d = b + 1; d < t->rank; d++)
+		dims[n++] = t->dims[d];
+	tern_var *in[2] = {self->var, NULL};
+	if (ints_var(tern_var_ctx(self->var), dims, n, &in[1]) < 0)
+		return NULL;
+	PyObject *r = run1_obj("Reshape", in, 2, NULL, 0);
+	tern_var_unref(in[1]);
+	return r;
+}
+
+/* clamp(min=None, max=None): Clip with numbers of the tensor's type (torch's clamp). */
+static PyObject *tensor_clamp(TensorObject *self, PyObject *args, PyObject *kw)
+{
+	static char *names[] = {"min", "max", NULL};
+	PyObject *lo = Py_None, *hi = Py_None;
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "|OO:clamp", names, &lo, &hi))
+		return NULL;
+	tern_ctx *c = tern_var_ctx(self->var);
+	int dtype = tern_var_tensor(self->var)->dtype;
+	tern_var *in[3] = {self->var, NULL, NULL};
+	if ((lo != Py_None && scalar_var(c, dtype, lo, &in[1]) < 0) ||
+	    (hi != Py_None && scalar_var(c, dtype, hi, &in[2]) < 0)) {
+		tern_var_unref(in[1]);
+		return NULL;
+	}
+	PyObject *r = run1_obj("Clip", in, 3, NULL, 0);
+	tern_var_unref(in[1]);
+	tern_var_unref(in[2]);
+	return r;
+}
+
 static PyObject *transpose_perm(TensorObject *self, const int64_t *perm, int n)
 {
 	tern_attr_arg a = {.name = "perm", .kind = TERN_ATTR_INTS, .ints = perm, .n = (size_t)n};
@@ -1931,6 +1985,10 @@ static PyMethodDef tensor_methods[] = {
          "argmax(axis=None, keepdims=False)\n--\n\nArgMax along axis (None: of the flattened tensor), int64."},
         {"argmin", (PyCFunction)(void (*)(void))tensor_argmin, METH_VARARGS | METH_KEYWORDS,
          "argmin(axis=None, keepdims=False)\n--\n\nArgMin along axis (None: of the flattened tensor), int64."},
+        {"flatten", (PyCFunction)(void (*)(void))tensor_flatten, METH_VARARGS | METH_KEYWORDS,
+         "flatten(start_dim=0, end_dim=-1)\n--\n\nThe axes start_dim..end_dim as one (Reshape)."},
+        {"clamp", (PyCFunction)(void (*)(void))tensor_clamp, METH_VARARGS | METH_KEYWORDS,
+         "clamp(min=None, max=None)\n--\n\nValues limited to [min, max] (Clip)."},
         {"reshape", (PyCFunction)tensor_reshape, METH_VARARGS,
          "reshape(*shape)\n--\n\nReshape to shape (ints or one sequence; -1 once for the rest)."},
         {"view", (PyCFunction)tensor_reshape, METH_VARARGS, "view(*shape)\n--\n\nreshape(*shape)."},

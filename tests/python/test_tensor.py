@@ -508,3 +508,19 @@ def test_freed_context():
 def test_docstring_example():
     import doctest
     assert doctest.testmod(tern).failed == 0
+
+
+def test_flatten_and_clamp_as_torch():
+    torch = pytest.importorskip('torch')
+    a = np.random.default_rng(3).standard_normal((2, 3, 4)).astype(np.float32)
+    t, tt = tern.tensor(a), torch.tensor(a)
+    for args in [(), (1,), (0, 1), (-2, -1)]:
+        assert np.array_equal(t.flatten(*args).numpy(), tt.flatten(*args).numpy())
+    for kw in [dict(min=-0.5, max=0.5), dict(min=0.0), dict(max=0.1)]:
+        assert np.array_equal(t.clamp(**kw).numpy(), tt.clamp(**kw).numpy())
+    p, pt = tern.Parameter(a), torch.tensor(a, requires_grad=True)
+    (p.clamp(-0.5, 0.5).flatten(1) * 2).sum().backward()
+    (pt.clamp(-0.5, 0.5).flatten(1) * 2).sum().backward()
+    assert np.allclose(p.grad.numpy(), pt.grad.numpy())
+    with pytest.raises(IndexError, match='flatten'):
+        t.flatten(2, 1)
