@@ -931,6 +931,23 @@ def test_init_and_seed():
         assert p.requires_grad and str(p.dtype) == 'float32'
 
 
+def test_clip_grad_as_torch():
+    a = np.random.default_rng(5).standard_normal((5, 3)).astype(np.float32)
+    b = np.random.default_rng(6).standard_normal(3).astype(np.float32)
+    p = [tern.Parameter(a), tern.Parameter(b)]
+    pt = [torch.tensor(a, requires_grad=True), torch.tensor(b, requires_grad=True)]
+    ((tern.tensor(np.ones((2, 5), np.float32)) @ p[0] + p[1]) ** 2).sum().backward()
+    ((torch.ones(2, 5) @ pt[0] + pt[1]) ** 2).sum().backward()
+    n, nt = tern.nn.utils.clip_grad_norm_(p, 1.0), torch.nn.utils.clip_grad_norm_(pt, 1.0)
+    assert abs(float(n) - float(nt)) <= 1e-5 * float(nt)
+    for x, y in zip(p, pt):
+        assert np.allclose(x.grad.numpy(), y.grad.numpy(), rtol=1e-5, atol=1e-7)
+    tern.nn.utils.clip_grad_value_(p, 0.01)
+    torch.nn.utils.clip_grad_value_(pt, 0.01)
+    for x, y in zip(p, pt):
+        assert np.array_equal(x.grad.numpy(), y.grad.numpy())
+
+
 TESTS = [v for k, v in list(globals().items()) if k.startswith('test_') and callable(v)]
 
 

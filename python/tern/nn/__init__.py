@@ -7,6 +7,7 @@ on tern's eager operators. tern.nn.functional holds the functions, tern.nn.init 
 """
 from . import functional
 from . import init
+from . import utils
 from .modules import *  # noqa: F401,F403
 from .modules import __all__ as _modules_all
 
