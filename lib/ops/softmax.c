@@ -264,6 +264,45 @@ static uint64_t splitmix64(uint64_t *state)
 	return z ^ (z >> 31);
 }
 
+/* MT19937 with numpy's legacy seeding and its doubles (numpy.random.RandomState(seed).uniform): the
+ * stream ONNX's reference Dropout draws its mask from, so that a seeded Dropout's first run gives
+ * the mask onnx's backend tests expect. */
+typedef struct mt19937 {
+	uint32_t s[624];
+	int i;
+} mt19937;
+
+static void mt_seed(mt19937 *m, uint32_t seed)
+{
+	m->s[0] = seed;
+	for (int i = 1; i < 624; i++)
+		m->s[i] = 1812433253u * (m->s[i - 1] ^ (m->s[i - 1] >> 30)) + (uint32_t)i;
+	m->i = 624;
+}
+
+static uint32_t mt_next(mt19937 *m)
+{
+	if (m->i >= 624) {
+		for (int k = 0; k < 624; k++) {
+			uint32_t y = (m->s[k] & 0x80000000u) | (m->s[(k + 1) % 624] & 0x7fffffffu);
+			m->s[k] = m->s[(k + 397) % 624] ^ (y >> 1) ^ (y & 1u ? 0x9908b0dfu : 0u);
+		}
+		m->i = 0;
+	}
+	uint32_t y = m->s[m->i++];
+	y ^= y >> 11;
+	y ^= (y << 7) & 0x9d2c5680u;
+	y ^= (y << 15) & 0xefc60000u;
+	return y ^ (y >> 18);
+}
+
+/* [0, 1) with 53 bits, as numpy's random_sample */
+static double mt_double(mt19937 *m)
+{
+	uint32_t a = mt_next(m) >> 5, b = mt_next(m) >> 6;
+	return ((double)a * 67108864.0 + (double)b) / 9007199254740992.0;
+}
+
 static tern_status dropout_kernel(const tern_kernel_args *a)
 {
 	dropout_params *dp = a->params;
@@ -283,10 +322,15 @@ static tern_status dropout_kernel(const tern_kernel_args *a)
 				tern_store_f64(mask->dtype, mask->data, i, 1.0);
 		return TERN_OK;
 	}
-	uint64_t state = dp->seed ^ (atomic_fetch_add(&dp->runs, 1) * 0xd1b54a32d192ed03u);
-	double keep = 1.0 - ratio, scale = 1.0 / keep;
+	/* run 0 draws from the seed itself (numpy's stream, as ONNX's reference); later runs from seeds
+	 * mixed with the run's number, so that each draws a fresh mask */
+	uint64_t run = atomic_fetch_add(&dp->runs, 1), mix = dp->seed;
+	uint32_t seed = run ? (uint32_t)splitmix64((mix ^= run * 0xd1b54a32d192ed03u, &mix)) : (uint32_t)dp->seed;
+	mt19937 *mt = a->scratch;
+	mt_seed(mt, seed);
+	double scale = 1.0 / (1.0 - ratio);
 	for (int64_t i = 0; i < n; i++) {
-		bool kept = (double)(splitmix64(&state) >> 11) * 0x1p-53 < keep;
+		bool kept = mt_double(mt) >= ratio;
 		tern_store_f64(y->dtype, y->data, i, kept ? tern_tensor_get_f64(x, i) * scale : 0.0);
 		if (mask && dp->mask_bool)
 			((bool *)mask->data)[i] = kept;
@@ -323,6 +367,7 @@ static tern_status dropout_prepare(tern_prepare_args *p)
 	dp->maybe_training = maybe_training;
 	dp->seed = (uint64_t)tern_attr_int(node, "seed", 0x7465726e);
 	p->kernel = dropout_kernel;
+	p->scratch_bytes = sizeof(mt19937);
 	return tern_nn_stage_halves(p);
 }
 
