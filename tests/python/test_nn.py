@@ -931,6 +931,24 @@ def test_init_and_seed():
         assert p.requires_grad and str(p.dtype) == 'float32'
 
 
+def test_conv_transpose2d_as_torch():
+    torch.manual_seed(0)
+    rng = np.random.default_rng(7)
+    for kw in [dict(), dict(stride=2, padding=1, output_padding=1), dict(stride=2, groups=2),
+               dict(dilation=2, padding=2, bias=False)]:
+        tm = torch.nn.ConvTranspose2d(4, 6, 3, **kw)
+        m = tern.nn.ConvTranspose2d(4, 6, 3, **kw)
+        m.load_state_dict({k: v.detach().numpy() for k, v in tm.state_dict().items()})
+        assert sorted(m.state_dict()) == sorted(tm.state_dict())
+        x = rng.standard_normal((2, 4, 5, 5)).astype(np.float32)
+        y, yt = m(tern.tensor(x)), tm(torch.tensor(x))
+        assert tuple(y.shape) == tuple(yt.shape)
+        assert np.allclose(y.numpy(), yt.detach().numpy(), rtol=1e-5, atol=1e-5)
+        (y * y).sum().backward()
+        (yt * yt).sum().backward()
+        assert np.allclose(m.weight.grad.numpy(), tm.weight.grad.numpy(), rtol=1e-4, atol=1e-4)
+
+
 def test_clip_grad_as_torch():
     a = np.random.default_rng(5).standard_normal((5, 3)).astype(np.float32)
     b = np.random.default_rng(6).standard_normal(3).astype(np.float32)

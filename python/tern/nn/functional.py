@@ -206,6 +206,22 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     return _convnd(2, input, weight, bias, stride, padding, dilation, groups)
 
 
+def conv_transpose2d(input, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1):
+    """PyTorch's F.conv_transpose2d through ONNX ConvTranspose (the weight's layout, [in, out / groups,
+    kH, kW], is the same in both)."""
+    input = _as_tensor(input)
+    batched = _ndim(input) == 4
+    if not batched:
+        input = _unsqueeze(input, 0)
+    stride, dilation = _pair(stride, 2), _pair(dilation, 2)
+    padding, output_padding = _pair(padding, 2), _pair(output_padding, 2)
+    args = (input, weight) if bias is None else (input, weight, bias)
+    y = tern.op.ConvTranspose(*args, kernel_shape=[int(k) for k in weight.shape[2:]], pads=list(padding) * 2,
+                              strides=stride, dilations=dilation, output_padding=output_padding,
+                              group=int(groups))
+    return y if batched else _squeeze(y, 0)
+
+
 def pad(input, pad, mode='constant', value=None):
     """PyTorch's F.pad: pad lists (begin, end) pairs from the last dimension backwards."""
     input = _as_tensor(input)

@@ -15,6 +15,7 @@ from . import init as _init
 from .functional import _i64, _const, _np, _np_dtype, _is_tensor, _as_tensor, _ndim
 
 __all__ = [
+    'ConvTranspose2d',
     'Module', 'Sequential', 'ModuleList', 'ModuleDict', 'Linear', 'Bilinear', 'Conv1d', 'Conv2d', 'BatchNorm1d',
     'BatchNorm2d', 'LayerNorm', 'Embedding', 'RNN', 'LSTM', 'GRU', 'Dropout', 'MultiheadAttention', 'ReLU',
     'ReLU6', 'LeakyReLU', 'ELU', 'GELU', 'SiLU', 'Sigmoid', 'Tanh', 'Softplus', 'Softmax', 'LogSoftmax',
@@ -702,6 +703,44 @@ class Conv2d(_ConvNd):
 
     def forward(self, input):
         return self._conv(input, F.conv2d)
+
+
+class ConvTranspose2d(Module):
+    """torch.nn.ConvTranspose2d: weight [in_channels, out_channels / groups, kH, kW], bias [out_channels]."""
+
+    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, output_padding=0, groups=1,
+                 bias=True, dilation=1, padding_mode='zeros', device=None, dtype=None):
+        super().__init__()
+        if padding_mode != 'zeros':
+            raise ValueError('Only "zeros" padding mode is supported for ConvTranspose2d')
+        if groups <= 0 or in_channels % groups or out_channels % groups:
+            raise ValueError('in_channels and out_channels must be divisible by groups')
+        self.in_channels, self.out_channels = int(in_channels), int(out_channels)
+        self.kernel_size = tuple(F._pair(kernel_size, 2))
+        self.stride = tuple(F._pair(stride, 2))
+        self.padding = tuple(F._pair(padding, 2))
+        self.output_padding = tuple(F._pair(output_padding, 2))
+        self.dilation = tuple(F._pair(dilation, 2))
+        self.groups = int(groups)
+        self.padding_mode = padding_mode
+        shape = (self.in_channels, self.out_channels // self.groups) + self.kernel_size
+        rng = _init.generator()
+        self.weight = _new_parameter(_init.kaiming_uniform(shape, a=math.sqrt(5), rng=rng))
+        if bias:
+            # torch computes the fan-in of the transposed weight as of a convolution's: dim 1 x kernel
+            fan_in, _ = _init.fan_in_and_fan_out(shape)
+            bound = 1 / math.sqrt(fan_in) if fan_in != 0 else 0
+            self.bias = _new_parameter(_init.uniform((self.out_channels,), -bound, bound, rng))
+        else:
+            self.register_parameter('bias', None)
+
+    def forward(self, input):
+        return F.conv_transpose2d(input, self.weight, self.bias, self.stride, self.padding, self.output_padding,
+                                  self.groups, self.dilation)
+
+    def extra_repr(self):
+        return '%d, %d, kernel_size=%s, stride=%s, padding=%s' % (self.in_channels, self.out_channels,
+                                                                   self.kernel_size, self.stride, self.padding)
 
 
 # ---------------------------------------------------------------- normalisation
