@@ -968,6 +968,94 @@ static tern_status global_avgpool_grad(tern_grad_ctx *g) { return pool_grad_rule
 
 /* ---------------------------------------------------------------- table */
 
+/* ---------------------------------------------------------------- MaxRoiPool */
+
+/* MaxRoiPool(X [N, C, H, W], rois [R, 5]) -> [R, C, ph, pw]: each RoI (batch index, x1, y1, x2, y2
+ * in input coordinates times spatial_scale, rounded) split into ph x pw bins, a bin's maximum, 0 for
+ * an empty bin: Caffe's RoI pooling, which ONNX and torchvision.ops.roi_pool follow. */
+typedef struct roipool_params {
+	int64_t ph, pw;
+	float scale;
+} roipool_params;
+
+static tern_status roipool_kernel(const tern_kernel_args *a)
+{
+	const roipool_params *rp = a->params;
+	const tern_tensor *x = a->in[0], *r = a->in[1];
+	tern_tensor *y = a->out[0];
+	int64_t n = x->dims[0], c = x->dims[1], h = x->dims[2], w = x->dims[3], nr = r->dims[0];
+	bool f64 = x->dtype == TERN_DOUBLE;
+	for (int64_t k = 0; k < nr; k++) {
+		double roi[5];
+		for (int j = 0; j < 5; j++)
+			roi[j] = tern_tensor_get_f64(r, k * 5 + j);
+		int64_t b = (int64_t)roi[0];
+		if (b < 0 || b >= n)
+			return tern_node_errorf(a->node, TERN_EDATA, "RoI %lld names image %lld of %lld", (long long)k,
+			                        (long long)b, (long long)n);
+		int64_t x1 = (int64_t)round(roi[1] * rp->scale), y1 = (int64_t)round(roi[2] * rp->scale);
+		int64_t x2 = (int64_t)round(roi[3] * rp->scale), y2 = (int64_t)round(roi[4] * rp->scale);
+		int64_t rw = x2 - x1 + 1 > 1 ? x2 - x1 + 1 : 1, rh = y2 - y1 + 1 > 1 ? y2 - y1 + 1 : 1;
+		double bw = (double)rw / (double)rp->pw, bh = (double)rh / (double)rp->ph;
+		for (int64_t ch = 0; ch < c; ch++) {
+			int64_t plane = (b * c + ch) * h * w;
+			for (int64_t i = 0; i < rp->ph; i++) {
+				int64_t hs = (int64_t)floor((double)i * bh) + y1, he = (int64_t)ceil((double)(i + 1) * bh) + y1;
+				hs = hs < 0 ? 0 : hs > h ? h : hs;
+				he = he < 0 ? 0 : he > h ? h : he;
+				for (int64_t j = 0; j < rp->pw; j++) {
+					int64_t ws = (int64_t)floor((double)j * bw) + x1, we = (int64_t)ceil((double)(j + 1) * bw) + x1;
+					ws = ws < 0 ? 0 : ws > w ? w : ws;
+					we = we < 0 ? 0 : we > w ? w : we;
+					double best = -INFINITY;
+					bool empty = he <= hs || we <= ws;
+					for (int64_t yy = hs; yy < he; yy++)
+						for (int64_t xx = ws; xx < we; xx++) {
+							double v = f64 ? ((const double *)x->data)[plane + yy * w + xx]
+							               : ((const float *)x->data)[plane + yy * w + xx];
+							best = v > best ? v : best;
+						}
+					int64_t o = ((k * c + ch) * rp->ph + i) * rp->pw + j;
+					if (f64)
+						((double *)y->data)[o] = empty ? 0 : best;
+					else
+						((float *)y->data)[o] = empty ? 0 : (float)best;
+				}
+			}
+		}
+	}
+	return TERN_OK;
+}
+
+static tern_status roipool_prepare(tern_prepare_args *p)
+{
+	const tern_node *node = p->node;
+	const tern_tensor *x = p->in[0], *r = p->n_in > 1 ? p->in[1] : NULL;
+	tern_status st = check_real(node, x, 0);
+	if (st)
+		return st;
+	if (x->rank != 4)
+		return tern_node_errorf(node, TERN_EDATA, "X must be [N, C, H, W], not of rank %d", x->rank);
+	if (!r || r->dtype != x->dtype || r->rank != 2 || r->dims[1] != 5)
+		return tern_node_errorf(node, TERN_EDATA, "rois must be [num_rois, 5] of X's type");
+	size_t n = 0;
+	const int64_t *shape = tern_attr_ints(node, "pooled_shape", &n);
+	if (!shape || n != 2 || shape[0] < 1 || shape[1] < 1)
+		return tern_node_errorf(node, TERN_EDATA, "pooled_shape must be two positive ints");
+	roipool_params *rp = calloc(1, sizeof *rp);
+	if (!rp)
+		return no_memory(node);
+	rp->ph = shape[0];
+	rp->pw = shape[1];
+	rp->scale = tern_attr_float(node, "spatial_scale", 1.0f);
+	int64_t dims[4] = {r->dims[0], x->dims[1], rp->ph, rp->pw};
+	tern_set_shape(p->out[0], x->dtype, 4, dims);
+	p->params = rp;
+	p->free_params = free;
+	p->kernel = roipool_kernel;
+	return TERN_OK;
+}
+
 static const tern_op ops[] = {
 	{"", "MaxPool", 1, 0, maxpool_prepare, TERN_DT_FLOATS | TERN_DT(INT8) | TERN_DT(UINT8), "pool", maxpool_grad},
 	{"", "AveragePool", 1, 0, avgpool_prepare, TERN_DT_FLOATS, "pool", avgpool_grad},
@@ -976,6 +1064,7 @@ static const tern_op ops[] = {
 	{"", "GlobalAveragePool", 1, 0, global_avgpool_prepare, TERN_DT_FLOATS, "pool", global_avgpool_grad},
 	{"", "GlobalLpPool", 1, 0, global_lppool_prepare, TERN_DT_FLOATS, "pool", global_lppool_grad},
 	{"", "MaxUnpool", 9, 0, max_unpool_prepare, TERN_DT_FLOATS, "pool"},
+	{"", "MaxRoiPool", 1, 0, roipool_prepare, TERN_DT(FLOAT) | TERN_DT(DOUBLE), "pool"},
 	{"tern", "MaxPoolGrad", 1, 0, maxpool_grad_prepare, TERN_DT_FLOATS, "pool"},
 	{"tern", "AveragePoolGrad", 1, 0, avgpool_grad_prepare, TERN_DT_FLOATS, "pool"},
 	{"tern", "LpPoolGrad", 1, 0, lppool_grad_prepare, TERN_DT_FLOATS, "pool"},

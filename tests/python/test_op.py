@@ -202,3 +202,18 @@ def test_random_operators_follow_the_seed():
     c = tern.op.RandomUniform(shape=[3], seed=5.0)
     d = tern.op.RandomUniform(shape=[3], seed=5.0)
     np.testing.assert_array_equal(c.numpy(), d.numpy())
+
+
+def test_max_roi_pool_as_torchvision():
+    torch = pytest.importorskip('torch')
+    torchvision = pytest.importorskip('torchvision')
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 3, 12, 10)).astype(np.float32)
+    rois = np.array([[0, 1, 1, 6, 8], [1, 0, 0, 9, 11], [0, 3.4, 2.6, 3.4, 2.6], [1, 5, 7, 20, 20],
+                     [0, 2, 3, 7, 5]], np.float32)
+    for shape, scale in [((2, 2), 1.0), ((3, 4), 0.5), ((1, 1), 1.0)]:
+        y = tern.op.MaxRoiPool(tern.tensor(x), tern.tensor(rois), pooled_shape=list(shape), spatial_scale=scale)
+        want = torchvision.ops.roi_pool(torch.tensor(x), torch.tensor(rois), list(shape), scale).numpy()
+        assert np.array_equal(y.numpy(), want)
+    with pytest.raises(ValueError, match='image 5'):
+        tern.op.MaxRoiPool(tern.tensor(x), tern.tensor(np.array([[5, 0, 0, 1, 1]], np.float32)), pooled_shape=[2, 2])
