@@ -188,6 +188,9 @@ struct tern_model {
 tern_status tern_model_map_external(tern_model *model);
 void tern_model_unmap(tern_model *model);
 extern ProtobufCAllocator tern_pb_allocator;
+/* A deep copy of any protobuf message (through its wire form, so mapped bytes are copied too), to be
+ * freed with tern_pb_allocator; NULL when out of memory. */
+void *tern_pb_copy(const void *message);
 /* Drops the resident pages of [p, p + n) when it lies in a mapping of external data (a kernel has
  * copied the bytes, packed); they are read from the file again if touched. Else nothing. */
 void tern_mapped_release(const void *p, size_t n);

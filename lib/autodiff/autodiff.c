@@ -104,13 +104,7 @@ static tern_status add_attr(tern_node *n, const tern_gattr *a)
 /* A deep copy of one attribute (through its wire form: attributes may hold tensors and graphs). */
 static tern_status copy_attr(tern_node *n, const Onnx__AttributeProto *a)
 {
-	size_t size = onnx__attribute_proto__get_packed_size(a);
-	uint8_t *buf = malloc(size ? size : 1);
-	if (!buf)
-		return tern_errorf(TERN_EOS, "out of memory");
-	onnx__attribute_proto__pack(a, buf);
-	Onnx__AttributeProto *copy = onnx__attribute_proto__unpack(NULL, size, buf);
-	free(buf);
+	Onnx__AttributeProto *copy = tern_pb_copy(a);
 	Onnx__NodeProto *np = n->proto;
 	Onnx__AttributeProto **arr = copy ? realloc(np->attribute, (np->n_attribute + 1) * sizeof *arr) : NULL;
 	if (!arr) {

@@ -55,20 +55,14 @@ static const char *bound_value(const tern_model *m, const char *key)
 }
 
 /* Appends copies of src[0..n) to *dst (packing each through the wire format). */
-#define APPEND_COPIES(TYPE, PREFIX, DST, NDST, SRC, NSRC)                                              \
+#define APPEND_COPIES(TYPE, DST, NDST, SRC, NSRC)                                              \
 	do {                                                                                           \
 		TYPE **arr_ = realloc(DST, (NDST + NSRC + 1) * sizeof *arr_);                           \
 		if (!arr_)                                                                             \
 			return tern_errorf(TERN_EOS, "out of memory");                                 \
 		DST = arr_;                                                                            \
 		for (size_t i_ = 0; i_ < NSRC; i_++) {                                                 \
-			size_t sz_ = PREFIX##__get_packed_size(SRC[i_]);                               \
-			uint8_t *buf_ = malloc(sz_ ? sz_ : 1);                                         \
-			if (!buf_)                                                                     \
-				return tern_errorf(TERN_EOS, "out of memory");                         \
-			PREFIX##__pack(SRC[i_], buf_);                                                 \
-			TYPE *c_ = PREFIX##__unpack(NULL, sz_, buf_);                                  \
-			free(buf_);                                                                    \
+			TYPE *c_ = tern_pb_copy(SRC[i_]);                                              \
 			if (!c_)                                                                       \
 				return tern_errorf(TERN_EOS, "out of memory");                         \
 			DST[NDST++] = c_;                                                              \
@@ -83,16 +77,16 @@ static tern_status combine(Onnx__ModelProto *mp)
 	Onnx__GraphProto *g = mp->graph;
 	const Onnx__TrainingInfoProto *ti = mp->training_info[0];
 	const Onnx__GraphProto *alg = ti->algorithm;
-	APPEND_COPIES(Onnx__NodeProto, onnx__node_proto, g->node, g->n_node, alg->node, alg->n_node);
-	APPEND_COPIES(Onnx__ValueInfoProto, onnx__value_info_proto, g->input, g->n_input, alg->input, alg->n_input);
-	APPEND_COPIES(Onnx__ValueInfoProto, onnx__value_info_proto, g->value_info, g->n_value_info, alg->value_info,
+	APPEND_COPIES(Onnx__NodeProto, g->node, g->n_node, alg->node, alg->n_node);
+	APPEND_COPIES(Onnx__ValueInfoProto, g->input, g->n_input, alg->input, alg->n_input);
+	APPEND_COPIES(Onnx__ValueInfoProto, g->value_info, g->n_value_info, alg->value_info,
 	              alg->n_value_info);
-	APPEND_COPIES(Onnx__TensorProto, onnx__tensor_proto, g->initializer, g->n_initializer, alg->initializer,
+	APPEND_COPIES(Onnx__TensorProto, g->initializer, g->n_initializer, alg->initializer,
 	              alg->n_initializer);
 	for (size_t i = 0; i < g->n_output; i++)
 		onnx__value_info_proto__free_unpacked(g->output[i], NULL);
 	g->n_output = 0;
-	APPEND_COPIES(Onnx__ValueInfoProto, onnx__value_info_proto, g->output, g->n_output, alg->output, alg->n_output);
+	APPEND_COPIES(Onnx__ValueInfoProto, g->output, g->n_output, alg->output, alg->n_output);
 	/* bound initializers become inputs of their own type */
 	size_t k = 0;
 	for (size_t i = 0; i < g->n_initializer; i++) {
@@ -276,17 +270,8 @@ tern_status tern_model_optimize_training(tern_model *m, const tern_optimize_opti
 	if (!st)
 		st = tern_model_sync(step);
 	Onnx__GraphProto *sg = st ? NULL : step->proto->graph, *ng = NULL;
-	if (sg) {
-		size_t size = onnx__graph_proto__get_packed_size(sg);
-		uint8_t *buf = malloc(size ? size : 1);
-		if (buf) {
-			onnx__graph_proto__pack(sg, buf);
-			ng = onnx__graph_proto__unpack(&tern_pb_allocator, size, buf);
-			free(buf);
-		}
-		if (!ng)
-			st = tern_errorf(TERN_EOS, "out of memory");
-	}
+	if (sg && !(ng = tern_pb_copy(sg)))
+		st = tern_errorf(TERN_EOS, "out of memory");
 	Onnx__TrainingInfoProto *ti = st ? NULL : m->proto->training_info[0];
 	const Onnx__GraphProto *mg = m->proto->graph;
 	/* its inputs: the algorithm's own (the target), not the inference graph's nor the state */

@@ -303,18 +303,6 @@ static void free_plan(struct plan *p)
 
 /* ---------------------------------------------------------------- the algorithm graph's proto */
 
-static Onnx__GraphProto *copy_graph(const Onnx__GraphProto *g)
-{
-	size_t size = onnx__graph_proto__get_packed_size(g);
-	uint8_t *buf = malloc(size ? size : 1);
-	if (!buf)
-		return NULL;
-	onnx__graph_proto__pack(g, buf);
-	Onnx__GraphProto *copy = onnx__graph_proto__unpack(NULL, size, buf);
-	free(buf);
-	return copy;
-}
-
 struct renames {
 	char **from;
 	size_t n, cap;
@@ -731,7 +719,7 @@ tern_status tern_model_add_training(tern_model *m, const tern_train_options *o, 
 
 	/* the algorithm graph: the copy's graph less what the main graph holds, forward values renamed */
 	Onnx__GraphProto *alg = NULL;
-	if (!st && !(st = tern_model_sync(a)) && !(alg = copy_graph(a->proto->graph)))
+	if (!st && !(st = tern_model_sync(a)) && !(alg = tern_pb_copy(a->proto->graph)))
 		st = tern_errorf(TERN_EOS, "out of memory");
 	if (!st) {
 		main_graph = mg;

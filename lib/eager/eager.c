@@ -578,19 +578,6 @@ static tern_status cache_insert(tern_ctx *c, entry *e)
 	return TERN_OK;
 }
 
-/* A copy of an attribute (through its wire form). */
-static Onnx__AttributeProto *copy_attr(const Onnx__AttributeProto *a)
-{
-	size_t size = onnx__attribute_proto__get_packed_size(a);
-	uint8_t *buf = malloc(size ? size : 1);
-	if (!buf)
-		return NULL;
-	onnx__attribute_proto__pack(a, buf);
-	Onnx__AttributeProto *c = onnx__attribute_proto__unpack(NULL, size, buf);
-	free(buf);
-	return c;
-}
-
 /* The node of a new signature: in the scratch graph, inputs and outputs named after the entry. */
 static tern_status make_node(tern_ctx *c, const char *domain, const char *op_type, int n_in, const bool *present,
                              int n_out, Onnx__AttributeProto *const *attrs, int n_attrs, tern_node **out)
@@ -624,7 +611,7 @@ static tern_status make_node(tern_ctx *c, const char *domain, const char *op_typ
 		if (!np->attribute)
 			return tern_errorf(TERN_EOS, "out of memory");
 		for (int k = 0; k < n_attrs; k++) {
-			if (!(np->attribute[k] = copy_attr(attrs[k])))
+			if (!(np->attribute[k] = tern_pb_copy(attrs[k])))
 				return tern_errorf(TERN_EOS, "out of memory");
 			np->n_attribute++;
 		}

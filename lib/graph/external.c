@@ -71,6 +71,19 @@ static void pb_free(void *data, void *p)
 
 ProtobufCAllocator tern_pb_allocator = {pb_alloc, pb_free, NULL};
 
+void *tern_pb_copy(const void *message)
+{
+	const ProtobufCMessage *m = message;
+	size_t size = protobuf_c_message_get_packed_size(m);
+	uint8_t *buf = malloc(size ? size : 1);
+	if (!buf)
+		return NULL;
+	protobuf_c_message_pack(m, buf);
+	ProtobufCMessage *copy = protobuf_c_message_unpack(m->descriptor, &tern_pb_allocator, size, buf);
+	free(buf);
+	return copy;
+}
+
 static bool register_live(const struct tern_mapping *mp)
 {
 	pthread_mutex_lock(&live.lock);
