@@ -30,7 +30,7 @@ static const struct argp_option option_table[] = {
         {"dim", OPT_DIM, "NAME=N", 0, "make symbolic dimension NAME static, of size N (repeatable)", 0},
         {"drop-training", OPT_DROP_TRAINING, NULL, 0,
          "drop the training algorithm and optimizer state (tern-autodiff's), then optimise the inference graph; "
-         "without it a model that carries one is written as read",
+         "without it a model that carries one has its training step optimised and its inference graph kept",
          0},
         {0},
 };

@@ -71,7 +71,9 @@ int main(int argc, char **argv)
 	        "Compute an ahead-of-time multi-stream schedule (Nimble) and write it into the graph.\v"
 	        "Independent operators go to different streams; a node waits only on the cross-stream edges of "
 	        "the graph's transitive reduction, the fewest synchronisations possible. The schedule is stored "
-	        "in metadata_props under tern.schedule; `tern-show -f plan` prints it.",
+	        "in metadata_props under tern.schedule; `tern-show -f plan` prints it. A model with a training "
+	        "algorithm also gets its training step's schedule, tern.training_schedule, which tern-run --train "
+	        "follows.",
 	        option_table,
 	        parse_option,
 	        &opts,
