@@ -448,10 +448,7 @@ static _Thread_local struct {
 static void tape_free(tape_node *n)
 {
 	tape_release_links(n);
-	free(n->in);
-	free(n->out);
-	free(n->dy);
-	free(n);
+	free(n); /* its arrays with it */
 }
 
 static void tape_unref(tape_node *n)
@@ -752,20 +749,18 @@ static tern_status reseed(tern_ctx *c, entry *e, bool given)
 
 static tern_status record(tern_ctx *c, entry *e, tern_var *const *in, tern_var **outs)
 {
-	tape_node *n = calloc(1, sizeof *n);
+	/* one block: the node, then its inputs, outputs and output gradients */
+	size_t slots = (size_t)e->n_in + 1 + 2 * ((size_t)e->n_out + 1);
+	tape_node *n = calloc(1, sizeof *n + slots * sizeof(tern_var *));
 	if (!n)
 		return tern_errorf(TERN_EOS, "out of memory");
 	n->refs = 0;
 	n->e = e;
 	n->n_in = e->n_in;
 	n->n_out = e->n_out;
-	n->in = calloc((size_t)e->n_in + 1, sizeof *n->in);
-	n->out = calloc((size_t)e->n_out + 1, sizeof *n->out);
-	n->dy = calloc((size_t)e->n_out + 1, sizeof *n->dy);
-	if (!n->in || !n->out || !n->dy) {
-		free(n->in), free(n->out), free(n->dy), free(n);
-		return tern_errorf(TERN_EOS, "out of memory");
-	}
+	n->in = (tern_var **)(n + 1);
+	n->out = n->in + e->n_in + 1;
+	n->dy = n->out + e->n_out + 1;
 	for (int i = 0; i < e->n_in; i++)
 		n->in[i] = tern_var_ref(in[i]);
 	for (int o = 0; o < e->n_out; o++) {

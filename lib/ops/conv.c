@@ -53,6 +53,11 @@ typedef struct conv_params {
 	bool pack_runtime;
 	size_t fwd_bytes;
 	bool gw_phases; /* the gradients: the column matrix made from (im2col) or summed into (col2im) phase planes */
+	/* tern.ConvGradWeight, float: images per product, their positions side by side in K (so that
+	 * small images make one product with a useful depth, not many with K = out_sp), and per row of
+	 * that K (image, position) where it lies in the batch's column matrices, or in X when pointwise */
+	int64_t gw_batch;
+	int64_t *gw_rows;
 } conv_params;
 
 /* A kernel tap's input offsets (d0, d1 in slots 0 and 1; d2, padding included, in slot 2) and the
@@ -69,6 +74,7 @@ static void conv_params_free(void *p)
 		free(cp->taps);
 		free(cp->phases);
 		free(cp->row_off);
+		free(cp->gw_rows);
 		for (int64_t g = 0; cp->packed && g < cp->group; g++)
 			tern_packed_free(cp->packed[g]);
 		free(cp->packed);
@@ -410,14 +416,18 @@ TERN_ISA_BODY void phase_split_body(const conv_params *cp, const float *xc, floa
 		/* plane rows i and columns j whose input row r0 + i * s1 and column c0 + j * s2 are inside */
 		outputs_within(r0, s1, w->in[1], cp->hq, &ilo, &ihi);
 		outputs_within(c0, s2, in2, wq, &lo, &hi);
-		if (borders) {
+		/* a small plane is zeroed whole, in one call, rather than by two tiny ones per row */
+		bool rows = borders && cp->hq * wq > 4096;
+		if (borders && !rows)
+			memset(plane, 0, (size_t)(cp->hq * wq) * sizeof *plane);
+		else if (borders) {
 			memset(plane, 0, (size_t)(ilo * wq) * sizeof *plane);
 			memset(plane + ihi * wq, 0, (size_t)((cp->hq - ihi) * wq) * sizeof *plane);
 		}
 		for (int64_t i = ilo; i < ihi; i++) {
 			float *dst = plane + i * wq;
 			const float *restrict src = xc + (r0 + i * s1) * in2 + c0;
-			if (borders) {
+			if (rows) {
 				memset(dst, 0, (size_t)lo * sizeof *dst);
 				memset(dst + hi, 0, (size_t)(wq - hi) * sizeof *dst);
 			}
@@ -1737,7 +1747,7 @@ static tern_status conv_grad_input_prepare(tern_prepare_args *p)
 	if ((st = conv_setup(p, &x, wt, 1, &cp)) || (st = tern_nn_check_dy(p)))
 		return st;
 	tern_set_shape(p->out[0], dy->dtype, rank, dims);
-	cp->depthwise = cp->cg == 1 && !cp->pointwise;
+	cp->depthwise = cp->cg == 1 && !cp->pointwise && cp->group > 1; /* as ConvGradWeight's */
 	if (cp->depthwise) {
 		if ((st = depthwise_rows(node, cp)))
 			return st;
@@ -1789,37 +1799,65 @@ static void col_from_phases(tern_threadpool *pool, const conv_params *cp, const 
 }
 
 /* The weight gradient of images [begin, end) into dw (cout x cg*kk), their sum: per group dY_g
- * times the transpose of X_g's column matrix, image by image. False when out of memory. */
+ * times the transpose of X_g's column matrix. Double image by image; float gw_batch images per
+ * product, their column matrices side by side (in col_buf, then their dY_g rows copied after them)
+ * and read through gw_rows. False when out of memory. */
 static bool grad_weight_images(tern_threadpool *pool, const conv_params *cp, int dtype, const char *dy,
                                const char *x, char *dw, void *col_buf, int64_t begin, int64_t end)
 {
 	size_t es = compute_size(dtype);
-	int64_t ck = cp->cg * cp->kk;
+	int64_t ck = cp->cg * cp->kk, osp = cp->out_sp;
 	for (int64_t g = 0; g < cp->group; g++) {
 		char *dwg = dw + (size_t)(g * cp->mg * ck) * es;
-		for (int64_t n = begin; n < end; n++) {
-			bool add = n > begin;
-			const char *xg = x + (size_t)((n * cp->cin + g * cp->cg) * cp->in_sp) * es;
-			const char *dyg = dy + (size_t)((n * cp->cout + g * cp->mg) * cp->out_sp) * es;
-			const void *col = xg;
-			if (cp->gw_phases) {
-				col_from_phases(pool, cp, (const float *)xg, col_buf);
-				col = col_buf;
-			} else if (!cp->pointwise) {
-				im2col(pool, &cp->w, es, cp->cg, xg, col_buf);
-				col = col_buf;
+		if (dtype == TERN_DOUBLE) {
+			for (int64_t n = begin; n < end; n++) {
+				const char *xg = x + (size_t)((n * cp->cin + g * cp->cg) * cp->in_sp) * es;
+				const char *dyg = dy + (size_t)((n * cp->cout + g * cp->mg) * osp) * es;
+				const void *col = xg;
+				if (!cp->pointwise) {
+					im2col(pool, &cp->w, es, cp->cg, xg, col_buf);
+					col = col_buf;
+				}
+				tern_gemm_f64(false, true, cp->mg, ck, osp, 1.0, (const double *)dyg, osp, col, osp,
+				              n > begin ? 1.0 : 0.0, (double *)dwg, ck);
 			}
-			if (dtype == TERN_DOUBLE) {
-				tern_gemm_f64(false, true, cp->mg, ck, cp->out_sp, 1.0, (const double *)dyg, cp->out_sp, col,
-				              cp->out_sp, add ? 1.0 : 0.0, (double *)dwg, ck);
-				continue;
+			continue;
+		}
+		for (int64_t n = begin; n < end; n += cp->gw_batch) {
+			int64_t nb = end - n < cp->gw_batch ? end - n : cp->gw_batch;
+			const float *xg = (const float *)x + (n * cp->cin + g * cp->cg) * cp->in_sp;
+			const float *col = xg;
+			float *cols = col_buf;
+			if (!cp->pointwise) {
+				for (int64_t i = 0; i < nb; i++) {
+					const float *xi = xg + i * cp->cin * cp->in_sp;
+					float *ci = cols + i * ck * osp;
+					if (cp->gw_phases)
+						col_from_phases(pool, cp, xi, ci);
+					else
+						im2col(pool, &cp->w, es, cp->cg, xi, ci);
+				}
+				col = cols;
 			}
-			tern_packed *pk = tern_pack_a(cp->mg, cp->out_sp, (const float *)dyg, cp->out_sp, false, 1.0f);
+			/* A = dY_g of the batch's images side by side: row m is image i's channel g*mg + m at i*osp */
+			const float *a = (const float *)dy + (n * cp->cout + g * cp->mg) * osp;
+			int64_t lda = osp;
+			if (nb > 1) {
+				float *rows = cols;
+				if (!cp->pointwise)
+					rows += cp->gw_batch * ck * osp + (cp->gw_phases && cp->split ? cp->cg * cp->n_phases * cp->hq * cp->wq : 0);
+				for (int64_t m = 0; m < cp->mg; m++)
+					for (int64_t i = 0; i < nb; i++)
+						memcpy(rows + (m * nb + i) * osp, a + (i * cp->cout + m) * osp, (size_t)osp * sizeof *rows);
+				a = rows;
+				lda = nb * osp;
+			}
+			tern_packed *pk = tern_pack_a(cp->mg, nb * osp, a, lda, false, 1.0f);
 			if (!pk)
 				return false;
-			/* B = the columns' transpose: row p (an output position) of column j at col + j * out_sp + p */
-			tern_gemm_b b = {col, NULL, 1, 0, 0, cp->out_sp};
-			tern_gemm_c c = {(float *)dwg, ck, false, add, NULL, NULL, NULL};
+			/* B = the columns' transpose: row (i, p) at gw_rows, column j step osp past it */
+			tern_gemm_b b = {col, cp->gw_rows, 0, 0, 0, cp->pointwise ? cp->in_sp : osp};
+			tern_gemm_c c = {(float *)dwg, ck, false, n > begin, NULL, NULL, NULL};
 			tern_gemm_packed_run(pool, pk, ck, &b, &c, TERN_GEMM_COLS);
 			tern_packed_free(pk);
 		}
@@ -1893,6 +1931,36 @@ static tern_status conv_grad_weight_kernel(const tern_kernel_args *a)
 	return TERN_OK;
 }
 
+/* Float ConvGradWeight's images per product: enough for K = images x out_sp to reach GW_BATCH_K,
+ * within the images and GW_BATCH_ELEMS of column matrices per slot; the row offsets of that K and
+ * the scratch for the batch's column matrices and dY rows (img_elems). */
+#define GW_BATCH_K 256
+#define GW_BATCH_ELEMS ((int64_t)1 << 20)
+static tern_status grad_weight_batch(const tern_node *node, conv_params *cp)
+{
+	int64_t osp = cp->out_sp, ck = cp->cg * cp->kk;
+	int64_t nb = osp >= GW_BATCH_K || osp == 0 ? 1 : (GW_BATCH_K + osp - 1) / osp;
+	int64_t chunk = cp->img_slots ? (cp->n + cp->img_slots - 1) / cp->img_slots : cp->n;
+	if (nb > chunk)
+		nb = chunk;
+	while (nb > 1 && nb * ck * osp > GW_BATCH_ELEMS)
+		nb--;
+	if (nb < 1)
+		nb = 1;
+	cp->gw_batch = nb;
+	if (!(cp->gw_rows = malloc((size_t)(nb * osp > 0 ? nb * osp : 1) * sizeof *cp->gw_rows)))
+		return no_memory(node);
+	int64_t image = cp->pointwise ? cp->cin * cp->in_sp : ck * osp;
+	for (int64_t i = 0; i < nb; i++)
+		for (int64_t q = 0; q < osp; q++)
+			cp->gw_rows[i * osp + q] = i * image + q;
+	if (!cp->pointwise)
+		cp->img_elems += (size_t)((nb - 1) * ck * osp);
+	if (nb > 1)
+		cp->img_elems += (size_t)(nb * cp->mg * osp);
+	return TERN_OK;
+}
+
 static tern_status conv_grad_weight_prepare(tern_prepare_args *p)
 {
 	const tern_node *node = p->node;
@@ -1908,7 +1976,9 @@ static tern_status conv_grad_weight_prepare(tern_prepare_args *p)
 	if ((st = conv_setup(p, x, &wt, 2, &cp)) || (st = tern_nn_check_dy(p)))
 		return st;
 	tern_set_shape(p->out[0], x->dtype, rank, dims);
-	cp->depthwise = cp->cg == 1 && !cp->pointwise;
+	/* one input channel per group and one group (cin 1): a product, dY times the columns' transpose,
+	 * is faster than the depthwise loops, whose rows are short and, strided, scalar */
+	cp->depthwise = cp->cg == 1 && !cp->pointwise && cp->group > 1;
 	if (cp->depthwise) {
 		if ((st = depthwise_rows(node, cp)))
 			return st;
@@ -1923,7 +1993,10 @@ static tern_status conv_grad_weight_prepare(tern_prepare_args *p)
 			if (cp->split)
 				cp->img_elems += (size_t)(cp->cg * cp->n_phases * cp->hq * cp->wq);
 		}
-		/* per slot: its partial dW, then its column matrix */
+		cp->gw_batch = 1;
+		if (x->dtype != TERN_DOUBLE && (st = grad_weight_batch(node, cp)))
+			return st;
+		/* per slot: its partial dW, then its column matrices and the batch's dY rows */
 		size_t slot = cp->img_elems + (cp->img_slots ? (size_t)(cp->cout * cp->cg * cp->kk) : 0);
 		p->scratch_bytes = (size_t)(cp->img_slots ? cp->img_slots : 1) * slot * compute_size(x->dtype);
 	}

@@ -255,13 +255,15 @@ EW_TABLE(relu, EW_SIGNED(EW_ENTRY, relu, ~));
 EW_FLOATS(EW_U, leaky_relu, EW_SEL(v < 0, v *(ET)at->alpha, v))
 EW_TABLE(leaky_relu, EW_FLOATS(EW_ENTRY, leaky_relu, ~));
 
-EW_FLOATS(EW_U, elu, v < 0 ? (ET)at->alpha * expm1(v) : v)
+EW_U(elu, tern_select_f32(v < 0, (float)at->alpha * tern_fast_expm1f(v), v), f32, float, float)
+EW_U(elu, v < 0 ? (ET)at->alpha * expm1(v) : v, f64, double, double)
 EW_TABLE(elu, EW_FLOATS(EW_ENTRY, elu, ~));
 
 EW_FLOATS(EW_U, selu, v <= 0 ? (ET)at->gamma * ((ET)at->alpha * exp(v) - (ET)at->alpha) : (ET)at->gamma * v)
 EW_TABLE(selu, EW_FLOATS(EW_ENTRY, selu, ~));
 
-EW_FLOATS(EW_U, celu, v > 0 ? v : (ET)at->alpha * expm1(v / (ET)at->alpha))
+EW_U(celu, tern_select_f32(v > 0, v, (float)at->alpha * tern_fast_expm1f(v / (float)at->alpha)), f32, float, float)
+EW_U(celu, v > 0 ? v : (ET)at->alpha * expm1(v / (ET)at->alpha), f64, double, double)
 EW_TABLE(celu, EW_FLOATS(EW_ENTRY, celu, ~));
 
 static void ew_sigmoid_f32(const ew_row *r)

@@ -103,6 +103,23 @@ static inline float tern_fast_expf(float x)
 	return tern_scale_pow2f(p * r * r + r + 1.0f, ti - 0x4B400000);
 }
 
+/* exp(x) - 1 without the cancellation near 0: below |x| = 0.5 its Taylor series to x^9 (the next
+ * term is under 1.4e-9 of the result), above it exp(x) - 1, whose rounding is then small against
+ * the result. */
+static inline float tern_fast_expm1f(float x)
+{
+	float p = 1.0f / 362880;
+	p = p * x + 1.0f / 40320;
+	p = p * x + 1.0f / 5040;
+	p = p * x + 1.0f / 720;
+	p = p * x + 1.0f / 120;
+	p = p * x + 1.0f / 24;
+	p = p * x + 1.0f / 6;
+	p = p * x + 0.5f;
+	float small = (p * x + 1.0f) * x;
+	return tern_select_f32(fabsf(x) < 0.5f, small, tern_fast_expf(x) - 1.0f);
+}
+
 /* 1 / (1 + exp(-x)) from e = exp(-|x|) <= 1, which cannot overflow: 2^n 2^f with f in [-1/2, 1/2] by a
  * polynomial (relative error about 2e-7), n >= -126 so that 2^n is built from its exponent bits in one
  * factor. Selects, not branches, so that it vectorises whatever the floating-point flags. */
