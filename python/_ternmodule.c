@@ -23,12 +23,16 @@ static PyTypeObject TensorType, ParameterType, OptimizerType, OpNamespaceType, O
 /* (The object heads are kept from clang-format: PyObject_HEAD and PyVarObject_HEAD_INIT end
  * without the semicolon or comma it expects.) */
 #define Tensor_Check(o) PyObject_TypeCheck((o), &TensorType)
+/* tern/_tensor.py's hooks (mod_set_hooks): assignment to an index, indexing by a boolean mask, and
+ * finishing an in-place operator (+= ...) from its result. */
+static PyObject *g_setitem_hook, *g_mask_hook, *g_inplace_hook;
 #define VAR(o) (((TensorObject *)(o))->var)
 
 /* clang-format off */
 typedef struct {
 	PyObject_HEAD
-	tern_var *var; /* owned; never replaced, so a buffer export stays valid while it lives */
+	tern_var *var; /* owned; replaced by an in-place operation that has a history (_assign_), while
+	                * a buffer export holds the bytes it was made from */
 	PyObject *weakrefs;
 } TensorObject;
 /* clang-format on */
@@ -624,6 +628,11 @@ static PyObject *parameter_new(PyTypeObject *type, PyObject *args, PyObject *kwa
 
 static char empty_buffer[16];
 
+typedef struct buffer_info {
+	tern_var *var;
+	Py_ssize_t sh[];
+} buffer_info;
+
 static int tensor_getbuffer(TensorObject *self, Py_buffer *view, int flags)
 {
 	const tern_tensor *t = tern_var_tensor(self->var);
@@ -635,12 +644,15 @@ static int tensor_getbuffer(TensorObject *self, Py_buffer *view, int flags)
 		return -1;
 	}
 	int rank = t->rank;
-	/* shape and strides live as long as the view: freed by releasebuffer */
-	Py_ssize_t *sh = PyMem_Malloc(sizeof *sh * 2 * (size_t)(rank ? rank : 1));
-	if (!sh) {
+	/* shape and strides, and a reference to the tensor whose bytes these are, live as long as the
+	 * view: released by releasebuffer */
+	buffer_info *bi = PyMem_Malloc(sizeof *bi + sizeof *bi->sh * 2 * (size_t)(rank ? rank : 1));
+	if (!bi) {
 		PyErr_NoMemory();
 		return -1;
 	}
+	bi->var = tern_var_ref(self->var);
+	Py_ssize_t *sh = bi->sh;
 	Py_ssize_t itemsize = (Py_ssize_t)tern_dtype_size(t->dtype), stride = itemsize;
 	for (int i = rank - 1; i >= 0; i--) {
 		sh[i] = (Py_ssize_t)t->dims[i];
@@ -658,13 +670,16 @@ static int tensor_getbuffer(TensorObject *self, Py_buffer *view, int flags)
 	view->shape = (flags & PyBUF_ND) == PyBUF_ND ? sh : NULL;
 	view->strides = (flags & PyBUF_STRIDES) == PyBUF_STRIDES ? sh + rank : NULL;
 	view->suboffsets = NULL;
-	view->internal = sh;
+	view->internal = bi;
 	return 0;
 }
 
 static void tensor_releasebuffer(TensorObject *self, Py_buffer *view)
 {
-	PyMem_Free(view->internal);
+	buffer_info *bi = view->internal;
+	if (bi)
+		tern_var_unref(bi->var);
+	PyMem_Free(bi);
 	view->internal = NULL;
 }
 
@@ -1213,7 +1228,38 @@ static PyObject *nb_xor(PyObject *a, PyObject *b)
 	return binary(a, b, Tensor_Check(t) && tern_var_tensor(VAR(t))->dtype == TERN_BOOL ? "Xor" : "BitwiseXor", 0);
 }
 
+/* a op= b: the result of a op b, written into a's bytes or, with a history, made a's (the hook) */
+static PyObject *inplace(PyObject *a, PyObject *b, PyObject *(*f)(PyObject *, PyObject *), const char *name)
+{
+	PyObject *r = f(a, b);
+	if (!r || r == Py_NotImplemented || !Tensor_Check(a) || !g_inplace_hook)
+		return r;
+	PyObject *res = PyObject_CallFunction(g_inplace_hook, "OOs", a, r, name);
+	Py_DECREF(r);
+	return res;
+}
+static PyObject *nb_iadd(PyObject *a, PyObject *b)
+{
+	return inplace(a, b, nb_add, "+=");
+}
+static PyObject *nb_isub(PyObject *a, PyObject *b)
+{
+	return inplace(a, b, nb_sub, "-=");
+}
+static PyObject *nb_imul(PyObject *a, PyObject *b)
+{
+	return inplace(a, b, nb_mul, "*=");
+}
+static PyObject *nb_itruediv(PyObject *a, PyObject *b)
+{
+	return inplace(a, b, nb_truediv, "/=");
+}
+
 static PyNumberMethods tensor_as_number = {
+        .nb_inplace_add = nb_iadd,
+        .nb_inplace_subtract = nb_isub,
+        .nb_inplace_multiply = nb_imul,
+        .nb_inplace_true_divide = nb_itruediv,
         .nb_add = nb_add,
         .nb_subtract = nb_sub,
         .nb_multiply = nb_mul,
@@ -1252,8 +1298,35 @@ static PyObject *tensor_richcompare(PyObject *self, PyObject *other, int op)
 /* Basic indexing as numpy has it, through differentiable operators: the integers and slices are
  * one Slice (an integer i is the slice i:i+1), whose integer axes one Squeeze removes; one index
  * that is an integer tensor or list is a Gather on its axis; None is an Unsqueeze of the result. */
+/* A boolean mask as numpy reads one: a bool tensor, an array whose dtype is bool, a list of bools. */
+static int is_bool_mask(PyObject *key)
+{
+	if (Tensor_Check(key))
+		return tern_var_tensor(((TensorObject *)key)->var)->dtype == TERN_BOOL;
+	if (PyList_Check(key))
+		return PyList_GET_SIZE(key) > 0 && PyBool_Check(PyList_GET_ITEM(key, 0));
+	if (PyTuple_Check(key) || PyLong_Check(key) || PySlice_Check(key) || key == Py_None || key == Py_Ellipsis)
+		return 0;
+	PyObject *dt = PyObject_GetAttrString(key, "dtype");
+	if (!dt) {
+		PyErr_Clear();
+		return 0;
+	}
+	PyObject *kind = PyObject_GetAttrString(dt, "kind");
+	Py_DECREF(dt);
+	if (!kind) {
+		PyErr_Clear();
+		return 0;
+	}
+	int b = PyUnicode_Check(kind) && PyUnicode_CompareWithASCIIString(kind, "b") == 0;
+	Py_DECREF(kind);
+	return b;
+}
+
 static PyObject *tensor_getitem(TensorObject *self, PyObject *key)
 {
+	if (g_mask_hook && is_bool_mask(key))
+		return PyObject_CallFunctionObjArgs(g_mask_hook, (PyObject *)self, key, NULL);
 	const tern_tensor *t = tern_var_tensor(self->var);
 	int rank = t->rank;
 	PyObject *items = PyTuple_Check(key) ? Py_NewRef(key) : PyTuple_Pack(1, key);
@@ -1428,9 +1501,25 @@ static Py_ssize_t tensor_length(TensorObject *self)
 	return (Py_ssize_t)t->dims[0];
 }
 
+static int tensor_setitem(TensorObject *self, PyObject *key, PyObject *value)
+{
+	if (!value) {
+		PyErr_SetString(PyExc_TypeError, "a tensor's elements cannot be deleted");
+		return -1;
+	}
+	if (!g_setitem_hook) {
+		PyErr_SetString(PyExc_TypeError, "item assignment needs the tern package (import tern)");
+		return -1;
+	}
+	PyObject *r = PyObject_CallFunctionObjArgs(g_setitem_hook, (PyObject *)self, key, value, NULL);
+	Py_XDECREF(r);
+	return r ? 0 : -1;
+}
+
 static PyMappingMethods tensor_as_mapping = {
         .mp_length = (lenfunc)tensor_length,
         .mp_subscript = (binaryfunc)tensor_getitem,
+        .mp_ass_subscript = (objobjargproc)tensor_setitem,
 };
 
 /* Iterates over the first axis (t[0], t[1], ...). */
@@ -1885,6 +1974,20 @@ static PyObject *tensor_size(TensorObject *self, PyObject *args)
 
 /* Writes src's values (converted to the tensor's type; the same shape, or one element to fill)
  * into the tensor's own bytes: for initialisation and loading, not seen by autograd. */
+/* self takes other's tensor (bytes and history): an in-place operation with a history, done as
+ * the operation's result standing in for the tensor. */
+static PyObject *tensor_assign_(TensorObject *self, PyObject *other)
+{
+	if (!Tensor_Check(other)) {
+		PyErr_SetString(PyExc_TypeError, "_assign_ takes a Tensor");
+		return NULL;
+	}
+	tern_var *old = self->var;
+	self->var = tern_var_ref(((TensorObject *)other)->var);
+	tern_var_unref(old);
+	return Py_NewRef(self);
+}
+
 static PyObject *tensor_copy_(TensorObject *self, PyObject *src)
 {
 	const tern_tensor *t = tern_var_tensor(self->var);
@@ -2027,6 +2130,8 @@ static PyMethodDef tensor_methods[] = {
          "size(dim=None)\n--\n\nThe shape, or the size of dimension dim."},
         {"matmul", (PyCFunction)tensor_matmul_method, METH_O, "matmul(other)\n--\n\nself @ other (MatMul)."},
         {"pow", (PyCFunction)tensor_pow_method, METH_O, "pow(exponent)\n--\n\nself ** exponent (Pow)."},
+        {"_assign_", (PyCFunction)tensor_assign_, METH_O,
+         "_assign_(other)\n--\n\nThe tensor takes other's values and history (an in-place operation's result)."},
         {"copy_", (PyCFunction)tensor_copy_, METH_O,
          "copy_(src)\n--\n\nWrites src (converted to this dtype; the same shape, or one element) into the tensor's "
          "bytes. "
@@ -3034,6 +3139,30 @@ static PyObject *mod_free_context_for_test(PyObject *m, PyObject *unused)
 	Py_RETURN_NONE;
 }
 
+static PyObject *mod_set_hooks(PyObject *m, PyObject *args)
+{
+	PyObject *set, *mask, *inpl;
+	if (!PyArg_ParseTuple(args, "OOO:_set_hooks", &set, &mask, &inpl))
+		return NULL;
+	Py_XSETREF(g_setitem_hook, set == Py_None ? NULL : Py_NewRef(set));
+	Py_XSETREF(g_mask_hook, mask == Py_None ? NULL : Py_NewRef(mask));
+	Py_XSETREF(g_inplace_hook, inpl == Py_None ? NULL : Py_NewRef(inpl));
+	Py_RETURN_NONE;
+}
+
+/* Methods written in Python (tern/_tensor.py) added to Tensor (and so Parameter). */
+static PyObject *mod_add_tensor_methods(PyObject *m, PyObject *methods)
+{
+	if (!PyDict_Check(methods)) {
+		PyErr_SetString(PyExc_TypeError, "_add_tensor_methods takes a dict");
+		return NULL;
+	}
+	if (PyDict_Update(TensorType.tp_dict, methods) < 0)
+		return NULL;
+	PyType_Modified(&TensorType);
+	Py_RETURN_NONE;
+}
+
 static PyObject *mod_set_attribute_schema(PyObject *m, PyObject *hook)
 {
 	if (hook != Py_None && !PyCallable_Check(hook)) {
@@ -3093,6 +3222,10 @@ static PyMethodDef module_methods[] = {
         {"_free_context_for_test", mod_free_context_for_test, METH_NOARGS,
          "_free_context_for_test()\n--\n\nCloses the default context and opens a new one (tests: tensors of a freed "
          "context)."},
+        {"_set_hooks", mod_set_hooks, METH_VARARGS,
+         "_set_hooks(setitem, mask_index, inplace)\n--\n\nThe Python functions behind t[k] = v, t[mask] and t += x."},
+        {"_add_tensor_methods", mod_add_tensor_methods, METH_O,
+         "_add_tensor_methods(dict)\n--\n\nAdds methods written in Python to Tensor."},
         {"_set_attribute_schema", mod_set_attribute_schema, METH_O,
          "_set_attribute_schema(hook)\n--\n\nhook(domain, op, opset) -> None or ({attribute: kind}, min_inputs, "
          "max_inputs, "

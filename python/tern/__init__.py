@@ -254,4 +254,5 @@ import builtins as _builtins  # noqa: E402 (tern.bool shadows the builtin above)
 
 builtins_bool = _builtins.bool
 
+from . import _tensor  # noqa: E402,F401 (Tensor's methods written in Python)
 from . import nn, optim  # noqa: E402,F401 (they import tern)
