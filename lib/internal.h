@@ -214,12 +214,14 @@ tern_status tern_autodiff_rows(tern_model *model, tern_value *const *ys, tern_va
                                tern_value **grad_indices);
 
 /* The inputs a call of an ONNX operator version must have (lib/ops/arity.c, generated from onnx's
- * schemas): the least count and a mask of the required positions. */
+ * schemas): the least count and a mask of the required positions; and its attributes' names, each
+ * between spaces (" alpha beta "). */
 typedef struct tern_arity {
 	const char *domain, *op_type;
 	int since_version;
 	int min_inputs;
 	uint32_t required;
+	const char *attributes;
 } tern_arity;
 extern const tern_arity tern_arities[];
 extern const size_t tern_n_arities;

@@ -782,8 +782,10 @@ static tern_status record(tern_ctx *c, entry *e, tern_var *const *in, tern_var *
 }
 
 /* Required inputs present: for ONNX operators as their schema says (prepare functions take those for
- * granted), for tern's backward and fused operators their least counts. */
-static tern_status check_inputs(tern_ctx *c, const char *domain, const char *op_type, tern_var *const *in, int n_in)
+ * granted), for tern's backward and fused operators their least counts. An ONNX operator's
+ * attributes must be its schema's (a misspelt one would silently be its default). */
+static tern_status check_inputs(tern_ctx *c, const char *domain, const char *op_type, tern_var *const *in, int n_in,
+                                Onnx__AttributeProto *const *attrs, int n_attrs)
 {
 	int min = 0;
 	uint32_t required = 0;
@@ -792,6 +794,17 @@ static tern_status check_inputs(tern_ctx *c, const char *domain, const char *op_
 		if (a) {
 			min = a->min_inputs;
 			required = a->required;
+			for (int k = 0; k < n_attrs; k++) {
+				const char *name = attrs[k]->name ? attrs[k]->name : "";
+				size_t len = strlen(name);
+				const char *at = a->attributes;
+				while ((at = strstr(at, name)) && len && !(at[-1] == ' ' && at[len] == ' '))
+					at++;
+				if (!len || !at)
+					return tern_errorf(TERN_EUSAGE, "%s%s%s: unknown attribute '%s' (%s-%d has:%s)", domain,
+					                   *domain ? "." : "", op_type, name, op_type, a->since_version,
+					                   a->attributes[1] ? a->attributes : " none");
+			}
 		}
 	} else if (!strcmp(domain, "tern")) {
 		static const struct {
@@ -914,7 +927,7 @@ static tern_status call_protos(tern_ctx *c, const char *domain, const char *op_t
 			return tern_errorf(TERN_EUSAGE, "%s%s%s: %s", domain, *domain ? "." : "", op_type,
 			                   tern_op_known(domain, op_type) ? "not implemented at this opset" : "unknown operator");
 		}
-		if (!e && (st = check_inputs(c, domain, op_type, in, n_in))) {
+		if (!e && (st = check_inputs(c, domain, op_type, in, n_in, attrs, n_attrs))) {
 			key_free(&k);
 			return st;
 		}

@@ -172,6 +172,16 @@ static void calls(tern_ctx *c)
 	CHECK(tern_call(c, "", "Gemm", none_first, 2, NULL, 0, &out, 1) == TERN_EUSAGE &&
 	      strstr(tern_error(), "input 0 is required"));
 	CHECK(tern_call(c, "tern", "ConvGradWeight", in2, 2, NULL, 0, &out, 1) == TERN_EUSAGE);
+	/* an attribute the operator does not have: an error naming it, not its default silently */
+	tern_attr_arg typo = {.name = "alpah", .kind = TERN_ATTR_FLOAT, .f = 2};
+	CHECK(tern_call(c, "", "Elu", in2, 1, &typo, 1, &out, 1) == TERN_EUSAGE && !out &&
+	      strstr(tern_error(), "unknown attribute 'alpah'") && strstr(tern_error(), " alpha "));
+	tern_attr_arg prefix = {.name = "alph", .kind = TERN_ATTR_FLOAT, .f = 2};
+	CHECK(tern_call(c, "", "Elu", in2, 1, &prefix, 1, &out, 1) == TERN_EUSAGE);
+	tern_attr_arg right = {.name = "alpha", .kind = TERN_ATTR_FLOAT, .f = 2};
+	CHECK_OK(tern_call(c, "", "Elu", in2, 1, &right, 1, &out, 1));
+	tern_var_unref(out);
+	out = NULL;
 	CHECK_OK(tern_var_set_requires_grad(a, 1));
 	tern_var *sq = call1(c, "Mul", a, a, NULL, 0);
 	CHECK(tern_backward(sq, NULL) == TERN_EUSAGE && strstr(tern_error(), "needs a gradient"));
