@@ -2876,7 +2876,47 @@ static PyObject *optimizer_get_kind(OptimizerObject *self, void *closure)
 	return Py_NewRef(self->kind);
 }
 
+static PyObject *optimizer_state(OptimizerObject *self, PyObject *args)
+{
+	int param, slot;
+	if (!PyArg_ParseTuple(args, "ii:state", &param, &slot))
+		return NULL;
+	tern_var *v = tern_optim_state(self->opt, param, slot);
+	if (!v) {
+		PyErr_Format(PyExc_IndexError, "optimizer state (%d, %d): %d parameters, %d state tensors each", param, slot,
+		             (int)PyTuple_GET_SIZE(self->params), tern_optim_num_state(self->opt));
+		return NULL;
+	}
+	return wrap(tern_var_ref(v));
+}
+
+static PyObject *optimizer_param_steps(OptimizerObject *self, PyObject *args)
+{
+	int param;
+	long long steps = -1;
+	if (!PyArg_ParseTuple(args, "i|L:param_steps", &param, &steps))
+		return NULL;
+	if (steps >= 0 && tern_optim_set_param_steps(self->opt, param, steps))
+		return raise_status(TERN_EUSAGE);
+	int64_t n = tern_optim_param_steps(self->opt, param);
+	if (n < 0) {
+		PyErr_Format(PyExc_IndexError, "parameter %d of %d", param, (int)PyTuple_GET_SIZE(self->params));
+		return NULL;
+	}
+	return PyLong_FromLongLong(n);
+}
+
+static PyObject *optimizer_get_num_state(OptimizerObject *self, void *closure)
+{
+	return PyLong_FromLong(tern_optim_num_state(self->opt));
+}
+
 static PyMethodDef optimizer_methods[] = {
+        {"state", (PyCFunction)optimizer_state, METH_VARARGS,
+         "state(param, slot)\n--\n\nState tensor slot of parameter param (its bytes are the optimizer's: copy_ "
+         "writes them)."},
+        {"param_steps", (PyCFunction)optimizer_param_steps, METH_VARARGS,
+         "param_steps(param, steps=-1)\n--\n\nThe parameter's step count; steps >= 0 sets it first."},
         {"step", (PyCFunction)optimizer_step, METH_NOARGS,
          "step()\n--\n\nUpdates every parameter that has a gradient, in place (its bytes)."},
         {"zero_grad", (PyCFunction)optimizer_zero_grad, METH_NOARGS,
@@ -2889,6 +2929,7 @@ static PyGetSetDef optimizer_getset[] = {
         {"steps", (getter)optimizer_get_steps, NULL, "The steps taken.", NULL},
         {"params", (getter)optimizer_get_params, NULL, "The parameters, a tuple of Tensors.", NULL},
         {"kind", (getter)optimizer_get_kind, NULL, "'sgd', 'adam', 'adamw' or 'adagrad'.", NULL},
+        {"num_state", (getter)optimizer_get_num_state, NULL, "State tensors per parameter.", NULL},
         {NULL},
 };
 

@@ -1510,7 +1510,7 @@ tern_status tern_optim_create(tern_ctx *c, const tern_optim_options *o, tern_var
 	p->param_steps = calloc((size_t)n + 1, sizeof *p->param_steps);
 	tern_status st = p->params && p->state[0] && p->state[1] && p->param_steps ? TERN_OK
 	                                                                           : tern_errorf(TERN_EOS, "out of memory");
-	int states = k == 1 ? 2 : k == 2 ? 1 : o->momentum != 0 ? 1 : 0;
+	int states = tern_optim_num_state(p);
 	for (int i = 0; !st && i < n; i++) {
 		p->params[i] = tern_var_ref(params[i]);
 		for (int s = 0; s < states && !st; s++)
@@ -1562,6 +1562,31 @@ double tern_optim_lr(const tern_optim *p)
 int64_t tern_optim_steps(const tern_optim *p)
 {
 	return p->steps;
+}
+
+int tern_optim_num_state(const tern_optim *p)
+{
+	return p->kind == 1 ? 2 : p->kind == 2 ? 1 : p->o.momentum != 0 ? 1 : 0;
+}
+
+tern_var *tern_optim_state(tern_optim *p, int param, int slot)
+{
+	if (param < 0 || param >= p->n || slot < 0 || slot >= tern_optim_num_state(p))
+		return NULL;
+	return p->state[slot][param];
+}
+
+int64_t tern_optim_param_steps(const tern_optim *p, int param)
+{
+	return param >= 0 && param < p->n ? p->param_steps[param] : -1;
+}
+
+tern_status tern_optim_set_param_steps(tern_optim *p, int param, int64_t steps)
+{
+	if (param < 0 || param >= p->n || steps < 0)
+		return tern_errorf(TERN_EUSAGE, "optimizer: parameter %d of %d, steps %lld", param, p->n, (long long)steps);
+	p->param_steps[param] = steps;
+	return TERN_OK;
 }
 
 void tern_optim_zero_grad(tern_optim *p)

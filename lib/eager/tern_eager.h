@@ -133,6 +133,15 @@ void tern_optim_set_lr(tern_optim *opt, double lr);
 double tern_optim_lr(const tern_optim *opt);
 /* Steps taken. */
 int64_t tern_optim_steps(const tern_optim *opt);
+/* The state kept per parameter, for saving and restoring it (torch.optim's state_dict): how many
+ * tensors (SGD with momentum 1: the momentum buffer; Adam and AdamW 2: the first and second moment;
+ * Adagrad 1: the sum of squares; else 0), tensor `slot` of parameter `param` (a borrowed reference,
+ * of the parameter's shape and dtype, whose bytes the next step reads; NULL out of range), and the
+ * parameter's own step count. */
+int tern_optim_num_state(const tern_optim *opt);
+tern_var *tern_optim_state(tern_optim *opt, int param, int slot);
+int64_t tern_optim_param_steps(const tern_optim *opt, int param);
+tern_status tern_optim_set_param_steps(tern_optim *opt, int param, int64_t steps);
 
 #ifdef __cplusplus
 }

@@ -26,6 +26,8 @@ class Optimizer:
     optimizer per group."""
 
     _kind = None
+    _state_always = False  # Adagrad: a state entry before the first step
+    _state_has_step = True  # torch keeps a 'step' (not SGD)
     _fixed = ()  # hyper-parameters that cannot change after the group is added
     _per_param = False  # one tern optimizer per parameter (the update depends on its own step count)
 
@@ -127,6 +129,81 @@ class Optimizer:
         """The number of step() calls."""
         return self._steps
 
+    _state_names = ()  # torch.optim's names of the per-parameter state tensors, in the engine's order
+
+    def _slots(self):
+        """Every parameter in param_groups order, with its engine and its index in that engine."""
+        for engines, _ in self._engines:
+            for params, engine in engines:
+                for k, p in enumerate(params):
+                    yield p, engine, k
+
+    def state_dict(self):
+        """torch.optim's form: {'state': {index: {'step': n, name: ndarray, ...}}, 'param_groups': [group
+        with 'params' as indices]}, the tensors as numpy copies. A parameter that has not taken a step has
+        no entry (Adagrad's always have one, as torch's)."""
+        import numpy as np
+        state = {}
+        for i, (p, engine, k) in enumerate(self._slots()):
+            steps = engine.param_steps(k)
+            if steps == 0 and not self._state_always:
+                continue
+            entry = {'step': float(steps)} if self._state_has_step else {}
+            for slot, name in enumerate(self._state_names):
+                entry[name] = np.array(engine.state(k, slot).numpy()) if engine.num_state > slot else None
+            state[i] = entry
+        groups, n = [], 0
+        for g in self.param_groups:
+            d = {k: v for k, v in g.items() if k != 'params'}
+            d['params'] = list(range(n, n + len(g['params'])))
+            n += len(g['params'])
+            groups.append(d)
+        return {'state': state, 'param_groups': groups}
+
+    def load_state_dict(self, state_dict):
+        """Restores state_dict() (or a torch.optim state_dict with its tensors as numpy arrays): the groups'
+        hyper-parameters ('lr' and the others, which must equal this optimizer's where they cannot change),
+        and each parameter's state and step count."""
+        import numpy as np
+        groups = state_dict['param_groups']
+        if len(groups) != len(self.param_groups):
+            raise ValueError('loaded state dict has a different number of parameter groups (%d, not %d)'
+                             % (len(groups), len(self.param_groups)))
+        for i, (g, mine) in enumerate(zip(groups, self.param_groups)):
+            if len(g['params']) != len(mine['params']):
+                raise ValueError("loaded state dict contains a parameter group that doesn't match the size of "
+                                 "optimizer's group (group %d: %d parameters, not %d)"
+                                 % (i, len(g['params']), len(mine['params'])))
+            for k in self._fixed:
+                if k in g and _same(g[k]) != _same(mine[k]):
+                    raise ValueError("tern.optim: group %d's '%s' is %r in the state dict and %r here (it cannot "
+                                     "change after the group is added)" % (i, k, g[k], mine[k]))
+        index = [pid for g in groups for pid in g['params']]
+        state = state_dict.get('state', {})
+        slots = list(self._slots())
+        for pos, (p, engine, k) in enumerate(slots):
+            entry = state.get(index[pos])
+            if entry is None:
+                entry = {}
+            for slot, name in enumerate(self._state_names):
+                if engine.num_state <= slot:
+                    continue
+                target = engine.state(k, slot)
+                value = entry.get(name)
+                value = np.zeros(tuple(target.shape)) if value is None else np.asarray(value)
+                if tuple(value.shape) != tuple(target.shape):
+                    raise ValueError("state '%s' of parameter %d has shape %s, the parameter %s"
+                                     % (name, index[pos], tuple(value.shape), tuple(target.shape)))
+                target.copy_(value.astype(np.float64 if target.dtype == 'float64' else np.float32))
+            # SGD's entries have no 'step' (its count matters to nothing but state_dict): an entry
+            # means that the parameter has stepped
+            step = entry.get('step', 1.0 if entry else 0.0)
+            engine.param_steps(k, int(round(float(np.asarray(step)))))
+        for g, mine in zip(groups, self.param_groups):
+            for k, v in g.items():
+                if k != 'params' and k not in self._fixed:
+                    mine[k] = v
+
     def __repr__(self):
         s = type(self).__name__ + ' ('
         for i, group in enumerate(self.param_groups):
@@ -135,6 +212,10 @@ class Optimizer:
                 if k != 'params':
                     s += '\n    %s: %s' % (k, group[k])
         return s + '\n)'
+
+
+def _same(v):
+    return tuple(v) if isinstance(v, (list, tuple)) else v
 
 
 def _is_tensor_like(x):
@@ -158,6 +239,8 @@ class SGD(Optimizer):
     dampening must be 0."""
 
     _fixed = ('momentum', 'dampening', 'weight_decay', 'nesterov', 'maximize')
+    _state_names = ('momentum_buffer',)
+    _state_has_step = False
 
     def __init__(self, params, lr=required, momentum=0, dampening=0, weight_decay=0, nesterov=False, *,
                  maximize=False, foreach=None, differentiable=False):
@@ -190,6 +273,7 @@ class Adam(Optimizer):
 
     _kind = 'adam'
     _per_param = True
+    _state_names = ('exp_avg', 'exp_avg_sq')
     _fixed = ('betas', 'eps', 'weight_decay', 'amsgrad', 'maximize')
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0, amsgrad=False, *,
@@ -234,6 +318,8 @@ class Adagrad(Optimizer):
 
     _fixed = ('lr_decay', 'weight_decay', 'eps', 'initial_accumulator_value', 'maximize')
     _per_param = True
+    _state_names = ('sum',)
+    _state_always = True
 
     def __init__(self, params, lr=1e-2, lr_decay=0, weight_decay=0, initial_accumulator_value=0, eps=1e-10,
                  foreach=None, *, maximize=False, differentiable=False):

@@ -36,7 +36,7 @@ _worst = {'abs': 0.0, 'rel': 0.0, 'what': ''}
 def arr(x):
     if isinstance(x, torch.Tensor):
         return x.detach().cpu().numpy()
-    return np.asarray(x.numpy())
+    return np.asarray(x.numpy() if hasattr(x, 'numpy') else x)
 
 
 def close(got, want, what='', rtol=RTOL, atol=ATOL):
@@ -334,6 +334,64 @@ def test_mse_regression_adam():
         om.step()
         ot.step()
         compare_params(mine, theirs, 'mse Adam after step %d' % (step + 1))
+
+
+def test_state_dict():
+    """torch's optimizer state (as numpy) loaded into tern's mid-training, and tern's own round trip:
+    after it both continue in step, as if never interrupted."""
+    def np_state(sd):
+        return {'state': {i: {k: (v.detach().numpy() if isinstance(v, torch.Tensor) else v) for k, v in e.items()}
+                          for i, e in sd['state'].items()},
+                'param_groups': sd['param_groups']}
+
+    for name, kw in [('SGD', dict(lr=0.1, momentum=0.9, nesterov=True)), ('SGD', dict(lr=0.1)),
+                     ('Adam', dict(lr=0.01, weight_decay=0.1)), ('AdamW', dict(lr=0.01)),
+                     ('Adagrad', dict(lr=0.1, lr_decay=0.05))]:
+        mine, theirs = models(seed=21)
+        ot = getattr(torch.optim, name)(theirs.parameters(), **kw)
+        xt, yt = torch.tensor(X), torch.tensor(Y)
+        for _ in range(4):  # torch alone
+            ot.zero_grad()
+            TF.cross_entropy(theirs(xt), yt).backward()
+            ot.step()
+        mine.load_state_dict({k: v.detach().numpy() for k, v in theirs.state_dict().items()})
+        om = getattr(optim, name)(mine.parameters(), **kw)
+        om.load_state_dict(np_state(ot.state_dict()))
+        saved = om.state_dict()
+        assert sorted(saved['state']) == sorted(ot.state_dict()['state']), (name, saved['state'].keys())
+        for i, e in ot.state_dict()['state'].items():
+            for k, v in e.items():
+                if v is None:
+                    assert saved['state'][i][k] is None, (name, k)
+                else:
+                    close(np.asarray(saved['state'][i][k]), v, '%s state %d %s' % (name, i, k))
+        # a fresh tern optimizer from tern's own state dict: continues exactly like the first
+        om2 = getattr(optim, name)(mine.parameters(), **kw)
+        om2.load_state_dict(saved)
+        xm, ym = tern.tensor(X), tern.tensor(Y)
+        for step in range(3):
+            om2.zero_grad()
+            ot.zero_grad()
+            F.cross_entropy(mine(xm), ym).backward()
+            TF.cross_entropy(theirs(xt), yt).backward()
+            om2.step()
+            ot.step()
+            compare_params(mine, theirs, '%s %s resumed, step %d' % (name, kw, step + 1))
+    om = optim.Adam(models()[0].parameters())
+    bad = om.state_dict()
+    bad['param_groups'][0]['betas'] = (0.5, 0.5)
+    try:
+        om.load_state_dict(bad)
+        raise AssertionError('changed betas loaded')
+    except ValueError as e:
+        assert 'betas' in str(e)
+    bad = om.state_dict()
+    bad['param_groups'][0]['params'] = [0]
+    try:
+        om.load_state_dict(bad)
+        raise AssertionError('wrong parameter count loaded')
+    except ValueError as e:
+        assert "doesn't match the size" in str(e)
 
 
 TESTS = [v for k, v in list(globals().items()) if k.startswith('test_') and callable(v)]
