@@ -94,7 +94,55 @@ struct tern_ctx {
 		int n, cap;
 	} freed[48];
 	size_t pooled_bytes;
+	/* Freed tensor and storage structs, reused (a linked list through their first bytes): every call
+	 * makes one of each per output. Not kept under AddressSanitizer, which is to see every free. */
+	void *spare_vars, *spare_storages;
+	int n_spare_vars, n_spare_storages;
 };
+
+#if defined(__SANITIZE_ADDRESS__)
+#define SPARE_MAX 0
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define SPARE_MAX 0
+#endif
+#endif
+#ifndef SPARE_MAX
+#define SPARE_MAX 1024
+#endif
+
+/* A cleared struct of size n from the list, else from calloc. */
+static void *spare_get(void **list, int *count, size_t n)
+{
+	void *p = *list;
+	if (!p)
+		return calloc(1, n);
+	memcpy(list, p, sizeof *list);
+	--*count;
+	memset(p, 0, n);
+	return p;
+}
+
+static void spare_put(void **list, int *count, void *p)
+{
+	if (*count >= SPARE_MAX) {
+		free(p);
+		return;
+	}
+	memcpy(p, list, sizeof *list);
+	*list = p;
+	++*count;
+}
+
+static void spare_free(void *list)
+{
+	while (list) {
+		void *next;
+		memcpy(&next, list, sizeof next);
+		free(list);
+		list = next;
+	}
+}
 
 #define POOL_MAX_BYTES ((size_t)256 << 20)
 #define POOL_PER_CLASS 16
@@ -170,6 +218,8 @@ static void ctx_release(tern_ctx *c)
 	}
 	free(c->table);
 	free(c->scratch);
+	spare_free(c->spare_vars);
+	spare_free(c->spare_storages);
 	for (int k = 0; k < 48; k++) {
 		for (int i = 0; i < c->freed[k].n; i++)
 			free(c->freed[k].p[i]);
@@ -262,7 +312,7 @@ static tern_status closed_error(void)
 
 static tern_var *var_alloc(tern_ctx *c)
 {
-	tern_var *v = calloc(1, sizeof *v);
+	tern_var *v = spare_get(&c->spare_vars, &c->n_spare_vars, sizeof *v);
 	if (!v)
 		return NULL;
 	v->refs = 1;
@@ -275,7 +325,7 @@ static tern_var *var_alloc(tern_ctx *c)
 static tern_var *var_adopt(tern_ctx *c, tern_tensor *t)
 {
 	tern_var *v = var_alloc(c);
-	storage *s = v ? calloc(1, sizeof *s) : NULL;
+	storage *s = v ? spare_get(&c->spare_storages, &c->n_spare_storages, sizeof *s) : NULL;
 	if (!s) {
 		if (v)
 			tern_var_unref(v);
@@ -360,13 +410,13 @@ void tern_var_unref(tern_var *v)
 		} else {
 			free(v->st->data);
 		}
-		free(v->st);
+		spare_put(&v->ctx->spare_storages, &v->ctx->n_spare_storages, v->st);
 	}
 	tern_var_unref(v->grad);
 	if (v->fn)
 		tape_unref(v->fn);
 	tern_ctx *c = v->ctx;
-	free(v);
+	spare_put(&c->spare_vars, &c->n_spare_vars, v);
 	ctx_release(c);
 }
 
