@@ -635,6 +635,7 @@ typedef struct buffer_info {
 
 static int tensor_getbuffer(TensorObject *self, Py_buffer *view, int flags)
 {
+	tern_trace_fetch(self->var); /* the host reads it */
 	const tern_tensor *t = tern_var_tensor(self->var);
 	const struct dtype_info *d = dtype_info(t->dtype);
 	view->obj = NULL;
@@ -694,6 +695,7 @@ static PyBufferProcs tensor_as_buffer = {
  * such types), strings an object array of str. */
 static PyObject *tensor_numpy(TensorObject *self, PyObject *unused)
 {
+	tern_trace_fetch(self->var); /* the host reads it */
 	const tern_tensor *t = tern_var_tensor(self->var);
 	PyObject *np = PyImport_ImportModule("numpy");
 	if (!np)
@@ -766,6 +768,7 @@ static int check_one(const tern_tensor *t, const char *what)
 
 static PyObject *tensor_item(TensorObject *self, PyObject *unused)
 {
+	tern_trace_fetch(self->var); /* the host reads it */
 	const tern_tensor *t = tern_var_tensor(self->var);
 	if (check_one(t, "item()") < 0)
 		return NULL;
@@ -801,6 +804,7 @@ static PyObject *tensor_tolist(TensorObject *self, PyObject *unused)
 
 static PyObject *tensor_float_value(TensorObject *self)
 {
+	tern_trace_fetch(self->var); /* the host reads it */
 	const tern_tensor *t = tern_var_tensor(self->var);
 	if (check_one(t, "float()") < 0)
 		return NULL;
@@ -813,6 +817,7 @@ static PyObject *tensor_float_value(TensorObject *self)
 
 static PyObject *tensor_int_value(TensorObject *self)
 {
+	tern_trace_fetch(self->var); /* the host reads it */
 	const tern_tensor *t = tern_var_tensor(self->var);
 	if (check_one(t, "int()") < 0)
 		return NULL;
@@ -830,6 +835,7 @@ static PyObject *tensor_int_value(TensorObject *self)
 /* operator.index(t): only integer tensors of one element, as torch has it. */
 static PyObject *tensor_index_value(TensorObject *self)
 {
+	tern_trace_fetch(self->var); /* the host reads it */
 	const tern_tensor *t = tern_var_tensor(self->var);
 	if (!is_int(t->dtype) || tern_tensor_numel(t) != 1) {
 		PyErr_SetString(PyExc_TypeError, "only integer tensors of one element can be converted to an index");
@@ -840,6 +846,7 @@ static PyObject *tensor_index_value(TensorObject *self)
 
 static int tensor_bool_value(TensorObject *self)
 {
+	tern_trace_fetch(self->var); /* the host reads it */
 	const tern_tensor *t = tern_var_tensor(self->var);
 	if (tern_tensor_numel(t) != 1) {
 		PyErr_SetString(PyExc_ValueError,
@@ -857,6 +864,7 @@ static int tensor_bool_value(TensorObject *self)
 
 static PyObject *tensor_repr(TensorObject *self)
 {
+	tern_trace_fetch(self->var); /* the host reads it */
 	const tern_tensor *t = tern_var_tensor(self->var);
 	const char *tail = tern_var_requires_grad(self->var) ? ", requires_grad=True" : "";
 	const struct dtype_info *d = dtype_info(t->dtype);
@@ -2002,6 +2010,7 @@ static PyObject *tensor_copy_(TensorObject *self, PyObject *src)
 	size_t isz = tern_dtype_size(t->dtype);
 	int64_t n = tern_tensor_numel(t);
 	if (s->rank == t->rank && !memcmp(s->dims, t->dims, (size_t)t->rank * sizeof *t->dims)) {
+		tern_trace_assign(self->var, v); /* before the bytes change */
 		if (t->nbytes)
 			memcpy(t->data, s->data, (size_t)n * isz);
 	} else if (tern_tensor_numel(s) == 1) {
@@ -3180,6 +3189,73 @@ static PyObject *mod_free_context_for_test(PyObject *m, PyObject *unused)
 	Py_RETURN_NONE;
 }
 
+/* Tracing (tern-trace(1)): the call site is the Python stack outside the tern package, innermost
+ * first, as file:line entries separated by ';'. */
+static char *g_trace_pkg;
+static size_t g_trace_pkg_len;
+
+static int trace_site(void *user, char *buf, size_t size)
+{
+	size_t n = 0;
+	buf[0] = 0;
+	PyFrameObject *f = PyEval_GetFrame();
+	Py_XINCREF(f);
+	while (f && n + 1 < size) {
+		PyCodeObject *code = PyFrame_GetCode(f);
+		const char *file = code ? PyUnicode_AsUTF8(code->co_filename) : NULL;
+		if (!file)
+			PyErr_Clear();
+		else if (!g_trace_pkg || strncmp(file, g_trace_pkg, g_trace_pkg_len))
+			n += (size_t)snprintf(buf + n, size - n, "%s%s:%d", n ? ";" : "", file, PyFrame_GetLineNumber(f));
+		Py_XDECREF(code);
+		PyFrameObject *back = PyFrame_GetBack(f);
+		Py_DECREF(f);
+		f = back;
+	}
+	Py_XDECREF(f);
+	if (n >= size)
+		buf[size - 1] = 0;
+	return 0;
+}
+
+static PyObject *mod_trace_start(PyObject *m, PyObject *args)
+{
+	const char *path, *record = NULL, *pkg = NULL;
+	int steps, verbose;
+	if (!PyArg_ParseTuple(args, "sizpz:_trace_start", &path, &steps, &record, &verbose, &pkg))
+		return NULL;
+	free(g_trace_pkg);
+	g_trace_pkg = pkg ? strdup(pkg) : NULL;
+	g_trace_pkg_len = pkg ? strlen(pkg) : 0;
+	tern_trace_options o = {.path = path, .steps = steps, .site = trace_site, .record_dir = record, .verbose = verbose};
+	int rc = tern_trace_start(g_ctx, &o);
+	if (rc)
+		return raise_status(rc);
+	Py_RETURN_NONE;
+}
+
+static PyObject *mod_trace_step(PyObject *m, PyObject *begin)
+{
+	int rc = PyObject_IsTrue(begin) ? tern_trace_step_begin(g_ctx) : tern_trace_step_end(g_ctx);
+	if (rc)
+		return raise_status(rc);
+	Py_RETURN_NONE;
+}
+
+static PyObject *mod_trace_abandon(PyObject *m, PyObject *unused)
+{
+	tern_trace_step_abandon(g_ctx);
+	Py_RETURN_NONE;
+}
+
+static PyObject *mod_trace_finish(PyObject *m, PyObject *unused)
+{
+	int rc = tern_trace_finish(g_ctx);
+	if (rc)
+		return raise_status(rc);
+	Py_RETURN_NONE;
+}
+
 static PyObject *mod_set_hooks(PyObject *m, PyObject *args)
 {
 	PyObject *set, *mask, *inpl;
@@ -3263,6 +3339,12 @@ static PyMethodDef module_methods[] = {
         {"_free_context_for_test", mod_free_context_for_test, METH_NOARGS,
          "_free_context_for_test()\n--\n\nCloses the default context and opens a new one (tests: tensors of a freed "
          "context)."},
+        {"_trace_start", mod_trace_start, METH_VARARGS,
+         "_trace_start(path, steps, record_dir, verbose, package_dir)\n--\n\nStarts tracing the default context."},
+        {"_trace_step", mod_trace_step, METH_O, "_trace_step(begin)\n--\n\nA step begins (True) or ends (False)."},
+        {"_trace_abandon", mod_trace_abandon, METH_NOARGS, "_trace_abandon()\n--\n\nThe step raised: left out."},
+        {"_trace_finish", mod_trace_finish, METH_NOARGS,
+         "_trace_finish()\n--\n\nWrites the trace if it is not written yet."},
         {"_set_hooks", mod_set_hooks, METH_VARARGS,
          "_set_hooks(setitem, mask_index, inplace)\n--\n\nThe Python functions behind t[k] = v, t[mask] and t += x."},
         {"_add_tensor_methods", mod_add_tensor_methods, METH_O,

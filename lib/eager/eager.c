@@ -15,6 +15,7 @@
  *
  * A context and its tensors are used by one thread at a time (counts are plain integers). */
 #include "eager/tern_eager.h"
+#include "eager/trace.h"
 
 #include "autodiff/grad.h"
 #include "internal.h"
@@ -54,6 +55,7 @@ struct tern_var {
 	tern_var *grad;
 	tape_node *fn; /* the recorded operation that made it (a reference), or NULL for a leaf */
 	int fn_out;
+	tern_trace_stamp ts;
 };
 
 struct entry {
@@ -98,6 +100,9 @@ struct tern_ctx {
 	 * makes one of each per output. Not kept under AddressSanitizer, which is to see every free. */
 	void *spare_vars, *spare_storages;
 	int n_spare_vars, n_spare_storages;
+	struct tern_trace *trace; /* trace.c, while tracing */
+	uint64_t serial;          /* the last tensor's serial number */
+	int64_t epoch;            /* 0 before the first step, 2k - 1 in step k, 2k after it */
 };
 
 #if defined(__SANITIZE_ADDRESS__)
@@ -216,6 +221,7 @@ static void ctx_release(tern_ctx *c)
 		free(e->key);
 		free(e);
 	}
+	tern_trace_free(c->trace);
 	free(c->table);
 	free(c->scratch);
 	spare_free(c->spare_vars);
@@ -318,6 +324,9 @@ static tern_var *var_alloc(tern_ctx *c)
 	v->refs = 1;
 	v->ctx = c;
 	c->refs++;
+	v->ts.serial = ++c->serial;
+	v->ts.born = c->epoch;
+	v->ts.op = -1;
 	return v;
 }
 
@@ -352,6 +361,7 @@ static tern_var *var_share(tern_var *src, const tern_tensor *shape)
 	v->st = src->st;
 	if (v->st)
 		v->st->refs++;
+	v->ts = src->ts; /* the same bytes: the same value to the tracer */
 	v->t = shape ? *shape : src->t;
 	v->t.data = src->t.data;
 	v->t.owns_data = 0;
@@ -1101,6 +1111,8 @@ static tern_status call_protos(tern_ctx *c, const char *domain, const char *op_t
 		}
 		return st;
 	}
+	if (c->trace)
+		(void)tern_trace_op(c, domain, op_type, attrs, n_attrs, in, n_in, outv, n_out); /* failures stop the trace */
 	bool wants = false;
 	for (int i = 0; i < n_in; i++)
 		wants |= in[i] && in[i]->requires_grad;
@@ -1309,6 +1321,7 @@ tern_gval *tern_eager_constant(void *rule, const tern_tensor *t)
 	tern_var *v = NULL;
 	if (tern_var_from(r->ctx, t->dtype, t->rank, t->dims, t->data, &v) || keep(r, v))
 		return NULL;
+	v->ts.born = 0; /* a rule's constant: to the tracer, a constant like those made before tracing */
 	return (tern_gval *)v;
 }
 
@@ -1416,6 +1429,7 @@ tern_status tern_backward(tern_var *y, tern_var *seed)
 		st = tern_var_new(c, y->t.dtype, y->t.rank, y->t.dims, &one);
 		if (st)
 			return st;
+		one->ts.born = 0; /* the seed of ones: a constant to the tracer */
 		tern_tensor *t = &one->t;
 		switch (t->dtype) {
 		case TERN_DOUBLE: *(double *)t->data = 1; break;
@@ -1609,6 +1623,36 @@ double tern_optim_lr(const tern_optim *p)
 	return p->o.lr;
 }
 
+tern_trace_stamp *tern_var_stamp(tern_var *v)
+{
+	return &v->ts;
+}
+
+struct tern_trace *tern_ctx_trace(tern_ctx *c)
+{
+	return c ? c->trace : NULL;
+}
+
+void tern_ctx_set_trace(tern_ctx *c, struct tern_trace *t)
+{
+	c->trace = t;
+}
+
+int64_t tern_ctx_epoch(tern_ctx *c)
+{
+	return c->epoch;
+}
+
+void tern_ctx_next_epoch(tern_ctx *c)
+{
+	c->epoch++;
+}
+
+int64_t tern_ctx_opset(tern_ctx *c)
+{
+	return c->opset;
+}
+
 int64_t tern_optim_steps(const tern_optim *p)
 {
 	return p->steps;
@@ -1711,8 +1755,10 @@ tern_status tern_optim_step(tern_optim *p)
 		if (!st) {
 			tern_var *dst[3] = {w, p->state[0][i], p->state[1][i]};
 			for (int o = 0; o < n_out; o++)
-				if (outs[o] && dst[o] && dst[o]->t.nbytes == outs[o]->t.nbytes)
+				if (outs[o] && dst[o] && dst[o]->t.nbytes == outs[o]->t.nbytes) {
+					tern_trace_assign(dst[o], outs[o]);
 					memcpy(dst[o]->t.data, outs[o]->t.data, outs[o]->t.nbytes);
+				}
 		}
 		for (int o = 0; o < 3; o++)
 			tern_var_unref(outs[o]);

@@ -143,6 +143,35 @@ tern_var *tern_optim_state(tern_optim *opt, int param, int slot);
 int64_t tern_optim_param_steps(const tern_optim *opt, int param);
 tern_status tern_optim_set_param_steps(tern_optim *opt, int param, int64_t steps);
 
+/* Tracing (tern-trace(1)): the calls of the first `steps` steps (a step: between
+ * tern_trace_step_begin and _end; tern.step() in Python) recorded with their call sites and merged into
+ * one graph, written to `path` when they are done or at tern_trace_finish. The same operation at the
+ * same site (and the same occurrence there in its step) with the same attributes is one node; where
+ * steps took different paths, If nodes choose among them by the fed input tern_path. Tensors the
+ * host makes become graph inputs, tensors it reads (tern_trace_fetch) outputs, and parameters that
+ * optimizers (or tern_trace_assign) update initializers with a training_info that updates them. */
+typedef struct tern_trace_options {
+	const char *path;
+	int steps; /* 0: 1 */
+	/* The current call site as text (Python: the stack of file:line outside the tern package), into
+	 * buf; NULL: the C caller's return address */
+	int (*site)(void *user, char *buf, size_t size);
+	void *user;
+	const char *record_dir; /* NULL, or a folder that gets every traced step's inputs and fetched outputs */
+	int verbose; /* a summary on stderr when the file is written */
+} tern_trace_options;
+tern_status tern_trace_start(tern_ctx *ctx, const tern_trace_options *opts);
+tern_status tern_trace_step_begin(tern_ctx *ctx);
+tern_status tern_trace_step_end(tern_ctx *ctx);
+/* The step being traced did not complete (an exception): it is left out of the graph. */
+void tern_trace_step_abandon(tern_ctx *ctx);
+/* The host reads v (its values leave the graph). */
+void tern_trace_fetch(tern_var *v);
+/* dst's bytes were overwritten with src's (an in-place update of a parameter or state). */
+void tern_trace_assign(tern_var *dst, tern_var *src);
+/* Writes the graph if steps were recorded and it is not written yet. */
+tern_status tern_trace_finish(tern_ctx *ctx);
+
 #ifdef __cplusplus
 }
 #endif

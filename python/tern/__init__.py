@@ -143,14 +143,20 @@ class step(contextlib.ContextDecorator):
             with tern.step():
                 loss = model(batch); loss.backward(); opt.step()
 
-    For now it counts the iterations (tern.steps_taken()); tracing builds on it later."""
+    It counts the iterations (tern.steps_taken()), and under tern-trace(1) the first ones are the
+    steps traced."""
 
     def __enter__(self):
         global _steps
         _steps += 1
+        _tern._trace_step(True)
         return self
 
     def __exit__(self, *exc):
+        if exc[0] is None:
+            _tern._trace_step(False)
+        else:  # a step that raised is not a step the graph can hold
+            _tern._trace_abandon()
         return False
 
 
@@ -255,4 +261,28 @@ import builtins as _builtins  # noqa: E402 (tern.bool shadows the builtin above)
 builtins_bool = _builtins.bool
 
 from . import _tensor  # noqa: E402,F401 (Tensor's methods written in Python)
+
+
+def _start_trace():
+    """Under tern-trace(1) (TERN_TRACE=FILE in the environment): the default context records its
+    first TERN_TRACE_STEPS steps and writes their graph to FILE (at the last of them, or at exit)."""
+    import atexit
+    import os
+    path = os.environ.get('TERN_TRACE')
+    if not path:
+        return
+    _tern._trace_start(path, int(os.environ.get('TERN_TRACE_STEPS') or 1), os.environ.get('TERN_TRACE_RECORD') or None,
+                       builtins_bool(os.environ.get('TERN_TRACE_VERBOSE')), os.path.dirname(os.path.abspath(__file__)))
+
+    def finish():
+        try:
+            _tern._trace_finish()
+        except Error as e:
+            import sys
+            print('tern-trace: %s' % e, file=sys.stderr)
+            os._exit(int(getattr(e, 'status', 70)) if isinstance(getattr(e, 'status', None), int) else 70)
+    atexit.register(finish)
+
+
+_start_trace()
 from . import nn, optim  # noqa: E402,F401 (they import tern)

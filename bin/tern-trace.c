@@ -1,0 +1,162 @@
+/* tern-trace — runs an imperative tern program and writes the graph of its first steps: the tracer
+ * lives in the library (lib/eager/trace.c) and is switched on through the environment, so that any
+ * program that imports tern or links libtern is traced as it runs. */
+#include "cli.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+struct trace {
+	int steps;
+	const char *record;
+	char **program;
+	int n_program;
+};
+
+enum { OPT_STEPS = 256, OPT_RECORD };
+
+static const struct argp_option options[] = {
+        {"steps", OPT_STEPS, "K", 0, "trace the first K steps (tern.step() blocks; default 3)", 0},
+        {"record", OPT_RECORD, "DIR", 0,
+         "also write every traced step's fed inputs, state values and fetched outputs under DIR/stepN/ (.npy), "
+         "to run the graph on a step and compare",
+         0},
+        {0},
+};
+
+static error_t parse_option(int key, char *arg, struct argp_state *state)
+{
+	struct trace *t = state->input;
+	switch (key) {
+	case OPT_STEPS: {
+		char *end;
+		errno = 0;
+		long v = strtol(arg, &end, 10);
+		if (errno || *end || v < 1 || v > INT_MAX)
+			argp_error(state, "--steps takes a positive count, not '%s'", arg);
+		t->steps = (int)v;
+		return 0;
+	}
+	case OPT_RECORD: t->record = arg; return 0;
+	case ARGP_KEY_ARGS:
+		t->program = state->argv + state->next;
+		t->n_program = state->argc - state->next;
+		return 0;
+	case ARGP_KEY_NO_ARGS: argp_error(state, "no PROGRAM to run (tern-trace -o FILE -- PROGRAM [ARGS...])"); return 0;
+	default: return ARGP_ERR_UNKNOWN;
+	}
+}
+
+/* BUILD/python when this tool runs from a build folder (BUILD/bin/tern-trace), so that a program
+ * there imports the build's tern; NULL when installed (the module is on Python's own path). */
+static char *build_python(void)
+{
+	char self[PATH_MAX];
+	ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+	if (n <= 0)
+		return NULL;
+	self[n] = 0;
+	char *slash = strrchr(self, '/');
+	if (!slash)
+		return NULL;
+	*slash = 0;
+	slash = strrchr(self, '/');
+	if (!slash || strcmp(slash, "/bin"))
+		return NULL;
+	*slash = 0;
+	size_t len = strlen(self) + 32;
+	char *py = malloc(len);
+	if (!py)
+		return NULL;
+	snprintf(py, len, "%s/python/tern/__init__.py", self);
+	struct stat st;
+	if (stat(py, &st)) {
+		free(py);
+		return NULL;
+	}
+	snprintf(py, len, "%s/python", self);
+	return py;
+}
+
+int main(int argc, char **argv)
+{
+	struct trace t = {.steps = 3};
+	const tern_cli_tool tool = {
+	        .name = "tern-trace",
+	        .doc = "Run an imperative tern program and write the graph of its first steps.\v"
+	               "PROGRAM runs as written (python3 train.py, or a C program linked with libtern). Every tensor "
+	               "operation of its first K steps is recorded with its call site and the steps are merged into one "
+	               "graph: the same operation at the same site is one node, different paths become If cases chosen "
+	               "by the input tern_path, tensors the program makes are inputs, values it reads are outputs, and "
+	               "parameter updates are the graph's training_info. -o FILE is required. Exit status: PROGRAM's "
+	               "own when it fails; 0 success, 64 usage, 65 nothing to trace, 69 PROGRAM cannot be run, "
+	               "74 the graph cannot be written. See tern-trace(1).",
+	        .options = options,
+	        .parser = parse_option,
+	        .input = &t,
+	        .args_doc = "-- PROGRAM [ARGS...]",
+	};
+	tern_cli cli;
+	tern_cli_parse(&cli, &tool, argc, argv);
+	if (!cli.output)
+		tern_cli_fail(TERN_EUSAGE, "-o FILE is required (the graph is binary ONNX)");
+	char steps[32];
+	snprintf(steps, sizeof steps, "%d", t.steps);
+	/* a file left from before is not this run's graph */
+	if (remove(cli.output) && errno != ENOENT)
+		tern_cli_fail(TERN_EIO, "%s: %s", cli.output, strerror(errno));
+	if (setenv("TERN_TRACE", cli.output, 1) || setenv("TERN_TRACE_STEPS", steps, 1) ||
+	    (t.record && setenv("TERN_TRACE_RECORD", t.record, 1)) ||
+	    (cli.verbose && setenv("TERN_TRACE_VERBOSE", "1", 1)))
+		tern_cli_fail(TERN_EOS, "setenv: %s", strerror(errno));
+	char *py = build_python();
+	if (py) {
+		const char *old = getenv("PYTHONPATH");
+		size_t len = strlen(py) + (old ? strlen(old) : 0) + 2;
+		char *path = malloc(len);
+		if (!path)
+			tern_cli_fail(TERN_EOS, "out of memory");
+		snprintf(path, len, "%s%s%s", py, old && *old ? ":" : "", old && *old ? old : "");
+		setenv("PYTHONPATH", path, 1);
+		free(path);
+		free(py);
+	}
+	char **args = calloc((size_t)t.n_program + 1, sizeof *args);
+	if (!args)
+		tern_cli_fail(TERN_EOS, "out of memory");
+	memcpy(args, t.program, (size_t)t.n_program * sizeof *args);
+	fflush(NULL);
+	pid_t pid = fork();
+	if (pid < 0)
+		tern_cli_fail(TERN_EOS, "fork: %s", strerror(errno));
+	if (pid == 0) {
+		execvp(args[0], args);
+		fprintf(stderr, "tern-trace: %s: %s\n", args[0], strerror(errno));
+		_exit(TERN_EUNAVAILABLE);
+	}
+	int status;
+	while (waitpid(pid, &status, 0) < 0)
+		if (errno != EINTR)
+			tern_cli_fail(TERN_EOS, "waitpid: %s", strerror(errno));
+	free(args);
+	if (WIFSIGNALED(status))
+		tern_cli_fail(128 + WTERMSIG(status), "%s was killed by signal %d (%s); no graph written", t.program[0],
+		              WTERMSIG(status), strsignal(WTERMSIG(status)));
+	if (WEXITSTATUS(status)) {
+		remove(cli.output);
+		fprintf(stderr, "tern-trace: %s exited with status %d; no graph written\n", t.program[0], WEXITSTATUS(status));
+		return WEXITSTATUS(status);
+	}
+	struct stat st;
+	if (stat(cli.output, &st))
+		tern_cli_fail(TERN_EDATA, "%s ran no tern operation that could be traced (no %s written)", t.program[0],
+		              cli.output);
+	tern_cli_verbose(1, "wrote %s (%lld bytes)", cli.output, (long long)st.st_size);
+	return 0;
+}

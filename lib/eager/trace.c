@@ -1,0 +1,1757 @@
+/* trace.c — eager calls recorded step by step and merged into one graph (tern_eager.h, tern-trace(1)).
+ *
+ * Recording. Every call of a traced step is an operation: its site (the stack the host gives, and
+ * how many times that stack has called before in the step, so that loop iterations are told apart),
+ * its operator and attributes, and per input where the value came from: an earlier operation of the
+ * step (tensors carry a stamp, trace.h), or outside it (an external read: the tensor's serial
+ * number, when it was made, and a hash of its bytes). Fetches mark outputs the host read; assignments
+ * bind a tensor made before the trace to the value that overwrote its bytes.
+ *
+ * Merging. Steps whose operations agree one for one (site, operator, attributes, where each input
+ * comes from) are one path. One path is a linear graph. Several paths share their longest common
+ * prefix and suffix; what lies between becomes one case per path of an If chain on the fed scalar
+ * tern_path (the path's number); suffix inputs that differ between paths, fetched values and updates
+ * made between come out of the If (a case without one gives an empty tensor, or the state itself).
+ *
+ * External reads, by the graph input they stand for (a node's input, over all steps that ran it):
+ * one tensor made before tracing, whose bytes never changed: an initializer (const_N); the same, but
+ * updated by an assignment: a state initializer (state_N) that training_info updates; anything
+ * else (made by the host during the steps, carried from one step to the next, changed in place by
+ * the host): a graph input (feed_N), one per distinct sequence of tensors over the steps. */
+#include "eager/trace.h"
+
+#include <dlfcn.h>
+#include <stdarg.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+enum { IN_NONE, IN_OP, IN_EXT };
+
+typedef struct t_in {
+	int kind;
+	int32_t op, out; /* IN_OP */
+	int32_t ext;     /* IN_EXT: index in the step's ext */
+} t_in;
+
+typedef struct t_op {
+	char *site;
+	char *domain, *op_type;
+	Onnx__AttributeProto **attrs;
+	int n_attrs;
+	uint64_t attr_hash;
+	int n_in, n_out;
+	t_in *in;
+	int *dtype, *rank;
+	int64_t *dims; /* n_out x TERN_MAX_RANK */
+	uint8_t *fetched;
+	tern_tensor *fetch_value; /* with record_dir: the fetched outputs' values */
+} t_op;
+
+typedef struct t_ext {
+	uint64_t serial;
+	int64_t born;
+	uint64_t hash;
+	int dtype, rank;
+	int64_t dims[TERN_MAX_RANK];
+	tern_tensor value; /* a copy: the first read of each serial (initializers), every read with record_dir */
+} t_ext;
+
+typedef struct t_bind {
+	uint64_t serial;
+	int32_t op, out;
+} t_bind;
+
+typedef struct t_site {
+	char *stack;
+	int count;
+} t_site;
+
+typedef struct t_step {
+	t_op *ops;
+	size_t n_ops, cap_ops;
+	t_ext *ext;
+	size_t n_ext, cap_ext;
+	t_bind *binds;
+	size_t n_binds, cap_binds;
+	t_site *sites; /* open addressing */
+	size_t cap_sites, n_sites;
+	int path;
+} t_step;
+
+struct tern_trace {
+	tern_ctx *ctx;
+	char *path, *record_dir;
+	int want_steps, verbose;
+	int (*site)(void *user, char *buf, size_t size);
+	void *user;
+	t_step *steps;
+	size_t n_steps, cap_steps;
+	t_step implicit; /* calls before any step: the graph of a program that never calls one */
+	int in_step, written, explicit_steps;
+	tern_status error;
+	/* the first value read of every serial, for initializers */
+	struct {
+		uint64_t serial;
+		tern_tensor value;
+		int bound;
+	} *firsts;
+	size_t n_firsts, cap_firsts;
+};
+
+/* ---------------------------------------------------------------- small helpers */
+
+static uint64_t fnv(const void *p, size_t n, uint64_t h)
+{
+	const uint8_t *b = p;
+	for (size_t i = 0; i < n; i++)
+		h = (h ^ b[i]) * 0x100000001b3ull;
+	return h;
+}
+
+static void op_free(t_op *o)
+{
+	free(o->site);
+	free(o->domain);
+	free(o->op_type);
+	for (int k = 0; k < o->n_attrs; k++)
+		onnx__attribute_proto__free_unpacked(o->attrs[k], &tern_pb_allocator);
+	free(o->attrs);
+	free(o->in);
+	free(o->dtype);
+	free(o->rank);
+	free(o->dims);
+	free(o->fetched);
+	if (o->fetch_value)
+		for (int k = 0; k < o->n_out; k++)
+			tern_tensor_free(&o->fetch_value[k]);
+	free(o->fetch_value);
+}
+
+static void step_free(t_step *s)
+{
+	for (size_t i = 0; i < s->n_ops; i++)
+		op_free(&s->ops[i]);
+	free(s->ops);
+	for (size_t i = 0; i < s->n_ext; i++)
+		tern_tensor_free(&s->ext[i].value);
+	free(s->ext);
+	free(s->binds);
+	for (size_t i = 0; i < s->cap_sites; i++)
+		free(s->sites[i].stack);
+	free(s->sites);
+	memset(s, 0, sizeof *s);
+}
+
+void tern_trace_free(struct tern_trace *t)
+{
+	if (!t)
+		return;
+	for (size_t i = 0; i < t->n_steps; i++)
+		step_free(&t->steps[i]);
+	free(t->steps);
+	step_free(&t->implicit);
+	for (size_t i = 0; i < t->n_firsts; i++)
+		tern_tensor_free(&t->firsts[i].value);
+	free(t->firsts);
+	free(t->path);
+	free(t->record_dir);
+	free(t);
+}
+
+static t_step *current(struct tern_trace *t)
+{
+	if (t->in_step)
+		return &t->steps[t->n_steps - 1];
+	if (!t->explicit_steps && !t->written)
+		return &t->implicit;
+	return NULL;
+}
+
+/* How many times this stack has called before in the step (then counts this call). */
+static int occurrence(t_step *s, const char *stack)
+{
+	if (s->n_sites * 2 >= s->cap_sites) {
+		size_t cap = s->cap_sites ? s->cap_sites * 2 : 256;
+		t_site *n = calloc(cap, sizeof *n);
+		if (!n)
+			return -1;
+		for (size_t i = 0; i < s->cap_sites; i++) {
+			if (!s->sites[i].stack)
+				continue;
+			size_t h = (size_t)fnv(s->sites[i].stack, strlen(s->sites[i].stack), 0xcbf29ce484222325ull) & (cap - 1);
+			while (n[h].stack)
+				h = (h + 1) & (cap - 1);
+			n[h] = s->sites[i];
+		}
+		free(s->sites);
+		s->sites = n;
+		s->cap_sites = cap;
+	}
+	size_t h = (size_t)fnv(stack, strlen(stack), 0xcbf29ce484222325ull) & (s->cap_sites - 1);
+	while (s->sites[h].stack && strcmp(s->sites[h].stack, stack))
+		h = (h + 1) & (s->cap_sites - 1);
+	if (!s->sites[h].stack) {
+		if (!(s->sites[h].stack = tern_strdup(stack)))
+			return -1;
+		s->n_sites++;
+	}
+	return s->sites[h].count++;
+}
+
+static void default_site(char *buf, size_t size, const void *ret)
+{
+	Dl_info info;
+	if (ret && dladdr(ret, &info) && info.dli_fname)
+		snprintf(buf, size, "%s+0x%lx", info.dli_fname, (unsigned long)((const char *)ret - (const char *)info.dli_fbase));
+	else
+		snprintf(buf, size, "%p", ret);
+}
+
+static int first_index(struct tern_trace *t, uint64_t serial)
+{
+	for (size_t i = 0; i < t->n_firsts; i++)
+		if (t->firsts[i].serial == serial)
+			return (int)i;
+	return -1;
+}
+
+/* Remembers the first value of a tensor made before tracing (an initializer's, if it becomes one). */
+static tern_status remember_first(struct tern_trace *t, uint64_t serial, const tern_tensor *v, int bound)
+{
+	int i = first_index(t, serial);
+	if (i >= 0) {
+		t->firsts[i].bound |= bound;
+		return TERN_OK;
+	}
+	if (!tern_grow((void **)&t->firsts, &t->cap_firsts, t->n_firsts + 1, sizeof *t->firsts))
+		return tern_errorf(TERN_EOS, "out of memory");
+	memset(&t->firsts[t->n_firsts], 0, sizeof t->firsts[0]);
+	t->firsts[t->n_firsts].serial = serial;
+	t->firsts[t->n_firsts].bound = bound;
+	tern_status st = tern_tensor_copy(&t->firsts[t->n_firsts].value, v);
+	if (!st)
+		t->n_firsts++;
+	return st;
+}
+
+/* ---------------------------------------------------------------- recording */
+
+tern_status tern_trace_start(tern_ctx *c, const tern_trace_options *o)
+{
+	if (tern_ctx_trace(c))
+		return tern_errorf(TERN_EUSAGE, "trace: the context is tracing already");
+	if (!o || !o->path || !*o->path)
+		return tern_errorf(TERN_EUSAGE, "trace: no output file");
+	struct tern_trace *t = calloc(1, sizeof *t);
+	if (!t || !(t->path = tern_strdup(o->path)) || (o->record_dir && !(t->record_dir = tern_strdup(o->record_dir)))) {
+		tern_trace_free(t);
+		return tern_errorf(TERN_EOS, "out of memory");
+	}
+	t->ctx = c;
+	t->want_steps = o->steps > 0 ? o->steps : 1;
+	t->verbose = o->verbose;
+	t->site = o->site;
+	t->user = o->user;
+	tern_ctx_set_trace(c, t);
+	return TERN_OK;
+}
+
+tern_status tern_trace_step_begin(tern_ctx *c)
+{
+	struct tern_trace *t = tern_ctx_trace(c);
+	tern_ctx_next_epoch(c);
+	if (!t || t->written || t->in_step)
+		return TERN_OK;
+	if ((int)t->n_steps >= t->want_steps)
+		return TERN_OK;
+	if (!tern_grow((void **)&t->steps, &t->cap_steps, t->n_steps + 1, sizeof *t->steps))
+		return tern_errorf(TERN_EOS, "out of memory");
+	memset(&t->steps[t->n_steps++], 0, sizeof t->steps[0]);
+	t->in_step = 1;
+	t->explicit_steps = 1;
+	step_free(&t->implicit);
+	return TERN_OK;
+}
+
+static tern_status trace_write(struct tern_trace *t);
+
+tern_status tern_trace_step_end(tern_ctx *c)
+{
+	struct tern_trace *t = tern_ctx_trace(c);
+	tern_ctx_next_epoch(c);
+	if (!t || !t->in_step)
+		return TERN_OK;
+	t->in_step = 0;
+	if ((int)t->n_steps >= t->want_steps && !t->written)
+		return trace_write(t);
+	return TERN_OK;
+}
+
+void tern_trace_step_abandon(tern_ctx *c)
+{
+	struct tern_trace *t = tern_ctx_trace(c);
+	tern_ctx_next_epoch(c);
+	if (!t || !t->in_step)
+		return;
+	step_free(&t->steps[--t->n_steps]);
+	t->in_step = 0;
+}
+
+tern_status tern_trace_finish(tern_ctx *c)
+{
+	struct tern_trace *t = tern_ctx_trace(c);
+	if (!t || t->written)
+		return TERN_OK;
+	if (t->in_step) { /* the last step did not finish (an exception): it is left out */
+		step_free(&t->steps[--t->n_steps]);
+		t->in_step = 0;
+	}
+	if (!t->n_steps && t->implicit.n_ops) { /* no step was ever marked: the whole run is one */
+		if (!tern_grow((void **)&t->steps, &t->cap_steps, 1, sizeof *t->steps))
+			return tern_errorf(TERN_EOS, "out of memory");
+		t->steps[0] = t->implicit;
+		memset(&t->implicit, 0, sizeof t->implicit);
+		t->n_steps = 1;
+	}
+	if (!t->n_steps)
+		return tern_errorf(TERN_EUSAGE, "trace: no tensor operation was recorded");
+	return trace_write(t);
+}
+
+/* Where input value v comes from in step s: an earlier operation, or an external read. */
+static tern_status input_ref(struct tern_trace *t, t_step *s, int64_t step_no, tern_var *v, t_in *r)
+{
+	tern_trace_stamp *ts = tern_var_stamp(v);
+	if (ts->step == step_no && ts->op >= 0 && (size_t)ts->op < s->n_ops) {
+		*r = (t_in){IN_OP, ts->op, ts->out, 0};
+		return TERN_OK;
+	}
+	const tern_tensor *x = tern_var_tensor(v);
+	if (!tern_grow((void **)&s->ext, &s->cap_ext, s->n_ext + 1, sizeof *s->ext))
+		return tern_errorf(TERN_EOS, "out of memory");
+	t_ext *e = &s->ext[s->n_ext];
+	memset(e, 0, sizeof *e);
+	e->serial = ts->serial;
+	e->born = ts->born;
+	e->dtype = x->dtype;
+	e->rank = x->rank;
+	memcpy(e->dims, x->dims, (size_t)x->rank * sizeof *x->dims);
+	e->hash = fnv(x->dims, (size_t)x->rank * sizeof *x->dims, fnv(&x->dtype, sizeof x->dtype, 0xcbf29ce484222325ull));
+	if (x->dtype == TERN_STRING) {
+		for (int64_t i = 0; i < tern_tensor_numel(x); i++) {
+			const char *str = ((char *const *)x->data)[i];
+			e->hash = fnv(str ? str : "", str ? strlen(str) + 1 : 1, e->hash);
+		}
+	} else if (x->data) {
+		e->hash = fnv(x->data, (size_t)tern_tensor_numel(x) * tern_dtype_size(x->dtype), e->hash);
+	}
+	tern_status st = TERN_OK;
+	if (ts->born == 0)
+		st = remember_first(t, ts->serial, x, 0);
+	if (!st && t->record_dir)
+		st = tern_tensor_copy(&e->value, x);
+	if (st)
+		return st;
+	*r = (t_in){IN_EXT, 0, 0, (int32_t)s->n_ext++};
+	return TERN_OK;
+}
+
+tern_status tern_trace_op(tern_ctx *c, const char *domain, const char *op_type, Onnx__AttributeProto *const *attrs,
+                          int n_attrs, tern_var *const *in, int n_in, tern_var *const *out, int n_out)
+{
+	struct tern_trace *t = tern_ctx_trace(c);
+	t_step *s = t && !t->error ? current(t) : NULL;
+	if (!s)
+		return TERN_OK;
+	int64_t step_no = s == &t->implicit ? -1 : (int64_t)t->n_steps;
+	char stack[4096];
+	stack[0] = 0;
+	if (t->site)
+		t->site(t->user, stack, sizeof stack);
+	else
+		default_site(stack, sizeof stack, __builtin_return_address(0));
+	int occ = occurrence(s, stack);
+	if (!tern_grow((void **)&s->ops, &s->cap_ops, s->n_ops + 1, sizeof *s->ops) || occ < 0)
+		return t->error = tern_errorf(TERN_EOS, "out of memory");
+	t_op *o = &s->ops[s->n_ops];
+	memset(o, 0, sizeof *o);
+	size_t len = strlen(stack) + 24;
+	o->site = malloc(len);
+	o->domain = tern_strdup(domain);
+	o->op_type = tern_strdup(op_type);
+	o->attrs = calloc((size_t)n_attrs + 1, sizeof *o->attrs);
+	o->in = calloc((size_t)n_in + 1, sizeof *o->in);
+	o->dtype = calloc((size_t)n_out + 1, sizeof *o->dtype);
+	o->rank = calloc((size_t)n_out + 1, sizeof *o->rank);
+	o->dims = calloc(((size_t)n_out + 1) * TERN_MAX_RANK, sizeof *o->dims);
+	o->fetched = calloc((size_t)n_out + 1, 1);
+	if (t->record_dir)
+		o->fetch_value = calloc((size_t)n_out + 1, sizeof *o->fetch_value);
+	o->n_out = n_out;
+	if (!o->site || !o->domain || !o->op_type || !o->attrs || !o->in || !o->dtype || !o->rank || !o->dims ||
+	    !o->fetched || (t->record_dir && !o->fetch_value)) {
+		op_free(o);
+		return t->error = tern_errorf(TERN_EOS, "out of memory");
+	}
+	snprintf(o->site, len, "%s#%d", stack, occ);
+	uint64_t h = 0xcbf29ce484222325ull;
+	for (int k = 0; k < n_attrs; k++) {
+		if (!(o->attrs[k] = tern_pb_copy(attrs[k]))) {
+			op_free(o);
+			return t->error = tern_errorf(TERN_EOS, "out of memory");
+		}
+		o->n_attrs++;
+		size_t n = onnx__attribute_proto__get_packed_size(attrs[k]);
+		uint8_t small[512], *buf = n <= sizeof small ? small : malloc(n);
+		if (buf) {
+			onnx__attribute_proto__pack(attrs[k], buf);
+			h = fnv(buf, n, h);
+			if (buf != small)
+				free(buf);
+		}
+	}
+	o->attr_hash = h;
+	tern_status st = TERN_OK;
+	for (int i = 0; i < n_in && !st; i++) {
+		if (in[i])
+			st = input_ref(t, s, step_no, in[i], &o->in[i]);
+		o->n_in = i + 1;
+	}
+	if (st) {
+		op_free(o);
+		return t->error = st;
+	}
+	for (int k = 0; k < n_out; k++) {
+		if (!out[k])
+			continue;
+		const tern_tensor *y = tern_var_tensor(out[k]);
+		o->dtype[k] = y->dtype;
+		o->rank[k] = y->rank;
+		memcpy(&o->dims[k * TERN_MAX_RANK], y->dims, (size_t)y->rank * sizeof *y->dims);
+		tern_trace_stamp *ts = tern_var_stamp(out[k]);
+		ts->step = step_no;
+		ts->op = (int32_t)s->n_ops;
+		ts->out = k;
+	}
+	s->n_ops++;
+	return TERN_OK;
+}
+
+void tern_trace_fetch(tern_var *v)
+{
+	if (!v)
+		return;
+	struct tern_trace *t = tern_ctx_trace(tern_var_ctx(v));
+	t_step *s = t && !t->error ? current(t) : NULL;
+	if (!s)
+		return;
+	int64_t step_no = s == &t->implicit ? -1 : (int64_t)t->n_steps;
+	tern_trace_stamp *ts = tern_var_stamp(v);
+	if (ts->step != step_no || ts->op < 0 || (size_t)ts->op >= s->n_ops)
+		return;
+	t_op *o = &s->ops[ts->op];
+	if (o->fetched[ts->out])
+		return;
+	o->fetched[ts->out] = 1;
+	if (o->fetch_value && tern_tensor_copy(&o->fetch_value[ts->out], tern_var_tensor(v)))
+		t->error = TERN_EOS;
+}
+
+void tern_trace_assign(tern_var *dst, tern_var *src)
+{
+	if (!dst || !src)
+		return;
+	struct tern_trace *t = tern_ctx_trace(tern_var_ctx(dst));
+	t_step *s = t && !t->error ? current(t) : NULL;
+	if (!s)
+		return;
+	int64_t step_no = s == &t->implicit ? -1 : (int64_t)t->n_steps;
+	tern_trace_stamp *d = tern_var_stamp(dst), *r = tern_var_stamp(src);
+	if (d->born != 0 || r->step != step_no || r->op < 0)
+		return; /* only tensors made before tracing are state; only traced values update them */
+	/* the state's value before this update (called before its bytes change): its initializer */
+	if (remember_first(t, d->serial, tern_var_tensor(dst), 1)) {
+		t->error = TERN_EOS;
+		return;
+	}
+	for (size_t i = 0; i < s->n_binds; i++)
+		if (s->binds[i].serial == d->serial) {
+			s->binds[i].op = r->op;
+			s->binds[i].out = r->out;
+			return;
+		}
+	if (!tern_grow((void **)&s->binds, &s->cap_binds, s->n_binds + 1, sizeof *s->binds)) {
+		t->error = TERN_EOS;
+		return;
+	}
+	s->binds[s->n_binds++] = (t_bind){d->serial, r->op, r->out};
+}
+
+/* ---------------------------------------------------------------- merging */
+
+/* Operations a and b are the same node: site, operator, attributes, and (with producers) where
+ * each input comes from. */
+static bool same_op(const t_op *a, const t_op *b, bool producers)
+{
+	if (strcmp(a->site, b->site) || strcmp(a->domain, b->domain) || strcmp(a->op_type, b->op_type) ||
+	    a->attr_hash != b->attr_hash || a->n_in != b->n_in || a->n_out != b->n_out)
+		return false;
+	for (int i = 0; i < a->n_in; i++) {
+		if (a->in[i].kind != b->in[i].kind)
+			return false;
+		if (producers && a->in[i].kind == IN_OP && (a->in[i].op != b->in[i].op || a->in[i].out != b->in[i].out))
+			return false;
+	}
+	for (int k = 0; k < a->n_out; k++)
+		if ((a->dtype[k] == 0) != (b->dtype[k] == 0))
+			return false;
+	return true;
+}
+
+static bool same_path(const t_step *a, const t_step *b)
+{
+	if (a->n_ops != b->n_ops)
+		return false;
+	for (size_t j = 0; j < a->n_ops; j++)
+		if (!same_op(&a->ops[j], &b->ops[j], true))
+			return false;
+	return true;
+}
+
+/* A growable list of pointers (nodes, inputs, ...) with an error flag for the whole build. */
+typedef struct plist {
+	void **p;
+	size_t n, cap;
+} plist;
+
+typedef struct builder {
+	struct tern_trace *t;
+	int n_paths;
+	int *rep;       /* per path: its first step */
+	size_t L, S;    /* common prefix and suffix lengths */
+	size_t *len;    /* per path: its operations */
+	int failed;
+	/* graph inputs and initializers */
+	plist inputs, inits;
+	/* the slots: per (region, path, position, input) the name it reads */
+	struct slot {
+		int region; /* 0 prefix, 1 suffix, 2 middle */
+		int path;   /* middle only */
+		size_t pos;
+		int input;
+		char *name;
+	} *slots;
+	size_t n_slots, cap_slots;
+	struct feed {
+		char *key, *name;
+		uint64_t *serial; /* per step: the tensor it stood for (0: not read) */
+		int dtype, rank;
+		int64_t dims[TERN_MAX_RANK];
+		int varies[TERN_MAX_RANK];
+	} *feeds;
+	size_t n_feeds, cap_feeds;
+	int n_consts, n_states;
+	struct state {
+		uint64_t serial;
+		char *name;
+		int dtype;
+		int is_const; /* a constant initializer (one per tensor), not updated */
+		int rank;
+	} *states;
+	size_t n_states_list, cap_states;
+	int n_if;
+} builder;
+
+static void *bnew(builder *b, size_t n)
+{
+	void *p = calloc(1, n);
+	if (!p)
+		b->failed = 1;
+	return p;
+}
+
+static char *bstr(builder *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static char *bstr(builder *b, const char *fmt, ...)
+{
+	char buf[512];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(buf, sizeof buf, fmt, ap);
+	va_end(ap);
+	char *s = tern_strdup(buf);
+	if (!s)
+		b->failed = 1;
+	return s;
+}
+
+static void push(builder *b, plist *l, void *p)
+{
+	if (!p || !tern_grow((void **)&l->p, &l->cap, l->n + 1, sizeof *l->p)) {
+		b->failed = 1;
+		return;
+	}
+	l->p[l->n++] = p;
+}
+
+/* The step's operation of path p at position j of its own numbering. */
+static const t_op *op_at(const builder *b, int p, size_t j)
+{
+	return &b->t->steps[b->rep[p]].ops[j];
+}
+
+static Onnx__NodeProto *make_node(builder *b, const char *domain, const char *op_type, char **in, int n_in,
+                                  char **out, int n_out)
+{
+	Onnx__NodeProto *n = bnew(b, sizeof *n);
+	if (!n) {
+		for (int i = 0; i < n_in; i++)
+			free(in[i]);
+		for (int k = 0; k < n_out; k++)
+			free(out[k]);
+		return NULL;
+	}
+	onnx__node_proto__init(n);
+	n->op_type = tern_strdup(op_type);
+	n->domain = tern_strdup(domain);
+	n->input = calloc((size_t)n_in + 1, sizeof *n->input);
+	n->output = calloc((size_t)n_out + 1, sizeof *n->output);
+	if (!n->op_type || !n->domain || !n->input || !n->output)
+		b->failed = 1;
+	for (int i = 0; i < n_in; i++)
+		if (n->input)
+			n->input[n->n_input++] = in[i] ? in[i] : tern_strdup("");
+		else
+			free(in[i]);
+	for (int k = 0; k < n_out; k++)
+		if (n->output)
+			n->output[n->n_output++] = out[k] ? out[k] : tern_strdup("");
+		else
+			free(out[k]);
+	return n;
+}
+
+static void add_attr(builder *b, Onnx__NodeProto *n, Onnx__AttributeProto *a)
+{
+	if (!n || !a) {
+		b->failed = 1;
+		return;
+	}
+	Onnx__AttributeProto **arr = realloc(n->attribute, (n->n_attribute + 1) * sizeof *arr);
+	if (!arr) {
+		onnx__attribute_proto__free_unpacked(a, &tern_pb_allocator);
+		b->failed = 1;
+		return;
+	}
+	n->attribute = arr;
+	arr[n->n_attribute++] = a;
+}
+
+/* A Constant node making name: an int64 scalar, or an empty tensor of type (TYPE_OF). */
+static Onnx__NodeProto *constant(builder *b, char *name, int type, int64_t value, bool scalar)
+{
+	int dtype = type & 0xffff, rank = (type >> 16) - 1;
+	if (rank < 1)
+		rank = rank < 0 ? 1 : 0;
+	char *out[1] = {name};
+	Onnx__NodeProto *n = make_node(b, "", "Constant", NULL, 0, out, 1);
+	Onnx__AttributeProto *a = bnew(b, sizeof *a);
+	Onnx__TensorProto *tp = bnew(b, sizeof *tp);
+	if (!n || !a || !tp) {
+		free(a);
+		free(tp);
+		return n;
+	}
+	onnx__attribute_proto__init(a);
+	onnx__tensor_proto__init(tp);
+	a->name = tern_strdup("value");
+	a->type = ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__TENSOR;
+	a->has_type = 1;
+	a->t = tp;
+	tern_tensor v = {0};
+	int64_t zero[TERN_MAX_RANK] = {0};
+	if (tern_tensor_alloc(&v, scalar ? TERN_INT64 : dtype, scalar ? 0 : rank, zero))
+		b->failed = 1;
+	else if (scalar)
+		*(int64_t *)v.data = value;
+	if (!b->failed && tern_tensor_to_proto(&v, tp))
+		b->failed = 1;
+	tern_tensor_free(&v);
+	add_attr(b, n, a);
+	return n;
+}
+
+static Onnx__ValueInfoProto *value_info(builder *b, const char *name, const tern_type *ty)
+{
+	Onnx__ValueInfoProto *vi = bnew(b, sizeof *vi);
+	if (!vi)
+		return NULL;
+	onnx__value_info_proto__init(vi);
+	vi->name = tern_strdup(name);
+	vi->type = tern_type_to_proto(ty);
+	if (!vi->name || !vi->type)
+		b->failed = 1;
+	return vi;
+}
+
+/* An element type and a rank in one int, for the lists below: the rank + 1 above bit 16 (0: unknown). */
+#define TYPE_OF(dtype, rank) ((dtype) | ((rank) + 1) << 16)
+
+static tern_type dtype_only(int type)
+{
+	tern_type ty = {0};
+	ty.dtype = type & 0xffff;
+	ty.rank = (type >> 16) - 1;
+	for (int d = 0; d < ty.rank && d < TERN_MAX_RANK; d++)
+		ty.dims[d] = -1;
+	return ty;
+}
+
+static const char *slot_name(const builder *b, int region, int path, size_t pos, int input)
+{
+	for (size_t i = 0; i < b->n_slots; i++) {
+		const struct slot *s = &b->slots[i];
+		if (s->region == region && s->pos == pos && s->input == input && (region != 2 || s->path == path))
+			return s->name;
+	}
+	return "";
+}
+
+/* The region of operation j of path p: 0 prefix, 1 suffix (pos: its index in the suffix), 2 middle. */
+static int region_of(const builder *b, int p, size_t j, size_t *pos)
+{
+	if (j < b->L) {
+		*pos = j;
+		return 0;
+	}
+	if (j >= b->len[p] - b->S) {
+		*pos = j - (b->len[p] - b->S);
+		return 1;
+	}
+	*pos = j - b->L;
+	return 2;
+}
+
+static char *value_name(builder *b, int p, size_t j, int k)
+{
+	size_t pos;
+	int r = region_of(b, p, j, &pos);
+	if (r == 0)
+		return bstr(b, "v%zu_%d", pos, k);
+	if (r == 1)
+		return bstr(b, "s%zu_%d", pos, k);
+	return bstr(b, "c%d_m%zu_%d", p, pos, k);
+}
+
+/* Classifies the external reads of one slot over the steps that ran it and names what it reads. */
+static void classify_slot(builder *b, struct slot *sl)
+{
+	struct tern_trace *t = b->t;
+	uint64_t serial = 0;
+	uint64_t hash = 0;
+	bool same_serial = true, same_hash = true, first = true, pre = true, any_bound = false;
+	const t_ext *e0 = NULL;
+	for (size_t s = 0; s < t->n_steps; s++) {
+		const t_step *st = &t->steps[s];
+		if (sl->region == 2 && st->path != sl->path)
+			continue;
+		size_t j = sl->region == 0 ? sl->pos : sl->region == 1 ? b->len[st->path] - b->S + sl->pos : b->L + sl->pos;
+		const t_in *r = &st->ops[j].in[sl->input];
+		if (r->kind != IN_EXT)
+			continue;
+		const t_ext *e = &st->ext[r->ext];
+		if (first) {
+			serial = e->serial;
+			hash = e->hash;
+			e0 = e;
+		}
+		same_serial &= e->serial == serial;
+		same_hash &= e->hash == hash;
+		pre &= e->born == 0;
+		int fi = first_index(t, e->serial);
+		any_bound |= fi >= 0 && t->firsts[fi].bound;
+		first = false;
+	}
+	if (!e0)
+		return;
+	int fi = first_index(t, serial);
+	/* an initializer: a state when an update binds it, else a constant (one per tensor) */
+	bool state = pre && same_serial && any_bound, cnst = pre && same_hash && !any_bound;
+	if ((state || cnst) && fi >= 0) {
+		for (size_t i = 0; i < b->n_states_list; i++)
+			if (b->states[i].serial == serial) {
+				sl->name = tern_strdup(b->states[i].name);
+				return;
+			}
+		char *name = state ? bstr(b, "state_%d", b->n_states++) : bstr(b, "const_%d", b->n_consts++);
+		Onnx__TensorProto *tp = bnew(b, sizeof *tp);
+		if (name && tp) {
+			onnx__tensor_proto__init(tp);
+			if (tern_tensor_to_proto(&t->firsts[fi].value, tp))
+				b->failed = 1;
+			tp->name = tern_strdup(name);
+			push(b, &b->inits, tp);
+		}
+		if (tern_grow((void **)&b->states, &b->cap_states, b->n_states_list + 1, sizeof *b->states)) {
+			b->states[b->n_states_list].serial = serial;
+			b->states[b->n_states_list].dtype = t->firsts[fi].value.dtype;
+			b->states[b->n_states_list].rank = t->firsts[fi].value.rank;
+			b->states[b->n_states_list].is_const = !state;
+			b->states[b->n_states_list++].name = tern_strdup(name ? name : "");
+		} else {
+			b->failed = 1;
+		}
+		sl->name = name;
+		return;
+	}
+	/* a graph input: one per tensor each step, shared by the slots that read the same tensors on the
+	 * steps that run both */
+	uint64_t *ser = calloc(t->n_steps + 1, sizeof *ser);
+	if (!ser) {
+		b->failed = 1;
+		return;
+	}
+	for (size_t s = 0; s < t->n_steps; s++) {
+		const t_step *st = &t->steps[s];
+		if (sl->region == 2 && st->path != sl->path)
+			continue;
+		size_t j = sl->region == 0 ? sl->pos : sl->region == 1 ? b->len[st->path] - b->S + sl->pos : b->L + sl->pos;
+		const t_in *r = &st->ops[j].in[sl->input];
+		if (r->kind == IN_EXT)
+			ser[s] = st->ext[r->ext].serial;
+	}
+	for (size_t i = 0; i < b->n_feeds; i++) {
+		bool common = false, clash = false;
+		for (size_t s = 0; s < t->n_steps; s++) {
+			if (ser[s] && b->feeds[i].serial[s])
+				common = true, clash |= ser[s] != b->feeds[i].serial[s];
+			else if (ser[s] || b->feeds[i].serial[s])
+				clash |= b->n_feeds && false;
+		}
+		if (common && !clash) {
+			for (size_t s = 0; s < t->n_steps; s++)
+				if (ser[s])
+					b->feeds[i].serial[s] = ser[s];
+			free(ser);
+			sl->name = tern_strdup(b->feeds[i].name);
+			return;
+		}
+	}
+	if (!tern_grow((void **)&b->feeds, &b->cap_feeds, b->n_feeds + 1, sizeof *b->feeds)) {
+		b->failed = 1;
+		return;
+	}
+	struct feed *f = &b->feeds[b->n_feeds];
+	memset(f, 0, sizeof *f);
+	f->key = tern_strdup("");
+	f->serial = ser;
+	f->name = bstr(b, "feed_%zu", b->n_feeds);
+	f->dtype = e0->dtype;
+	f->rank = e0->rank;
+	memcpy(f->dims, e0->dims, sizeof f->dims);
+	for (size_t s = 0; s < t->n_steps; s++) {
+		const t_step *st = &t->steps[s];
+		if (sl->region == 2 && st->path != sl->path)
+			continue;
+		size_t j = sl->region == 0 ? sl->pos : sl->region == 1 ? b->len[st->path] - b->S + sl->pos : b->L + sl->pos;
+		const t_in *r = &st->ops[j].in[sl->input];
+		if (r->kind != IN_EXT)
+			continue;
+		const t_ext *e = &st->ext[r->ext];
+		for (int d = 0; d < f->rank; d++)
+			if (e->rank != f->rank || e->dims[d] != f->dims[d])
+				f->varies[d] = 1;
+	}
+	b->n_feeds++;
+	sl->name = tern_strdup(f->name);
+	if (!f->key || !f->name || !sl->name)
+		b->failed = 1;
+}
+
+static void add_slot(builder *b, int region, int path, size_t pos, int input)
+{
+	if (!tern_grow((void **)&b->slots, &b->cap_slots, b->n_slots + 1, sizeof *b->slots)) {
+		b->failed = 1;
+		return;
+	}
+	struct slot *s = &b->slots[b->n_slots++];
+	*s = (struct slot){region, path, pos, input, NULL};
+	classify_slot(b, s);
+	if (!s->name)
+		s->name = tern_strdup("");
+}
+
+/* The name input i of operation j of path p reads, seen from where that operation is emitted;
+ * override: the suffix inputs routed through the If. */
+static char *input_name(builder *b, int p, size_t j, int i, char **override)
+{
+	const t_op *o = op_at(b, p, j);
+	const t_in *r = &o->in[i];
+	if (r->kind == IN_NONE)
+		return tern_strdup("");
+	if (override && override[i])
+		return tern_strdup(override[i]);
+	if (r->kind == IN_OP)
+		return value_name(b, p, (size_t)r->op, r->out);
+	size_t pos;
+	int region = region_of(b, p, j, &pos);
+	return tern_strdup(slot_name(b, region, p, pos, i));
+}
+
+static Onnx__NodeProto *emit_op(builder *b, int p, size_t j, char **override)
+{
+	const t_op *o = op_at(b, p, j);
+	char **in = calloc((size_t)o->n_in + 1, sizeof *in), **out = calloc((size_t)o->n_out + 1, sizeof *out);
+	if (!in || !out) {
+		free(in);
+		free(out);
+		b->failed = 1;
+		return NULL;
+	}
+	for (int i = 0; i < o->n_in; i++)
+		in[i] = input_name(b, p, j, i, override);
+	for (int k = 0; k < o->n_out; k++)
+		out[k] = o->dtype[k] ? value_name(b, p, j, k) : tern_strdup("");
+	Onnx__NodeProto *n = make_node(b, o->domain, o->op_type, in, o->n_in, out, o->n_out);
+	free(in);
+	free(out);
+	for (int k = 0; n && k < o->n_attrs; k++)
+		add_attr(b, n, tern_pb_copy(o->attrs[k]));
+	if (n) {
+		n->name = bstr(b, "%s", o->site);
+		/* a site with its occurrence names the node: readable, and what co-execution matches */
+	}
+	return n;
+}
+
+/* The If outputs: per path the value each stands for (NULL: none on that path), their dtype, and
+ * what reads them at the top level. */
+typedef struct if_out {
+	char **value; /* n_paths */
+	int dtype;
+	char *name;
+} if_out;
+
+static Onnx__GraphProto *new_graph(builder *b, const char *name)
+{
+	Onnx__GraphProto *g = bnew(b, sizeof *g);
+	if (g) {
+		onnx__graph_proto__init(g);
+		g->name = tern_strdup(name);
+	}
+	return g;
+}
+
+static void graph_add(builder *b, Onnx__GraphProto *g, plist *nodes)
+{
+	if (!g) {
+		for (size_t i = 0; i < nodes->n; i++)
+			onnx__node_proto__free_unpacked(nodes->p[i], NULL);
+		free(nodes->p);
+		return;
+	}
+	g->node = (Onnx__NodeProto **)nodes->p;
+	g->n_node = nodes->n;
+	memset(nodes, 0, sizeof *nodes);
+	(void)b;
+}
+
+/* The case of path p: its middle operations, then one Identity (or empty Constant) per If output. */
+static Onnx__GraphProto *case_graph(builder *b, int p, if_out *outs, size_t n_outs)
+{
+	Onnx__GraphProto *g = new_graph(b, "case");
+	plist nodes = {0};
+	for (size_t j = b->L; j < b->len[p] - b->S; j++)
+		push(b, &nodes, emit_op(b, p, j, NULL));
+	Onnx__ValueInfoProto **vo = calloc(n_outs + 1, sizeof *vo);
+	if (!vo)
+		b->failed = 1;
+	for (size_t o = 0; o < n_outs && vo; o++) {
+		char *name = bstr(b, "c%d_out%zu", p, o);
+		if (outs[o].value[p]) {
+			char *in[1] = {tern_strdup(outs[o].value[p])}, *out[1] = {tern_strdup(name)};
+			push(b, &nodes, make_node(b, "", "Identity", in, 1, out, 1));
+		} else {
+			push(b, &nodes, constant(b, tern_strdup(name), outs[o].dtype, 0, false));
+		}
+		tern_type ty = dtype_only(outs[o].dtype);
+		vo[o] = value_info(b, name ? name : "", &ty);
+		free(name);
+	}
+	graph_add(b, g, &nodes);
+	if (g) {
+		g->output = vo;
+		g->n_output = vo ? n_outs : 0;
+	} else if (vo) {
+		for (size_t o = 0; o < n_outs; o++)
+			if (vo[o])
+				onnx__value_info_proto__free_unpacked(vo[o], NULL);
+		free(vo);
+	}
+	return g;
+}
+
+static Onnx__AttributeProto *graph_attr(builder *b, const char *name, Onnx__GraphProto *g)
+{
+	Onnx__AttributeProto *a = bnew(b, sizeof *a);
+	if (!a) {
+		if (g)
+			onnx__graph_proto__free_unpacked(g, NULL);
+		return NULL;
+	}
+	onnx__attribute_proto__init(a);
+	a->name = tern_strdup(name);
+	a->type = ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__GRAPH;
+	a->has_type = 1;
+	a->g = g;
+	if (!g || !a->name)
+		b->failed = 1;
+	return a;
+}
+
+/* The If chain over paths [first, n_paths) into nodes, its outputs named out_names. */
+static void if_chain(builder *b, plist *nodes, int first, if_out *outs, size_t n_outs, char **out_names)
+{
+	char *cond = bstr(b, "tern_path_is_%d", first), *k = bstr(b, "tern_path_%d", first);
+	push(b, nodes, constant(b, tern_strdup(k ? k : ""), TERN_INT64, first, true));
+	char *eq_in[2] = {tern_strdup("tern_path"), k}, *eq_out[1] = {tern_strdup(cond ? cond : "")};
+	push(b, nodes, make_node(b, "", "Equal", eq_in, 2, eq_out, 1));
+	char **o = calloc(n_outs + 1, sizeof *o);
+	if (!o)
+		b->failed = 1;
+	for (size_t i = 0; i < n_outs && o; i++)
+		o[i] = tern_strdup(out_names[i]);
+	char *if_in[1] = {cond};
+	Onnx__NodeProto *n = make_node(b, "", "If", if_in, 1, o ? o : NULL, o ? (int)n_outs : 0);
+	free(o);
+	if (n)
+		n->name = bstr(b, "tern_path=%d", first);
+	add_attr(b, n, graph_attr(b, "then_branch", case_graph(b, first, outs, n_outs)));
+	Onnx__GraphProto *else_g;
+	if (first + 2 == b->n_paths) {
+		else_g = case_graph(b, first + 1, outs, n_outs);
+	} else {
+		else_g = new_graph(b, "else");
+		plist inner = {0};
+		char **names = calloc(n_outs + 1, sizeof *names);
+		for (size_t i = 0; i < n_outs && names; i++)
+			names[i] = bstr(b, "e%d_out%zu", first, i);
+		if_chain(b, &inner, first + 1, outs, n_outs, names);
+		graph_add(b, else_g, &inner);
+		Onnx__ValueInfoProto **vo = calloc(n_outs + 1, sizeof *vo);
+		for (size_t i = 0; i < n_outs && vo && names; i++) {
+			tern_type ty = dtype_only(outs[i].dtype);
+			vo[i] = value_info(b, names[i] ? names[i] : "", &ty);
+		}
+		if (else_g && vo) {
+			else_g->output = vo;
+			else_g->n_output = n_outs;
+		} else {
+			b->failed = 1;
+			free(vo);
+		}
+		for (size_t i = 0; i < n_outs && names; i++)
+			free(names[i]);
+		free(names);
+	}
+	add_attr(b, n, graph_attr(b, "else_branch", else_g));
+	push(b, nodes, n);
+}
+
+/* ---------------------------------------------------------------- the graph */
+
+typedef struct outset {
+	char **names;
+	int *dtype;
+	size_t n, cap;
+} outset;
+
+static void outset_add(builder *b, outset *s, const char *name, int dtype)
+{
+	for (size_t i = 0; i < s->n; i++)
+		if (!strcmp(s->names[i], name))
+			return;
+	size_t cap = s->cap;
+	if (!tern_grow((void **)&s->names, &cap, s->n + 1, sizeof *s->names) ||
+	    !tern_grow((void **)&s->dtype, &s->cap, s->n + 1, sizeof *s->dtype)) {
+		b->failed = 1;
+		return;
+	}
+	if (!(s->names[s->n] = tern_strdup(name)))
+		b->failed = 1;
+	s->dtype[s->n++] = dtype;
+}
+
+static size_t if_out_add(builder *b, if_out **outs, size_t *n, size_t *cap, int dtype)
+{
+	if (!tern_grow((void **)outs, cap, *n + 1, sizeof **outs)) {
+		b->failed = 1;
+		return (size_t)-1;
+	}
+	if_out *o = &(*outs)[*n];
+	o->value = calloc((size_t)b->n_paths, sizeof *o->value);
+	o->dtype = dtype;
+	o->name = bstr(b, "if_%zu", *n);
+	if (!o->value)
+		b->failed = 1;
+	return (*n)++;
+}
+
+/* Where operation j's input i of every path comes from, for a suffix operation: 1 when the
+ * suffix's own value at the same place on every path, 0 when the same prefix value on every path,
+ * -1 when it must come out of the If, -2 when the suffix cannot start at or before this operation. */
+static int suffix_input(const builder *b, size_t u, int i)
+{
+	int kind = 2;
+	long rel = -1, abs_q = -1;
+	bool mixed_prefix = false;
+	for (int p = 0; p < b->n_paths; p++) {
+		size_t j = b->len[p] - b->S + u;
+		const t_in *r = &op_at(b, p, j)->in[i];
+		if (r->kind != IN_OP)
+			return 0;
+		size_t q = (size_t)r->op;
+		int k = q >= b->len[p] - b->S ? 1 : q < b->L ? 0 : -1;
+		if (p == 0) {
+			kind = k;
+			rel = k == 1 ? (long)(q - (b->len[p] - b->S)) : -1;
+			abs_q = k == 0 ? (long)q : -1;
+		} else {
+			if ((k == 1) != (kind == 1))
+				return -2;
+			if (k == 1 && (long)(q - (b->len[p] - b->S)) != rel)
+				return -2;
+			if (k != kind || (k == 0 && (long)q != abs_q))
+				mixed_prefix = true;
+		}
+	}
+	if (kind == 1)
+		return 1;
+	return kind == 0 && !mixed_prefix ? 0 : -1;
+}
+
+static tern_status write_record(struct tern_trace *t, builder *b, outset *fetch_names, char ****fetch_of);
+/* The training step's copy: every value its nodes make renamed train/NAME, so that the step and the
+ * main graph can be planned together (tern-autodiff's convention). */
+typedef struct nameset {
+	char **p;
+	size_t n, cap;
+} nameset;
+
+static int cmp_str(const void *a, const void *b)
+{
+	return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+static void collect_outputs(builder *b, const Onnx__GraphProto *g, nameset *s)
+{
+	for (size_t i = 0; i < g->n_node; i++) {
+		const Onnx__NodeProto *n = g->node[i];
+		for (size_t k = 0; k < n->n_output; k++) {
+			if (!*n->output[k])
+				continue;
+			if (!tern_grow((void **)&s->p, &s->cap, s->n + 1, sizeof *s->p)) {
+				b->failed = 1;
+				return;
+			}
+			s->p[s->n++] = n->output[k];
+		}
+		for (size_t a = 0; a < n->n_attribute; a++)
+			if (n->attribute[a]->g)
+				collect_outputs(b, n->attribute[a]->g, s);
+	}
+}
+
+static void rename_in(builder *b, char **name, const nameset *s)
+{
+	if (!**name || !bsearch(name, s->p, s->n, sizeof *s->p, cmp_str))
+		return;
+	char *r = bstr(b, "train/%s", *name);
+	if (r) {
+		free(*name);
+		*name = r;
+	}
+}
+
+static void rename_graph(builder *b, Onnx__GraphProto *g, const nameset *s)
+{
+	for (size_t i = 0; i < g->n_node; i++) {
+		Onnx__NodeProto *n = g->node[i];
+		for (size_t k = 0; k < n->n_input; k++)
+			rename_in(b, &n->input[k], s);
+		for (size_t k = 0; k < n->n_output; k++)
+			rename_in(b, &n->output[k], s);
+		for (size_t a = 0; a < n->n_attribute; a++)
+			if (n->attribute[a]->g)
+				rename_graph(b, n->attribute[a]->g, s);
+	}
+	for (size_t o = 0; o < g->n_output; o++)
+		rename_in(b, &g->output[o]->name, s);
+}
+
+static void rename_step(builder *b, Onnx__GraphProto *g)
+{
+	nameset s = {0};
+	collect_outputs(b, g, &s);
+	/* the names point into g: copied before g changes */
+	for (size_t i = 0; i < s.n; i++)
+		if (!(s.p[i] = tern_strdup(s.p[i])))
+			b->failed = 1;
+	qsort(s.p, s.n, sizeof *s.p, cmp_str);
+	if (!b->failed)
+		rename_graph(b, g, &s);
+	for (size_t i = 0; i < s.n; i++)
+		free(s.p[i]);
+	free(s.p);
+}
+
+
+static tern_status trace_write(struct tern_trace *t)
+{
+	t->written = 1;
+	if (t->error)
+		return tern_errorf(t->error, "trace: recording failed (out of memory)");
+	builder B = {0}, *b = &B;
+	b->t = t;
+	/* paths */
+	b->rep = calloc(t->n_steps + 1, sizeof *b->rep);
+	b->len = calloc(t->n_steps + 1, sizeof *b->len);
+	if (!b->rep || !b->len) {
+		free(b->rep);
+		free(b->len);
+		return tern_errorf(TERN_EOS, "out of memory");
+	}
+	for (size_t s = 0; s < t->n_steps; s++) {
+		int p = 0;
+		while (p < b->n_paths && !same_path(&t->steps[b->rep[p]], &t->steps[s]))
+			p++;
+		if (p == b->n_paths) {
+			b->rep[b->n_paths] = (int)s;
+			b->len[b->n_paths++] = t->steps[s].n_ops;
+		}
+		t->steps[s].path = p;
+	}
+	size_t min_len = b->len[0];
+	for (int p = 1; p < b->n_paths; p++)
+		if (b->len[p] < min_len)
+			min_len = b->len[p];
+	if (b->n_paths == 1) {
+		b->L = b->len[0];
+	} else {
+		while (b->L < min_len) {
+			bool same = true;
+			for (int p = 1; p < b->n_paths && same; p++)
+				same = same_op(op_at(b, p, b->L), op_at(b, 0, b->L), true);
+			if (!same)
+				break;
+			b->L++;
+		}
+		while (b->L + b->S < min_len) {
+			bool same = true;
+			for (int p = 1; p < b->n_paths && same; p++)
+				same = same_op(op_at(b, p, b->len[p] - 1 - b->S), op_at(b, 0, b->len[0] - 1 - b->S), false);
+			if (!same)
+				break;
+			b->S++;
+		}
+		/* a suffix operation reading the suffix on one path and not on another starts a shorter suffix */
+		for (bool again = true; again;) {
+			again = false;
+			for (size_t u = 0; u < b->S && !again; u++) {
+				const t_op *o = op_at(b, 0, b->len[0] - b->S + u);
+				for (int i = 0; i < o->n_in && !again; i++)
+					if (suffix_input(b, u, i) == -2) {
+						b->S -= u + 1;
+						again = true;
+					}
+			}
+		}
+	}
+	/* slots: every external read */
+	for (size_t j = 0; j < b->L; j++)
+		for (int i = 0; i < op_at(b, 0, j)->n_in; i++)
+			if (op_at(b, 0, j)->in[i].kind == IN_EXT)
+				add_slot(b, 0, 0, j, i);
+	for (size_t u = 0; u < b->S; u++) {
+		const t_op *o = op_at(b, 0, b->len[0] - b->S + u);
+		for (int i = 0; i < o->n_in; i++)
+			if (o->in[i].kind == IN_EXT)
+				add_slot(b, 1, 0, u, i);
+	}
+	for (int p = 0; p < b->n_paths && b->n_paths > 1; p++)
+		for (size_t j = b->L; j < b->len[p] - b->S; j++)
+			for (int i = 0; i < op_at(b, p, j)->n_in; i++)
+				if (op_at(b, p, j)->in[i].kind == IN_EXT)
+					add_slot(b, 2, p, j - b->L, i);
+	/* states updated but never read: initializers all the same */
+	for (size_t f = 0; f < t->n_firsts; f++) {
+		if (!t->firsts[f].bound)
+			continue;
+		bool known = false;
+		for (size_t i = 0; i < b->n_states_list; i++)
+			known |= b->states[i].serial == t->firsts[f].serial;
+		if (known)
+			continue;
+		char *name = bstr(b, "state_%d", b->n_states++);
+		Onnx__TensorProto *tp = bnew(b, sizeof *tp);
+		if (name && tp) {
+			onnx__tensor_proto__init(tp);
+			if (tern_tensor_to_proto(&t->firsts[f].value, tp))
+				b->failed = 1;
+			tp->name = tern_strdup(name);
+			push(b, &b->inits, tp);
+		}
+		if (tern_grow((void **)&b->states, &b->cap_states, b->n_states_list + 1, sizeof *b->states)) {
+			b->states[b->n_states_list].serial = t->firsts[f].serial;
+			b->states[b->n_states_list].dtype = t->firsts[f].value.dtype;
+			b->states[b->n_states_list].rank = t->firsts[f].value.rank;
+			b->states[b->n_states_list++].name = tern_strdup(name ? name : "");
+		}
+		free(name);
+	}
+	/* If outputs: suffix inputs routed through it, fetches and updates made in the middle */
+	if_out *outs = NULL;
+	size_t n_outs = 0, cap_outs = 0;
+	char ***override = calloc(b->S + 1, sizeof *override);
+	if (!override)
+		b->failed = 1;
+	for (size_t u = 0; u < b->S && override; u++) {
+		const t_op *o = op_at(b, 0, b->len[0] - b->S + u);
+		for (int i = 0; i < o->n_in; i++) {
+			if (suffix_input(b, u, i) != -1)
+				continue;
+			if (!override[u] && !(override[u] = calloc((size_t)o->n_in + 1, sizeof *override[u]))) {
+				b->failed = 1;
+				break;
+			}
+			const t_in *r0 = &o->in[i];
+			const t_op *pr = op_at(b, 0, (size_t)r0->op);
+			size_t k = if_out_add(b, &outs, &n_outs, &cap_outs, TYPE_OF(pr->dtype[r0->out], pr->rank[r0->out]));
+			if (k == (size_t)-1)
+				break;
+			override[u][i] = tern_strdup(outs[k].name ? outs[k].name : "");
+			for (int p = 0; p < b->n_paths; p++) {
+				const t_in *r = &op_at(b, p, b->len[p] - b->S + u)->in[i];
+				outs[k].value[p] = value_name(b, p, (size_t)r->op, r->out);
+			}
+		}
+	}
+	outset fetches = {0};
+	char ****fetch_of = calloc(t->n_steps + 1, sizeof *fetch_of); /* per step and op: per output, its graph output */
+	if (!fetch_of)
+		b->failed = 1;
+	for (size_t s = 0; s < t->n_steps && fetch_of; s++) {
+		const t_step *st = &t->steps[s];
+		int p = st->path;
+		if (!(fetch_of[s] = calloc(st->n_ops + 1, sizeof *fetch_of[s]))) {
+			b->failed = 1;
+			break;
+		}
+		for (size_t j = 0; j < st->n_ops; j++) {
+			const t_op *o = &st->ops[j];
+			for (int k = 0; k < o->n_out; k++) {
+				if (!o->fetched[k])
+					continue;
+				size_t pos;
+				char *name = NULL;
+				if (region_of(b, p, j, &pos) != 2) {
+					name = value_name(b, p, j, k);
+				} else {
+					char *v = value_name(b, p, j, k);
+					for (size_t x = 0; x < n_outs && !name; x++)
+						if (outs[x].value[p] && v && !strcmp(outs[x].value[p], v) &&
+						    !strncmp(outs[x].name, "if_", 3))
+							name = tern_strdup(outs[x].name);
+					if (!name) {
+						size_t x = if_out_add(b, &outs, &n_outs, &cap_outs, TYPE_OF(o->dtype[k], o->rank[k]));
+						if (x != (size_t)-1) {
+							outs[x].value[p] = v;
+							v = NULL;
+							name = tern_strdup(outs[x].name);
+						}
+					}
+					free(v);
+				}
+				if (!name) {
+					b->failed = 1;
+					continue;
+				}
+				outset_add(b, &fetches, name, TYPE_OF(o->dtype[k], o->rank[k]));
+				if (!fetch_of[s][j] && !(fetch_of[s][j] = calloc((size_t)o->n_out + 1, sizeof *fetch_of[s][j])))
+					b->failed = 1;
+				if (fetch_of[s][j])
+					fetch_of[s][j][k] = name;
+				else
+					free(name);
+			}
+		}
+	}
+	/* updates */
+	outset updates = {0};
+	char **update_state = calloc(b->n_states_list + 1, sizeof *update_state);
+	tern_status st = TERN_OK;
+	for (size_t q = 0; q < b->n_states_list && update_state; q++) {
+		char **where = calloc((size_t)b->n_paths + 1, sizeof *where);
+		int regions = 0; /* bit 0 top level, 1 middle */
+		bool any = false;
+		for (int p = 0; p < b->n_paths && where; p++) {
+			const t_step *s0 = &t->steps[b->rep[p]];
+			for (size_t x = 0; x < s0->n_binds; x++)
+				if (s0->binds[x].serial == b->states[q].serial) {
+					size_t pos;
+					int r = region_of(b, p, (size_t)s0->binds[x].op, &pos);
+					where[p] = value_name(b, p, (size_t)s0->binds[x].op, s0->binds[x].out);
+					regions |= r == 2 ? 2 : r == 1 ? 4 : 1;
+					any = true;
+				}
+		}
+		if (!where) {
+			b->failed = 1;
+			break;
+		}
+		bool same = any;
+		for (int p = 1; p < b->n_paths && same; p++)
+			same = where[p] && where[0] && !strcmp(where[p], where[0]);
+		if (same) {
+			update_state[q] = tern_strdup(where[0]);
+		} else if (any && (regions & 4)) {
+			st = tern_errorf(TERN_EUSAGE, "trace: %s is updated after the paths meet again on some paths and "
+			                              "elsewhere on others, which one graph cannot say", b->states[q].name);
+		} else if (any) {
+			const t_op *src = NULL;
+			for (int p = 0; p < b->n_paths && !src; p++)
+				for (size_t x = 0; x < t->steps[b->rep[p]].n_binds && !src; x++)
+					if (t->steps[b->rep[p]].binds[x].serial == b->states[q].serial)
+						src = op_at(b, p, (size_t)t->steps[b->rep[p]].binds[x].op);
+			size_t k = if_out_add(b, &outs, &n_outs, &cap_outs, TYPE_OF(b->states[q].dtype, b->states[q].rank));
+			(void)src;
+			if (k != (size_t)-1) {
+				for (int p = 0; p < b->n_paths; p++)
+					outs[k].value[p] = where[p] ? where[p] : tern_strdup(b->states[q].name), where[p] = NULL;
+				update_state[q] = tern_strdup(outs[k].name);
+			}
+		}
+		for (int p = 0; p < b->n_paths; p++)
+			free(where[p]);
+		free(where);
+	}
+	/* the main graph */
+	Onnx__GraphProto *g = new_graph(b, "trace");
+	plist nodes = {0};
+	for (size_t j = 0; j < b->L; j++)
+		push(b, &nodes, emit_op(b, 0, j, NULL));
+	if (b->n_paths > 1) {
+		char **names = calloc(n_outs + 1, sizeof *names);
+		for (size_t o = 0; o < n_outs && names; o++)
+			names[o] = outs[o].name;
+		if_chain(b, &nodes, 0, outs, n_outs, names ? names : NULL);
+		free(names);
+	}
+	for (size_t u = 0; u < b->S; u++)
+		push(b, &nodes, emit_op(b, 0, b->len[0] - b->S + u, override ? override[u] : NULL));
+	graph_add(b, g, &nodes);
+	plist ins = {0}, outl = {0};
+	if (b->n_paths > 1) {
+		tern_type ty = {.dtype = TERN_INT64, .rank = 0};
+		push(b, &ins, value_info(b, "tern_path", &ty));
+	}
+	char dimbuf[TERN_MAX_RANK][32];
+	for (size_t f = 0; f < b->n_feeds; f++) {
+		tern_type ty = {.dtype = b->feeds[f].dtype, .rank = b->feeds[f].rank};
+		for (int d = 0; d < ty.rank; d++) {
+			ty.dims[d] = b->feeds[f].varies[d] ? -1 : b->feeds[f].dims[d];
+			snprintf(dimbuf[d], sizeof dimbuf[d], "%s_d%d", b->feeds[f].name, d);
+			ty.dim_param[d] = b->feeds[f].varies[d] ? dimbuf[d] : NULL;
+		}
+		push(b, &ins, value_info(b, b->feeds[f].name, &ty));
+	}
+	for (size_t o = 0; o < fetches.n; o++) {
+		tern_type ty = dtype_only(fetches.dtype[o]);
+		push(b, &outl, value_info(b, fetches.names[o], &ty));
+	}
+	if (g) {
+		g->input = (Onnx__ValueInfoProto **)ins.p;
+		g->n_input = ins.n;
+		g->output = (Onnx__ValueInfoProto **)outl.p;
+		g->n_output = outl.n;
+		g->initializer = (Onnx__TensorProto **)b->inits.p;
+		g->n_initializer = b->inits.n;
+		memset(&b->inits, 0, sizeof b->inits);
+	}
+	Onnx__ModelProto *m = bnew(b, sizeof *m);
+	if (m) {
+		onnx__model_proto__init(m);
+		m->ir_version = 8;
+		m->has_ir_version = 1;
+		m->producer_name = tern_strdup("tern-trace");
+		m->graph = g;
+		m->opset_import = calloc(3, sizeof *m->opset_import);
+		const char *doms[2] = {"", "tern"};
+		int64_t vers[2] = {tern_ctx_opset(t->ctx), 1};
+		for (int d = 0; d < 2 && m->opset_import; d++) {
+			Onnx__OperatorSetIdProto *op = bnew(b, sizeof *op);
+			if (!op)
+				break;
+			onnx__operator_set_id_proto__init(op);
+			op->domain = tern_strdup(doms[d]);
+			op->version = vers[d];
+			op->has_version = 1;
+			m->opset_import[m->n_opset_import++] = op;
+		}
+		/* training_info: the same step, its outputs the fetches and the updated states */
+		bool updates_any = false;
+		for (size_t q = 0; q < b->n_states_list && update_state; q++)
+			updates_any |= update_state[q] != NULL;
+		if (updates_any && g) {
+			Onnx__TrainingInfoProto *ti = bnew(b, sizeof *ti);
+			Onnx__GraphProto *alg = tern_pb_copy(g);
+			if (ti && alg) {
+				onnx__training_info_proto__init(ti);
+				for (size_t i = 0; i < alg->n_initializer; i++)
+					onnx__tensor_proto__free_unpacked(alg->initializer[i], &tern_pb_allocator);
+				free(alg->initializer);
+				alg->initializer = NULL;
+				alg->n_initializer = 0;
+				/* the main graph's inputs are the step's too (as tern-autodiff writes it): not listed again */
+				for (size_t i = 0; i < alg->n_input; i++)
+					onnx__value_info_proto__free_unpacked(alg->input[i], &tern_pb_allocator);
+				free(alg->input);
+				alg->input = NULL;
+				alg->n_input = 0;
+				free(alg->name);
+				alg->name = tern_strdup("trace_step");
+				rename_step(b, alg);
+				ti->algorithm = alg;
+				ti->update_binding = calloc(b->n_states_list + 1, sizeof *ti->update_binding);
+				for (size_t q = 0; q < b->n_states_list && ti->update_binding; q++) {
+					if (!update_state[q])
+						continue;
+					Onnx__StringStringEntryProto *e = bnew(b, sizeof *e);
+					if (!e)
+						break;
+					onnx__string_string_entry_proto__init(e);
+					e->key = tern_strdup(b->states[q].name);
+					e->value = bstr(b, "train/%s", update_state[q]);
+					ti->update_binding[ti->n_update_binding++] = e;
+					outset_add(b, &updates, e->value ? e->value : "", TYPE_OF(b->states[q].dtype, b->states[q].rank));
+				}
+				/* the algorithm's outputs: the fetches, then what the bindings name */
+				Onnx__ValueInfoProto **vo = realloc(alg->output, (alg->n_output + updates.n + 1) * sizeof *vo);
+				if (vo) {
+					alg->output = vo;
+					for (size_t u = 0; u < updates.n; u++) {
+						bool dup = false;
+						for (size_t o = 0; o < alg->n_output; o++)
+							dup |= !strcmp(alg->output[o]->name, updates.names[u]);
+						if (dup)
+							continue;
+						tern_type ty = dtype_only(updates.dtype[u]);
+						alg->output[alg->n_output] = value_info(b, updates.names[u], &ty);
+						if (alg->output[alg->n_output])
+							alg->n_output++;
+					}
+				} else {
+					b->failed = 1;
+				}
+				m->training_info = calloc(1, sizeof *m->training_info);
+				if (m->training_info) {
+					m->training_info[0] = ti;
+					m->n_training_info = 1;
+				} else {
+					onnx__training_info_proto__free_unpacked(ti, NULL);
+					b->failed = 1;
+				}
+			} else {
+				free(ti);
+				if (alg)
+					onnx__graph_proto__free_unpacked(alg, &tern_pb_allocator);
+			}
+		}
+	} else if (g) {
+		onnx__graph_proto__free_unpacked(g, NULL);
+	}
+	if (!st && b->failed)
+		st = tern_errorf(TERN_EOS, "trace: out of memory building the graph");
+	/* checked by loading it as any tool would, then written whole or not at all */
+	void *bytes = NULL;
+	size_t size = 0;
+	tern_model *model = NULL;
+	if (!st && m) {
+		size = onnx__model_proto__get_packed_size(m);
+		if (!(bytes = malloc(size ? size : 1)))
+			st = tern_errorf(TERN_EOS, "out of memory");
+		else
+			onnx__model_proto__pack(m, bytes);
+	}
+	if (!st)
+		st = tern_model_load_bytes(bytes, size, t->path, NULL, &model);
+	if (!st) {
+		size_t n = strlen(t->path) + 16;
+		char *tmp = malloc(n);
+		FILE *f = tmp ? (snprintf(tmp, n, "%s.partial", t->path), fopen(tmp, "wb")) : NULL;
+		if (!f) {
+			st = tern_errorf(TERN_EIO, "%s: %s", tmp ? tmp : t->path, strerror(errno));
+		} else {
+			st = tern_model_write(model, f, NULL, NULL, NULL, NULL, NULL);
+			if (fclose(f) && !st)
+				st = tern_errorf(TERN_EIO, "%s: %s", tmp, strerror(errno));
+			if (!st && rename(tmp, t->path))
+				st = tern_errorf(TERN_EIO, "%s: %s", t->path, strerror(errno));
+			if (st)
+				remove(tmp);
+		}
+		free(tmp);
+	}
+	if (!st && t->record_dir)
+		st = write_record(t, b, &fetches, fetch_of);
+	if (!st && t->verbose) {
+		size_t ops = 0;
+		for (int p = 0; p < b->n_paths; p++)
+			ops += b->len[p];
+		fprintf(stderr, "tern-trace: %s: %zu steps, %d path%s, %zu nodes shared before and %zu after the branch, %zu "
+		                "inputs, %zu outputs, %d states\n",
+		        t->path, t->n_steps, b->n_paths, b->n_paths == 1 ? "" : "s", b->L, b->S, b->n_feeds, fetches.n,
+		        b->n_states);
+	}
+	tern_model_free(model);
+	free(bytes);
+	if (m)
+		onnx__model_proto__free_unpacked(m, &tern_pb_allocator);
+	/* the builder's own */
+	for (size_t x = 0; x < n_outs; x++) {
+		for (int p = 0; p < b->n_paths; p++)
+			free(outs[x].value[p]);
+		free(outs[x].value);
+		free(outs[x].name);
+	}
+	free(outs);
+	for (size_t u = 0; u < b->S && override; u++) {
+		if (!override[u])
+			continue;
+		for (int i = 0; i < op_at(b, 0, b->len[0] - b->S + u)->n_in; i++)
+			free(override[u][i]);
+		free(override[u]);
+	}
+	free(override);
+	for (size_t s = 0; s < t->n_steps && fetch_of; s++) {
+		for (size_t j = 0; fetch_of[s] && j < t->steps[s].n_ops; j++) {
+			for (int k = 0; fetch_of[s][j] && k < t->steps[s].ops[j].n_out; k++)
+				free(fetch_of[s][j][k]);
+			free(fetch_of[s][j]);
+		}
+		free(fetch_of[s]);
+	}
+	free(fetch_of);
+	for (size_t o = 0; o < fetches.n; o++)
+		free(fetches.names[o]);
+	free(fetches.names);
+	free(fetches.dtype);
+	for (size_t o = 0; o < updates.n; o++)
+		free(updates.names[o]);
+	free(updates.names);
+	free(updates.dtype);
+	for (size_t q = 0; q < b->n_states_list; q++) {
+		free(b->states[q].name);
+		if (update_state)
+			free(update_state[q]);
+	}
+	free(update_state);
+	free(b->states);
+	for (size_t i = 0; i < b->n_slots; i++)
+		free(b->slots[i].name);
+	free(b->slots);
+	for (size_t f = 0; f < b->n_feeds; f++) {
+		free(b->feeds[f].key);
+		free(b->feeds[f].name);
+		free(b->feeds[f].serial);
+	}
+	free(b->feeds);
+	for (size_t i = 0; i < b->inits.n; i++)
+		onnx__tensor_proto__free_unpacked(b->inits.p[i], NULL);
+	free(b->inits.p);
+	free(b->rep);
+	free(b->len);
+	return st;
+}
+
+/* record_dir/stepN/: tern_path.npy and each graph input the step fed (NAME.npy), and the fetched
+ * outputs under fetched/NAME.npy, so that the graph can be run on a step and compared. */
+static tern_status write_record(struct tern_trace *t, builder *b, outset *fetch_names, char ****fetch_of)
+{
+	(void)fetch_names;
+	if (mkdir(t->record_dir, 0777) && errno != EEXIST)
+		return tern_errorf(TERN_EIO, "%s: %s", t->record_dir, strerror(errno));
+	char path[4096];
+	for (size_t s = 0; s < t->n_steps; s++) {
+		const t_step *st = &t->steps[s];
+		snprintf(path, sizeof path, "%s/step%zu", t->record_dir, s + 1);
+		if (mkdir(path, 0777) && errno != EEXIST)
+			return tern_errorf(TERN_EIO, "%s: %s", path, strerror(errno));
+		snprintf(path, sizeof path, "%s/step%zu/fetched", t->record_dir, s + 1);
+		if (mkdir(path, 0777) && errno != EEXIST)
+			return tern_errorf(TERN_EIO, "%s: %s", path, strerror(errno));
+		tern_tensor sel = {0};
+		tern_status rc = tern_tensor_alloc(&sel, TERN_INT64, 0, NULL);
+		if (rc)
+			return rc;
+		*(int64_t *)sel.data = st->path;
+		snprintf(path, sizeof path, "%s/step%zu/tern_path.npy", t->record_dir, s + 1);
+		if (b->n_paths > 1)
+			rc = tern_tensor_write_file(path, &sel);
+		tern_tensor_free(&sel);
+		if (rc)
+			return rc;
+		char *seen = calloc(b->n_slots + 1, 1);
+		if (!seen)
+			return tern_errorf(TERN_EOS, "out of memory");
+		for (size_t i = 0; i < b->n_slots; i++) {
+			const struct slot *sl = &b->slots[i];
+			bool state = !strncmp(sl->name, "state_", 6);
+			if ((strncmp(sl->name, "feed_", 5) && !state) || (sl->region == 2 && sl->path != st->path))
+				continue;
+			bool dup = false; /* a state's value as the step first read it (before its update) */
+			for (size_t q = 0; q < i && state; q++)
+				dup |= seen[q] && !strcmp(b->slots[q].name, sl->name);
+			if (dup)
+				continue;
+			seen[i] = 1;
+			size_t j = sl->region == 0 ? sl->pos : sl->region == 1 ? b->len[st->path] - b->S + sl->pos : b->L + sl->pos;
+			const t_in *r = &st->ops[j].in[sl->input];
+			if (r->kind != IN_EXT)
+				continue;
+			snprintf(path, sizeof path, "%s/step%zu/%s.npy", t->record_dir, s + 1, sl->name);
+			if ((rc = tern_tensor_write_file(path, &st->ext[r->ext].value))) {
+				free(seen);
+				return rc;
+			}
+		}
+		free(seen);
+		/* inputs only another path reads: zeros of their shape, so that every step runs as a whole */
+		for (size_t f = 0; f < b->n_feeds; f++) {
+			if (b->feeds[f].serial[s])
+				continue;
+			tern_tensor z = {0};
+			int64_t dims[TERN_MAX_RANK];
+			for (int d = 0; d < b->feeds[f].rank; d++)
+				dims[d] = b->feeds[f].varies[d] ? 1 : b->feeds[f].dims[d];
+			snprintf(path, sizeof path, "%s/step%zu/%s.npy", t->record_dir, s + 1, b->feeds[f].name);
+			if ((rc = tern_tensor_alloc(&z, b->feeds[f].dtype, b->feeds[f].rank, dims)) ||
+			    (rc = tern_tensor_write_file(path, &z))) {
+				tern_tensor_free(&z);
+				return rc;
+			}
+			tern_tensor_free(&z);
+		}
+		for (size_t j = 0; j < st->n_ops; j++)
+			for (int k = 0; fetch_of[s][j] && k < st->ops[j].n_out; k++) {
+				if (!fetch_of[s][j][k] || !st->ops[j].fetch_value)
+					continue;
+				snprintf(path, sizeof path, "%s/step%zu/fetched/%s.npy", t->record_dir, s + 1, fetch_of[s][j][k]);
+				if ((rc = tern_tensor_write_file(path, &st->ops[j].fetch_value[k])))
+					return rc;
+			}
+	}
+	return TERN_OK;
+}

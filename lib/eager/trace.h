@@ -1,0 +1,32 @@
+/* trace.h — between the eager API (eager.c) and its tracer (trace.c); not installed. */
+#ifndef TERN_EAGER_TRACE_H
+#define TERN_EAGER_TRACE_H
+
+#include "eager/tern_eager.h"
+#include "internal.h"
+
+/* What the tracer keeps on every tensor: a serial number unique in its context, the context's trace
+ * epoch when it was made (0 before the first step, 2k - 1 inside step k, 2k after it), and, for
+ * the output of a recorded operation, the step (1-based; 0: none), operation and output that made it.
+ * A tensor sharing another's bytes (an alias, a saved output) carries the other's stamp. */
+typedef struct tern_trace_stamp {
+	uint64_t serial;
+	int64_t born;
+	int64_t step;
+	int32_t op, out;
+} tern_trace_stamp;
+
+tern_trace_stamp *tern_var_stamp(tern_var *v);
+/* The context's trace; NULL when it is not tracing. */
+struct tern_trace *tern_ctx_trace(tern_ctx *c);
+int64_t tern_ctx_epoch(tern_ctx *c);
+void tern_ctx_next_epoch(tern_ctx *c);
+void tern_ctx_set_trace(tern_ctx *c, struct tern_trace *t);
+int64_t tern_ctx_opset(tern_ctx *c);
+
+/* One call that ran (eager.c, after its outputs exist): recorded when a step is being traced. */
+tern_status tern_trace_op(tern_ctx *c, const char *domain, const char *op_type, Onnx__AttributeProto *const *attrs,
+                          int n_attrs, tern_var *const *in, int n_in, tern_var *const *out, int n_out);
+void tern_trace_free(struct tern_trace *t);
+
+#endif
