@@ -2010,7 +2010,9 @@ static PyObject *tensor_copy_(TensorObject *self, PyObject *src)
 	size_t isz = tern_dtype_size(t->dtype);
 	int64_t n = tern_tensor_numel(t);
 	if (s->rank == t->rank && !memcmp(s->dims, t->dims, (size_t)t->rank * sizeof *t->dims)) {
-		tern_trace_assign(self->var, v); /* before the bytes change */
+		/* before the bytes change; the value traced is src itself (v is a copy of it) */
+		if (Tensor_Check(src) && tern_var_tensor(VAR(src))->dtype == t->dtype)
+			tern_trace_assign(self->var, VAR(src));
 		if (t->nbytes)
 			memcpy(t->data, s->data, (size_t)n * isz);
 	} else if (tern_tensor_numel(s) == 1) {

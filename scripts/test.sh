@@ -31,10 +31,10 @@ run_suites() { # DIR SUITES...
 }
 
 build build -Dcuda=auto -Dwerror=true || { echo "0 passed, 1 failed"; exit 1; }
-run_suites build unit cli compat conformance models fuzz python programs
+run_suites build unit cli compat conformance models fuzz python programs trace
 if [ $quick = 0 ]; then
 	if build build-asan -Dcuda=disabled -Db_sanitize=address,undefined -Db_lundef=false -Dbuildtype=debugoptimized; then
-		run_suites build-asan unit cli conformance python programs
+		run_suites build-asan unit cli conformance python programs trace
 	else
 		status=1
 		echo "sanitizer build failed" >&2

@@ -316,8 +316,8 @@ tern_status tern_trace_finish(tern_ctx *c)
 		memset(&t->implicit, 0, sizeof t->implicit);
 		t->n_steps = 1;
 	}
-	if (!t->n_steps)
-		return tern_errorf(TERN_EUSAGE, "trace: no tensor operation was recorded");
+	if (!t->n_steps) /* nothing to write: tern-trace says so */
+		return TERN_OK;
 	return trace_write(t);
 }
 
@@ -329,6 +329,12 @@ static tern_status input_ref(struct tern_trace *t, t_step *s, int64_t step_no, t
 		*r = (t_in){IN_OP, ts->op, ts->out, 0};
 		return TERN_OK;
 	}
+	/* a state updated earlier in the step: its new value */
+	for (size_t i = s->n_binds; i-- > 0;)
+		if (s->binds[i].serial == ts->serial) {
+			*r = (t_in){IN_OP, s->binds[i].op, s->binds[i].out, 0};
+			return TERN_OK;
+		}
 	const tern_tensor *x = tern_var_tensor(v);
 	if (!tern_grow((void **)&s->ext, &s->cap_ext, s->n_ext + 1, sizeof *s->ext))
 		return tern_errorf(TERN_EOS, "out of memory");
