@@ -103,7 +103,13 @@ struct tern_ctx {
 	struct tern_trace *trace; /* trace.c, while tracing */
 	uint64_t serial;          /* the last tensor's serial number */
 	int64_t epoch;            /* 0 before the first step, 2k - 1 in step k, 2k after it */
+	const void *c_site;       /* the return address of the outermost public call running */
+	int site_depth;
 };
+
+/* In a public entry point: its caller's address is the site the tracer gives C programs. */
+#define SITE_ENTER(c) (void)((c)->site_depth++ ? 0 : ((c)->c_site = __builtin_return_address(0), 0))
+#define SITE_LEAVE(c) ((c)->site_depth--)
 
 #if defined(__SANITIZE_ADDRESS__)
 #define SPARE_MAX 0
@@ -1207,8 +1213,10 @@ tern_status tern_call(tern_ctx *c, const char *domain, const char *op_type, tern
 	for (; made < n_attrs && !st; made++)
 		if (!(protos[made] = make_attr(&attrs[made], &st)))
 			break;
+	SITE_ENTER(c);
 	if (!st)
 		st = call_protos(c, domain ? domain : "", op_type, in, n_in, protos, n_attrs, out, n_out, true);
+	SITE_LEAVE(c);
 	for (int k = 0; k < made && k < n_attrs; k++)
 		if (protos[k])
 			onnx__attribute_proto__free_unpacked(protos[k], NULL);
@@ -1406,7 +1414,18 @@ tern_status tern_grad_ctx_open(tern_model *m, tern_grad_ctx *ctx);
 void tern_grad_ctx_close(tern_grad_ctx *ctx);
 tern_status tern_grad_run_eager(void *rule, const tern_node *forward, tern_grad_ctx *ctx);
 
+static tern_status backward_impl(tern_var *y, tern_var *seed);
+
 tern_status tern_backward(tern_var *y, tern_var *seed)
+{
+	tern_ctx *c = y->ctx;
+	SITE_ENTER(c);
+	tern_status st = backward_impl(y, seed);
+	SITE_LEAVE(c);
+	return st;
+}
+
+static tern_status backward_impl(tern_var *y, tern_var *seed)
 {
 	tern_ctx *c = y->ctx;
 	if (c->closed)
@@ -1648,6 +1667,11 @@ void tern_ctx_next_epoch(tern_ctx *c)
 	c->epoch++;
 }
 
+const void *tern_ctx_c_site(tern_ctx *c)
+{
+	return c->c_site;
+}
+
 int64_t tern_ctx_opset(tern_ctx *c)
 {
 	return c->opset;
@@ -1691,7 +1715,18 @@ void tern_optim_zero_grad(tern_optim *p)
 
 /* The update of every parameter with a gradient, through the same tern.SGD/Adam/Adagrad kernels as a
  * training step; the new values are copied into the parameters' and state's own bytes. */
+static tern_status optim_step_impl(tern_optim *p);
+
 tern_status tern_optim_step(tern_optim *p)
+{
+	tern_ctx *c = p->ctx;
+	SITE_ENTER(c);
+	tern_status st = optim_step_impl(p);
+	SITE_LEAVE(c);
+	return st;
+}
+
+static tern_status optim_step_impl(tern_optim *p)
 {
 	tern_ctx *c = p->ctx;
 	if (c->closed)

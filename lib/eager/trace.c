@@ -378,7 +378,7 @@ tern_status tern_trace_op(tern_ctx *c, const char *domain, const char *op_type, 
 	if (t->site)
 		t->site(t->user, stack, sizeof stack);
 	else
-		default_site(stack, sizeof stack, __builtin_return_address(0));
+		default_site(stack, sizeof stack, tern_ctx_c_site(c));
 	int occ = occurrence(s, stack);
 	if (!tern_grow((void **)&s->ops, &s->cap_ops, s->n_ops + 1, sizeof *s->ops) || occ < 0)
 		return t->error = tern_errorf(TERN_EOS, "out of memory");
@@ -751,6 +751,18 @@ static char *value_name(builder *b, int p, size_t j, int k)
 	return bstr(b, "c%d_m%zu_%d", p, pos, k);
 }
 
+/* The external read slot sl stands for in step s; NULL when that step does not run it or reads an
+ * operation's value there. */
+static const t_ext *slot_read(const builder *b, const struct slot *sl, size_t s)
+{
+	const t_step *st = &b->t->steps[s];
+	if (sl->region == 2 && st->path != sl->path)
+		return NULL;
+	size_t j = sl->region == 0 ? sl->pos : sl->region == 1 ? b->len[st->path] - b->S + sl->pos : b->L + sl->pos;
+	const t_in *r = &st->ops[j].in[sl->input];
+	return r->kind == IN_EXT ? &st->ext[r->ext] : NULL;
+}
+
 /* Classifies the external reads of one slot over the steps that ran it and names what it reads. */
 static void classify_slot(builder *b, struct slot *sl)
 {
@@ -760,14 +772,9 @@ static void classify_slot(builder *b, struct slot *sl)
 	bool same_serial = true, same_hash = true, first = true, pre = true, any_bound = false;
 	const t_ext *e0 = NULL;
 	for (size_t s = 0; s < t->n_steps; s++) {
-		const t_step *st = &t->steps[s];
-		if (sl->region == 2 && st->path != sl->path)
+		const t_ext *e = slot_read(b, sl, s);
+		if (!e)
 			continue;
-		size_t j = sl->region == 0 ? sl->pos : sl->region == 1 ? b->len[st->path] - b->S + sl->pos : b->L + sl->pos;
-		const t_in *r = &st->ops[j].in[sl->input];
-		if (r->kind != IN_EXT)
-			continue;
-		const t_ext *e = &st->ext[r->ext];
 		if (first) {
 			serial = e->serial;
 			hash = e->hash;
@@ -820,13 +827,9 @@ static void classify_slot(builder *b, struct slot *sl)
 		return;
 	}
 	for (size_t s = 0; s < t->n_steps; s++) {
-		const t_step *st = &t->steps[s];
-		if (sl->region == 2 && st->path != sl->path)
-			continue;
-		size_t j = sl->region == 0 ? sl->pos : sl->region == 1 ? b->len[st->path] - b->S + sl->pos : b->L + sl->pos;
-		const t_in *r = &st->ops[j].in[sl->input];
-		if (r->kind == IN_EXT)
-			ser[s] = st->ext[r->ext].serial;
+		const t_ext *e = slot_read(b, sl, s);
+		if (e)
+			ser[s] = e->serial;
 	}
 	for (size_t i = 0; i < b->n_feeds; i++) {
 		bool common = false, clash = false;
@@ -858,14 +861,9 @@ static void classify_slot(builder *b, struct slot *sl)
 	f->rank = e0->rank;
 	memcpy(f->dims, e0->dims, sizeof f->dims);
 	for (size_t s = 0; s < t->n_steps; s++) {
-		const t_step *st = &t->steps[s];
-		if (sl->region == 2 && st->path != sl->path)
+		const t_ext *e = slot_read(b, sl, s);
+		if (!e)
 			continue;
-		size_t j = sl->region == 0 ? sl->pos : sl->region == 1 ? b->len[st->path] - b->S + sl->pos : b->L + sl->pos;
-		const t_in *r = &st->ops[j].in[sl->input];
-		if (r->kind != IN_EXT)
-			continue;
-		const t_ext *e = &st->ext[r->ext];
 		for (int d = 0; d < f->rank; d++)
 			if (e->rank != f->rank || e->dims[d] != f->dims[d])
 				f->varies[d] = 1;
@@ -1723,12 +1721,11 @@ static tern_status write_record(struct tern_trace *t, builder *b, outset *fetch_
 			if (dup)
 				continue;
 			seen[i] = 1;
-			size_t j = sl->region == 0 ? sl->pos : sl->region == 1 ? b->len[st->path] - b->S + sl->pos : b->L + sl->pos;
-			const t_in *r = &st->ops[j].in[sl->input];
-			if (r->kind != IN_EXT)
+			const t_ext *e = slot_read(b, sl, s);
+			if (!e)
 				continue;
 			snprintf(path, sizeof path, "%s/step%zu/%s.npy", t->record_dir, s + 1, sl->name);
-			if ((rc = tern_tensor_write_file(path, &st->ext[r->ext].value))) {
+			if ((rc = tern_tensor_write_file(path, &e->value))) {
 				free(seen);
 				return rc;
 			}

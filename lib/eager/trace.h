@@ -23,6 +23,8 @@ int64_t tern_ctx_epoch(tern_ctx *c);
 void tern_ctx_next_epoch(tern_ctx *c);
 void tern_ctx_set_trace(tern_ctx *c, struct tern_trace *t);
 int64_t tern_ctx_opset(tern_ctx *c);
+/* The caller of the outermost public call running (tern_call, tern_backward, tern_optim_step). */
+const void *tern_ctx_c_site(tern_ctx *c);
 
 /* One call that ran (eager.c, after its outputs exist): recorded when a step is being traced. */
 tern_status tern_trace_op(tern_ctx *c, const char *domain, const char *op_type, Onnx__AttributeProto *const *attrs,

@@ -8,6 +8,8 @@
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
+#include <stdlib.h>
+#include <unistd.h>
 
 static tern_var *vec(tern_ctx *c, int dtype, int rank, const int64_t *dims, const double *v)
 {
@@ -250,6 +252,57 @@ static void deep_tape(tern_ctx *c)
 	tern_var_unref(x);
 }
 
+/* Tracing from C: two steps of one path, then a step on another (another call site), written to a
+ * file and loaded back: one host tensor as an input, the tensor made before as a constant, an If
+ * for the two paths, the value read as the output. */
+static void traced(void)
+{
+	tern_ctx *c = NULL;
+	CHECK_OK(tern_ctx_create(1, &c));
+	if (!c)
+		return;
+	char path[] = "/tmp/tern-test-trace-XXXXXX";
+	int fd = mkstemp(path);
+	CHECK(fd >= 0);
+	if (fd >= 0)
+		close(fd);
+	tern_trace_options o = {.path = path, .steps = 3};
+	CHECK_OK(tern_trace_start(c, &o));
+	int64_t d[1] = {3};
+	double wv[3] = {0.5, -1, 2};
+	tern_var *w = vec(c, TERN_FLOAT, 1, d, wv);
+	for (int step = 0; step < 3; step++) {
+		CHECK_OK(tern_trace_step_begin(c));
+		double xv[3] = {step, 1, -step};
+		tern_var *x = vec(c, TERN_FLOAT, 1, d, xv);
+		tern_var *m = call1(c, "Mul", x, w, NULL, 0);
+		tern_var *y = step < 2 ? call1(c, "Relu", m, NULL, NULL, 0) : call1(c, "Tanh", m, NULL, NULL, 0);
+		tern_trace_fetch(y);
+		CHECK(fabs(at(y, 1) - (step < 2 ? 0 : tanh(-1))) < 1e-6);
+		tern_var_unref(x);
+		tern_var_unref(m);
+		tern_var_unref(y);
+		CHECK_OK(tern_trace_step_end(c)); /* the third writes the file */
+	}
+	tern_var_unref(w);
+	CHECK_OK(tern_trace_finish(c));
+	tern_model *model = NULL;
+	CHECK_OK(tern_model_load(path, &model));
+	char *text = NULL;
+	size_t size = 0;
+	if (model)
+		CHECK_OK(tern_model_save_text(model, 1, &text, &size));
+	CHECK(text && strstr(text, "int64 tern_path") && strstr(text, "float[3] feed_0") && strstr(text, "const_0") &&
+	      strstr(text, "= Mul (feed_0, const_0)") && strstr(text, "If (") && strstr(text, "Relu") &&
+	      strstr(text, "Tanh"));
+	if (text && !strstr(text, "Relu"))
+		fputs(text, stderr);
+	free(text);
+	tern_model_free(model);
+	remove(path);
+	tern_ctx_free(c);
+}
+
 int main(void)
 {
 	tern_ctx *c = NULL;
@@ -261,5 +314,6 @@ int main(void)
 		tern_ctx_free(c);
 	}
 	freed_context();
+	traced();
 	return check_report("test_eager");
 }
