@@ -13,19 +13,23 @@
 #include <unistd.h>
 
 struct trace {
-	int steps;
+	int steps, trace_only;
 	const char *record;
 	char **program;
 	int n_program;
 };
 
-enum { OPT_STEPS = 256, OPT_RECORD };
+enum { OPT_STEPS = 256, OPT_RECORD, OPT_TRACE_ONLY };
 
 static const struct argp_option options[] = {
         {"steps", OPT_STEPS, "K", 0, "trace the first K steps (tern.step() blocks; default 3)", 0},
         {"record", OPT_RECORD, "DIR", 0,
          "also write every traced step's fed inputs, state values and fetched outputs under DIR/stepN/ (.npy), "
          "to run the graph on a step and compare",
+         0},
+        {"trace-only", OPT_TRACE_ONLY, NULL, 0,
+         "the baseline of torch.jit.trace: trace the first step, then replay its operations in every later step "
+         "without checking that the program asks for them (to show what tracing alone gets wrong)",
          0},
         {0},
 };
@@ -44,6 +48,7 @@ static error_t parse_option(int key, char *arg, struct argp_state *state)
 		return 0;
 	}
 	case OPT_RECORD: t->record = arg; return 0;
+	case OPT_TRACE_ONLY: t->trace_only = 1; return 0;
 	case ARGP_KEY_ARGS:
 		t->program = state->argv + state->next;
 		t->n_program = state->argc - state->next;
@@ -107,7 +112,9 @@ int main(int argc, char **argv)
 	if (!cli.output)
 		tern_cli_fail(TERN_EUSAGE, "-o FILE is required (the graph is binary ONNX)");
 	char steps[32];
-	snprintf(steps, sizeof steps, "%d", t.steps);
+	snprintf(steps, sizeof steps, "%d", t.trace_only ? 1 : t.steps);
+	if (t.trace_only && setenv("TERN_TRACE_REPLAY", "1", 1))
+		tern_cli_fail(TERN_EOS, "setenv: %s", strerror(errno));
 	/* a file left from before is not this run's graph */
 	if (remove(cli.output) && errno != ENOENT)
 		tern_cli_fail(TERN_EIO, "%s: %s", cli.output, strerror(errno));

@@ -906,6 +906,12 @@ static tern_status call_protos(tern_ctx *c, const char *domain, const char *op_t
 		domain = "";
 	for (int o = 0; o < (n_out > 0 ? n_out : 0); o++)
 		outv[o] = NULL;
+	if (c->trace) {
+		bool handled;
+		tern_status rs = tern_trace_replay(c, attrs, n_attrs, in, n_in, outv, n_out, &handled);
+		if (rs || handled)
+			return rs;
+	}
 	if (n_in > 64)
 		return tern_errorf(TERN_EUSAGE, "%s: more than 64 inputs", op_type);
 	for (int i = 0; i < n_in; i++)
@@ -1221,6 +1227,12 @@ tern_status tern_call(tern_ctx *c, const char *domain, const char *op_type, tern
 		if (protos[k])
 			onnx__attribute_proto__free_unpacked(protos[k], NULL);
 	return st;
+}
+
+tern_status tern_eager_call_protos(tern_ctx *c, const char *domain, const char *op_type, tern_var *const *in, int n_in,
+                                   Onnx__AttributeProto *const *attrs, int n_attrs, tern_var **out, int n_out)
+{
+	return call_protos(c, domain, op_type, in, n_in, attrs, n_attrs, out, n_out, true);
 }
 
 tern_status tern_call_node(tern_ctx *c, const tern_node *node, tern_var *const *in, tern_var **out)

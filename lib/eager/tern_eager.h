@@ -159,6 +159,10 @@ typedef struct tern_trace_options {
 	void *user;
 	const char *record_dir; /* NULL, or a folder that gets every traced step's inputs and fetched outputs */
 	int verbose; /* a summary on stderr when the file is written */
+	/* the trace-only baseline (torch.jit.trace's): after the traced steps, every later step runs the
+	 * first one's operations in order on the graph's values and the host's inputs, without checking
+	 * that the program asks for them */
+	int replay;
 } tern_trace_options;
 tern_status tern_trace_start(tern_ctx *ctx, const tern_trace_options *opts);
 tern_status tern_trace_step_begin(tern_ctx *ctx);

@@ -92,6 +92,12 @@ struct tern_trace {
 	t_step implicit; /* calls before any step: the graph of a program that never calls one */
 	int in_step, written, explicit_steps;
 	tern_status error;
+	/* --trace-only: later steps replay the first one's operations, unchecked */
+	int replay, replay_step, in_exec;
+	size_t rpos;
+	tern_var **rvals; /* per operation of the first step, per output: its value in this replay */
+	size_t *roff;
+	int64_t replayed, beyond;
 	/* the first value read of every serial, for initializers */
 	struct {
 		uint64_t serial;
@@ -145,10 +151,70 @@ static void step_free(t_step *s)
 	memset(s, 0, sizeof *s);
 }
 
+/* The values of the replay running, given back at the end of its step. */
+static void replay_release(struct tern_trace *t)
+{
+	if (t->rvals && t->n_steps) {
+		const t_step *s = &t->steps[0];
+		for (size_t i = 0; i < t->roff[s->n_ops]; i++)
+			tern_var_unref(t->rvals[i]);
+		memset(t->rvals, 0, t->roff[s->n_ops] * sizeof *t->rvals);
+	}
+	t->rpos = 0;
+	t->replay_step = 0;
+}
+
+tern_status tern_trace_replay(tern_ctx *c, Onnx__AttributeProto *const *attrs, int n_attrs, tern_var *const *in,
+                              int n_in, tern_var **outv, int n_out, bool *handled)
+{
+	struct tern_trace *t = tern_ctx_trace(c);
+	*handled = false;
+	(void)attrs, (void)n_attrs;
+	if (!t || !t->replay_step || t->in_exec || !t->n_steps)
+		return TERN_OK;
+	const t_step *s = &t->steps[0];
+	if (t->rpos >= s->n_ops) { /* past the first step's operations: eager */
+		t->beyond++;
+		return TERN_OK;
+	}
+	if (!t->rvals) {
+		t->roff = calloc(s->n_ops + 1, sizeof *t->roff);
+		for (size_t j = 0; t->roff && j < s->n_ops; j++)
+			t->roff[j + 1] = t->roff[j] + (size_t)s->ops[j].n_out;
+		t->rvals = t->roff ? calloc(t->roff[s->n_ops] + 1, sizeof *t->rvals) : NULL;
+		if (!t->rvals)
+			return tern_errorf(TERN_EOS, "out of memory");
+	}
+	/* the first step's operation at this position, on the values the replay gave (operations' outputs)
+	 * or the host's tensors at the same input positions (what the graph would be fed): no check */
+	const t_op *o = &s->ops[t->rpos];
+	tern_var *x[65] = {0}, *y[65] = {0};
+	for (int i = 0; i < o->n_in && i < 64; i++)
+		x[i] = o->in[i].kind == IN_OP ? t->rvals[t->roff[o->in[i].op] + (size_t)o->in[i].out]
+		       : o->in[i].kind == IN_EXT && i < n_in ? in[i]
+		                                             : NULL;
+	t->in_exec = 1;
+	tern_status st = tern_eager_call_protos(c, o->domain, o->op_type, x, o->n_in, o->attrs, o->n_attrs, y, o->n_out);
+	t->in_exec = 0;
+	if (st)
+		return st;
+	for (int k = 0; k < o->n_out; k++)
+		t->rvals[t->roff[t->rpos] + (size_t)k] = y[k];
+	for (int k = 0; k < n_out; k++)
+		outv[k] = k < o->n_out && y[k] ? tern_var_ref(y[k]) : NULL;
+	t->rpos++;
+	t->replayed++;
+	*handled = true;
+	return TERN_OK;
+}
+
 void tern_trace_free(struct tern_trace *t)
 {
 	if (!t)
 		return;
+	replay_release(t);
+	free(t->rvals);
+	free(t->roff);
 	for (size_t i = 0; i < t->n_steps; i++)
 		step_free(&t->steps[i]);
 	free(t->steps);
@@ -255,6 +321,7 @@ tern_status tern_trace_start(tern_ctx *c, const tern_trace_options *o)
 	t->verbose = o->verbose;
 	t->site = o->site;
 	t->user = o->user;
+	t->replay = o->replay;
 	tern_ctx_set_trace(c, t);
 	return TERN_OK;
 }
@@ -263,6 +330,11 @@ tern_status tern_trace_step_begin(tern_ctx *c)
 {
 	struct tern_trace *t = tern_ctx_trace(c);
 	tern_ctx_next_epoch(c);
+	if (t && t->replay && t->written && t->n_steps) {
+		replay_release(t);
+		t->replay_step = 1;
+		return TERN_OK;
+	}
 	if (!t || t->written || t->in_step)
 		return TERN_OK;
 	if ((int)t->n_steps >= t->want_steps)
@@ -282,6 +354,10 @@ tern_status tern_trace_step_end(tern_ctx *c)
 {
 	struct tern_trace *t = tern_ctx_trace(c);
 	tern_ctx_next_epoch(c);
+	if (t && t->replay_step) {
+		replay_release(t);
+		return TERN_OK;
+	}
 	if (!t || !t->in_step)
 		return TERN_OK;
 	t->in_step = 0;
@@ -303,6 +379,10 @@ void tern_trace_step_abandon(tern_ctx *c)
 tern_status tern_trace_finish(tern_ctx *c)
 {
 	struct tern_trace *t = tern_ctx_trace(c);
+	if (t && t->written && t->replay && t->verbose)
+		fprintf(stderr, "tern-trace: trace-only: %lld operations replayed from the first step, %lld run as asked "
+		                "(past its end)\n",
+		        (long long)t->replayed, (long long)t->beyond);
 	if (!t || t->written)
 		return TERN_OK;
 	if (t->in_step) { /* the last step did not finish (an exception): it is left out */

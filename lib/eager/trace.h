@@ -30,5 +30,12 @@ const void *tern_ctx_c_site(tern_ctx *c);
 tern_status tern_trace_op(tern_ctx *c, const char *domain, const char *op_type, Onnx__AttributeProto *const *attrs,
                           int n_attrs, tern_var *const *in, int n_in, tern_var *const *out, int n_out);
 void tern_trace_free(struct tern_trace *t);
+/* --trace-only: in a replayed step the call is the first step's operation at the same position, run
+ * on the replay's values (*handled); otherwise it runs as it is. */
+tern_status tern_trace_replay(tern_ctx *c, Onnx__AttributeProto *const *attrs, int n_attrs, tern_var *const *in,
+                              int n_in, tern_var **outv, int n_out, bool *handled);
+/* eager.c's call of an operator with attributes as protos, recorded on the tape */
+tern_status tern_eager_call_protos(tern_ctx *c, const char *domain, const char *op_type, tern_var *const *in, int n_in,
+                                   Onnx__AttributeProto *const *attrs, int n_attrs, tern_var **out, int n_out);
 
 #endif

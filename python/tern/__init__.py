@@ -265,14 +265,16 @@ from . import _tensor  # noqa: E402,F401 (Tensor's methods written in Python)
 
 def _start_trace():
     """Under tern-trace(1) (TERN_TRACE=FILE in the environment): the default context records its
-    first TERN_TRACE_STEPS steps and writes their graph to FILE (at the last of them, or at exit)."""
+    first TERN_TRACE_STEPS steps and writes their graph to FILE (at the last of them, or at exit);
+    with TERN_TRACE_REPLAY (--trace-only) later steps replay the first one's operations."""
     import atexit
     import os
     path = os.environ.get('TERN_TRACE')
     if not path:
         return
     _tern._trace_start(path, int(os.environ.get('TERN_TRACE_STEPS') or 1), os.environ.get('TERN_TRACE_RECORD') or None,
-                       builtins_bool(os.environ.get('TERN_TRACE_VERBOSE')), os.path.dirname(os.path.abspath(__file__)))
+                       builtins_bool(os.environ.get('TERN_TRACE_VERBOSE')), os.path.dirname(os.path.abspath(__file__)),
+                       builtins_bool(os.environ.get('TERN_TRACE_REPLAY')))
 
     def finish():
         try:

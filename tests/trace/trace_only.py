@@ -1,0 +1,63 @@
+#!/usr/bin/env python3
+"""The trace-only baseline (tern-trace --trace-only, torch.jit.trace's way) on tests/programs' ten
+programs: each program runs plainly and under --trace-only, and the results are compared (losses
+at every step, final parameters, outputs; harness.compare_results). Prints one line per program,
+'same', 'wrong: why' or 'fails: why', and the count of programs trace-only gets wrong or fails.
+
+    trace_only.py --build BUILD [--min-wrong N] [NAME...]
+
+Exit 1 when fewer than N (default 0) programs are wrong or fail, or a plain run fails."""
+import argparse
+import os
+import pickle
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), 'programs'))
+PROGRAMS = ['bert_qa', 'dcgan', 'dropblock', 'early_stop', 'gpt_sample', 'memory_bank', 'rcnn', 'seq2seq_sample',
+            'stochastic_depth', 'yolo']
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument('--build', required=True)
+    ap.add_argument('--min-wrong', type=int, default=0)
+    ap.add_argument('names', nargs='*')
+    a = ap.parse_args()
+    import harness
+    build = os.path.abspath(a.build)
+    env = dict(os.environ, PYTHONPATH=os.path.join(build, 'python'))
+    if env.get('TERN_TRACE_PRELOAD'):
+        env['LD_PRELOAD'] = env['TERN_TRACE_PRELOAD']
+    runner = os.path.join(HERE, 'run_program.py')
+    bad = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in a.names or PROGRAMS:
+            plain, traced = os.path.join(tmp, name + '.plain'), os.path.join(tmp, name + '.traced')
+            r = subprocess.run([sys.executable, runner, name, '0', plain], env=env, capture_output=True, text=True)
+            if r.returncode:
+                print('FAIL %s: the plain run: %s' % (name, r.stderr.strip().splitlines()[-1:]))
+                return 1
+            r = subprocess.run([os.path.join(build, 'bin', 'tern-trace'), '--trace-only', '-o',
+                                os.path.join(tmp, name + '.onnx'), '--', sys.executable, runner, name, '0', traced],
+                               env=env, capture_output=True, text=True)
+            if r.returncode:
+                lines = [l for l in r.stderr.strip().splitlines() if not l.startswith('tern-trace:')]
+                print('%s: fails: %s' % (name, lines[-1] if lines else r.stderr.strip()))
+                bad += 1
+                continue
+            with open(plain, 'rb') as f:
+                rp = pickle.load(f)
+            with open(traced, 'rb') as f:
+                rt = pickle.load(f)
+            why = harness.compare_results(rt, rp, 1e-5)
+            print('%s: %s' % (name, 'wrong: ' + why if why else 'same'))
+            bad += why is not None
+    print('trace-only is wrong or fails on %d of %d' % (bad, len(a.names or PROGRAMS)))
+    return 0 if bad >= a.min_wrong else 1
+
+
+if __name__ == '__main__':
+    sys.exit(main())
