@@ -98,6 +98,7 @@ struct tern_trace {
 	tern_var **rvals; /* per operation of the first step, per output: its value in this replay */
 	size_t *roff;
 	int64_t replayed, beyond;
+	const char *asked;
 	/* the first value read of every serial, for initializers */
 	struct {
 		uint64_t serial;
@@ -164,6 +165,13 @@ static void replay_release(struct tern_trace *t)
 	t->replay_step = 0;
 }
 
+void tern_trace_debug_asked(tern_ctx *c, const char *op)
+{
+	struct tern_trace *t = tern_ctx_trace(c);
+	if (t)
+		t->asked = op;
+}
+
 tern_status tern_trace_replay(tern_ctx *c, Onnx__AttributeProto *const *attrs, int n_attrs, tern_var *const *in,
                               int n_in, tern_var **outv, int n_out, bool *handled)
 {
@@ -188,14 +196,29 @@ tern_status tern_trace_replay(tern_ctx *c, Onnx__AttributeProto *const *attrs, i
 	/* the first step's operation at this position, on the values the replay gave (operations' outputs)
 	 * or the host's tensors at the same input positions (what the graph would be fed): no check */
 	const t_op *o = &s->ops[t->rpos];
+	if (getenv("TERN_TRACE_DEBUG"))
+		fprintf(stderr, "replay %zu: %s (asked %s)\n", t->rpos, o->op_type, t->asked ? t->asked : "?");
 	tern_var *x[65] = {0}, *y[65] = {0};
-	for (int i = 0; i < o->n_in && i < 64; i++)
+	tern_var *detached[65] = {0};
+	for (int i = 0; i < o->n_in && i < 64; i++) {
 		x[i] = o->in[i].kind == IN_OP ? t->rvals[t->roff[o->in[i].op] + (size_t)o->in[i].out]
 		       : o->in[i].kind == IN_EXT && i < n_in ? in[i]
 		                                             : NULL;
+		/* the program detached it (the tracer sees one value): so does the replay */
+		if (x[i] && o->in[i].kind == IN_OP && i < n_in && in[i] && !tern_var_requires_grad(in[i]) &&
+		    tern_var_requires_grad(x[i]))
+			x[i] = detached[i] = tern_var_detach(x[i]);
+		/* a parameter read after its update in the step: the trace has the update's value, the
+		 * program the parameter itself, whose bytes hold it, and which gradients flow to */
+		else if (x[i] && o->in[i].kind == IN_OP && i < n_in && in[i] && tern_var_requires_grad(in[i]) &&
+		         tern_var_is_leaf(in[i]) && !tern_var_requires_grad(x[i]))
+			x[i] = in[i];
+	}
 	t->in_exec = 1;
 	tern_status st = tern_eager_call_protos(c, o->domain, o->op_type, x, o->n_in, o->attrs, o->n_attrs, y, o->n_out);
 	t->in_exec = 0;
+	for (int i = 0; i < o->n_in && i < 64; i++)
+		tern_var_unref(detached[i]);
 	if (st)
 		return st;
 	for (int k = 0; k < o->n_out; k++)
