@@ -2,9 +2,11 @@
  * and MelWeightMatrix. */
 #include "internal.h"
 #include "ops_common.h"
+#include "autodiff/grad.h"
 
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #define PI 3.14159265358979323846
 
@@ -344,7 +346,14 @@ typedef struct roi_params {
 	int64_t out_h, out_w, sampling_ratio;
 	double spatial_scale;
 	bool max_mode, half_pixel;
+	bool grad; /* tern.RoiAlignGrad(dY, X, rois, batch_indices) -> dX */
 } roi_params;
+
+/* The backward's per-channel record of the largest weighted corner (max mode): value, position, weight. */
+typedef struct roi_best {
+	double v, w;
+	int64_t pos;
+} roi_best;
 
 /* One bilinear sample: four positions in the H x W plane and their weights (all zero outside). */
 typedef struct roi_sample {
@@ -383,11 +392,16 @@ static roi_sample roi_sample_at(double y, double x, int64_t height, int64_t widt
 	return s;
 }
 
+/* RoiAlign, and (p->grad) its backward: every sample's bilinear weights scatter dY / count into dX
+ * (avg), or dY into the corner the forward's maximum came from (max, the first of ties). */
 static tern_status roi_kernel(const tern_kernel_args *a)
 {
 	const roi_params *p = a->params;
-	const tern_tensor *x = a->in[0], *rois = a->in[1], *idx = a->in[2];
+	const tern_tensor *dy = p->grad ? a->in[0] : NULL;
+	const tern_tensor *x = a->in[p->grad], *rois = a->in[p->grad + 1], *idx = a->in[p->grad + 2];
 	tern_tensor *y = a->out[0];
+	if (p->grad)
+		memset(y->data, 0, (size_t)tern_tensor_numel(y) * tern_dtype_size(y->dtype));
 	int64_t channels = x->dims[1], height = x->dims[2], width = x->dims[3], plane = height * width;
 	int64_t n_rois = rois->dims[0], oh = p->out_h, ow = p->out_w;
 	double offset = p->half_pixel ? 0.5 : 0;
@@ -420,6 +434,7 @@ static tern_status roi_kernel(const tern_kernel_args *a)
 		for (int64_t ph = 0; ph < oh; ph++)
 			for (int64_t pw = 0; pw < ow; pw++) {
 				double *acc = a->scratch; /* one per channel */
+				roi_best *best = (roi_best *)(acc + channels);
 				for (int64_t iy = 0; iy < grid_h; iy++)
 					for (int64_t ix = 0; ix < grid_w; ix++) {
 						double yy = rnd(single,
@@ -439,9 +454,22 @@ static tern_status roi_kernel(const tern_kernel_args *a)
 							double v[4];
 							for (int k = 0; k < 4; k++)
 								v[k] = s.w[k] * tern_tensor_get_f64(x, in + s.pos[k]);
+							if (dy && !p->max_mode) {
+								double gv = tern_tensor_get_f64(dy, base_out + (c * oh + ph) * ow + pw) / count;
+								for (int k = 0; k < 4; k++)
+									if (s.w[k] != 0)
+										tern_store_f64(y->dtype, y->data, in + s.pos[k],
+										               tern_tensor_get_f64(y, in + s.pos[k]) + s.w[k] * gv);
+								continue;
+							}
 							/* Max mode keeps the largest weighted corner, as the reference does. */
 							if (p->max_mode) {
-								double m = fmax(fmax(v[0], v[1]), fmax(v[2], v[3]));
+								int km = 0;
+								for (int k = 1; k < 4; k++)
+									km = v[k] > v[km] ? k : km;
+								double m = v[km];
+								if (dy && (first || m > best[c].v))
+									best[c] = (roi_best){m, s.w[km], in + s.pos[km]};
 								acc[c] = first ? m : fmax(acc[c], m);
 							} else {
 								acc[c] = (first ? 0 : acc[c]) +
@@ -449,6 +477,14 @@ static tern_status roi_kernel(const tern_kernel_args *a)
 							}
 						}
 					}
+				if (dy) {
+					for (int64_t c = 0; p->max_mode && grid_h * grid_w > 0 && c < channels; c++)
+						if (best[c].w != 0)
+							tern_store_f64(y->dtype, y->data, best[c].pos,
+							               tern_tensor_get_f64(y, best[c].pos) +
+							                       best[c].w * tern_tensor_get_f64(dy, base_out + (c * oh + ph) * ow + pw));
+					continue;
+				}
 				for (int64_t c = 0; c < channels; c++)
 					tern_store_f64(y->dtype, y->data, base_out + (c * oh + ph) * ow + pw,
 					               grid_h * grid_w > 0 ? acc[c] : 0);
@@ -457,10 +493,11 @@ static tern_status roi_kernel(const tern_kernel_args *a)
 	return TERN_OK;
 }
 
-static tern_status roi_prepare(tern_prepare_args *p)
+static tern_status roi_setup(tern_prepare_args *p, int first, roi_params **out)
 {
 	const tern_node *node = p->node;
-	const tern_tensor *x = p->in[0], *rois = p->n_in > 1 ? p->in[1] : NULL, *idx = p->n_in > 2 ? p->in[2] : NULL;
+	const tern_tensor *x = p->in[first], *rois = p->n_in > first + 1 ? p->in[first + 1] : NULL,
+	                  *idx = p->n_in > first + 2 ? p->in[first + 2] : NULL;
 	if (!rois || !idx || x->rank != 4 || rois->rank != 2 || rois->dims[1] != 4 || idx->rank != 1 ||
 	    idx->dims[0] != rois->dims[0])
 		return tern_node_errorf(
@@ -490,11 +527,55 @@ static tern_status roi_prepare(tern_prepare_args *p)
 		                        (long long)rp->out_h, (long long)rp->out_w, (long long)rp->sampling_ratio);
 	rp->max_mode = mode == 1;
 	rp->half_pixel = ctm == 1;
-	int64_t dims[4] = {rois->dims[0], x->dims[1], rp->out_h, rp->out_w};
-	tern_set_shape(p->out[0], x->dtype, 4, dims);
-	p->scratch_bytes = (size_t)x->dims[1] * sizeof(double);
+	p->scratch_bytes = (size_t)x->dims[1] * (sizeof(double) + sizeof(roi_best));
 	p->kernel = roi_kernel;
+	*out = rp;
 	return TERN_OK;
+}
+
+static tern_status roi_prepare(tern_prepare_args *p)
+{
+	roi_params *rp = NULL;
+	tern_status st = roi_setup(p, 0, &rp);
+	if (st)
+		return st;
+	const tern_tensor *x = p->in[0];
+	int64_t dims[4] = {p->in[1]->dims[0], x->dims[1], rp->out_h, rp->out_w};
+	tern_set_shape(p->out[0], x->dtype, 4, dims);
+	return TERN_OK;
+}
+
+/* tern.RoiAlignGrad(dY, X, rois, batch_indices) with RoiAlign's attributes: dX, of X's shape. */
+static tern_status roi_grad_prepare(tern_prepare_args *p)
+{
+	roi_params *rp = NULL;
+	tern_status st = p->n_in < 4 ? tern_node_errorf(p->node, TERN_EDATA, "needs dY, X, rois and batch_indices")
+	                             : roi_setup(p, 1, &rp);
+	if (st)
+		return st;
+	const tern_tensor *dy = p->in[0], *x = p->in[1];
+	int64_t want[4] = {p->in[2]->dims[0], x->dims[1], rp->out_h, rp->out_w};
+	if (dy->dtype != x->dtype || dy->rank != 4 || memcmp(dy->dims, want, sizeof want))
+		return tern_node_errorf(p->node, TERN_EDATA, "dY must be %s [%lld,%lld,%lld,%lld], RoiAlign's output",
+		                        tern_dtype_name(x->dtype), (long long)want[0], (long long)want[1],
+		                        (long long)want[2], (long long)want[3]);
+	rp->grad = true;
+	tern_set_shape(p->out[0], x->dtype, 4, x->dims);
+	return TERN_OK;
+}
+
+/* RoiAlign: X's gradient (tern.RoiAlignGrad); the boxes and indices have none, as in torchvision. */
+static tern_status roi_grad(tern_grad_ctx *g)
+{
+	if (!g->wants[0])
+		return TERN_OK;
+	tern_gval *in[4] = {g->dy[0], g->x[0], g->x[1], g->x[2]};
+	/* the coordinate mode's default depends on the forward's opset: made explicit for the backward */
+	const char *ctm = tern_attr_string(g->node, "coordinate_transformation_mode",
+	                                   g->node->opset >= 16 ? "half_pixel" : "output_half_pixel");
+	tern_gattr at[1] = {TERN_GA_S("coordinate_transformation_mode", ctm)};
+	g->dx[0] = tern_g_op_like(g, "tern", "RoiAlignGrad", in, 4, at, 1);
+	return g->dx[0] ? TERN_OK : tern_g_status(g);
 }
 
 /* ---------------------------------------------------------------- GridSample */
@@ -1015,7 +1096,8 @@ static const tern_op ops[] = {
         {"", "Bernoulli", 15, 0, rand_prepare, TERN_DT_FLOATS, "misc"},
         {"", "Multinomial", 7, 0, rand_prepare, TERN_DT_FLOATS, "misc"},
         {"", "NonMaxSuppression", 10, 0, nms_prepare, TERN_DT(FLOAT), "misc"},
-        {"", "RoiAlign", 10, 0, roi_prepare, TERN_DT_FLOATS, "misc"},
+        {"", "RoiAlign", 10, 0, roi_prepare, TERN_DT_FLOATS, "misc", roi_grad},
+        {"tern", "RoiAlignGrad", 1, 0, roi_grad_prepare, TERN_DT_FLOATS, "misc"},
         {"", "GridSample", 16, 0, grid_prepare, TERN_DT_FLOATS, "misc"},
         {"", "DFT", 17, 0, dft_prepare, TERN_DT_FLOATS, "misc"},
         {"", "STFT", 17, 0, stft_prepare, TERN_DT_FLOATS, "misc"},

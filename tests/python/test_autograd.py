@@ -268,3 +268,23 @@ def test_optimizer_errors():
     opt = tern._tern.Optimizer('sgd', [p], 0.1)
     opt.step()
     assert p.item() == 1.0
+
+
+def test_roi_align_against_torchvision():
+    """RoiAlign (half_pixel, adaptive sampling) and its gradient equal torchvision.ops.roi_align
+    (aligned=True) and its backward."""
+    tv = pytest.importorskip('torchvision.ops')
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 3, 9, 11)).astype(np.float32)
+    boxes = np.array([[0, 0.5, 1.2, 7.3, 6.1], [1, 2.0, 0.3, 10.2, 8.4], [1, 0.0, 0.0, 3.0, 3.0]], np.float32)
+    g = rng.standard_normal((3, 3, 4, 5)).astype(np.float32)
+    X = torch.tensor(x, requires_grad=True)
+    Y = tv.roi_align(X, torch.tensor(boxes), (4, 5), spatial_scale=0.8, sampling_ratio=-1, aligned=True)
+    (Y * torch.tensor(g)).sum().backward()
+    t = tern.Parameter(x)
+    y = tern.op.RoiAlign(t, tern.tensor(boxes[:, 1:]), tern.tensor(boxes[:, 0].astype(np.int64)), output_height=4,
+                         output_width=5, spatial_scale=0.8, sampling_ratio=0,
+                         coordinate_transformation_mode='half_pixel')
+    (y * tern.tensor(g)).sum().backward()
+    np.testing.assert_allclose(y.numpy(), Y.detach().numpy(), atol=1e-5)
+    np.testing.assert_allclose(t.grad.numpy(), X.grad.numpy(), atol=1e-5)
