@@ -13,19 +13,25 @@
 #include <unistd.h>
 
 struct trace {
-	int steps, trace_only;
+	int steps, trace_only, coexec;
 	const char *record;
 	char **program;
 	int n_program;
 };
 
-enum { OPT_STEPS = 256, OPT_RECORD, OPT_TRACE_ONLY };
+enum { OPT_STEPS = 256, OPT_RECORD, OPT_TRACE_ONLY, OPT_COEXEC };
 
 static const struct argp_option options[] = {
         {"steps", OPT_STEPS, "K", 0, "trace the first K steps (tern.step() blocks; default 3)", 0},
         {"record", OPT_RECORD, "DIR", 0,
          "also write every traced step's fed inputs, state values and fetched outputs under DIR/stepN/ (.npy), "
          "to run the graph on a step and compare",
+         0},
+        {"coexec", OPT_COEXEC, NULL, 0,
+         "after the traced steps, check every later step against the graph as it runs: a divergence (another "
+         "branch, a new shape, an operation the graph lacks) is found at the operation, the step runs as traced, "
+         "joins the trace and the graph is written again (-v names each); a summary at exit. The operations "
+         "still run on the program's thread in this release",
          0},
         {"trace-only", OPT_TRACE_ONLY, NULL, 0,
          "the baseline of torch.jit.trace: trace the first step, then replay its operations in every later step "
@@ -49,6 +55,7 @@ static error_t parse_option(int key, char *arg, struct argp_state *state)
 	}
 	case OPT_RECORD: t->record = arg; return 0;
 	case OPT_TRACE_ONLY: t->trace_only = 1; return 0;
+	case OPT_COEXEC: t->coexec = 1; return 0;
 	case ARGP_KEY_ARGS:
 		t->program = state->argv + state->next;
 		t->n_program = state->argc - state->next;
@@ -113,6 +120,10 @@ int main(int argc, char **argv)
 		tern_cli_fail(TERN_EUSAGE, "-o FILE is required (the graph is binary ONNX)");
 	char steps[32];
 	snprintf(steps, sizeof steps, "%d", t.trace_only ? 1 : t.steps);
+	if (t.trace_only && t.coexec)
+		tern_cli_fail(TERN_EUSAGE, "--coexec and --trace-only exclude each other");
+	if (t.coexec && setenv("TERN_TRACE_COEXEC", "1", 1))
+		tern_cli_fail(TERN_EOS, "setenv: %s", strerror(errno));
 	if (t.trace_only && setenv("TERN_TRACE_REPLAY", "1", 1))
 		tern_cli_fail(TERN_EOS, "setenv: %s", strerror(errno));
 	/* a file left from before is not this run's graph */

@@ -3223,14 +3223,14 @@ static int trace_site(void *user, char *buf, size_t size)
 static PyObject *mod_trace_start(PyObject *m, PyObject *args)
 {
 	const char *path, *record = NULL, *pkg = NULL;
-	int steps, verbose, replay = 0;
-	if (!PyArg_ParseTuple(args, "sizpz|p:_trace_start", &path, &steps, &record, &verbose, &pkg, &replay))
+	int steps, verbose, replay = 0, coexec = 0;
+	if (!PyArg_ParseTuple(args, "sizpz|pp:_trace_start", &path, &steps, &record, &verbose, &pkg, &replay, &coexec))
 		return NULL;
 	free(g_trace_pkg);
 	g_trace_pkg = pkg ? strdup(pkg) : NULL;
 	g_trace_pkg_len = pkg ? strlen(pkg) : 0;
 	tern_trace_options o = {.path = path, .steps = steps, .site = trace_site, .record_dir = record, .verbose = verbose,
-	                        .replay = replay};
+	                        .replay = replay, .coexec = coexec};
 	int rc = tern_trace_start(g_ctx, &o);
 	if (rc)
 		return raise_status(rc);
@@ -3343,7 +3343,7 @@ static PyMethodDef module_methods[] = {
          "_free_context_for_test()\n--\n\nCloses the default context and opens a new one (tests: tensors of a freed "
          "context)."},
         {"_trace_start", mod_trace_start, METH_VARARGS,
-         "_trace_start(path, steps, record_dir, verbose, package_dir, replay=False)\n--\n\nStarts tracing the default context."},
+         "_trace_start(path, steps, record_dir, verbose, package_dir, replay=False, coexec=False)\n--\n\nStarts tracing the default context."},
         {"_trace_step", mod_trace_step, METH_O, "_trace_step(begin)\n--\n\nA step begins (True) or ends (False)."},
         {"_trace_abandon", mod_trace_abandon, METH_NOARGS, "_trace_abandon()\n--\n\nThe step raised: left out."},
         {"_trace_finish", mod_trace_finish, METH_NOARGS,

@@ -163,6 +163,11 @@ typedef struct tern_trace_options {
 	 * first one's operations in order on the graph's values and the host's inputs, without checking
 	 * that the program asks for them */
 	int replay;
+	/* after the traced steps, every later step is recorded and checked against the graph's paths as
+	 * it runs; a step that diverges (another branch, a new shape, an operation the graph lacks) is
+	 * reported, joins the trace, and the graph is written again. In this release the step's operations
+	 * still run on the calling thread, through the same kernels. */
+	int coexec;
 } tern_trace_options;
 tern_status tern_trace_start(tern_ctx *ctx, const tern_trace_options *opts);
 tern_status tern_trace_step_begin(tern_ctx *ctx);

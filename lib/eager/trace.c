@@ -91,6 +91,13 @@ struct tern_trace {
 	size_t n_steps, cap_steps;
 	t_step implicit; /* calls before any step: the graph of a program that never calls one */
 	int in_step, written, explicit_steps;
+	/* --coexec (checking): later steps are recorded and checked against the graph's paths as they go;
+	 * one that diverges joins the trace and the graph is made again */
+	int coexec, checking, diverged;
+	uint64_t candidates; /* paths the step still matches, one bit each */
+	int *path_rep, n_paths; /* per path of the graph written: its first step */
+	int64_t coexecuted, fell_back, replans, steps_begun;
+	char divergence[512];
 	tern_status error;
 	/* --trace-only: later steps replay the first one's operations, unchecked */
 	int replay, replay_step, in_exec;
@@ -238,6 +245,7 @@ void tern_trace_free(struct tern_trace *t)
 	replay_release(t);
 	free(t->rvals);
 	free(t->roff);
+	free(t->path_rep);
 	for (size_t i = 0; i < t->n_steps; i++)
 		step_free(&t->steps[i]);
 	free(t->steps);
@@ -345,6 +353,7 @@ tern_status tern_trace_start(tern_ctx *c, const tern_trace_options *o)
 	t->site = o->site;
 	t->user = o->user;
 	t->replay = o->replay;
+	t->coexec = o->coexec && !o->replay;
 	tern_ctx_set_trace(c, t);
 	return TERN_OK;
 }
@@ -353,9 +362,21 @@ tern_status tern_trace_step_begin(tern_ctx *c)
 {
 	struct tern_trace *t = tern_ctx_trace(c);
 	tern_ctx_next_epoch(c);
+	if (t)
+		t->steps_begun++;
 	if (t && t->replay && t->written && t->n_steps) {
 		replay_release(t);
 		t->replay_step = 1;
+		return TERN_OK;
+	}
+	if (t && t->coexec && t->written && !t->in_step && t->n_paths > 0) {
+		/* a step to check: recorded as a traced one */
+		if (!tern_grow((void **)&t->steps, &t->cap_steps, t->n_steps + 1, sizeof *t->steps))
+			return tern_errorf(TERN_EOS, "out of memory");
+		memset(&t->steps[t->n_steps++], 0, sizeof t->steps[0]);
+		t->in_step = t->checking = 1;
+		t->diverged = 0;
+		t->candidates = t->n_paths >= 64 ? ~0ull : (1ull << t->n_paths) - 1;
 		return TERN_OK;
 	}
 	if (!t || t->written || t->in_step)
@@ -381,6 +402,29 @@ tern_status tern_trace_step_end(tern_ctx *c)
 		replay_release(t);
 		return TERN_OK;
 	}
+	if (t && t->checking) {
+		t->in_step = t->checking = 0;
+		t_step *s = &t->steps[t->n_steps - 1];
+		bool done = false;
+		for (int p = 0; p < t->n_paths && p < 64 && !t->diverged; p++)
+			done |= (t->candidates >> p & 1) && t->steps[t->path_rep[p]].n_ops == s->n_ops;
+		if (done) { /* the graph had it: nothing new */
+			step_free(s);
+			t->n_steps--;
+			t->coexecuted++;
+			return TERN_OK;
+		}
+		if (!t->diverged)
+			snprintf(t->divergence, sizeof t->divergence, "the step ended after %zu operations, before the graph's "
+			                                              "path did", s->n_ops);
+		t->fell_back++;
+		t->replans++;
+		if (t->verbose)
+			fprintf(stderr, "tern-trace: step %lld diverged: %s; the graph is made again with it\n",
+			        (long long)t->steps_begun, t->divergence);
+		t->written = 0;
+		return trace_write(t);
+	}
 	if (!t || !t->in_step)
 		return TERN_OK;
 	t->in_step = 0;
@@ -396,12 +440,16 @@ void tern_trace_step_abandon(tern_ctx *c)
 	if (!t || !t->in_step)
 		return;
 	step_free(&t->steps[--t->n_steps]);
-	t->in_step = 0;
+	t->in_step = t->checking = 0;
 }
 
 tern_status tern_trace_finish(tern_ctx *c)
 {
 	struct tern_trace *t = tern_ctx_trace(c);
+	if (t && t->coexec && t->written)
+		fprintf(stderr, "tern-trace: co-execution: %lld steps matched the graph, %lld diverged (run as traced, "
+		                "then added to it), %lld re-plans\n",
+		        (long long)t->coexecuted, (long long)t->fell_back, (long long)t->replans);
 	if (t && t->written && t->replay && t->verbose)
 		fprintf(stderr, "tern-trace: trace-only: %lld operations replayed from the first step, %lld run as asked "
 		                "(past its end)\n",
@@ -466,6 +514,61 @@ static tern_status input_ref(struct tern_trace *t, t_step *s, int64_t step_no, t
 		return st;
 	*r = (t_in){IN_EXT, 0, 0, (int32_t)s->n_ext++};
 	return TERN_OK;
+}
+
+static bool same_op(const t_op *a, const t_op *b, bool producers);
+
+/* Output k of o has the shape (and type) that operation j of some step on path p recorded. */
+static bool shape_seen(const struct tern_trace *t, int p, size_t j, const t_op *o)
+{
+	for (size_t s = 0; s + 1 < t->n_steps; s++) {
+		const t_step *st = &t->steps[s];
+		if (st->path != p || j >= st->n_ops)
+			continue;
+		const t_op *r = &st->ops[j];
+		bool same = true;
+		for (int k = 0; k < o->n_out && same; k++)
+			same = r->dtype[k] == o->dtype[k] && r->rank[k] == o->rank[k] &&
+			       !memcmp(&r->dims[k * TERN_MAX_RANK], &o->dims[k * TERN_MAX_RANK], (size_t)o->rank[k] * sizeof *o->dims);
+		if (same)
+			return true;
+	}
+	return false;
+}
+
+/* Operation j of the step being checked against the paths it still matches: a path goes when its
+ * operation there differs (site, operator, attributes, where inputs come from) or made other shapes;
+ * when none is left, the step has diverged here. */
+static void check_op(struct tern_trace *t, const t_step *s, size_t j)
+{
+	const t_op *o = &s->ops[j];
+	const char *why = NULL;
+	for (int p = 0; p < t->n_paths && p < 64; p++) {
+		if (!(t->candidates >> p & 1))
+			continue;
+		const t_step *r = &t->steps[t->path_rep[p]];
+		if (j >= r->n_ops)
+			why = "an operation the graph does not have (its path ends here)";
+		else if (!same_op(&r->ops[j], o, true))
+			why = strcmp(r->ops[j].site, o->site) || strcmp(r->ops[j].op_type, o->op_type)
+			              ? "another operation or site than the graph's (another branch)"
+			              : "the same operation with other attributes or inputs";
+		else if (!shape_seen(t, p, j, o))
+			why = "a shape the graph has not seen";
+		else
+			continue;
+		t->candidates &= ~(1ull << p);
+	}
+	if (!t->candidates) {
+		t->diverged = 1;
+		const t_op *want = NULL;
+		for (int p = 0; p < t->n_paths && !want; p++)
+			if (j < t->steps[t->path_rep[p]].n_ops)
+				want = &t->steps[t->path_rep[p]].ops[j];
+		snprintf(t->divergence, sizeof t->divergence, "at operation %zu, %s at %s: %s%s%s%s%s%s", j, o->op_type,
+		         o->site, why ? why : "", want ? " (the graph has " : "", want ? want->op_type : "",
+		         want ? " at " : "", want ? want->site : "", want ? ")" : "");
+	}
 }
 
 tern_status tern_trace_op(tern_ctx *c, const char *domain, const char *op_type, Onnx__AttributeProto *const *attrs,
@@ -546,6 +649,8 @@ tern_status tern_trace_op(tern_ctx *c, const char *domain, const char *op_type, 
 		ts->out = k;
 	}
 	s->n_ops++;
+	if (t->checking && !t->diverged)
+		check_op(t, s, s->n_ops - 1);
 	return TERN_OK;
 }
 
@@ -1340,6 +1445,11 @@ static tern_status trace_write(struct tern_trace *t)
 		}
 		t->steps[s].path = p;
 	}
+	free(t->path_rep);
+	t->path_rep = calloc((size_t)b->n_paths + 1, sizeof *t->path_rep);
+	t->n_paths = t->path_rep ? b->n_paths : 0;
+	for (int p = 0; p < t->n_paths; p++)
+		t->path_rep[p] = b->rep[p];
 	size_t min_len = b->len[0];
 	for (int p = 1; p < b->n_paths; p++)
 		if (b->len[p] < min_len)

@@ -274,7 +274,7 @@ def _start_trace():
         return
     _tern._trace_start(path, int(os.environ.get('TERN_TRACE_STEPS') or 1), os.environ.get('TERN_TRACE_RECORD') or None,
                        builtins_bool(os.environ.get('TERN_TRACE_VERBOSE')), os.path.dirname(os.path.abspath(__file__)),
-                       builtins_bool(os.environ.get('TERN_TRACE_REPLAY')))
+                       builtins_bool(os.environ.get('TERN_TRACE_REPLAY')), builtins_bool(os.environ.get('TERN_TRACE_COEXEC')))
 
     def finish():
         try:
