@@ -533,7 +533,33 @@ static bool shape_seen(const struct tern_trace *t, int p, size_t j, const t_op *
 		if (same)
 			return true;
 	}
-	return false;
+	/* a dimension that already differs between the path's traced steps is symbolic in the graph:
+	 * any size there; the others as traced */
+	const t_op *first = NULL;
+	bool varies[8][TERN_MAX_RANK] = {{false}};
+	for (size_t s = 0; s + 1 < t->n_steps; s++) {
+		const t_step *st = &t->steps[s];
+		if (st->path != p || j >= st->n_ops)
+			continue;
+		const t_op *r = &st->ops[j];
+		if (!first) {
+			first = r;
+			continue;
+		}
+		for (int k = 0; k < o->n_out && k < 8; k++)
+			for (int d = 0; d < r->rank[k] && d < first->rank[k]; d++)
+				varies[k][d] |= r->dims[k * TERN_MAX_RANK + d] != first->dims[k * TERN_MAX_RANK + d];
+	}
+	if (!first || o->n_out > 8)
+		return false;
+	for (int k = 0; k < o->n_out; k++) {
+		if (first->dtype[k] != o->dtype[k] || first->rank[k] != o->rank[k])
+			return false;
+		for (int d = 0; d < o->rank[k]; d++)
+			if (!varies[k][d] && first->dims[k * TERN_MAX_RANK + d] != o->dims[k * TERN_MAX_RANK + d])
+				return false;
+	}
+	return true;
 }
 
 /* Operation j of the step being checked against the paths it still matches: a path goes when its
