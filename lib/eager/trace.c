@@ -423,7 +423,16 @@ tern_status tern_trace_step_end(tern_ctx *c)
 			fprintf(stderr, "tern-trace: step %lld diverged: %s; the graph is made again with it\n",
 			        (long long)t->steps_begun, t->divergence);
 		t->written = 0;
-		return trace_write(t);
+		tern_status st = trace_write(t);
+		if (st && st != TERN_EOS && st != TERN_EIO) {
+			/* a step the graph cannot hold with the others: it ran as traced; the graph stays as it was */
+			fprintf(stderr, "tern-trace: step %lld is left out of the graph: %s\n", (long long)t->steps_begun,
+			        tern_error());
+			step_free(&t->steps[--t->n_steps]);
+			t->written = 0;
+			st = trace_write(t);
+		}
+		return st;
 	}
 	if (!t || !t->in_step)
 		return TERN_OK;
