@@ -26,6 +26,8 @@
 #include <stdlib.h>
 
 #define DEFAULT_OPSET 19
+/* Input elements below which a call runs on the pool of one (tern_ctx.serial_pool). */
+#define EAGER_PARALLEL_ELEMS ((int64_t)1 << 18)
 
 typedef struct storage {
 	int refs;
@@ -73,6 +75,7 @@ struct entry {
 	void (*free_params)(void *);
 	size_t scratch_bytes;
 	int dynamic_output, alias;
+	int serial; /* prepared for, and run on, the pool of one (small inputs) */
 	tern_tensor *out_shape; /* n_out; dtype 0 where the output is left out */
 };
 
@@ -80,6 +83,10 @@ struct tern_ctx {
 	int refs; /* the owner's, and one per live tensor */
 	int closed;
 	tern_threadpool *pool;
+	/* With several threads: a pool of one, for small calls (EAGER_PARALLEL_ELEMS). Between eager calls
+	 * the pool's threads sleep, and waking them costs more than a small call's whole work (a plan keeps
+	 * them running instead); prepare and kernel see the same pool. */
+	tern_threadpool *serial_pool;
 	tern_model *model; /* the scratch graph that holds the cached nodes */
 	int64_t opset;
 	uint64_t rng;
@@ -239,6 +246,7 @@ static void ctx_release(tern_ctx *c)
 	}
 	tern_model_free(c->model);
 	tern_threadpool_free(c->pool);
+	tern_threadpool_free(c->serial_pool);
 	free(c);
 }
 
@@ -256,6 +264,8 @@ tern_status tern_ctx_create(int n_threads, tern_ctx **out)
 	                           "eager (float x) => (float y) { y = Identity (x) }\n";
 	tern_blas_own_threads();
 	tern_status st = tern_threadpool_create(n_threads > 0 ? n_threads : 1, &c->pool);
+	if (!st && n_threads > 1)
+		st = tern_threadpool_create(1, &c->serial_pool);
 	if (!st)
 		st = tern_model_load_bytes(text, sizeof text - 1, "eager", NULL, &c->model);
 	if (!st && !(c->table = calloc(c->cap = 256, sizeof *c->table)))
@@ -733,7 +743,11 @@ static tern_status prepare(tern_ctx *c, entry *e, tern_tensor **in, tern_tensor 
 	p->n_in = e->n_in;
 	p->out = out;
 	p->n_out = e->n_out;
-	p->pool = c->pool;
+	int64_t elems = 0;
+	for (int i = 0; i < e->n_in; i++)
+		elems += in[i] && in[i]->dtype != TERN_SEQUENCE && in[i]->dtype != TERN_NONE ? tern_tensor_numel(in[i]) : 0;
+	e->serial = c->serial_pool && elems < EAGER_PARALLEL_ELEMS;
+	p->pool = e->serial ? c->serial_pool : c->pool;
 	tern_status st = e->op->prepare(p);
 	if (st && p->params && p->free_params) {
 		p->free_params(p->params);
@@ -777,7 +791,8 @@ static tern_status launch(tern_ctx *c, entry *e, tern_tensor **in, tern_tensor *
 	if (!st && p->scratch_bytes)
 		st = ensure_scratch(c, p->scratch_bytes);
 	if (!st) {
-		tern_kernel_args a = {e->node, in, e->n_in, out, e->n_out, p->params, c->scratch, c->pool, NULL};
+		tern_threadpool *pool = e->serial ? c->serial_pool : c->pool; /* as prepare had it */
+		tern_kernel_args a = {e->node, in, e->n_in, out, e->n_out, p->params, c->scratch, pool, NULL};
 		st = p->kernel(&a);
 	}
 	return st;

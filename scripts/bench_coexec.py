@@ -1,0 +1,70 @@
+#!/usr/bin/env python3
+"""Co-execution against eager tern and PyTorch, in one run: for each of tests/programs' programs,
+the median step time (as the program measures it) of eager tern, of the program under
+`tern-trace --coexec` (its first K steps traced, every later one checked against the graph) and of
+its PyTorch twin, at each thread count.
+
+    bench_coexec.py [--build BUILD] [--threads 1,2] [--steps K] [NAME...]
+
+Prints a markdown table per thread count: milliseconds per step and the ratios coexec/eager and
+coexec/PyTorch, with their geometric means. Each tern run is a process of its own (tracing is set
+up when tern is imported); the PyTorch twin runs in this process.
+"""
+import argparse
+import math
+import os
+import pickle
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, 'tests', 'programs'))
+PROGRAMS = ['bert_qa', 'dcgan', 'dropblock', 'early_stop', 'gpt_sample', 'memory_bank', 'rcnn', 'seq2seq_sample',
+            'stochastic_depth', 'yolo']
+
+
+def tern_ms(build, name, threads, coexec, steps, tmp):
+    out = os.path.join(tmp, '%s-%d-%d.pickle' % (name, threads, coexec))
+    runner = [sys.executable, os.path.join(ROOT, 'tests', 'trace', 'run_program.py'), name, '0', out]
+    env = dict(os.environ, PYTHONPATH=os.path.join(build, 'python'), TERN_THREADS=str(threads))
+    if coexec:
+        runner = [os.path.join(build, 'bin', 'tern-trace'), '--coexec', '--steps', str(steps), '-o',
+                  os.path.join(tmp, name + '.onnx'), '--'] + runner
+    r = subprocess.run(runner, env=env, capture_output=True, text=True)
+    if r.returncode:
+        raise SystemExit('bench_coexec: %s failed: %s' % (name, r.stderr.strip()[-400:]))
+    with open(out, 'rb') as f:
+        return pickle.load(f)['step_ms']
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument('--build', default=os.path.join(ROOT, 'build'))
+    ap.add_argument('--threads', default='1,2')
+    ap.add_argument('--steps', type=int, default=2)
+    ap.add_argument('names', nargs='*')
+    a = ap.parse_args()
+    build = os.path.abspath(a.build)
+    names = a.names or PROGRAMS
+    import importlib
+    with tempfile.TemporaryDirectory() as tmp:
+        for threads in [int(x) for x in a.threads.split(',')]:
+            import harness
+            harness._torch().set_num_threads(threads)  # interop threads stay at harness's one
+            print('\nthreads %d\n\n| program | eager ms | coexec ms | PyTorch ms | coexec/eager | coexec/PyTorch |' % threads)
+            print('|---|---:|---:|---:|---:|---:|')
+            r_eager, r_torch = [], []
+            for name in names:
+                e = tern_ms(build, name, threads, False, a.steps, tmp)
+                c = tern_ms(build, name, threads, True, a.steps, tmp)
+                t = importlib.import_module(name).run('torch', 0)['step_ms']
+                r_eager.append(c / e)
+                r_torch.append(c / t)
+                print('| %s | %.3f | %.3f | %.3f | %.2f | %.2f |' % (name, e, c, t, c / e, c / t))
+            gm = lambda v: math.exp(sum(map(math.log, v)) / len(v))  # noqa: E731
+            print('| **geometric mean** | | | | **%.2f** | **%.2f** |' % (gm(r_eager), gm(r_torch)))
+
+
+if __name__ == '__main__':
+    main()
