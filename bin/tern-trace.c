@@ -106,7 +106,8 @@ int main(int argc, char **argv)
 	               "operation of its first K steps is recorded with its call site and the steps are merged into one "
 	               "graph: the same operation at the same site is one node, different paths become If cases chosen "
 	               "by the input tern_path, tensors the program makes are inputs, values it reads are outputs, and "
-	               "parameter updates are the graph's training_info. -o FILE is required. Exit status: PROGRAM's "
+	               "parameter updates are the graph's training_info. Without -o the graph goes to standard output and "
+	               "PROGRAM's own output to standard error. Exit status: PROGRAM's "
 	               "own when it fails; 0 success, 64 usage, 65 nothing to trace, 69 PROGRAM cannot be run, "
 	               "74 the graph cannot be written. See tern-trace(1).",
 	        .options = options,
@@ -116,8 +117,19 @@ int main(int argc, char **argv)
 	};
 	tern_cli cli;
 	tern_cli_parse(&cli, &tool, argc, argv);
-	if (!cli.output)
-		tern_cli_fail(TERN_EUSAGE, "-o FILE is required (the graph is binary ONNX)");
+	/* Without -o the graph goes to standard output (binary ONNX, for a pipeline): it is written to a
+	 * temporary file first, and the program's own standard output goes to standard error. */
+	char tmp_graph[] = "/tmp/tern-trace-XXXXXX.onnx";
+	const char *graph = cli.output;
+	if (!graph) {
+		if (isatty(STDOUT_FILENO))
+			tern_cli_fail(TERN_EUSAGE, "standard output is a terminal: give -o FILE, or pipe the graph on");
+		int fd = mkstemps(tmp_graph, 5);
+		if (fd < 0)
+			tern_cli_fail(TERN_EOS, "%s: %s", tmp_graph, strerror(errno));
+		close(fd);
+		graph = tmp_graph;
+	}
 	char steps[32];
 	snprintf(steps, sizeof steps, "%d", t.trace_only ? 1 : t.steps);
 	if (t.trace_only && t.coexec)
@@ -127,9 +139,9 @@ int main(int argc, char **argv)
 	if (t.trace_only && setenv("TERN_TRACE_REPLAY", "1", 1))
 		tern_cli_fail(TERN_EOS, "setenv: %s", strerror(errno));
 	/* a file left from before is not this run's graph */
-	if (remove(cli.output) && errno != ENOENT)
-		tern_cli_fail(TERN_EIO, "%s: %s", cli.output, strerror(errno));
-	if (setenv("TERN_TRACE", cli.output, 1) || setenv("TERN_TRACE_STEPS", steps, 1) ||
+	if (remove(graph) && errno != ENOENT)
+		tern_cli_fail(TERN_EIO, "%s: %s", graph, strerror(errno));
+	if (setenv("TERN_TRACE", graph, 1) || setenv("TERN_TRACE_STEPS", steps, 1) ||
 	    (t.record && setenv("TERN_TRACE_RECORD", t.record, 1)) ||
 	    (cli.verbose && setenv("TERN_TRACE_VERBOSE", "1", 1)))
 		tern_cli_fail(TERN_EOS, "setenv: %s", strerror(errno));
@@ -154,6 +166,8 @@ int main(int argc, char **argv)
 	if (pid < 0)
 		tern_cli_fail(TERN_EOS, "fork: %s", strerror(errno));
 	if (pid == 0) {
+		if (!cli.output)
+			dup2(STDERR_FILENO, STDOUT_FILENO); /* standard output carries the graph */
 		execvp(args[0], args);
 		fprintf(stderr, "tern-trace: %s: %s\n", args[0], strerror(errno));
 		_exit(TERN_EUNAVAILABLE);
@@ -164,17 +178,33 @@ int main(int argc, char **argv)
 			tern_cli_fail(TERN_EOS, "waitpid: %s", strerror(errno));
 	free(args);
 	if (WIFSIGNALED(status))
+		remove(graph); /* a graph written before the signal is not this run's whole result */
+	if (WIFSIGNALED(status))
 		tern_cli_fail(128 + WTERMSIG(status), "%s was killed by signal %d (%s); no graph written", t.program[0],
 		              WTERMSIG(status), strsignal(WTERMSIG(status)));
 	if (WEXITSTATUS(status)) {
-		remove(cli.output);
+		remove(graph);
 		fprintf(stderr, "tern-trace: %s exited with status %d; no graph written\n", t.program[0], WEXITSTATUS(status));
 		return WEXITSTATUS(status);
 	}
 	struct stat st;
-	if (stat(cli.output, &st))
+	if (stat(graph, &st))
 		tern_cli_fail(TERN_EDATA, "%s ran no tern operation that could be traced (no %s written)", t.program[0],
-		              cli.output);
+		              cli.output ? cli.output : "graph");
+	if (!cli.output) {
+		FILE *f = fopen(graph, "rb");
+		char buf[1 << 16];
+		size_t n;
+		int bad = !f;
+		while (f && (n = fread(buf, 1, sizeof buf, f)) > 0)
+			bad |= fwrite(buf, 1, n, stdout) != n;
+		if (f)
+			fclose(f);
+		remove(graph);
+		if (bad || fflush(stdout))
+			tern_cli_fail(TERN_EIO, "writing the graph to standard output: %s", strerror(errno));
+		return 0;
+	}
 	tern_cli_verbose(1, "wrote %s (%lld bytes)", cli.output, (long long)st.st_size);
 	return 0;
 }

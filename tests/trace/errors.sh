@@ -26,7 +26,18 @@ check() { # NAME WANT_STATUS COMMAND...
 }
 check "program's status" 3 "$T" -o "$tmp/g.onnx" -- "$PY" -c "import tern, sys; (tern.tensor([1.0]) * 2).item(); sys.exit(3)"
 check "exception in the program" 1 "$T" -o "$tmp/g.onnx" -- "$PY" -c "import tern; raise RuntimeError('boom')"
-check "no -o" 64 "$T" -- "$PY" -c "pass"
+check "no -o, nothing traced" 65 "$T" -- "$PY" -c "pass"
+# without -o the graph goes to standard output and the program's own output to standard error
+if "$T" -- "$PY" -c "import tern; print('hello'); print((tern.tensor([1.0, 2.0]) * 3).sum().item())" \
+	>"$tmp/stdout.onnx" 2>"$tmp/err" && "$TERN_BUILD/bin/tern-show" -f stats "$tmp/stdout.onnx" >/dev/null &&
+	grep -q hello "$tmp/err" && ! grep -q hello "$tmp/stdout.onnx"; then
+	pass=$((pass + 1))
+	echo "ok graph on standard output"
+else
+	fail=$((fail + 1))
+	echo "FAIL graph on standard output"
+	cat "$tmp/err"
+fi
 check "no program" 64 "$T" -o "$tmp/g.onnx"
 check "bad --steps" 64 "$T" -o "$tmp/g.onnx" --steps 0 -- "$PY" -c "pass"
 check "nothing traced" 65 "$T" -o "$tmp/g.onnx" -- "$PY" -c "print('no tern here')"
