@@ -19,15 +19,14 @@ import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, 'tests', 'programs'))
-PROGRAMS = ['bert_qa', 'dcgan', 'dropblock', 'early_stop', 'gpt_sample', 'memory_bank', 'rcnn', 'seq2seq_sample',
-            'stochastic_depth', 'yolo']
+sys.path.insert(0, os.path.join(ROOT, 'tests', 'trace'))
+from common import PROGRAMS, RUNNER, tern_env  # noqa: E402 (and the programs on the path)
 
 
 def tern_ms(build, name, threads, coexec, steps, tmp):
     out = os.path.join(tmp, '%s-%d-%d.pickle' % (name, threads, coexec))
-    runner = [sys.executable, os.path.join(ROOT, 'tests', 'trace', 'run_program.py'), name, '0', out]
-    env = dict(os.environ, PYTHONPATH=os.path.join(build, 'python'), TERN_THREADS=str(threads))
+    runner = [sys.executable, RUNNER, name, '0', out]
+    env = tern_env(build, TERN_THREADS=str(threads))
     if coexec:
         runner = [os.path.join(build, 'bin', 'tern-trace'), '--coexec', '--steps', str(steps), '-o',
                   os.path.join(tmp, name + '.onnx'), '--'] + runner

@@ -923,8 +923,6 @@ static tern_status call_protos(tern_ctx *c, const char *domain, const char *op_t
 		outv[o] = NULL;
 	if (c->trace) {
 		bool handled;
-		extern void tern_trace_debug_asked(tern_ctx *, const char *);
-		tern_trace_debug_asked(c, op_type);
 		tern_status rs = tern_trace_replay(c, attrs, n_attrs, in, n_in, outv, n_out, &handled);
 		if (rs || handled)
 			return rs;

@@ -105,7 +105,6 @@ struct tern_trace {
 	tern_var **rvals; /* per operation of the first step, per output: its value in this replay */
 	size_t *roff;
 	int64_t replayed, beyond;
-	const char *asked;
 	/* the first value read of every serial, for initializers */
 	struct {
 		uint64_t serial;
@@ -172,13 +171,6 @@ static void replay_release(struct tern_trace *t)
 	t->replay_step = 0;
 }
 
-void tern_trace_debug_asked(tern_ctx *c, const char *op)
-{
-	struct tern_trace *t = tern_ctx_trace(c);
-	if (t)
-		t->asked = op;
-}
-
 tern_status tern_trace_replay(tern_ctx *c, Onnx__AttributeProto *const *attrs, int n_attrs, tern_var *const *in,
                               int n_in, tern_var **outv, int n_out, bool *handled)
 {
@@ -203,8 +195,6 @@ tern_status tern_trace_replay(tern_ctx *c, Onnx__AttributeProto *const *attrs, i
 	/* the first step's operation at this position, on the values the replay gave (operations' outputs)
 	 * or the host's tensors at the same input positions (what the graph would be fed): no check */
 	const t_op *o = &s->ops[t->rpos];
-	if (getenv("TERN_TRACE_DEBUG"))
-		fprintf(stderr, "replay %zu: %s (asked %s)\n", t->rpos, o->op_type, t->asked ? t->asked : "?");
 	tern_var *x[65] = {0}, *y[65] = {0};
 	tern_var *detached[65] = {0};
 	for (int i = 0; i < o->n_in && i < 64; i++) {
@@ -795,7 +785,7 @@ typedef struct builder {
 	} *slots;
 	size_t n_slots, cap_slots;
 	struct feed {
-		char *key, *name;
+		char *name;
 		uint64_t *serial; /* per step: the tensor it stood for (0: not read) */
 		int dtype, rank;
 		int64_t dims[TERN_MAX_RANK];
@@ -1076,12 +1066,9 @@ static void classify_slot(builder *b, struct slot *sl)
 	}
 	for (size_t i = 0; i < b->n_feeds; i++) {
 		bool common = false, clash = false;
-		for (size_t s = 0; s < t->n_steps; s++) {
+		for (size_t s = 0; s < t->n_steps; s++)
 			if (ser[s] && b->feeds[i].serial[s])
 				common = true, clash |= ser[s] != b->feeds[i].serial[s];
-			else if (ser[s] || b->feeds[i].serial[s])
-				clash |= b->n_feeds && false;
-		}
 		if (common && !clash) {
 			for (size_t s = 0; s < t->n_steps; s++)
 				if (ser[s])
@@ -1097,7 +1084,6 @@ static void classify_slot(builder *b, struct slot *sl)
 	}
 	struct feed *f = &b->feeds[b->n_feeds];
 	memset(f, 0, sizeof *f);
-	f->key = tern_strdup("");
 	f->serial = ser;
 	f->name = bstr(b, "feed_%zu", b->n_feeds);
 	f->dtype = e0->dtype;
@@ -1113,7 +1099,7 @@ static void classify_slot(builder *b, struct slot *sl)
 	}
 	b->n_feeds++;
 	sl->name = tern_strdup(f->name);
-	if (!f->key || !f->name || !sl->name)
+	if (!f->name || !sl->name)
 		b->failed = 1;
 }
 
@@ -1379,7 +1365,7 @@ static int suffix_input(const builder *b, size_t u, int i)
 	return kind == 0 && !mixed_prefix ? 0 : -1;
 }
 
-static tern_status write_record(struct tern_trace *t, builder *b, outset *fetch_names, char ****fetch_of);
+static tern_status write_record(struct tern_trace *t, builder *b, char ****fetch_of);
 /* The training step's copy: every value its nodes make renamed train/NAME, so that the step and the
  * main graph can be planned together (tern-autodiff's convention). */
 typedef struct nameset {
@@ -1672,13 +1658,7 @@ static tern_status trace_write(struct tern_trace *t)
 			st = tern_errorf(TERN_EUSAGE, "trace: %s is updated after the paths meet again on some paths and "
 			                              "elsewhere on others, which one graph cannot say", b->states[q].name);
 		} else if (any) {
-			const t_op *src = NULL;
-			for (int p = 0; p < b->n_paths && !src; p++)
-				for (size_t x = 0; x < t->steps[b->rep[p]].n_binds && !src; x++)
-					if (t->steps[b->rep[p]].binds[x].serial == b->states[q].serial)
-						src = op_at(b, p, (size_t)t->steps[b->rep[p]].binds[x].op);
 			size_t k = if_out_add(b, &outs, &n_outs, &cap_outs, TYPE_OF(b->states[q].dtype, b->states[q].rank));
-			(void)src;
 			if (k != (size_t)-1) {
 				for (int p = 0; p < b->n_paths; p++)
 					outs[k].value[p] = where[p] ? where[p] : tern_strdup(b->states[q].name), where[p] = NULL;
@@ -1857,11 +1837,8 @@ static tern_status trace_write(struct tern_trace *t)
 		free(tmp);
 	}
 	if (!st && t->record_dir)
-		st = write_record(t, b, &fetches, fetch_of);
+		st = write_record(t, b, fetch_of);
 	if (!st && t->verbose) {
-		size_t ops = 0;
-		for (int p = 0; p < b->n_paths; p++)
-			ops += b->len[p];
 		fprintf(stderr, "tern-trace: %s: %zu steps, %d path%s, %zu nodes shared before and %zu after the branch, %zu "
 		                "inputs, %zu outputs, %d states\n",
 		        t->path, t->n_steps, b->n_paths, b->n_paths == 1 ? "" : "s", b->L, b->S, b->n_feeds, fetches.n,
@@ -1915,7 +1892,6 @@ static tern_status trace_write(struct tern_trace *t)
 		free(b->slots[i].name);
 	free(b->slots);
 	for (size_t f = 0; f < b->n_feeds; f++) {
-		free(b->feeds[f].key);
 		free(b->feeds[f].name);
 		free(b->feeds[f].serial);
 	}
@@ -1930,9 +1906,8 @@ static tern_status trace_write(struct tern_trace *t)
 
 /* record_dir/stepN/: tern_path.npy and each graph input the step fed (NAME.npy), and the fetched
  * outputs under fetched/NAME.npy, so that the graph can be run on a step and compared. */
-static tern_status write_record(struct tern_trace *t, builder *b, outset *fetch_names, char ****fetch_of)
+static tern_status write_record(struct tern_trace *t, builder *b, char ****fetch_of)
 {
-	(void)fetch_names;
 	if (mkdir(t->record_dir, 0777) && errno != EEXIST)
 		return tern_errorf(TERN_EIO, "%s: %s", t->record_dir, strerror(errno));
 	char path[4096];

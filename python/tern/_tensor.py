@@ -110,7 +110,7 @@ def _mask_index(t, mask):
     return op.Gather(rows, _int64(np.flatnonzero(m)), axis=0)
 
 
-def _reduce_pair(t, dim, keepdim, largest, name):
+def _reduce_pair(t, dim, keepdim, largest):
     """max(dim)/min(dim): values and indices (TopK of 1 along dim, the first of ties)."""
     ax = _axis(t, dim)
     fn = op.ReduceMax if largest else op.ReduceMin
@@ -129,7 +129,7 @@ def _max(self, dim=None, keepdim=False, axis=None, keepdims=False):
         return op.Max(self, _like(self, dim))
     if dim is None:
         return _c_max(self, axis=axis, keepdims=keepdims)
-    return _reduce_pair(self, dim, keepdim, True, 'max')
+    return _reduce_pair(self, dim, keepdim, True)
 
 
 def _min(self, dim=None, keepdim=False, axis=None, keepdims=False):
@@ -138,7 +138,7 @@ def _min(self, dim=None, keepdim=False, axis=None, keepdims=False):
         return op.Min(self, _like(self, dim))
     if dim is None:
         return _c_min(self, axis=axis, keepdims=keepdims)
-    return _reduce_pair(self, dim, keepdim, False, 'min')
+    return _reduce_pair(self, dim, keepdim, False)
 
 
 def topk(self, k, dim=-1, largest=True, sorted=True):  # noqa: A002 (torch's argument name; builtins.sorted unused here)

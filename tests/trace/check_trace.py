@@ -17,6 +17,8 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from common import tern_env
+
 
 def main():
     ap = argparse.ArgumentParser()
@@ -33,10 +35,7 @@ def main():
         rec = os.path.join(tmp, 'rec')
         cmd = [os.path.join(build, 'bin', 'tern-trace'), '-o', graph, '--steps', str(a.steps), '--record', rec, '-v',
                '--'] + a.program
-        env = dict(os.environ)
-        if env.get('TERN_TRACE_PRELOAD'):  # the sanitizer build: its runtime first in the traced program
-            env['LD_PRELOAD'] = env['TERN_TRACE_PRELOAD']
-        r = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        r = subprocess.run(cmd, capture_output=True, text=True, env=tern_env(build))
         sys.stderr.write(r.stderr)
         if r.returncode != 0:
             print('FAIL: tern-trace exited %d' % r.returncode)

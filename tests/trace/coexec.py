@@ -14,11 +14,7 @@ import subprocess
 import sys
 import tempfile
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), 'programs'))
-SMALL = ['branch_late', 'shape_change', 'list_and_library', 'raises', 'no_steps']
-PROGRAMS = ['bert_qa', 'dcgan', 'dropblock', 'early_stop', 'gpt_sample', 'memory_bank', 'rcnn', 'seq2seq_sample',
-            'stochastic_depth', 'yolo']
+from common import HERE, PROGRAMS, RUNNER, SMALL, tern_env  # noqa: E402
 
 
 def main():
@@ -29,10 +25,8 @@ def main():
     a = ap.parse_args()
     import harness
     build = os.path.abspath(a.build)
-    env = dict(os.environ, PYTHONPATH=os.path.join(build, 'python'))
-    if env.get('TERN_TRACE_PRELOAD'):
-        env['LD_PRELOAD'] = env['TERN_TRACE_PRELOAD']
-    runner = os.path.join(HERE, 'run_program.py')
+    env = tern_env(build)
+    runner = RUNNER
     failed = 0
     with tempfile.TemporaryDirectory() as tmp:
         for name in a.names or SMALL + PROGRAMS:
