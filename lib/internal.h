@@ -21,6 +21,7 @@ static inline int tern_isa(void)
 {
 	return tern_isa_level;
 }
+long tern_l2_bytes(void); /* bytes of one core's second-level cache (isa.c) */
 #if defined(__x86_64__) && defined(__GNUC__)
 #define TERN_HAVE_ISA_TARGETS 1
 /* GCC vectorises loops 256 bits wide even for x86-64-v4 unless told otherwise */

@@ -4,9 +4,11 @@
 #include "internal.h"
 
 #include <stdlib.h>
+#include <unistd.h>
 
 int tern_isa_level = TERN_ISA_GENERIC;
 static int machine_level = TERN_ISA_GENERIC;
+static long l2_bytes = 1L << 20;
 static const char *bad_request; /* a TERN_ISA value that names no path, kept for tern_isa_check */
 
 static const char *const level_names[] = {"generic", "avx2", "avx512"};
@@ -30,6 +32,13 @@ static int detect(void)
 __attribute__((constructor)) static void isa_init(void)
 {
 	machine_level = detect();
+#ifdef _SC_LEVEL2_CACHE_SIZE
+	/* one core's second-level cache as the C library reads it; 1 MiB where it cannot tell (some
+	 * virtual machines) */
+	long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
+	if (l2 >= (64L << 10))
+		l2_bytes = l2;
+#endif
 	tern_isa_level = machine_level;
 	const char *req = getenv("TERN_ISA");
 	if (!req || !*req)
@@ -40,6 +49,11 @@ __attribute__((constructor)) static void isa_init(void)
 			return;
 		}
 	bad_request = req;
+}
+
+long tern_l2_bytes(void)
+{
+	return l2_bytes;
 }
 
 const char *tern_isa_name(void)

@@ -982,7 +982,7 @@ static tern_status conv_direct_setup(tern_prepare_args *p, conv_params *cp)
 		if (!shape)
 			return no_memory(p->node);
 	}
-	cp->kind = tern_gemm_choose(cp->packed ? cp->packed[0] : shape, cp->grid_n, w->out[1], w->out[2], false);
+	cp->kind = tern_gemm_choose(cp->packed ? cp->packed[0] : shape, cp->grid_n, w->out[1], w->out[2], false, 0);
 	tern_packed_free(shape);
 	size_t planes = cp->split ? round_up((size_t)(cp->cg * cp->n_phases * cp->hq * cp->wq) * sizeof(float)) : 0;
 	cp->grid_off = planes;

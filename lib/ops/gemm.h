@@ -74,8 +74,11 @@ typedef struct tern_gemm_c {
 typedef enum tern_gemm_kind { TERN_GEMM_AUTO, TERN_GEMM_ROWS, TERN_GEMM_COLS } tern_gemm_kind;
 
 /* Which kernel is expected to be faster: the rows kernel over n_dense contiguous columns, or the cols
- * kernel over runs x width columns (stored with trans when c_trans). */
-tern_gemm_kind tern_gemm_choose(const tern_packed *a, int64_t n_dense, int64_t runs, int64_t width, bool c_trans);
+ * kernel over runs x width columns (stored with trans when c_trans). b_bytes: the memory B's elements
+ * occupy, which the cols kernel reads once per panel (0: B's rows overlap, as a direct convolution's
+ * shifted views of one image do, and are read from the caches). */
+tern_gemm_kind tern_gemm_choose(const tern_packed *a, int64_t n_dense, int64_t runs, int64_t width, bool c_trans,
+                                size_t b_bytes);
 
 /* C = A B for packed A (m x k) and B k x n, split over the pool. The rows kernel needs B's columns
  * contiguous (step 1 and, with several runs, stride == width) and C untransposed. */

@@ -258,6 +258,7 @@ typedef void (*cols_fn)(int64_t k, const float *a, const float *b, const int64_t
 
 typedef struct gemm_isa {
 	int p, r, nr, nb; /* panel rows, rows and columns of a rows-kernel block, widest cols tile */
+	int store_cost; /* the cols kernel's untransposed store of a column, in steps of the shared dimension */
 	rows_fn rows;
 	cols_fn cols[COLS_MAX_NB + 1]; /* by tile width */
 } gemm_isa;
@@ -404,7 +405,7 @@ typedef float vec4fu __attribute__((vector_size(16), aligned(4), may_alias));
 DEF_ROWS(rows_base, , vec4f, vec4fu, 4, 4, 3)
 DEF_COLS(base, , vec4f, vec4fu, 4, NO_STORE_T)
 DEF_COLS_1_6(base, )
-static const gemm_isa isa_base = {8, 4, 12, 6, rows_base, {NULL, COLS_1_6(base)}};
+static const gemm_isa isa_base = {8, 4, 12, 6, 24, rows_base, {NULL, COLS_1_6(base)}};
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #define HAVE_WIDE_KERNELS 1
@@ -454,11 +455,12 @@ DEF_COLS_NB(avx512, AVX512, 7)
 DEF_COLS_NB(avx512, AVX512, 8) DEF_COLS_NB(avx512, AVX512, 9) DEF_COLS_NB(avx512, AVX512, 10)
         DEF_COLS_NB(avx512, AVX512, 11) DEF_COLS_NB(avx512, AVX512, 12) DEF_COLS_NB(avx512, AVX512, 13)
                 DEF_COLS_NB(avx512, AVX512,
-                            14) static const gemm_isa isa_avx2 = {16, 4, 24, 6, rows_avx2, {NULL, COLS_1_6(avx2)}};
+                            14) static const gemm_isa isa_avx2 = {16, 4, 24, 6, 24, rows_avx2, {NULL, COLS_1_6(avx2)}};
 static const gemm_isa isa_avx512 = {32,
                                     8,
                                     32,
                                     14,
+                                    8,
                                     rows_avx512,
                                     {NULL, COLS_1_6(avx512), cols_avx512_7, cols_avx512_8, cols_avx512_9,
                                      cols_avx512_10, cols_avx512_11, cols_avx512_12, cols_avx512_13, cols_avx512_14}};
@@ -525,21 +527,29 @@ static int64_t tiles_per_run(const gemm_isa *isa, int64_t width)
 	return ceil_div64(width, isa->nb);
 }
 
-tern_gemm_kind tern_gemm_choose(const tern_packed *a, int64_t n_dense, int64_t runs, int64_t width, bool c_trans)
+tern_gemm_kind tern_gemm_choose(const tern_packed *a, int64_t n_dense, int64_t runs, int64_t width, bool c_trans,
+                                size_t b_bytes)
 {
 	const gemm_isa *isa = a->isa;
 	if (c_trans)
 		return TERN_GEMM_COLS;
 	/* Multiply-adds each kernel does, padding included, as measured: the rows kernel runs about 15%
 	 * slower (its passes over blocks of B); a cols tile narrower than a few columns runs no faster than
-	 * one of a few; the cols kernel's untransposed store costs about what 8 steps of the shared
-	 * dimension do. */
+	 * one of a few; the cols kernel's untransposed store costs about what store_cost steps of the shared
+	 * dimension do (8 through AVX-512's register transpose, 24 element by element: with 64 rows of B
+	 * the rows kernel is 1.2 times faster on the AVX2 path). */
 	double k = (double)(a->k > 0 ? a->k : 1);
 	double rows = 1.15 * (double)(ceil_div64(a->m, isa->r) * isa->r) *
 	        (double)(ceil_div64(n_dense, isa->nr) * isa->nr) * k;
 	int64_t tiles = tiles_per_run(isa, width), narrow = width / tiles;
-	double run_cost = (double)(narrow < 3 ? 3 * tiles : width) * k + 8.0 * (double)width;
+	double run_cost = (double)(narrow < 3 ? 3 * tiles : width) * k + (double)isa->store_cost * (double)width;
 	double cols = (double)(a->panels * isa->p) * (double)runs * run_cost;
+	/* The cols kernel reads all of B once per panel; B larger than the second-level cache comes from
+	 * further out every time, which costs it about a third more (1 x 1 convolutions of 256 x 56 x 56
+	 * floats on an Intel Xeon, both paths), while the rows kernel keeps each block of B in the first
+	 * cache for all the panels. */
+	if (b_bytes > (size_t)tern_l2_bytes())
+		cols *= 1.35;
 	return cols < rows ? TERN_GEMM_COLS : TERN_GEMM_ROWS;
 }
 
@@ -680,7 +690,8 @@ void tern_gemm_packed_run(tern_threadpool *pool, const tern_packed *a, int64_t n
 	int64_t width = b->width ? b->width : n;
 	bool contiguous = b->step == 1 && (width == n || b->stride == width);
 	if (kind == TERN_GEMM_AUTO)
-		kind = contiguous ? tern_gemm_choose(a, n, n / width, width, c->trans) : TERN_GEMM_COLS;
+		kind = contiguous ? tern_gemm_choose(a, n, n / width, width, c->trans, (size_t)(a->k * n) * sizeof(float))
+		                  : TERN_GEMM_COLS;
 	if (kind == TERN_GEMM_ROWS && contiguous && !c->trans)
 		run_rows(pool, a, n, b, c, NULL, NULL);
 	else
