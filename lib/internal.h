@@ -280,6 +280,8 @@ tern_status tern_node_add_attr_string(tern_node *node, const char *name, const c
 tern_status tern_node_add_attr_tensor(tern_node *node, const char *name, const tern_tensor *t);
 /* Adds an initializer to the main graph (copying t). */
 tern_value *tern_graph_add_initializer(tern_graph *g, const char *name, const tern_tensor *t);
+/* The same, taking t's bytes when t owns them (t is left empty: tern_tensor_free on it is a no-op). */
+tern_value *tern_graph_take_initializer(tern_graph *g, const char *name, tern_tensor *t);
 /* Removes initializer v from the graph (its proto freed); not for initializers that are inputs. */
 void tern_graph_drop_initializer(tern_graph *g, tern_value *v);
 /* A new graph input name of type t / v as a new graph output (declared with v's type). */

@@ -76,7 +76,7 @@ static tern_status fold(tern_pass_ctx *c, tern_node *n)
 		for (size_t o = 0; o < n->n_outputs && !st; o++) {
 			if (!outs[o] || !tern_pass_uses(outs[o]))
 				continue;
-			if (!tern_graph_add_initializer(c->graph, outs[o]->name, &out[o]))
+			if (!tern_graph_take_initializer(c->graph, outs[o]->name, &out[o]))
 				st = tern_errorf(TERN_EOS, "out of memory");
 		}
 	}

@@ -109,8 +109,9 @@ tern_node *tern_pass_replace(tern_pass_ctx *c, tern_node *const *old, int n_old,
  * output its name must survive, so the producer of `to` is made to write `from` instead (possible
  * only when `to` is a node output that nothing else reads); returns false when neither works. */
 bool tern_pass_forward(tern_pass_ctx *c, tern_value *from, tern_value *to);
-/* A new initializer named after stem (made unique) holding a copy of t. */
-tern_value *tern_pass_add_const(tern_pass_ctx *c, const char *stem, const tern_tensor *t);
+/* A new initializer named after stem (made unique) holding t's bytes: taken when t owns them (t is
+ * then left empty), else copied. */
+tern_value *tern_pass_add_const(tern_pass_ctx *c, const char *stem, tern_tensor *t);
 /* An int64 initializer of n elements (shape [n]). */
 tern_value *tern_pass_add_ints(tern_pass_ctx *c, const char *stem, const int64_t *v, int n);
 /* Removes an initializer from the main graph's proto (not a graph input). */

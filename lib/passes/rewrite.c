@@ -209,14 +209,14 @@ bool tern_pass_forward(tern_pass_ctx *c, tern_value *from, tern_value *to)
 	return true;
 }
 
-tern_value *tern_pass_add_const(tern_pass_ctx *c, const char *stem, const tern_tensor *t)
+tern_value *tern_pass_add_const(tern_pass_ctx *c, const char *stem, tern_tensor *t)
 {
 	char *name = tern_graph_unique_name(c->graph, stem);
 	if (!name) {
 		tern_errorf(TERN_EOS, "out of memory");
 		return NULL;
 	}
-	tern_value *v = tern_graph_add_initializer(c->graph, name, t);
+	tern_value *v = tern_graph_take_initializer(c->graph, name, t);
 	free(name);
 	if (!v)
 		tern_errorf(TERN_EOS, "out of memory");
