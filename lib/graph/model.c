@@ -4,6 +4,8 @@
 #include <errno.h>
 #include <libgen.h>
 #include <stdlib.h>
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -24,6 +26,207 @@ static bool looks_like_text(const unsigned char *p, size_t n)
 	return name_start && i + 1 < n && p[i + 1] >= 0x20 && p[i + 1] < 0x7f;
 }
 
+/* ---------------------------------------------------------------- unpacking without a second copy
+ *
+ * protobuf-c copies every bytes field out of the buffer it unpacks, so a model's weights were held
+ * twice while it loaded: the file's bytes and the copies. Instead the large raw_data of the main
+ * graph's initializers is cut out of a rebuilt (small) message, which protobuf-c unpacks, and each
+ * tensor's bytes are then copied once from the file's mapping, whose pages are given back as soon as
+ * they are copied. Anything unexpected in the wire format leaves it to protobuf-c on the whole file. */
+
+#define LEAN_MIN_BYTES 4096 /* raw_data at least this long is cut out */
+
+typedef struct lean_cut {
+	size_t tensor;  /* index among the graph's initializers */
+	size_t off, len; /* the payload in the file */
+} lean_cut;
+
+typedef struct lean_buf {
+	uint8_t *p;
+	size_t n, cap;
+	bool failed;
+} lean_buf;
+
+static void lean_put(lean_buf *b, const void *src, size_t n)
+{
+	if (b->failed || !n)
+		return;
+	if (b->n + n > b->cap) {
+		size_t cap = b->cap ? b->cap : 4096;
+		while (cap < b->n + n)
+			cap *= 2;
+		uint8_t *q = realloc(b->p, cap);
+		if (!q) {
+			b->failed = true;
+			return;
+		}
+		b->p = q;
+		b->cap = cap;
+	}
+	memcpy(b->p + b->n, src, n);
+	b->n += n;
+}
+
+static void lean_varint(lean_buf *b, uint64_t v)
+{
+	uint8_t t[10];
+	size_t n = 0;
+	do {
+		t[n++] = (uint8_t)((v & 0x7f) | (v >= 0x80 ? 0x80 : 0));
+		v >>= 7;
+	} while (v);
+	lean_put(b, t, n);
+}
+
+static bool get_varint(const uint8_t *p, size_t end, size_t *pos, uint64_t *v)
+{
+	*v = 0;
+	for (int shift = 0; shift < 64 && *pos < end; shift += 7) {
+		uint8_t c = p[(*pos)++];
+		*v |= (uint64_t)(c & 0x7f) << shift;
+		if (!(c & 0x80))
+			return true;
+	}
+	return false;
+}
+
+/* One field at *pos of [.., end): its number, wire type and extent [*start, *pos); for length-delimited
+ * fields the payload is [*data, *data + *len). */
+static bool next_field(const uint8_t *p, size_t end, size_t *pos, uint32_t *num, int *wt, size_t *start, size_t *data,
+                       size_t *len)
+{
+	*start = *pos;
+	uint64_t key, v;
+	if (!get_varint(p, end, pos, &key) || (key >> 3) == 0 || (key >> 3) > UINT32_MAX)
+		return false;
+	*num = (uint32_t)(key >> 3);
+	*wt = (int)(key & 7);
+	switch (*wt) {
+	case 0:
+		return get_varint(p, end, pos, &v);
+	case 1:
+		*pos += 8;
+		return *pos <= end;
+	case 5:
+		*pos += 4;
+		return *pos <= end;
+	case 2:
+		if (!get_varint(p, end, pos, &v) || v > end - *pos)
+			return false;
+		*data = *pos;
+		*len = (size_t)v;
+		*pos += (size_t)v;
+		return true;
+	default: /* groups: not in onnx.proto */
+		return false;
+	}
+}
+
+/* The TensorProto at [from, to) without a large raw_data (recorded in cuts), or as it is. */
+static bool lean_tensor(const uint8_t *p, size_t from, size_t to, size_t index, lean_buf *out, lean_cut **cuts,
+                        size_t *n_cuts, size_t *cap_cuts)
+{
+	size_t pos = from, start, data = 0, len = 0;
+	uint32_t num;
+	int wt;
+	bool cut = false;
+	while (pos < to) {
+		if (!next_field(p, to, &pos, &num, &wt, &start, &data, &len))
+			return false;
+		if (num == 9 && wt == 2 && len >= LEAN_MIN_BYTES && !cut) {
+			if (!tern_grow((void **)cuts, cap_cuts, *n_cuts + 1, sizeof **cuts))
+				return false;
+			(*cuts)[(*n_cuts)++] = (lean_cut){index, data, len};
+			cut = true;
+			continue;
+		}
+		if (num == 9 && cut) /* a second raw_data: protobuf-c would keep the last */
+			return false;
+		lean_put(out, p + start, pos - start);
+	}
+	return true;
+}
+
+/* A field number and length-delimited payload, written. */
+static void lean_field(lean_buf *b, uint32_t num, const lean_buf *payload)
+{
+	lean_varint(b, (uint64_t)num << 3 | 2);
+	lean_varint(b, payload->n);
+	lean_put(b, payload->p, payload->n);
+}
+
+static Onnx__ModelProto *lean_unpack(const uint8_t *p, size_t size, bool release)
+{
+	lean_buf model = {0}, graph = {0}, tensor = {0};
+	lean_cut *cuts = NULL;
+	size_t n_cuts = 0, cap_cuts = 0, n_graphs = 0, index = 0;
+	bool ok = true;
+	size_t pos = 0, start, data = 0, len = 0;
+	uint32_t num;
+	int wt;
+	while (ok && pos < size) {
+		if (!(ok = next_field(p, size, &pos, &num, &wt, &start, &data, &len)))
+			break;
+		if (num != 7 || wt != 2) {
+			lean_put(&model, p + start, pos - start);
+			continue;
+		}
+		if (++n_graphs > 1) { /* merged messages: leave them to protobuf-c */
+			ok = false;
+			break;
+		}
+		size_t gpos = data, gend = data + len;
+		while (ok && gpos < gend) {
+			size_t gs, gd = 0, gl = 0;
+			uint32_t gn;
+			int gw;
+			if (!(ok = next_field(p, gend, &gpos, &gn, &gw, &gs, &gd, &gl)))
+				break;
+			if (gn != 5 || gw != 2) {
+				lean_put(&graph, p + gs, gpos - gs);
+				continue;
+			}
+			tensor.n = 0;
+			ok = lean_tensor(p, gd, gd + gl, index++, &tensor, &cuts, &n_cuts, &cap_cuts);
+			if (ok)
+				lean_field(&graph, 5, &tensor);
+		}
+		if (ok)
+			lean_field(&model, 7, &graph);
+	}
+	Onnx__ModelProto *mp = NULL;
+	ok = ok && n_cuts && !model.failed && !graph.failed && !tensor.failed;
+	if (ok)
+		mp = onnx__model_proto__unpack(NULL, model.n, model.p);
+	free(model.p);
+	free(graph.p);
+	free(tensor.p);
+	Onnx__GraphProto *g = mp ? mp->graph : NULL;
+	for (size_t i = 0; mp && i < n_cuts; i++) {
+		const lean_cut *c = &cuts[i];
+		Onnx__TensorProto *tp = g && c->tensor < g->n_initializer ? g->initializer[c->tensor] : NULL;
+		void *bytes = tp ? malloc(c->len) : NULL;
+		if (!bytes) {
+			onnx__model_proto__free_unpacked(mp, NULL);
+			mp = NULL;
+			break;
+		}
+		memcpy(bytes, p + c->off, c->len);
+		tp->has_raw_data = 1;
+		tp->raw_data.data = bytes;
+		tp->raw_data.len = c->len;
+		if (release) { /* the mapping's pages of this tensor, copied: given back */
+			long page = sysconf(_SC_PAGESIZE);
+			uintptr_t lo = ((uintptr_t)(p + c->off) + (uintptr_t)page - 1) & ~((uintptr_t)page - 1);
+			uintptr_t hi = ((uintptr_t)(p + c->off + c->len)) & ~((uintptr_t)page - 1);
+			if (hi > lo)
+				madvise((void *)lo, hi - lo, MADV_DONTNEED);
+		}
+	}
+	free(cuts);
+	return mp;
+}
+
 static tern_model *model_new(const char *source, const char *base_dir)
 {
 	tern_model *m = calloc(1, sizeof *m);
@@ -40,8 +243,8 @@ static tern_model *model_new(const char *source, const char *base_dir)
 	return m;
 }
 
-tern_status tern_model_load_bytes(const void *bytes, size_t size, const char *source, const char *base_dir,
-                                  tern_model **out)
+static tern_status load_bytes(const void *bytes, size_t size, const char *source, const char *base_dir, bool mapped,
+                              tern_model **out)
 {
 	*out = NULL;
 	if (!source)
@@ -58,7 +261,9 @@ tern_status tern_model_load_bytes(const void *bytes, size_t size, const char *so
 			return tern_error_prefix(st, source);
 		}
 	} else {
-		m->proto = onnx__model_proto__unpack(NULL, size, bytes);
+		m->proto = lean_unpack(bytes, size, mapped);
+		if (!m->proto)
+			m->proto = onnx__model_proto__unpack(NULL, size, bytes);
 		if (!m->proto) {
 			tern_model_free(m);
 			return tern_errorf(TERN_EDATA, "%s: not an ONNX model (the protobuf is malformed or truncated)",
@@ -80,6 +285,12 @@ tern_status tern_model_load_bytes(const void *bytes, size_t size, const char *so
 	return TERN_OK;
 }
 
+tern_status tern_model_load_bytes(const void *bytes, size_t size, const char *source, const char *base_dir,
+                                  tern_model **out)
+{
+	return load_bytes(bytes, size, source, base_dir, false, out);
+}
+
 tern_status tern_model_load(const char *path, tern_model **out)
 {
 	*out = NULL;
@@ -93,22 +304,41 @@ tern_status tern_model_load(const char *path, tern_model **out)
 		fclose(f);
 		return tern_errorf(TERN_ENOINPUT, "%s: cannot open: it is a directory", path);
 	}
-	unsigned char *bytes = NULL;
-	size_t size = 0;
-	tern_status st = tern_read_stream(f, what, &bytes, &size);
-	if (!use_stdin)
-		fclose(f);
-	if (st)
-		return st;
 	char *dir_copy = tern_strdup(use_stdin ? "." : path);
 	if (!dir_copy) {
-		free(bytes);
+		if (!use_stdin)
+			fclose(f);
 		return tern_errorf(TERN_EOS, "out of memory");
 	}
 	const char *base = use_stdin ? "." : dirname(dir_copy);
-	st = tern_model_load_bytes(bytes, size, what, base, out);
+	/* A binary model in a regular file is read through a mapping, whose pages lean_unpack gives back
+	 * tensor by tensor; anything else is read whole. */
+	void *map = MAP_FAILED;
+	size_t map_len = 0;
+	if (!use_stdin && fstat(fileno(f), &sb) == 0 && S_ISREG(sb.st_mode) && sb.st_size > 0) {
+		map_len = (size_t)sb.st_size;
+		map = mmap(NULL, map_len, PROT_READ, MAP_PRIVATE, fileno(f), 0);
+		if (map != MAP_FAILED && looks_like_text(map, map_len)) {
+			munmap(map, map_len);
+			map = MAP_FAILED;
+		}
+	}
+	tern_status st;
+	if (map != MAP_FAILED) {
+		fclose(f);
+		st = load_bytes(map, map_len, what, base, true, out);
+		munmap(map, map_len);
+	} else {
+		unsigned char *bytes = NULL;
+		size_t size = 0;
+		st = tern_read_stream(f, what, &bytes, &size);
+		if (!use_stdin)
+			fclose(f);
+		if (!st)
+			st = tern_model_load_bytes(bytes, size, what, base, out);
+		free(bytes);
+	}
 	free(dir_copy);
-	free(bytes);
 	return st;
 }
 
