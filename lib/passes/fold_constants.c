@@ -69,9 +69,11 @@ static tern_status fold(tern_pass_ctx *c, tern_node *n)
 	/* (strings, sequences and empty optionals stay computations: an initializer is a tensor) */
 	tern_status st = TERN_OK;
 	if (ok) {
-		tern_value *outs[16];
+		tern_value *outs[16], *ins[16];
 		for (size_t o = 0; o < n->n_outputs; o++)
 			outs[o] = n->outputs[o];
+		for (size_t i = 0; i < n->n_inputs; i++)
+			ins[i] = n->inputs[i];
 		tern_pass_remove(c, n);
 		for (size_t o = 0; o < n->n_outputs && !st; o++) {
 			if (!outs[o] || !tern_pass_uses(outs[o]))
@@ -79,6 +81,9 @@ static tern_status fold(tern_pass_ctx *c, tern_node *n)
 			if (!tern_graph_take_initializer(c->graph, outs[o]->name, &out[o]))
 				st = tern_errorf(TERN_EOS, "out of memory");
 		}
+		/* a weight folded into a new one (a Transpose, a Cast) goes now, not at the next dce */
+		for (size_t i = 0; i < n->n_inputs && !st; i++)
+			tern_pass_drop_if_unused(c, ins[i]);
 	}
 	for (size_t o = 0; o < n->n_outputs; o++)
 		tern_tensor_free(&out[o]);

@@ -114,6 +114,9 @@ bool tern_pass_forward(tern_pass_ctx *c, tern_value *from, tern_value *to);
 tern_value *tern_pass_add_const(tern_pass_ctx *c, const char *stem, tern_tensor *t);
 /* An int64 initializer of n elements (shape [n]). */
 tern_value *tern_pass_add_ints(tern_pass_ctx *c, const char *stem, const int64_t *v, int n);
+/* Drops v when it is an initializer that nothing reads any more: a rewrite that replaced a weight
+ * frees the old one at once rather than at the next dce, so that the two are not held together. */
+void tern_pass_drop_if_unused(tern_pass_ctx *c, tern_value *v);
 /* Removes an initializer from the main graph's proto (not a graph input). */
 void tern_pass_drop_initializer(tern_pass_ctx *c, tern_value *v);
 /* A STRINGS attribute (tern_node_add_attr_* has no list of strings). */

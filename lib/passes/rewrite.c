@@ -237,6 +237,13 @@ tern_value *tern_pass_add_ints(tern_pass_ctx *c, const char *stem, const int64_t
 	return out;
 }
 
+void tern_pass_drop_if_unused(tern_pass_ctx *c, tern_value *v)
+{
+	if (v && (v->flags & TERN_VALUE_INITIALIZER) && !(v->flags & (TERN_VALUE_INPUT | TERN_VALUE_OUTPUT)) &&
+	    !tern_pass_uses(v) && !tern_pass_has_implicit_use(v))
+		tern_pass_drop_initializer(c, v);
+}
+
 void tern_pass_drop_initializer(tern_pass_ctx *c, tern_value *v)
 {
 	if (!(v->flags & TERN_VALUE_INITIALIZER) || (v->flags & TERN_VALUE_INPUT))
