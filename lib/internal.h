@@ -382,6 +382,10 @@ typedef struct tern_prepare_args {
 	uint32_t inplace_inputs;
 	/* Output 0 aliases input 0's storage (Reshape, Squeeze, Flatten, Identity): no kernel runs. */
 	int alias_input0;
+	/* Bit j: the kernel made its own copy of input j's values here (packed weights) and never reads
+	 * input j when it runs, so a plan that may (tern_plan_options.release_weights) frees the bytes of
+	 * an initializer once every reader has packed it. */
+	uint32_t packed_inputs;
 	tern_exec_ptr exec; /* the executor planning this node (for operators that plan subgraphs) */
 	tern_threadpool *pool; /* the pool the kernel will get */
 } tern_prepare_args;

@@ -237,6 +237,10 @@ typedef struct tern_plan_options {
 	 * The caller must then pass the same buffers at every run. */
 	const int *inplace_input, *inplace_output;
 	int n_inplace;
+	/* Free the bytes of each initializer that every reader packed while planning (weights of Conv,
+	 * MatMul, Gemm and tern's fused forms), as soon as the last reader has: the weights are then held
+	 * once, not twice. The model may not be written, planned again or trained afterwards. */
+	int release_weights;
 } tern_plan_options;
 
 /* Plans the main graph for the given input tensors (shape and dtype matter, values do not):

@@ -46,6 +46,7 @@ typedef struct step {
 	int alias; /* output 0 aliases input 0: nothing to launch */
 	int noop; /* a scheduled node folded while planning: only its place in the order */
 	uint32_t inplace_inputs; /* inputs an output may overwrite (tern_prepare_args.inplace_inputs) */
+	uint32_t packed_inputs; /* inputs the kernel packed and does not read (tern_prepare_args) */
 	int stream;
 	int *waits; /* steps on other streams that must finish first */
 	int n_waits;
@@ -72,6 +73,7 @@ struct tern_exec {
 	void *scratch;
 	size_t scratch_bytes;
 	int has_late; /* some step is prepared or allocates its outputs at run time */
+	int release_weights; /* tern_plan_options.release_weights (the main graph's plan only) */
 	/* In-place outputs (tern_plan_options.inplace_*): output inplace_out[i] may be written into the
 	 * caller's input inplace_in[i]; `donated` lists the output slots that are (aliases of the input,
 	 * rebound to the caller's buffer at each run). */

@@ -248,6 +248,7 @@ tern_status tern_exec_prepare_step(tern_exec *e, step *st, int at_run)
 	st->dynamic_output = p.dynamic_output;
 	st->alias = p.alias_input0;
 	st->inplace_inputs = p.inplace_inputs | (p.inplace_ok ? 1u : 0u);
+	st->packed_inputs = at_run ? 0 : p.packed_inputs;
 	if (!st->kernel && !st->alias)
 		return tern_node_errorf(st->node, TERN_EINTERNAL, "prepare chose no kernel");
 	if (st->alias && (st->n_in < 1 || !st->in[0]))
@@ -655,6 +656,65 @@ done:
 	return rc;
 }
 
+/* tern_plan_options.release_weights: per initializer slot, the reads not yet known to be packed, or -1
+ * when some reader reads its bytes (a late or unpacking kernel, a subgraph, the caller). */
+static int *release_counts(const tern_exec *e, tern_node *const *order, size_t count)
+{
+	if (!e->release_weights)
+		return NULL;
+	int *left = calloc(e->n_slots + 1, sizeof *left);
+	if (!left)
+		return NULL; /* nothing is released */
+	for (size_t i = 0; i < count; i++) {
+		const tern_node *n = order[i];
+		for (size_t k = 0; k < n->n_inputs; k++)
+			if (n->inputs[k] && left[n->inputs[k]->index] >= 0)
+				left[n->inputs[k]->index]++;
+		for (size_t k = 0; k < n->n_implicit; k++) { /* a subgraph reads it */
+			tern_value *v = tern_graph_find(e->graph, n->implicit[k]->name);
+			if (v)
+				left[v->index] = -1;
+		}
+	}
+	for (size_t v = 0; v < e->n_slots; v++) {
+		const tern_value *val = e->graph->values[v];
+		const slot *s = &e->slots[v];
+		if (!(val->flags & TERN_VALUE_INITIALIZER) || (val->flags & (TERN_VALUE_INPUT | TERN_VALUE_OUTPUT)) ||
+		    s->owns || !val->initializer || !val->initializer->has_raw_data ||
+		    (void *)val->initializer->raw_data.data != s->t.data)
+			left[v] = -1;
+	}
+	return left;
+}
+
+/* Counts step st's reads against `left` (all of them finished when `done`: a step folded while
+ * planning); an initializer whose every read was packed or finished has its bytes freed (the
+ * allocator leaves mapped external data alone, whose pages the packing has given back). */
+static void release_packed(tern_exec *e, const step *st, int *left, bool done)
+{
+	if (!left)
+		return;
+	for (int i = 0; i < st->n_in; i++) {
+		int v = st->in_slot[i];
+		if (v < 0 || left[v] < 0)
+			continue;
+		bool packed = done ? !st->alias : !st->late && i < 32 && (st->packed_inputs >> i & 1);
+		if (!packed) {
+			left[v] = -1;
+			continue;
+		}
+		if (--left[v] > 0)
+			continue;
+		left[v] = -1;
+		Onnx__TensorProto *tp = e->graph->values[v]->initializer;
+		tern_pb_allocator.free(tern_pb_allocator.allocator_data, tp->raw_data.data);
+		tp->raw_data.data = NULL;
+		tp->raw_data.len = 0;
+		tp->has_raw_data = 0;
+		e->slots[v].t.data = NULL;
+	}
+}
+
 tern_status tern_exec_plan(tern_exec *e, tern_tensor *const *inputs, int n_inputs)
 {
 	tern_graph *g = e->graph;
@@ -680,6 +740,7 @@ tern_status tern_exec_plan(tern_exec *e, tern_tensor *const *inputs, int n_input
 		free(order);
 		return tern_errorf(TERN_EOS, "out of memory");
 	}
+	int *left = release_counts(e, order, count);
 	/* Pass 1: prepare every node in order; fold those whose inputs are all constants. */
 	int n_steps = 0;
 	for (size_t i = 0; i < count; i++) {
@@ -709,6 +770,7 @@ tern_status tern_exec_plan(tern_exec *e, tern_tensor *const *inputs, int n_input
 		if (!st->late && inputs_const && !is_random_op(st->node) && st->op->prepare) {
 			if ((rc = fold_step(e, st)))
 				break;
+			release_packed(e, st, left, true);
 			free_step(st);
 			e->n_steps = n_steps;
 			continue;
@@ -732,9 +794,11 @@ tern_status tern_exec_plan(tern_exec *e, tern_tensor *const *inputs, int n_input
 		}
 		if (st->late || st->dynamic_output)
 			e->has_late = 1;
+		release_packed(e, st, left, false);
 		n_steps++;
 	}
 	free(order);
+	free(left);
 	if (rc)
 		return rc; /* e->n_steps still counts the failed step, so release frees it */
 	e->n_steps = n_steps;

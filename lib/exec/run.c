@@ -215,6 +215,7 @@ tern_status tern_plan_create(tern_model *model, const tern_plan_options *opts, c
 		p->exec->graph = model->graph;
 		p->exec->pool = p->pool;
 		p->exec->schedule = p->schedule;
+		p->exec->release_weights = opts && opts->release_weights;
 		if (p->inplace) {
 			p->exec->inplace_in = p->inplace;
 			p->exec->inplace_out = p->inplace + opts->n_inplace;

@@ -1026,6 +1026,8 @@ static tern_status conv_prepare(tern_prepare_args *p)
 	}
 	if (!cp->depthwise && (st = pack_groups(node, cp, p->in[1], cp->mg, cp->cg * cp->kk, false)))
 		return st;
+	if (cp->packed && x->dtype == TERN_FLOAT)
+		p->packed_inputs |= 1u << 1; /* conv_images reads only the packed groups */
 	/* weights computed in float but not known: packed at each call, for the same kernels */
 	cp->pack_runtime = !cp->depthwise && !cp->packed && x->dtype != TERN_DOUBLE;
 	bool packed = cp->packed || cp->pack_runtime;
@@ -1071,6 +1073,7 @@ tern_status tern_fused_conv_prepare(tern_prepare_args *p)
 		p->free_params = NULL;
 		p->kernel = NULL;
 		p->scratch_bytes = 0;
+		p->packed_inputs = 0;
 		return TERN_OK;
 	}
 	cp->fused = true;

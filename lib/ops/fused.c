@@ -724,6 +724,7 @@ static tern_status fx_prepare_main(tern_prepare_args *p, const char *op_type, in
 	f->free_params = inner.free_params;
 	f->n_main = n_main;
 	f->main_scratch = fx_round(inner.scratch_bytes);
+	p->packed_inputs |= inner.packed_inputs; /* the main inputs are the first of ours */
 	p->params = f;
 	p->free_params = fx_fused_free;
 	if (st)

@@ -964,6 +964,8 @@ static tern_status matmul_prepare(tern_prepare_args *p)
 	if (A->dtype == TERN_FLOAT && B->data && B->rank == 2 && pb->count == 1 &&
 	    !(pb->packed = tern_pack_a(pb->n, pb->k, B->data, pb->n, true, 1.0f)))
 		return tern_node_errorf(p->node, TERN_EOS, "out of memory");
+	if (pb->packed)
+		p->packed_inputs |= 1u << 1;
 	return TERN_OK;
 }
 
@@ -1026,6 +1028,7 @@ tern_status tern_fused_matmul_prepare(tern_prepare_args *p)
 		return tern_errorf(TERN_EOS, "out of memory");
 	if (bias)
 		memcpy(f->bias, bias->data, (size_t)f->n * sizeof *f->bias);
+	p->packed_inputs |= 1u << 1 | (bias ? 1u << 2 : 0u);
 	int64_t dims[TERN_MAX_RANK];
 	memcpy(dims, A->dims, (size_t)A->rank * sizeof *dims);
 	dims[A->rank - 1] = f->n;
@@ -1180,6 +1183,7 @@ static tern_status gemm_prepare(tern_prepare_args *p)
 		return TERN_OK;
 	if (!(g->packed = tern_pack_a(g->n, g->k, B->data, g->tb ? g->k : g->n, !g->tb, g->alpha)))
 		return tern_node_errorf(node, TERN_EOS, "out of memory");
+	p->packed_inputs |= 1u << 1;
 	/* a C known now that is the same for every row of Y: beta C becomes the product's bias */
 	if (g->has_c && g->beta != 0 && g->c_rs == 0 && C->data) {
 		if (!(g->bias = malloc((size_t)(g->n ? g->n : 1) * sizeof *g->bias)))
