@@ -474,7 +474,8 @@ TERN_ISA_BODY tern_status run_direction_body(const rnn_params *p, const rnn_buff
 {
 	int64_t n = p->hidden, gh = p->n_gates * n;
 	bool reverse = p->reverse || d == 1;
-	const float *w = bf->w ? bf->w + d * gh * p->input : NULL, *r = bf->r + d * gh * n;
+	/* NULL where the plan freed weights it packed (tern_prepare_args.packed_inputs) */
+	const float *w = bf->w ? bf->w + d * gh * p->input : NULL, *r = bf->r ? bf->r + d * gh * n : NULL;
 	const activation *acts = p->acts[d];
 	bool lbr = p->cell == CELL_GRU && p->linear_before_reset;
 
@@ -537,7 +538,7 @@ TERN_ISA_BODY tern_status run_direction_body(const rnn_params *p, const rnn_buff
 			}
 		}
 		if (p->cell == CELL_GRU && !lbr) {
-			product(pool, p->batch, n, n, bf->rh, n, r + 2 * n * n, rpanels ? bf->rpack_h : NULL,
+			product(pool, p->batch, n, n, bf->rh, n, r ? r + 2 * n * n : NULL, rpanels ? bf->rpack_h : NULL,
 			        p->rk_h[d], bf->gates + 2 * n, gh);
 			for (int64_t b = 0; b < p->batch; b++)
 				if (s < lens[b])
@@ -1014,6 +1015,9 @@ static tern_status rnn_prepare(tern_prepare_args *p)
 		        : NULL;
 		if ((!projected && !rp->wk[d]) || !rp->rk[d] || (rp->first_cols < gh && !rp->rk_h[d]))
 			return tern_errorf(TERN_EOS, "out of memory");
+		/* every direction packed: the kernel reads W and R only through the packed copies */
+		if (d == nd - 1)
+			p->packed_inputs |= (projected ? 0u : 1u << IN_W) | 1u << IN_R;
 	}
 	rnn_buffers bf;
 
