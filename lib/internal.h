@@ -195,6 +195,9 @@ void *tern_pb_copy(const void *message);
 /* Drops the resident pages of [p, p + n) when it lies in a mapping of external data (a kernel has
  * copied the bytes, packed); they are read from the file again if touched. Else nothing. */
 void tern_mapped_release(const void *p, size_t n);
+/* The whole pages inside [p, p + n) of a private file mapping given back (read again from the file
+ * on the next access). */
+void tern_pages_release(const void *p, size_t n);
 /* The tensor's bytes are mapped from its external data file. */
 bool tern_tensor_proto_mapped(const Onnx__TensorProto *tp);
 

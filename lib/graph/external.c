@@ -47,8 +47,12 @@ static bool in_live_mapping(const void *p)
 
 void tern_mapped_release(const void *p, size_t n)
 {
-	if (!n || !in_live_mapping(p))
-		return;
+	if (n && in_live_mapping(p))
+		tern_pages_release(p, n);
+}
+
+void tern_pages_release(const void *p, size_t n)
+{
 	long page = sysconf(_SC_PAGESIZE);
 	uintptr_t lo = ((uintptr_t)p + (uintptr_t)page - 1) & ~((uintptr_t)page - 1);
 	uintptr_t hi = ((uintptr_t)p + n) & ~((uintptr_t)page - 1);

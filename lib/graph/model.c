@@ -4,7 +4,6 @@
 #include <errno.h>
 #include <libgen.h>
 #include <stdlib.h>
-#include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -51,17 +50,9 @@ static void lean_put(lean_buf *b, const void *src, size_t n)
 {
 	if (b->failed || !n)
 		return;
-	if (b->n + n > b->cap) {
-		size_t cap = b->cap ? b->cap : 4096;
-		while (cap < b->n + n)
-			cap *= 2;
-		uint8_t *q = realloc(b->p, cap);
-		if (!q) {
-			b->failed = true;
-			return;
-		}
-		b->p = q;
-		b->cap = cap;
+	if (!tern_grow((void **)&b->p, &b->cap, b->n + n, 1)) {
+		b->failed = true;
+		return;
 	}
 	memcpy(b->p + b->n, src, n);
 	b->n += n;
@@ -215,13 +206,8 @@ static Onnx__ModelProto *lean_unpack(const uint8_t *p, size_t size, bool release
 		tp->has_raw_data = 1;
 		tp->raw_data.data = bytes;
 		tp->raw_data.len = c->len;
-		if (release) { /* the mapping's pages of this tensor, copied: given back */
-			long page = sysconf(_SC_PAGESIZE);
-			uintptr_t lo = ((uintptr_t)(p + c->off) + (uintptr_t)page - 1) & ~((uintptr_t)page - 1);
-			uintptr_t hi = ((uintptr_t)(p + c->off + c->len)) & ~((uintptr_t)page - 1);
-			if (hi > lo)
-				madvise((void *)lo, hi - lo, MADV_DONTNEED);
-		}
+		if (release) /* the mapping's pages of this tensor, copied: given back */
+			tern_pages_release(p + c->off, c->len);
 	}
 	free(cuts);
 	return mp;

@@ -70,13 +70,13 @@ static tern_status fold(tern_pass_ctx *c, tern_node *bn)
 	const char *inputs[3] = {conv->inputs[0]->name, wv->name, bv->name};
 	const char *outputs[1] = {bn->outputs[0]->name};
 	tern_node *old[2] = {conv, bn};
-	tern_value *was[7] = {conv->inputs[1], conv->n_inputs > 2 ? conv->inputs[2] : NULL};
+	tern_value *was[6] = {conv->inputs[1], conv->n_inputs > 2 ? conv->inputs[2] : NULL};
 	for (size_t i = 1; i < bn->n_inputs && i < 5; i++)
 		was[1 + i] = bn->inputs[i];
 	tern_pass_node conv2 = {"Conv", NULL, conv->name, inputs, 3, outputs, 1, conv, NULL};
 	if (!tern_pass_replace(c, old, 2, &conv2))
 		return TERN_EOS;
-	for (size_t i = 0; i < 7; i++)
+	for (size_t i = 0; i < 6; i++)
 		tern_pass_drop_if_unused(c, was[i]);
 	return TERN_OK;
 }
