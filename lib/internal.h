@@ -8,6 +8,7 @@
 #include "tern.h"
 #include "tern_config.h"
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
@@ -336,6 +337,10 @@ int tern_team_help(tern_threadpool *team);
  * says otherwise, until the next tern_team_notify; whoever makes work (a finished step) calls that
  * after making it visible. Posted jobs notify by themselves. */
 void tern_team_notify(tern_threadpool *team);
+/* Spins (pausing) until *gen differs from seen or about 200 microseconds have passed; true if it
+ * moved. A thread about to sleep until a generation counter moves calls it first, to skip the wake-up
+ * when the wait is short. */
+bool tern_spin_until_moved(const atomic_uint_fast64_t *gen, uint64_t seen);
 void tern_team_idle(tern_threadpool *team, bool (*has_work)(void *), void *ctx, int *spins);
 
 /* ---------------------------------------------------------------- operators */

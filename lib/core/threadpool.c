@@ -13,6 +13,7 @@
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <time.h>
 
 /* A posted job's indices are split into one part per member, [m n / W, (m + 1) n / W): each member
  * starts with its own part and then takes what is left of the others'. Index i thus tends to run on
@@ -50,6 +51,8 @@ struct tern_threadpool {
 	 * than queue behind it. */
 	pthread_mutex_t busy;
 	uint64_t generation; /* bumped per job */
+	atomic_uint_fast64_t posted; /* the generation, for workers spinning without the lock */
+	atomic_int running; /* workers still inside the job, for a caller spinning without the lock */
 	int shutdown;
 	/* the current job */
 	void (*fn)(void *ctx, int64_t i);
@@ -83,12 +86,78 @@ static void run_chunks(tern_threadpool *p)
 	run_range(&p->next, p->n, p->chunk, p->fn, p->ctx);
 }
 
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+	__builtin_ia32_pause();
+#endif
+}
+
+/* How long a thread waits by spinning before it sleeps: a worker for the next job, the caller for the
+ * workers to finish. Jobs that follow one another closely (the kernels of an eager program, a
+ * scheduled run after run) then pass from thread to thread without the wake-up of a sleeping one,
+ * which costs tens of microseconds on virtual machines. */
+#define SPIN_NS 200000
+
+static int64_t now_ns(void)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
+/* Spins until done(arg) or SPIN_NS have passed; true if done. */
+static bool spin_until(bool (*done)(const void *), const void *arg)
+{
+	int64_t t0 = 0;
+	for (int round = 0;; round++) {
+		if (done(arg))
+			return true;
+		for (int i = 0; i < 16; i++)
+			cpu_relax();
+		if (round % 16 == 0) {
+			int64_t t = now_ns();
+			if (!t0)
+				t0 = t;
+			else if (t - t0 > SPIN_NS)
+				return done(arg);
+		}
+	}
+}
+
+typedef struct gen_wait {
+	const atomic_uint_fast64_t *gen;
+	uint64_t seen;
+} gen_wait;
+
+static bool gen_moved(const void *arg)
+{
+	const gen_wait *w = arg;
+	return atomic_load_explicit(w->gen, memory_order_acquire) != w->seen;
+}
+
+bool tern_spin_until_moved(const atomic_uint_fast64_t *gen, uint64_t seen)
+{
+	gen_wait w = {gen, seen};
+	return spin_until(gen_moved, &w);
+}
+
+static bool workers_out(const void *arg)
+{
+	return atomic_load_explicit((const atomic_int *)arg, memory_order_acquire) == 0;
+}
+
 static void *worker_main(void *arg)
 {
 	tern_threadpool *p = arg;
 	pthread_mutex_lock(&p->lock);
 	uint64_t seen = p->spawn_generation;
 	for (;;) {
+		if (!p->shutdown && p->generation == seen) {
+			pthread_mutex_unlock(&p->lock);
+			tern_spin_until_moved(&p->posted, seen);
+			pthread_mutex_lock(&p->lock);
+		}
 		while (!p->shutdown && p->generation == seen)
 			pthread_cond_wait(&p->wake, &p->lock);
 		if (p->shutdown)
@@ -97,6 +166,7 @@ static void *worker_main(void *arg)
 		pthread_mutex_unlock(&p->lock);
 		run_chunks(p);
 		pthread_mutex_lock(&p->lock);
+		atomic_fetch_sub_explicit(&p->running, 1, memory_order_release);
 		if (--p->active == 0)
 			pthread_cond_signal(&p->done);
 	}
@@ -204,13 +274,6 @@ static bool team_posted(tern_threadpool *p)
 		if (atomic_load_explicit(&p->team[m].active, memory_order_acquire))
 			return true;
 	return false;
-}
-
-static inline void cpu_relax(void)
-{
-#if defined(__x86_64__) || defined(__i386__)
-	__builtin_ia32_pause();
-#endif
 }
 
 /* Rounds of looking for work before an idle member sleeps: enough to cover the gaps between steps
@@ -350,10 +413,13 @@ void tern_parallel_for(tern_threadpool *p, int64_t n, void (*fn)(void *ctx, int6
 	p->chunk = chunk < 1 ? 1 : chunk;
 	atomic_store(&p->next, 0);
 	p->active = p->started;
+	atomic_store_explicit(&p->running, p->started, memory_order_relaxed);
 	p->generation++;
+	atomic_store_explicit(&p->posted, p->generation, memory_order_release);
 	pthread_cond_broadcast(&p->wake);
 	pthread_mutex_unlock(&p->lock);
 	run_chunks(p);
+	spin_until(workers_out, &p->running);
 	pthread_mutex_lock(&p->lock);
 	while (p->active > 0)
 		pthread_cond_wait(&p->done, &p->lock);

@@ -37,6 +37,7 @@ struct stream_sync {
 	pthread_mutex_t lock;
 	pthread_cond_t go, finished;
 	uint64_t generation;
+	atomic_uint_fast64_t started; /* the generation, readable without the lock by a worker spinning for it */
 	int shutdown;
 	/* Workers inside this generation. The caller waits only for them: once it has seen the generation
 	 * end it closes it, and a worker that wakes later skips it, so a run never waits for a sleeping
@@ -173,6 +174,9 @@ static void finish_worker(struct stream_sync *y)
 	pthread_mutex_unlock(&y->lock);
 }
 
+/* A worker that finished a run spins a while for the next before it sleeps: runs that follow one
+ * another closely (a loop over batches, a decoder calling the plan per token) then start without the
+ * wake-up of a sleeping thread, which costs tens of microseconds on virtual machines. */
 static void *worker_main(void *arg)
 {
 	stream_worker *w = arg;
@@ -181,6 +185,7 @@ static void *worker_main(void *arg)
 	uint64_t seen = 0;
 	tern_team_join(e->kernel_pool, w->index);
 	for (;;) {
+		tern_spin_until_moved(&y->started, seen);
 		pthread_mutex_lock(&y->lock);
 		while (!y->shutdown && y->generation == seen)
 			pthread_cond_wait(&y->go, &y->lock);
@@ -251,6 +256,7 @@ tern_status tern_exec_run_streams(tern_exec *e)
 	struct stream_sync *y = e->sync;
 	pthread_mutex_lock(&y->lock);
 	y->generation++;
+	atomic_store_explicit(&y->started, y->generation, memory_order_release);
 	y->active = 0;
 	y->status = TERN_OK;
 	atomic_store(&y->failed, 0);
