@@ -505,6 +505,20 @@ tern_status tern_exec_run(tern_exec *e, tern_tensor *const *inputs, int n_inputs
 int tern_exec_num_outputs(const tern_exec *e);
 tern_tensor *tern_exec_output(tern_exec *e, int i);
 void tern_exec_free(tern_exec *e);
+/* Calls of model-local functions (calls.c). A node calls one when its domain and type are the
+ * function's, or through tern.Invoke. tern_call_begin takes a frame of fn (a plan of its body, reused
+ * from call to call), runs it on the inputs and hands it over, outputs ready; tern_call_end gives it
+ * back. Calls nested deeper than TERN_CALL_DEPTH_MAX on one thread fail with TERN_EDATA. */
+#define TERN_CALL_DEPTH_MAX 1000
+typedef struct tern_calls tern_calls;
+tern_graph *tern_function_find(const tern_model *m, const char *domain, const char *name);
+tern_status tern_call_begin(tern_exec *caller, const tern_node *node, const tern_graph *fn, tern_tensor *const *in,
+                            int n_in, tern_threadpool *pool, tern_exec **frame);
+void tern_call_end(tern_exec *caller, tern_exec *frame);
+void tern_calls_free(tern_calls *c);
+/* The operator of a node that calls a function by its domain and type (control.c). */
+extern const tern_op tern_op_function_call;
+
 /* Runs one node on tensors that all have data (constant folding, eager mode): outputs[0..n_outputs)
  * are allocated and owned by the caller; omitted outputs (node->outputs[i] NULL) stay empty. */
 tern_status tern_node_eval(const tern_node *node, tern_tensor *const *inputs, int n_inputs, tern_tensor *outputs,

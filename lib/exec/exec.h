@@ -93,6 +93,7 @@ struct tern_exec {
 	void **worker_scratch; /* per worker */
 	stream_worker *workers;
 	struct stream_sync *sync;
+	tern_calls *calls; /* the main plan's: frames of the model-local functions its nodes call (calls.c) */
 	/* profiling */
 	int profile;
 	tern_profile_event *events;

@@ -273,6 +273,8 @@ static tern_status build_step(tern_exec *e, tern_node *n, step *st)
 {
 	st->node = n;
 	st->op = tern_op_find(n->domain, n->op_type, n->opset);
+	if (!st->op && tern_function_find(n->graph->model, n->domain, n->op_type))
+		st->op = &tern_op_function_call;
 	if (!st->op)
 		return unsupported(n);
 	st->n_in = (int)n->n_inputs;
@@ -863,6 +865,7 @@ void tern_exec_free(tern_exec *e)
 	if (!e)
 		return;
 	tern_exec_release(e);
+	tern_calls_free(e->calls);
 	tern_threadpool_free(e->team);
 	free(e->events);
 	free(e);

@@ -634,8 +634,57 @@ static tern_status scan_prepare(tern_prepare_args *p)
 	return body_prepare(p);
 }
 
+/* ---------------------------------------------------------------- calls of model-local functions */
+
+static tern_status call_run(const tern_kernel_args *a)
+{
+	const tern_graph *fn = a->params;
+	tern_exec *frame;
+	tern_status rc = tern_call_begin(a->exec, a->node, fn, a->in, a->n_in, a->pool, &frame);
+	for (int o = 0; !rc && o < a->n_out; o++)
+		if (a->out[o])
+			rc = copy_out(a->node, a->out[o], tern_exec_output(frame, o));
+	if (frame)
+		tern_call_end(a->exec, frame);
+	return rc;
+}
+
+/* A node whose domain and type name a function, or tern.Invoke, whose attributes `function` and
+ * `function_domain` do: the function is looked up now, and planned only when it is called, so that a
+ * body may invoke its own function. */
+static tern_status call_prepare(tern_prepare_args *p)
+{
+	const tern_node *n = p->node;
+	const char *domain = n->domain, *name = n->op_type;
+	bool invoke = !strcmp(n->domain, "tern") && !strcmp(n->op_type, "Invoke");
+	if (invoke) {
+		name = tern_attr_string(n, "function", NULL);
+		domain = tern_attr_string(n, "function_domain", "");
+		if (!name || !*name)
+			return tern_node_errorf(n, TERN_EDATA, "tern.Invoke needs the string attribute 'function'");
+	}
+	const tern_graph *fn = tern_function_find(n->graph->model, domain, name);
+	if (!fn)
+		return tern_node_errorf(n, TERN_EDATA, "invokes %s%s%s, which the model does not define", domain,
+		                        *domain ? "." : "", name);
+	if (fn->fproto->n_attribute)
+		return tern_node_errorf(n, TERN_EDATA, "%s has attribute parameters, which tern's calls do not pass", name);
+	if ((size_t)p->n_in != fn->n_inputs)
+		return tern_node_errorf(n, TERN_EDATA, "%d inputs given; %s takes %zu", p->n_in, name, fn->n_inputs);
+	if ((size_t)p->n_out > fn->n_outputs)
+		return tern_node_errorf(n, TERN_EDATA, "%d outputs asked for; %s returns %zu", p->n_out, name,
+		                        fn->n_outputs);
+	p->kernel = call_run;
+	p->params = (void *)fn;
+	p->dynamic_output = 1;
+	return TERN_OK;
+}
+
+const tern_op tern_op_function_call = {"", "(function call)", 1, 0, call_prepare, 0, "control"};
+
 static const tern_op ops[] = {
         {"", "If", 1, 0, if_prepare, 0, "control"},
+        {"tern", "Invoke", 1, 0, call_prepare, 0, "control"},
         {"", "Loop", 1, 0, loop_prepare, 0, "control"},
         {"", "Scan", 8, 0, scan_prepare, 0, "control"},
 };

@@ -1,0 +1,160 @@
+/* calls.c — model-local functions called by nodes, run without inlining (tern-graph(5)).
+ *
+ * A node calls a function when its domain and operator type are the function's, or through
+ * tern.Invoke, whose attributes name it: a function's body may then invoke its own function under an
+ * If, which ONNX's plain calls may not. Each call runs the body in a frame: a plan of the body (its
+ * own executor and arena) that the call has to itself while it runs. Frames belong to the main plan
+ * and outlive the calls: a call takes a free frame of its function planned for the same input shapes
+ * (else any free one of the function, re-planned), and plans a new one only when every frame of the
+ * function is in use by the calls around it. A recursion therefore plans as many frames as it goes
+ * deep, once; later calls of the same shapes allocate nothing. */
+#include "exec.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+
+typedef struct call_frame {
+	const tern_graph *fn;
+	tern_exec *exec;
+	int busy;
+} call_frame;
+
+struct tern_calls {
+	pthread_mutex_t lock;
+	call_frame *frames;
+	size_t n, cap;
+};
+
+/* Calls running on this thread, one inside another: a call's body runs on its caller's thread. */
+static _Thread_local int call_depth;
+static pthread_mutex_t calls_create = PTHREAD_MUTEX_INITIALIZER;
+
+static bool same_domain(const char *a, const char *b)
+{
+	if (!a || !strcmp(a, "ai.onnx"))
+		a = "";
+	if (!b || !strcmp(b, "ai.onnx"))
+		b = "";
+	return !strcmp(a, b);
+}
+
+tern_graph *tern_function_find(const tern_model *m, const char *domain, const char *name)
+{
+	for (size_t i = 0; m && name && i < m->n_functions; i++) {
+		const Onnx__FunctionProto *fp = m->functions[i]->fproto;
+		if (fp && fp->name && !strcmp(fp->name, name) && same_domain(fp->domain, domain))
+			return m->functions[i];
+	}
+	return NULL;
+}
+
+static bool fits(const tern_exec *e, tern_tensor *const *in, int n)
+{
+	if (e->n_inputs != n)
+		return false;
+	for (int i = 0; i < n; i++) {
+		const tern_tensor *t = &e->slots[e->input_slot[i]].t;
+		if (t->dtype != in[i]->dtype || t->rank != in[i]->rank ||
+		    memcmp(t->dims, in[i]->dims, (size_t)t->rank * sizeof *t->dims) != 0)
+			return false;
+	}
+	return true;
+}
+
+static tern_calls *calls_of(tern_exec *caller)
+{
+	tern_exec *root = caller;
+	while (root->parent)
+		root = root->parent;
+	pthread_mutex_lock(&calls_create);
+	if (!root->calls && (root->calls = calloc(1, sizeof *root->calls)))
+		pthread_mutex_init(&root->calls->lock, NULL);
+	pthread_mutex_unlock(&calls_create);
+	return root->calls;
+}
+
+tern_status tern_call_begin(tern_exec *caller, const tern_node *node, const tern_graph *fn, tern_tensor *const *in,
+                            int n_in, tern_threadpool *pool, tern_exec **frame)
+{
+	*frame = NULL;
+	const char *name = fn->fproto && fn->fproto->name ? fn->fproto->name : "?";
+	if (call_depth >= TERN_CALL_DEPTH_MAX)
+		return tern_node_errorf(node, TERN_EDATA,
+		                        "calls of %s nested %d deep, the limit: a recursion whose end is never reached?",
+		                        name, TERN_CALL_DEPTH_MAX);
+	for (int i = 0; i < n_in; i++)
+		if (!in[i])
+			return tern_node_errorf(node, TERN_EDATA, "input %d of the call of %s is missing", i, name);
+	tern_calls *c = calls_of(caller);
+	if (!c)
+		return tern_errorf(TERN_EOS, "out of memory");
+	pthread_mutex_lock(&c->lock);
+	call_frame *pick = NULL;
+	for (size_t i = 0; i < c->n; i++) {
+		call_frame *f = &c->frames[i];
+		if (f->busy || f->fn != fn)
+			continue;
+		if (fits(f->exec, in, n_in)) {
+			pick = f;
+			break;
+		}
+		if (!pick)
+			pick = f;
+	}
+	tern_exec *e = NULL;
+	if (pick) {
+		pick->busy = 1;
+		e = pick->exec;
+	}
+	pthread_mutex_unlock(&c->lock);
+	tern_status rc = TERN_OK;
+	if (!e) {
+		/* planned outside the lock: planning may call (a Constant folded by a call, say) */
+		tern_exec *root = caller;
+		while (root->parent)
+			root = root->parent;
+		if ((rc = tern_exec_create(root, (tern_graph *)fn, in, n_in, pool, &e)))
+			return rc;
+		pthread_mutex_lock(&c->lock);
+		if (!tern_grow((void **)&c->frames, &c->cap, c->n + 1, sizeof *c->frames)) {
+			pthread_mutex_unlock(&c->lock);
+			tern_exec_free(e);
+			return tern_errorf(TERN_EOS, "out of memory");
+		}
+		c->frames[c->n++] = (call_frame){fn, e, 1};
+		pthread_mutex_unlock(&c->lock);
+	}
+	call_depth++;
+	rc = tern_exec_run(e, in, n_in);
+	if (!rc && tern_exec_num_outputs(e) < (int)node->n_outputs)
+		rc = tern_node_errorf(node, TERN_EDATA, "the node has %zu outputs; %s returns %d", node->n_outputs, name,
+		                      tern_exec_num_outputs(e));
+	if (rc) {
+		tern_call_end(caller, e);
+		return rc;
+	}
+	*frame = e;
+	return TERN_OK;
+}
+
+void tern_call_end(tern_exec *caller, tern_exec *frame)
+{
+	call_depth--;
+	tern_calls *c = calls_of(caller);
+	pthread_mutex_lock(&c->lock);
+	for (size_t i = 0; i < c->n; i++)
+		if (c->frames[i].exec == frame)
+			c->frames[i].busy = 0;
+	pthread_mutex_unlock(&c->lock);
+}
+
+void tern_calls_free(tern_calls *c)
+{
+	if (!c)
+		return;
+	for (size_t i = 0; i < c->n; i++)
+		tern_exec_free(c->frames[i].exec);
+	free(c->frames);
+	pthread_mutex_destroy(&c->lock);
+	free(c);
+}

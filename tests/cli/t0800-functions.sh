@@ -1,0 +1,135 @@
+#!/bin/sh
+# Model-local functions run without inlining (tern-graph(5)): plain calls, tern.Invoke, recursion
+# that ends under an If, the depth limit, and the pipeline around such a graph.
+test_description='function calls'
+. "$(dirname "$0")/test-lib.sh"
+
+# An int64 .npy file from numbers: npy_i64 SHAPE VALUES... (SHAPE like 5, or "" for a scalar).
+npy_i64() {
+	python3 -c 'import struct, sys
+shape = tuple(int(d) for d in sys.argv[1].split(",") if d)
+h = "{\x27descr\x27: \x27<i8\x27, \x27fortran_order\x27: False, \x27shape\x27: %r, }" % (shape,)
+h += " " * ((64 - (10 + len(h) + 1) % 64) % 64) + "\n"
+v = [int(x) for x in sys.argv[2:]]
+sys.stdout.buffer.write(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(h)) + h.encode() + struct.pack("<%dq" % len(v), *v))' "$@"
+}
+
+# A chain of N inner nodes (node i's left child is node i + 1, its right child a leaf), 2N + 1 nodes:
+# chain N PREFIX writes PREFIX-left.npy, PREFIX-right.npy and PREFIX-value.npy (all ones).
+chain() {
+	n=$1
+	left= right= ones=
+	i=0
+	while test $i -lt $n; do
+		if test $i -lt $((n - 1)); then left="$left $((i + 1))"; else left="$left $((2 * n))"; fi
+		right="$right $((n + i))"
+		i=$((i + 1))
+	done
+	i=0
+	while test $i -le $n; do left="$left -1"; right="$right -1"; i=$((i + 1)); done
+	i=0
+	while test $i -le $((2 * n)); do ones="$ones 1"; i=$((i + 1)); done
+	npy_i64 $((2 * n + 1)) $left >"$2-left.npy" &&
+	npy_i64 $((2 * n + 1)) $right >"$2-right.npy" &&
+	npy $((2 * n + 1)) $ones >"$2-value.npy"
+}
+
+test_expect_success 'set up graphs' '
+	cat >double.txt <<-\EOF &&
+	<ir_version: 8, opset_import: ["" : 17, "local" : 1]>
+	g (float[3] x) => (float[3] y) {
+	  h = local.Double (x)
+	  y = local.Double (h)
+	}
+	<domain: "local", opset_import: ["" : 17]>
+	Double (X) => (Y) { Y = Add (X, X) }
+	EOF
+	cat >tree.txt <<-\EOF &&
+	<ir_version: 8, opset_import: ["" : 17, "tern" : 1, "tree" : 1]>
+	main (int64[N] left, int64[N] right, float[N] value, int64 root) => (float total) {
+	  total = tern.Invoke <function = "TreeSum", function_domain = "tree"> (root, left, right, value)
+	}
+	<domain: "tree", opset_import: ["" : 17, "tern" : 1, "tree" : 1]>
+	TreeSum (node, left, right, value) => (s) {
+	  l = Gather <axis = 0> (left, node)
+	  r = Gather <axis = 0> (right, node)
+	  v = Gather <axis = 0> (value, node)
+	  zero = Constant <value = int64 {0}> ()
+	  leaf = Less (l, zero)
+	  s = If (leaf) <then_branch = leaf_case () => (float sv) { sv = tree.Weight (v) },
+	                 else_branch = inner_case () => (float se) {
+	    a = tern.Invoke <function = "TreeSum", function_domain = "tree"> (l, left, right, value)
+	    b = tern.Invoke <function = "TreeSum", function_domain = "tree"> (r, left, right, value)
+	    ab = Add (a, b)
+	    se = Add (ab, v)
+	  }>
+	}
+	<domain: "tree", opset_import: ["" : 17]>
+	Weight (x) => (y) { two = Constant <value = float {2}> () y = Mul (x, two) }
+	EOF
+	cat >missing.txt <<-\EOF &&
+	<ir_version: 8, opset_import: ["" : 17, "tern" : 1]>
+	g (float[2] x) => (float[2] y) {
+	  y = tern.Invoke <function = "Nowhere", function_domain = "d"> (x)
+	}
+	EOF
+	npy 3 1 2 3 >x.npy &&
+	npy_i64 5 1 3 -1 -1 -1 >left.npy &&
+	npy_i64 5 2 4 -1 -1 -1 >right.npy &&
+	npy 5 1 2 4 8 16 >value.npy &&
+	npy_i64 "" 0 >root.npy
+'
+
+test_expect_success 'a plain call of a model-local function runs' '
+	tern-run -i x=x.npy double.txt >out &&
+	grep -F "y float[3] [4, 8, 12]" out
+'
+
+# node 0 has children 1 and 2, node 1 has 3 and 4; leaves count twice (tree.Weight):
+# 1 + 2 + 2 * (4 + 8 + 16) = 59
+tree_inputs="-i left=left.npy -i right=right.npy -i value=value.npy -i root=root.npy"
+
+test_expect_success 'tern.Invoke recurses until the If takes the leaf case' '
+	tern-run $tree_inputs tree.txt >out &&
+	grep -F "total float[] [59]" out
+'
+
+test_expect_success 'the same on two threads, after tern-optimize and tern-schedule, and repeated' '
+	tern-optimize tree.txt | tern-schedule | tern-run --threads 2 --iters 5 $tree_inputs >out 2>err &&
+	grep -F "total float[] [59]" out
+'
+
+test_expect_success 'a call of a subtree: the root is an input' '
+	npy_i64 "" 1 >root1.npy &&
+	tern-run -i left=left.npy -i right=right.npy -i value=value.npy -i root=root1.npy tree.txt >out &&
+	grep -F "total float[] [50]" out
+'
+
+# 600 inner nodes: 600 ones + 601 leaves of weight 2 = 1802
+test_expect_success 'a recursion 600 calls deep' '
+	chain 600 c600 &&
+	tern-run -i left=c600-left.npy -i right=c600-right.npy -i value=c600-value.npy -i root=root.npy tree.txt >out &&
+	grep -F "total float[] [1802]" out
+'
+
+test_expect_success 'deeper than the limit: one error line, exit 65' '
+	chain 1200 c1200 &&
+	test_expect_code 65 tern-run -i left=c1200-left.npy -i right=c1200-right.npy -i value=c1200-value.npy \
+		-i root=root.npy tree.txt >out 2>err &&
+	test_one_error_line tern-run err &&
+	grep -F "nested 1000 deep" err &&
+	test_must_be_empty out
+'
+
+test_expect_success 'invoking a function the model does not define: one error line, exit 65' '
+	test_expect_code 65 tern-run --random missing.txt >out 2>err &&
+	test_one_error_line tern-run err &&
+	grep -F "invokes d.Nowhere, which the model does not define" err
+'
+
+test_expect_success PYTHON 'the file passes onnx.checker with full_check' '
+	tern-show -f onnx -o tree.onnx tree.txt &&
+	"$TERN_PYTHON" -c "import onnx; onnx.checker.check_model(onnx.load(\"tree.onnx\"), full_check=True)"
+'
+
+test_done
