@@ -516,8 +516,10 @@ tern_status tern_call_begin(tern_exec *caller, const tern_node *node, const tern
                             int n_in, tern_threadpool *pool, tern_exec **frame);
 void tern_call_end(tern_exec *caller, tern_exec *frame);
 void tern_calls_free(tern_calls *c);
-/* The operator of a node that calls a function by its domain and type (control.c). */
+/* The operator of a node that calls a function by its domain and type (control.c); whether an
+ * operator is that or tern.Invoke. */
 extern const tern_op tern_op_function_call;
+bool tern_op_calls_function(const tern_op *op);
 
 /* Runs one node on tensors that all have data (constant folding, eager mode): outputs[0..n_outputs)
  * are allocated and owned by the caller; omitted outputs (node->outputs[i] NULL) stay empty. */

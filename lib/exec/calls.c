@@ -11,7 +11,15 @@
 #include "exec.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
+
+static inline void cpu_pause(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+	__builtin_ia32_pause();
+#endif
+}
 
 typedef struct call_frame {
 	const tern_graph *fn;
@@ -19,8 +27,26 @@ typedef struct call_frame {
 	int busy;
 } call_frame;
 
+/* The pool's lock is held for a few dozen instructions per call, by calls on several threads at once
+ * (a tree's subtrees): a spin lock, since a mutex that finds it held puts the thread to sleep. */
+typedef struct spin_lock {
+	atomic_int held;
+} spin_lock;
+
+static void spin_acquire(spin_lock *l)
+{
+	while (atomic_exchange_explicit(&l->held, 1, memory_order_acquire))
+		while (atomic_load_explicit(&l->held, memory_order_relaxed))
+			cpu_pause();
+}
+
+static void spin_release(spin_lock *l)
+{
+	atomic_store_explicit(&l->held, 0, memory_order_release);
+}
+
 struct tern_calls {
-	pthread_mutex_t lock;
+	spin_lock lock;
 	call_frame *frames;
 	size_t n, cap;
 };
@@ -68,7 +94,7 @@ static tern_calls *calls_of(tern_exec *caller)
 		root = root->parent;
 	pthread_mutex_lock(&calls_create);
 	if (!root->calls && (root->calls = calloc(1, sizeof *root->calls)))
-		pthread_mutex_init(&root->calls->lock, NULL);
+		atomic_init(&root->calls->lock.held, 0);
 	pthread_mutex_unlock(&calls_create);
 	return root->calls;
 }
@@ -88,7 +114,7 @@ tern_status tern_call_begin(tern_exec *caller, const tern_node *node, const tern
 	tern_calls *c = calls_of(caller);
 	if (!c)
 		return tern_errorf(TERN_EOS, "out of memory");
-	pthread_mutex_lock(&c->lock);
+	spin_acquire(&c->lock);
 	call_frame *pick = NULL;
 	for (size_t i = 0; i < c->n; i++) {
 		call_frame *f = &c->frames[i];
@@ -106,7 +132,7 @@ tern_status tern_call_begin(tern_exec *caller, const tern_node *node, const tern
 		pick->busy = 1;
 		e = pick->exec;
 	}
-	pthread_mutex_unlock(&c->lock);
+	spin_release(&c->lock);
 	tern_status rc = TERN_OK;
 	if (!e) {
 		/* planned outside the lock: planning may call (a Constant folded by a call, say) */
@@ -115,14 +141,14 @@ tern_status tern_call_begin(tern_exec *caller, const tern_node *node, const tern
 			root = root->parent;
 		if ((rc = tern_exec_create(root, (tern_graph *)fn, in, n_in, pool, &e)))
 			return rc;
-		pthread_mutex_lock(&c->lock);
+		spin_acquire(&c->lock);
 		if (!tern_grow((void **)&c->frames, &c->cap, c->n + 1, sizeof *c->frames)) {
-			pthread_mutex_unlock(&c->lock);
+			spin_release(&c->lock);
 			tern_exec_free(e);
 			return tern_errorf(TERN_EOS, "out of memory");
 		}
 		c->frames[c->n++] = (call_frame){fn, e, 1};
-		pthread_mutex_unlock(&c->lock);
+		spin_release(&c->lock);
 	}
 	call_depth++;
 	rc = tern_exec_run(e, in, n_in);
@@ -141,11 +167,11 @@ void tern_call_end(tern_exec *caller, tern_exec *frame)
 {
 	call_depth--;
 	tern_calls *c = calls_of(caller);
-	pthread_mutex_lock(&c->lock);
+	spin_acquire(&c->lock);
 	for (size_t i = 0; i < c->n; i++)
 		if (c->frames[i].exec == frame)
 			c->frames[i].busy = 0;
-	pthread_mutex_unlock(&c->lock);
+	spin_release(&c->lock);
 }
 
 void tern_calls_free(tern_calls *c)
@@ -155,6 +181,5 @@ void tern_calls_free(tern_calls *c)
 	for (size_t i = 0; i < c->n; i++)
 		tern_exec_free(c->frames[i].exec);
 	free(c->frames);
-	pthread_mutex_destroy(&c->lock);
 	free(c);
 }

@@ -42,12 +42,22 @@ typedef struct step {
 	void (*free_params)(void *);
 	size_t scratch_bytes;
 	int late; /* prepared at run time */
+	/* A late step whose prepare needed only its inputs' shapes (it succeeded without their bytes)
+	 * is not prepared again while they stay: late_key holds them (dtype, rank, dims per input),
+	 * late_out the output shapes that prepare gave. */
+	int late_ready;
+	int64_t *late_key;
+	size_t late_key_len;
+	tern_tensor *late_out;
 	int dynamic_output; /* the kernel allocates its outputs */
 	int alias; /* output 0 aliases input 0: nothing to launch */
 	int noop; /* a scheduled node folded while planning: only its place in the order */
 	uint32_t inplace_inputs; /* inputs an output may overwrite (tern_prepare_args.inplace_inputs) */
 	uint32_t packed_inputs; /* inputs the kernel packed and does not read (tern_prepare_args) */
 	int stream;
+	/* Calls of functions that start here and may run at once: independent tern.Invoke or function
+	 * call steps in a row (a tree node's children), their count; 0 elsewhere. */
+	int group;
 	int *waits; /* steps on other streams that must finish first */
 	int n_waits;
 } step;
@@ -102,6 +112,9 @@ struct tern_exec {
 
 tern_status tern_exec_plan(tern_exec *e, tern_tensor *const *inputs, int n_inputs);
 tern_status tern_exec_run_step(tern_exec *e, int k, void *scratch, int worker);
+/* Runs step *k, or the group of calls starting there on the kernel pool's threads at once, and moves
+ * *k past what ran. */
+tern_status tern_exec_run_next(tern_exec *e, int *k, void *scratch, int worker);
 /* Multi-stream set-up and running (streams.c). */
 tern_status tern_exec_setup_streams(tern_exec *e);
 tern_status tern_exec_run_streams(tern_exec *e);

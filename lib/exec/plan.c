@@ -43,6 +43,8 @@ static void free_step(step *s)
 	free(s->out_slot);
 	free(s->use_slot);
 	free(s->waits);
+	free(s->late_key);
+	free(s->late_out);
 	memset(s, 0, sizeof *s);
 }
 
@@ -78,16 +80,38 @@ void tern_exec_release(tern_exec *e)
 }
 
 /* Finds the parent executor's tensor for an outer value. */
-static tern_tensor *outer_tensor(tern_exec *e, tern_value *v)
+static slot *outer_slot(tern_exec *e, tern_value *v, tern_exec **owner)
 {
 	tern_value *target = v->outer;
 	for (tern_exec *p = e->parent; p; p = p->parent) {
-		if (target->index < (int)p->n_slots && p->graph->values[target->index] == target)
-			return &p->slots[target->index].t;
+		if (target->index < (int)p->n_slots && p->graph->values[target->index] == target) {
+			*owner = p;
+			return &p->slots[target->index];
+		}
 		if (target->flags & TERN_VALUE_OUTER)
 			target = target->outer;
 	}
 	return NULL;
+}
+
+static tern_tensor *outer_tensor(tern_exec *e, tern_value *v)
+{
+	tern_exec *owner;
+	slot *s = outer_slot(e, v, &owner);
+	return s ? &s->t : NULL;
+}
+
+/* Whether an outer value is a constant of the plan it comes from (an initializer, a folded value),
+ * through any plans between. */
+static bool outer_constant(tern_exec *e, tern_value *v)
+{
+	tern_exec *owner;
+	slot *s = outer_slot(e, v, &owner);
+	if (!s)
+		return false;
+	if (s->kind == SLOT_OUTER)
+		return outer_constant(owner, owner->graph->values[s - owner->slots]);
+	return s->kind == SLOT_CONST;
 }
 
 static tern_status bind_inputs(tern_exec *e, tern_tensor *const *inputs, int n_inputs)
@@ -167,6 +191,11 @@ static tern_status init_slots(tern_exec *e)
 			s->t = *s->outer;
 			s->t.owns_data = 0;
 			s->t.name = NULL;
+			/* Prepare sees its bytes only when they cannot change between runs: anything else (the
+			 * graph's input, a function's argument) may, without a re-plan, and a prepare that kept
+			 * what it read (packed weights) would then compute with stale values. */
+			if (!outer_constant(e, v))
+				s->t.data = NULL;
 			/* Its shape is known when the parent planned it statically. */
 			s->known = s->outer->dtype != 0;
 		}
@@ -212,12 +241,15 @@ static tern_status fold_step(tern_exec *e, step *st)
 }
 
 /* Calls the operator's prepare. Shared by planning and late (run-time) preparation. */
-tern_status tern_exec_prepare_step(tern_exec *e, step *st, int at_run);
-tern_status tern_exec_prepare_step(tern_exec *e, step *st, int at_run)
+tern_status tern_exec_prepare_step(tern_exec *e, step *st, int at_run, tern_tensor **in, bool *deferred);
+/* at_run: 0 while planning, 1 at run time (every input has its bytes), 2 at run time on `in`, the
+ * inputs without their bytes, where prepare may defer: *deferred is then set, and st keeps nothing of
+ * that prepare. */
+tern_status tern_exec_prepare_step(tern_exec *e, step *st, int at_run, tern_tensor **in, bool *deferred)
 {
 	tern_prepare_args p = {0};
 	p.node = st->node;
-	p.in = st->in;
+	p.in = in ? in : st->in;
 	p.n_in = st->n_in;
 	p.out = st->out;
 	p.n_out = st->n_out;
@@ -237,9 +269,17 @@ tern_status tern_exec_prepare_step(tern_exec *e, step *st, int at_run)
 	st->params = p.params;
 	st->free_params = p.free_params;
 	if (p.defer) {
-		if (at_run)
+		if (at_run == 1)
 			return tern_node_errorf(st->node, TERN_EINTERNAL,
 			                        "prepare deferred although every input is known");
+		if (at_run == 2) {
+			if (p.params && p.free_params)
+				p.free_params(p.params);
+			st->params = NULL;
+			st->free_params = NULL;
+			*deferred = true;
+			return TERN_OK;
+		}
 		st->late = 1;
 		return TERN_OK;
 	}
@@ -717,6 +757,36 @@ static void release_packed(tern_exec *e, const step *st, int *left, bool done)
 	}
 }
 
+static bool reads_output_of(const step *reader, const step *writer)
+{
+	for (int u = 0; u < reader->n_use; u++)
+		for (int o = 0; o < writer->n_out; o++)
+			if (writer->out_slot[o] >= 0 && reader->use_slot[u] == writer->out_slot[o])
+				return true;
+	return false;
+}
+
+/* Groups of calls that may run at once (step.group): function calls in a row, none reading what
+ * another of the group makes. Their outputs are the kernels' own (dynamic) and they use no scratch,
+ * so running them together cannot disturb the memory plan, which assumes one after another. */
+static void group_calls(tern_exec *e)
+{
+	for (int k = 0; k < e->n_steps;) {
+		int j = k;
+		while (j < e->n_steps && tern_op_calls_function(e->steps[j].op) && !e->steps[j].noop) {
+			bool free_of = true;
+			for (int i = k; i < j && free_of; i++)
+				free_of = !reads_output_of(&e->steps[j], &e->steps[i]);
+			if (!free_of)
+				break;
+			j++;
+		}
+		if (j - k >= 2)
+			e->steps[k].group = j - k;
+		k = j > k ? j : k + 1;
+	}
+}
+
 tern_status tern_exec_plan(tern_exec *e, tern_tensor *const *inputs, int n_inputs)
 {
 	tern_graph *g = e->graph;
@@ -759,7 +829,7 @@ tern_status tern_exec_plan(tern_exec *e, tern_tensor *const *inputs, int n_input
 		if (inputs_known && reads_shape_only(st->node))
 			inputs_const = true;
 		if (inputs_known) {
-			if ((rc = tern_exec_prepare_step(e, st, 0)))
+			if ((rc = tern_exec_prepare_step(e, st, 0, NULL, NULL)))
 				break;
 		} else {
 			st->late = 1;
@@ -813,6 +883,8 @@ tern_status tern_exec_plan(tern_exec *e, tern_tensor *const *inputs, int n_input
 		for (int o = 0; o < e->steps[i].n_out; o++)
 			if (e->steps[i].out_slot[o] >= 0)
 				e->slots[e->steps[i].out_slot[o]].first_def = i;
+	if (e->n_streams == 1)
+		group_calls(e);
 	e->n_outputs = (int)g->n_outputs;
 	e->output_slot = calloc(g->n_outputs + 1, sizeof *e->output_slot);
 	if (!e->output_slot)

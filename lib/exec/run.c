@@ -11,7 +11,7 @@
 #include <cblas.h>
 #endif
 
-tern_status tern_exec_prepare_step(tern_exec *e, step *st, int at_run);
+tern_status tern_exec_prepare_step(tern_exec *e, step *st, int at_run, tern_tensor **in, bool *deferred);
 
 #if TERN_HAVE_BLAS
 #if TERN_HAVE_BLAS_THREAD_SHUTDOWN
@@ -47,10 +47,74 @@ static bool same_shape(const tern_tensor *a, const tern_tensor *b)
 	return true;
 }
 
+/* The inputs' shapes as a late step's key: per input present, dtype, rank, dims. */
+static size_t late_key(const step *st, int64_t *key)
+{
+	size_t n = 0;
+	for (int i = 0; i < st->n_in; i++) {
+		const tern_tensor *t = st->in[i];
+		key[n++] = t ? 1 : 0;
+		if (!t)
+			continue;
+		key[n++] = t->dtype;
+		key[n++] = t->rank;
+		for (int d = 0; d < t->rank; d++)
+			key[n++] = t->dims[d];
+	}
+	return n;
+}
+
+/* Prepares a late step for its inputs' shapes, reusing the last prepare when it needed no more than
+ * those and they are unchanged: a prepare that succeeds without the inputs' bytes is kept, one that
+ * needs them (a shape read from a tensor) runs on them every time. */
+static tern_status prepare_late(tern_exec *e, step *st)
+{
+	int64_t key[64 * (3 + TERN_MAX_RANK)];
+	if (st->n_in > 64)
+		return tern_exec_prepare_step(e, st, 1, NULL, NULL);
+	size_t n = late_key(st, key);
+	if (st->late_ready && n == st->late_key_len && !memcmp(key, st->late_key, n * sizeof *key)) {
+		for (int o = 0; o < st->n_out; o++)
+			if (st->out[o])
+				tern_set_shape(st->out[o], st->late_out[o].dtype, st->late_out[o].rank, st->late_out[o].dims);
+		return TERN_OK;
+	}
+	st->late_ready = 0;
+	tern_tensor blind[64], *bp[64] = {NULL};
+	for (int i = 0; i < st->n_in; i++)
+		if (st->in[i]) {
+			blind[i] = *st->in[i];
+			blind[i].data = NULL;
+			bp[i] = &blind[i];
+		}
+	bool deferred = false;
+	tern_status rc = tern_exec_prepare_step(e, st, 2, bp, &deferred);
+	if (rc || deferred)
+		return rc ? rc : tern_exec_prepare_step(e, st, 1, NULL, NULL);
+	/* shapes only: keep it for these shapes */
+	int64_t *k2 = realloc(st->late_key, (n ? n : 1) * sizeof *k2);
+	tern_tensor *outs = st->late_out ? st->late_out : calloc((size_t)st->n_out + 1, sizeof *outs);
+	if (!k2 || !outs) {
+		if (k2)
+			st->late_key = k2;
+		st->late_out = outs;
+		return TERN_OK; /* prepared all the same; only not kept */
+	}
+	memcpy(k2, key, n * sizeof *key);
+	st->late_key = k2;
+	st->late_key_len = n;
+	st->late_out = outs;
+	for (int o = 0; o < st->n_out; o++)
+		if (st->out[o])
+			tern_set_shape(&outs[o], st->out[o]->dtype, st->out[o]->rank, st->out[o]->dims);
+	st->late_ready = 1;
+	return TERN_OK;
+}
+
 /* Prepares a late step now that its inputs exist, and allocates its outputs. */
 static tern_status run_late(tern_exec *e, step *st)
 {
-	tern_status rc = tern_exec_prepare_step(e, st, 1);
+	tern_status rc = prepare_late(e, st);
 	if (rc)
 		return rc;
 	for (int o = 0; o < st->n_out; o++) {
@@ -109,6 +173,43 @@ tern_status tern_exec_run_step(tern_exec *e, int k, void *scratch, int worker)
 	return rc;
 }
 
+typedef struct call_group {
+	tern_exec *e;
+	int first;
+	void *scratch;
+	int worker;
+	pthread_mutex_t lock;
+	tern_status rc;
+	char message[1024];
+} call_group;
+
+static void call_group_task(void *ctx, int64_t i)
+{
+	call_group *g = ctx;
+	tern_status rc = tern_exec_run_step(g->e, g->first + (int)i, g->scratch, g->worker);
+	if (rc) {
+		/* the message is the failing thread's: keep the first for the caller */
+		pthread_mutex_lock(&g->lock);
+		if (!g->rc) {
+			g->rc = rc;
+			snprintf(g->message, sizeof g->message, "%s", tern_error());
+		}
+		pthread_mutex_unlock(&g->lock);
+	}
+}
+
+tern_status tern_exec_run_next(tern_exec *e, int *k, void *scratch, int worker)
+{
+	int n = e->steps[*k].group;
+	if (n < 2 || tern_threadpool_size(e->kernel_pool) < 2)
+		return tern_exec_run_step(e, (*k)++, scratch, worker);
+	call_group g = {e, *k, scratch, worker, PTHREAD_MUTEX_INITIALIZER, TERN_OK, ""};
+	tern_parallel_for(e->kernel_pool, n, call_group_task, &g);
+	pthread_mutex_destroy(&g.lock);
+	*k += n;
+	return g.rc ? tern_errorf(g.rc, "%s", g.message) : TERN_OK;
+}
+
 tern_status tern_exec_run(tern_exec *e, tern_tensor *const *inputs, int n_inputs)
 {
 	if (n_inputs != e->n_inputs)
@@ -156,8 +257,8 @@ tern_status tern_exec_run(tern_exec *e, tern_tensor *const *inputs, int n_inputs
 	e->n_events = e->profile ? e->n_steps : 0;
 	if (e->n_workers > 1)
 		return tern_exec_run_streams(e);
-	for (int i = 0; i < e->n_steps; i++) {
-		tern_status rc = tern_exec_run_step(e, i, e->scratch, 0);
+	for (int i = 0; i < e->n_steps;) {
+		tern_status rc = tern_exec_run_next(e, &i, e->scratch, 0);
 		if (rc)
 			return rc;
 	}

@@ -139,8 +139,8 @@ static void run_worker(tern_exec *e, int worker, uint64_t gen)
 	int S = e->n_streams, last = worker % S, spins = 0;
 	idle_ctx ctx = {e, gen};
 	if (S == 1 && worker == 0) {
-		for (int k = 0; k < e->n_steps; k++) {
-			tern_status rc = tern_exec_run_step(e, k, e->worker_scratch[0], 0);
+		for (int k = 0; k < e->n_steps;) {
+			tern_status rc = tern_exec_run_next(e, &k, e->worker_scratch[0], 0);
 			if (rc) {
 				fail(y, rc);
 				break;

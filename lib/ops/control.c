@@ -682,6 +682,11 @@ static tern_status call_prepare(tern_prepare_args *p)
 
 const tern_op tern_op_function_call = {"", "(function call)", 1, 0, call_prepare, 0, "control"};
 
+bool tern_op_calls_function(const tern_op *op)
+{
+	return op && op->prepare == call_prepare;
+}
+
 static const tern_op ops[] = {
         {"", "If", 1, 0, if_prepare, 0, "control"},
         {"tern", "Invoke", 1, 0, call_prepare, 0, "control"},

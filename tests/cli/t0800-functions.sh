@@ -132,4 +132,89 @@ test_expect_success PYTHON 'the file passes onnx.checker with full_check' '
 	"$TERN_PYTHON" -c "import onnx; onnx.checker.check_model(onnx.load(\"tree.onnx\"), full_check=True)"
 '
 
+test_expect_success 'a function called with different weights computes with each (nothing kept from the last call)' '
+	cat >lin.txt <<-\EOF &&
+	<ir_version: 8, opset_import: ["" : 17, "local" : 1]>
+	g (float[1,2] x, float[2,2] w1, float[2,2] w2, int64 c) => (float[1,2] y1, float[1,2] y2) {
+	  cb = Cast <to = 9> (c)
+	  y1 = local.Lin (x, w1, cb)
+	  y2 = local.Lin (x, w2, cb)
+	}
+	<domain: "local", opset_import: ["" : 17]>
+	Lin (x, w, c) => (y) {
+	  y = If (c) <then_branch = t () => (float[1,2] yt) { yt = MatMul (x, w) },
+	              else_branch = f () => (float[1,2] yf) { yf = Identity (x) }>
+	}
+	EOF
+	npy 1,2 1 2 >lx.npy &&
+	npy 2,2 1 0 0 1 >w1.npy &&
+	npy 2,2 2 0 0 2 >w2.npy &&
+	npy_i64 "" 1 >c.npy &&
+	tern-run -i x=lx.npy -i w1=w1.npy -i w2=w2.npy -i c=c.npy lin.txt >out &&
+	grep -F "y1 float[1,2] [1, 2]" out &&
+	grep -F "y2 float[1,2] [2, 4]" out
+'
+
+# A TreeRNN over a balanced tree of 255 nodes: a leaf is its word embedding, an inner node
+# tanh([left; right] W + b), against numpy's recursion; on every kernel path and on two threads,
+# where a node's two calls may run at once.
+test_expect_success PYTHON 'a recursive network matches numpy on every path and thread count' '
+	cat >treernn.txt <<-\EOF &&
+	<ir_version: 8, opset_import: ["" : 17, "tern" : 1, "tree" : 1]>
+	main (int64[N] left, int64[N] right, int64[N] word, int64 root, float[50,100] E, float[200,100] W, float[100] b) => (float[100] h) {
+	  h = tern.Invoke <function = "Node", function_domain = "tree"> (root, left, right, word, E, W, b)
+	}
+	<domain: "tree", opset_import: ["" : 17, "tern" : 1, "tree" : 1]>
+	Node (node, left, right, word, E, W, b) => (h) {
+	  l = Gather <axis = 0> (left, node)
+	  zero = Constant <value = int64 {0}> ()
+	  leaf = Less (l, zero)
+	  h = If (leaf) <then_branch = leaf_case () => (float[100] hl) {
+	      w = Gather <axis = 0> (word, node)
+	      hl = Gather <axis = 0> (E, w)
+	    },
+	    else_branch = inner_case () => (float[100] hi) {
+	      r = Gather <axis = 0> (right, node)
+	      a = tern.Invoke <function = "Node", function_domain = "tree"> (l, left, right, word, E, W, b)
+	      c = tern.Invoke <function = "Node", function_domain = "tree"> (r, left, right, word, E, W, b)
+	      ac = Concat <axis = 0> (a, c)
+	      m = MatMul (ac, W)
+	      mb = Add (m, b)
+	      hi = Tanh (mb)
+	  }>
+	}
+	EOF
+	"$TERN_PYTHON" -c "
+import numpy as np
+n = 255
+left = np.full(n, -1, np.int64); right = np.full(n, -1, np.int64)
+for i in range(n // 2):
+    left[i], right[i] = 2 * i + 1, 2 * i + 2
+rng = np.random.default_rng(3)
+word = rng.integers(0, 50, n).astype(np.int64)
+E = rng.standard_normal((50, 100)).astype(np.float32)
+W = (rng.standard_normal((200, 100)) * 0.1).astype(np.float32)
+b = (rng.standard_normal(100) * 0.1).astype(np.float32)
+for k, v in dict(left=left, right=right, word=word, E=E, W=W, b=b, root=np.array(0, np.int64)).items():
+    np.save(k + \".npy\", v)
+def h(i):
+    if left[i] < 0:
+        return E[word[i]].astype(np.float64)
+    return np.tanh(np.concatenate([h(left[i]), h(right[i])]) @ W + b)
+np.save(\"expect.npy\", h(0))
+" &&
+	for run in "1 avx512" "1 avx2" "1 generic" "2 avx512" "2 generic"; do
+		set -- $run
+		TERN_ISA=$2 tern-run --threads $1 -O got-$1-$2 -i left=left.npy -i right=right.npy -i word=word.npy \
+			-i root=root.npy -i E=E.npy -i W=W.npy -i b=b.npy treernn.txt || return 1
+		"$TERN_PYTHON" -c "
+import numpy as np, sys
+got, want = np.load(\"got-$1-$2/h.npy\"), np.load(\"expect.npy\")
+err = np.abs(got - want).max()
+print(\"threads $1, $2: largest difference\", err)
+sys.exit(0 if err < 1e-5 else 1)
+" || return 1
+	done
+'
+
 test_done
