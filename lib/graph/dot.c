@@ -118,11 +118,24 @@ struct scope {
 	const struct scope *parent;
 };
 
+/* A node that calls a model-local function: drawn as an edge into the function's cluster once every
+ * function is drawn. */
+struct call_edge {
+	Agnode_t *from;
+	const tern_graph *fn;
+	bool recursive; /* the caller is in the function's own body: no clipping at the cluster */
+};
+
 struct dot {
 	Agraph_t *root;
+	const tern_model *model;
 	const tern_dot_options *opts;
 	unsigned next_id;
 	struct text label, tooltip;
+	struct call_edge *calls;
+	size_t n_calls, cap_calls;
+	Agraph_t **fn_cluster; /* by function index */
+	bool failed;
 };
 
 static Agnode_t *new_node(struct dot *d, Agraph_t *g)
@@ -303,8 +316,22 @@ static tern_status draw_graph(struct dot *d, Agraph_t *ag, const tern_graph *g, 
 		}
 	}
 	for (size_t i = 0; i < g->n_nodes; i++)
-		if (!g->nodes[i]->removed)
-			scope.nodes[i] = operator_node(d, ag, g->nodes[i]);
+		if (!g->nodes[i]->removed) {
+			const tern_node *node = g->nodes[i];
+			scope.nodes[i] = operator_node(d, ag, node);
+			bool invoke = !strcmp(node->domain, "tern") && !strcmp(node->op_type, "Invoke");
+			const tern_graph *fn =
+			        invoke ? tern_function_find(d->model, tern_attr_string(node, "function_domain", ""),
+			                                    tern_attr_string(node, "function", NULL))
+			               : tern_function_find(d->model, node->domain, node->op_type);
+			const tern_graph *top = g;
+			while (top->parent)
+				top = top->parent;
+			if (fn && tern_grow((void **)&d->calls, &d->cap_calls, d->n_calls + 1, sizeof *d->calls))
+				d->calls[d->n_calls++] = (struct call_edge){scope.nodes[i], fn, top == fn};
+			else if (fn)
+				d->failed = true;
+		}
 	for (size_t i = 0; i < g->n_nodes; i++) {
 		const tern_node *node = g->nodes[i];
 		if (node->removed)
@@ -351,7 +378,27 @@ static tern_status draw_function(struct dot *d, const tern_graph *fn)
 	}
 	Agraph_t *cluster = new_cluster(d, d->root, title.s);
 	free(title.s);
+	for (size_t i = 0; i < d->model->n_functions; i++)
+		if (d->model->functions[i] == fn)
+			d->fn_cluster[i] = cluster;
 	return draw_graph(d, cluster, fn, NULL);
+}
+
+/* Calls: a bold edge from the calling node into the function's cluster. */
+static void draw_calls(struct dot *d)
+{
+	for (size_t c = 0; c < d->n_calls; c++)
+		for (size_t i = 0; i < d->model->n_functions; i++) {
+			Agnode_t *inside = d->fn_cluster[i] ? agfstnode(d->fn_cluster[i]) : NULL;
+			if (d->model->functions[i] != d->calls[c].fn || !inside)
+				continue;
+			Agedge_t *e = agedge(d->root, d->calls[c].from, inside, NULL, 1);
+			if (!d->calls[c].recursive)
+				agsafeset(e, "lhead", agnameof(d->fn_cluster[i]), "");
+			agsafeset(e, "style", "bold", "");
+			agsafeset(e, "color", "#674ea7", "");
+			agsafeset(e, "label", "calls", "");
+		}
 }
 
 tern_status tern_model_save_dot(tern_model *model, const tern_dot_options *opts, char **out, size_t *size)
@@ -370,10 +417,18 @@ tern_status tern_model_save_dot(tern_model *model, const tern_dot_options *opts,
 	agattr(root, AGEDGE, "fontname", "Helvetica");
 	agattr(root, AGEDGE, "fontsize", "9");
 
-	struct dot d = {.root = root, .opts = opts};
-	tern_status status = draw_graph(&d, root, model->graph, NULL);
+	struct dot d = {.root = root, .model = model, .opts = opts};
+	d.fn_cluster = calloc(model->n_functions + 1, sizeof *d.fn_cluster);
+	tern_status status = d.fn_cluster ? draw_graph(&d, root, model->graph, NULL)
+	                                  : tern_errorf(TERN_EOS, "%s: out of memory", model->source);
 	for (size_t i = 0; i < model->n_functions && status == TERN_OK; i++)
 		status = draw_function(&d, model->functions[i]);
+	if (status == TERN_OK && d.failed)
+		status = tern_errorf(TERN_EOS, "%s: out of memory", model->source);
+	if (status == TERN_OK)
+		draw_calls(&d);
+	free(d.calls);
+	free(d.fn_cluster);
 	free(d.label.s);
 	free(d.tooltip.s);
 

@@ -127,6 +127,18 @@ test_expect_success 'invoking a function the model does not define: one error li
 	grep -F "invokes d.Nowhere, which the model does not define" err
 '
 
+test_expect_success 'tern-show -f dot draws each call as an edge to the function' '
+	tern-show -f dot tree.txt >tree.dot &&
+	test "$(grep -c "label=calls" tree.dot)" = 4 &&
+	grep "label=\"function tree.TreeSum\"" tree.dot &&
+	grep "label=\"function tree.Weight\"" tree.dot
+'
+
+test_expect_success DOT 'dot -Tsvg accepts it without a warning' '
+	dot -Tsvg tree.dot >tree.svg 2>err &&
+	test_must_be_empty err
+'
+
 test_expect_success PYTHON 'the file passes onnx.checker with full_check' '
 	tern-show -f onnx -o tree.onnx tree.txt &&
 	"$TERN_PYTHON" -c "import onnx; onnx.checker.check_model(onnx.load(\"tree.onnx\"), full_check=True)"
