@@ -504,6 +504,9 @@ tern_status tern_exec_create(tern_exec *parent, tern_graph *g, tern_tensor *cons
 tern_status tern_exec_run(tern_exec *e, tern_tensor *const *inputs, int n_inputs);
 int tern_exec_num_outputs(const tern_exec *e);
 tern_tensor *tern_exec_output(tern_exec *e, int i);
+/* Whether output i's bytes are the plan's to give away: a value a kernel allocated this run (not a
+ * constant, the arena or an input), which the plan makes anew at its next run. */
+bool tern_exec_output_movable(const tern_exec *e, int i);
 void tern_exec_free(tern_exec *e);
 /* Calls of model-local functions (calls.c). A node calls one when its domain and type are the
  * function's, or through tern.Invoke. tern_call_begin takes a frame of fn (a plan of its body, reused

@@ -25,6 +25,11 @@ typedef struct slot {
 	tern_tensor *outer; /* SLOT_OUTER: the parent's tensor */
 	int first_def; /* producing step, for the memory plan */
 	int owns; /* t.data is owned (CONST) */
+	/* DYNAMIC, made by a late step with outputs of fixed shape: the last run's bytes, kept for the
+	 * next run of the same size, so that a plan run again and again (a function's frame) does not
+	 * allocate its late outputs anew every time. */
+	void *spare;
+	size_t spare_bytes;
 } slot;
 
 typedef struct step {

@@ -60,6 +60,7 @@ void tern_exec_release(tern_exec *e)
 		slot *s = &e->slots[i];
 		if ((s->kind == SLOT_CONST && s->owns) || s->kind == SLOT_DYNAMIC)
 			tern_tensor_free(&s->t);
+		free(s->spare);
 	}
 	free(e->slots);
 	e->slots = NULL;
@@ -946,6 +947,14 @@ void tern_exec_free(tern_exec *e)
 int tern_exec_num_outputs(const tern_exec *e)
 {
 	return e->n_outputs;
+}
+
+bool tern_exec_output_movable(const tern_exec *e, int i)
+{
+	if (i < 0 || i >= e->n_outputs)
+		return false;
+	const slot *s = &e->slots[e->output_slot[i]];
+	return s->kind == SLOT_DYNAMIC && s->t.owns_data && s->t.data;
 }
 
 tern_tensor *tern_exec_output(tern_exec *e, int i)

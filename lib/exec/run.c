@@ -111,6 +111,24 @@ static tern_status prepare_late(tern_exec *e, step *st)
 	return TERN_OK;
 }
 
+/* A dynamic slot's bytes at the start of a run: kept as its spare when a late step with outputs of
+ * fixed shape makes it (run_late takes them back for the same size), freed otherwise. */
+static void release_dynamic(tern_exec *e, slot *s)
+{
+	const step *maker = s->first_def >= 0 ? &e->steps[s->first_def] : NULL;
+	bool plain = s->t.dtype != TERN_STRING && s->t.dtype != TERN_SEQUENCE && s->t.dtype != TERN_NONE;
+	if (maker && maker->late && !maker->dynamic_output && !maker->alias && plain && s->t.data) {
+		free(s->spare);
+		s->spare = s->t.data;
+		s->spare_bytes = s->t.nbytes;
+		s->t.data = NULL;
+		s->t.nbytes = 0;
+		s->t.owns_data = 0;
+		return;
+	}
+	tern_tensor_free(&s->t);
+}
+
 /* Prepares a late step now that its inputs exist, and allocates its outputs. */
 static tern_status run_late(tern_exec *e, step *st)
 {
@@ -123,6 +141,16 @@ static tern_status run_late(tern_exec *e, step *st)
 			continue;
 		if (!st->dynamic_output) {
 			tern_tensor shape = *t;
+			slot *sl = &e->slots[st->out_slot[o]];
+			size_t need = tern_dtype_size(shape.dtype) * (size_t)tern_numel(shape.rank, shape.dims);
+			if (sl->spare && sl->spare_bytes == need && !st->alias) {
+				/* the last run's bytes: every element is written by the kernel */
+				t->data = sl->spare;
+				t->nbytes = need;
+				t->owns_data = 1;
+				sl->spare = NULL;
+				continue;
+			}
 			if ((rc = tern_tensor_alloc(t, shape.dtype, shape.rank, shape.dims)))
 				return tern_node_errorf(st->node, rc, "%s", tern_error());
 		}
@@ -241,7 +269,7 @@ tern_status tern_exec_run(tern_exec *e, tern_tensor *const *inputs, int n_inputs
 		for (size_t i = 0; i < e->n_slots; i++) {
 			slot *s = &e->slots[i];
 			if (s->kind == SLOT_DYNAMIC && s->t.owns_data)
-				tern_tensor_free(&s->t);
+				release_dynamic(e, s);
 			else if (s->kind == SLOT_OUTER) {
 				s->t = *s->outer;
 				s->t.owns_data = 0;

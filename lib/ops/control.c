@@ -34,6 +34,26 @@ static tern_status copy_out(const tern_node *node, tern_tensor *dst, const tern_
 	return TERN_OK;
 }
 
+/* Output o of a body's run into dst: its bytes are moved when the body may give them away
+ * (tern_exec_output_movable) and no other output is the same tensor; anything else is copied. */
+static tern_status take_out(const tern_node *node, tern_tensor *dst, tern_exec *body, int o)
+{
+	tern_tensor *src = tern_exec_output(body, o);
+	bool alone = tern_exec_output_movable(body, o) && src->dtype != TERN_STRING && src->dtype != TERN_SEQUENCE &&
+	             src->dtype != TERN_NONE;
+	for (int k = 0; alone && k < tern_exec_num_outputs(body); k++)
+		alone = k == o || tern_exec_output(body, k) != src;
+	if (!alone)
+		return copy_out(node, dst, src);
+	char *name = dst->name;
+	*dst = *src;
+	dst->name = name;
+	src->data = NULL;
+	src->nbytes = 0;
+	src->owns_data = 0;
+	return TERN_OK;
+}
+
 static tern_status body_prepare(tern_prepare_args *p)
 {
 	body_plan *b = calloc(1, sizeof *b);
@@ -64,7 +84,7 @@ static tern_status if_run(const tern_kernel_args *a)
 		                        which == 0 ? "then_branch" : "else_branch",
 		                        tern_exec_num_outputs(b->exec[which]), a->n_out);
 	for (int o = 0; o < a->n_out; o++)
-		if (a->out[o] && (rc = copy_out(a->node, a->out[o], tern_exec_output(b->exec[which], o))))
+		if (a->out[o] && (rc = take_out(a->node, a->out[o], b->exec[which], o)))
 			return rc;
 	return TERN_OK;
 }
@@ -643,7 +663,7 @@ static tern_status call_run(const tern_kernel_args *a)
 	tern_status rc = tern_call_begin(a->exec, a->node, fn, a->in, a->n_in, a->pool, &frame);
 	for (int o = 0; !rc && o < a->n_out; o++)
 		if (a->out[o])
-			rc = copy_out(a->node, a->out[o], tern_exec_output(frame, o));
+			rc = take_out(a->node, a->out[o], frame, o);
 	if (frame)
 		tern_call_end(a->exec, frame);
 	return rc;
