@@ -518,6 +518,7 @@ tern_graph *tern_function_find(const tern_model *m, const char *domain, const ch
 tern_status tern_call_begin(tern_exec *caller, const tern_node *node, const tern_graph *fn, tern_tensor *const *in,
                             int n_in, tern_threadpool *pool, tern_exec **frame);
 void tern_call_end(tern_exec *caller, tern_exec *frame);
+tern_calls *tern_calls_new(void);
 void tern_calls_free(tern_calls *c);
 /* The operator of a node that calls a function by its domain and type (control.c); whether an
  * operator is that or tern.Invoke. */

@@ -53,7 +53,6 @@ struct tern_calls {
 
 /* Calls running on this thread, one inside another: a call's body runs on its caller's thread. */
 static _Thread_local int call_depth;
-static pthread_mutex_t calls_create = PTHREAD_MUTEX_INITIALIZER;
 
 static bool same_domain(const char *a, const char *b)
 {
@@ -87,15 +86,20 @@ static bool fits(const tern_exec *e, tern_tensor *const *in, int n)
 	return true;
 }
 
+tern_calls *tern_calls_new(void)
+{
+	tern_calls *c = calloc(1, sizeof *c);
+	if (c)
+		atomic_init(&c->lock.held, 0);
+	return c;
+}
+
+/* The main plan's pool (made with it, when the model has functions). */
 static tern_calls *calls_of(tern_exec *caller)
 {
 	tern_exec *root = caller;
 	while (root->parent)
 		root = root->parent;
-	pthread_mutex_lock(&calls_create);
-	if (!root->calls && (root->calls = calloc(1, sizeof *root->calls)))
-		atomic_init(&root->calls->lock.held, 0);
-	pthread_mutex_unlock(&calls_create);
 	return root->calls;
 }
 
@@ -113,7 +117,7 @@ tern_status tern_call_begin(tern_exec *caller, const tern_node *node, const tern
 			return tern_node_errorf(node, TERN_EDATA, "input %d of the call of %s is missing", i, name);
 	tern_calls *c = calls_of(caller);
 	if (!c)
-		return tern_errorf(TERN_EOS, "out of memory");
+		return tern_node_errorf(node, TERN_EINTERNAL, "a call in a plan without a pool of frames");
 	spin_acquire(&c->lock);
 	call_frame *pick = NULL;
 	for (size_t i = 0; i < c->n; i++) {

@@ -799,6 +799,9 @@ tern_status tern_exec_plan(tern_exec *e, tern_tensor *const *inputs, int n_input
 	 * stream's turn, or a graph on one stream) helps with the kernels of the others. A subgraph's plan
 	 * runs inside its parent's worker and uses the parent's team. */
 	e->kernel_pool = e->pool;
+	/* frames for the calls of model-local functions, shared by every plan under this one */
+	if (!e->parent && !e->calls && g->model->n_functions && !(e->calls = tern_calls_new()))
+		return tern_errorf(TERN_EOS, "out of memory");
 	if (!e->parent && tern_threadpool_size(e->pool) > 1) {
 		if (!e->team && (rc = tern_team_create(tern_threadpool_size(e->pool), &e->team)))
 			return rc;

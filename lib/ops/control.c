@@ -659,7 +659,9 @@ static tern_status scan_prepare(tern_prepare_args *p)
 static tern_status call_run(const tern_kernel_args *a)
 {
 	const tern_graph *fn = a->params;
-	tern_exec *frame;
+	tern_exec *frame = NULL;
+	if (!a->exec)
+		return tern_node_errorf(a->node, TERN_EUSAGE, "a call of a function runs only in a plan, not one node at a time");
 	tern_status rc = tern_call_begin(a->exec, a->node, fn, a->in, a->n_in, a->pool, &frame);
 	for (int o = 0; !rc && o < a->n_out; o++)
 		if (a->out[o])
