@@ -337,6 +337,13 @@ int tern_team_help(tern_threadpool *team);
  * says otherwise, until the next tern_team_notify; whoever makes work (a finished step) calls that
  * after making it visible. Posted jobs notify by themselves. */
 void tern_team_notify(tern_threadpool *team);
+/* One pause of a spinning thread (x86's pause; nothing elsewhere). */
+static inline void tern_cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+	__builtin_ia32_pause();
+#endif
+}
 /* Spins (pausing) until *gen differs from seen or about 200 microseconds have passed; true if it
  * moved. A thread about to sleep until a generation counter moves calls it first, to skip the wake-up
  * when the wait is short. */
@@ -515,6 +522,8 @@ void tern_exec_free(tern_exec *e);
 #define TERN_CALL_DEPTH_MAX 1000
 typedef struct tern_calls tern_calls;
 tern_graph *tern_function_find(const tern_model *m, const char *domain, const char *name);
+/* Whether two operator domains are one ("" and "ai.onnx" name the default; NULL is ""). */
+bool tern_same_domain(const char *a, const char *b);
 tern_status tern_call_begin(tern_exec *caller, const tern_node *node, const tern_graph *fn, tern_tensor *const *in,
                             int n_in, tern_threadpool *pool, tern_exec **frame);
 void tern_call_end(tern_exec *caller, tern_exec *frame);

@@ -86,12 +86,6 @@ static void run_chunks(tern_threadpool *p)
 	run_range(&p->next, p->n, p->chunk, p->fn, p->ctx);
 }
 
-static inline void cpu_relax(void)
-{
-#if defined(__x86_64__) || defined(__i386__)
-	__builtin_ia32_pause();
-#endif
-}
 
 /* How long a thread waits by spinning before it sleeps: a worker for the next job, the caller for the
  * workers to finish. Jobs that follow one another closely (the kernels of an eager program, a
@@ -114,7 +108,7 @@ static bool spin_until(bool (*done)(const void *), const void *arg)
 		if (done(arg))
 			return true;
 		for (int i = 0; i < 16; i++)
-			cpu_relax();
+			tern_cpu_relax();
 		if (round % 16 == 0) {
 			int64_t t = now_ns();
 			if (!t0)
@@ -293,7 +287,7 @@ void tern_team_idle(tern_threadpool *p, bool (*has_work)(void *), void *ctx, int
 	if (++*spins < TEAM_SPINS) {
 		int pauses = *spins < TEAM_BACKOFF ? *spins : TEAM_BACKOFF;
 		for (int i = 0; i < pauses; i++)
-			cpu_relax();
+			tern_cpu_relax();
 		if (*spins % 256 == 0)
 			sched_yield();
 		return;

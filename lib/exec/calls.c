@@ -14,12 +14,6 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 
-static inline void cpu_pause(void)
-{
-#if defined(__x86_64__) || defined(__i386__)
-	__builtin_ia32_pause();
-#endif
-}
 
 typedef struct call_frame {
 	const tern_graph *fn;
@@ -37,7 +31,7 @@ static void spin_acquire(spin_lock *l)
 {
 	while (atomic_exchange_explicit(&l->held, 1, memory_order_acquire))
 		while (atomic_load_explicit(&l->held, memory_order_relaxed))
-			cpu_pause();
+			tern_cpu_relax();
 }
 
 static void spin_release(spin_lock *l)
@@ -54,20 +48,11 @@ struct tern_calls {
 /* Calls running on this thread, one inside another: a call's body runs on its caller's thread. */
 static _Thread_local int call_depth;
 
-static bool same_domain(const char *a, const char *b)
-{
-	if (!a || !strcmp(a, "ai.onnx"))
-		a = "";
-	if (!b || !strcmp(b, "ai.onnx"))
-		b = "";
-	return !strcmp(a, b);
-}
-
 tern_graph *tern_function_find(const tern_model *m, const char *domain, const char *name)
 {
 	for (size_t i = 0; m && name && i < m->n_functions; i++) {
 		const Onnx__FunctionProto *fp = m->functions[i]->fproto;
-		if (fp && fp->name && !strcmp(fp->name, name) && same_domain(fp->domain, domain))
+		if (fp && fp->name && !strcmp(fp->name, name) && tern_same_domain(fp->domain, domain))
 			return m->functions[i];
 	}
 	return NULL;
@@ -94,13 +79,17 @@ tern_calls *tern_calls_new(void)
 	return c;
 }
 
+static tern_exec *main_plan(tern_exec *e)
+{
+	while (e->parent)
+		e = e->parent;
+	return e;
+}
+
 /* The main plan's pool (made with it, when the model has functions). */
 static tern_calls *calls_of(tern_exec *caller)
 {
-	tern_exec *root = caller;
-	while (root->parent)
-		root = root->parent;
-	return root->calls;
+	return main_plan(caller)->calls;
 }
 
 tern_status tern_call_begin(tern_exec *caller, const tern_node *node, const tern_graph *fn, tern_tensor *const *in,
@@ -140,10 +129,7 @@ tern_status tern_call_begin(tern_exec *caller, const tern_node *node, const tern
 	tern_status rc = TERN_OK;
 	if (!e) {
 		/* planned outside the lock: planning may call (a Constant folded by a call, say) */
-		tern_exec *root = caller;
-		while (root->parent)
-			root = root->parent;
-		if ((rc = tern_exec_create(root, (tern_graph *)fn, in, n_in, pool, &e)))
+		if ((rc = tern_exec_create(main_plan(caller), (tern_graph *)fn, in, n_in, pool, &e)))
 			return rc;
 		spin_acquire(&c->lock);
 		if (!tern_grow((void **)&c->frames, &c->cap, c->n + 1, sizeof *c->frames)) {

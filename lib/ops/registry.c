@@ -15,7 +15,7 @@ static const tern_op_table *const families[] = {
         &tern_ops_sequence,    &tern_ops_text,    &tern_ops_ml,
 };
 
-static bool same_domain(const char *a, const char *b)
+bool tern_same_domain(const char *a, const char *b)
 {
 	/* "" and "ai.onnx" name the same default domain. */
 	if (!a || strcmp(a, "ai.onnx") == 0)
@@ -31,7 +31,7 @@ const tern_op *tern_op_find(const char *domain, const char *op_type, int64_t ops
 		const tern_op_table *t = families[f];
 		for (size_t i = 0; i < t->n_ops; i++) {
 			const tern_op *op = &t->ops[i];
-			if (strcmp(op->op_type, op_type) == 0 && same_domain(op->domain, domain) &&
+			if (strcmp(op->op_type, op_type) == 0 && tern_same_domain(op->domain, domain) &&
 			    opset >= op->since_version && (op->until_version == 0 || opset <= op->until_version))
 				return op;
 		}
@@ -44,7 +44,7 @@ bool tern_op_known(const char *domain, const char *op_type)
 	for (size_t f = 0; f < TERN_ARRAY_LEN(families); f++)
 		for (size_t i = 0; i < families[f]->n_ops; i++)
 			if (strcmp(families[f]->ops[i].op_type, op_type) == 0 &&
-			    same_domain(families[f]->ops[i].domain, domain))
+			    tern_same_domain(families[f]->ops[i].domain, domain))
 				return true;
 	return false;
 }
