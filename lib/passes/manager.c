@@ -24,6 +24,7 @@ static const tern_pass *const pipeline[] = {
         &tern_pass_fuse_layernorm,
         &tern_pass_fuse_elementwise,
         &tern_pass_fold_scales,
+        &tern_pass_blocked_conv,
 };
 
 /* Rounds of the whole pipeline before giving up on a fixed point (each round that changes something

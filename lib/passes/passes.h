@@ -147,6 +147,7 @@ tern_status tern_pass_set_activation(tern_node *n, const tern_activation *act);
 extern const tern_pass tern_pass_fold_constants, tern_pass_dce, tern_pass_cse, tern_pass_noop, tern_pass_fold_batchnorm,
         tern_pass_matmul_add_gemm, tern_pass_reshapes, tern_pass_slices_split, tern_pass_fold_pad, tern_pass_layernorm,
         tern_pass_gelu, tern_pass_fuse_conv, tern_pass_fuse_matmul, tern_pass_fuse_layernorm,
-        tern_pass_fuse_elementwise, tern_pass_fold_scales, tern_pass_fuse_attention, tern_pass_fold_embedding;
+        tern_pass_fuse_elementwise, tern_pass_fold_scales, tern_pass_fuse_attention, tern_pass_fold_embedding,
+        tern_pass_blocked_conv;
 
 #endif

@@ -1,0 +1,502 @@
+/* blocked.c — convolution on activations in blocks of 16 channels, the layout tern-optimize's
+ * `blocked-conv` pass gives the tensors between convolutions.
+ *
+ * A blocked tensor of an N x C x H x W activation is N x ceil(C/16) x H x W x 16: the 16 channels of
+ * a block lie together at each position, the channels past C are zero. tern.ToBlocks and
+ * tern.FromBlocks convert at the edges of a run of blocked operators; elementwise operators between
+ * blocked tensors of one shape need nothing new. tern.BlockedConv is Conv (group 1, 2-D) with
+ * tern.FusedConv's bias, residual and activation, reading and writing blocked tensors.
+ *
+ * Why: in planar layout (NCHW) a convolution's product reads every input channel's plane and writes
+ * every output channel's plane, hundreds of strided streams at once, which the caches and their
+ * prefetchers follow badly once the planes are large (56 x 56); blocked, a tile of output positions
+ * reads its input positions' channels and its weights as a few sequential streams, and a whole
+ * network keeps that layout from one convolution to the next. The kernel keeps 2 blocks of output
+ * channels by 14 positions in AVX-512 registers (1 block by 6 positions with AVX2, by 3 in the
+ * baseline); each step loads one weight vector per block and broadcasts one input channel per
+ * position. */
+#include "ops/nn.h"
+
+#define BLK 16
+
+typedef float v16 __attribute__((vector_size(64)));
+typedef float v16u __attribute__((vector_size(64), aligned(4), may_alias));
+typedef int32_t v16i __attribute__((vector_size(64)));
+
+/* ---------------------------------------------------------------- layout conversions */
+
+typedef struct reorder_ctx {
+	const float *x;
+	float *y;
+	int64_t c, cb, hw;
+} reorder_ctx;
+
+/* Blocks [begin, end) of (image, channel block): planar to blocked. */
+static void to_blocks_range(void *ctx, int64_t begin, int64_t end)
+{
+	const reorder_ctx *r = ctx;
+	for (int64_t t = begin; t < end; t++) {
+		int64_t n = t / r->cb, b = t % r->cb, c0 = b * BLK;
+		int64_t live = r->c - c0 < BLK ? r->c - c0 : BLK;
+		const float *x = r->x + (n * r->c + c0) * r->hw;
+		float *y = r->y + t * r->hw * BLK;
+		for (int64_t i = 0; i < r->hw; i++) {
+			float *yi = y + i * BLK;
+			for (int64_t c = 0; c < live; c++)
+				yi[c] = x[c * r->hw + i];
+			for (int64_t c = live; c < BLK; c++)
+				yi[c] = 0;
+		}
+	}
+}
+
+/* The reverse: blocked to planar, the padding channels dropped. */
+static void from_blocks_range(void *ctx, int64_t begin, int64_t end)
+{
+	const reorder_ctx *r = ctx;
+	for (int64_t t = begin; t < end; t++) {
+		int64_t n = t / r->cb, b = t % r->cb, c0 = b * BLK;
+		int64_t live = r->c - c0 < BLK ? r->c - c0 : BLK;
+		const float *x = r->x + t * r->hw * BLK;
+		float *y = (float *)r->y + (n * r->c + c0) * r->hw;
+		for (int64_t c = 0; c < live; c++) {
+			float *yc = y + c * r->hw;
+			for (int64_t i = 0; i < r->hw; i++)
+				yc[i] = x[i * BLK + c];
+		}
+	}
+}
+
+static tern_status to_blocks_kernel(const tern_kernel_args *a)
+{
+	const tern_tensor *x = a->in[0];
+	reorder_ctx r = {x->data, a->out[0]->data, x->dims[1], a->out[0]->dims[1], x->dims[2] * x->dims[3]};
+	parallel_range(a->pool, x->dims[0] * r.cb, grain_for(r.hw * BLK), to_blocks_range, &r);
+	return TERN_OK;
+}
+
+static tern_status from_blocks_kernel(const tern_kernel_args *a)
+{
+	const tern_tensor *x = a->in[0];
+	const tern_tensor *y = a->out[0];
+	reorder_ctx r = {x->data, y->data, y->dims[1], x->dims[1], x->dims[2] * x->dims[3]};
+	parallel_range(a->pool, x->dims[0] * r.cb, grain_for(r.hw * BLK), from_blocks_range, &r);
+	return TERN_OK;
+}
+
+static tern_status check_float(const tern_node *node, const tern_tensor *t, int index)
+{
+	if (t->dtype == TERN_FLOAT)
+		return TERN_OK;
+	return tern_node_errorf(node, TERN_EDATA, "input %d has element type %s; float expected", index,
+	                        tern_dtype_name(t->dtype));
+}
+
+/* A blocked tensor: rank 5, last dimension 16. */
+static tern_status check_blocked(const tern_node *node, const tern_tensor *t, int index)
+{
+	tern_status st = check_float(node, t, index);
+	if (!st && (t->rank != 5 || t->dims[4] != BLK)) {
+		char s[128];
+		st = tern_node_errorf(node, TERN_EDATA, "input %d %s is not in blocks of %d channels (N x C/%d x H x W x %d)",
+		                      index, tern_shape_str(t->dtype, t->rank, t->dims, s, sizeof s), BLK, BLK, BLK);
+	}
+	return st;
+}
+
+static tern_status to_blocks_prepare(tern_prepare_args *p)
+{
+	const tern_tensor *x = p->in[0];
+	tern_status st = check_float(p->node, x, 0);
+	if (!st)
+		st = check_rank(p->node, x, 0, 4, 4);
+	if (st)
+		return st;
+	tern_tensor *y = p->out[0];
+	y->dtype = TERN_FLOAT;
+	y->rank = 5;
+	int64_t dims[5] = {x->dims[0], ceil_div(x->dims[1], BLK), x->dims[2], x->dims[3], BLK};
+	memcpy(y->dims, dims, sizeof dims);
+	p->kernel = to_blocks_kernel;
+	return TERN_OK;
+}
+
+static tern_status from_blocks_prepare(tern_prepare_args *p)
+{
+	const tern_tensor *x = p->in[0];
+	tern_status st = check_blocked(p->node, x, 0);
+	if (st)
+		return st;
+	int64_t c = tern_attr_int(p->node, "channels", -1);
+	if (c <= (x->dims[1] - 1) * BLK || c > x->dims[1] * BLK)
+		return tern_node_errorf(p->node, TERN_EDATA, "attribute 'channels' = %lld does not fit %lld blocks of %d",
+		                        (long long)c, (long long)x->dims[1], BLK);
+	tern_tensor *y = p->out[0];
+	y->dtype = TERN_FLOAT;
+	y->rank = 4;
+	int64_t dims[4] = {x->dims[0], c, x->dims[2], x->dims[3]};
+	memcpy(y->dims, dims, sizeof dims);
+	p->kernel = from_blocks_kernel;
+	return TERN_OK;
+}
+
+/* ---------------------------------------------------------------- the convolution */
+
+typedef struct bconv {
+	window w;
+	int64_t n, icb, ocb, kh, kw;
+	int64_t in_h, in_w;   /* the input as the kernel reads it: padded when pad_h or pad_w */
+	int64_t out_h, out_w; /* with a 1 x 1 window of stride 1 and no padding, one row of all positions */
+	int64_t pad_t, pad_l; /* zeros above and left of the input in the padded copy (0: read in place) */
+	int64_t x_h, x_w;     /* the input's own rows and columns */
+	bool padded;
+	float *wt;   /* ocb x icb x kh x kw x 16 (input channel) x 16 (output channel) */
+	float *bias; /* ocb x 16 */
+	tern_act act;
+	bool fused;
+	bool rows_outer; /* walk output rows outside the channel groups (the weights are small) */
+} bconv;
+
+static void bconv_free(void *p)
+{
+	bconv *c = p;
+	if (c) {
+		free(c->wt);
+		free(c->bias);
+	}
+	free(c);
+}
+
+/* Multiply-adds contract into FMA instructions (GCC in ISO C mode does so only when told). */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC push_options
+#pragma GCC optimize("fp-contract=fast")
+#endif
+#define AI static inline __attribute__((always_inline))
+#define UNROLL_ALL _Pragma("GCC unroll 16")
+
+/* One tile: OB blocks of output channels (from `ob`) by NB output positions from column ow0 of row oh,
+ * over all taps (the input, padded where the window needs it, holds them all). UNIT: the columns are
+ * one apart, known when compiling, so that the broadcasts become the multiply-adds' memory operands. */
+AI void tile(const int OB, const int NB, const int UNIT, const bconv *c, const float *x, int64_t ob, int64_t oh,
+             int64_t ow0, float *y, const float *z)
+{
+	const window *w = &c->w;
+	int64_t s_h = w->s[1], s_w = UNIT ? 1 : w->s[2], d_h = w->d[1], d_w = w->d[2];
+	int64_t wstride = c->icb * c->kh * c->kw * BLK * BLK;
+	v16 acc[2][14];
+	UNROLL_ALL for (int o = 0; o < OB; o++)
+	{
+		v16 b = *(const v16 *)(c->bias + (ob + o) * BLK);
+		UNROLL_ALL for (int j = 0; j < NB; j++) acc[o][j] = b;
+	}
+	const float *wp = c->wt + ob * wstride;
+	for (int64_t icb = 0; icb < c->icb; icb++)
+		for (int64_t kh = 0; kh < c->kh; kh++) {
+			const float *xr = x + ((icb * c->in_h + oh * s_h + kh * d_h) * c->in_w + ow0 * s_w) * BLK;
+			for (int64_t kw = 0; kw < c->kw; kw++, wp += BLK * BLK) {
+				const float *xp = xr + kw * d_w * BLK;
+				_Pragma("GCC unroll 4") for (int ic = 0; ic < BLK; ic++)
+				{
+					v16 wv[2];
+					UNROLL_ALL for (int o = 0; o < OB; o++) wv[o] =
+					        *(const v16 *)(wp + o * wstride + ic * BLK);
+					UNROLL_ALL for (int j = 0; j < NB; j++)
+					{
+						float s = xp[j * s_w * BLK + ic];
+						UNROLL_ALL for (int o = 0; o < OB; o++) acc[o][j] += wv[o] * s;
+					}
+				}
+			}
+		}
+	bool relu = c->act.kind == TERN_ACT_RELU, other = c->fused && !relu && c->act.kind != TERN_ACT_NONE;
+	UNROLL_ALL for (int o = 0; o < OB; o++)
+	{
+		int64_t at = ((ob + o) * c->out_h + oh) * c->out_w + ow0;
+		float *yo = y + at * BLK;
+		const float *zo = z ? z + at * BLK : NULL;
+		UNROLL_ALL for (int j = 0; j < NB; j++)
+		{
+			v16 r = acc[o][j];
+			if (zo)
+				r += *(const v16u *)(zo + j * BLK);
+			if (relu)
+				r = (v16)((v16i)r & (r > 0));
+			*(v16u *)(yo + j * BLK) = r;
+		}
+		if (other)
+			tern_act_run(&c->act, yo, NULL, NB * BLK);
+	}
+}
+
+/* Tiles of nb <= NBMAX positions (nb only known at run time: one case per width). */
+#define TILE_CASE(K)                                                                           \
+	case K:                                                                                \
+		if ((K) <= NBMAX && c->w.s[2] == 1)                                                              \
+			tile(OB, (K) <= NBMAX ? (K) : 1, 1, c, x, ob, oh, ow0, y, z); \
+		else if ((K) <= NBMAX)                                                              \
+			tile(OB, (K) <= NBMAX ? (K) : 1, 0, c, x, ob, oh, ow0, y, z); \
+		break;
+AI void tile_n(const int OB, const int NBMAX, int nb, const bconv *c, const float *x, int64_t ob, int64_t oh,
+               int64_t ow0, float *y, const float *z)
+{
+	switch (nb) {
+		TILE_CASE(1)
+		TILE_CASE(2)
+		TILE_CASE(3)
+		TILE_CASE(4)
+		TILE_CASE(5)
+		TILE_CASE(6)
+		TILE_CASE(7)
+		TILE_CASE(8)
+		TILE_CASE(9)
+		TILE_CASE(10)
+		TILE_CASE(11)
+		TILE_CASE(12)
+		TILE_CASE(13)
+		TILE_CASE(14)
+	default: break;
+	}
+}
+#undef TILE_CASE
+
+/* One output row of OB channel blocks, in tiles of nearly equal widths up to NBMAX. */
+AI void row_body(const int OB, const int NBMAX, const bconv *c, const float *x, int64_t ob, int64_t oh, float *y,
+                 const float *z)
+{
+	int64_t tiles = ceil_div(c->out_w, NBMAX);
+	for (int64_t t = 0, ow = 0; t < tiles; t++) {
+		int64_t next = (t + 1) * c->out_w / tiles;
+		tile_n(OB, NBMAX, (int)(next - ow), c, x, ob, oh, ow, y, z);
+		ow = next;
+	}
+}
+
+/* Output row oh of channel blocks [ob, ob + count) (count 1 or 2) of one image. */
+TERN_ISA_BODY void bconv_row_body(const bconv *c, const float *x, int64_t ob, int64_t count, int64_t oh, float *y,
+                                  const float *z, int isa)
+{
+	if (isa == 2) {
+		if (count == 2)
+			row_body(2, 14, c, x, ob, oh, y, z);
+		else
+			row_body(1, 14, c, x, ob, oh, y, z);
+	} else if (isa == 1) {
+		for (int64_t o = 0; o < count; o++)
+			row_body(1, 6, c, x, ob + o, oh, y, z);
+	} else {
+		for (int64_t o = 0; o < count; o++)
+			row_body(1, 3, c, x, ob + o, oh, y, z);
+	}
+}
+#if TERN_HAVE_ISA_TARGETS
+TERN_TARGET_AVX512 static void bconv_row_avx512(const bconv *c, const float *x, int64_t ob, int64_t count, int64_t oh,
+                                                float *y, const float *z)
+{
+	bconv_row_body(c, x, ob, count, oh, y, z, 2);
+}
+TERN_TARGET_AVX2 static void bconv_row_avx2(const bconv *c, const float *x, int64_t ob, int64_t count, int64_t oh,
+                                            float *y, const float *z)
+{
+	bconv_row_body(c, x, ob, count, oh, y, z, 1);
+}
+#endif
+static void bconv_row_generic(const bconv *c, const float *x, int64_t ob, int64_t count, int64_t oh, float *y,
+                              const float *z)
+{
+	bconv_row_body(c, x, ob, count, oh, y, z, 0);
+}
+
+typedef void (*bconv_row_fn)(const bconv *, const float *, int64_t, int64_t, int64_t, float *, const float *);
+
+static bconv_row_fn row_fn(void)
+{
+#if TERN_HAVE_ISA_TARGETS
+	if (tern_isa() == TERN_ISA_AVX512)
+		return bconv_row_avx512;
+	if (tern_isa() == TERN_ISA_AVX2)
+		return bconv_row_avx2;
+#endif
+	return bconv_row_generic;
+}
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC pop_options
+#endif
+
+typedef struct bconv_run {
+	const bconv *c;
+	bconv_row_fn row;
+	const float *x, *z; /* one image's */
+	float *y;
+	int64_t groups; /* pairs of output channel blocks */
+} bconv_run;
+
+/* Items [begin, end): (group, output row) or, with rows_outer, (output row, group). */
+static void bconv_range(void *ctx, int64_t begin, int64_t end)
+{
+	const bconv_run *r = ctx;
+	const bconv *c = r->c;
+	for (int64_t t = begin; t < end; t++) {
+		int64_t g = c->rows_outer ? t % r->groups : t / c->out_h, oh = c->rows_outer ? t / r->groups : t % c->out_h;
+		int64_t ob = 2 * g, count = c->ocb - ob < 2 ? c->ocb - ob : 2;
+		r->row(c, r->x, ob, count, oh, r->y, r->z);
+	}
+}
+
+typedef struct pad_ctx {
+	const bconv *c;
+	const float *x;
+	float *xp;
+} pad_ctx;
+
+/* Rows [begin, end) of (channel block, padded row) of the padded copy. */
+static void pad_range(void *ctx, int64_t begin, int64_t end)
+{
+	const pad_ctx *p = ctx;
+	const bconv *c = p->c;
+	size_t row = (size_t)(c->in_w * BLK) * sizeof(float);
+	for (int64_t t = begin; t < end; t++) {
+		int64_t b = t / c->in_h, i = t % c->in_h - c->pad_t;
+		float *dst = p->xp + t * c->in_w * BLK;
+		if (i < 0 || i >= c->x_h) {
+			memset(dst, 0, row);
+			continue;
+		}
+		int64_t right = c->in_w - c->pad_l - c->x_w;
+		memset(dst, 0, (size_t)(c->pad_l * BLK) * sizeof *dst);
+		memcpy(dst + c->pad_l * BLK, p->x + (b * c->x_h + i) * c->x_w * BLK, (size_t)(c->x_w * BLK) * sizeof *dst);
+		memset(dst + (c->pad_l + c->x_w) * BLK, 0, (size_t)(right * BLK) * sizeof *dst);
+	}
+}
+
+static tern_status bconv_kernel(const tern_kernel_args *a)
+{
+	const bconv *c = a->params;
+	const tern_tensor *z = a->n_in > 3 ? a->in[3] : NULL;
+	int64_t groups = ceil_div(c->ocb, 2), items = groups * c->out_h;
+	int64_t in_img = c->icb * c->x_h * c->x_w * BLK, out_img = c->ocb * c->out_h * c->out_w * BLK;
+	int64_t work = 2 * BLK * c->out_w * c->icb * BLK * c->kh * c->kw; /* multiply-adds per item */
+	for (int64_t n = 0; n < c->n; n++) {
+		const float *x = (const float *)a->in[0]->data + n * in_img;
+		if (c->padded) {
+			pad_ctx pc = {c, x, a->scratch};
+			parallel_range(a->pool, c->icb * c->in_h, grain_for(c->in_w * BLK), pad_range, &pc);
+			x = a->scratch;
+		}
+		bconv_run r = {c, row_fn(), x, z ? (const float *)z->data + n * out_img : NULL,
+		               (float *)a->out[0]->data + n * out_img, groups};
+		parallel_range(a->pool, items, grain_for(work), bconv_range, &r);
+	}
+	return TERN_OK;
+}
+
+static tern_status bconv_prepare(tern_prepare_args *p)
+{
+	const tern_node *node = p->node;
+	const tern_tensor *x = p->in[0], *wt = p->n_in > 1 ? p->in[1] : NULL;
+	const tern_tensor *b = p->n_in > 2 ? p->in[2] : NULL, *z = p->n_in > 3 ? p->in[3] : NULL;
+	tern_status st = check_blocked(node, x, 0);
+	if (st)
+		return st;
+	if (!wt || wt->rank != 4 || wt->dtype != TERN_FLOAT)
+		return tern_node_errorf(node, TERN_EDATA, "input 1 (weights) must be float M x C x kH x kW");
+	if (!wt->data)
+		return tern_node_errorf(node, TERN_EDATA, "input 1 (weights) must be a constant");
+	if (tern_attr_int(node, "group", 1) != 1)
+		return tern_node_errorf(node, TERN_EDATA, "attribute 'group' must be 1");
+	int64_t m = wt->dims[0], ch = wt->dims[1];
+	if (ceil_div(ch, BLK) != x->dims[1])
+		return tern_node_errorf(node, TERN_EDATA, "weights for %lld input channels, input has %lld blocks of %d",
+		                        (long long)ch, (long long)x->dims[1], BLK);
+	if (b && (b->dtype != TERN_FLOAT || tern_tensor_numel(b) != m || !b->data))
+		return tern_node_errorf(node, TERN_EDATA, "input 2 (bias) must be a float constant of %lld elements",
+		                        (long long)m);
+	/* the window, from the planar shape the blocked input stands for */
+	tern_tensor planar = tern_nn_shape_only(TERN_FLOAT, 4, (int64_t[]){x->dims[0], ch, x->dims[2], x->dims[3]});
+	bconv *c = calloc(1, sizeof *c);
+	if (!c)
+		return no_memory(node);
+	if ((st = tern_nn_window_read(node, &planar, wt->dims + 2, &c->w)) ||
+	    (st = tern_nn_window_forward(node, &c->w, false))) {
+		bconv_free(c);
+		return st;
+	}
+	if (!tern_act_from_node(node, &c->act)) {
+		bconv_free(c);
+		return tern_node_errorf(node, TERN_EDATA, "attribute 'activation' names no supported activation");
+	}
+	c->fused = c->act.kind != TERN_ACT_NONE;
+	c->n = x->dims[0];
+	c->icb = x->dims[1];
+	c->ocb = ceil_div(m, BLK);
+	c->kh = wt->dims[2];
+	c->kw = wt->dims[3];
+	c->x_h = c->in_h = x->dims[2];
+	c->x_w = c->in_w = x->dims[3];
+	c->out_h = c->w.out[1];
+	c->out_w = c->w.out[2];
+	tern_tensor *y = p->out[0];
+	y->dtype = TERN_FLOAT;
+	y->rank = 5;
+	int64_t dims[5] = {c->n, c->ocb, c->out_h, c->out_w, BLK};
+	memcpy(y->dims, dims, sizeof dims);
+	const window *w = &c->w;
+	/* the padded copy reaches every tap of every output: its extent is the window's reach or the
+	 * padded input, whichever is more */
+	c->padded = w->pb[1] || w->pb[2] || w->pe[1] || w->pe[2] || wb_extent(w, 1) > c->in_h || wb_extent(w, 2) > c->in_w;
+	if (c->padded) {
+		c->pad_t = w->pb[1];
+		c->pad_l = w->pb[2];
+		c->in_h = wb_extent(w, 1);
+		c->in_w = wb_extent(w, 2);
+		p->scratch_bytes = (size_t)(c->icb * c->in_h * c->in_w * BLK) * sizeof(float);
+	} else if (c->kh == 1 && c->kw == 1 && w->s[1] == 1 && w->s[2] == 1 && c->out_w % 14 != 0 &&
+	           c->out_h * c->out_w <= 1024) {
+		/* rows too short for whole tiles (7 x 7): all positions in one row, tiles running across the
+		 * rows (larger images keep their rows, along which the groups share the input) */
+		c->out_w = c->in_w = c->x_w = c->out_h * c->out_w;
+		c->out_h = c->in_h = c->x_h = 1;
+	}
+	if (z && (z->dtype != TERN_FLOAT || z->rank != 5 || memcmp(z->dims, dims, sizeof dims) != 0)) {
+		bconv_free(c);
+		char s[128];
+		return tern_node_errorf(node, TERN_EDATA, "input 3 (residual) %s must have the output's blocked shape",
+		                        tern_shape_str(z->dtype, z->rank, z->dims, s, sizeof s));
+	}
+	size_t wn = (size_t)(c->ocb * c->icb * c->kh * c->kw * BLK * BLK);
+	c->wt = tern_aligned_alloc(wn * sizeof *c->wt);
+	c->bias = tern_aligned_alloc((size_t)(c->ocb * BLK) * sizeof *c->bias);
+	if (!c->wt || !c->bias) {
+		bconv_free(c);
+		return no_memory(node);
+	}
+	memset(c->wt, 0, wn * sizeof *c->wt);
+	memset(c->bias, 0, (size_t)(c->ocb * BLK) * sizeof *c->bias);
+	const float *src = wt->data;
+	int64_t kk = c->kh * c->kw;
+	for (int64_t o = 0; o < m; o++)
+		for (int64_t i = 0; i < ch; i++)
+			for (int64_t t = 0; t < kk; t++) {
+				int64_t at = (((o / BLK * c->icb + i / BLK) * kk + t) * BLK + i % BLK) * BLK + o % BLK;
+				c->wt[at] = src[(o * ch + i) * kk + t];
+			}
+	for (int64_t o = 0; b && o < m; o++)
+		c->bias[o] = ((const float *)b->data)[o];
+	/* the weights of all channel groups fit the second-level cache: walk the rows outside, so that
+	 * each input row is read from the cache for every group */
+	c->rows_outer = wn * sizeof(float) <= (size_t)tern_l2_bytes() / 2;
+	p->params = c;
+	p->free_params = bconv_free;
+	p->kernel = bconv_kernel;
+	p->packed_inputs = 1u << 1 | (b ? 1u << 2 : 0);
+	return TERN_OK;
+}
+
+static const tern_op ops[] = {
+	{"tern", "ToBlocks", 1, 0, to_blocks_prepare, TERN_DT(FLOAT), "blocked"},
+	{"tern", "FromBlocks", 1, 0, from_blocks_prepare, TERN_DT(FLOAT), "blocked"},
+	{"tern", "BlockedConv", 1, 0, bconv_prepare, TERN_DT(FLOAT), "blocked"},
+};
+
+const tern_op_table tern_ops_blocked = {ops, TERN_ARRAY_LEN(ops)};

@@ -1,0 +1,110 @@
+"""Models for t0510-blocked.sh: convolutions written with tern's blocked operators beside the same
+convolutions as plain ONNX, and a small residual network for the blocked-conv pass.
+
+    make-blocked.py pairs DIR     DIR/cK.plain.onnx and DIR/cK.blocked.onnx for each case K
+    make-blocked.py net FILE      a residual network: 12 convolutions, a Concat, Relu and Add between
+    make-blocked.py pair2 FILE    two convolutions only (too few for the pass)
+"""
+import sys
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+# (in channels, height, width, out channels, kernel, stride, dilation, pad, bias, residual, activation)
+CASES = [
+    (16, 8, 8, 16, 1, 1, 1, 0, 0, 0, ""),
+    (32, 9, 11, 48, 3, 1, 1, 1, 1, 1, "Relu"),
+    (20, 13, 13, 32, 3, 2, 1, 1, 1, 0, "Sigmoid"),
+    (64, 7, 7, 40, 5, 1, 2, 4, 1, 1, "Relu"),
+    (3, 30, 30, 32, 7, 2, 1, 3, 1, 0, "Relu"),
+    (64, 28, 28, 64, 1, 1, 1, 0, 0, 1, "Relu"),
+    (48, 6, 40, 16, 3, 1, 1, 0, 1, 0, "HardSwish"),
+    (16, 5, 5, 32, 3, 1, 1, 2, 0, 0, ""),
+    (32, 7, 7, 32, 1, 2, 1, 0, 1, 1, "LeakyRelu"),
+]
+
+
+def save(nodes, inputs, outputs, inits, path, tern=False):
+    g = helper.make_graph(nodes, "g", inputs, outputs, inits)
+    ops = [helper.make_opsetid("", 17)] + ([helper.make_opsetid("tern", 1)] if tern else [])
+    m = helper.make_model(g, opset_imports=ops)
+    m.ir_version = 8
+    onnx.save(m, path)
+
+
+def pair(c, h, w, m, k, s, d, pad, bias, resid, act, stem):
+    rng = np.random.default_rng(len(stem))
+    oh = (h + 2 * pad - d * (k - 1) - 1) // s + 1
+    ow = (w + 2 * pad - d * (k - 1) - 1) // s + 1
+    attrs = dict(kernel_shape=[k, k], strides=[s, s], dilations=[d, d], pads=[pad] * 4)
+    inits = [numpy_helper.from_array((rng.standard_normal((m, c, k, k)) / np.sqrt(c * k * k)).astype(np.float32), "W")]
+    if bias:
+        inits.append(numpy_helper.from_array(rng.standard_normal(m).astype(np.float32), "B"))
+    ins = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, c, h, w])]
+    if resid:
+        ins.append(helper.make_tensor_value_info("z", TensorProto.FLOAT, [2, m, oh, ow]))
+    outs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, m, oh, ow])]
+    nodes = [helper.make_node("Conv", ["x", "W"] + (["B"] if bias else []), ["c"], **attrs)]
+    cur = "c"
+    if resid:
+        nodes.append(helper.make_node("Add", [cur, "z"], ["a"]))
+        cur = "a"
+    nodes.append(helper.make_node(act or "Identity", [cur], ["y"]))
+    save(nodes, ins, outs, inits, stem + ".plain.onnx")
+    nodes = [helper.make_node("ToBlocks", ["x"], ["xb"], domain="tern")]
+    conv_in = ["xb", "W", "B" if bias else ""]
+    if resid:
+        nodes.append(helper.make_node("ToBlocks", ["z"], ["zb"], domain="tern"))
+        conv_in.append("zb")
+    nodes.append(helper.make_node("BlockedConv", conv_in, ["yb"], domain="tern", activation=act, **attrs))
+    nodes.append(helper.make_node("FromBlocks", ["yb"], ["y"], domain="tern", channels=m))
+    save(nodes, ins, outs, inits, stem + ".blocked.onnx", tern=True)
+
+
+def net(path, convs):
+    """x -> conv -> relu -> conv -> (+ x) -> relu -> concat with conv of x -> conv -> 8 convs -> y."""
+    rng = np.random.default_rng(7)
+    inits, nodes = [], []
+
+    def conv(x, cin, cout, k, name):
+        w = (rng.standard_normal((cout, cin, k, k)) / np.sqrt(cin * k * k)).astype(np.float32)
+        b = rng.standard_normal(cout).astype(np.float32) * 0.1
+        inits.extend([numpy_helper.from_array(w, name + "_w"), numpy_helper.from_array(b, name + "_b")])
+        nodes.append(helper.make_node("Conv", [x, name + "_w", name + "_b"], [name], kernel_shape=[k, k],
+                                      pads=[k // 2] * 4, name=name))
+        return name
+
+    a = conv("x", 32, 32, 3, "a")
+    nodes.append(helper.make_node("Relu", [a], ["ar"]))
+    if convs == 2:
+        conv("ar", 32, 16, 1, "y")
+    else:
+        b = conv("ar", 32, 32, 3, "b")
+        nodes.append(helper.make_node("Add", [b, "x"], ["s"]))
+        nodes.append(helper.make_node("Relu", ["s"], ["sr"]))
+        c = conv("x", 32, 16, 1, "c")
+        nodes.append(helper.make_node("Concat", ["sr", c], ["cat"], axis=1))
+        d = conv("cat", 48, 32, 1, "d")
+        nodes.append(helper.make_node("Sigmoid", [d], ["side"]))  # a graph output read planar
+        e = d
+        for i in range(7):  # enough convolutions for the three conversions
+            e = conv(e, 32, 32, 3, "e%d" % i)
+            nodes.append(helper.make_node("Relu", [e], [e + "r"]))
+            e = e + "r"
+        conv(e, 32, 16, 3, "y")
+    outs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 12, 12])]
+    if convs != 2:
+        outs.append(helper.make_tensor_value_info("side", TensorProto.FLOAT, [1, 32, 12, 12]))
+    save(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 32, 12, 12])], outs, inits, path)
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "pairs":
+        for i, case in enumerate(CASES):
+            pair(*case, "%s/c%d" % (sys.argv[2], i))
+        print(len(CASES))
+    elif sys.argv[1] == "net":
+        net(sys.argv[2], 5)
+    elif sys.argv[1] == "pair2":
+        net(sys.argv[2], 2)

@@ -1,0 +1,88 @@
+#!/bin/sh
+# Convolutions on activations in blocks of 16 channels: tern.ToBlocks, tern.FromBlocks and
+# tern.BlockedConv against plain Conv on every instruction-set path, the blocked-conv pass of
+# tern-optimize (what it converts, what it leaves, outputs unchanged), and bad blocked input.
+test_description='blocked convolutions'
+. "$(dirname "$0")/test-lib.sh"
+
+compare() { # compare A.npy B.npy: relative difference below 1e-5 of the largest value
+	"$TERN_PYTHON" -c "
+import sys, numpy as np
+a, b = np.load(sys.argv[1]), np.load(sys.argv[2])
+e = np.abs(a - b).max() / max(np.abs(a).max(), 1e-12)
+print(sys.argv[1], 'relative difference', e)
+sys.exit(0 if a.shape == b.shape and e < 1e-5 else 1)" "$1" "$2"
+}
+
+test_expect_success PYTHON 'make the models' '
+	mkdir pairs &&
+	"$TERN_PYTHON" "$TEST_DIRECTORY/make-blocked.py" pairs pairs >count &&
+	"$TERN_PYTHON" "$TEST_DIRECTORY/make-blocked.py" net net.onnx &&
+	"$TERN_PYTHON" "$TEST_DIRECTORY/make-blocked.py" pair2 pair2.onnx
+'
+
+test_expect_success PYTHON 'BlockedConv equals Conv: strides, dilations, pads, bias, residual, activations, padded channels' '
+	n=$(cat count) && i=0 &&
+	while [ $i -lt $n ]; do
+		for isa in avx512 avx2 generic; do
+			for kind in plain blocked; do
+				TERN_ISA=$isa tern-run --random --optimize 0 --threads 2 -O $kind-$i-$isa pairs/c$i.$kind.onnx || return 1
+			done &&
+			compare plain-$i-$isa/y.npy blocked-$i-$isa/y.npy || return 1
+		done
+		i=$((i + 1))
+	done
+'
+
+test_expect_success PYTHON 'the pass blocks a run of convolutions through Relu, Add and Concat' '
+	tern-optimize -o net.opt.onnx net.onnx &&
+	tern-show net.opt.onnx >net.opt.txt &&
+	test $(grep -c "= tern.BlockedConv" net.opt.txt) = 12 &&
+	test $(grep -c "= tern.ToBlocks" net.opt.txt) = 1 &&
+	grep "^ *y = tern.FromBlocks <channels = 16>" net.opt.txt &&
+	grep "^ *side = tern.FromBlocks <channels = 32> (side_b16)" net.opt.txt &&
+	grep "= Concat <axis = 1>" net.opt.txt &&
+	"$TERN_PYTHON" -c "import onnx; onnx.checker.check_model(onnx.load(\"net.opt.onnx\"))"
+'
+
+test_expect_success PYTHON 'outputs of the blocked graph equal the plain one, whatever the path and threads' '
+	tern-run --random --optimize 0 -O plain net.onnx &&
+	for isa in avx512 avx2 generic; do
+		for t in 1 2; do
+			TERN_ISA=$isa tern-run --random --optimize 0 --threads $t -O b-$isa-$t net.opt.onnx &&
+			compare plain/y.npy b-$isa-$t/y.npy && compare plain/side.npy b-$isa-$t/side.npy || return 1
+		done
+	done
+'
+
+test_expect_success PYTHON 'two convolutions stay planar, and optimising again changes nothing' '
+	tern-optimize -o pair2.opt.onnx pair2.onnx &&
+	! tern-show pair2.opt.onnx | grep Blocked &&
+	tern-optimize -o net.opt2.onnx net.opt.onnx &&
+	tern-show net.opt.onnx >a.txt && tern-show net.opt2.onnx >b.txt && test_cmp a.txt b.txt
+'
+
+test_expect_success 'bad blocked input is one line naming the node, exit 65' '
+	cat >bad.txt <<-\EOF &&
+	<ir_version: 8, opset_import: ["" : 17, "tern" : 1]>
+	bad (float[1,32,4,4] x) => (float[1,40,4,4] y)
+	{
+	   b = tern.ToBlocks (x)
+	   y = tern.FromBlocks <channels = 40> (b)
+	}
+	EOF
+	test_expect_code 65 tern-run --random bad.txt 2>err &&
+	test $(wc -l <err) = 1 && grep "channels" err &&
+	cat >bad2.txt <<-\EOF &&
+	<ir_version: 8, opset_import: ["" : 17, "tern" : 1]>
+	bad2 (float[1,32,4,4] x, float[16,32,1,1] w) => (float[1,16,4,4] y)
+	{
+	   c = tern.BlockedConv <kernel_shape = [1, 1]> (x, w)
+	   y = Identity (c)
+	}
+	EOF
+	test_expect_code 65 tern-run --random bad2.txt 2>err2 &&
+	test $(wc -l <err2) = 1 && grep "blocks of 16" err2
+'
+
+test_done
