@@ -142,20 +142,29 @@ static tern_status from_blocks_prepare(tern_prepare_args *p)
 
 /* ---------------------------------------------------------------- the convolution */
 
-typedef struct bconv {
+typedef struct bconv bconv;
+typedef void (*bconv_row_fn)(const bconv *, const float *, int64_t, int64_t, int64_t, float *, const float *);
+
+struct bconv {
 	window w;
 	int64_t n, icb, ocb, kh, kw;
-	int64_t in_h, in_w;   /* the input as the kernel reads it: padded when pad_h or pad_w */
-	int64_t out_h, out_w; /* with a 1 x 1 window of stride 1 and no padding, one row of all positions */
-	int64_t pad_t, pad_l; /* zeros above and left of the input in the padded copy (0: read in place) */
 	int64_t x_h, x_w;     /* the input's own rows and columns */
-	bool padded;
-	float *wt;   /* ocb x icb x kh x kw x 16 (input channel) x 16 (output channel) */
-	float *bias; /* ocb x 16 */
+	int64_t in_h, in_w;   /* the input as the kernel reads it: larger than x_h, x_w in the padded copy */
+	int64_t pad_t, pad_l; /* zeros above and left of the input in the padded copy */
+	int64_t out_h, out_w; /* with a 1 x 1 window on short rows, one row of all positions */
+	int64_t groups;       /* pairs of output channel blocks */
+	float *wt;            /* ocb x icb x kh x kw x 16 (input channel) x 16 (output channel) */
+	float *bias;          /* ocb x 16 */
 	tern_act act;
-	bool fused;
 	bool rows_outer; /* walk output rows outside the channel groups (the weights are small) */
-} bconv;
+	bconv_row_fn row; /* the instruction set's kernel, chosen when planning */
+};
+
+/* The kernel reads a padded copy of the input rather than the input in place. */
+static bool padded(const bconv *c)
+{
+	return c->in_h != c->x_h || c->in_w != c->x_w;
+}
 
 static void bconv_free(void *p)
 {
@@ -209,7 +218,7 @@ AI void tile(const int OB, const int NB, const int UNIT, const bconv *c, const f
 				}
 			}
 		}
-	bool relu = c->act.kind == TERN_ACT_RELU, other = c->fused && !relu && c->act.kind != TERN_ACT_NONE;
+	bool relu = c->act.kind == TERN_ACT_RELU, other = !relu && c->act.kind != TERN_ACT_NONE;
 	UNROLL_ALL for (int o = 0; o < OB; o++)
 	{
 		int64_t at = ((ob + o) * c->out_h + oh) * c->out_w + ow0;
@@ -307,8 +316,6 @@ static void bconv_row_generic(const bconv *c, const float *x, int64_t ob, int64_
 	bconv_row_body(c, x, ob, count, oh, y, z, 0);
 }
 
-typedef void (*bconv_row_fn)(const bconv *, const float *, int64_t, int64_t, int64_t, float *, const float *);
-
 static bconv_row_fn row_fn(void)
 {
 #if TERN_HAVE_ISA_TARGETS
@@ -326,10 +333,8 @@ static bconv_row_fn row_fn(void)
 
 typedef struct bconv_run {
 	const bconv *c;
-	bconv_row_fn row;
 	const float *x, *z; /* one image's */
 	float *y;
-	int64_t groups; /* pairs of output channel blocks */
 } bconv_run;
 
 /* Items [begin, end): (group, output row) or, with rows_outer, (output row, group). */
@@ -338,9 +343,9 @@ static void bconv_range(void *ctx, int64_t begin, int64_t end)
 	const bconv_run *r = ctx;
 	const bconv *c = r->c;
 	for (int64_t t = begin; t < end; t++) {
-		int64_t g = c->rows_outer ? t % r->groups : t / c->out_h, oh = c->rows_outer ? t / r->groups : t % c->out_h;
+		int64_t g = c->rows_outer ? t % c->groups : t / c->out_h, oh = c->rows_outer ? t / c->groups : t % c->out_h;
 		int64_t ob = 2 * g, count = c->ocb - ob < 2 ? c->ocb - ob : 2;
-		r->row(c, r->x, ob, count, oh, r->y, r->z);
+		c->row(c, r->x, ob, count, oh, r->y, r->z);
 	}
 }
 
@@ -374,18 +379,17 @@ static tern_status bconv_kernel(const tern_kernel_args *a)
 {
 	const bconv *c = a->params;
 	const tern_tensor *z = a->n_in > 3 ? a->in[3] : NULL;
-	int64_t groups = ceil_div(c->ocb, 2), items = groups * c->out_h;
+	int64_t items = c->groups * c->out_h;
 	int64_t in_img = c->icb * c->x_h * c->x_w * BLK, out_img = c->ocb * c->out_h * c->out_w * BLK;
 	int64_t work = 2 * BLK * c->out_w * c->icb * BLK * c->kh * c->kw; /* multiply-adds per item */
 	for (int64_t n = 0; n < c->n; n++) {
 		const float *x = (const float *)a->in[0]->data + n * in_img;
-		if (c->padded) {
+		if (padded(c)) {
 			pad_ctx pc = {c, x, a->scratch};
 			parallel_range(a->pool, c->icb * c->in_h, grain_for(c->in_w * BLK), pad_range, &pc);
 			x = a->scratch;
 		}
-		bconv_run r = {c, row_fn(), x, z ? (const float *)z->data + n * out_img : NULL,
-		               (float *)a->out[0]->data + n * out_img, groups};
+		bconv_run r = {c, x, z ? (const float *)z->data + n * out_img : NULL, (float *)a->out[0]->data + n * out_img};
 		parallel_range(a->pool, items, grain_for(work), bconv_range, &r);
 	}
 	return TERN_OK;
@@ -426,10 +430,10 @@ static tern_status bconv_prepare(tern_prepare_args *p)
 		bconv_free(c);
 		return tern_node_errorf(node, TERN_EDATA, "attribute 'activation' names no supported activation");
 	}
-	c->fused = c->act.kind != TERN_ACT_NONE;
 	c->n = x->dims[0];
 	c->icb = x->dims[1];
 	c->ocb = ceil_div(m, BLK);
+	c->groups = ceil_div(c->ocb, 2);
 	c->kh = wt->dims[2];
 	c->kw = wt->dims[3];
 	c->x_h = c->in_h = x->dims[2];
@@ -444,8 +448,7 @@ static tern_status bconv_prepare(tern_prepare_args *p)
 	const window *w = &c->w;
 	/* the padded copy reaches every tap of every output: its extent is the window's reach or the
 	 * padded input, whichever is more */
-	c->padded = w->pb[1] || w->pb[2] || w->pe[1] || w->pe[2] || wb_extent(w, 1) > c->in_h || wb_extent(w, 2) > c->in_w;
-	if (c->padded) {
+	if (w->pb[1] || w->pb[2] || w->pe[1] || w->pe[2] || wb_extent(w, 1) > c->in_h || wb_extent(w, 2) > c->in_w) {
 		c->pad_t = w->pb[1];
 		c->pad_l = w->pb[2];
 		c->in_h = wb_extent(w, 1);
@@ -483,9 +486,12 @@ static tern_status bconv_prepare(tern_prepare_args *p)
 			}
 	for (int64_t o = 0; b && o < m; o++)
 		c->bias[o] = ((const float *)b->data)[o];
+	/* weights mapped from external data are in the blocks now: their pages can go, as tern_pack_a's */
+	tern_mapped_release(src, (size_t)(m * ch * kk) * sizeof *src);
 	/* the weights of all channel groups fit the second-level cache: walk the rows outside, so that
 	 * each input row is read from the cache for every group */
 	c->rows_outer = wn * sizeof(float) <= (size_t)tern_l2_bytes() / 2;
+	c->row = row_fn();
 	p->params = c;
 	p->free_params = bconv_free;
 	p->kernel = bconv_kernel;

@@ -16,25 +16,14 @@
 
 typedef struct blocked_state {
 	tern_pass_ctx *c;
-	tern_node **order;
-	size_t n_order, cap_order;
-	size_t n_values;  /* values when the pass began: the flags below cover them */
-	bool *blocked;    /* by value index: a blocked node writes it */
-	int *component;   /* by node index: union-find parent, -1 when not blocked */
-	int *convs;       /* by root: convolutions in the component */
+	tern_node **order; /* the live nodes, in topological order */
+	size_t n_order;
+	size_t n_values; /* values when the pass began: the flags below cover them */
+	bool *blocked;   /* by value index: a blocked node writes it */
+	int *component;  /* by node index: union-find parent (then the root), -1 when not blocked */
+	int *convs;      /* by root: convolutions in the component */
 	size_t n_nodes;
 } blocked_state;
-
-static blocked_state *current; /* the pass's state for collect (passes run one at a time) */
-
-static tern_status collect(tern_pass_ctx *c, tern_node *n)
-{
-	blocked_state *s = current;
-	if (!tern_grow((void **)&s->order, &s->cap_order, s->n_order + 1, sizeof *s->order))
-		return tern_errorf(TERN_EOS, "out of memory");
-	s->order[s->n_order++] = n;
-	return TERN_OK;
-}
 
 static bool is_tern(const tern_node *n, const char *op_type)
 {
@@ -47,11 +36,23 @@ static const tern_tensor *float4(tern_pass_ctx *c, const tern_value *v)
 	return t && t->dtype == TERN_FLOAT && t->rank == 4 ? t : NULL;
 }
 
+static bool is_conv(const tern_node *n)
+{
+	return tern_pass_is(n, "Conv") || is_tern(n, "FusedConv");
+}
+
+/* Whether input i of a node that may be blocked is an activation, blocked with it (not weights, bias
+ * or Clip's bounds). */
+static bool tensor_input(const tern_node *n, size_t i)
+{
+	return is_conv(n) ? i == 0 || i == 3 : !tern_pass_is(n, "Clip") || i == 0;
+}
+
 /* A convolution the blocked kernel computes. */
 static bool conv_ok(tern_pass_ctx *c, const tern_node *n)
 {
 	bool fused = is_tern(n, "FusedConv");
-	if (!(tern_pass_is(n, "Conv") || fused) || n->n_outputs != 1 || n->n_inputs < 2 || n->n_inputs > (fused ? 4u : 3u))
+	if (!is_conv(n) || n->n_outputs != 1 || n->n_inputs < 2 || n->n_inputs > (fused ? 4u : 3u))
 		return false;
 	const tern_tensor *x = float4(c, n->inputs[0]), *y = float4(c, n->outputs[0]);
 	const tern_tensor *w = n->inputs[1] ? tern_pass_const(c, n->inputs[1]) : NULL;
@@ -153,7 +154,7 @@ static tern_status to_blocks(blocked_state *s, tern_value *v, bool *done, char *
 static tern_status rewrite(blocked_state *s, tern_node *n, bool *done)
 {
 	tern_pass_ctx *c = s->c;
-	bool conv = tern_pass_is(n, "Conv") || is_tern(n, "FusedConv");
+	bool conv = is_conv(n);
 	char *names[8] = {NULL};
 	const char *in[8];
 	size_t n_in = n->n_inputs;
@@ -161,8 +162,7 @@ static tern_status rewrite(blocked_state *s, tern_node *n, bool *done)
 	for (size_t i = 0; i < n_in && !st; i++) {
 		tern_value *v = n->inputs[i];
 		in[i] = v ? v->name : "";
-		bool tensor = conv ? i == 0 || i == 3 : !tern_pass_is(n, "Clip") || i == 0;
-		if (!v || !tensor)
+		if (!v || !tensor_input(n, i))
 			continue;
 		if (s->blocked[v->index]) {
 			if (!(names[i] = blocked_name(v)))
@@ -208,17 +208,18 @@ static tern_status run(tern_pass_ctx *c)
 	if (st)
 		return st;
 	blocked_state s = {.c = c, .n_values = c->graph->n_values, .n_nodes = c->graph->n_nodes};
-	current = &s;
-	st = tern_pass_each_sorted(c, false, collect);
-	current = NULL;
+	st = tern_graph_toposort(c->graph, &s.order, &s.n_order);
 	s.blocked = calloc(s.n_values + 1, sizeof *s.blocked);
 	s.component = malloc((s.n_nodes + 1) * sizeof *s.component);
 	s.convs = calloc(s.n_nodes + 1, sizeof *s.convs);
+	int *conversions = calloc(s.n_nodes + 1, sizeof *conversions), *seen = malloc((s.n_values + 1) * sizeof *seen);
 	bool *done = calloc(s.n_values + 1, sizeof *done);
-	if (!st && (!s.blocked || !s.component || !s.convs || !done))
+	if (!st && (!s.blocked || !s.component || !s.convs || !conversions || !seen || !done))
 		st = tern_errorf(TERN_EOS, "out of memory");
 	for (size_t i = 0; !st && i < s.n_nodes; i++)
 		s.component[i] = -1;
+	for (size_t v = 0; !st && v < s.n_values; v++)
+		seen[v] = -1;
 	/* which nodes may be blocked, and the components they form through blocked values */
 	for (size_t k = 0; !st && k < s.n_order; k++) {
 		tern_node *n = s.order[k];
@@ -229,10 +230,9 @@ static tern_status run(tern_pass_ctx *c)
 		s.component[i] = i;
 		s.convs[i] = conv;
 		s.blocked[n->outputs[0]->index] = true;
-		size_t tensors = tern_pass_is(n, "Clip") ? 1 : n->n_inputs;
-		for (size_t j = 0; j < tensors; j++) {
+		for (size_t j = 0; j < n->n_inputs; j++) {
 			const tern_value *v = n->inputs[j];
-			if (!v || (conv && j != 0 && j != 3) || !s.blocked[v->index])
+			if (!v || !tensor_input(n, j) || !s.blocked[v->index])
 				continue;
 			int a = find(s.component, i), b = find(s.component, v->producer->index);
 			if (a != b) {
@@ -241,22 +241,16 @@ static tern_status run(tern_pass_ctx *c)
 			}
 		}
 	}
-	/* the conversions each component needs: planar tensors it reads, blocked ones read outside it */
-	int *conversions = calloc(s.n_nodes + 1, sizeof *conversions), *seen = malloc((s.n_values + 1) * sizeof *seen);
-	if (!st && (!conversions || !seen))
-		st = tern_errorf(TERN_EOS, "out of memory");
-	for (size_t v = 0; !st && v < s.n_values; v++)
-		seen[v] = -1;
+	/* every node to its root, and the conversions each component needs: planar tensors it reads,
+	 * blocked ones read outside it */
 	for (size_t k = 0; !st && k < s.n_order; k++) {
 		tern_node *n = s.order[k];
 		if (s.component[n->index] < 0)
 			continue;
-		int r = find(s.component, n->index);
-		bool conv = tern_pass_is(n, "Conv") || is_tern(n, "FusedConv");
-		size_t tensors = tern_pass_is(n, "Clip") ? 1 : n->n_inputs;
-		for (size_t j = 0; j < tensors; j++) {
+		int r = s.component[n->index] = find(s.component, n->index);
+		for (size_t j = 0; j < n->n_inputs; j++) {
 			const tern_value *v = n->inputs[j];
-			if (v && (!conv || j == 0 || j == 3) && !s.blocked[v->index] && seen[v->index] != r) {
+			if (v && tensor_input(n, j) && !s.blocked[v->index] && seen[v->index] != r) {
 				seen[v->index] = r;
 				conversions[r]++;
 			}
@@ -267,26 +261,14 @@ static tern_status run(tern_pass_ctx *c)
 	 * convolutions, or more than one conversion for every four of them (mobilenets, whose depthwise
 	 * convolutions stay planar between every pair of pointwise ones; GoogLeNet's and SqueezeNet's
 	 * pools between a few convolutions) */
-	for (size_t k = 0; !st && k < s.n_order; k++) {
-		int i = s.order[k]->index;
-		if (s.component[i] < 0)
-			continue;
-		int r = find(s.component, i);
-		if (s.convs[r] < MIN_CONVS || 4 * conversions[r] > s.convs[r])
-			s.blocked[s.order[k]->outputs[0]->index] = false;
-	}
-	free(conversions);
-	free(seen);
-	for (size_t k = 0; !st && k < s.n_order; k++) {
-		tern_node *n = s.order[k];
-		if (s.component[n->index] >= 0 && !s.blocked[n->outputs[0]->index])
-			s.component[n->index] = -2; /* unmarked below, after every root has been read */
-	}
 	bool any = false;
 	for (size_t k = 0; !st && k < s.n_order; k++) {
 		tern_node *n = s.order[k];
-		if (s.component[n->index] == -2)
+		int r = s.component[n->index];
+		if (r >= 0 && (s.convs[r] < MIN_CONVS || 4 * conversions[r] > s.convs[r])) {
 			s.component[n->index] = -1;
+			s.blocked[n->outputs[0]->index] = false;
+		}
 		any |= s.component[n->index] >= 0;
 	}
 	if (!st && any)
@@ -300,6 +282,8 @@ static tern_status run(tern_pass_ctx *c)
 	free(s.blocked);
 	free(s.component);
 	free(s.convs);
+	free(conversions);
+	free(seen);
 	free(done);
 	return st;
 }
