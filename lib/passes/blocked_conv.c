@@ -6,6 +6,7 @@
  * leaves it, under its own name, through tern.FromBlocks wherever something else reads it (or it is
  * a graph output). A run of fewer than three convolutions, or with more than one conversion for every
  * four convolutions, stays as it is: its conversions would cost what the blocked layout gains. */
+#include "ops/gemm.h"
 #include "passes/passes.h"
 
 #include <stdio.h>
@@ -61,6 +62,11 @@ static bool conv_ok(tern_pass_ctx *c, const tern_node *n)
 	if (x->dims[1] % BLK || y->dims[1] % BLK || w->dims[1] != x->dims[1])
 		return false;
 	if (n->n_inputs > 2 && n->inputs[2] && !tern_pass_const(c, n->inputs[2]))
+		return false;
+	/* the activations applied as results are stored (tern.FusedConv's others, Elu, Softplus, Gelu,
+	 * take its general path) */
+	tern_act act;
+	if (!tern_act_from_node(n, &act))
 		return false;
 	return n->n_inputs < 4 || !n->inputs[3] || tern_pass_same_shape(tern_pass_shape(c, n->inputs[3]), y);
 }

@@ -4,6 +4,7 @@ convolutions as plain ONNX, and a small residual network for the blocked-conv pa
     make-blocked.py pairs DIR     DIR/cK.plain.onnx and DIR/cK.blocked.onnx for each case K
     make-blocked.py net FILE      a residual network: 12 convolutions, a Concat, Relu and Add between
     make-blocked.py pair2 FILE    two convolutions only (too few for the pass)
+    make-blocked.py elu FILE      nine convolutions, each with Elu (an activation kept planar)
 """
 import sys
 
@@ -99,6 +100,19 @@ def net(path, convs):
     save(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 32, 12, 12])], outs, inits, path)
 
 
+def elu(path):
+    rng = np.random.default_rng(3)
+    nodes, inits, x = [], [], "x"
+    for i in range(9):
+        w = (rng.standard_normal((32, 32, 3, 3)) / 17).astype(np.float32)
+        inits.append(numpy_helper.from_array(w, "w%d" % i))
+        nodes.append(helper.make_node("Conv", [x, "w%d" % i], ["c%d" % i], kernel_shape=[3, 3], pads=[1] * 4))
+        nodes.append(helper.make_node("Elu", ["c%d" % i], ["e%d" % i]))
+        x = "e%d" % i
+    save(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 32, 8, 8])],
+         [helper.make_tensor_value_info(x, TensorProto.FLOAT, [1, 32, 8, 8])], inits, path)
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "pairs":
         for i, case in enumerate(CASES):
@@ -108,3 +122,5 @@ if __name__ == "__main__":
         net(sys.argv[2], 5)
     elif sys.argv[1] == "pair2":
         net(sys.argv[2], 2)
+    elif sys.argv[1] == "elu":
+        elu(sys.argv[2])

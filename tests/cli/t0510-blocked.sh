@@ -62,6 +62,15 @@ test_expect_success PYTHON 'two convolutions stay planar, and optimising again c
 	tern-show net.opt.onnx >a.txt && tern-show net.opt2.onnx >b.txt && test_cmp a.txt b.txt
 '
 
+test_expect_success PYTHON 'convolutions with an activation the blocked kernel lacks stay planar and run' '
+	"$TERN_PYTHON" "$TEST_DIRECTORY/make-blocked.py" elu elu.onnx &&
+	tern-optimize -o elu.opt.onnx elu.onnx &&
+	! tern-show elu.opt.onnx | grep Blocked &&
+	tern-run --random -O elu-plain --optimize 0 elu.onnx &&
+	tern-run --random -O elu-opt elu.onnx &&
+	compare elu-plain/e8.npy elu-opt/e8.npy
+'
+
 test_expect_success 'bad blocked input is one line naming the node, exit 65' '
 	cat >bad.txt <<-\EOF &&
 	<ir_version: 8, opset_import: ["" : 17, "tern" : 1]>
