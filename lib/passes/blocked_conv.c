@@ -267,7 +267,6 @@ static tern_status run(tern_pass_ctx *c)
 	 * convolutions, or more than one conversion for every four of them (mobilenets, whose depthwise
 	 * convolutions stay planar between every pair of pointwise ones; GoogLeNet's and SqueezeNet's
 	 * pools between a few convolutions) */
-	bool any = false;
 	for (size_t k = 0; !st && k < s.n_order; k++) {
 		tern_node *n = s.order[k];
 		int r = s.component[n->index];
@@ -275,10 +274,8 @@ static tern_status run(tern_pass_ctx *c)
 			s.component[n->index] = -1;
 			s.blocked[n->outputs[0]->index] = false;
 		}
-		any |= s.component[n->index] >= 0;
 	}
-	if (!st && any)
-		st = tern_pass_import_tern(c);
+	/* the tern domain: imported by the pass manager for every pass of level 2 */
 	for (size_t k = 0; !st && k < s.n_order; k++) {
 		tern_node *n = s.order[k];
 		if (s.component[n->index] >= 0)
