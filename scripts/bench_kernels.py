@@ -60,6 +60,26 @@ def dnnl_measure(exe, shape, path, iters):
     return json.loads(p.stdout)
 
 
+def chain(name, c, h, w, m, k, count):
+    """count convolutions with Relu, c > m > c > ... channels at h x w, the kind of run tern-optimize -O2
+    lays out in blocks of 16 channels (tern.BlockedConv): it keeps a run with at most one layout conversion
+    per four convolutions, so eight convolutions between the two conversions."""
+    rng = np.random.default_rng(0)
+    nodes, inits, flops, prev, chans = [], [], 0.0, "x", c
+    for i in range(count):
+        out = m if i % 2 == 0 else c
+        wt = rng.standard_normal((out, chans, k, k), dtype=np.float32) * (1.0 / np.sqrt(chans * k * k))
+        inits += [onnx.numpy_helper.from_array(wt, f"w{i}"),
+                  onnx.numpy_helper.from_array(np.full(out, 0.01, np.float32), f"b{i}")]
+        nodes += [helper.make_node("Conv", [prev, f"w{i}", f"b{i}"], [f"c{i}"], kernel_shape=[k, k], pads=[k // 2] * 4),
+                  helper.make_node("Relu", [f"c{i}"], [f"r{i}" if i < count - 1 else "y"])]
+        flops += 2.0 * out * h * w * chans * k * k
+        prev, chans = f"r{i}", out
+    graph = helper.make_graph(nodes, name, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, h, w])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, chans, h, w])], inits)
+    return graph, {"x": (1, c, h, w)}, flops, None, None
+
+
 def pool(name, op, c, h, w, k=0, stride=1):
     if op == "GlobalAveragePool":
         node, out = helper.make_node(op, ["x"], ["y"]), [1, c, 1, 1]
@@ -113,6 +133,9 @@ KERNELS = {
     "conv3x3 256>256 14x14": (conv, (256, 14, 14, 256, 3), False),
     "stem 3x3s2 3>32 224x224": (conv, (3, 224, 224, 32, 3, 2), False),
     "stem 7x7s2 3>64 224x224": (conv, (3, 224, 224, 64, 7, 2), False),
+    "blocked conv1x1 64<>256 56x56 x8": (chain, (64, 56, 56, 256, 1, 8), True),
+    "blocked conv3x3 64>64 56x56 x8": (chain, (64, 56, 56, 64, 3, 8), True),
+    "blocked conv3x3 256>256 14x14 x8": (chain, (256, 14, 14, 256, 3, 8), True),
     "depthwise 3x3 144 56x56": (conv, (144, 56, 56, 144, 3, 1, 144), False),
     "depthwise 3x3s2 96 112x112": (conv, (96, 112, 112, 96, 3, 2, 96), False),
     "depthwise 5x5 240 28x28": (conv, (240, 28, 28, 240, 5, 1, 240), False),

@@ -19,9 +19,6 @@
 
 #define BLK 16
 
-typedef float v16 __attribute__((vector_size(64)));
-typedef float v16u __attribute__((vector_size(64), aligned(4), may_alias));
-typedef int32_t v16i __attribute__((vector_size(64)));
 
 /* ---------------------------------------------------------------- layout conversions */
 
@@ -184,147 +181,53 @@ static void bconv_free(void *p)
 #define AI static inline __attribute__((always_inline))
 #define UNROLL_ALL _Pragma("GCC unroll 16")
 
-/* One tile: OB blocks of output channels (from `ob`) by NB output positions from column ow0 of row oh,
- * over all taps (the input, padded where the window needs it, holds them all). UNIT: the columns are
- * one apart, known when compiling, so that the broadcasts become the multiply-adds' memory operands. */
-AI void tile(const int OB, const int NB, const int UNIT, const bconv *c, const float *x, int64_t ob, int64_t oh,
-             int64_t ow0, float *y, const float *z)
-{
-	const window *w = &c->w;
-	int64_t s_h = w->s[1], s_w = UNIT ? 1 : w->s[2], d_h = w->d[1], d_w = w->d[2];
-	int64_t wstride = c->icb * c->kh * c->kw * BLK * BLK;
-	v16 acc[2][14];
-	UNROLL_ALL for (int o = 0; o < OB; o++)
-	{
-		v16 b = *(const v16 *)(c->bias + (ob + o) * BLK);
-		UNROLL_ALL for (int j = 0; j < NB; j++) acc[o][j] = b;
-	}
-	const float *wp = c->wt + ob * wstride;
-	for (int64_t icb = 0; icb < c->icb; icb++)
-		for (int64_t kh = 0; kh < c->kh; kh++) {
-			const float *xr = x + ((icb * c->in_h + oh * s_h + kh * d_h) * c->in_w + ow0 * s_w) * BLK;
-			for (int64_t kw = 0; kw < c->kw; kw++, wp += BLK * BLK) {
-				const float *xp = xr + kw * d_w * BLK;
-				_Pragma("GCC unroll 4") for (int ic = 0; ic < BLK; ic++)
-				{
-					v16 wv[2];
-					UNROLL_ALL for (int o = 0; o < OB; o++) wv[o] =
-					        *(const v16 *)(wp + o * wstride + ic * BLK);
-					UNROLL_ALL for (int j = 0; j < NB; j++)
-					{
-						float s = xp[j * s_w * BLK + ic];
-						UNROLL_ALL for (int o = 0; o < OB; o++) acc[o][j] += wv[o] * s;
-					}
-				}
-			}
-		}
-	bool relu = c->act.kind == TERN_ACT_RELU, other = !relu && c->act.kind != TERN_ACT_NONE;
-	UNROLL_ALL for (int o = 0; o < OB; o++)
-	{
-		int64_t at = ((ob + o) * c->out_h + oh) * c->out_w + ow0;
-		float *yo = y + at * BLK;
-		const float *zo = z ? z + at * BLK : NULL;
-		UNROLL_ALL for (int j = 0; j < NB; j++)
-		{
-			v16 r = acc[o][j];
-			if (zo)
-				r += *(const v16u *)(zo + j * BLK);
-			if (relu)
-				r = (v16)((v16i)r & (r > 0));
-			*(v16u *)(yo + j * BLK) = r;
-		}
-		if (other)
-			tern_act_run(&c->act, yo, NULL, NB * BLK);
-	}
-}
-
-/* Tiles of nb <= NBMAX positions (nb only known at run time: one case per width). */
-#define TILE_CASE(K)                                                                           \
-	case K:                                                                                \
-		if ((K) <= NBMAX && c->w.s[2] == 1)                                                              \
-			tile(OB, (K) <= NBMAX ? (K) : 1, 1, c, x, ob, oh, ow0, y, z); \
-		else if ((K) <= NBMAX)                                                              \
-			tile(OB, (K) <= NBMAX ? (K) : 1, 0, c, x, ob, oh, ow0, y, z); \
-		break;
-AI void tile_n(const int OB, const int NBMAX, int nb, const bconv *c, const float *x, int64_t ob, int64_t oh,
-               int64_t ow0, float *y, const float *z)
-{
-	switch (nb) {
-		TILE_CASE(1)
-		TILE_CASE(2)
-		TILE_CASE(3)
-		TILE_CASE(4)
-		TILE_CASE(5)
-		TILE_CASE(6)
-		TILE_CASE(7)
-		TILE_CASE(8)
-		TILE_CASE(9)
-		TILE_CASE(10)
-		TILE_CASE(11)
-		TILE_CASE(12)
-		TILE_CASE(13)
-		TILE_CASE(14)
-	default: break;
-	}
-}
-#undef TILE_CASE
-
-/* One output row of OB channel blocks, in tiles of nearly equal widths up to NBMAX. */
-AI void row_body(const int OB, const int NBMAX, const bconv *c, const float *x, int64_t ob, int64_t oh, float *y,
-                 const float *z)
-{
-	int64_t tiles = ceil_div(c->out_w, NBMAX);
-	for (int64_t t = 0, ow = 0; t < tiles; t++) {
-		int64_t next = (t + 1) * c->out_w / tiles;
-		tile_n(OB, NBMAX, (int)(next - ow), c, x, ob, oh, ow, y, z);
-		ow = next;
-	}
-}
-
-/* Output row oh of channel blocks [ob, ob + count) (count 1 or 2) of one image. */
-TERN_ISA_BODY void bconv_row_body(const bconv *c, const float *x, int64_t ob, int64_t count, int64_t oh, float *y,
-                                  const float *z, int isa)
-{
-	if (isa == 2) {
-		if (count == 2)
-			row_body(2, 14, c, x, ob, oh, y, z);
-		else
-			row_body(1, 14, c, x, ob, oh, y, z);
-	} else if (isa == 1) {
-		for (int64_t o = 0; o < count; o++)
-			row_body(1, 6, c, x, ob + o, oh, y, z);
-	} else {
-		for (int64_t o = 0; o < count; o++)
-			row_body(1, 3, c, x, ob + o, oh, y, z);
-	}
-}
+/* The kernel at each vector width (blocked_tile.h): 2 blocks x 14 positions in AVX-512's 32
+ * registers, 1 block x 6 in AVX2's 16, 1 x 3 in the baseline's 16 of 4 floats. */
 #if TERN_HAVE_ISA_TARGETS
-TERN_TARGET_AVX512 static void bconv_row_avx512(const bconv *c, const float *x, int64_t ob, int64_t count, int64_t oh,
-                                                float *y, const float *z)
-{
-	bconv_row_body(c, x, ob, count, oh, y, z, 2);
-}
-TERN_TARGET_AVX2 static void bconv_row_avx2(const bconv *c, const float *x, int64_t ob, int64_t count, int64_t oh,
-                                            float *y, const float *z)
-{
-	bconv_row_body(c, x, ob, count, oh, y, z, 1);
-}
+typedef float v16 __attribute__((vector_size(64)));
+typedef float v16u __attribute__((vector_size(64), aligned(4), may_alias));
+typedef int32_t v16i __attribute__((vector_size(64)));
+typedef float v8 __attribute__((vector_size(32)));
+typedef float v8u __attribute__((vector_size(32), aligned(4), may_alias));
+typedef int32_t v8i __attribute__((vector_size(32)));
+#define BT_VL 16
+#define BT_V v16
+#define BT_VU v16u
+#define BT_VI v16i
+#define BT_ATTR TERN_TARGET_AVX512
+#define BT_OB 2
+#define BT_NB 14
+#include "ops/blocked_tile.h"
+#define BT_VL 8
+#define BT_V v8
+#define BT_VU v8u
+#define BT_VI v8i
+#define BT_ATTR TERN_TARGET_AVX2
+#define BT_OB 1
+#define BT_NB 6
+#include "ops/blocked_tile.h"
 #endif
-static void bconv_row_generic(const bconv *c, const float *x, int64_t ob, int64_t count, int64_t oh, float *y,
-                              const float *z)
-{
-	bconv_row_body(c, x, ob, count, oh, y, z, 0);
-}
+typedef float v4 __attribute__((vector_size(16)));
+typedef float v4u __attribute__((vector_size(16), aligned(4), may_alias));
+typedef int32_t v4i __attribute__((vector_size(16)));
+#define BT_VL 4
+#define BT_V v4
+#define BT_VU v4u
+#define BT_VI v4i
+#define BT_ATTR
+#define BT_OB 1
+#define BT_NB 3
+#include "ops/blocked_tile.h"
 
 static bconv_row_fn row_fn(void)
 {
 #if TERN_HAVE_ISA_TARGETS
 	if (tern_isa() == TERN_ISA_AVX512)
-		return bconv_row_avx512;
+		return bconv_row_16;
 	if (tern_isa() == TERN_ISA_AVX2)
-		return bconv_row_avx2;
+		return bconv_row_8;
 #endif
-	return bconv_row_generic;
+	return bconv_row_4;
 }
 
 #if defined(__GNUC__) && !defined(__clang__)
