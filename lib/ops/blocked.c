@@ -2,9 +2,12 @@
  * `blocked-conv` pass gives the tensors between convolutions.
  *
  * A blocked tensor of an N x C x H x W activation is N x ceil(C/16) x H x W x 16: the 16 channels of
- * a block lie together at each position, the channels past C are zero. tern.ToBlocks and
+ * a block lie together at each position. The lanes past C are zero where tern.ToBlocks makes the
+ * tensor and hold whatever finite values later operators compute from them (a convolution's zero
+ * weights and bias for them give act(0)); nothing reads them as data: a convolution's weights for
+ * them are zero, tern.FromBlocks drops them. tern.ToBlocks and
  * tern.FromBlocks convert at the edges of a run of blocked operators; elementwise operators between
- * blocked tensors of one shape need nothing new. tern.BlockedConv is Conv (group 1, 2-D) with
+ * blocked tensors of one shape need nothing new. tern.BlockedConv is Conv (group 1 or depthwise, 2-D) with
  * tern.FusedConv's bias, residual and activation, reading and writing blocked tensors.
  *
  * Why: in planar layout (NCHW) a convolution's product reads every input channel's plane and writes
@@ -149,8 +152,10 @@ struct bconv {
 	int64_t in_h, in_w;   /* the input as the kernel reads it: larger than x_h, x_w in the padded copy */
 	int64_t pad_t, pad_l; /* zeros above and left of the input in the padded copy */
 	int64_t out_h, out_w; /* with a 1 x 1 window on short rows, one row of all positions */
-	int64_t groups;       /* pairs of output channel blocks */
-	float *wt;            /* ocb x icb x kh x kw x 16 (input channel) x 16 (output channel) */
+	int64_t groups;       /* pairs of output channel blocks; with depthwise, the blocks */
+	bool depthwise;       /* group = channels: each output channel from its own input channel */
+	float *wt;            /* ocb x icb x kh x kw x 16 (input channel) x 16 (output channel); with
+	                       * depthwise ocb x kh x kw x 16 */
 	float *bias;          /* ocb x 16 */
 	tern_act act;
 	bool rows_outer; /* walk output rows outside the channel groups (the weights are small) */
@@ -219,15 +224,15 @@ typedef int32_t v4i __attribute__((vector_size(16)));
 #define BT_NB 3
 #include "ops/blocked_tile.h"
 
-static bconv_row_fn row_fn(void)
+static bconv_row_fn row_fn(bool depthwise)
 {
 #if TERN_HAVE_ISA_TARGETS
 	if (tern_isa() == TERN_ISA_AVX512)
-		return bconv_row_16;
+		return depthwise ? bconv_dw_row_16 : bconv_row_16;
 	if (tern_isa() == TERN_ISA_AVX2)
-		return bconv_row_8;
+		return depthwise ? bconv_dw_row_8 : bconv_row_8;
 #endif
-	return bconv_row_4;
+	return depthwise ? bconv_dw_row_4 : bconv_row_4;
 }
 
 #if defined(__GNUC__) && !defined(__clang__)
@@ -247,7 +252,7 @@ static void bconv_range(void *ctx, int64_t begin, int64_t end)
 	const bconv *c = r->c;
 	for (int64_t t = begin; t < end; t++) {
 		int64_t g = c->rows_outer ? t % c->groups : t / c->out_h, oh = c->rows_outer ? t / c->groups : t % c->out_h;
-		int64_t ob = 2 * g, count = c->ocb - ob < 2 ? c->ocb - ob : 2;
+		int64_t per = c->depthwise ? 1 : 2, ob = per * g, count = c->ocb - ob < per ? c->ocb - ob : per;
 		c->row(c, r->x, ob, count, oh, r->y, r->z);
 	}
 }
@@ -284,7 +289,7 @@ static tern_status bconv_kernel(const tern_kernel_args *a)
 	const tern_tensor *z = a->n_in > 3 ? a->in[3] : NULL;
 	int64_t items = c->groups * c->out_h;
 	int64_t in_img = c->icb * c->x_h * c->x_w * BLK, out_img = c->ocb * c->out_h * c->out_w * BLK;
-	int64_t work = 2 * BLK * c->out_w * c->icb * BLK * c->kh * c->kw; /* multiply-adds per item */
+	int64_t work = (c->depthwise ? 1 : 2 * c->icb * BLK) * BLK * c->out_w * c->kh * c->kw; /* multiply-adds per item */
 	for (int64_t n = 0; n < c->n; n++) {
 		const float *x = (const float *)a->in[0]->data + n * in_img;
 		if (padded(c)) {
@@ -310,17 +315,21 @@ static tern_status bconv_prepare(tern_prepare_args *p)
 		return tern_node_errorf(node, TERN_EDATA, "input 1 (weights) must be float M x C x kH x kW");
 	if (!wt->data)
 		return tern_node_errorf(node, TERN_EDATA, "input 1 (weights) must be a constant");
-	if (tern_attr_int(node, "group", 1) != 1)
-		return tern_node_errorf(node, TERN_EDATA, "attribute 'group' must be 1");
-	int64_t m = wt->dims[0], ch = wt->dims[1];
-	if (ceil_div(ch, BLK) != x->dims[1])
+	int64_t m = wt->dims[0], ch = wt->dims[1], group = tern_attr_int(node, "group", 1);
+	bool depthwise = group != 1;
+	if (depthwise && (group != m || ch != 1))
+		return tern_node_errorf(node, TERN_EDATA,
+		                        "attribute 'group' must be 1 or the channels of a depthwise convolution (%lld)",
+		                        (long long)m);
+	int64_t in_ch = depthwise ? m : ch;
+	if (ceil_div(in_ch, BLK) != x->dims[1])
 		return tern_node_errorf(node, TERN_EDATA, "weights for %lld input channels, input has %lld blocks of %d",
-		                        (long long)ch, (long long)x->dims[1], BLK);
+		                        (long long)in_ch, (long long)x->dims[1], BLK);
 	if (b && (b->dtype != TERN_FLOAT || tern_tensor_numel(b) != m || !b->data))
 		return tern_node_errorf(node, TERN_EDATA, "input 2 (bias) must be a float constant of %lld elements",
 		                        (long long)m);
 	/* the window, from the planar shape the blocked input stands for */
-	tern_tensor planar = tern_nn_shape_only(TERN_FLOAT, 4, (int64_t[]){x->dims[0], ch, x->dims[2], x->dims[3]});
+	tern_tensor planar = tern_nn_shape_only(TERN_FLOAT, 4, (int64_t[]){x->dims[0], in_ch, x->dims[2], x->dims[3]});
 	bconv *c = calloc(1, sizeof *c);
 	if (!c)
 		return no_memory(node);
@@ -336,7 +345,8 @@ static tern_status bconv_prepare(tern_prepare_args *p)
 	c->n = x->dims[0];
 	c->icb = x->dims[1];
 	c->ocb = ceil_div(m, BLK);
-	c->groups = ceil_div(c->ocb, 2);
+	c->depthwise = depthwise;
+	c->groups = depthwise ? c->ocb : ceil_div(c->ocb, 2);
 	c->kh = wt->dims[2];
 	c->kw = wt->dims[3];
 	c->x_h = c->in_h = x->dims[2];
@@ -357,7 +367,7 @@ static tern_status bconv_prepare(tern_prepare_args *p)
 		c->in_h = wb_extent(w, 1);
 		c->in_w = wb_extent(w, 2);
 		p->scratch_bytes = (size_t)(c->icb * c->in_h * c->in_w * BLK) * sizeof(float);
-	} else if (c->kh == 1 && c->kw == 1 && w->s[1] == 1 && w->s[2] == 1 && c->out_w % 14 != 0 &&
+	} else if (!depthwise && c->kh == 1 && c->kw == 1 && w->s[1] == 1 && w->s[2] == 1 && c->out_w % 14 != 0 &&
 	           c->out_h * c->out_w <= 1024) {
 		/* rows too short for whole tiles (7 x 7): all positions in one row, tiles running across the
 		 * rows (larger images keep their rows, along which the groups share the input) */
@@ -370,7 +380,7 @@ static tern_status bconv_prepare(tern_prepare_args *p)
 		return tern_node_errorf(node, TERN_EDATA, "input 3 (residual) %s must have the output's blocked shape",
 		                        tern_shape_str(z->dtype, z->rank, z->dims, s, sizeof s));
 	}
-	size_t wn = (size_t)(c->ocb * c->icb * c->kh * c->kw * BLK * BLK);
+	size_t wn = (size_t)(c->ocb * (depthwise ? 1 : c->icb * BLK) * c->kh * c->kw * BLK);
 	c->wt = tern_aligned_alloc(wn * sizeof *c->wt);
 	c->bias = tern_aligned_alloc((size_t)(c->ocb * BLK) * sizeof *c->bias);
 	if (!c->wt || !c->bias) {
@@ -384,7 +394,8 @@ static tern_status bconv_prepare(tern_prepare_args *p)
 	for (int64_t o = 0; o < m; o++)
 		for (int64_t i = 0; i < ch; i++)
 			for (int64_t t = 0; t < kk; t++) {
-				int64_t at = (((o / BLK * c->icb + i / BLK) * kk + t) * BLK + i % BLK) * BLK + o % BLK;
+				int64_t at = depthwise ? (o / BLK * kk + t) * BLK + o % BLK
+				                       : (((o / BLK * c->icb + i / BLK) * kk + t) * BLK + i % BLK) * BLK + o % BLK;
 				c->wt[at] = src[(o * ch + i) * kk + t];
 			}
 	for (int64_t o = 0; b && o < m; o++)
@@ -393,8 +404,8 @@ static tern_status bconv_prepare(tern_prepare_args *p)
 	tern_mapped_release(src, (size_t)(m * ch * kk) * sizeof *src);
 	/* the weights of all channel groups fit the second-level cache: walk the rows outside, so that
 	 * each input row is read from the cache for every group */
-	c->rows_outer = wn * sizeof(float) <= (size_t)tern_l2_bytes() / 2;
-	c->row = row_fn();
+	c->rows_outer = !depthwise && wn * sizeof(float) <= (size_t)tern_l2_bytes() / 2;
+	c->row = row_fn(depthwise);
 	p->params = c;
 	p->free_params = bconv_free;
 	p->kernel = bconv_kernel;

@@ -1,7 +1,7 @@
 /* blocked_tile.h — tern.BlockedConv's kernel, once per vector width: blocked.c includes it with
  * BT_VL floats a vector (BT_V, its unaligned BT_VU and integer BT_VI), the target attribute BT_ATTR,
- * up to BT_OB blocks of output channels by BT_NB positions a tile, and it defines bconv_row_<BT_VL>
- * (the parameters are undefined at the end, for the next width).
+ * up to BT_OB blocks of output channels by BT_NB positions a tile, and it defines bconv_row_<BT_VL> and
+ * bconv_dw_row_<BT_VL>, the depthwise one (the parameters are undefined at the end, for the next width).
  *
  * A block of 16 channels is 16 / BT_VL vectors; each tile's sums (BT_OB blocks x BT_NB positions)
  * stay in registers over all input channels and taps: per input channel one load of each weight
@@ -13,6 +13,16 @@
 #define BT_CAT(a, b) BT_CAT2(a, b)
 #define BT_NAME(name) BT_CAT(name, BT_VL)
 #define BT_NV (BLK / BT_VL)
+
+/* One vector of results to memory: plus the residual (zo NULL: none), Relu when asked. */
+BT_ATTR static inline __attribute__((always_inline)) void BT_NAME(put)(BT_V r, float *yo, const float *zo, bool relu)
+{
+	if (zo)
+		r += *(const BT_VU *)zo;
+	if (relu)
+		r = (BT_V)((BT_VI)r & (r > 0));
+	*(BT_VU *)yo = r;
+}
 
 /* One tile: OB blocks of output channels (from `ob`) by NB output positions from column ow0 of row oh,
  * over all taps (the input, padded where the window needs it, holds them all). UNIT: the columns are
@@ -56,14 +66,7 @@ BT_NAME(tile)(const int OB, const int NB, const int UNIT, const bconv *c, const 
 		float *yo = y + at * BLK;
 		const float *zo = z ? z + at * BLK : NULL;
 		UNROLL_ALL for (int j = 0; j < NB; j++) UNROLL_ALL for (int v = 0; v < BT_NV; v++)
-		{
-			BT_V r = acc[o * BT_NV + v][j];
-			if (zo)
-				r += *(const BT_VU *)(zo + j * BLK + v * BT_VL);
-			if (relu)
-				r = (BT_V)((BT_VI)r & (r > 0));
-			*(BT_VU *)(yo + j * BLK + v * BT_VL) = r;
-		}
+			BT_NAME(put)(acc[o * BT_NV + v][j], yo + j * BLK + v * BT_VL, zo ? zo + j * BLK + v * BT_VL : NULL, relu);
 		if (other)
 			tern_act_run(&c->act, yo, NULL, NB * BLK);
 	}
@@ -126,6 +129,110 @@ BT_ATTR static void BT_NAME(bconv_row)(const bconv *c, const float *x, int64_t o
 #endif
 	for (int64_t o = 0; o < count; o++)
 		BT_NAME(row_body)(1, c, x, ob + o, oh, y, z);
+}
+
+/* A depthwise tile: block cb by NB output positions from column ow0 of row oh, each output channel
+ * from its own input channel. KH, KW, S: the window and its stride when known when compiling (0: read
+ * from c, with its dilations); per tap one weight vector and one input vector per position. */
+BT_ATTR static inline __attribute__((always_inline)) void
+BT_NAME(dw_tile)(const int NB, const int KH, const int KW, const int S, const bconv *c, const float *x, int64_t cb,
+                 int64_t oh, int64_t ow0, float *y, const float *z)
+{
+	const window *w = &c->w;
+	int64_t kh_n = KH ? KH : c->kh, kw_n = KW ? KW : c->kw;
+	int64_t s_h = S ? S : w->s[1], s_w = S ? S : w->s[2], d_h = S ? 1 : w->d[1], d_w = S ? 1 : w->d[2];
+	BT_V acc[BT_NV][BT_NB];
+	UNROLL_ALL for (int v = 0; v < BT_NV; v++)
+	{
+		BT_V b = *(const BT_V *)(c->bias + cb * BLK + v * BT_VL);
+		UNROLL_ALL for (int j = 0; j < NB; j++) acc[v][j] = b;
+	}
+	const float *wp = c->wt + cb * kh_n * kw_n * BLK;
+	const float *xb = x + cb * c->in_h * c->in_w * BLK;
+	UNROLL_ALL for (int64_t kh = 0; kh < kh_n; kh++)
+	{
+		const float *xr = xb + ((oh * s_h + kh * d_h) * c->in_w + ow0 * s_w) * BLK;
+		UNROLL_ALL for (int64_t kw = 0; kw < kw_n; kw++)
+		{
+			UNROLL_ALL for (int v = 0; v < BT_NV; v++)
+			{
+				BT_V wv = *(const BT_V *)(wp + (kh * kw_n + kw) * BLK + v * BT_VL);
+				UNROLL_ALL for (int j = 0; j < NB; j++) acc[v][j] +=
+				        wv * *(const BT_VU *)(xr + (kw * d_w + j * s_w) * BLK + v * BT_VL);
+			}
+		}
+	}
+	bool relu = c->act.kind == TERN_ACT_RELU;
+	int64_t at = (cb * c->out_h + oh) * c->out_w + ow0;
+	float *yo = y + at * BLK;
+	const float *zo = z ? z + at * BLK : NULL;
+	UNROLL_ALL for (int j = 0; j < NB; j++) UNROLL_ALL for (int v = 0; v < BT_NV; v++)
+		BT_NAME(put)(acc[v][j], yo + j * BLK + v * BT_VL, zo ? zo + j * BLK + v * BT_VL : NULL, relu);
+	if (!relu && c->act.kind != TERN_ACT_NONE)
+		tern_act_run(&c->act, yo, NULL, NB * BLK);
+}
+
+#define BT_DW_CASE(K)                                                                                  \
+	case K:                                                                                        \
+		if ((K) <= BT_NB)                                                                      \
+			BT_NAME(dw_tile)((K) <= BT_NB ? (K) : 1, KH, KW, S, c, x, cb, oh, ow0, y, z); \
+		break;
+BT_ATTR static inline __attribute__((always_inline)) void BT_NAME(dw_tile_n)(const int KH, const int KW, const int S,
+                                                                            int nb, const bconv *c, const float *x,
+                                                                            int64_t cb, int64_t oh, int64_t ow0,
+                                                                            float *y, const float *z)
+{
+	switch (nb) {
+		BT_DW_CASE(1)
+		BT_DW_CASE(2)
+		BT_DW_CASE(3)
+		BT_DW_CASE(4)
+		BT_DW_CASE(5)
+		BT_DW_CASE(6)
+		BT_DW_CASE(7)
+		BT_DW_CASE(8)
+		BT_DW_CASE(9)
+		BT_DW_CASE(10)
+		BT_DW_CASE(11)
+		BT_DW_CASE(12)
+		BT_DW_CASE(13)
+		BT_DW_CASE(14)
+	default: break;
+	}
+}
+#undef BT_DW_CASE
+
+BT_ATTR static inline __attribute__((always_inline)) void BT_NAME(dw_row_body)(const int KH, const int KW, const int S,
+                                                                              const bconv *c, const float *x,
+                                                                              int64_t cb, int64_t oh, float *y,
+                                                                              const float *z)
+{
+	int64_t tiles = ceil_div(c->out_w, BT_NB);
+	for (int64_t t = 0, ow = 0; t < tiles; t++) {
+		int64_t next = (t + 1) * c->out_w / tiles;
+		BT_NAME(dw_tile_n)(KH, KW, S, (int)(next - ow), c, x, cb, oh, ow, y, z);
+		ow = next;
+	}
+}
+
+/* Output row oh of the depthwise convolution's channel block cb (count: 1); 3 x 3 and 5 x 5 windows
+ * of stride 1 or 2 and no dilation are compiled as such. */
+BT_ATTR static void BT_NAME(bconv_dw_row)(const bconv *c, const float *x, int64_t cb, int64_t count, int64_t oh,
+                                          float *y, const float *z)
+{
+	(void)count;
+	const window *w = &c->w;
+	int64_t s = w->s[1] == w->s[2] && w->d[1] == 1 && w->d[2] == 1 ? w->s[1] : 0;
+	if (c->kh == 3 && c->kw == 3 && s == 1)
+		BT_NAME(dw_row_body)(3, 3, 1, c, x, cb, oh, y, z);
+	else if (c->kh == 3 && c->kw == 3 && s == 2)
+		BT_NAME(dw_row_body)(3, 3, 2, c, x, cb, oh, y, z);
+	else if (c->kh == 5 && c->kw == 5 && s == 1)
+		BT_NAME(dw_row_body)(5, 5, 1, c, x, cb, oh, y, z);
+	else if (c->kh == 5 && c->kw == 5 && s == 2)
+		BT_NAME(dw_row_body)(5, 5, 2, c, x, cb, oh, y, z);
+	else
+		BT_NAME(dw_row_body)(0, 0, 0, c, x, cb, oh, y, z);
 }
 
 #undef BT_VL

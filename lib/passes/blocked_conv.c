@@ -1,7 +1,7 @@
 /* blocked_conv.c — runs of convolutions on activations in blocks of 16 channels (lib/ops/blocked.c).
  *
- * Convolutions (Conv, tern.FusedConv) of group 1 over 2-D images whose input and output channels are
- * multiples of 16 become tern.BlockedConv; the elementwise operators and channel Concats between them
+ * Convolutions (Conv, tern.FusedConv) of group 1 or depthwise (one group per channel) over 2-D images
+ * whose input and output channels fill blocks of 16 well (channels_ok) become tern.BlockedConv; the elementwise operators and channel Concats between them
  * follow when all their tensor inputs are blocked. A tensor enters a run through tern.ToBlocks and
  * leaves it, under its own name, through tern.FromBlocks wherever something else reads it (or it is
  * a graph output). A run of fewer than three convolutions, or with more than one conversion for every
@@ -49,6 +49,14 @@ static bool tensor_input(const tern_node *n, size_t i)
 	return is_conv(n) ? i == 0 || i == 3 : !tern_pass_is(n, "Clip") || i == 0;
 }
 
+/* Channels that fill their blocks well enough: a multiple of 16, or at most a third more in blocks (24
+ * in 32, 40 in 48: the lanes past the channels are computed for nothing, which costs less than leaving
+ * the layout around them; 3 input channels in a block of 16 would multiply a stem's work by 5). */
+static bool channels_ok(int64_t c)
+{
+	return c > 0 && 3 * ((c + BLK - 1) / BLK * BLK) <= 4 * c;
+}
+
 /* A convolution the blocked kernel computes. */
 static bool conv_ok(tern_pass_ctx *c, const tern_node *n)
 {
@@ -57,9 +65,13 @@ static bool conv_ok(tern_pass_ctx *c, const tern_node *n)
 		return false;
 	const tern_tensor *x = float4(c, n->inputs[0]), *y = float4(c, n->outputs[0]);
 	const tern_tensor *w = n->inputs[1] ? tern_pass_const(c, n->inputs[1]) : NULL;
-	if (!x || !y || !w || w->dtype != TERN_FLOAT || w->rank != 4 || tern_attr_int(n, "group", 1) != 1)
+	if (!x || !y || !w || w->dtype != TERN_FLOAT || w->rank != 4)
 		return false;
-	if (x->dims[1] % BLK || y->dims[1] % BLK || w->dims[1] != x->dims[1])
+	/* group 1, or depthwise: one group per channel */
+	int64_t group = tern_attr_int(n, "group", 1);
+	bool depthwise = group != 1 && group == x->dims[1] && group == y->dims[1] && w->dims[1] == 1;
+	if (!channels_ok(x->dims[1]) || !channels_ok(y->dims[1]) ||
+	    (!depthwise && (group != 1 || w->dims[1] != x->dims[1])))
 		return false;
 	if (n->n_inputs > 2 && n->inputs[2] && !tern_pass_const(c, n->inputs[2]))
 		return false;
@@ -109,7 +121,8 @@ static bool follows(blocked_state *s, const tern_node *n)
 		if (!v || (size_t)v->index >= s->n_values || !s->blocked[v->index])
 			return false;
 		const tern_tensor *t = float4(c, v);
-		if (!t || (!concat && !tern_pass_same_shape(t, y)))
+		/* Concat's inputs fill whole blocks, so that each starts at a block of the result */
+		if (!t || (!concat && !tern_pass_same_shape(t, y)) || (concat && t->dims[1] % BLK))
 			return false;
 	}
 	return true;
@@ -264,8 +277,7 @@ static tern_status run(tern_pass_ctx *c)
 		conversions[r] += planar_use(&s, n->outputs[0]);
 	}
 	/* components that would not pay for their conversions stay planar: fewer than MIN_CONVS
-	 * convolutions, or more than one conversion for every four of them (mobilenets, whose depthwise
-	 * convolutions stay planar between every pair of pointwise ones; GoogLeNet's and SqueezeNet's
+	 * convolutions, or more than one conversion for every four of them (GoogLeNet's and SqueezeNet's
 	 * pools between a few convolutions) */
 	for (size_t k = 0; !st && k < s.n_order; k++) {
 		tern_node *n = s.order[k];
@@ -293,7 +305,7 @@ static tern_status run(tern_pass_ctx *c)
 
 const tern_pass tern_pass_blocked_conv = {
         "blocked-conv",
-        "run chains of convolutions (group 1, channels a multiple of 16, at least 4 for each conversion) on "
+        "run chains of convolutions (group 1 or depthwise, channels filling blocks of 16, at least 4 for each conversion) on "
         "activations in blocks of 16 channels",
         2,
         run,

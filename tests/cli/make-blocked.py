@@ -12,7 +12,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-# (in channels, height, width, out channels, kernel, stride, dilation, pad, bias, residual, activation)
+# (in channels, height, width, out channels, kernel, stride, dilation, pad, bias, residual, activation
+#  [, group: 0 for depthwise, one group per channel])
 CASES = [
     (16, 8, 8, 16, 1, 1, 1, 0, 0, 0, ""),
     (32, 9, 11, 48, 3, 1, 1, 1, 1, 1, "Relu"),
@@ -23,6 +24,12 @@ CASES = [
     (48, 6, 40, 16, 3, 1, 1, 0, 1, 0, "HardSwish"),
     (16, 5, 5, 32, 3, 1, 1, 2, 0, 0, ""),
     (32, 7, 7, 32, 1, 2, 1, 0, 1, 1, "LeakyRelu"),
+    (32, 14, 14, 32, 3, 1, 1, 1, 1, 1, "Relu", 0),
+    (48, 15, 17, 48, 3, 2, 1, 1, 1, 0, "HardSwish", 0),
+    (16, 11, 9, 16, 5, 1, 1, 2, 0, 0, "", 0),
+    (64, 28, 28, 64, 5, 2, 1, 2, 1, 0, "Sigmoid", 0),
+    (20, 9, 9, 20, 3, 1, 2, 2, 1, 1, "Relu", 0),
+    (32, 8, 30, 32, 7, 1, 1, 3, 1, 0, "", 0),
 ]
 
 
@@ -34,12 +41,15 @@ def save(nodes, inputs, outputs, inits, path, tern=False):
     onnx.save(m, path)
 
 
-def pair(c, h, w, m, k, s, d, pad, bias, resid, act, stem):
+def pair(c, h, w, m, k, s, d, pad, bias, resid, act, *rest):
+    *group, stem = rest
+    group = (group[0] if group else 1) or c
     rng = np.random.default_rng(len(stem))
     oh = (h + 2 * pad - d * (k - 1) - 1) // s + 1
     ow = (w + 2 * pad - d * (k - 1) - 1) // s + 1
-    attrs = dict(kernel_shape=[k, k], strides=[s, s], dilations=[d, d], pads=[pad] * 4)
-    inits = [numpy_helper.from_array((rng.standard_normal((m, c, k, k)) / np.sqrt(c * k * k)).astype(np.float32), "W")]
+    attrs = dict(kernel_shape=[k, k], strides=[s, s], dilations=[d, d], pads=[pad] * 4, group=group)
+    ci = c // group
+    inits = [numpy_helper.from_array((rng.standard_normal((m, ci, k, k)) / np.sqrt(ci * k * k)).astype(np.float32), "W")]
     if bias:
         inits.append(numpy_helper.from_array(rng.standard_normal(m).astype(np.float32), "B"))
     ins = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, c, h, w])]

@@ -21,7 +21,7 @@ test_expect_success PYTHON 'make the models' '
 	"$TERN_PYTHON" "$TEST_DIRECTORY/make-blocked.py" pair2 pair2.onnx
 '
 
-test_expect_success PYTHON 'BlockedConv equals Conv: strides, dilations, pads, bias, residual, activations, padded channels' '
+test_expect_success PYTHON 'BlockedConv equals Conv: strides, dilations, pads, bias, residual, activations, padded channels, depthwise' '
 	n=$(cat count) && i=0 &&
 	while [ $i -lt $n ]; do
 		for isa in avx512 avx2 generic; do
