@@ -140,6 +140,106 @@ static tern_status from_blocks_prepare(tern_prepare_args *p)
 	return TERN_OK;
 }
 
+/* ---------------------------------------------------------------- global average pool */
+
+/* Blocks [begin, end) of (image, channel block): the mean over the positions, lane by lane (sixteen
+ * running sums; the compiler keeps them in the machine's vectors). */
+TERN_ISA_BODY void gap_range_body(void *ctx, int64_t begin, int64_t end)
+{
+	const reorder_ctx *r = ctx;
+	float scale = 1.0f / (float)r->hw;
+	for (int64_t t = begin; t < end; t++) {
+		const float *restrict x = r->x + t * r->hw * BLK;
+		float acc[BLK] = {0};
+		for (int64_t i = 0; i < r->hw; i++)
+			for (int c = 0; c < BLK; c++)
+				acc[c] += x[i * BLK + c];
+		for (int c = 0; c < BLK; c++)
+			r->y[t * BLK + c] = acc[c] * scale;
+	}
+}
+TERN_ISA_VARIANTS3(void, gap_range, (void *ctx, int64_t begin, int64_t end), (ctx, begin, end))
+
+static tern_status gap_kernel(const tern_kernel_args *a)
+{
+	const tern_tensor *x = a->in[0];
+	reorder_ctx r = {x->data, a->out[0]->data, 0, x->dims[1], x->dims[2] * x->dims[3]};
+	parallel_range(a->pool, x->dims[0] * r.cb, grain_for(r.hw * BLK), gap_range, &r);
+	return TERN_OK;
+}
+
+/* tern.BlockedGlobalAveragePool: GlobalAveragePool of a blocked tensor, N x C/16 x 1 x 1 x 16. */
+static tern_status gap_prepare(tern_prepare_args *p)
+{
+	const tern_tensor *x = p->in[0];
+	tern_status st = check_blocked(p->node, x, 0);
+	if (st)
+		return st;
+	tern_tensor *y = p->out[0];
+	y->dtype = TERN_FLOAT;
+	y->rank = 5;
+	int64_t dims[5] = {x->dims[0], x->dims[1], 1, 1, BLK};
+	memcpy(y->dims, dims, sizeof dims);
+	p->kernel = gap_kernel;
+	return TERN_OK;
+}
+
+/* ---------------------------------------------------------------- per-channel scale */
+
+typedef struct scale_ctx {
+	const float *x, *s;
+	float *y;
+	int64_t hw;
+} scale_ctx;
+
+/* Blocks [begin, end) of (image, channel block): y = x times the block's sixteen scales. */
+TERN_ISA_BODY void scale_range_body(void *ctx, int64_t begin, int64_t end)
+{
+	const scale_ctx *r = ctx;
+	for (int64_t t = begin; t < end; t++) {
+		const float *restrict x = r->x + t * r->hw * BLK;
+		float *restrict y = r->y + t * r->hw * BLK;
+		float sc[BLK];
+		memcpy(sc, r->s + t * BLK, sizeof sc);
+		for (int64_t i = 0; i < r->hw; i++)
+			for (int c = 0; c < BLK; c++)
+				y[i * BLK + c] = x[i * BLK + c] * sc[c];
+	}
+}
+TERN_ISA_VARIANTS3(void, scale_range, (void *ctx, int64_t begin, int64_t end), (ctx, begin, end))
+
+static tern_status scale_kernel(const tern_kernel_args *a)
+{
+	const tern_tensor *x = a->in[0];
+	scale_ctx r = {x->data, a->in[1]->data, a->out[0]->data, x->dims[2] * x->dims[3]};
+	parallel_range(a->pool, x->dims[0] * x->dims[1], grain_for(r.hw * BLK), scale_range, &r);
+	return TERN_OK;
+}
+
+/* tern.BlockedScale: Mul of a blocked N x C/16 x H x W x 16 tensor and one value per channel, blocked
+ * too (N x C/16 x 1 x 1 x 16): a squeeze-and-excitation block's scale, in one pass (numpy broadcasting
+ * would walk it as rows of sixteen). */
+static tern_status scale_prepare(tern_prepare_args *p)
+{
+	const tern_tensor *x = p->in[0], *sc = p->in[1];
+	tern_status st = check_blocked(p->node, x, 0);
+	if (!st)
+		st = check_blocked(p->node, sc, 1);
+	if (st)
+		return st;
+	if (sc->dims[0] != x->dims[0] || sc->dims[1] != x->dims[1] || sc->dims[2] != 1 || sc->dims[3] != 1) {
+		char s[128];
+		return tern_node_errorf(p->node, TERN_EDATA, "input 1 %s is not one value per channel of input 0",
+		                        tern_shape_str(sc->dtype, sc->rank, sc->dims, s, sizeof s));
+	}
+	tern_tensor *y = p->out[0];
+	y->dtype = TERN_FLOAT;
+	y->rank = 5;
+	memcpy(y->dims, x->dims, sizeof y->dims[0] * 5);
+	p->kernel = scale_kernel;
+	return TERN_OK;
+}
+
 /* ---------------------------------------------------------------- the convolution */
 
 typedef struct bconv bconv;
@@ -417,6 +517,8 @@ static const tern_op ops[] = {
 	{"tern", "ToBlocks", 1, 0, to_blocks_prepare, TERN_DT(FLOAT), "blocked"},
 	{"tern", "FromBlocks", 1, 0, from_blocks_prepare, TERN_DT(FLOAT), "blocked"},
 	{"tern", "BlockedConv", 1, 0, bconv_prepare, TERN_DT(FLOAT), "blocked"},
+	{"tern", "BlockedGlobalAveragePool", 1, 0, gap_prepare, TERN_DT(FLOAT), "blocked"},
+	{"tern", "BlockedScale", 1, 0, scale_prepare, TERN_DT(FLOAT), "blocked"},
 };
 
 const tern_op_table tern_ops_blocked = {ops, TERN_ARRAY_LEN(ops)};

@@ -83,8 +83,38 @@ static bool conv_ok(tern_pass_ctx *c, const tern_node *n)
 	return n->n_inputs < 4 || !n->inputs[3] || tern_pass_same_shape(tern_pass_shape(c, n->inputs[3]), y);
 }
 
-/* An operator that works on blocked tensors as it does on planar ones, given that all its tensor
- * inputs are blocked: elementwise without broadcasting, or Concat along the channels. */
+/* A tensor of one value per channel (N x C x 1 x 1): converting it costs next to nothing. */
+static bool per_channel(const tern_tensor *t)
+{
+	return t && t->rank == 4 && t->dims[2] == 1 && t->dims[3] == 1;
+}
+
+/* Whether v is blocked (written by a blocked node). */
+static bool is_blocked(const blocked_state *s, const tern_value *v)
+{
+	return v && (size_t)v->index < s->n_values && s->blocked[v->index];
+}
+
+/* Mul of a tensor and one value per channel (a squeeze-and-excitation block's scale): input 1 the
+ * scale, 0 the other, -1 when n is not such a Mul. */
+static int scale_input(tern_pass_ctx *c, const tern_node *n)
+{
+	if (!tern_pass_is(n, "Mul") || n->n_inputs != 2 || n->n_outputs != 1)
+		return -1;
+	const tern_tensor *y = float4(c, n->outputs[0]);
+	for (int i = 0; i < 2; i++) {
+		const tern_tensor *a = float4(c, n->inputs[1 - i]), *b = float4(c, n->inputs[i]);
+		if (y && a && b && tern_pass_same_shape(a, y) && per_channel(b) && !per_channel(y) &&
+		    b->dims[0] == y->dims[0] && b->dims[1] == y->dims[1])
+			return i;
+	}
+	return -1;
+}
+
+/* An operator that works on blocked tensors as it does on planar ones: elementwise without
+ * broadcasting, or Concat along the channels, all of whose tensor inputs are blocked. And two that
+ * have blocked forms: GlobalAveragePool of a blocked tensor (tern.BlockedGlobalAveragePool), and Mul
+ * of a blocked tensor and one value per channel, blocked or not (tern.BlockedScale). */
 static bool follows(blocked_state *s, const tern_node *n)
 {
 	tern_pass_ctx *c = s->c;
@@ -114,15 +144,19 @@ static bool follows(blocked_state *s, const tern_node *n)
 			return false;
 		tensors = (int)n->n_inputs;
 	}
+	if (tern_pass_is(n, "GlobalAveragePool"))
+		return n->n_inputs == 1 && is_blocked(s, n->inputs[0]) && float4(c, n->inputs[0]) &&
+		       channels_ok(y->dims[1]);
+	int scale = scale_input(c, n);
+	if (scale >= 0)
+		return is_blocked(s, n->inputs[1 - scale]);
 	if (!tensors)
 		return false;
 	for (int i = 0; i < tensors; i++) {
 		const tern_value *v = n->inputs[i];
-		if (!v || (size_t)v->index >= s->n_values || !s->blocked[v->index])
-			return false;
-		const tern_tensor *t = float4(c, v);
+		const tern_tensor *t = v ? float4(c, v) : NULL;
 		/* Concat's inputs fill whole blocks, so that each starts at a block of the result */
-		if (!t || (!concat && !tern_pass_same_shape(t, y)) || (concat && t->dims[1] % BLK))
+		if (!t || !is_blocked(s, v) || (concat ? t->dims[1] % BLK != 0 : !tern_pass_same_shape(t, y)))
 			return false;
 	}
 	return true;
@@ -199,8 +233,16 @@ static tern_status rewrite(blocked_state *s, tern_node *n, bool *done)
 	static const char *const skip_axis[] = {"axis", NULL};
 	if (!st) {
 		const char *out[1] = {out_name};
-		tern_pass_node nw = {conv ? "BlockedConv" : n->op_type, conv ? TERN_DOMAIN : n->domain, n->name, in, n_in,
-		                     out, 1, n, concat ? skip_axis : NULL};
+		bool gap = tern_pass_is(n, "GlobalAveragePool");
+		int scale = scale_input(c, n);
+		const char *op = conv ? "BlockedConv" : gap ? "BlockedGlobalAveragePool" : scale >= 0 ? "BlockedScale" : NULL;
+		if (scale == 0) { /* the scaled tensor first */
+			const char *t = in[0];
+			in[0] = in[1];
+			in[1] = t;
+		}
+		tern_pass_node nw = {op ? op : n->op_type, op ? TERN_DOMAIN : n->domain, n->name, in, n_in, out, 1, n,
+		                     concat ? skip_axis : NULL};
 		tern_node *b = tern_pass_replace(c, &n, 1, &nw);
 		if (!b)
 			st = TERN_EOS;
@@ -271,10 +313,10 @@ static tern_status run(tern_pass_ctx *c)
 			const tern_value *v = n->inputs[j];
 			if (v && tensor_input(n, j) && !s.blocked[v->index] && seen[v->index] != r) {
 				seen[v->index] = r;
-				conversions[r]++;
+				conversions[r] += !per_channel(float4(c, v));
 			}
 		}
-		conversions[r] += planar_use(&s, n->outputs[0]);
+		conversions[r] += planar_use(&s, n->outputs[0]) && !per_channel(float4(c, n->outputs[0]));
 	}
 	/* components that would not pay for their conversions stay planar: fewer than MIN_CONVS
 	 * convolutions, or more than one conversion for every four of them (GoogLeNet's and SqueezeNet's

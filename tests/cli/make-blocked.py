@@ -5,6 +5,8 @@ convolutions as plain ONNX, and a small residual network for the blocked-conv pa
     make-blocked.py net FILE      a residual network: 12 convolutions, a Concat, Relu and Add between
     make-blocked.py pair2 FILE    two convolutions only (too few for the pass)
     make-blocked.py elu FILE      nine convolutions, each with Elu (an activation kept planar)
+    make-blocked.py mobile FILE   inverted residual blocks: depthwise convolutions, 24 and 40 channels,
+                                  squeeze-and-excitation (GlobalAveragePool, a per-channel Mul)
 """
 import sys
 
@@ -123,6 +125,56 @@ def elu(path):
          [helper.make_tensor_value_info(x, TensorProto.FLOAT, [1, 32, 8, 8])], inits, path)
 
 
+def mobile(path):
+    """A stem, then three inverted residual blocks (1x1 expand, depthwise 3x3 or 5x5, squeeze-and-
+    excitation on two of them, 1x1 project, a residual Add), a last 1x1 convolution, the global pool."""
+    rng = np.random.default_rng(5)
+    nodes, inits = [], []
+
+    def const(name, a):
+        inits.append(numpy_helper.from_array(np.asarray(a, dtype=np.float32), name))
+        return name
+
+    def conv(x, cin, cout, k, name, stride=1, group=1, act="Relu"):
+        w = const(name + "_w", rng.standard_normal((cout, cin // group, k, k)) / np.sqrt(cin // group * k * k))
+        b = const(name + "_b", rng.standard_normal(cout) * 0.1)
+        nodes.append(helper.make_node("Conv", [x, w, b], [name + "_c"], kernel_shape=[k, k], strides=[stride] * 2,
+                                      pads=[k // 2] * 4, group=group))
+        if act == "Clip":
+            nodes.append(helper.make_node("Clip", [name + "_c", const(name + "_lo", 0), const(name + "_hi", 6)],
+                                          [name]))
+        elif act:
+            nodes.append(helper.make_node(act, [name + "_c"], [name]))
+        else:
+            return name + "_c"
+        return name
+
+    def block(x, cin, cout, expand, k, stride, se, name):
+        mid = cin * expand
+        e = conv(x, cin, mid, 1, name + "e", act="HardSwish")
+        d = conv(e, mid, mid, k, name + "d", stride=stride, group=mid, act="Clip")
+        if se:
+            nodes.append(helper.make_node("GlobalAveragePool", [d], [name + "g"]))
+            q = conv(name + "g", mid, 8, 1, name + "q")
+            r = conv(q, 8, mid, 1, name + "r", act="HardSigmoid")
+            nodes.append(helper.make_node("Mul", [d, r], [name + "s"]))
+            d = name + "s"
+        p = conv(d, mid, cout, 1, name + "p", act=None)
+        if cin == cout and stride == 1:
+            nodes.append(helper.make_node("Add", [x, p], [name + "a"]))
+            return name + "a"
+        return p
+
+    x = conv("x", 3, 16, 3, "stem", stride=2)
+    x = block(x, 16, 24, 4, 3, 2, True, "b1")
+    x = block(x, 24, 24, 3, 5, 1, False, "b2")
+    x = block(x, 24, 40, 3, 3, 1, True, "b3")
+    x = conv(x, 40, 48, 1, "last")
+    nodes.append(helper.make_node("GlobalAveragePool", [x], ["y"]))
+    save(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 32, 32])],
+         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 48, 1, 1])], inits, path)
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "pairs":
         for i, case in enumerate(CASES):
@@ -134,3 +186,5 @@ if __name__ == "__main__":
         net(sys.argv[2], 2)
     elif sys.argv[1] == "elu":
         elu(sys.argv[2])
+    elif sys.argv[1] == "mobile":
+        mobile(sys.argv[2])

@@ -71,6 +71,24 @@ test_expect_success PYTHON 'convolutions with an activation the blocked kernel l
 	compare elu-plain/e8.npy elu-opt/e8.npy
 '
 
+test_expect_success PYTHON 'inverted residual blocks: depthwise, padded channels, squeeze-and-excitation' '
+	"$TERN_PYTHON" "$TEST_DIRECTORY/make-blocked.py" mobile mobile.onnx &&
+	tern-optimize -o mobile.opt.onnx mobile.onnx &&
+	tern-show mobile.opt.onnx >mobile.txt &&
+	test $(grep -c "= tern.BlockedConv" mobile.txt) = 10 &&
+	test $(grep -c "= tern.BlockedConv <.*group = 72" mobile.txt) = 2 &&
+	test $(grep -c "= tern.BlockedScale" mobile.txt) = 2 &&
+	test $(grep -c "= tern.BlockedGlobalAveragePool" mobile.txt) = 3 &&
+	grep "^ *y = tern.FromBlocks <channels = 48>" mobile.txt &&
+	tern-run --random --optimize 0 -O mobile-plain mobile.onnx &&
+	for isa in avx512 avx2 generic; do
+		for t in 1 2; do
+			TERN_ISA=$isa tern-run --random --optimize 0 --threads $t -O mobile-$isa-$t mobile.opt.onnx &&
+			compare mobile-plain/y.npy mobile-$isa-$t/y.npy || return 1
+		done
+	done
+'
+
 test_expect_success 'bad blocked input is one line naming the node, exit 65' '
 	cat >bad.txt <<-\EOF &&
 	<ir_version: 8, opset_import: ["" : 17, "tern" : 1]>
@@ -91,7 +109,19 @@ test_expect_success 'bad blocked input is one line naming the node, exit 65' '
 	}
 	EOF
 	test_expect_code 65 tern-run --random bad2.txt 2>err2 &&
-	test $(wc -l <err2) = 1 && grep "blocks of 16" err2
+	test $(wc -l <err2) = 1 && grep "blocks of 16" err2 &&
+	cat >bad3.txt <<-\EOF &&
+	<ir_version: 8, opset_import: ["" : 17, "tern" : 1]>
+	bad3 (float[1,32,4,4] x, float[1,16,1,1] s) => (float[1,32,4,4] y)
+	{
+	   b = tern.ToBlocks (x)
+	   sb = tern.ToBlocks (s)
+	   c = tern.BlockedScale (b, sb)
+	   y = tern.FromBlocks <channels = 32> (c)
+	}
+	EOF
+	test_expect_code 65 tern-run --random bad3.txt 2>err3 &&
+	test $(wc -l <err3) = 1 && grep "one value per channel" err3
 '
 
 test_done
