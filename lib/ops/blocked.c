@@ -254,6 +254,8 @@ struct bconv {
 	int64_t out_h, out_w; /* with a 1 x 1 window on short rows, one row of all positions */
 	int64_t groups;       /* pairs of output channel blocks; with depthwise, the blocks */
 	bool depthwise;       /* group = channels: each output channel from its own input channel */
+	int64_t lanes;        /* floats a position of the input as the kernel reads it: 16, or with planar
+	                       * input (a stem's few channels) its channels, copied so into the scratch */
 	float *wt;            /* ocb x icb x kh x kw x 16 (input channel) x 16 (output channel); with
 	                       * depthwise ocb x kh x kw x 16 */
 	float *bias;          /* ocb x 16 */
@@ -383,16 +385,41 @@ static void pad_range(void *ctx, int64_t begin, int64_t end)
 	}
 }
 
+/* The same from planar input of c->lanes channels (one block): rows [begin, end) of the padded copy,
+ * each position's channels together. */
+static void pad_planar_range(void *ctx, int64_t begin, int64_t end)
+{
+	const pad_ctx *p = ctx;
+	const bconv *c = p->c;
+	int64_t L = c->lanes, plane = c->x_h * c->x_w;
+	for (int64_t t = begin; t < end; t++) {
+		int64_t i = t - c->pad_t;
+		float *dst = p->xp + t * c->in_w * L;
+		memset(dst, 0, (size_t)(c->in_w * L) * sizeof *dst);
+		if (i < 0 || i >= c->x_h)
+			continue;
+		for (int64_t ch = 0; ch < L; ch++) {
+			const float *src = p->x + ch * plane + i * c->x_w;
+			for (int64_t j = 0; j < c->x_w; j++)
+				dst[(c->pad_l + j) * L + ch] = src[j];
+		}
+	}
+}
+
 static tern_status bconv_kernel(const tern_kernel_args *a)
 {
 	const bconv *c = a->params;
 	const tern_tensor *z = a->n_in > 3 ? a->in[3] : NULL;
 	int64_t items = c->groups * c->out_h;
-	int64_t in_img = c->icb * c->x_h * c->x_w * BLK, out_img = c->ocb * c->out_h * c->out_w * BLK;
+	int64_t in_img = c->icb * c->x_h * c->x_w * c->lanes, out_img = c->ocb * c->out_h * c->out_w * BLK;
 	int64_t work = (c->depthwise ? 1 : 2 * c->icb * BLK) * BLK * c->out_w * c->kh * c->kw; /* multiply-adds per item */
 	for (int64_t n = 0; n < c->n; n++) {
 		const float *x = (const float *)a->in[0]->data + n * in_img;
-		if (padded(c)) {
+		if (c->lanes != BLK) {
+			pad_ctx pc = {c, x, a->scratch};
+			parallel_range(a->pool, c->in_h, grain_for(c->in_w * c->lanes), pad_planar_range, &pc);
+			x = a->scratch;
+		} else if (padded(c)) {
 			pad_ctx pc = {c, x, a->scratch};
 			parallel_range(a->pool, c->icb * c->in_h, grain_for(c->in_w * BLK), pad_range, &pc);
 			x = a->scratch;
@@ -408,7 +435,9 @@ static tern_status bconv_prepare(tern_prepare_args *p)
 	const tern_node *node = p->node;
 	const tern_tensor *x = p->in[0], *wt = p->n_in > 1 ? p->in[1] : NULL;
 	const tern_tensor *b = p->n_in > 2 ? p->in[2] : NULL, *z = p->n_in > 3 ? p->in[3] : NULL;
-	tern_status st = check_blocked(node, x, 0);
+	/* planar input of fewer than 16 channels: a stem, whose blocked input would be mostly zeros */
+	bool planar_in = x->rank == 4 && x->dtype == TERN_FLOAT && x->dims[1] < BLK;
+	tern_status st = planar_in ? TERN_OK : check_blocked(node, x, 0);
 	if (st)
 		return st;
 	if (!wt || wt->rank != 4 || wt->dtype != TERN_FLOAT)
@@ -422,7 +451,10 @@ static tern_status bconv_prepare(tern_prepare_args *p)
 		                        "attribute 'group' must be 1 or the channels of a depthwise convolution (%lld)",
 		                        (long long)m);
 	int64_t in_ch = depthwise ? m : ch;
-	if (ceil_div(in_ch, BLK) != x->dims[1])
+	if (planar_in && (depthwise || ch != x->dims[1]))
+		return tern_node_errorf(node, TERN_EDATA, "weights for %lld input channels, planar input has %lld",
+		                        (long long)in_ch, (long long)x->dims[1]);
+	if (!planar_in && ceil_div(in_ch, BLK) != x->dims[1])
 		return tern_node_errorf(node, TERN_EDATA, "weights for %lld input channels, input has %lld blocks of %d",
 		                        (long long)in_ch, (long long)x->dims[1], BLK);
 	if (b && (b->dtype != TERN_FLOAT || tern_tensor_numel(b) != m || !b->data))
@@ -443,7 +475,8 @@ static tern_status bconv_prepare(tern_prepare_args *p)
 		return tern_node_errorf(node, TERN_EDATA, "attribute 'activation' names no supported activation");
 	}
 	c->n = x->dims[0];
-	c->icb = x->dims[1];
+	c->icb = planar_in ? 1 : x->dims[1];
+	c->lanes = planar_in ? ch : BLK;
 	c->ocb = ceil_div(m, BLK);
 	c->depthwise = depthwise;
 	c->groups = depthwise ? c->ocb : ceil_div(c->ocb, 2);
@@ -461,12 +494,13 @@ static tern_status bconv_prepare(tern_prepare_args *p)
 	const window *w = &c->w;
 	/* the padded copy reaches every tap of every output: its extent is the window's reach or the
 	 * padded input, whichever is more */
-	if (w->pb[1] || w->pb[2] || w->pe[1] || w->pe[2] || wb_extent(w, 1) > c->in_h || wb_extent(w, 2) > c->in_w) {
+	if (planar_in || w->pb[1] || w->pb[2] || w->pe[1] || w->pe[2] || wb_extent(w, 1) > c->in_h ||
+	    wb_extent(w, 2) > c->in_w) {
 		c->pad_t = w->pb[1];
 		c->pad_l = w->pb[2];
 		c->in_h = wb_extent(w, 1);
 		c->in_w = wb_extent(w, 2);
-		p->scratch_bytes = (size_t)(c->icb * c->in_h * c->in_w * BLK) * sizeof(float);
+		p->scratch_bytes = (size_t)(c->icb * c->in_h * c->in_w * c->lanes) * sizeof(float);
 	} else if (!depthwise && c->kh == 1 && c->kw == 1 && w->s[1] == 1 && w->s[2] == 1 && c->out_w % 14 != 0 &&
 	           c->out_h * c->out_w <= 1024) {
 		/* rows too short for whole tiles (7 x 7): all positions in one row, tiles running across the

@@ -26,13 +26,16 @@ BT_ATTR static inline __attribute__((always_inline)) void BT_NAME(put)(BT_V r, f
 
 /* One tile: OB blocks of output channels (from `ob`) by NB output positions from column ow0 of row oh,
  * over all taps (the input, padded where the window needs it, holds them all). UNIT: the columns are
- * one apart, known when compiling, so that the broadcasts use fixed offsets. */
+ * one apart, known when compiling, so that the broadcasts use fixed offsets. FULL: the input is in
+ * blocks of 16 channels; otherwise it is one block of c->lanes channels a position (a stem's few
+ * channels, copied so from planar input), and only those lanes of the weights are read. */
 BT_ATTR static inline __attribute__((always_inline)) void
-BT_NAME(tile)(const int OB, const int NB, const int UNIT, const bconv *c, const float *x, int64_t ob, int64_t oh,
-              int64_t ow0, float *y, const float *z)
+BT_NAME(tile)(const int OB, const int NB, const int UNIT, const int FULL, const bconv *c, const float *x, int64_t ob,
+              int64_t oh, int64_t ow0, float *y, const float *z)
 {
 	const window *w = &c->w;
 	int64_t s_h = w->s[1], s_w = UNIT ? 1 : w->s[2], d_h = w->d[1], d_w = w->d[2];
+	const int64_t L = FULL ? BLK : c->lanes;
 	int64_t wstride = c->icb * c->kh * c->kw * BLK * BLK;
 	BT_V acc[BT_OB * BT_NV][BT_NB];
 	UNROLL_ALL for (int o = 0; o < OB * BT_NV; o++)
@@ -43,17 +46,17 @@ BT_NAME(tile)(const int OB, const int NB, const int UNIT, const bconv *c, const 
 	const float *wp = c->wt + ob * wstride;
 	for (int64_t icb = 0; icb < c->icb; icb++)
 		for (int64_t kh = 0; kh < c->kh; kh++) {
-			const float *xr = x + ((icb * c->in_h + oh * s_h + kh * d_h) * c->in_w + ow0 * s_w) * BLK;
+			const float *xr = x + ((icb * c->in_h + oh * s_h + kh * d_h) * c->in_w + ow0 * s_w) * L;
 			for (int64_t kw = 0; kw < c->kw; kw++, wp += BLK * BLK) {
-				const float *xp = xr + kw * d_w * BLK;
-				_Pragma("GCC unroll 4") for (int ic = 0; ic < BLK; ic++)
+				const float *xp = xr + kw * d_w * L;
+				_Pragma("GCC unroll 4") for (int ic = 0; ic < L; ic++)
 				{
 					BT_V wv[BT_OB * BT_NV];
 					UNROLL_ALL for (int o = 0; o < OB; o++) UNROLL_ALL for (int v = 0; v < BT_NV; v++)
 						wv[o * BT_NV + v] = *(const BT_V *)(wp + o * wstride + ic * BLK + v * BT_VL);
 					UNROLL_ALL for (int j = 0; j < NB; j++)
 					{
-						float s = xp[j * s_w * BLK + ic];
+						float s = xp[j * s_w * L + ic];
 						UNROLL_ALL for (int o = 0; o < OB * BT_NV; o++) acc[o][j] += wv[o] * s;
 					}
 				}
@@ -75,12 +78,13 @@ BT_NAME(tile)(const int OB, const int NB, const int UNIT, const bconv *c, const 
 /* Tiles of nb <= BT_NB positions (nb only known at run time: one case per width). */
 #define BT_TILE_CASE(K)                                                            \
 	case K:                                                                    \
-		if ((K) <= BT_NB && c->w.s[2] == 1)                                \
-			BT_NAME(tile)(OB, (K) <= BT_NB ? (K) : 1, 1, c, x, ob, oh, ow0, y, z); \
+		if ((K) <= BT_NB && FULL && c->w.s[2] == 1)                        \
+			BT_NAME(tile)(OB, (K) <= BT_NB ? (K) : 1, 1, FULL, c, x, ob, oh, ow0, y, z); \
 		else if ((K) <= BT_NB)                                             \
-			BT_NAME(tile)(OB, (K) <= BT_NB ? (K) : 1, 0, c, x, ob, oh, ow0, y, z); \
+			BT_NAME(tile)(OB, (K) <= BT_NB ? (K) : 1, 0, FULL, c, x, ob, oh, ow0, y, z); \
 		break;
-BT_ATTR static inline __attribute__((always_inline)) void BT_NAME(tile_n)(const int OB, int nb, const bconv *c,
+BT_ATTR static inline __attribute__((always_inline)) void BT_NAME(tile_n)(const int OB, const int FULL, int nb,
+                                                                         const bconv *c,
                                                                          const float *x, int64_t ob, int64_t oh,
                                                                          int64_t ow0, float *y, const float *z)
 {
@@ -105,14 +109,15 @@ BT_ATTR static inline __attribute__((always_inline)) void BT_NAME(tile_n)(const 
 #undef BT_TILE_CASE
 
 /* One output row of OB channel blocks, in tiles of nearly equal widths up to BT_NB. */
-BT_ATTR static inline __attribute__((always_inline)) void BT_NAME(row_body)(const int OB, const bconv *c,
+BT_ATTR static inline __attribute__((always_inline)) void BT_NAME(row_body)(const int OB, const int FULL,
+                                                                           const bconv *c,
                                                                            const float *x, int64_t ob, int64_t oh,
                                                                            float *y, const float *z)
 {
 	int64_t tiles = ceil_div(c->out_w, BT_NB);
 	for (int64_t t = 0, ow = 0; t < tiles; t++) {
 		int64_t next = (t + 1) * c->out_w / tiles;
-		BT_NAME(tile_n)(OB, (int)(next - ow), c, x, ob, oh, ow, y, z);
+		BT_NAME(tile_n)(OB, FULL, (int)(next - ow), c, x, ob, oh, ow, y, z);
 		ow = next;
 	}
 }
@@ -121,14 +126,25 @@ BT_ATTR static inline __attribute__((always_inline)) void BT_NAME(row_body)(cons
 BT_ATTR static void BT_NAME(bconv_row)(const bconv *c, const float *x, int64_t ob, int64_t count, int64_t oh, float *y,
                                        const float *z)
 {
+	if (c->lanes != BLK) { /* a stem: its tiles take the stride as it comes */
+#if BT_OB == 2
+		if (count == 2) {
+			BT_NAME(row_body)(2, 0, c, x, ob, oh, y, z);
+			return;
+		}
+#endif
+		for (int64_t o = 0; o < count; o++)
+			BT_NAME(row_body)(1, 0, c, x, ob + o, oh, y, z);
+		return;
+	}
 #if BT_OB == 2
 	if (count == 2) {
-		BT_NAME(row_body)(2, c, x, ob, oh, y, z);
+		BT_NAME(row_body)(2, 1, c, x, ob, oh, y, z);
 		return;
 	}
 #endif
 	for (int64_t o = 0; o < count; o++)
-		BT_NAME(row_body)(1, c, x, ob + o, oh, y, z);
+		BT_NAME(row_body)(1, 1, c, x, ob + o, oh, y, z);
 }
 
 /* A depthwise tile: block cb by NB output positions from column ow0 of row oh, each output channel

@@ -23,6 +23,7 @@ typedef struct blocked_state {
 	bool *blocked;   /* by value index: a blocked node writes it */
 	int *component;  /* by node index: union-find parent (then the root), -1 when not blocked */
 	int *convs;      /* by root: convolutions in the component */
+	bool *stem;      /* by node index: a convolution that reads its planar input of few channels */
 	size_t n_nodes;
 } blocked_state;
 
@@ -43,10 +44,12 @@ static bool is_conv(const tern_node *n)
 }
 
 /* Whether input i of a node that may be blocked is an activation, blocked with it (not weights, bias
- * or Clip's bounds). */
-static bool tensor_input(const tern_node *n, size_t i)
+ * or Clip's bounds, nor a stem's planar input). */
+static bool tensor_input(const blocked_state *s, const tern_node *n, size_t i)
 {
-	return is_conv(n) ? i == 0 || i == 3 : !tern_pass_is(n, "Clip") || i == 0;
+	if (is_conv(n))
+		return (i == 0 && !s->stem[n->index]) || i == 3;
+	return !tern_pass_is(n, "Clip") || i == 0;
 }
 
 /* Channels that fill their blocks well enough: a multiple of 16, or at most a third more in blocks (24
@@ -57,8 +60,9 @@ static bool channels_ok(int64_t c)
 	return c > 0 && 3 * ((c + BLK - 1) / BLK * BLK) <= 4 * c;
 }
 
-/* A convolution the blocked kernel computes. */
-static bool conv_ok(tern_pass_ctx *c, const tern_node *n)
+/* A convolution the blocked kernel computes: 1, or 2 for a stem, which reads planar input of fewer
+ * channels than fill a block well (an image's 3) directly; 0 for none. */
+static int conv_ok(tern_pass_ctx *c, const tern_node *n)
 {
 	bool fused = is_tern(n, "FusedConv");
 	if (!is_conv(n) || n->n_outputs != 1 || n->n_inputs < 2 || n->n_inputs > (fused ? 4u : 3u))
@@ -70,7 +74,8 @@ static bool conv_ok(tern_pass_ctx *c, const tern_node *n)
 	/* group 1, or depthwise: one group per channel */
 	int64_t group = tern_attr_int(n, "group", 1);
 	bool depthwise = group != 1 && group == x->dims[1] && group == y->dims[1] && w->dims[1] == 1;
-	if (!channels_ok(x->dims[1]) || !channels_ok(y->dims[1]) ||
+	bool stem = !depthwise && x->dims[1] < BLK && !channels_ok(x->dims[1]);
+	if ((!stem && !channels_ok(x->dims[1])) || !channels_ok(y->dims[1]) ||
 	    (!depthwise && (group != 1 || w->dims[1] != x->dims[1])))
 		return false;
 	if (n->n_inputs > 2 && n->inputs[2] && !tern_pass_const(c, n->inputs[2]))
@@ -80,7 +85,9 @@ static bool conv_ok(tern_pass_ctx *c, const tern_node *n)
 	tern_act act;
 	if (!tern_act_from_node(n, &act))
 		return false;
-	return n->n_inputs < 4 || !n->inputs[3] || tern_pass_same_shape(tern_pass_shape(c, n->inputs[3]), y);
+	if (n->n_inputs > 3 && n->inputs[3] && !tern_pass_same_shape(tern_pass_shape(c, n->inputs[3]), y))
+		return false;
+	return stem ? 2 : 1;
 }
 
 /* A tensor of one value per channel (N x C x 1 x 1): converting it costs next to nothing. */
@@ -215,7 +222,7 @@ static tern_status rewrite(blocked_state *s, tern_node *n, bool *done)
 	for (size_t i = 0; i < n_in && !st; i++) {
 		tern_value *v = n->inputs[i];
 		in[i] = v ? v->name : "";
-		if (!v || !tensor_input(n, i))
+		if (!v || !tensor_input(s, n, i))
 			continue;
 		if (s->blocked[v->index]) {
 			if (!(names[i] = blocked_name(v)))
@@ -273,9 +280,10 @@ static tern_status run(tern_pass_ctx *c)
 	s.blocked = calloc(s.n_values + 1, sizeof *s.blocked);
 	s.component = malloc((s.n_nodes + 1) * sizeof *s.component);
 	s.convs = calloc(s.n_nodes + 1, sizeof *s.convs);
+	s.stem = calloc(s.n_nodes + 1, sizeof *s.stem);
 	int *conversions = calloc(s.n_nodes + 1, sizeof *conversions), *seen = malloc((s.n_values + 1) * sizeof *seen);
 	bool *done = calloc(s.n_values + 1, sizeof *done);
-	if (!st && (!s.blocked || !s.component || !s.convs || !conversions || !seen || !done))
+	if (!st && (!s.blocked || !s.component || !s.convs || !s.stem || !conversions || !seen || !done))
 		st = tern_errorf(TERN_EOS, "out of memory");
 	for (size_t i = 0; !st && i < s.n_nodes; i++)
 		s.component[i] = -1;
@@ -284,16 +292,17 @@ static tern_status run(tern_pass_ctx *c)
 	/* which nodes may be blocked, and the components they form through blocked values */
 	for (size_t k = 0; !st && k < s.n_order; k++) {
 		tern_node *n = s.order[k];
-		bool conv = conv_ok(c, n);
+		int conv = conv_ok(c, n);
 		if (!conv && !follows(&s, n))
 			continue;
 		int i = n->index;
+		s.stem[i] = conv == 2;
 		s.component[i] = i;
-		s.convs[i] = conv;
+		s.convs[i] = conv != 0;
 		s.blocked[n->outputs[0]->index] = true;
 		for (size_t j = 0; j < n->n_inputs; j++) {
 			const tern_value *v = n->inputs[j];
-			if (!v || !tensor_input(n, j) || !s.blocked[v->index])
+			if (!v || !tensor_input(&s, n, j) || !s.blocked[v->index])
 				continue;
 			int a = find(s.component, i), b = find(s.component, v->producer->index);
 			if (a != b) {
@@ -311,7 +320,7 @@ static tern_status run(tern_pass_ctx *c)
 		int r = s.component[n->index] = find(s.component, n->index);
 		for (size_t j = 0; j < n->n_inputs; j++) {
 			const tern_value *v = n->inputs[j];
-			if (v && tensor_input(n, j) && !s.blocked[v->index] && seen[v->index] != r) {
+			if (v && tensor_input(&s, n, j) && !s.blocked[v->index] && seen[v->index] != r) {
 				seen[v->index] = r;
 				conversions[r] += !per_channel(float4(c, v));
 			}
@@ -339,6 +348,7 @@ static tern_status run(tern_pass_ctx *c)
 	free(s.blocked);
 	free(s.component);
 	free(s.convs);
+	free(s.stem);
 	free(conversions);
 	free(seen);
 	free(done);

@@ -15,7 +15,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 # (in channels, height, width, out channels, kernel, stride, dilation, pad, bias, residual, activation
-#  [, group: 0 for depthwise, one group per channel])
+#  [, group: 0 for depthwise, one group per channel [, planar: BlockedConv reads the planar input]])
 CASES = [
     (16, 8, 8, 16, 1, 1, 1, 0, 0, 0, ""),
     (32, 9, 11, 48, 3, 1, 1, 1, 1, 1, "Relu"),
@@ -32,6 +32,10 @@ CASES = [
     (64, 28, 28, 64, 5, 2, 1, 2, 1, 0, "Sigmoid", 0),
     (20, 9, 9, 20, 3, 1, 2, 2, 1, 1, "Relu", 0),
     (32, 8, 30, 32, 7, 1, 1, 3, 1, 0, "", 0),
+    (3, 30, 30, 32, 3, 2, 1, 1, 1, 0, "Relu", 1, 1),
+    (3, 17, 19, 64, 7, 2, 1, 3, 1, 1, "HardSwish", 1, 1),
+    (1, 12, 12, 16, 3, 1, 1, 1, 0, 0, "", 1, 1),
+    (5, 9, 13, 48, 5, 1, 2, 0, 1, 0, "Sigmoid", 1, 1),
 ]
 
 
@@ -44,8 +48,9 @@ def save(nodes, inputs, outputs, inits, path, tern=False):
 
 
 def pair(c, h, w, m, k, s, d, pad, bias, resid, act, *rest):
-    *group, stem = rest
-    group = (group[0] if group else 1) or c
+    *opts, stem = rest
+    group = (opts[0] if opts else 1) or c
+    planar = len(opts) > 1 and opts[1]
     rng = np.random.default_rng(len(stem))
     oh = (h + 2 * pad - d * (k - 1) - 1) // s + 1
     ow = (w + 2 * pad - d * (k - 1) - 1) // s + 1
@@ -65,8 +70,8 @@ def pair(c, h, w, m, k, s, d, pad, bias, resid, act, *rest):
         cur = "a"
     nodes.append(helper.make_node(act or "Identity", [cur], ["y"]))
     save(nodes, ins, outs, inits, stem + ".plain.onnx")
-    nodes = [helper.make_node("ToBlocks", ["x"], ["xb"], domain="tern")]
-    conv_in = ["xb", "W", "B" if bias else ""]
+    nodes = [] if planar else [helper.make_node("ToBlocks", ["x"], ["xb"], domain="tern")]
+    conv_in = ["x" if planar else "xb", "W", "B" if bias else ""]
     if resid:
         nodes.append(helper.make_node("ToBlocks", ["z"], ["zb"], domain="tern"))
         conv_in.append("zb")

@@ -21,7 +21,7 @@ test_expect_success PYTHON 'make the models' '
 	"$TERN_PYTHON" "$TEST_DIRECTORY/make-blocked.py" pair2 pair2.onnx
 '
 
-test_expect_success PYTHON 'BlockedConv equals Conv: strides, dilations, pads, bias, residual, activations, padded channels, depthwise' '
+test_expect_success PYTHON 'BlockedConv equals Conv: strides, dilations, pads, bias, residual, activations, padded channels, depthwise, planar input' '
 	n=$(cat count) && i=0 &&
 	while [ $i -lt $n ]; do
 		for isa in avx512 avx2 generic; do
@@ -71,11 +71,13 @@ test_expect_success PYTHON 'convolutions with an activation the blocked kernel l
 	compare elu-plain/e8.npy elu-opt/e8.npy
 '
 
-test_expect_success PYTHON 'inverted residual blocks: depthwise, padded channels, squeeze-and-excitation' '
+test_expect_success PYTHON 'inverted residual blocks: a stem on planar input, depthwise, padded channels, squeeze-and-excitation' '
 	"$TERN_PYTHON" "$TEST_DIRECTORY/make-blocked.py" mobile mobile.onnx &&
 	tern-optimize -o mobile.opt.onnx mobile.onnx &&
 	tern-show mobile.opt.onnx >mobile.txt &&
-	test $(grep -c "= tern.BlockedConv" mobile.txt) = 10 &&
+	test $(grep -c "= tern.BlockedConv" mobile.txt) = 13 &&
+	grep "stem_b16 = tern.BlockedConv <.*> (x, stem_w, stem_b)" mobile.txt &&
+	! grep "= tern.ToBlocks" mobile.txt &&
 	test $(grep -c "= tern.BlockedConv <.*group = 72" mobile.txt) = 2 &&
 	test $(grep -c "= tern.BlockedScale" mobile.txt) = 2 &&
 	test $(grep -c "= tern.BlockedGlobalAveragePool" mobile.txt) = 3 &&
