@@ -254,6 +254,7 @@ struct bconv {
 	int64_t out_h, out_w; /* with a 1 x 1 window on short rows, one row of all positions */
 	int64_t groups;       /* pairs of output channel blocks; with depthwise, the blocks */
 	bool depthwise;       /* group = channels: each output channel from its own input channel */
+	bool pool;            /* tern.BlockedMaxPool: the maximum over the window, no weights */
 	int64_t lanes;        /* floats a position of the input as the kernel reads it: 16, or with planar
 	                       * input (a stem's few channels) its channels, copied so into the scratch */
 	float *wt;            /* ocb x icb x kh x kw x 16 (input channel) x 16 (output channel); with
@@ -291,6 +292,7 @@ static void bconv_free(void *p)
 /* The kernel at each vector width (blocked_tile.h): 2 blocks x 14 positions in AVX-512's 32
  * registers, 1 block x 6 in AVX2's 16, 1 x 3 in the baseline's 16 of 4 floats. */
 #if TERN_HAVE_ISA_TARGETS
+#include <immintrin.h>
 typedef float v16 __attribute__((vector_size(64)));
 typedef float v16u __attribute__((vector_size(64), aligned(4), may_alias));
 typedef int32_t v16i __attribute__((vector_size(64)));
@@ -304,6 +306,7 @@ typedef int32_t v8i __attribute__((vector_size(32)));
 #define BT_ATTR TERN_TARGET_AVX512
 #define BT_OB 2
 #define BT_NB 14
+#define BT_MAX(a, b) ((v16)_mm512_max_ps((__m512)(a), (__m512)(b)))
 #include "ops/blocked_tile.h"
 #define BT_VL 8
 #define BT_V v8
@@ -312,6 +315,7 @@ typedef int32_t v8i __attribute__((vector_size(32)));
 #define BT_ATTR TERN_TARGET_AVX2
 #define BT_OB 1
 #define BT_NB 6
+#define BT_MAX(a, b) ((v8)_mm256_max_ps((__m256)(a), (__m256)(b)))
 #include "ops/blocked_tile.h"
 #endif
 typedef float v4 __attribute__((vector_size(16)));
@@ -324,17 +328,18 @@ typedef int32_t v4i __attribute__((vector_size(16)));
 #define BT_ATTR
 #define BT_OB 1
 #define BT_NB 3
+#define BT_MAX(a, b) ((v4)(((v4i)(a) & ((a) > (b))) | ((v4i)(b) & ~((a) > (b)))))
 #include "ops/blocked_tile.h"
 
-static bconv_row_fn row_fn(bool depthwise)
+static bconv_row_fn row_fn(const bconv *c)
 {
 #if TERN_HAVE_ISA_TARGETS
 	if (tern_isa() == TERN_ISA_AVX512)
-		return depthwise ? bconv_dw_row_16 : bconv_row_16;
+		return c->pool ? bpool_row_16 : c->depthwise ? bconv_dw_row_16 : bconv_row_16;
 	if (tern_isa() == TERN_ISA_AVX2)
-		return depthwise ? bconv_dw_row_8 : bconv_row_8;
+		return c->pool ? bpool_row_8 : c->depthwise ? bconv_dw_row_8 : bconv_row_8;
 #endif
-	return depthwise ? bconv_dw_row_4 : bconv_row_4;
+	return c->pool ? bpool_row_4 : c->depthwise ? bconv_dw_row_4 : bconv_row_4;
 }
 
 #if defined(__GNUC__) && !defined(__clang__)
@@ -354,7 +359,7 @@ static void bconv_range(void *ctx, int64_t begin, int64_t end)
 	const bconv *c = r->c;
 	for (int64_t t = begin; t < end; t++) {
 		int64_t g = c->rows_outer ? t % c->groups : t / c->out_h, oh = c->rows_outer ? t / c->groups : t % c->out_h;
-		int64_t per = c->depthwise ? 1 : 2, ob = per * g, count = c->ocb - ob < per ? c->ocb - ob : per;
+		int64_t per = c->depthwise || c->pool ? 1 : 2, ob = per * g, count = c->ocb - ob < per ? c->ocb - ob : per;
 		c->row(c, r->x, ob, count, oh, r->y, r->z);
 	}
 }
@@ -370,12 +375,11 @@ static void pad_range(void *ctx, int64_t begin, int64_t end)
 {
 	const pad_ctx *p = ctx;
 	const bconv *c = p->c;
-	size_t row = (size_t)(c->in_w * BLK) * sizeof(float);
 	for (int64_t t = begin; t < end; t++) {
 		int64_t b = t / c->in_h, i = t % c->in_h - c->pad_t;
 		float *dst = p->xp + t * c->in_w * BLK;
 		if (i < 0 || i >= c->x_h) {
-			memset(dst, 0, row);
+			memset(dst, 0, (size_t)(c->in_w * BLK) * sizeof *dst);
 			continue;
 		}
 		int64_t right = c->in_w - c->pad_l - c->x_w;
@@ -412,7 +416,7 @@ static tern_status bconv_kernel(const tern_kernel_args *a)
 	const tern_tensor *z = a->n_in > 3 ? a->in[3] : NULL;
 	int64_t items = c->groups * c->out_h;
 	int64_t in_img = c->icb * c->x_h * c->x_w * c->lanes, out_img = c->ocb * c->out_h * c->out_w * BLK;
-	int64_t work = (c->depthwise ? 1 : 2 * c->icb * BLK) * BLK * c->out_w * c->kh * c->kw; /* multiply-adds per item */
+	int64_t work = (c->depthwise || c->pool ? 1 : 2 * c->icb * BLK) * BLK * c->out_w * c->kh * c->kw; /* multiply-adds per item */
 	for (int64_t n = 0; n < c->n; n++) {
 		const float *x = (const float *)a->in[0]->data + n * in_img;
 		if (c->lanes != BLK) {
@@ -428,6 +432,22 @@ static tern_status bconv_kernel(const tern_kernel_args *a)
 		parallel_range(a->pool, items, grain_for(work), bconv_range, &r);
 	}
 	return TERN_OK;
+}
+
+/* The padded copy of the input, when the window needs one (or `always`): it reaches every tap of every
+ * output, so its extent is the window's reach or the padded input, whichever is more. */
+static bool plan_padded(bconv *c, tern_prepare_args *p, bool always)
+{
+	const window *w = &c->w;
+	if (!always && !w->pb[1] && !w->pb[2] && !w->pe[1] && !w->pe[2] && wb_extent(w, 1) <= c->in_h &&
+	    wb_extent(w, 2) <= c->in_w)
+		return false;
+	c->pad_t = w->pb[1];
+	c->pad_l = w->pb[2];
+	c->in_h = wb_extent(w, 1);
+	c->in_w = wb_extent(w, 2);
+	p->scratch_bytes = (size_t)(c->icb * c->in_h * c->in_w * c->lanes) * sizeof(float);
+	return true;
 }
 
 static tern_status bconv_prepare(tern_prepare_args *p)
@@ -492,16 +512,7 @@ static tern_status bconv_prepare(tern_prepare_args *p)
 	int64_t dims[5] = {c->n, c->ocb, c->out_h, c->out_w, BLK};
 	memcpy(y->dims, dims, sizeof dims);
 	const window *w = &c->w;
-	/* the padded copy reaches every tap of every output: its extent is the window's reach or the
-	 * padded input, whichever is more */
-	if (planar_in || w->pb[1] || w->pb[2] || w->pe[1] || w->pe[2] || wb_extent(w, 1) > c->in_h ||
-	    wb_extent(w, 2) > c->in_w) {
-		c->pad_t = w->pb[1];
-		c->pad_l = w->pb[2];
-		c->in_h = wb_extent(w, 1);
-		c->in_w = wb_extent(w, 2);
-		p->scratch_bytes = (size_t)(c->icb * c->in_h * c->in_w * c->lanes) * sizeof(float);
-	} else if (!depthwise && c->kh == 1 && c->kw == 1 && w->s[1] == 1 && w->s[2] == 1 && c->out_w % 14 != 0 &&
+	if (!plan_padded(c, p, planar_in) && !depthwise && c->kh == 1 && c->kw == 1 && w->s[1] == 1 && w->s[2] == 1 && c->out_w % 14 != 0 &&
 	           c->out_h * c->out_w <= 1024) {
 		/* rows too short for whole tiles (7 x 7): all positions in one row, tiles running across the
 		 * rows (larger images keep their rows, along which the groups share the input) */
@@ -539,11 +550,56 @@ static tern_status bconv_prepare(tern_prepare_args *p)
 	/* the weights of all channel groups fit the second-level cache: walk the rows outside, so that
 	 * each input row is read from the cache for every group */
 	c->rows_outer = !depthwise && wn * sizeof(float) <= (size_t)tern_l2_bytes() / 2;
-	c->row = row_fn(depthwise);
+	c->row = row_fn(c);
 	p->params = c;
 	p->free_params = bconv_free;
 	p->kernel = bconv_kernel;
 	p->packed_inputs = 1u << 1 | (b ? 1u << 2 : 0);
+	return TERN_OK;
+}
+
+/* tern.BlockedMaxPool: MaxPool (2-D, one output) of a blocked tensor, with MaxPool's attributes. */
+static tern_status bpool_prepare(tern_prepare_args *p)
+{
+	const tern_node *node = p->node;
+	const tern_tensor *x = p->in[0];
+	tern_status st = check_blocked(node, x, 0);
+	if (st)
+		return st;
+	if (p->n_out > 1)
+		return tern_node_errorf(node, TERN_EDATA, "the indices output is not computed on blocked tensors");
+	tern_tensor planar =
+	        tern_nn_shape_only(TERN_FLOAT, 4, (int64_t[]){x->dims[0], x->dims[1] * BLK, x->dims[2], x->dims[3]});
+	bconv *c = calloc(1, sizeof *c);
+	if (!c)
+		return no_memory(node);
+	if ((st = tern_nn_window_read(node, &planar, NULL, &c->w)) ||
+	    (st = tern_nn_window_forward(node, &c->w, tern_attr_int(node, "ceil_mode", 0) != 0))) {
+		bconv_free(c);
+		return st;
+	}
+	const window *w = &c->w;
+	c->pool = true;
+	c->n = x->dims[0];
+	c->icb = c->ocb = c->groups = x->dims[1];
+	c->lanes = BLK;
+	c->kh = w->k[1];
+	c->kw = w->k[2];
+	c->x_h = c->in_h = x->dims[2];
+	c->x_w = c->in_w = x->dims[3];
+	c->out_h = w->out[1];
+	c->out_w = w->out[2];
+	c->pad_t = w->pb[1]; /* read in place, the edges' windows cut to the input */
+	c->pad_l = w->pb[2];
+	tern_tensor *y = p->out[0];
+	y->dtype = TERN_FLOAT;
+	y->rank = 5;
+	int64_t dims[5] = {c->n, c->ocb, c->out_h, c->out_w, BLK};
+	memcpy(y->dims, dims, sizeof dims);
+	c->row = row_fn(c);
+	p->params = c;
+	p->free_params = bconv_free;
+	p->kernel = bconv_kernel;
 	return TERN_OK;
 }
 
@@ -553,6 +609,7 @@ static const tern_op ops[] = {
 	{"tern", "BlockedConv", 1, 0, bconv_prepare, TERN_DT(FLOAT), "blocked"},
 	{"tern", "BlockedGlobalAveragePool", 1, 0, gap_prepare, TERN_DT(FLOAT), "blocked"},
 	{"tern", "BlockedScale", 1, 0, scale_prepare, TERN_DT(FLOAT), "blocked"},
+	{"tern", "BlockedMaxPool", 1, 0, bpool_prepare, TERN_DT(FLOAT), "blocked"},
 };
 
 const tern_op_table tern_ops_blocked = {ops, TERN_ARRAY_LEN(ops)};

@@ -1,7 +1,7 @@
 /* blocked_tile.h — tern.BlockedConv's kernel, once per vector width: blocked.c includes it with
  * BT_VL floats a vector (BT_V, its unaligned BT_VU and integer BT_VI), the target attribute BT_ATTR,
- * up to BT_OB blocks of output channels by BT_NB positions a tile, and it defines bconv_row_<BT_VL> and
- * bconv_dw_row_<BT_VL>, the depthwise one (the parameters are undefined at the end, for the next width).
+ * up to BT_OB blocks of output channels by BT_NB positions a tile, (and BT_MAX, the lanes' maximum of two vectors) and it defines bconv_row_<BT_VL>,
+ * bconv_dw_row_<BT_VL> (depthwise) and bpool_row_<BT_VL> (max pool) (the parameters are undefined at the end, for the next width).
  *
  * A block of 16 channels is 16 / BT_VL vectors; each tile's sums (BT_OB blocks x BT_NB positions)
  * stay in registers over all input channels and taps: per input channel one load of each weight
@@ -251,8 +251,44 @@ BT_ATTR static void BT_NAME(bconv_dw_row)(const bconv *c, const float *x, int64_
 		BT_NAME(dw_row_body)(0, 0, 0, c, x, cb, oh, y, z);
 }
 
+/* Output row oh of a max pool's channel block cb (count: 1), read in place: per position the maximum
+ * over the window's taps inside the input, vector by vector (memory-bound: the taps are read as they
+ * come, and only the windows over an edge test their taps). */
+BT_ATTR static void BT_NAME(bpool_row)(const bconv *c, const float *x, int64_t cb, int64_t count, int64_t oh, float *y,
+                                       const float *z)
+{
+	(void)count;
+	(void)z;
+	const window *w = &c->w;
+	int64_t s_h = w->s[1], s_w = w->s[2], d_h = w->d[1], d_w = w->d[2];
+	int64_t ih0 = oh * s_h - c->pad_t;
+	bool rows_in = ih0 >= 0 && ih0 + (c->kh - 1) * d_h < c->x_h;
+	const float *xb = x + cb * c->x_h * c->x_w * BLK;
+	float *yo = y + (cb * c->out_h + oh) * c->out_w * BLK;
+	for (int64_t ow = 0; ow < c->out_w; ow++) {
+		int64_t iw0 = ow * s_w - c->pad_l;
+		bool inside = rows_in && iw0 >= 0 && iw0 + (c->kw - 1) * d_w < c->x_w;
+		BT_V m[BT_NV];
+		UNROLL_ALL for (int v = 0; v < BT_NV; v++) m[v] = (BT_V){0} - INFINITY;
+		for (int64_t kh = 0; kh < c->kh; kh++) {
+			int64_t ih = ih0 + kh * d_h;
+			if (!inside && (ih < 0 || ih >= c->x_h))
+				continue;
+			for (int64_t kw = 0; kw < c->kw; kw++) {
+				int64_t iw = iw0 + kw * d_w;
+				if (!inside && (iw < 0 || iw >= c->x_w))
+					continue;
+				const float *xp = xb + (ih * c->x_w + iw) * BLK;
+				UNROLL_ALL for (int v = 0; v < BT_NV; v++) m[v] = BT_MAX(m[v], *(const BT_VU *)(xp + v * BT_VL));
+			}
+		}
+		UNROLL_ALL for (int v = 0; v < BT_NV; v++) * (BT_VU *)(yo + ow * BLK + v * BT_VL) = m[v];
+	}
+}
+
 #undef BT_VL
 #undef BT_V
+#undef BT_MAX
 #undef BT_VU
 #undef BT_VI
 #undef BT_ATTR

@@ -119,9 +119,10 @@ static int scale_input(tern_pass_ctx *c, const tern_node *n)
 }
 
 /* An operator that works on blocked tensors as it does on planar ones: elementwise without
- * broadcasting, or Concat along the channels, all of whose tensor inputs are blocked. And two that
- * have blocked forms: GlobalAveragePool of a blocked tensor (tern.BlockedGlobalAveragePool), and Mul
- * of a blocked tensor and one value per channel, blocked or not (tern.BlockedScale). */
+ * broadcasting, or Concat along the channels, all of whose tensor inputs are blocked. And three that
+ * have blocked forms: GlobalAveragePool and MaxPool of a blocked tensor (tern.BlockedGlobalAveragePool,
+ * tern.BlockedMaxPool), and Mul of a blocked tensor and one value per channel, blocked or not
+ * (tern.BlockedScale). */
 static bool follows(blocked_state *s, const tern_node *n)
 {
 	tern_pass_ctx *c = s->c;
@@ -151,9 +152,8 @@ static bool follows(blocked_state *s, const tern_node *n)
 			return false;
 		tensors = (int)n->n_inputs;
 	}
-	if (tern_pass_is(n, "GlobalAveragePool"))
-		return n->n_inputs == 1 && is_blocked(s, n->inputs[0]) && float4(c, n->inputs[0]) &&
-		       channels_ok(y->dims[1]);
+	if (tern_pass_is(n, "GlobalAveragePool") || tern_pass_is(n, "MaxPool"))
+		return n->n_inputs == 1 && is_blocked(s, n->inputs[0]) && float4(c, n->inputs[0]);
 	int scale = scale_input(c, n);
 	if (scale >= 0)
 		return is_blocked(s, n->inputs[1 - scale]);
@@ -240,9 +240,12 @@ static tern_status rewrite(blocked_state *s, tern_node *n, bool *done)
 	static const char *const skip_axis[] = {"axis", NULL};
 	if (!st) {
 		const char *out[1] = {out_name};
-		bool gap = tern_pass_is(n, "GlobalAveragePool");
 		int scale = scale_input(c, n);
-		const char *op = conv ? "BlockedConv" : gap ? "BlockedGlobalAveragePool" : scale >= 0 ? "BlockedScale" : NULL;
+		const char *op = conv                                   ? "BlockedConv"
+		                 : tern_pass_is(n, "GlobalAveragePool") ? "BlockedGlobalAveragePool"
+		                 : tern_pass_is(n, "MaxPool")           ? "BlockedMaxPool"
+		                 : scale >= 0                           ? "BlockedScale"
+		                                                        : NULL;
 		if (scale == 0) { /* the scaled tensor first */
 			const char *t = in[0];
 			in[0] = in[1];

@@ -5,6 +5,7 @@ convolutions as plain ONNX, and a small residual network for the blocked-conv pa
     make-blocked.py net FILE      a residual network: 12 convolutions, a Concat, Relu and Add between
     make-blocked.py pair2 FILE    two convolutions only (too few for the pass)
     make-blocked.py elu FILE      nine convolutions, each with Elu (an activation kept planar)
+    make-blocked.py pools DIR     DIR/pK.plain.onnx and DIR/pK.blocked.onnx: MaxPool and tern.BlockedMaxPool
     make-blocked.py mobile FILE   inverted residual blocks: depthwise convolutions, 24 and 40 channels,
                                   squeeze-and-excitation (GlobalAveragePool, a per-channel Mul)
 """
@@ -36,6 +37,17 @@ CASES = [
     (3, 17, 19, 64, 7, 2, 1, 3, 1, 1, "HardSwish", 1, 1),
     (1, 12, 12, 16, 3, 1, 1, 1, 0, 0, "", 1, 1),
     (5, 9, 13, 48, 5, 1, 2, 0, 1, 0, "Sigmoid", 1, 1),
+]
+
+
+# (channels, height, width, kernel, stride, dilation, pads, ceil_mode)
+POOLS = [
+    (64, 16, 16, 3, 2, 1, 1, 0),
+    (96, 15, 15, 3, 2, 1, 0, 1),
+    (32, 12, 10, 2, 2, 1, 0, 0),
+    (24, 9, 9, 3, 1, 1, 1, 0),
+    (16, 11, 13, 3, 1, 2, 2, 1),
+    (48, 7, 7, 5, 3, 1, 2, 1),
 ]
 
 
@@ -78,6 +90,17 @@ def pair(c, h, w, m, k, s, d, pad, bias, resid, act, *rest):
     nodes.append(helper.make_node("BlockedConv", conv_in, ["yb"], domain="tern", activation=act, **attrs))
     nodes.append(helper.make_node("FromBlocks", ["yb"], ["y"], domain="tern", channels=m))
     save(nodes, ins, outs, inits, stem + ".blocked.onnx", tern=True)
+
+
+def pool_pair(c, h, w, k, s, d, pad, ceil, stem):
+    attrs = dict(kernel_shape=[k, k], strides=[s, s], dilations=[d, d], pads=[pad] * 4, ceil_mode=ceil)
+    ins = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, c, h, w])]
+    outs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)]
+    save([helper.make_node("MaxPool", ["x"], ["y"], **attrs)], ins, outs, [], stem + ".plain.onnx")
+    nodes = [helper.make_node("ToBlocks", ["x"], ["xb"], domain="tern"),
+             helper.make_node("BlockedMaxPool", ["xb"], ["yb"], domain="tern", **attrs),
+             helper.make_node("FromBlocks", ["yb"], ["y"], domain="tern", channels=c)]
+    save(nodes, ins, outs, [], stem + ".blocked.onnx", tern=True)
 
 
 def net(path, convs):
@@ -185,6 +208,10 @@ if __name__ == "__main__":
         for i, case in enumerate(CASES):
             pair(*case, "%s/c%d" % (sys.argv[2], i))
         print(len(CASES))
+    elif sys.argv[1] == "pools":
+        for i, case in enumerate(POOLS):
+            pool_pair(*case, "%s/p%d" % (sys.argv[2], i))
+        print(len(POOLS))
     elif sys.argv[1] == "net":
         net(sys.argv[2], 5)
     elif sys.argv[1] == "pair2":

@@ -34,6 +34,20 @@ test_expect_success PYTHON 'BlockedConv equals Conv: strides, dilations, pads, b
 	done
 '
 
+test_expect_success PYTHON 'BlockedMaxPool equals MaxPool: strides, dilations, pads, ceil_mode, padded channels' '
+	mkdir pools &&
+	n=$("$TERN_PYTHON" "$TEST_DIRECTORY/make-blocked.py" pools pools) && i=0 &&
+	while [ $i -lt $n ]; do
+		for isa in avx512 avx2 generic; do
+			for kind in plain blocked; do
+				TERN_ISA=$isa tern-run --random --optimize 0 --threads 2 -O $kind-p$i-$isa pools/p$i.$kind.onnx || return 1
+			done &&
+			compare plain-p$i-$isa/y.npy blocked-p$i-$isa/y.npy || return 1
+		done
+		i=$((i + 1))
+	done
+'
+
 test_expect_success PYTHON 'the pass blocks a run of convolutions through Relu, Add and Concat' '
 	tern-optimize -o net.opt.onnx net.onnx &&
 	tern-show net.opt.onnx >net.opt.txt &&
