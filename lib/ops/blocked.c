@@ -254,7 +254,8 @@ struct bconv {
 	int64_t out_h, out_w; /* with a 1 x 1 window on short rows, one row of all positions */
 	int64_t groups;       /* pairs of output channel blocks; with depthwise, the blocks */
 	bool depthwise;       /* group = channels: each output channel from its own input channel */
-	bool pool;            /* tern.BlockedMaxPool: the maximum over the window, no weights */
+	bool pool;            /* tern.BlockedMaxPool, BlockedAveragePool: the window's maximum or mean */
+	bool avg, include_pad; /* the mean; its divisor counts the padding (count_include_pad) */
 	int64_t lanes;        /* floats a position of the input as the kernel reads it: 16, or with planar
 	                       * input (a stem's few channels) its channels, copied so into the scratch */
 	float *wt;            /* ocb x icb x kh x kw x 16 (input channel) x 16 (output channel); with
@@ -558,16 +559,20 @@ static tern_status bconv_prepare(tern_prepare_args *p)
 	return TERN_OK;
 }
 
-/* tern.BlockedMaxPool: MaxPool (2-D, one output) of a blocked tensor, with MaxPool's attributes. */
+/* tern.BlockedMaxPool: MaxPool (2-D, one output) of a blocked tensor, with MaxPool's attributes;
+ * tern.BlockedAveragePool: AveragePool's (ceil_mode 0). */
 static tern_status bpool_prepare(tern_prepare_args *p)
 {
 	const tern_node *node = p->node;
 	const tern_tensor *x = p->in[0];
+	bool avg = strcmp(node->op_type, "BlockedAveragePool") == 0;
 	tern_status st = check_blocked(node, x, 0);
 	if (st)
 		return st;
 	if (p->n_out > 1)
 		return tern_node_errorf(node, TERN_EDATA, "the indices output is not computed on blocked tensors");
+	if (avg && tern_attr_int(node, "ceil_mode", 0))
+		return tern_node_errorf(node, TERN_EDATA, "attribute 'ceil_mode' must be 0 on blocked tensors");
 	tern_tensor planar =
 	        tern_nn_shape_only(TERN_FLOAT, 4, (int64_t[]){x->dims[0], x->dims[1] * BLK, x->dims[2], x->dims[3]});
 	bconv *c = calloc(1, sizeof *c);
@@ -580,6 +585,8 @@ static tern_status bpool_prepare(tern_prepare_args *p)
 	}
 	const window *w = &c->w;
 	c->pool = true;
+	c->avg = avg;
+	c->include_pad = tern_attr_int(node, "count_include_pad", 0) != 0;
 	c->n = x->dims[0];
 	c->icb = c->ocb = c->groups = x->dims[1];
 	c->lanes = BLK;
@@ -610,6 +617,7 @@ static const tern_op ops[] = {
 	{"tern", "BlockedGlobalAveragePool", 1, 0, gap_prepare, TERN_DT(FLOAT), "blocked"},
 	{"tern", "BlockedScale", 1, 0, scale_prepare, TERN_DT(FLOAT), "blocked"},
 	{"tern", "BlockedMaxPool", 1, 0, bpool_prepare, TERN_DT(FLOAT), "blocked"},
+	{"tern", "BlockedAveragePool", 1, 0, bpool_prepare, TERN_DT(FLOAT), "blocked"},
 };
 
 const tern_op_table tern_ops_blocked = {ops, TERN_ARRAY_LEN(ops)};

@@ -251,14 +251,13 @@ BT_ATTR static void BT_NAME(bconv_dw_row)(const bconv *c, const float *x, int64_
 		BT_NAME(dw_row_body)(0, 0, 0, c, x, cb, oh, y, z);
 }
 
-/* Output row oh of a max pool's channel block cb (count: 1), read in place: per position the maximum
- * over the window's taps inside the input, vector by vector (memory-bound: the taps are read as they
- * come, and only the windows over an edge test their taps). */
-BT_ATTR static void BT_NAME(bpool_row)(const bconv *c, const float *x, int64_t cb, int64_t count, int64_t oh, float *y,
-                                       const float *z)
+/* Output row oh of a pool's channel block cb, read in place: per position the maximum (AVG: the sum
+ * over the divisor) over the window's taps inside the input, vector by vector (memory-bound: the taps
+ * are read as they come, and only the windows over an edge test their taps). */
+BT_ATTR static inline __attribute__((always_inline)) void BT_NAME(bpool_row_body)(const int AVG, const bconv *c,
+                                                                                 const float *x, int64_t cb,
+                                                                                 int64_t oh, float *y)
 {
-	(void)count;
-	(void)z;
 	const window *w = &c->w;
 	int64_t s_h = w->s[1], s_w = w->s[2], d_h = w->d[1], d_w = w->d[2];
 	int64_t ih0 = oh * s_h - c->pad_t;
@@ -269,7 +268,8 @@ BT_ATTR static void BT_NAME(bpool_row)(const bconv *c, const float *x, int64_t c
 		int64_t iw0 = ow * s_w - c->pad_l;
 		bool inside = rows_in && iw0 >= 0 && iw0 + (c->kw - 1) * d_w < c->x_w;
 		BT_V m[BT_NV];
-		UNROLL_ALL for (int v = 0; v < BT_NV; v++) m[v] = (BT_V){0} - INFINITY;
+		UNROLL_ALL for (int v = 0; v < BT_NV; v++) m[v] = (BT_V){0} - (AVG ? 0 : INFINITY);
+		int64_t taps = 0;
 		for (int64_t kh = 0; kh < c->kh; kh++) {
 			int64_t ih = ih0 + kh * d_h;
 			if (!inside && (ih < 0 || ih >= c->x_h))
@@ -279,11 +279,29 @@ BT_ATTR static void BT_NAME(bpool_row)(const bconv *c, const float *x, int64_t c
 				if (!inside && (iw < 0 || iw >= c->x_w))
 					continue;
 				const float *xp = xb + (ih * c->x_w + iw) * BLK;
-				UNROLL_ALL for (int v = 0; v < BT_NV; v++) m[v] = BT_MAX(m[v], *(const BT_VU *)(xp + v * BT_VL));
+				taps++;
+				UNROLL_ALL for (int v = 0; v < BT_NV; v++)
+				{
+					BT_V t = *(const BT_VU *)(xp + v * BT_VL);
+					m[v] = AVG ? m[v] + t : BT_MAX(m[v], t);
+				}
 			}
 		}
-		UNROLL_ALL for (int v = 0; v < BT_NV; v++) * (BT_VU *)(yo + ow * BLK + v * BT_VL) = m[v];
+		/* the divisor: all the window's taps with count_include_pad, else those inside */
+		float scale = AVG ? 1.0f / (float)(c->include_pad ? c->kh * c->kw : taps) : 1.0f;
+		UNROLL_ALL for (int v = 0; v < BT_NV; v++) * (BT_VU *)(yo + ow * BLK + v * BT_VL) = AVG ? m[v] * scale : m[v];
 	}
+}
+
+BT_ATTR static void BT_NAME(bpool_row)(const bconv *c, const float *x, int64_t cb, int64_t count, int64_t oh, float *y,
+                                       const float *z)
+{
+	(void)count;
+	(void)z;
+	if (c->avg)
+		BT_NAME(bpool_row_body)(1, c, x, cb, oh, y);
+	else
+		BT_NAME(bpool_row_body)(0, c, x, cb, oh, y);
 }
 
 #undef BT_VL

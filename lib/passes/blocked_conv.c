@@ -119,9 +119,9 @@ static int scale_input(tern_pass_ctx *c, const tern_node *n)
 }
 
 /* An operator that works on blocked tensors as it does on planar ones: elementwise without
- * broadcasting, or Concat along the channels, all of whose tensor inputs are blocked. And three that
- * have blocked forms: GlobalAveragePool and MaxPool of a blocked tensor (tern.BlockedGlobalAveragePool,
- * tern.BlockedMaxPool), and Mul of a blocked tensor and one value per channel, blocked or not
+ * broadcasting, or Concat along the channels, all of whose tensor inputs are blocked. And four that
+ * have blocked forms: GlobalAveragePool, MaxPool and AveragePool (ceil_mode 0) of a blocked tensor
+ * (tern.BlockedGlobalAveragePool, tern.BlockedMaxPool, tern.BlockedAveragePool), and Mul of a blocked tensor and one value per channel, blocked or not
  * (tern.BlockedScale). */
 static bool follows(blocked_state *s, const tern_node *n)
 {
@@ -152,7 +152,8 @@ static bool follows(blocked_state *s, const tern_node *n)
 			return false;
 		tensors = (int)n->n_inputs;
 	}
-	if (tern_pass_is(n, "GlobalAveragePool") || tern_pass_is(n, "MaxPool"))
+	bool avg = tern_pass_is(n, "AveragePool") && !tern_attr_int(n, "ceil_mode", 0);
+	if (tern_pass_is(n, "GlobalAveragePool") || tern_pass_is(n, "MaxPool") || avg)
 		return n->n_inputs == 1 && is_blocked(s, n->inputs[0]) && float4(c, n->inputs[0]);
 	int scale = scale_input(c, n);
 	if (scale >= 0)
@@ -244,6 +245,7 @@ static tern_status rewrite(blocked_state *s, tern_node *n, bool *done)
 		const char *op = conv                                   ? "BlockedConv"
 		                 : tern_pass_is(n, "GlobalAveragePool") ? "BlockedGlobalAveragePool"
 		                 : tern_pass_is(n, "MaxPool")           ? "BlockedMaxPool"
+		                 : tern_pass_is(n, "AveragePool")       ? "BlockedAveragePool"
 		                 : scale >= 0                           ? "BlockedScale"
 		                                                        : NULL;
 		if (scale == 0) { /* the scaled tensor first */

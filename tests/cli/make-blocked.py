@@ -5,7 +5,8 @@ convolutions as plain ONNX, and a small residual network for the blocked-conv pa
     make-blocked.py net FILE      a residual network: 12 convolutions, a Concat, Relu and Add between
     make-blocked.py pair2 FILE    two convolutions only (too few for the pass)
     make-blocked.py elu FILE      nine convolutions, each with Elu (an activation kept planar)
-    make-blocked.py pools DIR     DIR/pK.plain.onnx and DIR/pK.blocked.onnx: MaxPool and tern.BlockedMaxPool
+    make-blocked.py pools DIR     DIR/pK.plain.onnx and DIR/pK.blocked.onnx: MaxPool and AveragePool, and
+                                  tern.BlockedMaxPool and tern.BlockedAveragePool
     make-blocked.py mobile FILE   inverted residual blocks: depthwise convolutions, 24 and 40 channels,
                                   squeeze-and-excitation (GlobalAveragePool, a per-channel Mul)
 """
@@ -40,7 +41,7 @@ CASES = [
 ]
 
 
-# (channels, height, width, kernel, stride, dilation, pads, ceil_mode)
+# (channels, height, width, kernel, stride, dilation, pads, ceil_mode[, average: count_include_pad + 1])
 POOLS = [
     (64, 16, 16, 3, 2, 1, 1, 0),
     (96, 15, 15, 3, 2, 1, 0, 1),
@@ -48,6 +49,10 @@ POOLS = [
     (24, 9, 9, 3, 1, 1, 1, 0),
     (16, 11, 13, 3, 1, 2, 2, 1),
     (48, 7, 7, 5, 3, 1, 2, 1),
+    (64, 9, 9, 3, 1, 1, 1, 0, 2),
+    (40, 10, 12, 3, 2, 1, 1, 0, 1),
+    (32, 8, 8, 2, 2, 1, 0, 0, 1),
+    (16, 7, 9, 5, 1, 1, 2, 0, 2),
 ]
 
 
@@ -92,13 +97,19 @@ def pair(c, h, w, m, k, s, d, pad, bias, resid, act, *rest):
     save(nodes, ins, outs, inits, stem + ".blocked.onnx", tern=True)
 
 
-def pool_pair(c, h, w, k, s, d, pad, ceil, stem):
-    attrs = dict(kernel_shape=[k, k], strides=[s, s], dilations=[d, d], pads=[pad] * 4, ceil_mode=ceil)
+def pool_pair(c, h, w, k, s, d, pad, ceil, *rest):
+    *avg, stem = rest
+    op = "AveragePool" if avg else "MaxPool"
+    attrs = dict(kernel_shape=[k, k], strides=[s, s], pads=[pad] * 4, ceil_mode=ceil)
+    if avg:
+        attrs["count_include_pad"] = avg[0] - 1
+    else:
+        attrs["dilations"] = [d, d]
     ins = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, c, h, w])]
     outs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)]
-    save([helper.make_node("MaxPool", ["x"], ["y"], **attrs)], ins, outs, [], stem + ".plain.onnx")
+    save([helper.make_node(op, ["x"], ["y"], **attrs)], ins, outs, [], stem + ".plain.onnx")
     nodes = [helper.make_node("ToBlocks", ["x"], ["xb"], domain="tern"),
-             helper.make_node("BlockedMaxPool", ["xb"], ["yb"], domain="tern", **attrs),
+             helper.make_node("Blocked" + op, ["xb"], ["yb"], domain="tern", **attrs),
              helper.make_node("FromBlocks", ["yb"], ["y"], domain="tern", channels=c)]
     save(nodes, ins, outs, [], stem + ".blocked.onnx", tern=True)
 

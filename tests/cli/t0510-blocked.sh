@@ -34,7 +34,7 @@ test_expect_success PYTHON 'BlockedConv equals Conv: strides, dilations, pads, b
 	done
 '
 
-test_expect_success PYTHON 'BlockedMaxPool equals MaxPool: strides, dilations, pads, ceil_mode, padded channels' '
+test_expect_success PYTHON 'BlockedMaxPool and BlockedAveragePool equal MaxPool and AveragePool: strides, dilations, pads, ceil_mode, count_include_pad, padded channels' '
 	mkdir pools &&
 	n=$("$TERN_PYTHON" "$TEST_DIRECTORY/make-blocked.py" pools pools) && i=0 &&
 	while [ $i -lt $n ]; do
