@@ -435,6 +435,11 @@ static tern_status bconv_kernel(const tern_kernel_args *a)
 	return TERN_OK;
 }
 
+static tern_status unpacked_kernel(const tern_kernel_args *a)
+{
+	return tern_node_errorf(a->node, TERN_EDATA, "inputs 1 and 2 (weights, bias) must be constants");
+}
+
 /* The padded copy of the input, when the window needs one (or `always`): it reaches every tap of every
  * output, so its extent is the window's reach or the padded input, whichever is more. */
 static bool plan_padded(bconv *c, tern_prepare_args *p, bool always)
@@ -463,8 +468,6 @@ static tern_status bconv_prepare(tern_prepare_args *p)
 		return st;
 	if (!wt || wt->rank != 4 || wt->dtype != TERN_FLOAT)
 		return tern_node_errorf(node, TERN_EDATA, "input 1 (weights) must be float M x C x kH x kW");
-	if (!wt->data)
-		return tern_node_errorf(node, TERN_EDATA, "input 1 (weights) must be a constant");
 	int64_t m = wt->dims[0], ch = wt->dims[1], group = tern_attr_int(node, "group", 1);
 	bool depthwise = group != 1;
 	if (depthwise && (group != m || ch != 1))
@@ -478,7 +481,7 @@ static tern_status bconv_prepare(tern_prepare_args *p)
 	if (!planar_in && ceil_div(in_ch, BLK) != x->dims[1])
 		return tern_node_errorf(node, TERN_EDATA, "weights for %lld input channels, input has %lld blocks of %d",
 		                        (long long)in_ch, (long long)x->dims[1], BLK);
-	if (b && (b->dtype != TERN_FLOAT || tern_tensor_numel(b) != m || !b->data))
+	if (b && (b->dtype != TERN_FLOAT || tern_tensor_numel(b) != m))
 		return tern_node_errorf(node, TERN_EDATA, "input 2 (bias) must be a float constant of %lld elements",
 		                        (long long)m);
 	/* the window, from the planar shape the blocked input stands for */
@@ -525,6 +528,13 @@ static tern_status bconv_prepare(tern_prepare_args *p)
 		char s[128];
 		return tern_node_errorf(node, TERN_EDATA, "input 3 (residual) %s must have the output's blocked shape",
 		                        tern_shape_str(z->dtype, z->rank, z->dims, s, sizeof s));
+	}
+	if (!wt->data || (b && !b->data)) {
+		/* the shapes are known (type inference leaves out the values of large constants); running
+		 * needs the weights when planning */
+		bconv_free(c);
+		p->kernel = unpacked_kernel;
+		return TERN_OK;
 	}
 	size_t wn = (size_t)(c->ocb * (depthwise ? 1 : c->icb * BLK) * c->kh * c->kw * BLK);
 	c->wt = tern_aligned_alloc(wn * sizeof *c->wt);

@@ -1,8 +1,10 @@
 /* blocked_conv.c — runs of convolutions on activations in blocks of 16 channels (lib/ops/blocked.c).
  *
  * Convolutions (Conv, tern.FusedConv) of group 1 or depthwise (one group per channel) over 2-D images
- * whose input and output channels fill blocks of 16 well (channels_ok) become tern.BlockedConv; the elementwise operators and channel Concats between them
- * follow when all their tensor inputs are blocked. A tensor enters a run through tern.ToBlocks and
+ * whose input and output channels fill blocks of 16 well (channels_ok) become tern.BlockedConv, and so
+ * do stems on planar input of few channels; the elementwise operators and channel Concats between
+ * them follow when all their tensor inputs are blocked, and the pools and squeeze-and-excitation
+ * scales have blocked operators of their own (follows). A tensor enters a run through tern.ToBlocks and
  * leaves it, under its own name, through tern.FromBlocks wherever something else reads it (or it is
  * a graph output). A run of fewer than three convolutions, or with more than one conversion for every
  * four convolutions, stays as it is: its conversions would cost what the blocked layout gains. */
@@ -121,8 +123,8 @@ static int scale_input(tern_pass_ctx *c, const tern_node *n)
 /* An operator that works on blocked tensors as it does on planar ones: elementwise without
  * broadcasting, or Concat along the channels, all of whose tensor inputs are blocked. And four that
  * have blocked forms: GlobalAveragePool, MaxPool and AveragePool (ceil_mode 0) of a blocked tensor
- * (tern.BlockedGlobalAveragePool, tern.BlockedMaxPool, tern.BlockedAveragePool), and Mul of a blocked tensor and one value per channel, blocked or not
- * (tern.BlockedScale). */
+ * (tern.BlockedGlobalAveragePool, tern.BlockedMaxPool, tern.BlockedAveragePool), and Mul of a
+ * blocked tensor and one value per channel, blocked or not (tern.BlockedScale). */
 static bool follows(blocked_state *s, const tern_node *n)
 {
 	tern_pass_ctx *c = s->c;

@@ -137,7 +137,18 @@ test_expect_success 'bad blocked input is one line naming the node, exit 65' '
 	}
 	EOF
 	test_expect_code 65 tern-run --random bad3.txt 2>err3 &&
-	test $(wc -l <err3) = 1 && grep "one value per channel" err3
+	test $(wc -l <err3) = 1 && grep "one value per channel" err3 &&
+	cat >bad4.txt <<-\EOF &&
+	<ir_version: 8, opset_import: ["" : 17, "tern" : 1]>
+	bad4 (float[1,32,4,4] x, float[16,32,1,1] w) => (float[1,16,4,4] y)
+	{
+	   b = tern.ToBlocks (x)
+	   c = tern.BlockedConv <kernel_shape = [1, 1]> (b, w)
+	   y = tern.FromBlocks <channels = 16> (c)
+	}
+	EOF
+	test_expect_code 65 tern-run --random bad4.txt 2>err4 &&
+	test $(wc -l <err4) = 1 && grep "must be constants" err4
 '
 
 test_done
