@@ -75,16 +75,14 @@ BT_NAME(tile)(const int OB, const int NB, const int UNIT, const int FULL, const 
 	}
 }
 
-/* Tiles of nb <= BT_NB positions (nb only known at run time: one case per width). */
-#define BT_TILE_CASE(K)                                                            \
-	case K:                                                                    \
-		if ((K) <= BT_NB && FULL && c->w.s[2] == 1)                        \
-			BT_NAME(tile)(OB, (K) <= BT_NB ? (K) : 1, 1, FULL, c, x, ob, oh, ow0, y, z); \
-		else if ((K) <= BT_NB)                                             \
-			BT_NAME(tile)(OB, (K) <= BT_NB ? (K) : 1, 0, FULL, c, x, ob, oh, ow0, y, z); \
+/* Tiles of nb <= BT_NB positions (nb only known at run time: one case per width), unit stride,
+ * input in blocks: the hot path, for which every width is compiled. */
+#define BT_TILE_CASE(K)                                                                  \
+	case K:                                                                          \
+		if ((K) <= BT_NB)                                                        \
+			BT_NAME(tile)(OB, (K) <= BT_NB ? (K) : 1, 1, 1, c, x, ob, oh, ow0, y, z); \
 		break;
-BT_ATTR static inline __attribute__((always_inline)) void BT_NAME(tile_n)(const int OB, const int FULL, int nb,
-                                                                         const bconv *c,
+BT_ATTR static inline __attribute__((always_inline)) void BT_NAME(tile_n)(const int OB, int nb, const bconv *c,
                                                                          const float *x, int64_t ob, int64_t oh,
                                                                          int64_t ow0, float *y, const float *z)
 {
@@ -108,18 +106,61 @@ BT_ATTR static inline __attribute__((always_inline)) void BT_NAME(tile_n)(const 
 }
 #undef BT_TILE_CASE
 
-/* One output row of OB channel blocks, in tiles of nearly equal widths up to BT_NB. */
+/* The widths that the other paths compile (strided columns, a stem's planar input, depthwise): BT_NB, then 7, 4, 2, 1 below it, taken greedily: any rest below BT_NB takes each at
+ * most once (7 + 4 + 2 + 1 = 14), so a row needs at most three tiles more than whole ones. Every
+ * width compiled costs code and compile time (clang with the sanitizers takes minutes for each
+ * dozen), which the hot path alone is worth. TILE(K, ow) runs a tile of K positions from ow. */
+#ifdef TERN_FEW_KERNEL_VARIANTS
+/* a build that never runs the kernels for speed (the fuzz targets, which only parse): one width */
+#define BT_GREEDY_ROW(TILE, out_w)                             \
+	do {                                                   \
+		for (int64_t ow_ = 0; ow_ < (out_w); ow_++)    \
+			TILE(1, ow_);                          \
+	} while (0)
+#else
+#define BT_GREEDY_ROW(TILE, out_w)                                                          \
+	do {                                                                                \
+		int64_t ow_ = 0;                                                            \
+		for (; ow_ + BT_NB <= (out_w); ow_ += BT_NB)                                \
+			TILE(BT_NB, ow_);                                                   \
+		if (7 < BT_NB && ow_ + 7 <= (out_w)) {                                      \
+			TILE(7 < BT_NB ? 7 : 1, ow_);                                       \
+			ow_ += 7;                                                           \
+		}                                                                           \
+		if (4 < BT_NB && ow_ + 4 <= (out_w)) {                                      \
+			TILE(4 < BT_NB ? 4 : 1, ow_);                                       \
+			ow_ += 4;                                                           \
+		}                                                                           \
+		if (2 < BT_NB && ow_ + 2 <= (out_w)) {                                      \
+			TILE(2 < BT_NB ? 2 : 1, ow_);                                       \
+			ow_ += 2;                                                           \
+		}                                                                           \
+		if (ow_ < (out_w))                                                          \
+			TILE(1, ow_);                                                       \
+	} while (0)
+#endif
+
+/* One output row of OB channel blocks: on the hot path (unit stride, blocked input) in tiles of nearly
+ * equal widths up to BT_NB; otherwise in the greedy widths. */
 BT_ATTR static inline __attribute__((always_inline)) void BT_NAME(row_body)(const int OB, const int FULL,
                                                                            const bconv *c,
                                                                            const float *x, int64_t ob, int64_t oh,
                                                                            float *y, const float *z)
 {
-	int64_t tiles = ceil_div(c->out_w, BT_NB);
-	for (int64_t t = 0, ow = 0; t < tiles; t++) {
-		int64_t next = (t + 1) * c->out_w / tiles;
-		BT_NAME(tile_n)(OB, FULL, (int)(next - ow), c, x, ob, oh, ow, y, z);
-		ow = next;
+#ifndef TERN_FEW_KERNEL_VARIANTS
+	if (FULL && c->w.s[2] == 1) {
+		int64_t tiles = ceil_div(c->out_w, BT_NB);
+		for (int64_t t = 0, ow = 0; t < tiles; t++) {
+			int64_t next = (t + 1) * c->out_w / tiles;
+			BT_NAME(tile_n)(OB, (int)(next - ow), c, x, ob, oh, ow, y, z);
+			ow = next;
+		}
+		return;
 	}
+#endif
+#define BT_ROW_TILE(K, ow) BT_NAME(tile)(OB, K, 0, FULL, c, x, ob, oh, ow, y, z)
+	BT_GREEDY_ROW(BT_ROW_TILE, c->out_w);
+#undef BT_ROW_TILE
 }
 
 /* Output row oh of channel blocks [ob, ob + count) (count 1 or 2) of one image. */
@@ -165,19 +206,27 @@ BT_NAME(dw_tile)(const int NB, const int KH, const int KW, const int S, const bc
 	}
 	const float *wp = c->wt + cb * kh_n * kw_n * BLK;
 	const float *xb = x + cb * c->in_h * c->in_w * BLK;
-	UNROLL_ALL for (int64_t kh = 0; kh < kh_n; kh++)
-	{
-		const float *xr = xb + ((oh * s_h + kh * d_h) * c->in_w + ow0 * s_w) * BLK;
-		UNROLL_ALL for (int64_t kw = 0; kw < kw_n; kw++)
-		{
-			UNROLL_ALL for (int v = 0; v < BT_NV; v++)
-			{
-				BT_V wv = *(const BT_V *)(wp + (kh * kw_n + kw) * BLK + v * BT_VL);
-				UNROLL_ALL for (int j = 0; j < NB; j++) acc[v][j] +=
-				        wv * *(const BT_VU *)(xr + (kw * d_w + j * s_w) * BLK + v * BT_VL);
-			}
-		}
+	/* one tap: its weight vectors times each position's input vectors */
+#define BT_DW_TAP(kh, kw)                                                                                  \
+	do {                                                                                               \
+		const float *xr = xb + ((oh * s_h + (kh) * d_h) * c->in_w + ow0 * s_w + (kw) * d_w) * BLK; \
+		UNROLL_ALL for (int v = 0; v < BT_NV; v++)                                                 \
+		{                                                                                          \
+			BT_V wv = *(const BT_V *)(wp + ((kh) * kw_n + (kw)) * BLK + v * BT_VL);            \
+			UNROLL_ALL for (int j = 0; j < NB; j++) acc[v][j] +=                               \
+			        wv * *(const BT_VU *)(xr + j * s_w * BLK + v * BT_VL);                     \
+		}                                                                                          \
+	} while (0)
+	/* the taps unroll fully only where the window is known when compiling: unrolling loops of unknown
+	 * length would multiply the code for nothing */
+	if (KH && KW) {
+		UNROLL_ALL for (int kh = 0; kh < KH; kh++) UNROLL_ALL for (int kw = 0; kw < KW; kw++) BT_DW_TAP(kh, kw);
+	} else {
+		for (int64_t kh = 0; kh < kh_n; kh++)
+			for (int64_t kw = 0; kw < kw_n; kw++)
+				BT_DW_TAP(kh, kw);
 	}
+#undef BT_DW_TAP
 	bool relu = c->act.kind == TERN_ACT_RELU;
 	int64_t at = (cb * c->out_h + oh) * c->out_w + ow0;
 	float *yo = y + at * BLK;
@@ -188,47 +237,14 @@ BT_NAME(dw_tile)(const int NB, const int KH, const int KW, const int S, const bc
 		tern_act_run(&c->act, yo, NULL, NB * BLK);
 }
 
-#define BT_DW_CASE(K)                                                                                  \
-	case K:                                                                                        \
-		if ((K) <= BT_NB)                                                                      \
-			BT_NAME(dw_tile)((K) <= BT_NB ? (K) : 1, KH, KW, S, c, x, cb, oh, ow0, y, z); \
-		break;
-BT_ATTR static inline __attribute__((always_inline)) void BT_NAME(dw_tile_n)(const int KH, const int KW, const int S,
-                                                                            int nb, const bconv *c, const float *x,
-                                                                            int64_t cb, int64_t oh, int64_t ow0,
-                                                                            float *y, const float *z)
-{
-	switch (nb) {
-		BT_DW_CASE(1)
-		BT_DW_CASE(2)
-		BT_DW_CASE(3)
-		BT_DW_CASE(4)
-		BT_DW_CASE(5)
-		BT_DW_CASE(6)
-		BT_DW_CASE(7)
-		BT_DW_CASE(8)
-		BT_DW_CASE(9)
-		BT_DW_CASE(10)
-		BT_DW_CASE(11)
-		BT_DW_CASE(12)
-		BT_DW_CASE(13)
-		BT_DW_CASE(14)
-	default: break;
-	}
-}
-#undef BT_DW_CASE
-
 BT_ATTR static inline __attribute__((always_inline)) void BT_NAME(dw_row_body)(const int KH, const int KW, const int S,
                                                                               const bconv *c, const float *x,
                                                                               int64_t cb, int64_t oh, float *y,
                                                                               const float *z)
 {
-	int64_t tiles = ceil_div(c->out_w, BT_NB);
-	for (int64_t t = 0, ow = 0; t < tiles; t++) {
-		int64_t next = (t + 1) * c->out_w / tiles;
-		BT_NAME(dw_tile_n)(KH, KW, S, (int)(next - ow), c, x, cb, oh, ow, y, z);
-		ow = next;
-	}
+#define BT_DW_TILE(K, ow) BT_NAME(dw_tile)(K, KH, KW, S, c, x, cb, oh, ow, y, z)
+	BT_GREEDY_ROW(BT_DW_TILE, c->out_w);
+#undef BT_DW_TILE
 }
 
 /* Output row oh of the depthwise convolution's channel block cb (count: 1); 3 x 3 and 5 x 5 windows
@@ -307,6 +323,7 @@ BT_ATTR static void BT_NAME(bpool_row)(const bconv *c, const float *x, int64_t c
 #undef BT_VL
 #undef BT_V
 #undef BT_MAX
+#undef BT_GREEDY_ROW
 #undef BT_VU
 #undef BT_VI
 #undef BT_ATTR
