@@ -516,7 +516,12 @@ static tern_status bconv_prepare(tern_prepare_args *p)
 	int64_t dims[5] = {c->n, c->ocb, c->out_h, c->out_w, BLK};
 	memcpy(y->dims, dims, sizeof dims);
 	const window *w = &c->w;
-	if (!plan_padded(c, p, planar_in) && !depthwise && c->kh == 1 && c->kw == 1 && w->s[1] == 1 && w->s[2] == 1 && c->out_w % 14 != 0 &&
+	if (depthwise) {
+		/* read in place, the edges' windows cut to the input: a padded copy would cost a pass over
+		 * the input and its writes, which is what the depthwise convolution itself costs */
+		c->pad_t = w->pb[1];
+		c->pad_l = w->pb[2];
+	} else if (!plan_padded(c, p, planar_in) && c->kh == 1 && c->kw == 1 && w->s[1] == 1 && w->s[2] == 1 && c->out_w % 14 != 0 &&
 	           c->out_h * c->out_w <= 1024) {
 		/* rows too short for whole tiles (7 x 7): all positions in one row, tiles running across the
 		 * rows (larger images keep their rows, along which the groups share the input) */

@@ -188,45 +188,106 @@ BT_ATTR static void BT_NAME(bconv_row)(const bconv *c, const float *x, int64_t o
 		BT_NAME(row_body)(1, 1, c, x, ob + o, oh, y, z);
 }
 
-/* A depthwise tile: block cb by NB output positions from column ow0 of row oh, each output channel
- * from its own input channel. KH, KW, S: the window and its stride when known when compiling (0: read
- * from c, with its dilations); per tap one weight vector and one input vector per position. */
-BT_ATTR static inline __attribute__((always_inline)) void
-BT_NAME(dw_tile)(const int NB, const int KH, const int KW, const int S, const bconv *c, const float *x, int64_t cb,
-                 int64_t oh, int64_t ow0, float *y, const float *z)
+/* The depthwise convolution reads its input in place: a tile's taps are inside the input except in the
+ * rows [kh0, kh1) leave out; positions whose window crosses the left or right edge take dw_edge. */
+
+/* One output position ow of row oh of block cb whose window crosses an edge: only the taps inside. */
+BT_ATTR static void BT_NAME(dw_edge)(const bconv *c, const float *x, int64_t cb, int64_t oh, int64_t ow, float *y,
+                                     const float *z)
 {
 	const window *w = &c->w;
-	int64_t kh_n = KH ? KH : c->kh, kw_n = KW ? KW : c->kw;
-	int64_t s_h = S ? S : w->s[1], s_w = S ? S : w->s[2], d_h = S ? 1 : w->d[1], d_w = S ? 1 : w->d[2];
+	const float *xb = x + cb * c->x_h * c->x_w * BLK, *wp = c->wt + cb * c->kh * c->kw * BLK;
+	int64_t ih0 = oh * w->s[1] - c->pad_t, iw0 = ow * w->s[2] - c->pad_l;
+	BT_V acc[BT_NV];
+	UNROLL_ALL for (int v = 0; v < BT_NV; v++) acc[v] = *(const BT_V *)(c->bias + cb * BLK + v * BT_VL);
+	for (int64_t kh = 0; kh < c->kh; kh++) {
+		int64_t ih = ih0 + kh * w->d[1];
+		if (ih < 0 || ih >= c->x_h)
+			continue;
+		for (int64_t kw = 0; kw < c->kw; kw++) {
+			int64_t iw = iw0 + kw * w->d[2];
+			if (iw < 0 || iw >= c->x_w)
+				continue;
+			const float *xp = xb + (ih * c->x_w + iw) * BLK, *wk = wp + (kh * c->kw + kw) * BLK;
+			UNROLL_ALL for (int v = 0; v < BT_NV; v++) acc[v] +=
+			        *(const BT_V *)(wk + v * BT_VL) * *(const BT_VU *)(xp + v * BT_VL);
+		}
+	}
+	int64_t at = (cb * c->out_h + oh) * c->out_w + ow;
+	bool relu = c->act.kind == TERN_ACT_RELU;
+	UNROLL_ALL for (int v = 0; v < BT_NV; v++)
+		BT_NAME(put)(acc[v], y + at * BLK + v * BT_VL, z ? z + at * BLK + v * BT_VL : NULL, relu);
+	if (!relu && c->act.kind != TERN_ACT_NONE)
+		tern_act_run(&c->act, y + at * BLK, NULL, BLK);
+}
+
+/* A depthwise tile whose window (KH x KW, stride S, no dilation) is known when compiling: NB positions
+ * from column ow0, rows [kh0, kh1) of the window. A vector of a block at a time; along a window row
+ * each input vector is loaded once and multiplied into every sum that reads it (with stride 1, KW of
+ * them), so that the loads stay fewer than the multiply-adds. EDGE: some windows cross the left or
+ * right edge, and the columns outside the input are left out. */
+BT_ATTR static inline __attribute__((always_inline)) void
+BT_NAME(dw_tile)(const int NB, const int KH, const int KW, const int S, const int EDGE, const bconv *c, const float *x,
+                 int64_t cb, int64_t oh, int64_t ow0, int64_t kh0, int64_t kh1, float *y, const float *z)
+{
+	const float *xb = x + cb * c->x_h * c->x_w * BLK, *wp = c->wt + cb * KH * KW * BLK;
+	int64_t ih0 = oh * S - c->pad_t, iw0 = ow0 * S - c->pad_l;
+	int64_t at = (cb * c->out_h + oh) * c->out_w + ow0;
+	bool relu = c->act.kind == TERN_ACT_RELU;
+	UNROLL_ALL for (int v = 0; v < BT_NV; v++)
+	{
+		BT_V acc[BT_NB];
+		BT_V b = *(const BT_V *)(c->bias + cb * BLK + v * BT_VL);
+		UNROLL_ALL for (int j = 0; j < NB; j++) acc[j] = b;
+		UNROLL_ALL for (int kh = 0; kh < KH; kh++)
+		{
+			if (kh < kh0 || kh >= kh1)
+				continue;
+			const float *xr = xb + ((ih0 + kh) * c->x_w + iw0) * BLK + v * BT_VL;
+			BT_V wv[KW];
+			UNROLL_ALL for (int kw = 0; kw < KW; kw++) wv[kw] = *(const BT_V *)(wp + (kh * KW + kw) * BLK + v * BT_VL);
+			_Pragma("GCC unroll 64") for (int i = 0; i < (NB - 1) * S + KW; i++)
+			{
+				BT_V xv = (BT_V){0};
+				if (!EDGE || (iw0 + i >= 0 && iw0 + i < c->x_w))
+					xv = *(const BT_VU *)(xr + i * BLK);
+				UNROLL_ALL for (int kw = 0; kw < KW; kw++) if (i >= kw && (i - kw) % S == 0 && (i - kw) / S < NB)
+					acc[(i - kw) / S] += wv[kw] * xv;
+			}
+		}
+		UNROLL_ALL for (int j = 0; j < NB; j++)
+			BT_NAME(put)(acc[j], y + (at + j) * BLK + v * BT_VL, z ? z + (at + j) * BLK + v * BT_VL : NULL, relu);
+	}
+	if (!relu && c->act.kind != TERN_ACT_NONE)
+		tern_act_run(&c->act, y + at * BLK, NULL, NB * BLK);
+}
+
+/* The same for any window (read from c, with its dilations), tap by tap. */
+BT_ATTR static inline __attribute__((always_inline)) void BT_NAME(dw_tile_any)(const int NB, const bconv *c,
+                                                                              const float *x, int64_t cb, int64_t oh,
+                                                                              int64_t ow0, int64_t kh0, int64_t kh1,
+                                                                              float *y, const float *z)
+{
+	const window *w = &c->w;
+	int64_t s_h = w->s[1], s_w = w->s[2], d_h = w->d[1], d_w = w->d[2];
+	const float *xb = x + cb * c->x_h * c->x_w * BLK, *wp = c->wt + cb * c->kh * c->kw * BLK;
+	int64_t ih0 = oh * s_h - c->pad_t, iw0 = ow0 * s_w - c->pad_l;
 	BT_V acc[BT_NV][BT_NB];
 	UNROLL_ALL for (int v = 0; v < BT_NV; v++)
 	{
 		BT_V b = *(const BT_V *)(c->bias + cb * BLK + v * BT_VL);
 		UNROLL_ALL for (int j = 0; j < NB; j++) acc[v][j] = b;
 	}
-	const float *wp = c->wt + cb * kh_n * kw_n * BLK;
-	const float *xb = x + cb * c->in_h * c->in_w * BLK;
-	/* one tap: its weight vectors times each position's input vectors */
-#define BT_DW_TAP(kh, kw)                                                                                  \
-	do {                                                                                               \
-		const float *xr = xb + ((oh * s_h + (kh) * d_h) * c->in_w + ow0 * s_w + (kw) * d_w) * BLK; \
-		UNROLL_ALL for (int v = 0; v < BT_NV; v++)                                                 \
-		{                                                                                          \
-			BT_V wv = *(const BT_V *)(wp + ((kh) * kw_n + (kw)) * BLK + v * BT_VL);            \
-			UNROLL_ALL for (int j = 0; j < NB; j++) acc[v][j] +=                               \
-			        wv * *(const BT_VU *)(xr + j * s_w * BLK + v * BT_VL);                     \
-		}                                                                                          \
-	} while (0)
-	/* the taps unroll fully only where the window is known when compiling: unrolling loops of unknown
-	 * length would multiply the code for nothing */
-	if (KH && KW) {
-		UNROLL_ALL for (int kh = 0; kh < KH; kh++) UNROLL_ALL for (int kw = 0; kw < KW; kw++) BT_DW_TAP(kh, kw);
-	} else {
-		for (int64_t kh = 0; kh < kh_n; kh++)
-			for (int64_t kw = 0; kw < kw_n; kw++)
-				BT_DW_TAP(kh, kw);
-	}
-#undef BT_DW_TAP
+	for (int64_t kh = kh0; kh < kh1; kh++)
+		for (int64_t kw = 0; kw < c->kw; kw++) {
+			const float *xr = xb + ((ih0 + kh * d_h) * c->x_w + iw0 + kw * d_w) * BLK;
+			UNROLL_ALL for (int v = 0; v < BT_NV; v++)
+			{
+				BT_V wv = *(const BT_V *)(wp + (kh * c->kw + kw) * BLK + v * BT_VL);
+				UNROLL_ALL for (int j = 0; j < NB; j++) acc[v][j] +=
+				        wv * *(const BT_VU *)(xr + j * s_w * BLK + v * BT_VL);
+			}
+		}
 	bool relu = c->act.kind == TERN_ACT_RELU;
 	int64_t at = (cb * c->out_h + oh) * c->out_w + ow0;
 	float *yo = y + at * BLK;
@@ -237,14 +298,45 @@ BT_NAME(dw_tile)(const int NB, const int KH, const int KW, const int S, const bc
 		tern_act_run(&c->act, yo, NULL, NB * BLK);
 }
 
+/* Output row oh of block cb: the window rows inside the input; with the window known when compiling
+ * (KH, KW, S; 0: any) tiles across the whole row, those over an edge checking their columns, else the
+ * columns whose windows lie inside in tiles and the others one by one. */
 BT_ATTR static inline __attribute__((always_inline)) void BT_NAME(dw_row_body)(const int KH, const int KW, const int S,
                                                                               const bconv *c, const float *x,
                                                                               int64_t cb, int64_t oh, float *y,
                                                                               const float *z)
 {
-#define BT_DW_TILE(K, ow) BT_NAME(dw_tile)(K, KH, KW, S, c, x, cb, oh, ow, y, z)
-	BT_GREEDY_ROW(BT_DW_TILE, c->out_w);
+	const window *w = &c->w;
+	int64_t s_h = w->s[1], s_w = w->s[2], d_h = w->d[1], d_w = w->d[2];
+	int64_t ih0 = oh * s_h - c->pad_t, kh0 = 0, kh1 = c->kh;
+	while (kh0 < kh1 && ih0 + kh0 * d_h < 0)
+		kh0++;
+	while (kh1 > kh0 && ih0 + (kh1 - 1) * d_h >= c->x_h)
+		kh1--;
+	/* columns [lo, hi) have every tap of their window row inside */
+	int64_t lo = ceil_div(c->pad_l, s_w), last = c->x_w - 1 + c->pad_l - (c->kw - 1) * d_w;
+	int64_t hi = last < 0 ? 0 : last / s_w + 1;
+	lo = lo < c->out_w ? lo : c->out_w;
+	hi = hi < lo ? lo : hi > c->out_w ? c->out_w : hi;
+	if (KH && KW) {
+#define BT_DW_TILE(K, ow)                                                                           \
+	do {                                                                                        \
+		if ((ow) < lo || (ow) + (K) > hi)                                                   \
+			BT_NAME(dw_tile)(K, KH, KW, S, 1, c, x, cb, oh, ow, kh0, kh1, y, z);        \
+		else                                                                                \
+			BT_NAME(dw_tile)(K, KH, KW, S, 0, c, x, cb, oh, ow, kh0, kh1, y, z);        \
+	} while (0)
+		BT_GREEDY_ROW(BT_DW_TILE, c->out_w);
 #undef BT_DW_TILE
+		return;
+	}
+	for (int64_t ow = 0; ow < lo; ow++)
+		BT_NAME(dw_edge)(c, x, cb, oh, ow, y, z);
+#define BT_DW_TILE(K, ow) BT_NAME(dw_tile_any)(K, c, x, cb, oh, lo + (ow), kh0, kh1, y, z)
+	BT_GREEDY_ROW(BT_DW_TILE, hi - lo);
+#undef BT_DW_TILE
+	for (int64_t ow = hi; ow < c->out_w; ow++)
+		BT_NAME(dw_edge)(c, x, cb, oh, ow, y, z);
 }
 
 /* Output row oh of the depthwise convolution's channel block cb (count: 1); 3 x 3 and 5 x 5 windows
