@@ -25,16 +25,16 @@ BT_ATTR static inline __attribute__((always_inline)) void BT_NAME(put)(BT_V r, f
 }
 
 /* One tile: OB blocks of output channels (from `ob`) by NB output positions from column ow0 of row oh,
- * over all taps (the input, padded where the window needs it, holds them all). UNIT: the columns are
- * one apart, known when compiling, so that the broadcasts use fixed offsets. FULL: the input is in
+ * over all taps (the input, padded where the window needs it, holds them all). S: the columns' stride
+ * when known when compiling (0: read from c), so that the broadcasts use fixed offsets. FULL: the input is in
  * blocks of 16 channels; otherwise it is one block of c->lanes channels a position (a stem's few
  * channels, copied so from planar input), and only those lanes of the weights are read. */
 BT_ATTR static inline __attribute__((always_inline)) void
-BT_NAME(tile)(const int OB, const int NB, const int UNIT, const int FULL, const bconv *c, const float *x, int64_t ob,
+BT_NAME(tile)(const int OB, const int NB, const int S, const int FULL, const bconv *c, const float *x, int64_t ob,
               int64_t oh, int64_t ow0, float *y, const float *z)
 {
 	const window *w = &c->w;
-	int64_t s_h = w->s[1], s_w = UNIT ? 1 : w->s[2], d_h = w->d[1], d_w = w->d[2];
+	int64_t s_h = w->s[1], s_w = S ? S : w->s[2], d_h = w->d[1], d_w = w->d[2];
 	const int64_t L = FULL ? BLK : c->lanes;
 	int64_t wstride = c->icb * c->kh * c->kw * BLK * BLK;
 	BT_V acc[BT_OB * BT_NV][BT_NB];
@@ -141,7 +141,7 @@ BT_ATTR static inline __attribute__((always_inline)) void BT_NAME(tile_n)(const 
 #endif
 
 /* One output row of OB channel blocks: on the hot path (unit stride, blocked input) in tiles of nearly
- * equal widths up to BT_NB; otherwise in the greedy widths. */
+ * equal widths up to BT_NB; otherwise in the greedy widths, stride 2 known when compiling. */
 BT_ATTR static inline __attribute__((always_inline)) void BT_NAME(row_body)(const int OB, const int FULL,
                                                                            const bconv *c,
                                                                            const float *x, int64_t ob, int64_t oh,
@@ -158,7 +158,15 @@ BT_ATTR static inline __attribute__((always_inline)) void BT_NAME(row_body)(cons
 		return;
 	}
 #endif
-#define BT_ROW_TILE(K, ow) BT_NAME(tile)(OB, K, 0, FULL, c, x, ob, oh, ow, y, z)
+#define BT_ROW_TILE(K, ow) BT_NAME(tile)(OB, K, S, FULL, c, x, ob, oh, ow, y, z)
+#ifndef TERN_FEW_KERNEL_VARIANTS
+	if (c->w.s[2] == 2) { /* stride 2 (a stem, a downsampling convolution) compiled as such */
+		const int S = 2;
+		BT_GREEDY_ROW(BT_ROW_TILE, c->out_w);
+		return;
+	}
+#endif
+	const int S = 0;
 	BT_GREEDY_ROW(BT_ROW_TILE, c->out_w);
 #undef BT_ROW_TILE
 }
