@@ -75,14 +75,14 @@ BT_NAME(tile)(const int OB, const int NB, const int S, const int FULL, const bco
 	}
 }
 
-/* Tiles of nb <= BT_NB positions (nb only known at run time: one case per width), unit stride,
+/* Tiles of nb <= BT_NB positions (nb only known at run time: one case per width), stride S (1 or 2),
  * input in blocks: the hot path, for which every width is compiled. */
 #define BT_TILE_CASE(K)                                                                  \
 	case K:                                                                          \
 		if ((K) <= BT_NB)                                                        \
-			BT_NAME(tile)(OB, (K) <= BT_NB ? (K) : 1, 1, 1, c, x, ob, oh, ow0, y, z); \
+			BT_NAME(tile)(OB, (K) <= BT_NB ? (K) : 1, S, 1, c, x, ob, oh, ow0, y, z); \
 		break;
-BT_ATTR static inline __attribute__((always_inline)) void BT_NAME(tile_n)(const int OB, int nb, const bconv *c,
+BT_ATTR static inline __attribute__((always_inline)) void BT_NAME(tile_n)(const int OB, const int S, int nb, const bconv *c,
                                                                          const float *x, int64_t ob, int64_t oh,
                                                                          int64_t ow0, float *y, const float *z)
 {
@@ -140,19 +140,25 @@ BT_ATTR static inline __attribute__((always_inline)) void BT_NAME(tile_n)(const 
 	} while (0)
 #endif
 
-/* One output row of OB channel blocks: on the hot path (unit stride, blocked input) in tiles of nearly
- * equal widths up to BT_NB; otherwise in the greedy widths, stride 2 known when compiling. */
+/* One output row of OB channel blocks: on the hot path (stride 1 or 2, blocked input) in tiles of
+ * nearly equal widths up to BT_NB; otherwise (a stem, other strides) in the greedy widths, stride 2
+ * known when compiling. */
 BT_ATTR static inline __attribute__((always_inline)) void BT_NAME(row_body)(const int OB, const int FULL,
                                                                            const bconv *c,
                                                                            const float *x, int64_t ob, int64_t oh,
                                                                            float *y, const float *z)
 {
 #ifndef TERN_FEW_KERNEL_VARIANTS
-	if (FULL && c->w.s[2] == 1) {
+	if (FULL && (c->w.s[2] == 1 || c->w.s[2] == 2)) {
+		/* tiles of nearly equal widths: a row of 17 as 9 + 8, not 14 + 2 + 1, whose narrow tiles
+		 * would wait on their few sums' multiply-adds */
 		int64_t tiles = ceil_div(c->out_w, BT_NB);
 		for (int64_t t = 0, ow = 0; t < tiles; t++) {
 			int64_t next = (t + 1) * c->out_w / tiles;
-			BT_NAME(tile_n)(OB, (int)(next - ow), c, x, ob, oh, ow, y, z);
+			if (c->w.s[2] == 1)
+				BT_NAME(tile_n)(OB, 1, (int)(next - ow), c, x, ob, oh, ow, y, z);
+			else
+				BT_NAME(tile_n)(OB, 2, (int)(next - ow), c, x, ob, oh, ow, y, z);
 			ow = next;
 		}
 		return;
@@ -160,7 +166,7 @@ BT_ATTR static inline __attribute__((always_inline)) void BT_NAME(row_body)(cons
 #endif
 #define BT_ROW_TILE(K, ow) BT_NAME(tile)(OB, K, S, FULL, c, x, ob, oh, ow, y, z)
 #ifndef TERN_FEW_KERNEL_VARIANTS
-	if (c->w.s[2] == 2) { /* stride 2 (a stem, a downsampling convolution) compiled as such */
+	if (c->w.s[2] == 2) { /* a stem's stride 2 compiled as such */
 		const int S = 2;
 		BT_GREEDY_ROW(BT_ROW_TILE, c->out_w);
 		return;
