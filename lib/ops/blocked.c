@@ -282,6 +282,27 @@ static void bconv_free(void *p)
 	free(c);
 }
 
+/* For output row oh: the window rows [*kh0, *kh1) that lie inside the input, and the output columns
+ * [*lo, *hi) whose window rows lie wholly inside it (the kernels that read their input in place, the
+ * edges' windows cut to it). */
+static void window_inside(const bconv *c, int64_t oh, int64_t *kh0, int64_t *kh1, int64_t *lo, int64_t *hi)
+{
+	const window *w = &c->w;
+	int64_t s_h = w->s[1], s_w = w->s[2], d_h = w->d[1], d_w = w->d[2];
+	int64_t ih0 = oh * s_h - c->pad_t, k0 = 0, k1 = c->kh;
+	while (k0 < k1 && ih0 + k0 * d_h < 0)
+		k0++;
+	while (k1 > k0 && ih0 + (k1 - 1) * d_h >= c->x_h)
+		k1--;
+	int64_t first = ceil_div(c->pad_l, s_w), last = c->x_w - 1 + c->pad_l - (c->kw - 1) * d_w;
+	int64_t end = last < 0 ? 0 : last / s_w + 1;
+	first = first < c->out_w ? first : c->out_w;
+	*kh0 = k0;
+	*kh1 = k1;
+	*lo = first;
+	*hi = end < first ? first : end > c->out_w ? c->out_w : end;
+}
+
 /* Multiply-adds contract into FMA instructions (GCC in ISO C mode does so only when told). */
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC push_options

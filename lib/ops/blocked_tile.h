@@ -320,18 +320,8 @@ BT_ATTR static inline __attribute__((always_inline)) void BT_NAME(dw_row_body)(c
                                                                               int64_t cb, int64_t oh, float *y,
                                                                               const float *z)
 {
-	const window *w = &c->w;
-	int64_t s_h = w->s[1], s_w = w->s[2], d_h = w->d[1], d_w = w->d[2];
-	int64_t ih0 = oh * s_h - c->pad_t, kh0 = 0, kh1 = c->kh;
-	while (kh0 < kh1 && ih0 + kh0 * d_h < 0)
-		kh0++;
-	while (kh1 > kh0 && ih0 + (kh1 - 1) * d_h >= c->x_h)
-		kh1--;
-	/* columns [lo, hi) have every tap of their window row inside */
-	int64_t lo = ceil_div(c->pad_l, s_w), last = c->x_w - 1 + c->pad_l - (c->kw - 1) * d_w;
-	int64_t hi = last < 0 ? 0 : last / s_w + 1;
-	lo = lo < c->out_w ? lo : c->out_w;
-	hi = hi < lo ? lo : hi > c->out_w ? c->out_w : hi;
+	int64_t kh0, kh1, lo, hi;
+	window_inside(c, oh, &kh0, &kh1, &lo, &hi);
 	if (KH && KW) {
 #define BT_DW_TILE(K, ow)                                                                           \
 	do {                                                                                        \
@@ -415,12 +405,81 @@ BT_ATTR static inline __attribute__((always_inline)) void BT_NAME(bpool_row_body
 	}
 }
 
+/* A pool's tile whose window (KH x KW, stride S, no dilation) is known when compiling, as dw_tile: NB
+ * positions from column ow0, rows [kh0, kh1) of the window, each input vector loaded once for every
+ * window that reads it; EDGE: columns outside the input are left out (and, for the mean without
+ * count_include_pad, out of the divisor). */
+BT_ATTR static inline __attribute__((always_inline)) void
+BT_NAME(pool_tile)(const int NB, const int KH, const int KW, const int S, const int EDGE, const int AVG, const bconv *c,
+                   const float *x, int64_t cb, int64_t oh, int64_t ow0, int64_t kh0, int64_t kh1, float *y)
+{
+	const float *xb = x + cb * c->x_h * c->x_w * BLK;
+	int64_t ih0 = oh * S - c->pad_t, iw0 = ow0 * S - c->pad_l;
+	float *yo = y + ((cb * c->out_h + oh) * c->out_w + ow0) * BLK;
+	float scale[BT_NB];
+	UNROLL_ALL for (int j = 0; j < NB; j++)
+	{
+		int64_t iw = iw0 + j * S, cols = KW;
+		if (EDGE) {
+			int64_t first = iw < 0 ? -iw : 0, end = c->x_w - iw < KW ? c->x_w - iw : KW;
+			cols = end > first ? end - first : 0;
+		}
+		scale[j] = AVG ? 1.0f / (float)(c->include_pad ? KH * KW : (kh1 - kh0) * cols) : 1.0f;
+	}
+	UNROLL_ALL for (int v = 0; v < BT_NV; v++)
+	{
+		BT_V acc[BT_NB];
+		UNROLL_ALL for (int j = 0; j < NB; j++) acc[j] = (BT_V){0} - (AVG ? 0 : INFINITY);
+		UNROLL_ALL for (int kh = 0; kh < KH; kh++)
+		{
+			if (kh < kh0 || kh >= kh1)
+				continue;
+			const float *xr = xb + ((ih0 + kh) * c->x_w + iw0) * BLK + v * BT_VL;
+			_Pragma("GCC unroll 64") for (int i = 0; i < (NB - 1) * S + KW; i++)
+			{
+				if (EDGE && (iw0 + i < 0 || iw0 + i >= c->x_w))
+					continue;
+				BT_V xv = *(const BT_VU *)(xr + i * BLK);
+				UNROLL_ALL for (int kw = 0; kw < KW; kw++) if (i >= kw && (i - kw) % S == 0 && (i - kw) / S < NB)
+					acc[(i - kw) / S] = AVG ? acc[(i - kw) / S] + xv : BT_MAX(acc[(i - kw) / S], xv);
+			}
+		}
+		UNROLL_ALL for (int j = 0; j < NB; j++) * (BT_VU *)(yo + j * BLK + v * BT_VL) = AVG ? acc[j] * scale[j] : acc[j];
+	}
+}
+
+BT_ATTR static inline __attribute__((always_inline)) void BT_NAME(pool_row_k)(const int KH, const int KW, const int S,
+                                                                             const int AVG, const bconv *c,
+                                                                             const float *x, int64_t cb, int64_t oh,
+                                                                             float *y)
+{
+	int64_t kh0, kh1, lo, hi;
+	window_inside(c, oh, &kh0, &kh1, &lo, &hi);
+#define BT_POOL_TILE(K, ow)                                                                        \
+	do {                                                                                       \
+		if ((ow) < lo || (ow) + (K) > hi)                                                  \
+			BT_NAME(pool_tile)(K, KH, KW, S, 1, AVG, c, x, cb, oh, ow, kh0, kh1, y);   \
+		else                                                                               \
+			BT_NAME(pool_tile)(K, KH, KW, S, 0, AVG, c, x, cb, oh, ow, kh0, kh1, y);   \
+	} while (0)
+	BT_GREEDY_ROW(BT_POOL_TILE, c->out_w);
+#undef BT_POOL_TILE
+}
+
+/* Output row oh of a pool's block cb: 3 x 3 windows of stride 1 or 2 without dilation compiled as
+ * such (the pools of the common networks), others tap by tap. */
 BT_ATTR static void BT_NAME(bpool_row)(const bconv *c, const float *x, int64_t cb, int64_t count, int64_t oh, float *y,
                                        const float *z)
 {
 	(void)count;
 	(void)z;
-	if (c->avg)
+	const window *w = &c->w;
+	int64_t s = w->s[1] == w->s[2] && w->d[1] == 1 && w->d[2] == 1 && c->kh == 3 && c->kw == 3 ? w->s[1] : 0;
+	if (s == 1)
+		c->avg ? BT_NAME(pool_row_k)(3, 3, 1, 1, c, x, cb, oh, y) : BT_NAME(pool_row_k)(3, 3, 1, 0, c, x, cb, oh, y);
+	else if (s == 2)
+		c->avg ? BT_NAME(pool_row_k)(3, 3, 2, 1, c, x, cb, oh, y) : BT_NAME(pool_row_k)(3, 3, 2, 0, c, x, cb, oh, y);
+	else if (c->avg)
 		BT_NAME(bpool_row_body)(1, c, x, cb, oh, y);
 	else
 		BT_NAME(bpool_row_body)(0, c, x, cb, oh, y);
