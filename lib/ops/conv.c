@@ -52,6 +52,7 @@ typedef struct conv_params {
 	 * shared among threads, fwd_bytes of scratch per slot */
 	bool pack_runtime;
 	size_t fwd_bytes;
+	bool unit_groups; /* Conv: img_slots share out (image, group) pairs rather than images */
 	bool gw_phases; /* the gradients: the column matrix made from (im2col) or summed into (col2im) phase planes */
 	/* tern.ConvGradWeight, float: images per product, their positions side by side in K (so that
 	 * small images make one product with a useful depth, not many with K = out_sp), and per row of
@@ -738,51 +739,62 @@ typedef struct conv_run {
 	const float *z;
 } conv_run;
 
-/* Images [begin, end), group by group, with the pool given (NULL: on this thread) and scratch for one
- * image. */
-static void conv_images(tern_threadpool *pool, const conv_run *r, char *scratch, int64_t begin, int64_t end)
+/* Group g of image n, with the pool given (NULL: on this thread) and scratch for one group. */
+static void conv_group(tern_threadpool *pool, const conv_run *r, char *scratch, int64_t n, int64_t g)
 {
 	const conv_params *cp = r->cp;
 	size_t es = compute_size(r->dtype);
 	int64_t ck = cp->cg * cp->kk;
-	for (int64_t n = begin; n < end; n++)
-		for (int64_t g = 0; g < cp->group; g++) {
-			int64_t y0 = (n * cp->cout + g * cp->mg) * cp->out_sp;
-			const char *xg = r->x + (size_t)((n * cp->cin + g * cp->cg) * cp->in_sp) * es;
-			char *yg = r->y + (size_t)y0 * es;
-			const void *bg = r->bias ? r->bias + (size_t)(g * cp->mg) * es : NULL;
-			const float *zg = r->z ? r->z + y0 : NULL;
-			if (r->pk && cp->direct) {
-				conv_direct(pool, cp, r->pk[g], scratch, (const float *)xg, bg, (float *)yg, zg);
-				continue;
-			}
-			if (r->pk && cp->pointwise) {
-				tern_gemm_b b = {(const float *)xg, NULL, cp->out_sp, cp->out_sp, cp->out_sp, 1};
-				tern_gemm_c c = {(float *)yg, cp->out_sp, false, false, bg, cp->fused ? &cp->act : NULL, zg};
-				tern_gemm_packed_run(pool, r->pk[g], cp->out_sp, &b, &c, TERN_GEMM_AUTO);
-				continue;
-			}
-			if (r->pk) {
-				conv_fill_ctx f = {cp, (const float *)xg};
-				tern_gemm_packed_fill(pool, r->pk[g], cp->out_sp, conv_fill, &f, bg, (float *)yg, cp->out_sp);
-				continue;
-			}
-			const void *col = xg;
-			if (!cp->pointwise) {
-				im2col(pool, &cp->w, es, cp->cg, xg, scratch);
-				col = scratch;
-			}
-			gemm_typed(r->dtype, false, cp->mg, cp->out_sp, ck, r->wt + (size_t)(g * cp->mg * ck) * es, ck, col, cp->out_sp,
-			           yg);
-			if (bg)
-				add_bias_rows(r->dtype, yg, bg, cp->mg, cp->out_sp);
-		}
+	int64_t y0 = (n * cp->cout + g * cp->mg) * cp->out_sp;
+	const char *xg = r->x + (size_t)((n * cp->cin + g * cp->cg) * cp->in_sp) * es;
+	char *yg = r->y + (size_t)y0 * es;
+	const void *bg = r->bias ? r->bias + (size_t)(g * cp->mg) * es : NULL;
+	const float *zg = r->z ? r->z + y0 : NULL;
+	if (r->pk && cp->direct) {
+		conv_direct(pool, cp, r->pk[g], scratch, (const float *)xg, bg, (float *)yg, zg);
+		return;
+	}
+	if (r->pk && cp->pointwise) {
+		tern_gemm_b b = {(const float *)xg, NULL, cp->out_sp, cp->out_sp, cp->out_sp, 1};
+		tern_gemm_c c = {(float *)yg, cp->out_sp, false, false, bg, cp->fused ? &cp->act : NULL, zg};
+		tern_gemm_packed_run(pool, r->pk[g], cp->out_sp, &b, &c, TERN_GEMM_AUTO);
+		return;
+	}
+	if (r->pk) {
+		conv_fill_ctx f = {cp, (const float *)xg};
+		tern_gemm_packed_fill(pool, r->pk[g], cp->out_sp, conv_fill, &f, bg, (float *)yg, cp->out_sp);
+		return;
+	}
+	const void *col = xg;
+	if (!cp->pointwise) {
+		im2col(pool, &cp->w, es, cp->cg, xg, scratch);
+		col = scratch;
+	}
+	gemm_typed(r->dtype, false, cp->mg, cp->out_sp, ck, r->wt + (size_t)(g * cp->mg * ck) * es, ck, col, cp->out_sp, yg);
+	if (bg)
+		add_bias_rows(r->dtype, yg, bg, cp->mg, cp->out_sp);
 }
 
-static void conv_images_slot(void *ctx, int64_t begin, int64_t end, int64_t slot)
+/* Images [begin, end), group by group, with the pool given (NULL: on this thread). */
+static void conv_images(tern_threadpool *pool, const conv_run *r, char *scratch, int64_t begin, int64_t end)
+{
+	for (int64_t n = begin; n < end; n++)
+		for (int64_t g = 0; g < r->cp->group; g++)
+			conv_group(pool, r, scratch, n, g);
+}
+
+/* Units [begin, end) on one thread with its slot's scratch: images, or with unit_groups (image, group)
+ * pairs. */
+static void conv_units_slot(void *ctx, int64_t begin, int64_t end, int64_t slot)
 {
 	const conv_run *r = ctx;
-	conv_images(NULL, r, r->scratch + (size_t)slot * r->cp->fwd_bytes, begin, end);
+	char *scratch = r->scratch + (size_t)slot * r->cp->fwd_bytes;
+	if (!r->cp->unit_groups) {
+		conv_images(NULL, r, scratch, begin, end);
+		return;
+	}
+	for (int64_t t = begin; t < end; t++)
+		conv_group(NULL, r, scratch, t / r->cp->group, t % r->cp->group);
 }
 
 /* Float weights not known when planning, packed per group for one call (NULL when out of memory). */
@@ -834,9 +846,12 @@ static tern_status conv_kernel(const tern_kernel_args *a)
 	    !(now = pack_now(cp, (const float *)wt, cp->mg, cp->cg * cp->kk, false)))
 		return no_memory(a->node);
 	conv_run r = {cp, now ? now : dtype == TERN_FLOAT ? cp->packed : NULL, dtype, x, wt, bias, y, a->scratch, z};
-	if (cp->img_slots)
+	if (cp->img_slots && cp->unit_groups)
+		parallel_slots(a->pool, cp->n * cp->group, grain_for(cp->mg * cp->cg * cp->kk * cp->out_sp), cp->img_slots,
+		               conv_units_slot, &r);
+	else if (cp->img_slots)
 		parallel_slots(a->pool, cp->n, grain_for(cp->group * cp->mg * cp->cg * cp->kk * cp->out_sp), cp->img_slots,
-		               conv_images_slot, &r);
+		               conv_units_slot, &r);
 	else
 		conv_images(a->pool, &r, a->scratch, 0, cp->n);
 	free_packs(cp, now);
@@ -953,11 +968,26 @@ static int64_t by_images(tern_threadpool *pool, const conv_params *cp)
 	return slots < cp->n ? slots : cp->n;
 }
 
+/* Slots of scratch for sharing out the groups of a grouped convolution (0: too few groups to keep
+ * every thread busy, or one thread): a group's product is small (RegNet's have 8 channels), and
+ * sharing out each in turn cost two synchronisations a group, which made regnet_y_400mf's grouped
+ * convolutions slower on two threads than on one. */
+static int64_t by_groups(tern_threadpool *pool, const conv_params *cp)
+{
+	int64_t threads = pool ? tern_threadpool_size(pool) : 1, units = cp->n * cp->group;
+	if (threads < 2 || cp->group < 2 || (units < 2 * threads && units != threads))
+		return 0;
+	int64_t slots = slots_for(pool);
+	return slots < units ? slots : units;
+}
+
 /* Conv's kernel, and its scratch for one image (p->scratch_bytes) made room for per slot when the
- * images are shared out. */
+ * images or the groups are shared out. */
 static tern_status conv_finish(tern_prepare_args *p, conv_params *cp)
 {
-	if (!cp->depthwise && (cp->img_slots = by_images(p->pool, cp))) {
+	if (!cp->depthwise && !(cp->img_slots = by_images(p->pool, cp)) && (cp->img_slots = by_groups(p->pool, cp)))
+		cp->unit_groups = true;
+	if (cp->img_slots) {
 		cp->fwd_bytes = round_up(p->scratch_bytes);
 		p->scratch_bytes = (size_t)cp->img_slots * cp->fwd_bytes;
 	}

@@ -27,8 +27,9 @@ void tern_nn_parallel_chunks(tern_threadpool *pool, int64_t n, int64_t grain, in
 		per = grain;
 	chunked c = *c0;
 	c.n = n;
-	c.per = per < n ? per : n;
-	if (!pool || c.per == n)
+	/* without a pool (a caller already on one of the team's threads) one chunk is all of them */
+	c.per = per < n && pool ? per : n;
+	if (c.per == n)
 		chunk_run(&c, 0);
 	else
 		tern_parallel_for(pool, (n + c.per - 1) / c.per, chunk_run, &c);

@@ -228,6 +228,35 @@ test_expect_success 'threads and --single-stream do not change outputs' '
 	test_cmp expect actual
 '
 
+test_expect_success PYTHON 'grouped convolutions give the same outputs on one, two and three threads' '
+	"$TERN_PYTHON" - <<-\EOF &&
+	import numpy as np, onnx
+	from onnx import helper, TensorProto, numpy_helper
+	# (channels, groups, kernel, stride, size, images): the groups or the images are shared out
+	cases = [(48, 6, 3, 2, 56, 1), (104, 13, 3, 1, 14, 1), (32, 8, 3, 2, 9, 2), (64, 4, 1, 1, 20, 1)]
+	for i, (c, g, k, s, h, n) in enumerate(cases):
+	    rng = np.random.default_rng(i)
+	    w = rng.standard_normal((c, c // g, k, k)).astype(np.float32)
+	    b = rng.standard_normal(c).astype(np.float32)
+	    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], group=g, kernel_shape=[k, k],
+	                              pads=[k // 2] * 4, strides=[s, s]),
+	             helper.make_node("Relu", ["c"], ["y"])]
+	    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [n, c, h, h])],
+	                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+	                              [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
+	    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+	    model.ir_version = 8
+	    onnx.save(model, f"grouped{i}.onnx")
+	EOF
+	for i in 0 1 2 3; do
+		tern-run --random grouped$i.onnx >expect &&
+		tern-run --random --threads 2 grouped$i.onnx >actual &&
+		test_cmp expect actual &&
+		tern-run --random --threads 3 grouped$i.onnx >actual &&
+		test_cmp expect actual || return 1
+	done
+'
+
 test_expect_success 'the graph can come from standard input' '
 	tern-run --random add.txt >expect &&
 	tern-run --random <add.txt >actual &&
