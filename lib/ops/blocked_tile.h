@@ -54,6 +54,8 @@ BT_NAME(tile)(const int OB, const int NB, const int S, const int FULL, const bco
 					BT_V wv[BT_OB * BT_NV];
 					UNROLL_ALL for (int o = 0; o < OB; o++) UNROLL_ALL for (int v = 0; v < BT_NV; v++)
 						wv[o * BT_NV + v] = *(const BT_V *)(wp + o * wstride + ic * BLK + v * BT_VL);
+					if (FULL) /* the next tap's weights, whose first reading in a run comes from memory */
+						UNROLL_ALL for (int o = 0; o < OB; o++) __builtin_prefetch(wp + o * wstride + (BLK + ic) * BLK, 0, 3);
 					UNROLL_ALL for (int j = 0; j < NB; j++)
 					{
 						float s = xp[j * s_w * L + ic];
