@@ -204,8 +204,9 @@ BT_ATTR static void BT_NAME(bconv_row)(const bconv *c, const float *x, int64_t o
 		BT_NAME(row_body)(1, 1, c, x, ob + o, oh, y, z);
 }
 
-/* The depthwise convolution reads its input in place: a tile's taps are inside the input except in the
- * rows [kh0, kh1) leave out; positions whose window crosses the left or right edge take dw_edge. */
+/* The depthwise convolution reads its input in place: a row's window rows outside the input are left
+ * out, and so are the columns outside it of the windows over the left or right edge (in the tiles of a
+ * window known when compiling; position by position in dw_edge otherwise). */
 
 /* One output position ow of row oh of block cb whose window crosses an edge: only the taps inside. */
 BT_ATTR static void BT_NAME(dw_edge)(const bconv *c, const float *x, int64_t cb, int64_t oh, int64_t ow, float *y,
