@@ -108,6 +108,10 @@ typedef struct fx_step {
 	Onnx__AttributeProto attrs[2];
 	Onnx__AttributeProto *attr_list[2];
 	fx_prepared prep[2]; /* [0] full blocks, [1] the last, shorter block */
+	/* Sigmoid(a) then Mul(a, it), the sigmoid read by the Mul alone: the Mul computes a * sigmoid(a)
+	 * in one pass (silu_arg: a's argument index in this step, -1: no) and the Sigmoid is skipped */
+	int silu_arg;
+	bool skip;
 } fx_step;
 
 /* How an operand (a node input other than x) is read for a block of the output. */
@@ -368,6 +372,41 @@ static int fx_operand_of(const fx_program *pg, int input)
 	return -1;
 }
 
+static bool fx_same_ref(fx_ref a, fx_ref b)
+{
+	return a.kind == b.kind && a.index == b.index;
+}
+
+/* Marks each Sigmoid(a) followed by Mul(a, it), or Mul(it, a), with no other reader of the sigmoid:
+ * swish in one pass of tern_sigmoid_f32 (times), rather than the sigmoid written and read back. */
+static void fx_find_silu(fx_program *pg)
+{
+	for (int s = 0; s < pg->n_steps; s++)
+		pg->steps[s].silu_arg = -1;
+	for (int s = 0; s + 1 < pg->n_steps; s++) {
+		fx_step *sig = &pg->steps[s], *mul = &pg->steps[s + 1];
+		if (strcmp(sig->def->op_type, "Sigmoid") != 0 || strcmp(mul->def->op_type, "Mul") != 0 ||
+		    mul->n_args != 2)
+			continue;
+		fx_ref self = {REF_STEP, s};
+		int other = fx_same_ref(mul->args[0], self) ? 1 : fx_same_ref(mul->args[1], self) ? 0 : -1;
+		fx_ref a = sig->args[0];
+		/* a must be a whole block: a scalar operand or constant broadcasts */
+		bool block = a.kind == REF_X || a.kind == REF_STEP ||
+		             (a.kind == REF_INPUT && pg->operands[fx_operand_of(pg, a.index)].mode != MODE_SCALAR);
+		if (other < 0 || !block || !fx_same_ref(mul->args[other], a))
+			continue;
+		bool read_later = false;
+		for (int t = s + 2; t < pg->n_steps; t++)
+			for (int a = 0; a < pg->steps[t].n_args; a++)
+				read_later |= fx_same_ref(pg->steps[t].args[a], self);
+		if (read_later)
+			continue;
+		sig->skip = true;
+		mul->silu_arg = other;
+	}
+}
+
 /* Tensors that step kernels see for one block of n elements starting at `off`. */
 typedef struct fx_block {
 	tern_tensor x, out, regs[FX_MAX_REGS], operands[FX_MAX_OPERANDS], consts[FX_MAX_CONSTS];
@@ -519,6 +558,7 @@ static tern_status fx_finish(fx_program *pg, const tern_node *owner, tern_tensor
 	tern_status st = fx_allocate(pg, owner);
 	if (st)
 		return st;
+	fx_find_silu(pg);
 	return fx_prepare_steps(pg, owner, in);
 }
 
@@ -610,10 +650,16 @@ static tern_status fx_block_run(const fx_run *r, float *regs, fx_filled *filled,
 	}
 	for (int s = 0; s < pg->n_steps; s++) {
 		const fx_step *st = &pg->steps[s];
+		if (st->skip)
+			continue;
 		tern_tensor *args[FX_MAX_ARGS];
 		for (int a = 0; a < st->n_args; a++)
 			args[a] = fx_resolve(&b, pg, st->args[a]);
 		tern_tensor *dst = st->reg < 0 ? &b.out : &b.regs[st->reg];
+		if (st->silu_arg >= 0) {
+			tern_sigmoid_f32(args[st->silu_arg]->data, NULL, dst->data, n, true);
+			continue;
+		}
 		tern_kernel_args ka = {&st->node, args, st->n_args, &dst, 1, st->prep[which].params, NULL, NULL, NULL};
 		tern_status rc = st->prep[which].kernel(&ka);
 		if (rc)

@@ -92,6 +92,43 @@ for level in (1, 2, 3):
 "
 '
 
+test_expect_success 'a fused swish (Sigmoid, then Mul by its input) gives the unfused outputs bit for bit' '
+	cat >swish.txt <<-\EOF &&
+	<ir_version: 8, opset_import: ["" : 17]>
+	swish (float[2,3,40,40] x) => (float[2,3,40,40] y1, float[2,3,40,40] y2) {
+	  s1 = Sigmoid(x)
+	  y1 = Mul(x, s1)
+	  t = Abs(x)
+	  s2 = Sigmoid(t)
+	  y2 = Mul(s2, t)
+	}
+	EOF
+	cat >reread.txt <<-\EOF &&
+	<ir_version: 8, opset_import: ["" : 17, "tern" : 1]>
+	reread (float[2,3,40,40] x) => (float[2,3,40,40] y) {
+	  y = tern.ElementwiseChain <ops = ["Sigmoid", "Mul", "Add"], args = [0, -1, -1, 0, 1, -1, 2, 1, -1], params = [0.0, 0.0, 0.0, 0.0, 0.0, 0.0]> (x)
+	}
+	EOF
+	cat >reread-plain.txt <<-\EOF &&
+	<ir_version: 8, opset_import: ["" : 17]>
+	reread (float[2,3,40,40] x) => (float[2,3,40,40] y) {
+	  s = Sigmoid(x)
+	  m = Mul(x, s)
+	  y = Add(m, s)
+	}
+	EOF
+	tern-optimize swish.txt >swish.opt &&
+	test $(tern-show swish.opt | grep -c "tern.ElementwiseChain <ops = \[\"Sigmoid\", \"Mul\"\]") = 2 &&
+	for isa in avx512 avx2 generic; do
+		TERN_ISA=$isa tern-run --random --optimize 0 swish.txt >expect &&
+		TERN_ISA=$isa tern-run --random swish.opt >actual &&
+		test_cmp expect actual &&
+		TERN_ISA=$isa tern-run --random --optimize 0 reread-plain.txt >expect &&
+		TERN_ISA=$isa tern-run --random --optimize 0 reread.txt >actual &&
+		test_cmp expect actual || return 1
+	done
+'
+
 test_expect_success '--passes runs exactly the passes named' '
 	tern-optimize --passes eliminate-noops --stats net.txt 2>stats >noops.onnx &&
 	test "$(grep -c -v -e "^pass " -e "^total " stats)" = 1 &&
