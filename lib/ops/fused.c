@@ -393,7 +393,7 @@ static void fx_find_silu(fx_program *pg)
 		fx_ref a = sig->args[0];
 		/* a must be a whole block: a scalar operand or constant broadcasts */
 		bool block = a.kind == REF_X || a.kind == REF_STEP ||
-		             (a.kind == REF_INPUT && pg->operands[fx_operand_of(pg, a.index)].mode != MODE_SCALAR);
+		        (a.kind == REF_INPUT && pg->operands[fx_operand_of(pg, a.index)].mode != MODE_SCALAR);
 		if (other < 0 || !block || !fx_same_ref(mul->args[other], a))
 			continue;
 		bool read_later = false;
