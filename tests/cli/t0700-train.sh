@@ -204,7 +204,7 @@ assert all(np.allclose(wa[k], wb[k], rtol=1e-5, atol=1e-7) for k in wa), \"param
 "
 '
 
-test_expect_success 'tern-optimize --dim on a training model is refused (64)' '
+test_expect_success PYTHON 'tern-optimize --dim on a training model is refused (64)' '
 	test_expect_code 64 tern-optimize --dim N=4 t2.onnx -o t4.onnx 2>err &&
 	test_line_count = 1 err && ! test -e t4.onnx
 '
