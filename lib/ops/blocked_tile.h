@@ -1,7 +1,7 @@
 /* blocked_tile.h — tern.BlockedConv's kernel, once per vector width: blocked.c includes it with
  * BT_VL floats a vector (BT_V, its unaligned BT_VU and integer BT_VI), the target attribute BT_ATTR,
  * up to BT_OB blocks of output channels by BT_NB positions a tile, (and BT_MAX, the lanes' maximum of two vectors) and it defines bconv_row_<BT_VL>,
- * bconv_dw_row_<BT_VL> (depthwise) and bpool_row_<BT_VL> (max pool) (the parameters are undefined at the end, for the next width).
+ * bconv_dw_row_<BT_VL> (depthwise) and bpool_row_<BT_VL> (max and average pools) (the parameters are undefined at the end, for the next width).
  *
  * A block of 16 channels is 16 / BT_VL vectors; each tile's sums (BT_OB blocks x BT_NB positions)
  * stay in registers over all input channels and taps: per input channel one load of each weight
@@ -204,9 +204,10 @@ BT_ATTR static void BT_NAME(bconv_row)(const bconv *c, const float *x, int64_t o
 		BT_NAME(row_body)(1, 1, c, x, ob + o, oh, y, z);
 }
 
-/* The depthwise convolution reads its input in place: a row's window rows outside the input are left
- * out, and so are the columns outside it of the windows over the left or right edge (in the tiles of a
- * window known when compiling; position by position in dw_edge otherwise). */
+/* The depthwise convolution and the pools read their input in place: a row's window rows outside the
+ * input are left out, and so are the columns outside it of the windows over the left or right edge (in
+ * win_tile for a window known when compiling; position by position in dw_edge and bpool_row_body
+ * otherwise). */
 
 /* One output position ow of row oh of block cb whose window crosses an edge: only the taps inside. */
 BT_ATTR static void BT_NAME(dw_edge)(const bconv *c, const float *x, int64_t cb, int64_t oh, int64_t ow, float *y,
@@ -238,45 +239,91 @@ BT_ATTR static void BT_NAME(dw_edge)(const bconv *c, const float *x, int64_t cb,
 		tern_act_run(&c->act, y + at * BLK, NULL, BLK);
 }
 
-/* A depthwise tile whose window (KH x KW, stride S, no dilation) is known when compiling: NB positions
- * from column ow0, rows [kh0, kh1) of the window. A vector of a block at a time; along a window row
- * each input vector is loaded once and multiplied into every sum that reads it (with stride 1, KW of
- * them), so that the loads stay fewer than the multiply-adds. EDGE: some windows cross the left or
- * right edge, and the columns outside the input are left out. */
+/* A tile of a window known when compiling (KH x KW, stride S, no dilation) over blocked input read in
+ * place: NB positions from column ow0 of block cb, window rows [kh0, kh1). KIND: the depthwise
+ * convolution (bias, weights, residual z, activation), the maximum or the mean. A vector of a block at
+ * a time; along a window row each input vector is loaded once and combined into every window that
+ * reads it (with stride 1, KW of them), so that the loads stay fewer than the arithmetic. EDGE: some
+ * windows cross the left or right edge, and the columns outside the input are left out (and, for the
+ * mean without count_include_pad, out of its divisor). */
+#define BT_WIN_KMAX 5 /* the widest window win_tile is compiled for (5 x 5) */
 BT_ATTR static inline __attribute__((always_inline)) void
-BT_NAME(dw_tile)(const int NB, const int KH, const int KW, const int S, const int EDGE, const bconv *c, const float *x,
-                 int64_t cb, int64_t oh, int64_t ow0, int64_t kh0, int64_t kh1, float *y, const float *z)
+BT_NAME(win_tile)(const wb_kind KIND, const int NB, const int KH, const int KW, const int S, const int EDGE,
+                  const bconv *c, const float *x, int64_t cb, int64_t oh, int64_t ow0, int64_t kh0, int64_t kh1,
+                  float *y, const float *z)
 {
-	const float *xb = x + cb * c->x_h * c->x_w * BLK, *wp = c->wt + cb * KH * KW * BLK;
+	const float *xb = x + cb * c->x_h * c->x_w * BLK;
+	const float *wp = KIND == WB_CONV ? c->wt + cb * KH * KW * BLK : NULL; /* pools have no weights */
 	int64_t ih0 = oh * S - c->pad_t, iw0 = ow0 * S - c->pad_l;
 	int64_t at = (cb * c->out_h + oh) * c->out_w + ow0;
-	bool relu = c->act.kind == TERN_ACT_RELU;
+	bool relu = KIND == WB_CONV && c->act.kind == TERN_ACT_RELU;
+	float scale[BT_NB];
+	UNROLL_ALL for (int j = 0; j < NB; j++)
+	{
+		int64_t iw = iw0 + j * S, cols = KW;
+		if (EDGE) {
+			int64_t first = iw < 0 ? -iw : 0, end = c->x_w - iw < KW ? c->x_w - iw : KW;
+			cols = end > first ? end - first : 0;
+		}
+		scale[j] = KIND == WB_AVG ? 1.0f / (float)(c->include_pad ? KH * KW : (kh1 - kh0) * cols) : 1.0f;
+	}
 	UNROLL_ALL for (int v = 0; v < BT_NV; v++)
 	{
 		BT_V acc[BT_NB];
-		BT_V b = *(const BT_V *)(c->bias + cb * BLK + v * BT_VL);
-		UNROLL_ALL for (int j = 0; j < NB; j++) acc[j] = b;
+		BT_V init = KIND == WB_CONV ? *(const BT_V *)(c->bias + cb * BLK + v * BT_VL)
+		                            : (BT_V){0} - (KIND == WB_MAX ? INFINITY : 0);
+		UNROLL_ALL for (int j = 0; j < NB; j++) acc[j] = init;
 		UNROLL_ALL for (int kh = 0; kh < KH; kh++)
 		{
 			if (kh < kh0 || kh >= kh1)
 				continue;
 			const float *xr = xb + ((ih0 + kh) * c->x_w + iw0) * BLK + v * BT_VL;
-			BT_V wv[KW];
-			UNROLL_ALL for (int kw = 0; kw < KW; kw++) wv[kw] = *(const BT_V *)(wp + (kh * KW + kw) * BLK + v * BT_VL);
+			BT_V wv[BT_WIN_KMAX]; /* a fixed size: KW, a parameter, would make it a variable-length array */
+			UNROLL_ALL for (int kw = 0; kw < KW; kw++) wv[kw] =
+			        KIND == WB_CONV ? *(const BT_V *)(wp + (kh * KW + kw) * BLK + v * BT_VL) : (BT_V){0};
 			_Pragma("GCC unroll 64") for (int i = 0; i < (NB - 1) * S + KW; i++)
 			{
-				BT_V xv = (BT_V){0};
-				if (!EDGE || (iw0 + i >= 0 && iw0 + i < c->x_w))
-					xv = *(const BT_VU *)(xr + i * BLK);
+				if (EDGE && (iw0 + i < 0 || iw0 + i >= c->x_w))
+					continue;
+				BT_V xv = *(const BT_VU *)(xr + i * BLK);
 				UNROLL_ALL for (int kw = 0; kw < KW; kw++) if (i >= kw && (i - kw) % S == 0 && (i - kw) / S < NB)
-					acc[(i - kw) / S] += wv[kw] * xv;
+				{
+					int j = (i - kw) / S;
+					acc[j] = KIND == WB_CONV ? acc[j] + wv[kw] * xv : KIND == WB_MAX ? BT_MAX(acc[j], xv) : acc[j] + xv;
+				}
 			}
 		}
 		UNROLL_ALL for (int j = 0; j < NB; j++)
-			BT_NAME(put)(acc[j], y + (at + j) * BLK + v * BT_VL, z ? z + (at + j) * BLK + v * BT_VL : NULL, relu);
+		{
+			float *yo = y + (at + j) * BLK + v * BT_VL;
+			if (KIND == WB_CONV)
+				BT_NAME(put)(acc[j], yo, z ? z + (at + j) * BLK + v * BT_VL : NULL, relu);
+			else
+				*(BT_VU *)yo = KIND == WB_AVG ? acc[j] * scale[j] : acc[j];
+		}
 	}
-	if (!relu && c->act.kind != TERN_ACT_NONE)
+	if (KIND == WB_CONV && !relu && c->act.kind != TERN_ACT_NONE)
 		tern_act_run(&c->act, y + at * BLK, NULL, NB * BLK);
+}
+
+/* Output row oh of block cb of a window known when compiling, in tiles, those over an edge checking
+ * their columns. */
+BT_ATTR static inline __attribute__((always_inline)) void BT_NAME(win_row)(const wb_kind KIND, const int KH,
+                                                                          const int KW, const int S, const bconv *c,
+                                                                          const float *x, int64_t cb, int64_t oh,
+                                                                          float *y, const float *z)
+{
+	int64_t kh0, kh1, lo, hi;
+	window_inside(c, oh, &kh0, &kh1, &lo, &hi);
+#define BT_WIN_TILE(K, ow)                                                                                \
+	do {                                                                                              \
+		if ((ow) < lo || (ow) + (K) > hi)                                                         \
+			BT_NAME(win_tile)(KIND, K, KH, KW, S, 1, c, x, cb, oh, ow, kh0, kh1, y, z);        \
+		else                                                                                      \
+			BT_NAME(win_tile)(KIND, K, KH, KW, S, 0, c, x, cb, oh, ow, kh0, kh1, y, z);        \
+	} while (0)
+	BT_GREEDY_ROW(BT_WIN_TILE, c->out_w);
+#undef BT_WIN_TILE
 }
 
 /* The same for any window (read from c, with its dilations), tap by tap. */
@@ -315,28 +362,13 @@ BT_ATTR static inline __attribute__((always_inline)) void BT_NAME(dw_tile_any)(c
 		tern_act_run(&c->act, yo, NULL, NB * BLK);
 }
 
-/* Output row oh of block cb: the window rows inside the input; with the window known when compiling
- * (KH, KW, S; 0: any) tiles across the whole row, those over an edge checking their columns, else the
- * columns whose windows lie inside in tiles and the others one by one. */
-BT_ATTR static inline __attribute__((always_inline)) void BT_NAME(dw_row_body)(const int KH, const int KW, const int S,
-                                                                              const bconv *c, const float *x,
-                                                                              int64_t cb, int64_t oh, float *y,
-                                                                              const float *z)
+/* Output row oh of block cb of a depthwise window known only when planning: the window rows inside the
+ * input; the columns whose windows lie inside in tiles, the others one by one. */
+BT_ATTR static void BT_NAME(dw_row_any)(const bconv *c, const float *x, int64_t cb, int64_t oh, float *y,
+                                        const float *z)
 {
 	int64_t kh0, kh1, lo, hi;
 	window_inside(c, oh, &kh0, &kh1, &lo, &hi);
-	if (KH && KW) {
-#define BT_DW_TILE(K, ow)                                                                           \
-	do {                                                                                        \
-		if ((ow) < lo || (ow) + (K) > hi)                                                   \
-			BT_NAME(dw_tile)(K, KH, KW, S, 1, c, x, cb, oh, ow, kh0, kh1, y, z);        \
-		else                                                                                \
-			BT_NAME(dw_tile)(K, KH, KW, S, 0, c, x, cb, oh, ow, kh0, kh1, y, z);        \
-	} while (0)
-		BT_GREEDY_ROW(BT_DW_TILE, c->out_w);
-#undef BT_DW_TILE
-		return;
-	}
 	for (int64_t ow = 0; ow < lo; ow++)
 		BT_NAME(dw_edge)(c, x, cb, oh, ow, y, z);
 #define BT_DW_TILE(K, ow) BT_NAME(dw_tile_any)(K, c, x, cb, oh, lo + (ow), kh0, kh1, y, z)
@@ -355,15 +387,15 @@ BT_ATTR static void BT_NAME(bconv_dw_row)(const bconv *c, const float *x, int64_
 	const window *w = &c->w;
 	int64_t s = w->s[1] == w->s[2] && w->d[1] == 1 && w->d[2] == 1 ? w->s[1] : 0;
 	if (c->kh == 3 && c->kw == 3 && s == 1)
-		BT_NAME(dw_row_body)(3, 3, 1, c, x, cb, oh, y, z);
+		BT_NAME(win_row)(WB_CONV, 3, 3, 1, c, x, cb, oh, y, z);
 	else if (c->kh == 3 && c->kw == 3 && s == 2)
-		BT_NAME(dw_row_body)(3, 3, 2, c, x, cb, oh, y, z);
+		BT_NAME(win_row)(WB_CONV, 3, 3, 2, c, x, cb, oh, y, z);
 	else if (c->kh == 5 && c->kw == 5 && s == 1)
-		BT_NAME(dw_row_body)(5, 5, 1, c, x, cb, oh, y, z);
+		BT_NAME(win_row)(WB_CONV, 5, 5, 1, c, x, cb, oh, y, z);
 	else if (c->kh == 5 && c->kw == 5 && s == 2)
-		BT_NAME(dw_row_body)(5, 5, 2, c, x, cb, oh, y, z);
+		BT_NAME(win_row)(WB_CONV, 5, 5, 2, c, x, cb, oh, y, z);
 	else
-		BT_NAME(dw_row_body)(0, 0, 0, c, x, cb, oh, y, z);
+		BT_NAME(dw_row_any)(c, x, cb, oh, y, z);
 }
 
 /* Output row oh of a pool's channel block cb, read in place: per position the maximum (AVG: the sum
@@ -408,67 +440,6 @@ BT_ATTR static inline __attribute__((always_inline)) void BT_NAME(bpool_row_body
 	}
 }
 
-/* A pool's tile whose window (KH x KW, stride S, no dilation) is known when compiling, as dw_tile: NB
- * positions from column ow0, rows [kh0, kh1) of the window, each input vector loaded once for every
- * window that reads it; EDGE: columns outside the input are left out (and, for the mean without
- * count_include_pad, out of the divisor). */
-BT_ATTR static inline __attribute__((always_inline)) void
-BT_NAME(pool_tile)(const int NB, const int KH, const int KW, const int S, const int EDGE, const int AVG, const bconv *c,
-                   const float *x, int64_t cb, int64_t oh, int64_t ow0, int64_t kh0, int64_t kh1, float *y)
-{
-	const float *xb = x + cb * c->x_h * c->x_w * BLK;
-	int64_t ih0 = oh * S - c->pad_t, iw0 = ow0 * S - c->pad_l;
-	float *yo = y + ((cb * c->out_h + oh) * c->out_w + ow0) * BLK;
-	float scale[BT_NB];
-	UNROLL_ALL for (int j = 0; j < NB; j++)
-	{
-		int64_t iw = iw0 + j * S, cols = KW;
-		if (EDGE) {
-			int64_t first = iw < 0 ? -iw : 0, end = c->x_w - iw < KW ? c->x_w - iw : KW;
-			cols = end > first ? end - first : 0;
-		}
-		scale[j] = AVG ? 1.0f / (float)(c->include_pad ? KH * KW : (kh1 - kh0) * cols) : 1.0f;
-	}
-	UNROLL_ALL for (int v = 0; v < BT_NV; v++)
-	{
-		BT_V acc[BT_NB];
-		UNROLL_ALL for (int j = 0; j < NB; j++) acc[j] = (BT_V){0} - (AVG ? 0 : INFINITY);
-		UNROLL_ALL for (int kh = 0; kh < KH; kh++)
-		{
-			if (kh < kh0 || kh >= kh1)
-				continue;
-			const float *xr = xb + ((ih0 + kh) * c->x_w + iw0) * BLK + v * BT_VL;
-			_Pragma("GCC unroll 64") for (int i = 0; i < (NB - 1) * S + KW; i++)
-			{
-				if (EDGE && (iw0 + i < 0 || iw0 + i >= c->x_w))
-					continue;
-				BT_V xv = *(const BT_VU *)(xr + i * BLK);
-				UNROLL_ALL for (int kw = 0; kw < KW; kw++) if (i >= kw && (i - kw) % S == 0 && (i - kw) / S < NB)
-					acc[(i - kw) / S] = AVG ? acc[(i - kw) / S] + xv : BT_MAX(acc[(i - kw) / S], xv);
-			}
-		}
-		UNROLL_ALL for (int j = 0; j < NB; j++) * (BT_VU *)(yo + j * BLK + v * BT_VL) = AVG ? acc[j] * scale[j] : acc[j];
-	}
-}
-
-BT_ATTR static inline __attribute__((always_inline)) void BT_NAME(pool_row_k)(const int KH, const int KW, const int S,
-                                                                             const int AVG, const bconv *c,
-                                                                             const float *x, int64_t cb, int64_t oh,
-                                                                             float *y)
-{
-	int64_t kh0, kh1, lo, hi;
-	window_inside(c, oh, &kh0, &kh1, &lo, &hi);
-#define BT_POOL_TILE(K, ow)                                                                        \
-	do {                                                                                       \
-		if ((ow) < lo || (ow) + (K) > hi)                                                  \
-			BT_NAME(pool_tile)(K, KH, KW, S, 1, AVG, c, x, cb, oh, ow, kh0, kh1, y);   \
-		else                                                                               \
-			BT_NAME(pool_tile)(K, KH, KW, S, 0, AVG, c, x, cb, oh, ow, kh0, kh1, y);   \
-	} while (0)
-	BT_GREEDY_ROW(BT_POOL_TILE, c->out_w);
-#undef BT_POOL_TILE
-}
-
 /* Output row oh of a pool's block cb: 3 x 3 windows of stride 1 or 2 without dilation compiled as
  * such (the pools of the common networks), others tap by tap. */
 BT_ATTR static void BT_NAME(bpool_row)(const bconv *c, const float *x, int64_t cb, int64_t count, int64_t oh, float *y,
@@ -479,9 +450,11 @@ BT_ATTR static void BT_NAME(bpool_row)(const bconv *c, const float *x, int64_t c
 	const window *w = &c->w;
 	int64_t s = w->s[1] == w->s[2] && w->d[1] == 1 && w->d[2] == 1 && c->kh == 3 && c->kw == 3 ? w->s[1] : 0;
 	if (s == 1)
-		c->avg ? BT_NAME(pool_row_k)(3, 3, 1, 1, c, x, cb, oh, y) : BT_NAME(pool_row_k)(3, 3, 1, 0, c, x, cb, oh, y);
+		c->avg ? BT_NAME(win_row)(WB_AVG, 3, 3, 1, c, x, cb, oh, y, NULL)
+		       : BT_NAME(win_row)(WB_MAX, 3, 3, 1, c, x, cb, oh, y, NULL);
 	else if (s == 2)
-		c->avg ? BT_NAME(pool_row_k)(3, 3, 2, 1, c, x, cb, oh, y) : BT_NAME(pool_row_k)(3, 3, 2, 0, c, x, cb, oh, y);
+		c->avg ? BT_NAME(win_row)(WB_AVG, 3, 3, 2, c, x, cb, oh, y, NULL)
+		       : BT_NAME(win_row)(WB_MAX, 3, 3, 2, c, x, cb, oh, y, NULL);
 	else if (c->avg)
 		BT_NAME(bpool_row_body)(1, c, x, cb, oh, y);
 	else
@@ -497,6 +470,7 @@ BT_ATTR static void BT_NAME(bpool_row)(const bconv *c, const float *x, int64_t c
 #undef BT_ATTR
 #undef BT_OB
 #undef BT_NB
+#undef BT_WIN_KMAX
 #undef BT_NV
 #undef BT_NAME
 #undef BT_CAT
