@@ -846,13 +846,13 @@ static tern_status conv_kernel(const tern_kernel_args *a)
 	    !(now = pack_now(cp, (const float *)wt, cp->mg, cp->cg * cp->kk, false)))
 		return no_memory(a->node);
 	conv_run r = {cp, now ? now : dtype == TERN_FLOAT ? cp->packed : NULL, dtype, x, wt, bias, y, a->scratch, z};
-	if (cp->img_slots && cp->unit_groups)
-		parallel_slots(a->pool, cp->n * cp->group, grain_for(cp->mg * cp->cg * cp->kk * cp->out_sp), cp->img_slots,
-		               conv_units_slot, &r);
-	else if (cp->img_slots)
-		parallel_slots(a->pool, cp->n, grain_for(cp->group * cp->mg * cp->cg * cp->kk * cp->out_sp), cp->img_slots,
-		               conv_units_slot, &r);
-	else
+	if (cp->img_slots) {
+		int64_t per_group = cp->mg * cp->cg * cp->kk * cp->out_sp;
+		if (cp->unit_groups)
+			parallel_slots(a->pool, cp->n * cp->group, grain_for(per_group), cp->img_slots, conv_units_slot, &r);
+		else
+			parallel_slots(a->pool, cp->n, grain_for(cp->group * per_group), cp->img_slots, conv_units_slot, &r);
+	} else
 		conv_images(a->pool, &r, a->scratch, 0, cp->n);
 	free_packs(cp, now);
 	return conv_act_pass(a, cp, z);

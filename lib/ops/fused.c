@@ -398,8 +398,8 @@ static void fx_find_silu(fx_program *pg)
 			continue;
 		bool read_later = false;
 		for (int t = s + 2; t < pg->n_steps; t++)
-			for (int a = 0; a < pg->steps[t].n_args; a++)
-				read_later |= fx_same_ref(pg->steps[t].args[a], self);
+			for (int k = 0; k < pg->steps[t].n_args; k++)
+				read_later |= fx_same_ref(pg->steps[t].args[k], self);
 		if (read_later)
 			continue;
 		sig->skip = true;
