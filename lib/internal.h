@@ -348,6 +348,8 @@ static inline void tern_cpu_relax(void)
  * moved. A thread about to sleep until a generation counter moves calls it first, to skip the wake-up
  * when the wait is short. */
 bool tern_spin_until_moved(const atomic_uint_fast64_t *gen, uint64_t seen);
+/* The same, until *n is zero. */
+bool tern_spin_until_zero(const atomic_int *n);
 void tern_team_idle(tern_threadpool *team, bool (*has_work)(void *), void *ctx, int *spins);
 
 /* ---------------------------------------------------------------- operators */

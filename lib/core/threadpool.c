@@ -141,6 +141,11 @@ static bool workers_out(const void *arg)
 	return atomic_load_explicit((const atomic_int *)arg, memory_order_acquire) == 0;
 }
 
+bool tern_spin_until_zero(const atomic_int *n)
+{
+	return spin_until(workers_out, n);
+}
+
 static void *worker_main(void *arg)
 {
 	tern_threadpool *p = arg;

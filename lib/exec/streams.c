@@ -42,7 +42,7 @@ struct stream_sync {
 	/* Workers inside this generation. The caller waits only for them: once it has seen the generation
 	 * end it closes it, and a worker that wakes later skips it, so a run never waits for a sleeping
 	 * worker to wake (tens of microseconds on some machines) just to find nothing left to do. */
-	int active;
+	atomic_int active;
 	uint64_t closed; /* the last generation closed */
 	atomic_uint_fast64_t *done; /* per step: generation in which it finished */
 	stream_state *streams;
@@ -169,7 +169,7 @@ static void run_worker(tern_exec *e, int worker, uint64_t gen)
 static void finish_worker(struct stream_sync *y)
 {
 	pthread_mutex_lock(&y->lock);
-	if (--y->active == 0)
+	if (atomic_fetch_sub_explicit(&y->active, 1, memory_order_acq_rel) == 1)
 		pthread_cond_signal(&y->finished);
 	pthread_mutex_unlock(&y->lock);
 }
@@ -198,7 +198,7 @@ static void *worker_main(void *arg)
 			pthread_mutex_unlock(&y->lock);
 			continue;
 		}
-		y->active++;
+		atomic_fetch_add_explicit(&y->active, 1, memory_order_relaxed);
 		pthread_mutex_unlock(&y->lock);
 		run_worker(e, w->index, seen);
 		finish_worker(y);
@@ -257,7 +257,7 @@ tern_status tern_exec_run_streams(tern_exec *e)
 	pthread_mutex_lock(&y->lock);
 	y->generation++;
 	atomic_store_explicit(&y->started, y->generation, memory_order_release);
-	y->active = 0;
+	atomic_store_explicit(&y->active, 0, memory_order_relaxed);
 	y->status = TERN_OK;
 	atomic_store(&y->failed, 0);
 	atomic_store(&y->remaining, e->n_steps);
@@ -273,7 +273,12 @@ tern_status tern_exec_run_streams(tern_exec *e)
 	tern_team_join(NULL, -1);
 	pthread_mutex_lock(&y->lock);
 	y->closed = gen;
-	while (y->active > 0)
+	pthread_mutex_unlock(&y->lock);
+	/* The workers inside the generation see its end within a few of their idle rounds: sleeping
+	 * until the last one signals would add two wake-ups to every run. */
+	tern_spin_until_zero(&y->active);
+	pthread_mutex_lock(&y->lock);
+	while (atomic_load_explicit(&y->active, memory_order_acquire) > 0)
 		pthread_cond_wait(&y->finished, &y->lock);
 	tern_status rc = y->status;
 	pthread_mutex_unlock(&y->lock);
