@@ -3196,7 +3196,26 @@ static PyObject *mod_free_context_for_test(PyObject *m, PyObject *unused)
 static char *g_trace_pkg;
 static size_t g_trace_pkg_len;
 
-static int trace_site(void *user, char *buf, size_t size)
+/* The stack's text, made once per distinct stack: calls from the same lines (a loop's body, every
+ * step) find it again by a hash of the frames' code objects and instruction offsets, which costs a
+ * few loads a frame, where the text costs a line-table lookup and a formatted file name a frame. */
+#define SITE_CACHE 4096
+static struct site_entry {
+	uint64_t key;
+	char *text;
+} g_site_cache[SITE_CACHE];
+
+static int frame_outside(PyCodeObject *code, const char **file)
+{
+	*file = code ? PyUnicode_AsUTF8(code->co_filename) : NULL;
+	if (!*file) {
+		PyErr_Clear();
+		return 0;
+	}
+	return !g_trace_pkg || strncmp(*file, g_trace_pkg, g_trace_pkg_len) != 0;
+}
+
+static void site_text(char *buf, size_t size)
 {
 	size_t n = 0;
 	buf[0] = 0;
@@ -3204,10 +3223,8 @@ static int trace_site(void *user, char *buf, size_t size)
 	Py_XINCREF(f);
 	while (f && n + 1 < size) {
 		PyCodeObject *code = PyFrame_GetCode(f);
-		const char *file = code ? PyUnicode_AsUTF8(code->co_filename) : NULL;
-		if (!file)
-			PyErr_Clear();
-		else if (!g_trace_pkg || strncmp(file, g_trace_pkg, g_trace_pkg_len))
+		const char *file;
+		if (frame_outside(code, &file))
 			n += (size_t)snprintf(buf + n, size - n, "%s%s:%d", n ? ";" : "", file, PyFrame_GetLineNumber(f));
 		Py_XDECREF(code);
 		PyFrameObject *back = PyFrame_GetBack(f);
@@ -3217,6 +3234,40 @@ static int trace_site(void *user, char *buf, size_t size)
 	Py_XDECREF(f);
 	if (n >= size)
 		buf[size - 1] = 0;
+}
+
+static int trace_site(void *user, char *buf, size_t size)
+{
+	(void)user;
+#if PY_VERSION_HEX >= 0x030B0000
+	uint64_t key = 0xcbf29ce484222325ull;
+	PyFrameObject *f = PyEval_GetFrame();
+	Py_XINCREF(f);
+	while (f) {
+		PyCodeObject *code = PyFrame_GetCode(f);
+		uint64_t part[2] = {(uint64_t)(uintptr_t)code, (uint64_t)PyFrame_GetLasti(f)};
+		for (int k = 0; k < 2; k++)
+			key = (key ^ part[k]) * 0x100000001b3ull, key ^= key >> 31;
+		Py_XDECREF(code);
+		PyFrameObject *back = PyFrame_GetBack(f);
+		Py_DECREF(f);
+		f = back;
+	}
+	struct site_entry *e = &g_site_cache[key % SITE_CACHE];
+	if (e->text && e->key == key) {
+		snprintf(buf, size, "%s", e->text);
+		return 0;
+	}
+	site_text(buf, size);
+	char *text = strdup(buf);
+	if (text) {
+		free(e->text);
+		e->text = text;
+		e->key = key;
+	}
+#else
+	site_text(buf, size);
+#endif
 	return 0;
 }
 
