@@ -240,7 +240,7 @@ static int ints_var(tern_ctx *ctx, const int64_t *v, int n, tern_var **out)
 /* x as dtype (a new reference; x itself when it has it already). */
 static int cast_var(tern_var *x, int dtype, tern_var **out)
 {
-	if (tern_var_tensor(x)->dtype == dtype) {
+	if (tern_var_info(x)->dtype == dtype) {
 		*out = tern_var_ref(x);
 		return 0;
 	}
@@ -517,11 +517,11 @@ static int var_from_object(PyObject *o, int dtype, tern_var **out)
 			return -1;
 		/* Python floats are float32 unless asked otherwise; an object numpy converts by its
 		 * __array__ (a torch tensor) keeps its type */
-		if (dtype == TERN_UNDEFINED && tern_var_tensor(v)->dtype == TERN_DOUBLE &&
+		if (dtype == TERN_UNDEFINED && tern_var_info(v)->dtype == TERN_DOUBLE &&
 		    (PyList_Check(o) || PyTuple_Check(o)))
 			dtype = TERN_FLOAT;
 	}
-	if (dtype == TERN_UNDEFINED || dtype == tern_var_tensor(v)->dtype) {
+	if (dtype == TERN_UNDEFINED || dtype == tern_var_info(v)->dtype) {
 		*out = v;
 		return 0;
 	}
@@ -571,7 +571,7 @@ static PyObject *tensor_make(PyTypeObject *type, PyObject *data, PyObject *dtype
 		if (rc)
 			return raise_status(rc);
 	} else if (param && Tensor_Check(data) &&
-	           (dtype == TERN_UNDEFINED || dtype == tern_var_tensor(VAR(data))->dtype)) {
+	           (dtype == TERN_UNDEFINED || dtype == tern_var_info(VAR(data))->dtype)) {
 		/* Parameter(t): torch's rule, the same bytes as a new leaf */
 		v = tern_var_detach(VAR(data));
 		if (!v)
@@ -582,7 +582,7 @@ static PyObject *tensor_make(PyTypeObject *type, PyObject *data, PyObject *dtype
 		if (param && dtype == TERN_UNDEFINED && !Tensor_Check(data)) {
 			if (var_from_object(data, TERN_UNDEFINED, &v) < 0)
 				return NULL;
-			if (tern_var_tensor(v)->dtype == TERN_DOUBLE) {
+			if (tern_var_info(v)->dtype == TERN_DOUBLE) {
 				tern_var *f;
 				int r = cast_var(v, TERN_FLOAT, &f);
 				tern_var_unref(v);
@@ -914,17 +914,17 @@ static PyObject *shape_tuple(const tern_tensor *t)
 
 static PyObject *tensor_get_shape(TensorObject *self, void *closure)
 {
-	return shape_tuple(tern_var_tensor(self->var));
+	return shape_tuple(tern_var_info(self->var));
 }
 
 static PyObject *tensor_get_dtype(TensorObject *self, void *closure)
 {
-	return PyUnicode_FromString(dtype_str(tern_var_tensor(self->var)->dtype));
+	return PyUnicode_FromString(dtype_str(tern_var_info(self->var)->dtype));
 }
 
 static PyObject *tensor_get_ndim(TensorObject *self, void *closure)
 {
-	return PyLong_FromLong(tern_var_tensor(self->var)->rank);
+	return PyLong_FromLong(tern_var_info(self->var)->rank);
 }
 
 static PyObject *tensor_get_requires_grad(TensorObject *self, void *closure)
@@ -963,7 +963,7 @@ static int tensor_set_grad(TensorObject *self, PyObject *value, void *closure)
 		PyErr_SetString(PyExc_TypeError, "grad must be a Tensor or None");
 		return -1;
 	}
-	const tern_tensor *t = tern_var_tensor(self->var), *g = tern_var_tensor(VAR(value));
+	const tern_tensor *t = tern_var_info(self->var), *g = tern_var_info(VAR(value));
 	if (t->dtype != g->dtype || t->rank != g->rank || memcmp(t->dims, g->dims, (size_t)t->rank * sizeof *t->dims)) {
 		char a[160], b[160];
 		PyErr_Format(PyExc_ValueError, "grad: a gradient of %s for a tensor of %s",
@@ -1029,7 +1029,7 @@ static PyGetSetDef tensor_getset[] = {
 static int operand(PyObject *o, tern_var **x, tern_var **y, int arith)
 {
 	*y = NULL;
-	int xd = tern_var_tensor(*x)->dtype;
+	int xd = tern_var_info(*x)->dtype;
 	if (Tensor_Check(o)) {
 		*y = tern_var_ref(VAR(o));
 		return 0;
@@ -1097,7 +1097,7 @@ static PyObject *binary(PyObject *a, PyObject *b, const char *op, int flags)
 	}
 	if (st < 0)
 		goto done;
-	int xd = tern_var_tensor(x)->dtype, yd = tern_var_tensor(y)->dtype;
+	int xd = tern_var_info(x)->dtype, yd = tern_var_info(y)->dtype;
 	if ((flags & OP_PROMOTE) && xd != yd) {
 		int d = promote(xd, yd);
 		tern_var *c;
@@ -1115,7 +1115,7 @@ static PyObject *binary(PyObject *a, PyObject *b, const char *op, int flags)
 		}
 	}
 	/* `/` is true division, as Python's and torch's: integers divide as float32 */
-	if ((flags & OP_TRUEDIV) && !is_float(tern_var_tensor(x)->dtype) && !is_complex(tern_var_tensor(x)->dtype)) {
+	if ((flags & OP_TRUEDIV) && !is_float(tern_var_info(x)->dtype) && !is_complex(tern_var_info(x)->dtype)) {
 		tern_var *cx, *cy;
 		if (cast_var(x, TERN_FLOAT, &cx) < 0)
 			goto done;
@@ -1197,7 +1197,7 @@ static PyObject *nb_abs(PyObject *a)
 static PyObject *nb_invert(PyObject *a)
 {
 	/* ~ of a bool tensor is Not, of an integer one BitwiseNot */
-	return unary((TensorObject *)a, tern_var_tensor(VAR(a))->dtype == TERN_BOOL ? "Not" : "BitwiseNot");
+	return unary((TensorObject *)a, tern_var_info(VAR(a))->dtype == TERN_BOOL ? "Not" : "BitwiseNot");
 }
 static PyObject *nb_pos(PyObject *a)
 {
@@ -1223,17 +1223,17 @@ static int nb_bool(PyObject *a)
 static PyObject *nb_and(PyObject *a, PyObject *b)
 {
 	PyObject *t = Tensor_Check(a) ? a : b;
-	return binary(a, b, Tensor_Check(t) && tern_var_tensor(VAR(t))->dtype == TERN_BOOL ? "And" : "BitwiseAnd", 0);
+	return binary(a, b, Tensor_Check(t) && tern_var_info(VAR(t))->dtype == TERN_BOOL ? "And" : "BitwiseAnd", 0);
 }
 static PyObject *nb_or(PyObject *a, PyObject *b)
 {
 	PyObject *t = Tensor_Check(a) ? a : b;
-	return binary(a, b, Tensor_Check(t) && tern_var_tensor(VAR(t))->dtype == TERN_BOOL ? "Or" : "BitwiseOr", 0);
+	return binary(a, b, Tensor_Check(t) && tern_var_info(VAR(t))->dtype == TERN_BOOL ? "Or" : "BitwiseOr", 0);
 }
 static PyObject *nb_xor(PyObject *a, PyObject *b)
 {
 	PyObject *t = Tensor_Check(a) ? a : b;
-	return binary(a, b, Tensor_Check(t) && tern_var_tensor(VAR(t))->dtype == TERN_BOOL ? "Xor" : "BitwiseXor", 0);
+	return binary(a, b, Tensor_Check(t) && tern_var_info(VAR(t))->dtype == TERN_BOOL ? "Xor" : "BitwiseXor", 0);
 }
 
 /* a op= b: the result of a op b, written into a's bytes or, with a history, made a's (the hook) */
@@ -1310,7 +1310,7 @@ static PyObject *tensor_richcompare(PyObject *self, PyObject *other, int op)
 static int is_bool_mask(PyObject *key)
 {
 	if (Tensor_Check(key))
-		return tern_var_tensor(((TensorObject *)key)->var)->dtype == TERN_BOOL;
+		return tern_var_info(((TensorObject *)key)->var)->dtype == TERN_BOOL;
 	if (PyList_Check(key))
 		return PyList_GET_SIZE(key) > 0 && PyBool_Check(PyList_GET_ITEM(key, 0));
 	if (PyTuple_Check(key) || PyLong_Check(key) || PySlice_Check(key) || key == Py_None || key == Py_Ellipsis)
@@ -1335,7 +1335,7 @@ static PyObject *tensor_getitem(TensorObject *self, PyObject *key)
 {
 	if (g_mask_hook && is_bool_mask(key))
 		return PyObject_CallFunctionObjArgs(g_mask_hook, (PyObject *)self, key, NULL);
-	const tern_tensor *t = tern_var_tensor(self->var);
+	const tern_tensor *t = tern_var_info(self->var);
 	int rank = t->rank;
 	PyObject *items = PyTuple_Check(key) ? Py_NewRef(key) : PyTuple_Pack(1, key);
 	if (!items)
@@ -1405,7 +1405,7 @@ static PyObject *tensor_getitem(TensorObject *self, PyObject *key)
 				iv = tern_var_ref(VAR(it));
 			else if (var_from_object(it, TERN_UNDEFINED, &iv) < 0)
 				goto done;
-			int d = tern_var_tensor(iv)->dtype;
+			int d = tern_var_info(iv)->dtype;
 			if (!is_int(d)) {
 				tern_var_unref(iv);
 				PyErr_Format(PyExc_IndexError,
@@ -1422,7 +1422,7 @@ static PyObject *tensor_getitem(TensorObject *self, PyObject *key)
 				adv = iv;
 			}
 			adv_axis = ax++;
-			pos += tern_var_tensor(adv)->rank;
+			pos += tern_var_info(adv)->rank;
 		} else if (PyIndex_Check(it)) {
 			Py_ssize_t i = PyNumber_AsSsize_t(it, PyExc_IndexError), dim = (Py_ssize_t)t->dims[ax];
 			if (i == -1 && PyErr_Occurred())
@@ -1501,7 +1501,7 @@ done:
 
 static Py_ssize_t tensor_length(TensorObject *self)
 {
-	const tern_tensor *t = tern_var_tensor(self->var);
+	const tern_tensor *t = tern_var_info(self->var);
 	if (t->rank == 0) {
 		PyErr_SetString(PyExc_TypeError, "len() of a 0-d tensor");
 		return -1;
@@ -1729,7 +1729,7 @@ static PyObject *tensor_flatten(TensorObject *self, PyObject *args, PyObject *kw
 	Py_ssize_t a = 0, b = -1;
 	if (!PyArg_ParseTupleAndKeywords(args, kw, "|nn:flatten", names, &a, &b))
 		return NULL;
-	const tern_tensor *t = tern_var_tensor(self->var);
+	const tern_tensor *t = tern_var_info(self->var);
 	int rank = t->rank ? t->rank : 1;
 	a = a < 0 ? a + rank : a;
 	b = b < 0 ? b + rank : b;
@@ -1763,7 +1763,7 @@ static PyObject *tensor_clamp(TensorObject *self, PyObject *args, PyObject *kw)
 	if (!PyArg_ParseTupleAndKeywords(args, kw, "|OO:clamp", names, &lo, &hi))
 		return NULL;
 	tern_ctx *c = tern_var_ctx(self->var);
-	int dtype = tern_var_tensor(self->var)->dtype;
+	int dtype = tern_var_info(self->var)->dtype;
 	tern_var *in[3] = {self->var, NULL, NULL};
 	if ((lo != Py_None && scalar_var(c, dtype, lo, &in[1]) < 0) ||
 	    (hi != Py_None && scalar_var(c, dtype, hi, &in[2]) < 0)) {
@@ -1786,7 +1786,7 @@ static PyObject *transpose_perm(TensorObject *self, const int64_t *perm, int n)
  * transpose(*perm) with every axis: numpy's permutation. */
 static PyObject *tensor_transpose(TensorObject *self, PyObject *args)
 {
-	int rank = tern_var_tensor(self->var)->rank;
+	int rank = tern_var_info(self->var)->rank;
 	Py_ssize_t n = PyTuple_GET_SIZE(args);
 	if (n == 0)
 		return transpose_perm(self, NULL, -1);
@@ -1932,7 +1932,7 @@ static PyObject *tensor_backward(TensorObject *self, PyObject *args, PyObject *k
 	if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|O:backward", kwlist, &gradient))
 		return NULL;
 	tern_var *seed = NULL;
-	if (gradient != Py_None && var_from_object(gradient, tern_var_tensor(self->var)->dtype, &seed) < 0)
+	if (gradient != Py_None && var_from_object(gradient, tern_var_info(self->var)->dtype, &seed) < 0)
 		return NULL;
 	tern_status rc = tern_backward(self->var, seed);
 	tern_var_unref(seed);
@@ -1954,12 +1954,12 @@ static PyObject *tensor_requires_grad_(TensorObject *self, PyObject *args)
 
 static PyObject *tensor_numel(TensorObject *self, PyObject *unused)
 {
-	return PyLong_FromLongLong(tern_tensor_numel(tern_var_tensor(self->var)));
+	return PyLong_FromLongLong(tern_tensor_numel(tern_var_info(self->var)));
 }
 
 static PyObject *tensor_dim(TensorObject *self, PyObject *unused)
 {
-	return PyLong_FromLong(tern_var_tensor(self->var)->rank);
+	return PyLong_FromLong(tern_var_info(self->var)->rank);
 }
 
 static PyObject *tensor_size(TensorObject *self, PyObject *args)
@@ -1967,7 +1967,7 @@ static PyObject *tensor_size(TensorObject *self, PyObject *args)
 	PyObject *dim = Py_None;
 	if (!PyArg_ParseTuple(args, "|O:size", &dim))
 		return NULL;
-	const tern_tensor *t = tern_var_tensor(self->var);
+	const tern_tensor *t = tern_var_info(self->var);
 	if (dim == Py_None)
 		return shape_tuple(t);
 	Py_ssize_t d = PyNumber_AsSsize_t(dim, PyExc_IndexError);
@@ -2011,7 +2011,7 @@ static PyObject *tensor_copy_(TensorObject *self, PyObject *src)
 	int64_t n = tern_tensor_numel(t);
 	if (s->rank == t->rank && !memcmp(s->dims, t->dims, (size_t)t->rank * sizeof *t->dims)) {
 		/* before the bytes change; the value traced is src itself (v is a copy of it) */
-		if (Tensor_Check(src) && tern_var_tensor(VAR(src))->dtype == t->dtype)
+		if (Tensor_Check(src) && tern_var_info(VAR(src))->dtype == t->dtype)
 			tern_trace_assign(self->var, VAR(src));
 		if (t->nbytes)
 			memcpy(t->data, s->data, (size_t)n * isz);
@@ -2064,7 +2064,7 @@ static PyObject *tensor_reduce_method(TensorObject *self, PyObject *unused)
 	PyObject *arr = tensor_numpy(self, NULL);
 	if (!arr)
 		return NULL;
-	PyObject *r = Py_BuildValue("O(NsOO)", g_rebuild, arr, dtype_str(tern_var_tensor(self->var)->dtype),
+	PyObject *r = Py_BuildValue("O(NsOO)", g_rebuild, arr, dtype_str(tern_var_info(self->var)->dtype),
 	                            tern_var_requires_grad(self->var) ? Py_True : Py_False,
 	                            PyObject_TypeCheck(self, &ParameterType) ? Py_True : Py_False);
 	return r;
@@ -2553,8 +2553,8 @@ static PyObject *operator_call(OperatorObject *self, PyObject *args, PyObject *k
 	int float_dtype = TERN_FLOAT;
 	for (Py_ssize_t i = 0; i < n_in; i++) {
 		PyObject *a = PyTuple_GET_ITEM(args, i);
-		if (Tensor_Check(a) && is_float(tern_var_tensor(VAR(a))->dtype)) {
-			float_dtype = tern_var_tensor(VAR(a))->dtype;
+		if (Tensor_Check(a) && is_float(tern_var_info(VAR(a))->dtype)) {
+			float_dtype = tern_var_info(VAR(a))->dtype;
 			break;
 		}
 	}

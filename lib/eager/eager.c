@@ -13,6 +13,12 @@
  * to its operator's gradient rule through the builder of lib/autodiff in eager mode, where each
  * emitted node runs at once (tern_eager_emit below).
  *
+ * Asynchronous kernels (tern_ctx_set_async): a call still checks, prepares and allocates on the
+ * caller's thread, and hands the kernel to the context's own thread, which runs them in the order
+ * they came. Each storage knows the last call that writes it and the last that touches it, so that a
+ * read of its bytes waits for the one and a write for the other; a call in flight holds references to
+ * the storages it reads and writes, given back by the caller's thread once it has run.
+ *
  * A context and its tensors are used by one thread at a time (counts are plain integers). */
 #include "eager/tern_eager.h"
 #include "eager/trace.h"
@@ -22,6 +28,8 @@
 #include "passes/passes.h"
 
 #include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -33,6 +41,9 @@ typedef struct storage {
 	int refs;
 	void *data;
 	size_t pooled; /* from the context's pool: its size class (0: not) */
+	/* asynchronous kernels: the last call (its number, 1-based; 0: none) that writes the bytes, and
+	 * the last that reads or writes them */
+	uint64_t write_seq, use_seq;
 } storage;
 
 typedef struct entry entry;
@@ -77,6 +88,7 @@ struct entry {
 	int dynamic_output, alias;
 	int serial; /* prepared for, and run on, the pool of one (small inputs) */
 	tern_tensor *out_shape; /* n_out; dtype 0 where the output is left out */
+	uint64_t last_seq; /* asynchronous kernels: the last call of it issued */
 };
 
 struct tern_ctx {
@@ -112,6 +124,7 @@ struct tern_ctx {
 	int64_t epoch;            /* 0 before the first step, 2k - 1 in step k, 2k after it */
 	const void *c_site;       /* the return address of the outermost public call running */
 	int site_depth;
+	struct async_q *aq;       /* asynchronous kernels, when on */
 };
 
 /* In a public entry point: its caller's address is the site the tracer gives C programs. */
@@ -218,6 +231,295 @@ static void pool_put(tern_ctx *c, void *p, size_t cap)
 	c->pooled_bytes += cap;
 }
 
+/* ---------------------------------------------------------------- asynchronous kernels */
+
+/* A call handed to the context's thread. t holds the inputs' and outputs' views (their shapes and
+ * bytes as the call saw them), pt points into it (NULL: left out), keep the storages it holds. */
+typedef struct ajob {
+	tern_kernel_fn kernel; /* NULL: output 0 = a copy of input 0's bytes */
+	void *params;
+	void (*free_params)(void *); /* set when the job owns params (a call prepared for itself) */
+	const tern_node *node;
+	tern_threadpool *pool;
+	size_t scratch_bytes;
+	int n_in, n_out, n_keep;
+	tern_tensor *t;
+	tern_tensor **pt;
+	storage **keep;
+} ajob;
+
+#define AQ_CAP 1024 /* calls in flight at most; the caller waits for room beyond */
+
+typedef struct async_q {
+	pthread_t thread;
+	pthread_mutex_t lock;
+	pthread_cond_t wake, progress;
+	atomic_uint_fast64_t posted, done; /* calls issued, calls run */
+	uint64_t reaped;                   /* calls whose references the caller gave back */
+	atomic_int sleeping, waiting, stop, failed;
+	void *scratch;
+	size_t scratch_bytes;
+	tern_status err; /* the first failure since the last report, and its message (under lock) */
+	char msg[1024];
+	ajob ring[AQ_CAP];
+} async_q;
+
+static void aq_run(async_q *q, ajob *j)
+{
+	if (atomic_load_explicit(&q->failed, memory_order_relaxed))
+		return; /* after a failure, what follows would read what it left */
+	tern_status st = TERN_OK;
+	if (!j->kernel) {
+		tern_tensor *x = j->pt[0], *y = j->pt[j->n_in];
+		if (y->nbytes)
+			memcpy(y->data, x->data, y->nbytes);
+		return;
+	}
+	if (j->scratch_bytes > q->scratch_bytes) {
+		void *p = tern_aligned_alloc(j->scratch_bytes);
+		if (!p) {
+			st = tern_errorf(TERN_EOS, "out of memory for %zu bytes of scratch", j->scratch_bytes);
+		} else {
+			free(q->scratch);
+			q->scratch = p;
+			q->scratch_bytes = j->scratch_bytes;
+		}
+	}
+	if (!st) {
+		tern_kernel_args a = {j->node, j->pt, j->n_in, j->pt + j->n_in, j->n_out, j->params, q->scratch, j->pool, NULL};
+		st = j->kernel(&a);
+	}
+	if (st) {
+		pthread_mutex_lock(&q->lock);
+		if (!q->err) {
+			q->err = st;
+			snprintf(q->msg, sizeof q->msg, "%s", tern_error());
+		}
+		pthread_mutex_unlock(&q->lock);
+		atomic_store(&q->failed, 1);
+	}
+}
+
+static void *aq_main(void *arg)
+{
+	async_q *q = arg;
+	uint64_t d = 0;
+	for (;;) {
+		if (atomic_load(&q->posted) == d) {
+			tern_spin_until_moved(&q->posted, d);
+			pthread_mutex_lock(&q->lock);
+			atomic_store(&q->sleeping, 1);
+			while (atomic_load(&q->posted) == d && !atomic_load(&q->stop))
+				pthread_cond_wait(&q->wake, &q->lock);
+			atomic_store(&q->sleeping, 0);
+			pthread_mutex_unlock(&q->lock);
+			if (atomic_load(&q->posted) == d)
+				break; /* stopped, nothing left */
+		}
+		aq_run(q, &q->ring[d % AQ_CAP]);
+		atomic_store(&q->done, ++d);
+		if (atomic_load(&q->waiting)) {
+			pthread_mutex_lock(&q->lock);
+			pthread_cond_broadcast(&q->progress);
+			pthread_mutex_unlock(&q->lock);
+		}
+	}
+	return NULL;
+}
+
+/* Until call number seq (1-based) has run. */
+static void aq_wait(async_q *q, uint64_t seq)
+{
+	for (;;) {
+		uint64_t d = atomic_load(&q->done);
+		if (d >= seq)
+			return;
+		if (tern_spin_until_moved(&q->done, d))
+			continue;
+		pthread_mutex_lock(&q->lock);
+		atomic_fetch_add(&q->waiting, 1);
+		while (atomic_load(&q->done) == d)
+			pthread_cond_wait(&q->progress, &q->lock);
+		atomic_fetch_sub(&q->waiting, 1);
+		pthread_mutex_unlock(&q->lock);
+	}
+}
+
+static void storage_release(tern_ctx *c, storage *s)
+{
+	if (--s->refs > 0)
+		return;
+	if (s->pooled)
+		pool_put(c, s->data, s->pooled);
+	else
+		free(s->data);
+	spare_put(&c->spare_storages, &c->n_spare_storages, s);
+}
+
+/* Gives back the references of the calls that have run. */
+static void aq_reap(tern_ctx *c)
+{
+	async_q *q = c->aq;
+	uint64_t d = atomic_load_explicit(&q->done, memory_order_acquire);
+	for (; q->reaped < d; q->reaped++) {
+		ajob *j = &q->ring[q->reaped % AQ_CAP];
+		for (int k = 0; k < j->n_keep; k++)
+			storage_release(c, j->keep[k]);
+		if (j->free_params && j->params)
+			j->free_params(j->params);
+		free(j->t);
+		memset(j, 0, sizeof *j);
+	}
+}
+
+/* The failure of a kernel run since the last report, as this thread's error; TERN_OK if none. */
+static tern_status aq_report(async_q *q)
+{
+	if (!atomic_load(&q->failed))
+		return TERN_OK;
+	pthread_mutex_lock(&q->lock);
+	tern_status st = tern_errorf(q->err, "%s", q->msg);
+	q->err = TERN_OK;
+	pthread_mutex_unlock(&q->lock);
+	atomic_store(&q->failed, 0);
+	return st;
+}
+
+/* Before the caller's thread reads (write = 0) or writes the bytes of s. */
+static void storage_wait(tern_ctx *c, const storage *s, int write)
+{
+	if (c->aq && s) {
+		aq_wait(c->aq, write ? s->use_seq : s->write_seq);
+		aq_reap(c);
+	}
+}
+
+/* Hands a call to the context's thread: j's fields are set but keep and its count, which come from
+ * in (read) and out (written); the job then holds references to their storages. */
+static void aq_post(tern_ctx *c, ajob *j, tern_var *const *in, int n_in, tern_var *const *out, int n_out)
+{
+	async_q *q = c->aq;
+	uint64_t seq = atomic_load(&q->posted);
+	if (seq - q->reaped >= AQ_CAP) {
+		aq_wait(q, seq - AQ_CAP + 1);
+		aq_reap(c);
+	}
+	uint64_t no = seq + 1;
+	for (int i = 0; i < n_in + n_out; i++) {
+		tern_var *v = i < n_in ? in[i] : out[i - n_in];
+		if (!v || !v->st)
+			continue;
+		v->st->refs++;
+		v->st->use_seq = no;
+		if (i >= n_in)
+			v->st->write_seq = no;
+		j->keep[j->n_keep++] = v->st;
+	}
+	q->ring[seq % AQ_CAP] = *j;
+	atomic_store(&q->posted, no);
+	if (atomic_load(&q->sleeping)) {
+		pthread_mutex_lock(&q->lock);
+		pthread_cond_signal(&q->wake);
+		pthread_mutex_unlock(&q->lock);
+	}
+}
+
+/* One block for a job's views, pointers and kept storages. */
+static tern_status ajob_alloc(ajob *j, int n_in, int n_out)
+{
+	size_t n = (size_t)(n_in + n_out);
+	char *b = calloc(1, n * (sizeof(tern_tensor) + sizeof(tern_tensor *) + sizeof(storage *)) + 1);
+	if (!b)
+		return tern_errorf(TERN_EOS, "out of memory");
+	j->t = (tern_tensor *)b;
+	j->pt = (tern_tensor **)(b + n * sizeof(tern_tensor));
+	j->keep = (storage **)(b + n * (sizeof(tern_tensor) + sizeof(tern_tensor *)));
+	j->n_in = n_in;
+	j->n_out = n_out;
+	return TERN_OK;
+}
+
+/* Until every call issued has run; its references given back. */
+static tern_status aq_sync(tern_ctx *c)
+{
+	if (!c->aq)
+		return TERN_OK;
+	aq_wait(c->aq, atomic_load(&c->aq->posted));
+	aq_reap(c);
+	return aq_report(c->aq);
+}
+
+static void aq_stop(tern_ctx *c)
+{
+	async_q *q = c->aq;
+	if (!q)
+		return;
+	aq_sync(c);
+	pthread_mutex_lock(&q->lock);
+	atomic_store(&q->stop, 1);
+	pthread_cond_signal(&q->wake);
+	pthread_mutex_unlock(&q->lock);
+	pthread_join(q->thread, NULL);
+	pthread_mutex_destroy(&q->lock);
+	pthread_cond_destroy(&q->wake);
+	pthread_cond_destroy(&q->progress);
+	free(q->scratch);
+	free(q);
+	c->aq = NULL;
+}
+
+/* dst's bytes = src's (of the same size): with asynchronous kernels a call like the others, in turn. */
+static void copy_bytes(tern_ctx *c, tern_var *dst, tern_var *src)
+{
+	ajob j = {0};
+	if (!c->aq || ajob_alloc(&j, 1, 1)) {
+		storage_wait(c, src->st, 0);
+		storage_wait(c, dst->st, 1);
+		if (src->t.nbytes)
+			memcpy(dst->t.data, src->t.data, src->t.nbytes);
+		return;
+	}
+	j.t[0] = src->t;
+	j.t[1] = dst->t;
+	for (int k = 0; k < 2; k++) {
+		j.t[k].owns_data = 0;
+		j.t[k].name = NULL;
+		j.pt[k] = &j.t[k];
+	}
+	aq_post(c, &j, &src, 1, &dst, 1);
+}
+
+int tern_ctx_set_async(tern_ctx *c, int on)
+{
+	int was = c->aq != NULL;
+	if (!on || c->closed) {
+		aq_stop(c);
+		return was;
+	}
+	if (was)
+		return was;
+	async_q *q = calloc(1, sizeof *q);
+	if (!q)
+		return was;
+	pthread_mutex_init(&q->lock, NULL);
+	pthread_cond_init(&q->wake, NULL);
+	pthread_cond_init(&q->progress, NULL);
+	if (pthread_create(&q->thread, NULL, aq_main, q) != 0) {
+		pthread_mutex_destroy(&q->lock);
+		pthread_cond_destroy(&q->wake);
+		pthread_cond_destroy(&q->progress);
+		free(q);
+		return was;
+	}
+	c->aq = q;
+	return was;
+}
+
+tern_status tern_ctx_sync(tern_ctx *c)
+{
+	return aq_sync(c);
+}
+
 /* ---------------------------------------------------------------- contexts */
 
 static void ctx_release(tern_ctx *c)
@@ -274,6 +576,9 @@ tern_status tern_ctx_create(int n_threads, tern_ctx **out)
 		ctx_release(c);
 		return st;
 	}
+	const char *async = getenv("TERN_EAGER_ASYNC");
+	if (async && *async == '1')
+		tern_ctx_set_async(c, 1);
 	*out = c;
 	return TERN_OK;
 }
@@ -282,6 +587,7 @@ void tern_ctx_free(tern_ctx *c)
 {
 	if (!c || c->closed)
 		return;
+	aq_stop(c);
 	c->closed = 1;
 	ctx_release(c);
 }
@@ -424,19 +730,15 @@ void tern_var_unref(tern_var *v)
 {
 	if (!v || --v->refs > 0)
 		return;
-	if (v->st && --v->st->refs == 0) {
-		if (v->t.dtype == TERN_STRING) {
-			/* string elements are heap strings the tensor owns */
-			tern_tensor t = v->t;
-			t.data = v->st->data;
-			t.owns_data = 1;
-			tern_tensor_free(&t);
-		} else if (v->st->pooled) {
-			pool_put(v->ctx, v->st->data, v->st->pooled);
-		} else {
-			free(v->st->data);
-		}
+	if (v->st && v->t.dtype == TERN_STRING && v->st->refs == 1) {
+		/* string elements are heap strings the tensor owns (no asynchronous call holds them) */
+		tern_tensor t = v->t;
+		t.data = v->st->data;
+		t.owns_data = 1;
+		tern_tensor_free(&t);
 		spare_put(&v->ctx->spare_storages, &v->ctx->n_spare_storages, v->st);
+	} else if (v->st) {
+		storage_release(v->ctx, v->st);
 	}
 	tern_var_unref(v->grad);
 	if (v->fn)
@@ -453,6 +755,18 @@ tern_ctx *tern_var_ctx(const tern_var *v)
 
 const tern_tensor *tern_var_tensor(const tern_var *v)
 {
+	storage_wait(v->ctx, v->st, 1);
+	return &v->t;
+}
+
+const tern_tensor *tern_var_info(const tern_var *v)
+{
+	return &v->t;
+}
+
+const tern_tensor *tern_var_read(const tern_var *v)
+{
+	storage_wait(v->ctx, v->st, 0);
 	return &v->t;
 }
 
@@ -756,19 +1070,19 @@ static tern_status prepare(tern_ctx *c, entry *e, tern_tensor **in, tern_tensor 
 	return st;
 }
 
-/* Runs prepared call p (kernel, params) on in[] into fresh output tensors outs[]. */
-static tern_status launch(tern_ctx *c, entry *e, tern_tensor **in, tern_tensor *outs, const tern_prepare_args *p,
-                          size_t *caps)
+/* Fresh output tensors outs[] (their shapes set by prepare) for prepared call p: false when the call
+ * makes none (an alias whose output shares input 0's bytes). */
+static tern_status alloc_outputs(tern_ctx *c, entry *e, tern_tensor **in, tern_tensor *outs, const tern_prepare_args *p,
+                                 size_t *caps, bool *any)
 {
-	tern_tensor *out[64] = {NULL};
-	for (int o = 0; o < e->n_out; o++)
-		out[o] = outs[o].dtype || p->dynamic_output ? &outs[o] : NULL;
-	tern_status st = TERN_OK;
+	*any = false;
 	/* an alias (Reshape, Squeeze, Identity, ...): its output shares input 0's bytes (call_protos) */
 	if (p->alias_input0 && e->n_out == 1 && in[0] && in[0]->dtype != TERN_STRING)
 		return TERN_OK;
+	*any = true;
+	tern_status st = TERN_OK;
 	for (int o = 0; o < e->n_out && !st; o++) {
-		if (!out[o] || p->dynamic_output)
+		if (!outs[o].dtype || p->dynamic_output)
 			continue;
 		tern_tensor shape = outs[o];
 		memset(&outs[o], 0, sizeof outs[o]);
@@ -783,19 +1097,98 @@ static tern_status launch(tern_ctx *c, entry *e, tern_tensor **in, tern_tensor *
 		else
 			outs[o].owns_data = 1;
 	}
-	if (!st && p->alias_input0) {
+	return st;
+}
+
+/* Runs prepared call p (kernel, params) on in[] into fresh output tensors outs[]. */
+static tern_status launch(tern_ctx *c, entry *e, tern_tensor **in, tern_tensor *outs, const tern_prepare_args *p,
+                          size_t *caps)
+{
+	bool any;
+	tern_status st = alloc_outputs(c, e, in, outs, p, caps, &any);
+	if (st || !any)
+		return st;
+	if (p->alias_input0) {
 		if (outs[0].nbytes)
 			memcpy(outs[0].data, in[0]->data, outs[0].nbytes);
 		return TERN_OK;
 	}
-	if (!st && p->scratch_bytes)
+	if (p->scratch_bytes)
 		st = ensure_scratch(c, p->scratch_bytes);
 	if (!st) {
+		tern_tensor *out[64] = {NULL};
+		for (int o = 0; o < e->n_out; o++)
+			out[o] = outs[o].dtype || p->dynamic_output ? &outs[o] : NULL;
 		tern_threadpool *pool = e->serial ? c->serial_pool : c->pool; /* as prepare had it */
 		tern_kernel_args a = {e->node, in, e->n_in, out, e->n_out, p->params, c->scratch, pool, NULL};
 		st = p->kernel(&a);
 	}
 	return st;
+}
+
+/* With asynchronous kernels: the outputs of prepared call p allocated, its kernel left in *job for
+ * call_protos to post once the outputs are tensors (job->kernel and ->node set; *deferred). Calls
+ * whose outputs only their kernel can size, and string tensors (heap strings the kernel makes), run
+ * here once their inputs are ready. */
+static tern_status launch_or_defer(tern_ctx *c, entry *e, tern_var *const *in, tern_tensor **inp, tern_tensor *outs,
+                                   const tern_prepare_args *p, size_t *caps, ajob *job, bool *deferred)
+{
+	*deferred = false;
+	if (!c->aq)
+		return launch(c, e, inp, outs, p, caps);
+	bool can = !p->dynamic_output;
+	for (int i = 0; i < e->n_in; i++)
+		can &= !in[i] || in[i]->t.dtype != TERN_STRING;
+	for (int o = 0; o < e->n_out; o++)
+		can &= outs[o].dtype != TERN_STRING && outs[o].dtype != TERN_SEQUENCE && outs[o].dtype != TERN_NONE;
+	/* a few integers (a shape being computed, a count) from inputs that are ready, or from only
+	 * their shapes: made here, so that a call prepared on their values (Reshape, Expand, Slice) need
+	 * not wait for the thread */
+	bool meta = !strcmp(e->node->op_type, "Shape") || !strcmp(e->node->op_type, "Size");
+	bool small = can && !p->alias_input0;
+	int64_t elems = 0;
+	uint64_t done = atomic_load(&c->aq->done);
+	for (int o = 0; o < e->n_out; o++)
+		if (outs[o].dtype) {
+			small &= outs[o].dtype == TERN_INT64 || outs[o].dtype == TERN_INT32 || outs[o].dtype == TERN_BOOL;
+			elems += tern_tensor_numel(&outs[o]);
+		}
+	for (int i = 0; i < e->n_in && small && !meta; i++)
+		small &= !in[i] || !in[i]->st || in[i]->st->write_seq <= done;
+	if (!can || (small && elems <= 64)) {
+		for (int i = 0; i < e->n_in && !meta; i++)
+			if (in[i])
+				storage_wait(c, in[i]->st, 0);
+		return launch(c, e, inp, outs, p, caps);
+	}
+	bool any;
+	tern_status st = alloc_outputs(c, e, inp, outs, p, caps, &any);
+	if (st || !any)
+		return st;
+	memset(job, 0, sizeof *job);
+	if ((st = ajob_alloc(job, e->n_in, e->n_out)))
+		return st;
+	job->kernel = p->alias_input0 ? NULL : p->kernel;
+	job->params = p->params;
+	job->node = e->node;
+	job->pool = e->serial ? c->serial_pool : c->pool;
+	job->scratch_bytes = p->scratch_bytes;
+	for (int i = 0; i < e->n_in; i++)
+		if (inp[i]) {
+			job->t[i] = *inp[i];
+			job->t[i].owns_data = 0;
+			job->t[i].name = NULL;
+			job->pt[i] = &job->t[i];
+		}
+	for (int o = 0; o < e->n_out; o++)
+		if (outs[o].dtype) {
+			job->t[e->n_in + o] = outs[o];
+			job->t[e->n_in + o].owns_data = 0;
+			job->t[e->n_in + o].name = NULL;
+			job->pt[e->n_in + o] = &job->t[e->n_in + o];
+		}
+	*deferred = true;
+	return TERN_OK;
 }
 
 static Onnx__AttributeProto *find_attr(Onnx__NodeProto *np, const char *name)
@@ -921,6 +1314,14 @@ static tern_status call_protos(tern_ctx *c, const char *domain, const char *op_t
 		domain = "";
 	for (int o = 0; o < (n_out > 0 ? n_out : 0); o++)
 		outv[o] = NULL;
+	if (c->aq) {
+		aq_reap(c);
+		tern_status rs = aq_report(c->aq);
+		if (rs)
+			return rs;
+	}
+	ajob job;
+	bool deferred = false;
 	if (c->trace) {
 		bool handled;
 		tern_status rs = tern_trace_replay(c, attrs, n_attrs, in, n_in, outv, n_out, &handled);
@@ -1005,7 +1406,7 @@ static tern_status call_protos(tern_ctx *c, const char *domain, const char *op_t
 		p.scratch_bytes = e->scratch_bytes;
 		p.dynamic_output = e->dynamic_output;
 		p.alias_input0 = e->alias;
-		st = launch(c, e, inp, outs, &p, caps);
+		st = launch_or_defer(c, e, in, inp, outs, &p, caps, &job, &deferred);
 	} else {
 		c->misses++;
 		const tern_op *op = e ? e->op : tern_op_find(domain, op_type, *domain ? 1 : c->opset);
@@ -1092,21 +1493,53 @@ static tern_status call_protos(tern_ctx *c, const char *domain, const char *op_t
 		key_free(&k);
 		if (e->per_call) {
 			/* prepared now, on the inputs' values */
+			if (c->aq && e->random && e->last_seq) { /* its node's seed changes: not under a call in flight */
+				aq_wait(c->aq, e->last_seq);
+				aq_reap(c);
+			}
 			if (e->random)
 				st = reseed(c, e, seed_given);
 			memset(outs, 0, (size_t)n_out * sizeof *outs);
+			if (!st && c->aq) {
+				/* the inputs still being computed are given without their bytes, as to a plan's
+				 * prepare, and waited for only if it asks (a Reshape reads its shape, not its data;
+				 * a random operator seldom reads either) */
+				tern_tensor blind[64], *bp[64] = {NULL};
+				uint64_t done = atomic_load(&c->aq->done);
+				for (int i = 0; i < n_in; i++)
+					if (inp[i]) {
+						blind[i] = *inp[i];
+						if (in[i]->st && in[i]->st->write_seq > done)
+							blind[i].data = NULL;
+						bp[i] = &blind[i];
+					}
+				st = prepare(c, e, bp, outp, &p);
+				if (!st && p.defer && p.params && p.free_params)
+					p.free_params(p.params);
+				if (!st && p.defer)
+					memset(outs, 0, (size_t)n_out * sizeof *outs);
+				else
+					goto prepared;
+			}
+			if (!st && c->aq)
+				for (int i = 0; i < n_in; i++)
+					if (in[i])
+						storage_wait(c, in[i]->st, 0);
 			if (!st)
 				st = prepare(c, e, inp, outp, &p);
+		prepared:
 			if (!st && p.defer)
 				st = tern_errorf(TERN_EINTERNAL, "%s: prepare deferred although every input is known", op_type);
 			if (!st)
-				st = launch(c, e, inp, outs, &p, caps);
-			if (p.params && p.free_params)
+				st = launch_or_defer(c, e, in, inp, outs, &p, caps, &job, &deferred);
+			if (deferred)
+				job.free_params = p.free_params; /* the job's now: freed once it has run */
+			else if (p.params && p.free_params)
 				p.free_params(p.params);
 		} else if (!st) {
 			for (int o = 0; o < n_out; o++)
 				outs[o] = e->out_shape[o];
-			st = launch(c, e, inp, outs, &p, caps);
+			st = launch_or_defer(c, e, in, inp, outs, &p, caps, &job, &deferred);
 		}
 	}
 	for (int o = 0; !st && o < n_out; o++)
@@ -1131,12 +1564,21 @@ static tern_status call_protos(tern_ctx *c, const char *domain, const char *op_t
 			st = tern_errorf(TERN_EOS, "out of memory");
 	}
 	if (st) {
+		if (deferred) {
+			if (job.free_params && job.params)
+				job.free_params(job.params);
+			free(job.t);
+		}
 		for (int o = 0; o < n_out; o++) {
 			tern_tensor_free(&outs[o]);
 			tern_var_unref(outv[o]);
 			outv[o] = NULL;
 		}
 		return st;
+	}
+	if (deferred) {
+		aq_post(c, &job, in, n_in, outv, n_out);
+		e->last_seq = atomic_load(&c->aq->posted);
 	}
 	if (c->trace)
 		(void)tern_trace_op(c, domain, op_type, attrs, n_attrs, in, n_in, outv, n_out); /* failures stop the trace */
@@ -1765,7 +2207,12 @@ static tern_status optim_step_impl(tern_optim *p)
 		tern_var *w = p->params[i], *g = w->grad;
 		if (!g)
 			continue;
-		*(int64_t *)p->t->t.data = ++p->param_steps[i];
+		/* the step count a fresh tensor each time: an update still in flight may be reading the last */
+		int64_t steps = ++p->param_steps[i];
+		tern_var_unref(p->t);
+		p->t = NULL;
+		if ((st = tern_var_from(c, TERN_INT64, 0, NULL, &steps, &p->t)))
+			break;
 		tern_var_unref(p->lr);
 		p->lr = NULL;
 		if (w->t.dtype == TERN_DOUBLE) {
@@ -1819,7 +2266,7 @@ static tern_status optim_step_impl(tern_optim *p)
 			for (int o = 0; o < n_out; o++)
 				if (outs[o] && dst[o] && dst[o]->t.nbytes == outs[o]->t.nbytes) {
 					tern_trace_assign(dst[o], outs[o]);
-					memcpy(dst[o]->t.data, outs[o]->t.data, outs[o]->t.nbytes);
+					copy_bytes(c, dst[o], outs[o]);
 				}
 		}
 		for (int o = 0; o < 3; o++)

@@ -35,6 +35,16 @@ int tern_ctx_set_grad_enabled(tern_ctx *ctx, int enabled);
 int tern_ctx_grad_enabled(const tern_ctx *ctx);
 /* The ai.onnx opset operators are called at (default: the newest tern implements). */
 void tern_ctx_set_opset(tern_ctx *ctx, int64_t opset);
+/* Asynchronous kernels (on: 1): a call checks its inputs, prepares, allocates its outputs and returns;
+ * its kernel runs on a thread of the context's own, in the order of the calls, while the caller goes
+ * on. Reading a tensor's bytes (tern_var_tensor) waits only for the calls that touch them. Results are
+ * those of running each call at once, bit for bit. A kernel's failure (rare once a call has prepared:
+ * an index out of range, memory) is returned by the next call, or by tern_ctx_sync. Off (0) waits for
+ * every call issued. Returns the previous setting; TERN_EAGER_ASYNC=1 in the environment turns it on
+ * for every new context. */
+int tern_ctx_set_async(tern_ctx *ctx, int on);
+/* Waits until every call issued has run; the first failure of a kernel since the last wait, if any. */
+tern_status tern_ctx_sync(tern_ctx *ctx);
 /* Calls served from the cache of prepared calls, and calls that prepared. */
 void tern_ctx_cache_stats(const tern_ctx *ctx, int64_t *hits, int64_t *misses);
 
@@ -48,8 +58,12 @@ tern_var *tern_var_ref(tern_var *v);
 void tern_var_unref(tern_var *v);
 tern_ctx *tern_var_ctx(const tern_var *v);
 /* Its dtype, shape and bytes. The bytes may be written (an optimizer, numpy interop); writes are not
- * seen by autograd. */
+ * seen by autograd. With asynchronous kernels (tern_ctx_set_async) it first waits until the calls
+ * that read or write the tensor's bytes have run. */
 const tern_tensor *tern_var_tensor(const tern_var *v);
+/* Its dtype and shape at once; its bytes may still be being computed (asynchronous kernels): read
+ * them through tern_var_tensor. */
+const tern_tensor *tern_var_info(const tern_var *v);
 int tern_var_requires_grad(const tern_var *v);
 /* Only a leaf (a tensor no recorded operation made) can be marked; TERN_EUSAGE otherwise. */
 tern_status tern_var_set_requires_grad(tern_var *v, int requires_grad);

@@ -324,7 +324,7 @@ static int first_index(struct tern_trace *t, uint64_t serial)
 }
 
 /* Remembers the first value of a tensor made before tracing (an initializer's, if it becomes one). */
-static tern_status remember_first(struct tern_trace *t, uint64_t serial, const tern_tensor *v, int bound)
+static tern_status remember_first(struct tern_trace *t, uint64_t serial, tern_var *var, int bound)
 {
 	int i = first_index(t, serial);
 	if (i >= 0) {
@@ -336,7 +336,7 @@ static tern_status remember_first(struct tern_trace *t, uint64_t serial, const t
 	memset(&t->firsts[t->n_firsts], 0, sizeof t->firsts[0]);
 	t->firsts[t->n_firsts].serial = serial;
 	t->firsts[t->n_firsts].bound = bound;
-	tern_status st = tern_tensor_copy(&t->firsts[t->n_firsts].value, v);
+	tern_status st = tern_tensor_copy(&t->firsts[t->n_firsts].value, tern_var_read(var));
 	if (!st)
 		t->n_firsts++;
 	return st;
@@ -363,6 +363,10 @@ tern_status tern_trace_start(tern_ctx *c, const tern_trace_options *o)
 	t->replay = o->replay;
 	t->coexec = o->coexec && !o->replay;
 	tern_ctx_set_trace(c, t);
+	/* co-execution: the operations run on the context's own thread while the program goes on; the
+	 * program's reads wait for what they read */
+	if (t->coexec)
+		tern_ctx_set_async(c, 1);
 	return TERN_OK;
 }
 
@@ -503,7 +507,12 @@ static tern_status input_ref(struct tern_trace *t, t_step *s, int64_t step_no, t
 			*r = (t_in){IN_OP, s->binds[i].op, s->binds[i].out, 0};
 			return TERN_OK;
 		}
-	const tern_tensor *x = tern_var_tensor(v);
+	/* only a tensor made before tracing and never updated can be a constant, which is what the hash
+	 * of its bytes tells: the others are fed or states whatever their bytes, and are not waited for
+	 * (with asynchronous kernels, their bytes may still be being computed) */
+	int fi = ts->born == 0 ? first_index(t, ts->serial) : -1;
+	bool hash_bytes = ts->born == 0 && !(fi >= 0 && t->firsts[fi].bound);
+	const tern_tensor *x = hash_bytes || t->record_dir ? tern_var_read(v) : tern_var_info(v);
 	if (!tern_grow((void **)&s->ext, &s->cap_ext, s->n_ext + 1, sizeof *s->ext))
 		return tern_errorf(TERN_EOS, "out of memory");
 	t_ext *e = &s->ext[s->n_ext];
@@ -519,12 +528,12 @@ static tern_status input_ref(struct tern_trace *t, t_step *s, int64_t step_no, t
 			const char *str = ((char *const *)x->data)[i];
 			e->hash = fnv(str ? str : "", str ? strlen(str) + 1 : 1, e->hash);
 		}
-	} else if (x->data) {
+	} else if (x->data && hash_bytes) {
 		e->hash = bytes_hash(x->data, (size_t)tern_tensor_numel(x) * tern_dtype_size(x->dtype), e->hash);
 	}
 	tern_status st = TERN_OK;
 	if (ts->born == 0)
-		st = remember_first(t, ts->serial, x, 0);
+		st = remember_first(t, ts->serial, v, 0);
 	if (!st && t->record_dir)
 		st = tern_tensor_copy(&e->value, x);
 	if (st)
@@ -682,7 +691,7 @@ tern_status tern_trace_op(tern_ctx *c, const char *domain, const char *op_type, 
 	for (int k = 0; k < n_out; k++) {
 		if (!out[k])
 			continue;
-		const tern_tensor *y = tern_var_tensor(out[k]);
+		const tern_tensor *y = tern_var_info(out[k]);
 		o->dtype[k] = y->dtype;
 		o->rank[k] = y->rank;
 		memcpy(&o->dims[k * TERN_MAX_RANK], y->dims, (size_t)y->rank * sizeof *y->dims);
@@ -713,7 +722,7 @@ void tern_trace_fetch(tern_var *v)
 	if (o->fetched[ts->out])
 		return;
 	o->fetched[ts->out] = 1;
-	if (o->fetch_value && tern_tensor_copy(&o->fetch_value[ts->out], tern_var_tensor(v)))
+	if (o->fetch_value && tern_tensor_copy(&o->fetch_value[ts->out], tern_var_read(v)))
 		t->error = TERN_EOS;
 }
 
@@ -730,7 +739,7 @@ void tern_trace_assign(tern_var *dst, tern_var *src)
 	if (d->born != 0 || r->step != step_no || r->op < 0)
 		return; /* only tensors made before tracing are state; only traced values update them */
 	/* the state's value before this update (called before its bytes change): its initializer */
-	if (remember_first(t, d->serial, tern_var_tensor(dst), 1)) {
+	if (remember_first(t, d->serial, dst, 1)) {
 		t->error = TERN_EOS;
 		return;
 	}

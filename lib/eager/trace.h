@@ -17,6 +17,9 @@ typedef struct tern_trace_stamp {
 } tern_trace_stamp;
 
 tern_trace_stamp *tern_var_stamp(tern_var *v);
+/* Its bytes to read: with asynchronous kernels, once the call that writes them has run (tern_var_tensor
+ * waits for every call that touches them, for a caller that may write). */
+const tern_tensor *tern_var_read(const tern_var *v);
 /* The context's trace; NULL when it is not tracing. */
 struct tern_trace *tern_ctx_trace(tern_ctx *c);
 int64_t tern_ctx_epoch(tern_ctx *c);
