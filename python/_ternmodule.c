@@ -1998,7 +1998,7 @@ static PyObject *tensor_assign_(TensorObject *self, PyObject *other)
 
 static PyObject *tensor_copy_(TensorObject *self, PyObject *src)
 {
-	const tern_tensor *t = tern_var_tensor(self->var);
+	const tern_tensor *t = tern_var_info(self->var);
 	if (t->dtype == TERN_STRING) {
 		PyErr_SetString(PyExc_TypeError, "copy_ into a string tensor");
 		return NULL;
@@ -2006,16 +2006,21 @@ static PyObject *tensor_copy_(TensorObject *self, PyObject *src)
 	tern_var *v;
 	if (var_from_object(src, t->dtype, &v) < 0)
 		return NULL;
-	const tern_tensor *s = tern_var_tensor(v);
+	const tern_tensor *s = tern_var_info(v);
 	size_t isz = tern_dtype_size(t->dtype);
 	int64_t n = tern_tensor_numel(t);
 	if (s->rank == t->rank && !memcmp(s->dims, t->dims, (size_t)t->rank * sizeof *t->dims)) {
 		/* before the bytes change; the value traced is src itself (v is a copy of it) */
 		if (Tensor_Check(src) && tern_var_info(VAR(src))->dtype == t->dtype)
 			tern_trace_assign(self->var, VAR(src));
-		if (t->nbytes)
-			memcpy(t->data, s->data, (size_t)n * isz);
+		tern_status rc = tern_var_copy(self->var, v); /* in turn with the calls in flight, if any */
+		if (rc) {
+			tern_var_unref(v);
+			return raise_status(rc);
+		}
 	} else if (tern_tensor_numel(s) == 1) {
+		t = tern_var_tensor(self->var);
+		s = tern_var_tensor(v);
 		for (int64_t i = 0; i < n; i++)
 			memcpy((char *)t->data + (size_t)i * isz, s->data, isz);
 	} else {

@@ -39,10 +39,10 @@ if [ $quick = 0 ]; then
 		status=1
 		echo "sanitizer build failed" >&2
 	fi
-	# ThreadSanitizer on the stream executor and the thread pools.
+	# ThreadSanitizer on the stream executor, the thread pools and asynchronous eager kernels.
 	if build build-tsan -Dcuda=disabled -Db_sanitize=thread -Db_lundef=false -Dbuildtype=debugoptimized; then
 		TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" meson test -C build-tsan --no-rebuild --print-errorlogs \
-			test_streams test_sched test_tensor || status=1
+			test_streams test_sched test_tensor test_eager || status=1
 	else
 		status=1
 		echo "thread-sanitizer build failed" >&2

@@ -489,6 +489,22 @@ static void copy_bytes(tern_ctx *c, tern_var *dst, tern_var *src)
 	aq_post(c, &j, &src, 1, &dst, 1);
 }
 
+static tern_status closed_error(void);
+
+tern_status tern_var_copy(tern_var *dst, tern_var *src)
+{
+	if (dst->ctx != src->ctx || dst->ctx->closed)
+		return dst->ctx->closed ? closed_error() : tern_errorf(TERN_EUSAGE, "copy: the tensors belong to two contexts");
+	char a[160], b[160];
+	if (dst->t.dtype != src->t.dtype || dst->t.dtype == TERN_STRING || dst->t.rank != src->t.rank ||
+	    memcmp(dst->t.dims, src->t.dims, (size_t)dst->t.rank * sizeof *dst->t.dims))
+		return tern_errorf(TERN_EUSAGE, "copy: %s into %s", tern_shape_str(src->t.dtype, src->t.rank, src->t.dims, a, sizeof a),
+		                   tern_shape_str(dst->t.dtype, dst->t.rank, dst->t.dims, b, sizeof b));
+	if (dst->st != src->st || dst->t.data != src->t.data)
+		copy_bytes(dst->ctx, dst, src);
+	return TERN_OK;
+}
+
 int tern_ctx_set_async(tern_ctx *c, int on)
 {
 	int was = c->aq != NULL;

@@ -72,6 +72,9 @@ int tern_var_is_leaf(const tern_var *v);
 tern_var *tern_var_grad(const tern_var *v);
 /* Replaces the gradient (takes a reference; NULL clears it). */
 void tern_var_set_grad(tern_var *v, tern_var *grad);
+/* dst's bytes = src's (the same dtype and shape; src may be dst): an in-place assignment that autograd
+ * does not see. With asynchronous kernels it runs in turn with the calls in flight. */
+tern_status tern_var_copy(tern_var *dst, tern_var *src);
 /* A new tensor sharing v's bytes, with no history and no gradient. */
 tern_var *tern_var_detach(tern_var *v);
 

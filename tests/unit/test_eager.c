@@ -303,6 +303,82 @@ static void traced(void)
 	tern_ctx_free(c);
 }
 
+/* A training loop of MatMul, Add, Relu, Softmax, Dropout, Reshape of a computed shape, backward and
+ * Adam, run on a synchronous and on an asynchronous context: every loss, gradient and final weight
+ * the same bit for bit. The asynchronous one reads its loss right after the call (the read waits), and
+ * a kernel's failure (Gather out of range) comes back from the next call or tern_ctx_sync. */
+static float async_loop(int async, float *w_out, int64_t n_w)
+{
+	tern_ctx *c = NULL;
+	CHECK_OK(tern_ctx_create(2, &c));
+	if (!c)
+		return 0;
+	CHECK(tern_ctx_set_async(c, async) == 0);
+	tern_ctx_manual_seed(c, 7);
+	double xs[8 * 16], ws[16 * 16];
+	for (int i = 0; i < 8 * 16; i++)
+		xs[i] = sin(0.37 * i);
+	for (int i = 0; i < 16 * 16; i++)
+		ws[i] = 0.1 * cos(0.11 * i);
+	tern_var *x = vec(c, TERN_FLOAT, 2, (int64_t[]){8, 16}, xs), *w = vec(c, TERN_FLOAT, 2, (int64_t[]){16, 16}, ws);
+	CHECK_OK(tern_var_set_requires_grad(w, 1));
+	tern_optim_options o = {.kind = "adam", .lr = 0.01, .momentum = -1, .weight_decay = -1, .beta1 = -1, .beta2 = -1,
+	                        .eps = -1, .lr_decay = -1};
+	tern_optim *opt = NULL;
+	CHECK_OK(tern_optim_create(c, &o, &w, 1, &opt));
+	float sum = 0;
+	for (int step = 0; step < 6 && opt; step++) {
+		tern_var *h = call1(c, "MatMul", x, w, NULL, 0), *r = call1(c, "Relu", h, NULL, NULL, 0);
+		tern_attr_arg ax = {.name = "axis", .kind = TERN_ATTR_INT, .i = 1};
+		tern_var *sm = call1(c, "Softmax", r, NULL, &ax, 1), *d = NULL, *in1[1] = {sm};
+		CHECK_OK(tern_call(c, "", "Dropout", in1, 1, NULL, 0, &d, 1)); /* ratio 0.5 only in training mode: identity */
+		tern_var *shape = call1(c, "Shape", d, NULL, NULL, 0), *flat = call1(c, "ReduceProd", shape, NULL, NULL, 0);
+		tern_var *one = vec(c, TERN_INT64, 1, (int64_t[]){1}, (double[]){1});
+		tern_var *in2[2] = {flat, one}, *cat = NULL;
+		tern_attr_arg a0 = {.name = "axis", .kind = TERN_ATTR_INT, .i = 0};
+		in2[0] = call1(c, "Reshape", flat, one, NULL, 0);
+		CHECK_OK(tern_call(c, "", "Concat", in2, 2, &a0, 1, &cat, 1));
+		tern_var *col = call1(c, "Reshape", d, cat, NULL, 0), *sq = call1(c, "Mul", col, col, NULL, 0);
+		tern_var *loss = call1(c, "ReduceSum", sq, NULL, NULL, 0);
+		float l = loss ? (float)at(loss, 0) : 0; /* read at once: waits for the calls that make it */
+		sum += l;
+		if (loss)
+			CHECK_OK(tern_backward(loss, NULL));
+		CHECK_OK(tern_optim_step(opt));
+		tern_optim_zero_grad(opt);
+		tern_var *vs[] = {h, r, sm, d, shape, flat, one, in2[0], cat, col, sq, loss};
+		for (size_t k = 0; k < sizeof vs / sizeof vs[0]; k++)
+			tern_var_unref(vs[k]);
+	}
+	const tern_tensor *wt = tern_var_tensor(w);
+	for (int64_t i = 0; i < n_w && i < tern_tensor_numel(wt); i++)
+		w_out[i] = ((const float *)wt->data)[i];
+	if (async) {
+		/* a failing kernel: reported by the next call or by the wait for all */
+		tern_var *idx = vec(c, TERN_INT64, 1, (int64_t[]){1}, (double[]){40});
+		tern_var *g = call1(c, "Gather", x, idx, NULL, 0);
+		tern_status st = tern_ctx_sync(c);
+		CHECK(st == TERN_EDATA || (g == NULL));
+		CHECK_OK(tern_ctx_sync(c)); /* reported once */
+		tern_var_unref(g);
+		tern_var_unref(idx);
+		CHECK(tern_ctx_set_async(c, 0) == 1);
+	}
+	tern_optim_free(opt);
+	tern_var_unref(x);
+	tern_var_unref(w);
+	tern_ctx_free(c);
+	return sum;
+}
+
+static void asynchronous(void)
+{
+	float w0[256], w1[256];
+	float l0 = async_loop(0, w0, 256), l1 = async_loop(1, w1, 256);
+	CHECK(l0 == l1 && l0 != 0);
+	CHECK(memcmp(w0, w1, sizeof w0) == 0);
+}
+
 int main(void)
 {
 	tern_ctx *c = NULL;
@@ -315,5 +391,6 @@ int main(void)
 	}
 	freed_context();
 	traced();
+	asynchronous();
 	return check_report("test_eager");
 }
