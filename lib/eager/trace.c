@@ -48,6 +48,7 @@ typedef struct t_op {
 	int64_t *dims; /* n_out x TERN_MAX_RANK */
 	uint8_t *fetched;
 	tern_tensor *fetch_value; /* with record_dir: the fetched outputs' values */
+	bool borrowed; /* site, domain, op_type and attrs are those of the graph's operation it matched */
 } t_op;
 
 typedef struct t_ext {
@@ -144,12 +145,14 @@ static uint64_t bytes_hash(const void *p, size_t n, uint64_t h)
 
 static void op_free(t_op *o)
 {
-	free(o->site);
-	free(o->domain);
-	free(o->op_type);
-	for (int k = 0; k < o->n_attrs; k++)
-		onnx__attribute_proto__free_unpacked(o->attrs[k], &tern_pb_allocator);
-	free(o->attrs);
+	if (!o->borrowed) {
+		free(o->site);
+		free(o->domain);
+		free(o->op_type);
+		for (int k = 0; k < o->n_attrs; k++)
+			onnx__attribute_proto__free_unpacked(o->attrs[k], &tern_pb_allocator);
+		free(o->attrs);
+	}
 	free(o->in);
 	free(o->dtype);
 	free(o->rank);
@@ -643,10 +646,52 @@ tern_status tern_trace_op(tern_ctx *c, const char *domain, const char *op_type, 
 	t_op *o = &s->ops[s->n_ops];
 	memset(o, 0, sizeof *o);
 	size_t len = strlen(stack) + 24;
-	o->site = malloc(len);
-	o->domain = tern_strdup(domain);
-	o->op_type = tern_strdup(op_type);
-	o->attrs = calloc((size_t)n_attrs + 1, sizeof *o->attrs);
+	char *site = len <= sizeof stack - 24 ? stack : malloc(len); /* "stack#occurrence" */
+	if (!site)
+		return t->error = tern_errorf(TERN_EOS, "out of memory");
+	if (site == stack)
+		snprintf(stack + strlen(stack), 24, "#%d", occ);
+	else
+		snprintf(site, len, "%s#%d", stack, occ);
+	uint64_t h = 0xcbf29ce484222325ull;
+	for (int k = 0; k < n_attrs; k++) {
+		size_t n = onnx__attribute_proto__get_packed_size(attrs[k]);
+		uint8_t small[512], *buf = n <= sizeof small ? small : malloc(n);
+		if (buf) {
+			onnx__attribute_proto__pack(attrs[k], buf);
+			h = fnv(buf, n, h);
+			if (buf != small)
+				free(buf);
+		}
+	}
+	/* A step being checked mostly repeats the graph's operations: one that matches the operation at
+	 * this position of a path still possible shares its text and attributes instead of copies. */
+	const t_op *ref = NULL;
+	for (int p = 0; t->checking && !t->diverged && p < t->n_paths && p < 64 && !ref; p++) {
+		const t_step *r = &t->steps[t->path_rep[p]];
+		if ((t->candidates >> p & 1) && s->n_ops < r->n_ops) {
+			const t_op *c = &r->ops[s->n_ops];
+			if (c->attr_hash == h && c->n_attrs == n_attrs && !strcmp(c->site, site) && !strcmp(c->op_type, op_type) &&
+			    !strcmp(c->domain, domain))
+				ref = c;
+		}
+	}
+	if (ref) {
+		o->borrowed = true;
+		o->site = ref->site;
+		o->domain = ref->domain;
+		o->op_type = ref->op_type;
+		o->attrs = ref->attrs;
+		o->n_attrs = ref->n_attrs;
+	} else {
+		o->site = site == stack ? tern_strdup(stack) : site;
+		site = NULL;
+		o->domain = tern_strdup(domain);
+		o->op_type = tern_strdup(op_type);
+		o->attrs = calloc((size_t)n_attrs + 1, sizeof *o->attrs);
+	}
+	if (site != stack)
+		free(site);
 	o->in = calloc((size_t)n_in + 1, sizeof *o->in);
 	o->dtype = calloc((size_t)n_out + 1, sizeof *o->dtype);
 	o->rank = calloc((size_t)n_out + 1, sizeof *o->rank);
@@ -660,22 +705,12 @@ tern_status tern_trace_op(tern_ctx *c, const char *domain, const char *op_type, 
 		op_free(o);
 		return t->error = tern_errorf(TERN_EOS, "out of memory");
 	}
-	snprintf(o->site, len, "%s#%d", stack, occ);
-	uint64_t h = 0xcbf29ce484222325ull;
-	for (int k = 0; k < n_attrs; k++) {
+	for (int k = 0; k < n_attrs && !ref; k++) {
 		if (!(o->attrs[k] = tern_pb_copy(attrs[k]))) {
 			op_free(o);
 			return t->error = tern_errorf(TERN_EOS, "out of memory");
 		}
 		o->n_attrs++;
-		size_t n = onnx__attribute_proto__get_packed_size(attrs[k]);
-		uint8_t small[512], *buf = n <= sizeof small ? small : malloc(n);
-		if (buf) {
-			onnx__attribute_proto__pack(attrs[k], buf);
-			h = fnv(buf, n, h);
-			if (buf != small)
-				free(buf);
-		}
 	}
 	o->attr_hash = h;
 	tern_status st = TERN_OK;
