@@ -153,11 +153,7 @@ static void op_free(t_op *o)
 			onnx__attribute_proto__free_unpacked(o->attrs[k], &tern_pb_allocator);
 		free(o->attrs);
 	}
-	free(o->in);
-	free(o->dtype);
-	free(o->rank);
-	free(o->dims);
-	free(o->fetched);
+	free(o->dims); /* one block: dims, in, dtype, rank, fetched */
 	if (o->fetch_value)
 		for (int k = 0; k < o->n_out; k++)
 			tern_tensor_free(&o->fetch_value[k]);
@@ -692,11 +688,15 @@ tern_status tern_trace_op(tern_ctx *c, const char *domain, const char *op_type, 
 	}
 	if (site != stack)
 		free(site);
-	o->in = calloc((size_t)n_in + 1, sizeof *o->in);
-	o->dtype = calloc((size_t)n_out + 1, sizeof *o->dtype);
-	o->rank = calloc((size_t)n_out + 1, sizeof *o->rank);
-	o->dims = calloc(((size_t)n_out + 1) * TERN_MAX_RANK, sizeof *o->dims);
-	o->fetched = calloc((size_t)n_out + 1, 1);
+	size_t no = (size_t)n_out + 1, ni = (size_t)n_in + 1;
+	char *block = calloc(1, no * TERN_MAX_RANK * sizeof *o->dims + ni * sizeof *o->in + 2 * no * sizeof(int) + no);
+	if (block) {
+		o->dims = (int64_t *)block;
+		o->in = (t_in *)(block + no * TERN_MAX_RANK * sizeof *o->dims);
+		o->dtype = (int *)((char *)o->in + ni * sizeof *o->in);
+		o->rank = o->dtype + no;
+		o->fetched = (uint8_t *)(o->rank + no);
+	}
 	if (t->record_dir)
 		o->fetch_value = calloc((size_t)n_out + 1, sizeof *o->fetch_value);
 	o->n_out = n_out;
