@@ -233,6 +233,8 @@ static void pool_put(tern_ctx *c, void *p, size_t cap)
 
 /* ---------------------------------------------------------------- asynchronous kernels */
 
+#define AJOB_SMALL 6 /* inputs and outputs whose views a job holds in itself */
+
 /* A call handed to the context's thread. t holds the inputs' and outputs' views (their shapes and
  * bytes as the call saw them), pt points into it (NULL: left out), keep the storages it holds. */
 typedef struct ajob {
@@ -246,17 +248,30 @@ typedef struct ajob {
 	tern_tensor *t;
 	tern_tensor **pt;
 	storage **keep;
+	void *block; /* t, pt and keep when they did not fit in small */
+	struct {
+		tern_tensor t[AJOB_SMALL];
+		tern_tensor *pt[AJOB_SMALL];
+		storage *keep[AJOB_SMALL];
+	} small;
 } ajob;
 
 #define AQ_CAP 1024 /* calls in flight at most; the caller waits for room beyond */
+#define AQ_BATCH 8 /* small calls handed over together */
+#define AQ_SMALL_ELEMS 16384 /* elements read and written below which a call is small */
+#define AQ_REAP 64 /* calls run before the caller gives back their references */
 
 typedef struct async_q {
+	/* each counter on a cache line of its own: the caller writes posted, the thread done, and a line
+	 * both write would cross between the cores at every call */
+	_Alignas(64) atomic_uint_fast64_t posted; /* calls issued */
+	_Alignas(64) atomic_uint_fast64_t done;   /* calls run */
+	_Alignas(64) uint64_t reaped;             /* calls whose references the caller gave back */
+	uint64_t issued;                          /* calls in the ring; posted lags behind by a few small ones */
+	atomic_int sleeping, waiting, stop, failed;
 	pthread_t thread;
 	pthread_mutex_t lock;
 	pthread_cond_t wake, progress;
-	atomic_uint_fast64_t posted, done; /* calls issued, calls run */
-	uint64_t reaped;                   /* calls whose references the caller gave back */
-	atomic_int sleeping, waiting, stop, failed;
 	void *scratch;
 	size_t scratch_bytes;
 	tern_status err; /* the first failure since the last report, and its message (under lock) */
@@ -327,9 +342,25 @@ static void *aq_main(void *arg)
 	return NULL;
 }
 
+/* Makes the calls issued visible to the thread (and wakes it). */
+static void aq_publish(async_q *q)
+{
+	if (atomic_load_explicit(&q->posted, memory_order_relaxed) == q->issued)
+		return;
+	atomic_store(&q->posted, q->issued);
+	if (atomic_load(&q->sleeping)) {
+		pthread_mutex_lock(&q->lock);
+		pthread_cond_signal(&q->wake);
+		pthread_mutex_unlock(&q->lock);
+	}
+}
+
 /* Until call number seq (1-based) has run. */
 static void aq_wait(async_q *q, uint64_t seq)
 {
+	if (atomic_load(&q->done) >= seq)
+		return;
+	aq_publish(q);
 	for (;;) {
 		uint64_t d = atomic_load(&q->done);
 		if (d >= seq)
@@ -367,8 +398,9 @@ static void aq_reap(tern_ctx *c)
 			storage_release(c, j->keep[k]);
 		if (j->free_params && j->params)
 			j->free_params(j->params);
-		free(j->t);
-		memset(j, 0, sizeof *j);
+		free(j->block);
+		j->block = NULL;
+		j->free_params = NULL;
 	}
 }
 
@@ -394,17 +426,55 @@ static void storage_wait(tern_ctx *c, const storage *s, int write)
 	}
 }
 
+/* A job's views, pointers and kept storages: in the job itself for a few, else one block. The job is
+ * then copied into the ring, so its pointers are set again there (ajob_place). */
+static tern_status ajob_alloc(ajob *j, int n_in, int n_out)
+{
+	size_t n = (size_t)(n_in + n_out);
+	j->n_in = n_in;
+	j->n_out = n_out;
+	if (n <= AJOB_SMALL) {
+		memset(&j->small, 0, sizeof j->small);
+		j->t = j->small.t;
+		j->pt = j->small.pt;
+		j->keep = j->small.keep;
+		return TERN_OK;
+	}
+	char *b = calloc(1, n * (sizeof(tern_tensor) + sizeof(tern_tensor *) + sizeof(storage *)) + 1);
+	if (!b)
+		return tern_errorf(TERN_EOS, "out of memory");
+	j->block = b;
+	j->t = (tern_tensor *)b;
+	j->pt = (tern_tensor **)(b + n * sizeof(tern_tensor));
+	j->keep = (storage **)(b + n * (sizeof(tern_tensor) + sizeof(tern_tensor *)));
+	return TERN_OK;
+}
+
+/* After a job is copied: its pointers into its own small arrays follow it. */
+static void ajob_place(ajob *dst, const ajob *src)
+{
+	*dst = *src;
+	if (src->block)
+		return;
+	dst->t = dst->small.t;
+	dst->pt = dst->small.pt;
+	dst->keep = dst->small.keep;
+	for (int k = 0; k < src->n_in + src->n_out; k++)
+		dst->pt[k] = src->pt[k] ? &dst->t[k] : NULL;
+}
+
 /* Hands a call to the context's thread: j's fields are set but keep and its count, which come from
  * in (read) and out (written); the job then holds references to their storages. */
 static void aq_post(tern_ctx *c, ajob *j, tern_var *const *in, int n_in, tern_var *const *out, int n_out)
 {
 	async_q *q = c->aq;
-	uint64_t seq = atomic_load(&q->posted);
+	uint64_t seq = q->issued;
 	if (seq - q->reaped >= AQ_CAP) {
 		aq_wait(q, seq - AQ_CAP + 1);
 		aq_reap(c);
 	}
 	uint64_t no = seq + 1;
+	int64_t elems = 0;
 	for (int i = 0; i < n_in + n_out; i++) {
 		tern_var *v = i < n_in ? in[i] : out[i - n_in];
 		if (!v || !v->st)
@@ -414,29 +484,14 @@ static void aq_post(tern_ctx *c, ajob *j, tern_var *const *in, int n_in, tern_va
 		if (i >= n_in)
 			v->st->write_seq = no;
 		j->keep[j->n_keep++] = v->st;
+		elems += tern_tensor_numel(&v->t);
 	}
-	q->ring[seq % AQ_CAP] = *j;
-	atomic_store(&q->posted, no);
-	if (atomic_load(&q->sleeping)) {
-		pthread_mutex_lock(&q->lock);
-		pthread_cond_signal(&q->wake);
-		pthread_mutex_unlock(&q->lock);
-	}
-}
-
-/* One block for a job's views, pointers and kept storages. */
-static tern_status ajob_alloc(ajob *j, int n_in, int n_out)
-{
-	size_t n = (size_t)(n_in + n_out);
-	char *b = calloc(1, n * (sizeof(tern_tensor) + sizeof(tern_tensor *) + sizeof(storage *)) + 1);
-	if (!b)
-		return tern_errorf(TERN_EOS, "out of memory");
-	j->t = (tern_tensor *)b;
-	j->pt = (tern_tensor **)(b + n * sizeof(tern_tensor));
-	j->keep = (storage **)(b + n * (sizeof(tern_tensor) + sizeof(tern_tensor *)));
-	j->n_in = n_in;
-	j->n_out = n_out;
-	return TERN_OK;
+	ajob_place(&q->ring[seq % AQ_CAP], j);
+	q->issued = no;
+	/* Each hand-over moves cache lines between the cores (the counter, the job): small calls go over
+	 * a few at a time, a larger one (or a wait) at once. */
+	if (elems > AQ_SMALL_ELEMS || no - atomic_load_explicit(&q->posted, memory_order_relaxed) >= AQ_BATCH)
+		aq_publish(q);
 }
 
 /* Until every call issued has run; its references given back. */
@@ -444,7 +499,7 @@ static tern_status aq_sync(tern_ctx *c)
 {
 	if (!c->aq)
 		return TERN_OK;
-	aq_wait(c->aq, atomic_load(&c->aq->posted));
+	aq_wait(c->aq, c->aq->issued);
 	aq_reap(c);
 	return aq_report(c->aq);
 }
@@ -1163,12 +1218,12 @@ static tern_status launch_or_defer(tern_ctx *c, entry *e, tern_var *const *in, t
 	bool meta = !strcmp(e->node->op_type, "Shape") || !strcmp(e->node->op_type, "Size");
 	bool small = can && !p->alias_input0;
 	int64_t elems = 0;
-	uint64_t done = atomic_load(&c->aq->done);
 	for (int o = 0; o < e->n_out; o++)
 		if (outs[o].dtype) {
 			small &= outs[o].dtype == TERN_INT64 || outs[o].dtype == TERN_INT32 || outs[o].dtype == TERN_BOOL;
 			elems += tern_tensor_numel(&outs[o]);
 		}
+	uint64_t done = small && !meta ? atomic_load(&c->aq->done) : 0;
 	for (int i = 0; i < e->n_in && small && !meta; i++)
 		small &= !in[i] || !in[i]->st || in[i]->st->write_seq <= done;
 	if (!can || (small && elems <= 64)) {
@@ -1331,7 +1386,8 @@ static tern_status call_protos(tern_ctx *c, const char *domain, const char *op_t
 	for (int o = 0; o < (n_out > 0 ? n_out : 0); o++)
 		outv[o] = NULL;
 	if (c->aq) {
-		aq_reap(c);
+		if (c->aq->issued - c->aq->reaped >= AQ_REAP)
+			aq_reap(c);
 		tern_status rs = aq_report(c->aq);
 		if (rs)
 			return rs;
@@ -1583,7 +1639,7 @@ static tern_status call_protos(tern_ctx *c, const char *domain, const char *op_t
 		if (deferred) {
 			if (job.free_params && job.params)
 				job.free_params(job.params);
-			free(job.t);
+			free(job.block);
 		}
 		for (int o = 0; o < n_out; o++) {
 			tern_tensor_free(&outs[o]);
@@ -1594,7 +1650,7 @@ static tern_status call_protos(tern_ctx *c, const char *domain, const char *op_t
 	}
 	if (deferred) {
 		aq_post(c, &job, in, n_in, outv, n_out);
-		e->last_seq = atomic_load(&c->aq->posted);
+		e->last_seq = c->aq->issued;
 	}
 	if (c->trace)
 		(void)tern_trace_op(c, domain, op_type, attrs, n_attrs, in, n_in, outv, n_out); /* failures stop the trace */
