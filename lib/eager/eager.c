@@ -982,10 +982,19 @@ static void key_str(keybuf *k, const char *s)
 	key_put(k, s, strlen(s) + 1);
 }
 
+/* The signature's hash, eight bytes at a time (a byte at a time it was a third of a small call's
+ * cost in the caller's thread). */
 static uint64_t hash_bytes(const char *p, size_t n)
 {
 	uint64_t h = 1469598103934665603ull;
-	for (size_t i = 0; i < n; i++)
+	size_t i = 0;
+	for (; i + 8 <= n; i += 8) {
+		uint64_t w;
+		memcpy(&w, p + i, sizeof w);
+		h = (h ^ w) * 0xff51afd7ed558ccdull;
+		h ^= h >> 32;
+	}
+	for (; i < n; i++)
 		h = (h ^ (unsigned char)p[i]) * 1099511628211ull;
 	return h;
 }
