@@ -2004,7 +2004,9 @@ static PyObject *tensor_copy_(TensorObject *self, PyObject *src)
 		return NULL;
 	}
 	tern_var *v;
-	if (var_from_object(src, t->dtype, &v) < 0)
+	if (Tensor_Check(src) && tern_var_info(VAR(src))->dtype == t->dtype)
+		v = tern_var_ref(VAR(src)); /* read by the copy itself, in turn: no copy made here first */
+	else if (var_from_object(src, t->dtype, &v) < 0)
 		return NULL;
 	const tern_tensor *s = tern_var_info(v);
 	size_t isz = tern_dtype_size(t->dtype);
