@@ -3262,7 +3262,10 @@ static int trace_site(void *user, char *buf, size_t size)
 	}
 	struct site_entry *e = &g_site_cache[key % SITE_CACHE];
 	if (e->text && e->key == key) {
-		snprintf(buf, size, "%s", e->text);
+		size_t n = strlen(e->text);
+		n = n < size ? n : size - 1;
+		memcpy(buf, e->text, n);
+		buf[n] = 0;
 		return 0;
 	}
 	site_text(buf, size);

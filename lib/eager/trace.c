@@ -645,10 +645,18 @@ tern_status tern_trace_op(tern_ctx *c, const char *domain, const char *op_type, 
 	char *site = len <= sizeof stack - 24 ? stack : malloc(len); /* "stack#occurrence" */
 	if (!site)
 		return t->error = tern_errorf(TERN_EOS, "out of memory");
-	if (site == stack)
-		snprintf(stack + strlen(stack), 24, "#%d", occ);
-	else
-		snprintf(site, len, "%s#%d", stack, occ);
+	/* "#occurrence", written by hand: snprintf's parsing was a tenth of a small call's record */
+	char num[24], *q = num + sizeof num;
+	*--q = 0;
+	unsigned u = (unsigned)occ;
+	do
+		*--q = (char)('0' + u % 10);
+	while (u /= 10);
+	*--q = '#';
+	size_t sl = len - 24;
+	if (site != stack)
+		memcpy(site, stack, sl);
+	memcpy(site + sl, q, (size_t)(num + sizeof num - q));
 	uint64_t h = 0xcbf29ce484222325ull;
 	for (int k = 0; k < n_attrs; k++) {
 		size_t n = onnx__attribute_proto__get_packed_size(attrs[k]);
