@@ -544,18 +544,26 @@ static tern_status input_ref(struct tern_trace *t, t_step *s, int64_t step_no, t
 static bool same_op(const t_op *a, const t_op *b, bool producers);
 
 /* Output k of o has the shape (and type) that operation j of some step on path p recorded. */
+static bool same_shapes(const t_op *r, const t_op *o)
+{
+	for (int k = 0; k < o->n_out; k++)
+		if (r->dtype[k] != o->dtype[k] || r->rank[k] != o->rank[k] ||
+		    memcmp(&r->dims[k * TERN_MAX_RANK], &o->dims[k * TERN_MAX_RANK], (size_t)o->rank[k] * sizeof *o->dims))
+			return false;
+	return true;
+}
+
 static bool shape_seen(const struct tern_trace *t, int p, size_t j, const t_op *o)
 {
+	/* most often the path's first step made the same shapes */
+	const t_step *rep = &t->steps[t->path_rep[p]];
+	if (j < rep->n_ops && rep->ops[j].n_out == o->n_out && same_shapes(&rep->ops[j], o))
+		return true;
 	for (size_t s = 0; s + 1 < t->n_steps; s++) {
 		const t_step *st = &t->steps[s];
 		if (st->path != p || j >= st->n_ops)
 			continue;
-		const t_op *r = &st->ops[j];
-		bool same = true;
-		for (int k = 0; k < o->n_out && same; k++)
-			same = r->dtype[k] == o->dtype[k] && r->rank[k] == o->rank[k] &&
-			       !memcmp(&r->dims[k * TERN_MAX_RANK], &o->dims[k * TERN_MAX_RANK], (size_t)o->rank[k] * sizeof *o->dims);
-		if (same)
+		if (same_shapes(&st->ops[j], o))
 			return true;
 	}
 	/* a dimension that already differs between the path's traced steps is symbolic in the graph:
@@ -805,8 +813,9 @@ void tern_trace_assign(tern_var *dst, tern_var *src)
  * each input comes from. */
 static bool same_op(const t_op *a, const t_op *b, bool producers)
 {
-	if (strcmp(a->site, b->site) || strcmp(a->domain, b->domain) || strcmp(a->op_type, b->op_type) ||
-	    a->attr_hash != b->attr_hash || a->n_in != b->n_in || a->n_out != b->n_out)
+	if (a->attr_hash != b->attr_hash || a->n_in != b->n_in || a->n_out != b->n_out ||
+	    (a->site != b->site && strcmp(a->site, b->site)) || (a->domain != b->domain && strcmp(a->domain, b->domain)) ||
+	    (a->op_type != b->op_type && strcmp(a->op_type, b->op_type)))
 		return false;
 	for (int i = 0; i < a->n_in; i++) {
 		if (a->in[i].kind != b->in[i].kind)
