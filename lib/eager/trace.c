@@ -1905,7 +1905,9 @@ static tern_status trace_write(struct tern_trace *t)
 		if (!f) {
 			st = tern_errorf(TERN_EIO, "%s: %s", tmp ? tmp : t->path, strerror(errno));
 		} else {
-			st = tern_model_write(model, f, NULL, NULL, NULL, NULL, NULL);
+			/* the bytes just checked (writing the loaded model would pack it all again) */
+			if (size && fwrite(bytes, 1, size, f) != size)
+				st = tern_errorf(TERN_EIO, "%s: %s", tmp, strerror(errno));
 			if (fclose(f) && !st)
 				st = tern_errorf(TERN_EIO, "%s: %s", tmp, strerror(errno));
 			if (!st && rename(tmp, t->path))
