@@ -35,7 +35,9 @@ BT_NAME(tile)(const int OB, const int NB, const int S, const int FULL, const bco
 {
 	const window *w = &c->w;
 	int64_t s_h = w->s[1], s_w = S ? S : w->s[2], d_h = w->d[1], d_w = w->d[2];
-	const int64_t L = FULL ? BLK : c->lanes;
+	/* FULL 1: blocks of 16 channels; 0: a stem's c->lanes; 3: a stem of three (RGB), known when
+	 * compiling so that the loop over them unrolls */
+	const int64_t L = FULL == 1 ? BLK : FULL ? FULL : c->lanes;
 	int64_t wstride = c->icb * c->kh * c->kw * BLK * BLK;
 	BT_V acc[BT_OB * BT_NV][BT_NB];
 	UNROLL_ALL for (int o = 0; o < OB * BT_NV; o++)
@@ -54,7 +56,7 @@ BT_NAME(tile)(const int OB, const int NB, const int S, const int FULL, const bco
 					BT_V wv[BT_OB * BT_NV];
 					UNROLL_ALL for (int o = 0; o < OB; o++) UNROLL_ALL for (int v = 0; v < BT_NV; v++)
 						wv[o * BT_NV + v] = *(const BT_V *)(wp + o * wstride + ic * BLK + v * BT_VL);
-					if (FULL) /* the next tap's weights, whose first reading in a run comes from memory */
+					if (FULL == 1) /* the next tap's weights, whose first reading in a run comes from memory */
 						UNROLL_ALL for (int o = 0; o < OB; o++) __builtin_prefetch(wp + o * wstride + (BLK + ic) * BLK, 0, 3);
 					UNROLL_ALL for (int j = 0; j < NB; j++)
 					{
@@ -151,7 +153,7 @@ BT_ATTR static inline __attribute__((always_inline)) void BT_NAME(row_body)(cons
                                                                            float *y, const float *z)
 {
 #ifndef TERN_FEW_KERNEL_VARIANTS
-	if (FULL && (c->w.s[2] == 1 || c->w.s[2] == 2)) {
+	if (FULL == 1 && (c->w.s[2] == 1 || c->w.s[2] == 2)) {
 		/* tiles of nearly equal widths: a row of 17 as 9 + 8, not 14 + 2 + 1, whose narrow tiles
 		 * would wait on their few sums' multiply-adds */
 		int64_t tiles = ceil_div(c->out_w, BT_NB);
@@ -186,12 +188,18 @@ BT_ATTR static void BT_NAME(bconv_row)(const bconv *c, const float *x, int64_t o
 	if (c->lanes != BLK) { /* a stem: its tiles take the stride as it comes */
 #if BT_OB == 2
 		if (count == 2) {
-			BT_NAME(row_body)(2, 0, c, x, ob, oh, y, z);
+			if (c->lanes == 3)
+				BT_NAME(row_body)(2, 3, c, x, ob, oh, y, z);
+			else
+				BT_NAME(row_body)(2, 0, c, x, ob, oh, y, z);
 			return;
 		}
 #endif
 		for (int64_t o = 0; o < count; o++)
-			BT_NAME(row_body)(1, 0, c, x, ob + o, oh, y, z);
+			if (c->lanes == 3)
+				BT_NAME(row_body)(1, 3, c, x, ob + o, oh, y, z);
+			else
+				BT_NAME(row_body)(1, 0, c, x, ob + o, oh, y, z);
 		return;
 	}
 #if BT_OB == 2
