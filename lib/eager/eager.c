@@ -231,6 +231,20 @@ static void pool_put(tern_ctx *c, void *p, size_t cap)
 	c->pooled_bytes += cap;
 }
 
+/* A kernels' scratch buffer of at least n bytes (the caller's, or the asynchronous thread's). */
+static tern_status grow_scratch(void **scratch, size_t *bytes, size_t n)
+{
+	if (n <= *bytes)
+		return TERN_OK;
+	void *p = tern_aligned_alloc(n);
+	if (!p)
+		return tern_errorf(TERN_EOS, "out of memory for %zu bytes of scratch", n);
+	free(*scratch);
+	*scratch = p;
+	*bytes = n;
+	return TERN_OK;
+}
+
 /* ---------------------------------------------------------------- asynchronous kernels */
 
 #define AJOB_SMALL 6 /* inputs and outputs whose views a job holds in itself */
@@ -290,16 +304,7 @@ static void aq_run(async_q *q, ajob *j)
 			memcpy(y->data, x->data, y->nbytes);
 		return;
 	}
-	if (j->scratch_bytes > q->scratch_bytes) {
-		void *p = tern_aligned_alloc(j->scratch_bytes);
-		if (!p) {
-			st = tern_errorf(TERN_EOS, "out of memory for %zu bytes of scratch", j->scratch_bytes);
-		} else {
-			free(q->scratch);
-			q->scratch = p;
-			q->scratch_bytes = j->scratch_bytes;
-		}
-	}
+	st = grow_scratch(&q->scratch, &q->scratch_bytes, j->scratch_bytes);
 	if (!st) {
 		tern_kernel_args a = {j->node, j->pt, j->n_in, j->pt + j->n_in, j->n_out, j->params, q->scratch, j->pool, NULL};
 		st = j->kernel(&a);
@@ -1117,15 +1122,7 @@ static int default_outputs(const char *domain, const char *op, Onnx__AttributePr
 
 static tern_status ensure_scratch(tern_ctx *c, size_t n)
 {
-	if (n <= c->scratch_bytes)
-		return TERN_OK;
-	void *p = tern_aligned_alloc(n);
-	if (!p)
-		return tern_errorf(TERN_EOS, "out of memory for %zu bytes of scratch", n);
-	free(c->scratch);
-	c->scratch = p;
-	c->scratch_bytes = n;
-	return TERN_OK;
+	return grow_scratch(&c->scratch, &c->scratch_bytes, n);
 }
 
 /* Prepares node on tensors in[] (with or without bytes); outputs' shapes into out[]. */
