@@ -53,15 +53,6 @@ enum {
 	OPT_SINGLE_STREAM,
 	OPT_OPTIMIZE,
 	OPT_TRAIN,
-	OPT_STEPS,
-	OPT_EPOCHS,
-	OPT_BATCH,
-	OPT_DROP_LAST,
-	OPT_SHUFFLE,
-	OPT_LOG,
-	OPT_LOG_EVERY,
-	OPT_CHECKPOINT_EVERY,
-	OPT_VAL,
 };
 
 static const struct argp_option options[] = {
@@ -90,16 +81,7 @@ static const struct argp_option options[] = {
          3},
         {NULL, 0, NULL, 0, "Training (a model from tern-autodiff; -o FILE writes the trained model):", 4},
         {"train", OPT_TRAIN, NULL, 0, "run the model's training algorithm over the -i data instead of inference", 4},
-        {"steps", OPT_STEPS, "N", 0, "train to N steps in all (counted from the model's first training)", 4},
-        {"epochs", OPT_EPOCHS, "E", 0, "train to E epochs in all (default 1)", 4},
-        {"batch", OPT_BATCH, "B", 0, "samples a step, sliced from every -i file along axis 0", 4},
-        {"drop-last", OPT_DROP_LAST, NULL, 0, "skip an epoch's last batch when it is short", 4},
-        {"shuffle", OPT_SHUFFLE, NULL, 0, "a new order of the samples every epoch, from --seed", 4},
-        {"log", OPT_LOG, "FILE", 0, "one JSON object a logged step: step, epoch, loss, samples_per_s, lr", 4},
-        {"log-every", OPT_LOG_EVERY, "K", 0, "log every K steps (default 1)", 4},
-        {"checkpoint-every", OPT_CHECKPOINT_EVERY, "K", 0, "write -o every K steps too", 4},
-        {"val", OPT_VAL, "NAME=FILE", 0,
-         "validation data (the inputs and the target): loss, and accuracy for classes, after every epoch", 4},
+        TRAIN_ARGP_OPTIONS(4),
         {0},
 };
 
@@ -195,21 +177,7 @@ static error_t parse_option(int key, char *arg, struct argp_state *state)
 	case OPT_OPTIMIZE: run->optimize = (int)parse_count(state, "--optimize", arg, 0, 3); return 0;
 	case OPT_SINGLE_STREAM: run->single_stream = 1; return 0;
 	case OPT_TRAIN: run->train = 1; return 0;
-	case OPT_STEPS: run->t.steps = parse_count(state, "--steps", arg, 1, INT64_MAX); return 0;
-	case OPT_EPOCHS: run->t.epochs = parse_count(state, "--epochs", arg, 1, INT64_MAX); return 0;
-	case OPT_BATCH: run->t.batch = parse_count(state, "--batch", arg, 1, INT64_MAX); return 0;
-	case OPT_DROP_LAST: run->t.drop_last = 1; return 0;
-	case OPT_SHUFFLE: run->t.shuffle = 1; return 0;
-	case OPT_LOG: run->t.log = arg; return 0;
-	case OPT_LOG_EVERY: run->t.log_every = parse_count(state, "--log-every", arg, 1, INT64_MAX); return 0;
-	case OPT_VAL:
-		run->t.val_args = tern_cli_grow(run->t.val_args, (size_t)run->t.n_val_args + 1, sizeof *run->t.val_args);
-		run->t.val_args[run->t.n_val_args++] = arg;
-		return 0;
-	case OPT_CHECKPOINT_EVERY:
-		run->t.checkpoint_every = parse_count(state, "--checkpoint-every", arg, 1, INT64_MAX);
-		return 0;
-	default: return ARGP_ERR_UNKNOWN;
+	default: return train_parse_option(&run->t, key, arg, state);
 	}
 }
 

@@ -6,6 +6,7 @@
  * takes the same batches as one that was never interrupted. */
 #include "train.h"
 
+#include <argp.h>
 #include <errno.h>
 #include <stdbool.h>
 #include <math.h>
@@ -15,6 +16,35 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+
+static int64_t count_arg(struct argp_state *state, const char *what, const char *arg)
+{
+	char *end;
+	errno = 0;
+	long long v = strtoll(arg, &end, 10);
+	if (errno || end == arg || *end || v < 1)
+		argp_error(state, "%s must be a positive integer, not '%s'", what, arg);
+	return v;
+}
+
+int train_parse_option(train_options *o, int key, char *arg, struct argp_state *state)
+{
+	switch (key) {
+	case TRAIN_OPT_STEPS: o->steps = count_arg(state, "--steps", arg); return 0;
+	case TRAIN_OPT_EPOCHS: o->epochs = count_arg(state, "--epochs", arg); return 0;
+	case TRAIN_OPT_BATCH: o->batch = count_arg(state, "--batch", arg); return 0;
+	case TRAIN_OPT_DROP_LAST: o->drop_last = 1; return 0;
+	case TRAIN_OPT_SHUFFLE: o->shuffle = 1; return 0;
+	case TRAIN_OPT_LOG: o->log = arg; return 0;
+	case TRAIN_OPT_LOG_EVERY: o->log_every = count_arg(state, "--log-every", arg); return 0;
+	case TRAIN_OPT_CHECKPOINT_EVERY: o->checkpoint_every = count_arg(state, "--checkpoint-every", arg); return 0;
+	case TRAIN_OPT_VAL:
+		o->val_args = tern_cli_grow(o->val_args, (size_t)o->n_val_args + 1, sizeof *o->val_args);
+		o->val_args[o->n_val_args++] = arg;
+		return 0;
+	default: return ARGP_ERR_UNKNOWN;
+	}
+}
 
 static volatile sig_atomic_t stop_signal;
 
@@ -68,10 +98,16 @@ static void gather_rows(const tern_tensor *src, const int64_t *rows, int64_t m, 
 		memcpy((char *)dst->data + (size_t)r * row, (const char *)src->data + (size_t)rows[r] * row, row);
 }
 
-static void write_model(const tern_cli *cli, tern_trainer *tr, tern_model *model)
+static void write_model(const tern_cli *cli, tern_trainer *tr, tern_model *model, bool dist)
 {
 	if (!cli->output)
 		return;
+	/* a partitioned step's shards are gathered into rank 0's tables, which alone writes */
+	if (dist) {
+		tern_cli_check(tern_dist_gather(tr, model));
+		if (tern_comm_get()->rank != 0)
+			return;
+	}
 	tern_cli_check(tern_trainer_sync(tr));
 	FILE *out = tern_cli_open_output(cli, 1);
 	tern_cli_write_model(out, model);
@@ -206,10 +242,16 @@ int tern_run_train(const train_options *o, const tern_cli *cli, tern_model *mode
 	sigemptyset(&sa.sa_mask);
 	sigaction(SIGINT, &sa, &old_int);
 	sigaction(SIGTERM, &sa, &old_term);
-	tern_plan_options po = {.n_threads = o->threads};
+	/* a distributed step runs its nodes in one order on every rank: collectives must meet */
+	tern_plan_options po = {.n_threads = o->threads, .single_stream = o->dist};
 	tern_trainer *tr = NULL;
 	tern_cli_check(tern_trainer_create(model, &po, &tr));
 	int n = tern_trainer_num_inputs(tr);
+	/* distributed: this rank's shards from the model's tables; a slice of every batch */
+	bool dist = o->dist && tern_comm_get();
+	int rank = dist ? tern_comm_get()->rank : 0, ranks = dist ? tern_comm_get()->size : 1;
+	if (dist)
+		tern_cli_check(tern_dist_scatter(tr, model));
 
 	/* the data: every input of the step from -i, NAME=FILE or in order */
 	tern_tensor *data = calloc((size_t)n + 1, sizeof *data), *batch = calloc((size_t)n + 1, sizeof *batch);
@@ -261,7 +303,10 @@ int tern_run_train(const train_options *o, const tern_cli *cli, tern_model *mode
 	}
 	if (b > rows)
 		tern_cli_fail(TERN_EUSAGE, "--batch %lld is larger than the %lld samples", (long long)b, (long long)rows);
-	int64_t per_epoch = o->drop_last ? rows / b : (rows + b - 1) / b;
+	if (b % ranks)
+		tern_cli_fail(TERN_EUSAGE, "--batch %lld does not divide among %d ranks", (long long)b, ranks);
+	/* ranks take equal slices, so that the mean of their losses is the batch's: no short batch */
+	int64_t per_epoch = o->drop_last || dist ? rows / b : (rows + b - 1) / b;
 	if (per_epoch < 1)
 		tern_cli_fail(TERN_EUSAGE, "no batch of %lld in %lld samples", (long long)b, (long long)rows);
 	int64_t total = o->steps ? o->steps : (o->epochs ? o->epochs : 1) * per_epoch;
@@ -275,10 +320,24 @@ int tern_run_train(const train_options *o, const tern_cli *cli, tern_model *mode
 	                 (long long)per_epoch, o->threads);
 
 	FILE *log = NULL;
-	if (o->log && !(log = fopen(o->log, step ? "a" : "w")))
+	if (dist && o->log) {
+		/* one file for all ranks: rank 0 starts it, then every rank appends whole lines */
+		if (rank == 0 && !step && !(log = fopen(o->log, "w")))
+			tern_cli_fail(TERN_EIO, "%s: %s", o->log, strerror(errno));
+		if (log)
+			fclose(log);
+		double barrier = 0;
+		tern_cli_check(tern_comm_allreduce(TERN_COMM_OTHER, &barrier, 1, TERN_DOUBLE));
+		log = fopen(o->log, "a");
+		if (!log)
+			tern_cli_fail(TERN_EIO, "%s: %s", o->log, strerror(errno));
+	} else if (o->log && !(log = fopen(o->log, step ? "a" : "w"))) {
 		tern_cli_fail(TERN_EIO, "%s: %s", o->log, strerror(errno));
+	}
 	int64_t log_every = o->log_every ? o->log_every : 1;
-	bool bar = isatty(STDERR_FILENO) && !cli->quiet;
+	bool bar = isatty(STDERR_FILENO) && !cli->quiet && rank == 0;
+	int64_t slice = b / ranks;
+	int64_t sent0[TERN_COMM_KINDS], recv0[TERN_COMM_KINDS], sent1[TERN_COMM_KINDS], recv1[TERN_COMM_KINDS];
 	struct val val;
 	read_val(o, tr, model, &val);
 	int64_t *perm = malloc((size_t)rows * sizeof *perm), *take = malloc((size_t)b * sizeof *take);
@@ -287,7 +346,16 @@ int tern_run_train(const train_options *o, const tern_cli *cli, tern_model *mode
 	int64_t perm_epoch = -1;
 	double t_start = now_s(), t_log = t_start, loss = NAN;
 	int64_t samples_since = 0, first = step;
-	for (; step < total && !stop_signal; step++) {
+	for (; step < total; step++) {
+		if (dist) {
+			/* every rank stops at the same step: the signal is agreed on first */
+			double stop = stop_signal;
+			tern_cli_check(tern_comm_allreduce(TERN_COMM_OTHER, &stop, 1, TERN_DOUBLE));
+			if (stop)
+				stop_signal = stop_signal ? stop_signal : SIGTERM;
+		}
+		if (stop_signal)
+			break;
 		int64_t epoch = step / per_epoch, pos = step % per_epoch;
 		if (epoch != perm_epoch) {
 			epoch_order(perm, rows, o->seed, epoch, o->shuffle);
@@ -296,11 +364,23 @@ int tern_run_train(const train_options *o, const tern_cli *cli, tern_model *mode
 		int64_t start = pos * b, m = start + b <= rows ? b : rows - start;
 		for (int64_t r = 0; r < m; r++)
 			take[r] = perm[start + r];
+		/* this rank's slice (all of it on one process) */
 		for (int i = 0; i < n; i++)
-			gather_rows(&data[i], take, m, b, &batch[i]);
+			gather_rows(&data[i], take + rank * slice, m / ranks, slice, &batch[i]);
+		if (dist)
+			tern_comm_bytes(sent0, recv0);
+		double t_step = now_s();
 		tern_status st = tern_trainer_step(tr, batch, &loss);
 		if (st)
 			tern_cli_fail(st, "step %lld: %s", (long long)step + 1, tern_error());
+		t_step = now_s() - t_step;
+		double local_loss = loss;
+		if (dist) {
+			tern_comm_bytes(sent1, recv1);
+			double mean = loss / ranks;
+			tern_cli_check(tern_comm_allreduce(TERN_COMM_OTHER, &mean, 1, TERN_DOUBLE));
+			loss = mean;
+		}
 		if (!isfinite(loss))
 			tern_cli_fail(TERN_EDATA, "step %lld (epoch %lld): the loss is %g; nothing written", (long long)step + 1,
 			              (long long)epoch + 1, loss);
@@ -313,8 +393,28 @@ int tern_run_train(const train_options *o, const tern_cli *cli, tern_model *mode
 		double now = now_s();
 		if (log && ((step + 1) % log_every == 0 || step + 1 == total)) {
 			double rate = samples_since / (now - t_log > 1e-9 ? now - t_log : 1e-9);
-			fprintf(log, "{\"step\": %lld, \"epoch\": %lld, \"loss\": %.9g, \"samples_per_s\": %.6g, \"lr\": %.9g}\n",
-			        (long long)step + 1, (long long)epoch + 1, loss, rate, tern_trainer_lr(tr));
+			if (!dist) {
+				fprintf(log, "{\"step\": %lld, \"epoch\": %lld, \"loss\": %.9g, \"samples_per_s\": %.6g, \"lr\": %.9g}\n",
+				        (long long)step + 1, (long long)epoch + 1, loss, rate, tern_trainer_lr(tr));
+			} else {
+				/* per rank: its own loss and the bytes its step moved, by kind */
+				char line[1024];
+				int k = snprintf(line, sizeof line,
+				                 "{\"step\": %lld, \"rank\": %d, \"epoch\": %lld, \"loss\": %.9g, \"mean_loss\": %.9g, "
+				                 "\"samples_per_s\": %.6g, \"step_s\": %.6g, \"lr\": %.9g",
+				                 (long long)step + 1, rank, (long long)epoch + 1, local_loss, loss, rate, t_step,
+				                 tern_trainer_lr(tr));
+				for (int dir = 0; dir < 2; dir++) {
+					k += snprintf(line + k, sizeof line - (size_t)k, ", \"%s\": {", dir ? "bytes_received" : "bytes_sent");
+					for (int kind = 0; kind < TERN_COMM_KINDS; kind++)
+						k += snprintf(line + k, sizeof line - (size_t)k, "%s\"%s\": %lld", kind ? ", " : "",
+						              tern_comm_kind_name(kind),
+						              (long long)(dir ? recv1[kind] - recv0[kind] : sent1[kind] - sent0[kind]));
+					k += snprintf(line + k, sizeof line - (size_t)k, "}");
+				}
+				snprintf(line + k, sizeof line - (size_t)k, "}\n");
+				fputs(line, log);
+			}
 			fflush(log);
 			t_log = now;
 			samples_since = 0;
@@ -324,10 +424,15 @@ int tern_run_train(const train_options *o, const tern_cli *cli, tern_model *mode
 			progress(step + 1, total, loss, rate, (double)(total - step - 1) * (double)b / (rate > 0 ? rate : 1));
 		}
 		if (o->checkpoint_every && (step + 1) % o->checkpoint_every == 0 && step + 1 < total)
-			write_model(cli, tr, model);
+			write_model(cli, tr, model, dist);
 		if (val.rows && ((step + 1) % per_epoch == 0 || step + 1 == total)) {
-			/* the inference graph with the current parameters, on the validation data */
+			/* the inference graph with the current parameters, on the validation data (rank 0) */
 			double vl, va;
+			if (dist) {
+				tern_cli_check(tern_dist_gather(tr, model));
+				if (rank)
+					continue;
+			}
 			tern_cli_check(tern_trainer_sync(tr));
 			validate(&val, model, o->threads, b, &vl, &va);
 			if (bar)
@@ -348,8 +453,9 @@ int tern_run_train(const train_options *o, const tern_cli *cli, tern_model *mode
 		fputc('\n', stderr);
 	sigaction(SIGINT, &old_int, NULL);
 	sigaction(SIGTERM, &old_term, NULL);
-	write_model(cli, tr, model);
-	tern_cli_verbose(0, "step %lld of %lld: loss %.6g", (long long)step, (long long)total, loss);
+	write_model(cli, tr, model, dist);
+	if (rank == 0)
+		tern_cli_verbose(0, "step %lld of %lld: loss %.6g", (long long)step, (long long)total, loss);
 	if (log && fclose(log) != 0)
 		tern_cli_fail(TERN_EIO, "%s: %s", o->log, strerror(errno));
 	for (int i = 0; i < n; i++) {

@@ -485,6 +485,22 @@ typedef struct tern_schedule_stats {
 	int64_t lost_pairs; /* concurrent node pairs put on one stream by the cap */
 } tern_schedule_stats;
 
+/* ---------------------------------------------------------------- distribution (lib/dist) */
+
+/* tern-partition's annotation: what the step was partitioned into (formats/annotations.md). */
+#define TERN_PARTITION_KEY "tern.partition"
+int tern_comm_rank(void);
+int tern_comm_size(void);
+/* Collectives that count their bytes under kind (comm.c); with one process they copy. */
+tern_status tern_comm_alltoallv(int kind, const void *send, const int64_t *send_bytes, const int64_t *send_off,
+                                void *recv, const int64_t *recv_bytes, const int64_t *recv_off);
+tern_status tern_comm_alltoall_counts(int kind, const int64_t *send, int64_t *recv);
+/* Replaces a model's training algorithm by a training step model's graph (as tern_model_training_step
+ * made it, then edited): its nodes, its outputs, the algorithm's own inputs. */
+tern_status tern_model_set_training_step(tern_model *model, tern_model *step);
+/* Replaces the bytes of initializer v by value's (same dtype and shape), as raw data it owns. */
+tern_status tern_initializer_replace(tern_value *v, const tern_tensor *value);
+
 #define TERN_SCHEDULE_KEY "tern.schedule"
 /* The schedule of a model's training step (the inference graph and its training algorithm combined,
  * tern_model_training_step), in the same form. */

@@ -400,6 +400,67 @@ double tern_trainer_lr(const tern_trainer *trainer);
 /* Writes the current values into the model's initializers, so that saving it saves the training. */
 tern_status tern_trainer_sync(tern_trainer *trainer);
 
+/* ---------------------------------------------------------------- distribution (lib/dist) */
+
+/* What tern-partition does (tern_model_partition). */
+typedef struct tern_partition_options {
+	int ranks; /* processes that train together (>= 1) */
+	const char *strategy; /* hybrid (default), allreduce, allgather, ps */
+	int partitions; /* row shards of each sparse table (0: one per server) */
+	int servers; /* servers (hosts) that hold the shards (0: one per rank) */
+	int local_aggregation; /* sparse gradients summed per host before they are pushed */
+	double bucket_mb; /* dense gradients reduced together up to this size (<= 0: 4 MiB) */
+} tern_partition_options;
+typedef struct tern_partition_summary {
+	int n_dense, n_sparse; /* parameters by how their gradients travel */
+	int n_buckets; /* AllReduce calls a step */
+	int64_t dense_elems, sparse_elems;
+} tern_partition_summary;
+/* Rewrites a model's training algorithm into one SPMD step for opts->ranks processes: dense gradients
+ * through tern.AllReduce, sparse tables (gradients as rows) by strategy, and the annotation
+ * TERN_PARTITION_KEY that says so. */
+tern_status tern_model_partition(tern_model *model, const tern_partition_options *opts, tern_partition_summary *summary);
+/* The ranks a model's step was partitioned for (1: not partitioned). */
+int tern_model_partition_ranks(const tern_model *model);
+
+/* The communicator the tern.AllReduce, tern.Pull, tern.Push and tern.AllGatherRows kernels use: one
+ * per process, set before planning (tern-dist-run sets MPI's). Without one a process is rank 0 of 1.
+ * Every function is collective (all ranks call it in the same order) and returns 0 on success. */
+typedef struct tern_comm {
+	int rank, size;
+	void *ctx;
+	/* buf[0..count) of dtype (float or double) summed over the ranks, in place */
+	int (*allreduce)(void *ctx, void *buf, int64_t count, int dtype);
+	/* send + send_off[r], send_bytes[r] bytes to rank r; recv_bytes[r] bytes from rank r to
+	 * recv + recv_off[r] (the receiver knows the sizes) */
+	int (*alltoallv)(void *ctx, const void *send, const int64_t *send_bytes, const int64_t *send_off, void *recv,
+	                 const int64_t *recv_bytes, const int64_t *recv_off);
+	/* every rank's bytes[r] at recv + off[r], its own from send */
+	int (*allgatherv)(void *ctx, const void *send, void *recv, const int64_t *bytes, const int64_t *off);
+	/* a message of what the last failure was (may be NULL) */
+	const char *(*error)(void *ctx);
+} tern_comm;
+void tern_comm_set(const tern_comm *comm);
+const tern_comm *tern_comm_get(void);
+/* Bytes this process sent and received through the communicator since the last reset, by kind: the
+ * payload each collective moves (allreduce counted as a ring's 2(n-1)/n of the buffer each way,
+ * alltoallv as what goes to and comes from other ranks, allgatherv as a ring's). */
+enum { TERN_COMM_DENSE, TERN_COMM_SPARSE_PUSH, TERN_COMM_SPARSE_PULL, TERN_COMM_OTHER, TERN_COMM_KINDS };
+const char *tern_comm_kind_name(int kind);
+void tern_comm_bytes(int64_t sent[TERN_COMM_KINDS], int64_t received[TERN_COMM_KINDS]);
+void tern_comm_reset_bytes(void);
+/* Collectives that count their bytes (kind TERN_COMM_*): for tools that talk beside the graph. */
+tern_status tern_comm_allreduce(int kind, void *buf, int64_t count, int dtype);
+tern_status tern_comm_allgatherv(int kind, const void *send, void *recv, const int64_t *bytes, const int64_t *off);
+
+/* A trainer on a partitioned model: before the first step, each rank's shards of the sparse tables
+ * (and their optimizer state) are filled from the model's full tables; tern_dist_gather writes the
+ * shards of every rank back into the full tables of rank 0's model (collective; call before
+ * tern_trainer_sync and writing the model). */
+tern_status tern_dist_scatter(tern_trainer *trainer, tern_model *model);
+tern_status tern_dist_gather(tern_trainer *trainer, tern_model *model);
+
+
 /* The passes, in pipeline order: name, one-line description, and the lowest level that runs each. */
 int tern_pass_count(void);
 const char *tern_pass_name(int index);

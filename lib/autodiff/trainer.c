@@ -256,19 +256,9 @@ static tern_status same_tensor(const tern_model *m, const Onnx__TensorProto *a, 
 	return st;
 }
 
-tern_status tern_model_optimize_training(tern_model *m, const tern_optimize_options *o, tern_pass_stat **stats,
-                                         int *n_stats)
+tern_status tern_model_set_training_step(tern_model *m, tern_model *step)
 {
-	if (stats)
-		*stats = NULL;
-	if (n_stats)
-		*n_stats = 0;
-	tern_model *step = NULL;
-	tern_status st = tern_model_training_step(m, &step);
-	if (!st)
-		st = tern_optimize(step, o, stats, n_stats);
-	if (!st)
-		st = tern_model_sync(step);
+	tern_status st = tern_model_sync(step);
 	Onnx__GraphProto *sg = st ? NULL : step->proto->graph, *ng = NULL;
 	if (sg && !(ng = tern_pb_copy(sg)))
 		st = tern_errorf(TERN_EOS, "out of memory");
@@ -291,7 +281,7 @@ tern_status tern_model_optimize_training(tern_model *m, const tern_optimize_opti
 			const Onnx__TensorProto *orig = find_initializer(mg, t->name);
 			bool same = false;
 			if (orig && !st && !(st = same_tensor(m, orig, t, &same)) && !same)
-				st = tern_errorf(TERN_EINTERNAL, "%s: optimising the training step changed initializer '%s'", m->source,
+				st = tern_errorf(TERN_EINTERNAL, "%s: rewriting the training step changed initializer '%s'", m->source,
 				                 t->name);
 			if (!orig)
 				ng->initializer[k++] = t;
@@ -302,7 +292,7 @@ tern_status tern_model_optimize_training(tern_model *m, const tern_optimize_opti
 		free(ng->name);
 		ng->name = tern_strdup(ti->algorithm->name ? ti->algorithm->name : "training_step");
 	}
-	/* the operators the passes used (tern's fused ones) */
+	/* the operators the step uses (tern's fused ones) */
 	for (size_t i = 0; !st && i < step->proto->n_opset_import; i++) {
 		const Onnx__OperatorSetIdProto *op = step->proto->opset_import[i];
 		st = tern_model_import_opset(m, op->domain ? op->domain : "", op->version);
@@ -314,6 +304,22 @@ tern_status tern_model_optimize_training(tern_model *m, const tern_optimize_opti
 	}
 	if (ng)
 		onnx__graph_proto__free_unpacked(ng, &tern_pb_allocator);
+	return st;
+}
+
+tern_status tern_model_optimize_training(tern_model *m, const tern_optimize_options *o, tern_pass_stat **stats,
+                                         int *n_stats)
+{
+	if (stats)
+		*stats = NULL;
+	if (n_stats)
+		*n_stats = 0;
+	tern_model *step = NULL;
+	tern_status st = tern_model_training_step(m, &step);
+	if (!st)
+		st = tern_optimize(step, o, stats, n_stats);
+	if (!st)
+		st = tern_model_set_training_step(m, step);
 	tern_model_free(step);
 	if (st && stats) {
 		free(*stats);
@@ -633,35 +639,45 @@ static tern_status adopt(tern_model *m, tern_value *v, tern_tensor *out)
 	return TERN_OK;
 }
 
+tern_status tern_initializer_replace(tern_value *v, const tern_tensor *value)
+{
+	Onnx__TensorProto *tp = v ? v->initializer : NULL;
+	if (!tp)
+		return tern_errorf(TERN_EINTERNAL, "'%s' is not an initializer", v ? v->name : "?");
+	if (tp->has_raw_data && tp->raw_data.data == value->data)
+		return TERN_OK; /* the initializer's bytes are the value */
+	/* replace the stored bytes (mapped external data is read-only: it gets bytes of its own) */
+	Onnx__TensorProto *fresh = malloc(sizeof *fresh);
+	if (!fresh)
+		return tern_errorf(TERN_EOS, "out of memory");
+	onnx__tensor_proto__init(fresh);
+	tern_tensor named = *value;
+	named.name = NULL;
+	tern_status st = tern_tensor_to_proto(&named, fresh);
+	if (st) {
+		onnx__tensor_proto__free_unpacked(fresh, NULL);
+		return st;
+	}
+	if (tp->has_raw_data && tp->raw_data.data)
+		tern_pb_allocator.free(NULL, tp->raw_data.data);
+	tp->raw_data = fresh->raw_data;
+	tp->has_raw_data = 1;
+	fresh->raw_data.data = NULL;
+	fresh->has_raw_data = 0;
+	onnx__tensor_proto__free_unpacked(fresh, NULL);
+	plain_raw(tp);
+	return TERN_OK;
+}
+
 tern_status tern_trainer_sync(tern_trainer *t)
 {
 	for (int s = 0; s < t->n_state; s++) {
 		tern_value *v = tern_graph_find(t->src->graph, t->state_names[s]);
-		Onnx__TensorProto *tp = v ? v->initializer : NULL;
-		if (!tp)
+		if (!v || !v->initializer)
 			return tern_errorf(TERN_EINTERNAL, "'%s' is no longer an initializer", t->state_names[s]);
-		if (tp->has_raw_data && tp->raw_data.data == t->state[s].data)
-			continue; /* the initializer's bytes are the state */
-		/* replace the stored bytes (mapped external data is read-only: it gets bytes of its own) */
-		Onnx__TensorProto *fresh = malloc(sizeof *fresh);
-		if (!fresh)
-			return tern_errorf(TERN_EOS, "out of memory");
-		onnx__tensor_proto__init(fresh);
-		tern_tensor named = t->state[s];
-		named.name = NULL;
-		tern_status st = tern_tensor_to_proto(&named, fresh);
-		if (st) {
-			onnx__tensor_proto__free_unpacked(fresh, NULL);
+		tern_status st = tern_initializer_replace(v, &t->state[s]);
+		if (st)
 			return st;
-		}
-		if (tp->has_raw_data && tp->raw_data.data)
-			tern_pb_allocator.free(NULL, tp->raw_data.data);
-		tp->raw_data = fresh->raw_data;
-		tp->has_raw_data = 1;
-		fresh->raw_data.data = NULL;
-		fresh->has_raw_data = 0;
-		onnx__tensor_proto__free_unpacked(fresh, NULL);
-		plain_raw(tp);
 	}
 	return TERN_OK;
 }

@@ -5,14 +5,15 @@
 extern const tern_op_table tern_ops_elementwise, tern_ops_shape, tern_ops_matmul, tern_ops_reduce, tern_ops_rnn,
         tern_ops_misc, tern_ops_control, tern_ops_quant, tern_ops_training;
 extern const tern_op_table tern_ops_conv, tern_ops_pool, tern_ops_norm, tern_ops_softmax, tern_ops_resize;
-extern const tern_op_table tern_ops_fused, tern_ops_sequence, tern_ops_text, tern_ops_ml, tern_ops_blocked;
+extern const tern_op_table tern_ops_fused, tern_ops_sequence, tern_ops_text, tern_ops_ml, tern_ops_blocked,
+        tern_ops_dist;
 
 /* Searched in this order: the first entry that fits wins. */
 static const tern_op_table *const families[] = {
         &tern_ops_elementwise, &tern_ops_shape,   &tern_ops_conv,    &tern_ops_pool,     &tern_ops_norm,
         &tern_ops_softmax,     &tern_ops_resize,  &tern_ops_matmul,  &tern_ops_reduce,   &tern_ops_rnn,
         &tern_ops_misc,        &tern_ops_control, &tern_ops_quant,   &tern_ops_training, &tern_ops_fused,
-        &tern_ops_sequence,    &tern_ops_text,    &tern_ops_ml,      &tern_ops_blocked,
+        &tern_ops_sequence,    &tern_ops_text,    &tern_ops_ml,      &tern_ops_blocked,    &tern_ops_dist,
 };
 
 bool tern_same_domain(const char *a, const char *b)

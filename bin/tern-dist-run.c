@@ -1,0 +1,324 @@
+/* tern-dist-run — trains a partitioned model (tern-partition) on N ranks over MPICH: it starts
+ * `mpiexec -n N` on itself (or runs as one rank of a job started with a plain `mpiexec -n N
+ * tern-dist-run ...`), hands libtern MPI's collectives (tern_comm_set), and runs tern-run --train's
+ * loop (train.c) with each rank on its slice of every batch. */
+#include "../lib/internal.h"
+#include "cli.h"
+#include "train.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <mpi.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+typedef struct options {
+	train_options t;
+	int ranks;
+	const char *hosts;
+	int worker;
+	int threads;
+	uint64_t seed;
+	const char **input_args;
+	int n_input_args;
+} options;
+
+enum { OPT_HOSTS = 0x100, OPT_WORKER, OPT_THREADS, OPT_SEED };
+
+static const struct argp_option option_table[] = {
+        {NULL, 0, NULL, 0, "Ranks:", 1},
+        {"ranks", 'n', "N", 0, "run N ranks (mpiexec -n N); the graph must be partitioned for N", 1},
+        {"hosts", OPT_HOSTS, "FILE", 0, "MPICH's host file, passed to mpiexec -f", 1},
+        {"worker", OPT_WORKER, NULL, 0, "be one rank of a job mpiexec started (set when mpiexec runs this tool)", 1},
+        {NULL, 0, NULL, 0, "Data and training (as tern-run --train; -o FILE is written by rank 0):", 2},
+        {"input", 'i', "[NAME=]FILE", 0, "the step's input NAME from a .npy or .pb file; every rank reads it", 2},
+        {"seed", OPT_SEED, "S", 0, "seed of --shuffle (default 0)", 2},
+        {"threads", OPT_THREADS, "N", 0, "threads a rank (default 1)", 2},
+        TRAIN_ARGP_OPTIONS(2),
+        {0},
+};
+
+static error_t parse_option(int key, char *arg, struct argp_state *state)
+{
+	options *o = state->input;
+	char *end;
+	switch (key) {
+	case 'n':
+		errno = 0;
+		o->ranks = (int)strtol(arg, &end, 10);
+		if (*end || errno || o->ranks < 1 || o->ranks > 1 << 20)
+			argp_error(state, "--ranks takes a positive number, not '%s'", arg);
+		return 0;
+	case OPT_HOSTS: o->hosts = arg; return 0;
+	case OPT_WORKER: o->worker = 1; return 0;
+	case OPT_THREADS:
+		o->threads = (int)strtol(arg, &end, 10);
+		if (*end || o->threads < 1 || o->threads > 4096)
+			argp_error(state, "--threads takes a number from 1 to 4096, not '%s'", arg);
+		return 0;
+	case OPT_SEED:
+		errno = 0;
+		o->seed = strtoull(arg, &end, 10);
+		if (*end || errno)
+			argp_error(state, "--seed takes a number, not '%s'", arg);
+		return 0;
+	case 'i':
+		o->input_args = tern_cli_grow(o->input_args, (size_t)o->n_input_args + 1, sizeof *o->input_args);
+		o->input_args[o->n_input_args++] = arg;
+		return 0;
+	default: return train_parse_option(&o->t, key, arg, state);
+	}
+}
+
+/* ---------------------------------------------------------------- MPI as libtern's communicator */
+
+static char mpi_message[MPI_MAX_ERROR_STRING + 64];
+
+static int mpi_failed(int rc, const char *what)
+{
+	int len = 0;
+	char text[MPI_MAX_ERROR_STRING];
+	MPI_Error_string(rc, text, &len);
+	snprintf(mpi_message, sizeof mpi_message, "%s: %.*s", what, len, text);
+	return 1;
+}
+
+static int mpi_allreduce(void *ctx, void *buf, int64_t count, int dtype)
+{
+	(void)ctx;
+	MPI_Datatype t = dtype == TERN_DOUBLE ? MPI_DOUBLE : MPI_FLOAT;
+	/* in pieces of at most INT_MAX elements (MPI counts are int) */
+	size_t es = dtype == TERN_DOUBLE ? 8 : 4;
+	for (int64_t at = 0; at < count; at += INT_MAX) {
+		int n = (int)(count - at < INT_MAX ? count - at : INT_MAX);
+		int rc = MPI_Allreduce(MPI_IN_PLACE, (char *)buf + (size_t)at * es, n, t, MPI_SUM, MPI_COMM_WORLD);
+		if (rc != MPI_SUCCESS)
+			return mpi_failed(rc, "MPI_Allreduce");
+	}
+	return 0;
+}
+
+/* Byte counts and displacements as MPI's ints; a message over 2 GiB is refused. */
+static int to_ints(int n, const int64_t *a, const int64_t *b, int *ia, int *ib)
+{
+	for (int r = 0; r < n; r++) {
+		if (a[r] > INT_MAX || b[r] > INT_MAX) {
+			snprintf(mpi_message, sizeof mpi_message, "a message of more than 2 GiB");
+			return 1;
+		}
+		ia[r] = (int)a[r];
+		ib[r] = (int)b[r];
+	}
+	return 0;
+}
+
+static int mpi_alltoallv(void *ctx, const void *send, const int64_t *send_bytes, const int64_t *send_off, void *recv,
+                         const int64_t *recv_bytes, const int64_t *recv_off)
+{
+	(void)ctx;
+	int n;
+	MPI_Comm_size(MPI_COMM_WORLD, &n);
+	int *v = malloc(4 * (size_t)n * sizeof *v);
+	if (!v) {
+		snprintf(mpi_message, sizeof mpi_message, "out of memory");
+		return 1;
+	}
+	int rc = to_ints(n, send_bytes, send_off, v, v + n) || to_ints(n, recv_bytes, recv_off, v + 2 * n, v + 3 * n);
+	if (!rc) {
+		int e = MPI_Alltoallv(send, v, v + n, MPI_BYTE, recv, v + 2 * n, v + 3 * n, MPI_BYTE, MPI_COMM_WORLD);
+		rc = e != MPI_SUCCESS ? mpi_failed(e, "MPI_Alltoallv") : 0;
+	}
+	free(v);
+	return rc;
+}
+
+static int mpi_allgatherv(void *ctx, const void *send, void *recv, const int64_t *bytes, const int64_t *off)
+{
+	(void)ctx;
+	int n, me;
+	MPI_Comm_size(MPI_COMM_WORLD, &n);
+	MPI_Comm_rank(MPI_COMM_WORLD, &me);
+	int *v = malloc(2 * (size_t)n * sizeof *v);
+	if (!v) {
+		snprintf(mpi_message, sizeof mpi_message, "out of memory");
+		return 1;
+	}
+	int rc = to_ints(n, bytes, off, v, v + n);
+	if (!rc) {
+		int e = MPI_Allgatherv(send, v[me], MPI_BYTE, recv, v, v + n, MPI_BYTE, MPI_COMM_WORLD);
+		rc = e != MPI_SUCCESS ? mpi_failed(e, "MPI_Allgatherv") : 0;
+	}
+	free(v);
+	return rc;
+}
+
+static const char *mpi_error(void *ctx)
+{
+	(void)ctx;
+	return mpi_message;
+}
+
+/* ---------------------------------------------------------------- the launcher */
+
+/* Runs mpiexec -n N [-f HOSTS] THIS-PROGRAM --worker ARGS, with a graph from standard input saved to
+ * a file first (mpiexec gives standard input to rank 0 only); returns its exit status. */
+static int launch(const options *o, const tern_cli *cli, int argc, char **argv)
+{
+	char self[PATH_MAX];
+	ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
+	if (len <= 0)
+		tern_cli_fail(TERN_EIO, "cannot find this program: %s", strerror(errno));
+	self[len] = 0;
+	char graph[] = "/tmp/tern-dist-run-XXXXXX";
+	bool from_stdin = !cli->input || !strcmp(cli->input, "-");
+	if (from_stdin) {
+		int fd = mkstemp(graph);
+		if (fd < 0)
+			tern_cli_fail(TERN_EIO, "%s: %s", graph, strerror(errno));
+		char buf[1 << 16];
+		ssize_t k;
+		while ((k = read(STDIN_FILENO, buf, sizeof buf)) > 0)
+			if (write(fd, buf, (size_t)k) != k) {
+				unlink(graph);
+				tern_cli_fail(TERN_EIO, "%s: %s", graph, strerror(errno));
+			}
+		close(fd);
+		if (k < 0) {
+			unlink(graph);
+			tern_cli_fail(TERN_EIO, "standard input: %s", strerror(errno));
+		}
+	}
+	char n[16];
+	snprintf(n, sizeof n, "%d", o->ranks);
+	const char **av = calloc((size_t)argc + 10, sizeof *av);
+	if (!av)
+		tern_cli_fail(TERN_EOS, "out of memory");
+	int k = 0;
+	av[k++] = "mpiexec";
+	av[k++] = "-n";
+	av[k++] = n;
+	if (o->hosts) {
+		av[k++] = "-f";
+		av[k++] = o->hosts;
+	}
+	av[k++] = self;
+	av[k++] = "--worker";
+	for (int i = 1; i < argc; i++)
+		if (!from_stdin || strcmp(argv[i], "-") != 0)
+			av[k++] = argv[i];
+	if (from_stdin)
+		av[k++] = graph;
+	av[k] = NULL;
+	tern_cli_verbose(1, "starting %d ranks with mpiexec", o->ranks);
+	pid_t pid = fork();
+	if (pid == 0) {
+		execvp("mpiexec", (char **)av);
+		fprintf(stderr, "tern-dist-run: cannot run mpiexec: %s\n", strerror(errno));
+		_exit(69);
+	}
+	int status = 0;
+	while (pid > 0 && waitpid(pid, &status, 0) < 0 && errno == EINTR)
+		;
+	if (from_stdin)
+		unlink(graph);
+	free(av);
+	if (pid < 0)
+		tern_cli_fail(TERN_EOS, "cannot start mpiexec: %s", strerror(errno));
+	if (WIFEXITED(status))
+		return WEXITSTATUS(status);
+	return 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+}
+
+/* ---------------------------------------------------------------- a rank */
+
+/* FNV-1a of the graph file's bytes, to check that every rank read the same graph. */
+static uint64_t file_hash(const char *path)
+{
+	FILE *f = fopen(path, "rb");
+	uint64_t h = 1469598103934665603ull;
+	if (!f)
+		return 0;
+	int c;
+	unsigned char buf[1 << 16];
+	size_t k;
+	while ((k = fread(buf, 1, sizeof buf, f)) > 0)
+		for (size_t i = 0; i < k; i++)
+			h = (h ^ buf[i]) * 1099511628211ull;
+	(void)c;
+	fclose(f);
+	return h;
+}
+
+static int worker(options *o, tern_cli *cli)
+{
+	int provided = 0, rank = 0, size = 1;
+	if (MPI_Init_thread(NULL, NULL, MPI_THREAD_SERIALIZED, &provided) != MPI_SUCCESS)
+		tern_cli_fail(TERN_EUNAVAILABLE, "MPI_Init failed");
+	MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+	MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+	MPI_Comm_size(MPI_COMM_WORLD, &size);
+	static tern_comm comm;
+	comm = (tern_comm){rank, size, NULL, mpi_allreduce, mpi_alltoallv, mpi_allgatherv, mpi_error};
+	tern_comm_set(&comm);
+	if (rank)
+		cli->verbose = 0;
+	if (o->ranks && o->ranks != size)
+		tern_cli_fail(TERN_EUSAGE, "-n %d, but mpiexec started %d ranks", o->ranks, size);
+	if (!cli->input || !strcmp(cli->input, "-"))
+		tern_cli_fail(TERN_EUSAGE, "a rank reads the graph from a file (mpiexec gives standard input to rank 0 only)");
+	/* the same graph everywhere */
+	uint64_t mine = file_hash(cli->input), *all = malloc((size_t)size * sizeof *all);
+	if (!all)
+		tern_cli_fail(TERN_EOS, "out of memory");
+	if (MPI_Allgather(&mine, 1, MPI_UINT64_T, all, 1, MPI_UINT64_T, MPI_COMM_WORLD) != MPI_SUCCESS)
+		tern_cli_fail(TERN_EIO, "rank %d: MPI_Allgather failed", rank);
+	for (int r = 0; r < size; r++)
+		if (all[r] != all[0])
+			tern_cli_fail(TERN_EUSAGE, "%s: ranks 0 and %d read different graphs", cli->input, r);
+	free(all);
+	tern_model *model = tern_cli_load(cli);
+	if (!tern_model_has_training(model))
+		tern_cli_fail(TERN_EDATA, "%s: the model has no training algorithm; make one with tern-autodiff", cli->input);
+	int want = tern_model_partition_ranks(model);
+	if (want != size)
+		tern_cli_fail(TERN_EUSAGE, "%s: the training step is partitioned for %d rank%s, not %d (tern-partition --ranks %d)",
+		              cli->input, want, want == 1 ? "" : "s", size, size);
+	o->t.dist = 1;
+	o->t.threads = o->threads ? o->threads : 1;
+	o->t.seed = o->seed;
+	o->t.input_args = o->input_args;
+	o->t.n_input_args = o->n_input_args;
+	int rc = tern_run_train(&o->t, cli, model);
+	tern_model_free(model);
+	MPI_Finalize();
+	return rc;
+}
+
+int main(int argc, char **argv)
+{
+	tern_cli cli;
+	options opts = {0};
+	const tern_cli_tool tool = {
+	        "tern-dist-run",
+	        "Train a partitioned model (tern-partition) on N ranks over MPICH.\v"
+	        "Without --worker it runs `mpiexec -n N` on itself; a plain `mpiexec -n N tern-dist-run ...` works "
+	        "as well. Every rank reads the graph and the -i files; each trains on its slice of every batch "
+	        "(--batch is the global batch), dense gradients are averaged by MPI_Allreduce, sparse rows go to "
+	        "and come from their shards' owners by MPI_Alltoallv. --log FILE gets one JSON object per step and "
+	        "rank with the bytes it sent and received by kind (dense, sparse_push, sparse_pull, other). Rank 0 "
+	        "gathers the shards and writes -o, atomically.",
+	        option_table,
+	        parse_option,
+	        &opts,
+	        NULL,
+	        1};
+	tern_cli_parse(&cli, &tool, argc, argv);
+	/* a rank when mpiexec started this process, else the launcher */
+	if (opts.worker || getenv("PMI_RANK") || getenv("PMI_FD"))
+		return worker(&opts, &cli);
+	if (!opts.ranks)
+		tern_cli_fail(TERN_EUSAGE, "-n N is required (or start it with mpiexec -n N)");
+	return launch(&opts, &cli, argc, argv);
+}

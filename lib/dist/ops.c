@@ -1,0 +1,554 @@
+/* ops.c — the communication operators tern-partition writes (domain tern), over the process's
+ * communicator (comm.c):
+ *
+ *   tern.AllReduce(X1..Xk) -> Y1..Yk      the mean over the ranks of each Xi (one collective for all)
+ *   tern.Pull(S, I) -> R                  rows I of a table sharded by rows; S is this rank's shard
+ *   tern.Push(I, G) -> (J, H)             the rows G[k] of a table's gradient at I[k], duplicates summed
+ *                                         and divided by the ranks, sent to the shards' owners; J and
+ *                                         H are the rows this rank's shard receives (J local rows)
+ *   tern.AllGatherRows(I, G) -> (J, H)    every rank's (I, G/ranks) concatenated, as Horovod does
+ *   tern.RowsToDense(I, G) -> D           the dense gradient [rows, ...] of rows G at I
+ *
+ * Pull and Push carry the shard map as attributes: rows (the table's), starts (P+1 first rows of the
+ * P partitions), owners (each partition's rank), offsets (where a partition starts in its owner's
+ * shard). Every operator carries ranks, the process count it was partitioned for, which must be the
+ * communicator's. */
+#include "internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define TERN_DOMAIN_NAME "tern"
+
+static tern_status check_ranks(const tern_node *n)
+{
+	int64_t want = tern_attr_int(n, "ranks", 1);
+	if (want != tern_comm_size())
+		return tern_node_errorf(n, TERN_EUSAGE, "the step was partitioned for %lld ranks and runs on %d%s",
+		                        (long long)want, tern_comm_size(),
+		                        tern_comm_size() == 1 ? " (run it with tern-dist-run)" : "");
+	return TERN_OK;
+}
+
+static int64_t row_index(const tern_tensor *idx, int64_t k)
+{
+	return idx->dtype == TERN_INT32 ? ((const int32_t *)idx->data)[k] : ((const int64_t *)idx->data)[k];
+}
+
+static int cmp_i64(const void *a, const void *b)
+{
+	int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+	return (x > y) - (x < y);
+}
+
+/* ---------------------------------------------------------------- the shard map */
+
+typedef struct shard_map {
+	int64_t rows;
+	size_t n_parts;
+	const int64_t *starts, *owners, *offsets;
+} shard_map;
+
+static tern_status read_map(const tern_node *n, shard_map *m)
+{
+	size_t ns = 0, no = 0, nf = 0;
+	m->rows = tern_attr_int(n, "rows", -1);
+	m->starts = tern_attr_ints(n, "starts", &ns);
+	m->owners = tern_attr_ints(n, "owners", &no);
+	m->offsets = tern_attr_ints(n, "offsets", &nf);
+	m->n_parts = no;
+	bool ok = m->rows >= 0 && m->starts && m->owners && m->offsets && no >= 1 && ns == no + 1 && nf == no &&
+	          m->starts[0] == 0 && m->starts[no] == m->rows;
+	for (size_t k = 0; ok && k < no; k++)
+		ok = m->starts[k] <= m->starts[k + 1] && m->owners[k] >= 0 && m->owners[k] < tern_comm_size() &&
+		     m->offsets[k] >= 0;
+	return ok ? TERN_OK : tern_node_errorf(n, TERN_EDATA, "a malformed shard map (rows, starts, owners, offsets)");
+}
+
+/* The partition of a row (binary search over starts). */
+static size_t part_of(const shard_map *m, int64_t row)
+{
+	size_t lo = 0, hi = m->n_parts;
+	while (hi - lo > 1) {
+		size_t mid = (lo + hi) / 2;
+		if (m->starts[mid] <= row)
+			lo = mid;
+		else
+			hi = mid;
+	}
+	return lo;
+}
+
+/* Sorted distinct rows of idx (negative ones from the end) into *uniq; their count, or -1 with an
+ * error naming the node when one is out of range. */
+static int64_t distinct_rows(const tern_node *n, const tern_tensor *idx, int64_t rows, int64_t *uniq)
+{
+	int64_t cnt = tern_tensor_numel(idx);
+	for (int64_t k = 0; k < cnt; k++) {
+		int64_t r = row_index(idx, k);
+		if (r < -rows || r >= rows) {
+			tern_node_errorf(n, TERN_EDATA, "row index %lld is out of range for %lld rows", (long long)r,
+			                 (long long)rows);
+			return -1;
+		}
+		uniq[k] = r < 0 ? r + rows : r;
+	}
+	qsort(uniq, (size_t)cnt, sizeof *uniq, cmp_i64);
+	int64_t u = 0;
+	for (int64_t k = 0; k < cnt; k++)
+		if (!u || uniq[k] != uniq[u - 1])
+			uniq[u++] = uniq[k];
+	return u;
+}
+
+/* Per-rank counts and offsets of a send or receive buffer; off[n] is the total. */
+static void offsets_of(const int64_t *cnt, int n, int64_t *off)
+{
+	off[0] = 0;
+	for (int r = 0; r < n; r++)
+		off[r + 1] = off[r] + cnt[r];
+}
+
+static void scaled(int64_t *dst, const int64_t *src, int n, int64_t by)
+{
+	for (int r = 0; r <= n; r++)
+		dst[r] = src[r] * by;
+}
+
+/* The exchange both Pull and Push make: ids[k] (local shard rows, grouped by owner, cnt[r] to rank
+ * r) go to their owners; *got gets what every rank sent here, rcnt[r] from rank r (malloc'd). */
+typedef struct exchange {
+	int n;
+	int64_t *cnt, *off, *rcnt, *roff, *bytes, *bytes_off, *rbytes, *rbytes_off; /* n + 1 each */
+} exchange;
+
+static tern_status exchange_init(exchange *x)
+{
+	x->n = tern_comm_size();
+	int64_t *mem = calloc(8 * ((size_t)x->n + 1), sizeof *mem);
+	if (!mem)
+		return tern_errorf(TERN_EOS, "out of memory");
+	int64_t **arr[8] = {&x->cnt, &x->off, &x->rcnt, &x->roff, &x->bytes, &x->bytes_off, &x->rbytes, &x->rbytes_off};
+	for (int i = 0; i < 8; i++)
+		*arr[i] = mem + (size_t)i * ((size_t)x->n + 1);
+	return TERN_OK;
+}
+
+static void exchange_free(exchange *x)
+{
+	free(x->cnt);
+}
+
+/* With x->cnt set: exchanges the counts and sends n_each elements of elem bytes per id. */
+static tern_status exchange_counts(exchange *x, int kind)
+{
+	tern_status st = tern_comm_alltoall_counts(kind, x->cnt, x->rcnt);
+	offsets_of(x->cnt, x->n, x->off);
+	offsets_of(x->rcnt, x->n, x->roff);
+	return st;
+}
+
+static tern_status exchange_data(exchange *x, int kind, const void *send, void *recv, int64_t unit, bool back)
+{
+	/* back: the replies, from the receivers of the first exchange to its senders */
+	const int64_t *sc = back ? x->rcnt : x->cnt, *rc = back ? x->cnt : x->rcnt;
+	for (int r = 0; r < x->n; r++) {
+		x->bytes[r] = sc[r] * unit;
+		x->rbytes[r] = rc[r] * unit;
+	}
+	scaled(x->bytes_off, back ? x->roff : x->off, x->n, unit);
+	scaled(x->rbytes_off, back ? x->off : x->roff, x->n, unit);
+	return tern_comm_alltoallv(kind, send, x->bytes, x->bytes_off, recv, x->rbytes, x->rbytes_off);
+}
+
+/* Groups the distinct rows uniq[0..u) by owner: x->cnt and x->off per rank, slot[k] uniq[k]'s place
+ * in the send order, ids[slot[k]] its row in the owner's shard. fill: n_ranks zeros. */
+static void group_by_owner(const shard_map *m, const int64_t *uniq, int64_t u, exchange *x, int64_t *fill,
+                           int64_t *slot, int64_t *ids)
+{
+	for (int64_t k = 0; k < u; k++)
+		x->cnt[m->owners[part_of(m, uniq[k])]]++;
+	offsets_of(x->cnt, x->n, x->off);
+	for (int64_t k = 0; k < u; k++) {
+		size_t p = part_of(m, uniq[k]);
+		int o = (int)m->owners[p];
+		slot[k] = x->off[o] + fill[o]++;
+		ids[slot[k]] = m->offsets[p] + uniq[k] - m->starts[p];
+	}
+}
+
+/* ---------------------------------------------------------------- Pull */
+
+static tern_status pull_kernel(const tern_kernel_args *a)
+{
+	const tern_tensor *S = a->in[0], *I = a->in[1];
+	tern_tensor *R = a->out[0];
+	shard_map m;
+	tern_status st = read_map(a->node, &m);
+	if (st)
+		return st;
+	int64_t n = tern_tensor_numel(I), srows = S->rank ? S->dims[0] : 1;
+	size_t rb = srows ? S->nbytes / (size_t)srows : 0;
+	exchange x = {0};
+	if ((st = exchange_init(&x)))
+		return st;
+	int64_t *uniq = malloc(((size_t)n + 1) * sizeof *uniq), *ids = malloc(((size_t)n + 1) * sizeof *ids);
+	int64_t *slot = malloc(((size_t)n + 1) * sizeof *slot), *fill = calloc((size_t)x.n + 1, sizeof *fill);
+	int64_t *asked = NULL;
+	char *reply = NULL, *got = NULL;
+	int64_t u = uniq ? distinct_rows(a->node, I, m.rows, uniq) : 0;
+	if (!uniq || !ids || !slot || !fill)
+		st = tern_errorf(TERN_EOS, "out of memory");
+	else if (u < 0)
+		st = TERN_EDATA;
+	if (!st)
+		group_by_owner(&m, uniq, u, &x, fill, slot, ids);
+	if (!st && !(st = exchange_counts(&x, TERN_COMM_SPARSE_PULL))) {
+		int64_t asked_n = x.roff[x.n];
+		asked = malloc(((size_t)asked_n + 1) * sizeof *asked);
+		reply = malloc((size_t)asked_n * rb + 1);
+		got = malloc((size_t)u * rb + 1);
+		if (!asked || !reply || !got)
+			st = tern_errorf(TERN_EOS, "out of memory");
+		if (!st)
+			st = exchange_data(&x, TERN_COMM_SPARSE_PULL, ids, asked, sizeof *ids, false);
+		for (int64_t k = 0; !st && k < asked_n; k++) {
+			if (asked[k] < 0 || asked[k] >= srows)
+				st = tern_node_errorf(a->node, TERN_EDATA, "another rank asked for row %lld of a shard of %lld rows",
+				                      (long long)asked[k], (long long)srows);
+			else
+				memcpy(reply + (size_t)k * rb, (const char *)S->data + (size_t)asked[k] * rb, rb);
+		}
+		if (!st)
+			st = exchange_data(&x, TERN_COMM_SPARSE_PULL, reply, got, (int64_t)rb, true);
+	}
+	/* every index's row from where its distinct row arrived */
+	for (int64_t k = 0; !st && k < n; k++) {
+		int64_t r = row_index(I, k);
+		r = r < 0 ? r + m.rows : r;
+		const int64_t *at = bsearch(&r, uniq, (size_t)u, sizeof *uniq, cmp_i64);
+		memcpy((char *)R->data + (size_t)k * rb, got + (size_t)slot[at - uniq] * rb, rb);
+	}
+	free(uniq);
+	free(ids);
+	free(slot);
+	free(fill);
+	free(asked);
+	free(reply);
+	free(got);
+	exchange_free(&x);
+	return st;
+}
+
+static tern_status pull_prepare(tern_prepare_args *p)
+{
+	const tern_tensor *S = p->in[0], *I = p->in[1];
+	if (p->n_in != 2 || !S || !I || S->rank < 1 || (I->dtype != TERN_INT64 && I->dtype != TERN_INT32))
+		return tern_node_errorf(p->node, TERN_EDATA, "takes a shard (rank >= 1) and int32 or int64 indices");
+	if (I->rank + S->rank - 1 > TERN_MAX_RANK)
+		return tern_node_errorf(p->node, TERN_EDATA, "the result would have more than %d dimensions", TERN_MAX_RANK);
+	tern_status st = check_ranks(p->node);
+	shard_map m;
+	if (st || (st = read_map(p->node, &m)))
+		return st;
+	int64_t dims[TERN_MAX_RANK];
+	memcpy(dims, I->dims, (size_t)I->rank * sizeof *dims);
+	memcpy(dims + I->rank, S->dims + 1, (size_t)(S->rank - 1) * sizeof *dims);
+	tern_set_shape(p->out[0], S->dtype, I->rank + S->rank - 1, dims);
+	p->kernel = pull_kernel;
+	return TERN_OK;
+}
+
+/* ---------------------------------------------------------------- Push and AllGatherRows */
+
+/* Sums the rows of G at equal indices and scales them by 1/ranks: rows[u] (sorted distinct indices
+ * uniq[u]), in G's dtype (float or double). */
+static tern_status coalesce(const tern_node *node, const tern_tensor *I, const tern_tensor *G, int64_t rows,
+                            int64_t *uniq, int64_t *u_out, void *sums, int64_t D)
+{
+	int64_t u = distinct_rows(node, I, rows, uniq);
+	if (u < 0)
+		return TERN_EDATA;
+	bool f64 = G->dtype == TERN_DOUBLE;
+	size_t es = f64 ? 8 : 4;
+	memset(sums, 0, (size_t)(u * D) * es);
+	int64_t n = tern_tensor_numel(I);
+	double scale = 1.0 / tern_comm_size();
+	for (int64_t k = 0; k < n; k++) {
+		int64_t r = row_index(I, k);
+		r = r < 0 ? r + rows : r;
+		int64_t at = (const int64_t *)bsearch(&r, uniq, (size_t)u, sizeof *uniq, cmp_i64) - uniq;
+		if (f64) {
+			double *d = (double *)sums + at * D;
+			const double *s = (const double *)G->data + k * D;
+			for (int64_t e = 0; e < D; e++)
+				d[e] += s[e];
+		} else {
+			float *d = (float *)sums + at * D;
+			const float *s = (const float *)G->data + k * D;
+			for (int64_t e = 0; e < D; e++)
+				d[e] += s[e];
+		}
+	}
+	for (int64_t e = 0; e < u * D; e++) {
+		if (f64)
+			((double *)sums)[e] *= scale;
+		else
+			((float *)sums)[e] = (float)(((float *)sums)[e] * scale);
+	}
+	*u_out = u;
+	return TERN_OK;
+}
+
+static int64_t row_elems(const tern_tensor *I, const tern_tensor *G)
+{
+	int64_t n = tern_tensor_numel(I);
+	return n ? tern_tensor_numel(G) / n : 0;
+}
+
+static tern_status rows_outputs(const tern_kernel_args *a, const tern_tensor *G, int64_t m, tern_tensor **J,
+                                tern_tensor **H)
+{
+	const tern_tensor *I = a->in[0];
+	int64_t dims[TERN_MAX_RANK];
+	dims[0] = m;
+	int extra = G->rank - I->rank;
+	memcpy(dims + 1, G->dims + I->rank, (size_t)extra * sizeof *dims);
+	tern_status st = tern_tensor_alloc(a->out[0], TERN_INT64, 1, &m);
+	if (!st)
+		st = tern_tensor_alloc(a->out[1], G->dtype, 1 + extra, dims);
+	*J = a->out[0];
+	*H = a->out[1];
+	return st ? tern_node_errorf(a->node, st, "%s", tern_error()) : TERN_OK;
+}
+
+static tern_status push_kernel(const tern_kernel_args *a)
+{
+	const tern_tensor *I = a->in[0], *G = a->in[1];
+	shard_map m;
+	tern_status st = read_map(a->node, &m);
+	if (st)
+		return st;
+	int64_t n = tern_tensor_numel(I), D = row_elems(I, G);
+	size_t es = tern_dtype_size(G->dtype), rb = (size_t)D * es;
+	exchange x = {0};
+	if ((st = exchange_init(&x)))
+		return st;
+	int64_t *uniq = malloc(((size_t)n + 1) * sizeof *uniq), *ids = malloc(((size_t)n + 1) * sizeof *ids);
+	int64_t *fill = calloc((size_t)x.n + 1, sizeof *fill), u = 0, *slot = malloc(((size_t)n + 1) * sizeof *slot);
+	char *sums = malloc((size_t)n * rb + 1), *send = malloc((size_t)n * rb + 1);
+	if (!uniq || !ids || !fill || !slot || !sums || !send)
+		st = tern_errorf(TERN_EOS, "out of memory");
+	else
+		st = coalesce(a->node, I, G, m.rows, uniq, &u, sums, D);
+	if (!st)
+		group_by_owner(&m, uniq, u, &x, fill, slot, ids);
+	for (int64_t k = 0; !st && k < u; k++)
+		memcpy(send + (size_t)slot[k] * rb, sums + (size_t)k * rb, rb);
+	tern_tensor *J, *H;
+	if (!st && !(st = exchange_counts(&x, TERN_COMM_SPARSE_PUSH)) &&
+	    !(st = rows_outputs(a, G, x.roff[x.n], &J, &H)) &&
+	    !(st = exchange_data(&x, TERN_COMM_SPARSE_PUSH, ids, J->data, sizeof *ids, false)))
+		st = exchange_data(&x, TERN_COMM_SPARSE_PUSH, send, H->data, (int64_t)rb, false);
+	free(uniq);
+	free(ids);
+	free(fill);
+	free(slot);
+	free(sums);
+	free(send);
+	exchange_free(&x);
+	return st;
+}
+
+static tern_status allgather_rows_kernel(const tern_kernel_args *a)
+{
+	const tern_tensor *I = a->in[0], *G = a->in[1];
+	int n_ranks = tern_comm_size();
+	int64_t n = tern_tensor_numel(I), D = row_elems(I, G);
+	size_t es = tern_dtype_size(G->dtype);
+	int64_t *cnt = calloc(4 * ((size_t)n_ranks + 1), sizeof *cnt), *mine = malloc(((size_t)n + 1) * sizeof *mine);
+	char *scaled_rows = malloc((size_t)(n * D) * es + 1);
+	tern_status st = cnt && mine && scaled_rows ? TERN_OK : tern_errorf(TERN_EOS, "out of memory");
+	int64_t *bytes = cnt + n_ranks + 1, *off = bytes + n_ranks + 1, *one = off + n_ranks + 1;
+	double scale = 1.0 / n_ranks;
+	for (int64_t k = 0; !st && k < n; k++)
+		mine[k] = row_index(I, k);
+	for (int64_t e = 0; !st && e < n * D; e++) {
+		if (G->dtype == TERN_DOUBLE)
+			((double *)scaled_rows)[e] = ((const double *)G->data)[e] * scale;
+		else
+			((float *)scaled_rows)[e] = (float)(((const float *)G->data)[e] * scale);
+	}
+	/* every rank's count, then its indices and its rows */
+	for (int r = 0; !st && r < n_ranks; r++) {
+		one[r] = sizeof(int64_t);
+		off[r] = r * (int64_t)sizeof(int64_t);
+	}
+	if (!st)
+		st = tern_comm_allgatherv(TERN_COMM_SPARSE_PUSH, &n, cnt, one, off);
+	tern_tensor *J, *H;
+	int64_t total = 0;
+	for (int r = 0; !st && r < n_ranks; r++)
+		total += cnt[r];
+	if (!st)
+		st = rows_outputs(a, G, total, &J, &H);
+	int64_t at = 0;
+	for (int r = 0; !st && r < n_ranks; r++) {
+		bytes[r] = cnt[r] * (int64_t)sizeof(int64_t);
+		off[r] = at * (int64_t)sizeof(int64_t);
+		at += cnt[r];
+	}
+	if (!st)
+		st = tern_comm_allgatherv(TERN_COMM_SPARSE_PUSH, mine, J->data, bytes, off);
+	for (int r = 0; r < n_ranks; r++) {
+		bytes[r] = bytes[r] / (int64_t)sizeof(int64_t) * D * (int64_t)es;
+		off[r] = off[r] / (int64_t)sizeof(int64_t) * D * (int64_t)es;
+	}
+	if (!st)
+		st = tern_comm_allgatherv(TERN_COMM_SPARSE_PUSH, scaled_rows, H->data, bytes, off);
+	free(cnt);
+	free(mine);
+	free(scaled_rows);
+	return st;
+}
+
+static tern_status rows_prepare(tern_prepare_args *p, tern_kernel_fn kernel)
+{
+	const tern_tensor *I = p->in[0], *G = p->n_in > 1 ? p->in[1] : NULL;
+	if (p->n_in != 2 || p->n_out != 2 || !I || !G || (I->dtype != TERN_INT64 && I->dtype != TERN_INT32) ||
+	    (G->dtype != TERN_FLOAT && G->dtype != TERN_DOUBLE) || G->rank < I->rank ||
+	    memcmp(G->dims, I->dims, (size_t)I->rank * sizeof *I->dims) != 0)
+		return tern_node_errorf(p->node, TERN_EDATA,
+		                        "takes int32 or int64 indices I and float or double rows G of shape [I's shape, ...]");
+	tern_status st = check_ranks(p->node);
+	shard_map m;
+	if (!st && kernel == push_kernel)
+		st = read_map(p->node, &m);
+	if (st)
+		return st;
+	p->dynamic_output = 1;
+	p->kernel = kernel;
+	return TERN_OK;
+}
+
+static tern_status push_prepare(tern_prepare_args *p)
+{
+	return rows_prepare(p, push_kernel);
+}
+
+static tern_status allgather_rows_prepare(tern_prepare_args *p)
+{
+	return rows_prepare(p, allgather_rows_kernel);
+}
+
+/* ---------------------------------------------------------------- RowsToDense */
+
+static tern_status rows_to_dense_kernel(const tern_kernel_args *a)
+{
+	const tern_tensor *I = a->in[0], *G = a->in[1];
+	tern_tensor *Y = a->out[0];
+	int64_t rows = Y->dims[0], n = tern_tensor_numel(I), D = row_elems(I, G);
+	memset(Y->data, 0, Y->nbytes);
+	for (int64_t k = 0; k < n; k++) {
+		int64_t r = row_index(I, k);
+		if (r < -rows || r >= rows)
+			return tern_node_errorf(a->node, TERN_EDATA, "row index %lld is out of range for %lld rows",
+			                        (long long)r, (long long)rows);
+		r = r < 0 ? r + rows : r;
+		if (G->dtype == TERN_DOUBLE)
+			for (int64_t e = 0; e < D; e++)
+				((double *)Y->data)[r * D + e] += ((const double *)G->data)[k * D + e];
+		else
+			for (int64_t e = 0; e < D; e++)
+				((float *)Y->data)[r * D + e] += ((const float *)G->data)[k * D + e];
+	}
+	return TERN_OK;
+}
+
+static tern_status rows_to_dense_prepare(tern_prepare_args *p)
+{
+	const tern_tensor *I = p->in[0], *G = p->n_in > 1 ? p->in[1] : NULL;
+	int64_t rows = tern_attr_int(p->node, "rows", -1);
+	if (p->n_in != 2 || !I || !G || (I->dtype != TERN_INT64 && I->dtype != TERN_INT32) ||
+	    (G->dtype != TERN_FLOAT && G->dtype != TERN_DOUBLE) || G->rank < I->rank || rows < 0 ||
+	    memcmp(G->dims, I->dims, (size_t)I->rank * sizeof *I->dims) != 0)
+		return tern_node_errorf(p->node, TERN_EDATA,
+		                        "takes int32 or int64 indices I, float or double rows G of shape [I's shape, ...] "
+		                        "and the attribute rows");
+	int64_t dims[TERN_MAX_RANK];
+	dims[0] = rows;
+	int extra = G->rank - I->rank;
+	memcpy(dims + 1, G->dims + I->rank, (size_t)extra * sizeof *dims);
+	tern_set_shape(p->out[0], G->dtype, 1 + extra, dims);
+	p->kernel = rows_to_dense_kernel;
+	return TERN_OK;
+}
+
+/* ---------------------------------------------------------------- AllReduce */
+
+static tern_status allreduce_kernel(const tern_kernel_args *a)
+{
+	int dtype = a->in[0]->dtype, n_ranks = tern_comm_size();
+	size_t es = tern_dtype_size(dtype);
+	int64_t total = 0;
+	for (int i = 0; i < a->n_in; i++)
+		total += tern_tensor_numel(a->in[i]);
+	/* one tensor: reduced where it is to go; several: packed into the scratch */
+	char *buf = a->n_in == 1 ? a->out[0]->data : a->scratch;
+	if (a->n_in == 1 && buf != a->in[0]->data)
+		memcpy(buf, a->in[0]->data, a->in[0]->nbytes);
+	for (int i = 0, at = 0; a->n_in > 1 && i < a->n_in; i++) {
+		memcpy(buf + (size_t)at * es, a->in[i]->data, a->in[i]->nbytes);
+		at += (int)tern_tensor_numel(a->in[i]);
+	}
+	tern_status st = tern_comm_allreduce(TERN_COMM_DENSE, buf, total, dtype);
+	if (st)
+		return tern_node_errorf(a->node, st, "%s", tern_error());
+	double scale = 1.0 / n_ranks;
+	for (int64_t e = 0; n_ranks > 1 && e < total; e++) {
+		if (dtype == TERN_DOUBLE)
+			((double *)buf)[e] *= scale;
+		else
+			((float *)buf)[e] = (float)(((float *)buf)[e] * scale);
+	}
+	for (int i = 0, at = 0; a->n_in > 1 && i < a->n_in; i++) {
+		if (a->out[i])
+			memcpy(a->out[i]->data, buf + (size_t)at * es, a->in[i]->nbytes);
+		at += (int)tern_tensor_numel(a->in[i]);
+	}
+	return TERN_OK;
+}
+
+static tern_status allreduce_prepare(tern_prepare_args *p)
+{
+	if (p->n_in < 1 || p->n_out != p->n_in)
+		return tern_node_errorf(p->node, TERN_EDATA, "takes k >= 1 tensors and gives k");
+	int dtype = p->in[0] ? p->in[0]->dtype : 0;
+	size_t bytes = 0;
+	for (int i = 0; i < p->n_in; i++) {
+		if (!p->in[i] || p->in[i]->dtype != dtype || (dtype != TERN_FLOAT && dtype != TERN_DOUBLE))
+			return tern_node_errorf(p->node, TERN_EDATA, "reduces float or double tensors, all of one dtype");
+		if (p->out[i])
+			tern_set_shape(p->out[i], dtype, p->in[i]->rank, p->in[i]->dims);
+		bytes += tern_tensor_numel(p->in[i]) * tern_dtype_size(dtype);
+	}
+	tern_status st = check_ranks(p->node);
+	if (st)
+		return st;
+	if (p->n_in > 1)
+		p->scratch_bytes = bytes;
+	else
+		p->inplace_ok = 1;
+	p->kernel = allreduce_kernel;
+	return TERN_OK;
+}
+
+static const tern_op ops[] = {
+        {TERN_DOMAIN_NAME, "AllReduce", 1, 0, allreduce_prepare, 0, "distribution"},
+        {TERN_DOMAIN_NAME, "Pull", 1, 0, pull_prepare, 0, "distribution"},
+        {TERN_DOMAIN_NAME, "Push", 1, 0, push_prepare, 0, "distribution"},
+        {TERN_DOMAIN_NAME, "AllGatherRows", 1, 0, allgather_rows_prepare, 0, "distribution"},
+        {TERN_DOMAIN_NAME, "RowsToDense", 1, 0, rows_to_dense_prepare, 0, "distribution"},
+};
+
+const tern_op_table tern_ops_dist = {ops, TERN_ARRAY_LEN(ops)};

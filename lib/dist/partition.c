@@ -1,0 +1,641 @@
+/* partition.c — tern-partition: a training step rewritten into one SPMD step for N ranks.
+ *
+ * Every parameter is classified by its update (tern-autodiff's): tern.SGDRows, tern.AdamRows and
+ * tern.AdagradRows take a sparse gradient (the rows an embedding table's Gathers read), tern.SGD,
+ * tern.Adam and tern.Adagrad a dense one. Dense gradients go through tern.AllReduce (the mean), in
+ * buckets of up to bucket_mb, in the order the backward pass produces them. Sparse tables, by
+ * strategy:
+ *   hybrid     split by rows into P partitions over the servers (greedily, to the one with the fewest
+ *              bytes so far): the forward Gathers become tern.Pull from the shards, the gradient a
+ *              tern.Push to their owners, and the update runs on this rank's shard only;
+ *   allgather  every rank's rows gathered by every rank (Horovod), the table replicated;
+ *   allreduce  the gradient made dense (tern.RowsToDense) and reduced as the dense ones are.
+ * The result is annotated under TERN_PARTITION_KEY (formats/annotations.md). */
+#include "internal.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct update_kind {
+	const char *op, *dense_op;
+	int param; /* input position of the parameter */
+	bool rows;
+} update_kind;
+
+static const update_kind updates[] = {
+        {"SGD", "SGD", 1, false},        {"Adam", "Adam", 2, false},        {"Adagrad", "Adagrad", 2, false},
+        {"SGDRows", "SGD", 1, true},     {"AdamRows", "Adam", 2, true},     {"AdagradRows", "Adagrad", 2, true},
+};
+
+static const update_kind *update_of(const tern_node *n)
+{
+	if (n->removed || strcmp(n->domain, "tern") != 0)
+		return NULL;
+	for (size_t k = 0; k < TERN_ARRAY_LEN(updates); k++)
+		if (strcmp(n->op_type, updates[k].op) == 0)
+			return &updates[k];
+	return NULL;
+}
+
+/* ---------------------------------------------------------------- text of the annotation */
+
+typedef struct text {
+	char *s;
+	size_t n, cap;
+	bool oom;
+} text;
+
+__attribute__((format(printf, 2, 3))) static void put(text *t, const char *fmt, ...)
+{
+	va_list ap;
+	for (;;) {
+		va_start(ap, fmt);
+		int k = vsnprintf(t->s ? t->s + t->n : NULL, t->s ? t->cap - t->n : 0, fmt, ap);
+		va_end(ap);
+		if (k < 0) {
+			t->oom = true;
+			return;
+		}
+		if (t->s && t->n + (size_t)k < t->cap) {
+			t->n += (size_t)k;
+			return;
+		}
+		size_t cap = (t->cap + (size_t)k + 1) * 2;
+		char *s = realloc(t->s, cap);
+		if (!s) {
+			t->oom = true;
+			return;
+		}
+		t->s = s;
+		t->cap = cap;
+	}
+}
+
+static void put_ints(text *t, const char *key, const int64_t *v, size_t n)
+{
+	put(t, " %s=", key);
+	for (size_t i = 0; i < n; i++)
+		put(t, "%s%lld", i ? "," : "", (long long)v[i]);
+}
+
+/* ---------------------------------------------------------------- sparse tables */
+
+typedef struct table {
+	tern_node *update; /* in the step */
+	const update_kind *kind;
+	char *name; /* the parameter */
+	tern_type type;
+	int n_state;
+	char *state[2], *state_shard[2];
+	char *shard;
+	int64_t *starts, *owners, *offsets; /* P + 1, P, P */
+} table;
+
+static void table_free(table *t)
+{
+	free(t->name);
+	free(t->shard);
+	for (int s = 0; s < 2; s++) {
+		free(t->state[s]);
+		free(t->state_shard[s]);
+	}
+	free(t->starts);
+	free(t->owners);
+	free(t->offsets);
+}
+
+static char *shard_name(const char *full)
+{
+	char *s = malloc(strlen(full) + 7);
+	if (s)
+		sprintf(s, "%s/shard", full);
+	return s;
+}
+
+static tern_status set_map_attrs(tern_node *n, const table *t, int parts, int ranks)
+{
+	tern_status st = tern_node_add_attr_int(n, "rows", t->type.dims[0]);
+	if (!st)
+		st = tern_node_add_attr_ints(n, "starts", t->starts, (size_t)parts + 1);
+	if (!st)
+		st = tern_node_add_attr_ints(n, "owners", t->owners, (size_t)parts);
+	if (!st)
+		st = tern_node_add_attr_ints(n, "offsets", t->offsets, (size_t)parts);
+	if (!st)
+		st = tern_node_add_attr_int(n, "ranks", ranks);
+	return st;
+}
+
+/* A zero tensor of a shard's shape as the main graph's initializer. */
+static tern_status add_shard_initializer(tern_model *m, const char *name, const tern_type *full, int64_t rows)
+{
+	int64_t dims[TERN_MAX_RANK];
+	memcpy(dims, full->dims, sizeof dims);
+	dims[0] = rows;
+	tern_tensor z = {0};
+	tern_status st = tern_tensor_alloc(&z, full->dtype, full->rank, dims);
+	if (st)
+		return st;
+	memset(z.data, 0, z.nbytes);
+	if (tern_graph_find(m->graph, name))
+		st = tern_errorf(TERN_EUSAGE, "%s: the graph already has a value '%s'", m->source, name);
+	else if (!tern_graph_take_initializer(m->graph, name, &z))
+		st = tern_errorf(TERN_EOS, "out of memory");
+	tern_tensor_free(&z);
+	return st;
+}
+
+static tern_status rebind(tern_model *m, const char *key, const char *new_key)
+{
+	Onnx__TrainingInfoProto *ti = m->proto->training_info[0];
+	for (size_t b = 0; b < ti->n_update_binding; b++) {
+		Onnx__StringStringEntryProto *e = ti->update_binding[b];
+		if (e->key && strcmp(e->key, key) == 0) {
+			char *k = tern_strdup(new_key);
+			if (!k)
+				return tern_errorf(TERN_EOS, "out of memory");
+			free(e->key);
+			e->key = k;
+			return TERN_OK;
+		}
+	}
+	return tern_errorf(TERN_EINTERNAL, "%s: '%s' is not bound by the training algorithm", m->source, key);
+}
+
+/* Partitions [0, rows) into parts contiguous ranges (the first rows % parts one longer) and gives
+ * each, largest first, to the server with the fewest bytes so far. */
+static void shard_table(table *t, int parts, const int *server_rank, int servers, int64_t *server_bytes,
+                        int64_t *rank_rows, int ranks)
+{
+	int64_t rows = t->type.dims[0], row_bytes = (int64_t)tern_dtype_size(t->type.dtype);
+	for (int d = 1; d < t->type.rank; d++)
+		row_bytes *= t->type.dims[d];
+	for (int k = 0; k <= parts; k++)
+		t->starts[k] = k * (rows / parts) + (k < rows % parts ? k : rows % parts);
+	for (int k = 0; k < parts; k++) {
+		int best = 0;
+		for (int s = 1; s < servers; s++)
+			if (server_bytes[s] < server_bytes[best])
+				best = s;
+		int64_t len = t->starts[k + 1] - t->starts[k];
+		server_bytes[best] += len * row_bytes;
+		int r = server_rank[best];
+		t->owners[k] = r;
+		t->offsets[k] = rank_rows[r];
+		rank_rows[r] += len;
+	}
+	(void)ranks;
+}
+
+/* ---------------------------------------------------------------- the rewrite */
+
+static tern_status copy_attrs(tern_node *dst, const tern_node *src)
+{
+	Onnx__NodeProto *d = dst->proto;
+	const Onnx__NodeProto *s = src->proto;
+	Onnx__AttributeProto **arr = realloc(d->attribute, (d->n_attribute + s->n_attribute + 1) * sizeof *arr);
+	if (!arr)
+		return tern_errorf(TERN_EOS, "out of memory");
+	d->attribute = arr;
+	for (size_t i = 0; i < s->n_attribute; i++) {
+		Onnx__AttributeProto *a = tern_pb_copy(s->attribute[i]);
+		if (!a)
+			return tern_errorf(TERN_EOS, "out of memory");
+		d->attribute[d->n_attribute++] = a;
+	}
+	return TERN_OK;
+}
+
+static char *fresh(tern_graph *g, const char *stem)
+{
+	return tern_graph_unique_name(g, stem);
+}
+
+/* Two new values from one node: op(in) -> (out0[, out1]) named after stem. */
+static tern_node *add_op(tern_graph *g, const char *op, const char *const *in, size_t n_in, const char *stem,
+                         int n_out, char **out_names)
+{
+	char buf[300];
+	for (int o = 0; o < n_out; o++) {
+		snprintf(buf, sizeof buf, "%s/%s%d", stem, op, o);
+		out_names[o] = fresh(g, buf);
+		if (!out_names[o])
+			return NULL;
+	}
+	snprintf(buf, sizeof buf, "%s/%s", stem, op);
+	char *name = fresh(g, buf);
+	tern_node *n = name ? tern_graph_add_node(g, op, "tern", name, in, n_in, (const char *const *)out_names,
+	                                          (size_t)n_out)
+	                    : NULL;
+	free(name);
+	return n;
+}
+
+static tern_status sparse_hybrid(tern_graph *g, table *t, int parts, int ranks)
+{
+	tern_node *u = t->update;
+	tern_value *table_v = tern_graph_find(g, t->name), *shard_v = tern_graph_find(g, t->shard);
+	if (!table_v || !shard_v)
+		return tern_errorf(TERN_EINTERNAL, "no value '%s' or '%s' in the step", t->name, t->shard);
+	/* the forward reads: Gather(T, I) -> Pull(T/shard, I) */
+	for (size_t c = 0; c < table_v->n_consumers;) {
+		tern_node *n = table_v->consumers[c];
+		if (n == u || n->removed) {
+			c++;
+			continue;
+		}
+		int64_t axis = tern_attr_int(n, "axis", 0);
+		if (*n->domain || strcmp(n->op_type, "Gather") != 0 || n->inputs[0] != table_v || n->inputs[1] == table_v ||
+		    (axis != 0 && axis != -(int64_t)t->type.rank))
+			return tern_node_errorf(n, TERN_EUSAGE, "reads the sparse table '%s' other than by rows (Gather along axis 0)",
+			                        t->name);
+		const char *in[2] = {t->shard, n->inputs[1]->name};
+		char *out = tern_strdup(n->outputs[0]->name), *name = tern_strdup(n->name);
+		tern_graph_remove_node(g, n);
+		tern_node *p = out && name ? tern_graph_add_node(g, "Pull", "tern", name, in, 2, (const char *const *)&out, 1)
+		                           : NULL;
+		free(out);
+		free(name);
+		tern_status st = p ? set_map_attrs(p, t, parts, ranks) : tern_errorf(TERN_EOS, "out of memory");
+		if (st)
+			return st;
+	}
+	/* the update: Push(I, R) -> (J, H) to the owners; the rule on this rank's shard */
+	int k = t->kind->param;
+	const char *in[2] = {u->inputs[k + 1]->name, u->inputs[k + 2]->name};
+	char *out[2] = {NULL, NULL};
+	tern_node *p = add_op(g, "Push", in, 2, t->name, 2, out);
+	tern_status st = p ? set_map_attrs(p, t, parts, ranks) : tern_errorf(TERN_EOS, "out of memory");
+	if (!st) {
+		tern_node_set_input(u, (size_t)k, shard_v);
+		/* the new parameter and state are the shard's shape */
+		for (size_t r = 0; r < u->n_outputs; r++)
+			if (u->outputs[r])
+				u->outputs[r]->type = shard_v->type;
+		tern_node_set_input(u, (size_t)k + 1, p->outputs[0]);
+		tern_node_set_input(u, (size_t)k + 2, p->outputs[1]);
+		for (int s = 0; s < t->n_state && !st; s++) {
+			tern_value *sv = tern_graph_find(g, t->state_shard[s]);
+			if (!sv)
+				st = tern_errorf(TERN_EINTERNAL, "no value '%s' in the step", t->state_shard[s]);
+			else
+				tern_node_set_input(u, (size_t)k + 3 + (size_t)s, sv);
+		}
+	}
+	free(out[0]);
+	free(out[1]);
+	return st;
+}
+
+static tern_status sparse_allgather(tern_graph *g, table *t, int ranks)
+{
+	tern_node *u = t->update;
+	int k = t->kind->param;
+	const char *in[2] = {u->inputs[k + 1]->name, u->inputs[k + 2]->name};
+	char *out[2] = {NULL, NULL};
+	tern_node *p = add_op(g, "AllGatherRows", in, 2, t->name, 2, out);
+	tern_status st = p ? tern_node_add_attr_int(p, "ranks", ranks) : tern_errorf(TERN_EOS, "out of memory");
+	if (!st) {
+		tern_node_set_input(u, (size_t)k + 1, p->outputs[0]);
+		tern_node_set_input(u, (size_t)k + 2, p->outputs[1]);
+	}
+	free(out[0]);
+	free(out[1]);
+	return st;
+}
+
+/* The rows made dense; the update node replaced by the dense rule. The dense gradient's name in *grad. */
+static tern_status sparse_densify(tern_graph *g, table *t, char **grad, tern_node **update)
+{
+	tern_node *u = t->update;
+	int k = t->kind->param;
+	const char *in[2] = {u->inputs[k + 1]->name, u->inputs[k + 2]->name};
+	char *out = NULL;
+	tern_node *d = add_op(g, "RowsToDense", in, 2, t->name, 1, &out);
+	tern_status st = d ? tern_node_add_attr_int(d, "rows", t->type.dims[0]) : tern_errorf(TERN_EOS, "out of memory");
+	/* the dense rule: the same inputs with the gradient in place of (I, R), the same outputs */
+	const char *rin[8];
+	char *routs[3] = {NULL, NULL, NULL};
+	size_t n_in = 0;
+	for (size_t i = 0; i < u->n_inputs && n_in < 8; i++) {
+		if (i == (size_t)k + 2)
+			continue;
+		rin[n_in++] = i == (size_t)k + 1 ? out : u->inputs[i] ? u->inputs[i]->name : "";
+	}
+	size_t n_out = u->n_outputs < 3 ? u->n_outputs : 3;
+	for (size_t o = 0; o < n_out && !st; o++)
+		if (u->outputs[o] && !(routs[o] = tern_strdup(u->outputs[o]->name)))
+			st = tern_errorf(TERN_EOS, "out of memory");
+	char *name = st ? NULL : tern_strdup(u->name);
+	tern_node *nu = NULL;
+	if (!st) {
+		tern_node keep = *u;
+		Onnx__NodeProto *proto = tern_pb_copy(u->proto);
+		tern_graph_remove_node(g, u);
+		keep.proto = proto;
+		nu = proto ? tern_graph_add_node(g, t->kind->dense_op, "tern", name, rin, n_in, (const char *const *)routs, n_out)
+		           : NULL;
+		st = nu ? copy_attrs(nu, &keep) : tern_errorf(TERN_EOS, "out of memory");
+		if (proto)
+			onnx__node_proto__free_unpacked(proto, &tern_pb_allocator);
+	}
+	free(name);
+	for (int o = 0; o < 3; o++)
+		free(routs[o]);
+	*grad = out;
+	*update = nu;
+	return st;
+}
+
+/* ---------------------------------------------------------------- dense gradients in buckets */
+
+typedef struct dense_grad {
+	tern_node *update;
+	int at; /* the gradient's input position */
+	int order; /* its producer's place in the step's order */
+	int64_t bytes;
+	int dtype;
+} dense_grad;
+
+static int by_order(const void *a, const void *b)
+{
+	const dense_grad *x = a, *y = b;
+	return (x->order > y->order) - (x->order < y->order);
+}
+
+static tern_status reduce_buckets(tern_graph *g, dense_grad *d, size_t n, int64_t cap, int ranks, int *n_buckets)
+{
+	tern_node **order;
+	size_t count;
+	tern_status st = tern_graph_toposort(g, &order, &count);
+	if (st)
+		return st;
+	for (size_t i = 0; i < n; i++) {
+		tern_value *gv = d[i].update->inputs[d[i].at];
+		d[i].order = -1;
+		for (size_t k = 0; k < count && gv->producer; k++)
+			if (order[k] == gv->producer)
+				d[i].order = (int)k;
+		d[i].bytes = (int64_t)tern_dtype_size(gv->type.dtype) * tern_numel(gv->type.rank, gv->type.dims);
+		d[i].dtype = gv->type.dtype;
+	}
+	free(order);
+	qsort(d, n, sizeof *d, by_order);
+	*n_buckets = 0;
+	for (size_t i = 0; i < n && !st;) {
+		size_t j = i + 1;
+		int64_t bytes = d[i].bytes;
+		while (j < n && d[j].dtype == d[i].dtype && bytes + d[j].bytes <= cap)
+			bytes += d[j++].bytes;
+		size_t k = j - i;
+		const char **in = calloc(k, sizeof *in);
+		char **out = calloc(k, sizeof *out), *name = NULL;
+		char stem[64];
+		snprintf(stem, sizeof stem, "tern.allreduce/bucket%d", *n_buckets);
+		st = in && out ? TERN_OK : tern_errorf(TERN_EOS, "out of memory");
+		for (size_t b = 0; b < k && !st; b++) {
+			tern_value *gv = d[i + b].update->inputs[d[i + b].at];
+			in[b] = gv->name;
+			char buf[300];
+			snprintf(buf, sizeof buf, "%s/mean", gv->name);
+			if (!(out[b] = fresh(g, buf)))
+				st = tern_errorf(TERN_EOS, "out of memory");
+		}
+		if (!st && !(name = fresh(g, stem)))
+			st = tern_errorf(TERN_EOS, "out of memory");
+		tern_node *ar = st ? NULL : tern_graph_add_node(g, "AllReduce", "tern", name, in, k, (const char *const *)out, k);
+		if (!st && !ar)
+			st = tern_errorf(TERN_EOS, "out of memory");
+		if (!st)
+			st = tern_node_add_attr_int(ar, "ranks", ranks);
+		for (size_t b = 0; b < k && !st; b++) {
+			ar->outputs[b]->type = ar->inputs[b]->type;
+			tern_node_set_input(d[i + b].update, (size_t)d[i + b].at, ar->outputs[b]);
+		}
+		for (size_t b = 0; out && b < k; b++)
+			free(out[b]);
+		free(in);
+		free(out);
+		free(name);
+		(*n_buckets)++;
+		i = j;
+	}
+	return st;
+}
+
+/* ---------------------------------------------------------------- the whole */
+
+int tern_model_partition_ranks(const tern_model *m)
+{
+	const char *a = tern_model_meta(m, TERN_PARTITION_KEY);
+	const char *r = a ? strstr(a, "ranks ") : NULL;
+	return r ? atoi(r + 6) : 1;
+}
+
+tern_status tern_model_partition(tern_model *m, const tern_partition_options *o, tern_partition_summary *summary)
+{
+	const char *strategy = o->strategy ? o->strategy : "hybrid";
+	bool hybrid = !strcmp(strategy, "hybrid"), allgather = !strcmp(strategy, "allgather"),
+	     allreduce = !strcmp(strategy, "allreduce"), ps = !strcmp(strategy, "ps");
+	if (!hybrid && !allgather && !allreduce && !ps)
+		return tern_errorf(TERN_EUSAGE, "unknown strategy '%s' (hybrid, allreduce, allgather or ps)", strategy);
+	if (ps)
+		return tern_errorf(TERN_EUSAGE, "the strategy ps is not built yet (hybrid, allreduce or allgather)");
+	if (o->ranks < 1)
+		return tern_errorf(TERN_EUSAGE, "--ranks must be at least 1");
+	int servers = o->servers > 0 ? o->servers : o->ranks;
+	if (servers > o->ranks)
+		return tern_errorf(TERN_EUSAGE, "%d servers for %d ranks: a server is a rank", servers, o->ranks);
+	int parts = o->partitions > 0 ? o->partitions : servers;
+	if (!m->proto->n_training_info || !m->proto->training_info[0]->algorithm)
+		return tern_errorf(TERN_EDATA, "%s: the model has no training algorithm; make one with tern-autodiff", m->source);
+	if (tern_model_meta(m, TERN_PARTITION_KEY))
+		return tern_errorf(TERN_EUSAGE, "%s: the training step is partitioned already (for %d ranks)", m->source,
+		                   tern_model_partition_ranks(m));
+	int64_t cap = (int64_t)((o->bucket_mb > 0 ? o->bucket_mb : 4.0) * 1048576.0);
+
+	/* the tables, found in the step as it is */
+	tern_model *step = NULL;
+	tern_status st = tern_model_training_step(m, &step);
+	table *tables = NULL;
+	size_t n_tables = 0;
+	int n_dense = 0;
+	int64_t dense_elems = 0, sparse_elems = 0;
+	for (size_t i = 0; !st && i < step->graph->n_nodes; i++) {
+		tern_node *n = step->graph->nodes[i];
+		if (n->removed)
+			continue;
+		if (!strcmp(n->domain, "tern") && !strcmp(n->op_type, "RowsSumSquare"))
+			st = tern_node_errorf(n, TERN_EUSAGE, "clipping by the global norm across ranks is not supported yet "
+			                                      "(train without --clip-norm)");
+		if (!strcmp(n->domain, "ai.onnx.preview.training"))
+			st = tern_node_errorf(n, TERN_EUSAGE, "tern-partition reads tern-autodiff's updates (tern.SGD, tern.Adam, ...)");
+		const update_kind *k = update_of(n);
+		if (st || !k)
+			continue;
+		tern_value *p = n->inputs[k->param];
+		int64_t elems = tern_numel(p->type.rank, p->type.dims);
+		if (!k->rows) {
+			n_dense++;
+			dense_elems += elems;
+			continue;
+		}
+		table *grown = realloc(tables, (n_tables + 1) * sizeof *tables);
+		if (!grown) {
+			st = tern_errorf(TERN_EOS, "out of memory");
+			break;
+		}
+		tables = grown;
+		table *t = &tables[n_tables++];
+		memset(t, 0, sizeof *t);
+		t->kind = k;
+		t->name = tern_strdup(p->name);
+		t->type = p->type;
+		sparse_elems += elems;
+		t->n_state = (int)n->n_inputs - (k->param + 3);
+		if (t->n_state > 2)
+			t->n_state = 2;
+		for (int s = 0; s < t->n_state; s++)
+			t->state[s] = n->inputs[k->param + 3 + s] ? tern_strdup(n->inputs[k->param + 3 + s]->name) : NULL;
+		if (!t->name)
+			st = tern_errorf(TERN_EOS, "out of memory");
+	}
+	tern_model_free(step);
+	step = NULL;
+	if (!st && !n_dense && !n_tables)
+		st = tern_errorf(TERN_EDATA, "%s: the training algorithm updates no parameter", m->source);
+
+	/* hybrid: shards in the main graph, bound in place of the tables */
+	int *server_rank = calloc((size_t)servers + 1, sizeof *server_rank);
+	int64_t *server_bytes = calloc((size_t)servers + 1, sizeof *server_bytes);
+	int64_t *rank_rows = calloc((size_t)o->ranks + 1, sizeof *rank_rows);
+	if (!st && (!server_rank || !server_bytes || !rank_rows))
+		st = tern_errorf(TERN_EOS, "out of memory");
+	for (int s = 0; !st && s < servers; s++)
+		server_rank[s] = (int)((int64_t)s * o->ranks / servers);
+	for (size_t i = 0; !st && hybrid && i < n_tables; i++) {
+		table *t = &tables[i];
+		if (t->type.rank < 1 || t->type.dims[0] < parts)
+			st = tern_errorf(TERN_EUSAGE, "%s: the table '%s' has fewer rows than %d partitions", m->source, t->name, parts);
+		t->starts = calloc((size_t)parts + 1, sizeof *t->starts);
+		t->owners = calloc((size_t)parts, sizeof *t->owners);
+		t->offsets = calloc((size_t)parts, sizeof *t->offsets);
+		t->shard = shard_name(t->name);
+		if (!st && (!t->starts || !t->owners || !t->offsets || !t->shard))
+			st = tern_errorf(TERN_EOS, "out of memory");
+		if (!st)
+			shard_table(t, parts, server_rank, servers, server_bytes, rank_rows, o->ranks);
+	}
+	int64_t shard_rows = 1;
+	for (int r = 0; !st && r < o->ranks; r++)
+		shard_rows = rank_rows[r] > shard_rows ? rank_rows[r] : shard_rows;
+	for (size_t i = 0; !st && hybrid && i < n_tables; i++) {
+		table *t = &tables[i];
+		st = add_shard_initializer(m, t->shard, &t->type, shard_rows);
+		if (!st)
+			st = rebind(m, t->name, t->shard);
+		for (int s = 0; s < t->n_state && !st; s++) {
+			if (!t->state[s] || !(t->state_shard[s] = shard_name(t->state[s])))
+				st = tern_errorf(TERN_EOS, "out of memory");
+			if (!st)
+				st = add_shard_initializer(m, t->state_shard[s], &t->type, shard_rows);
+			if (!st)
+				st = rebind(m, t->state[s], t->state_shard[s]);
+		}
+	}
+
+	/* the rewrite, on the step with the new bindings */
+	if (!st)
+		st = tern_model_training_step(m, &step);
+	dense_grad *dg = NULL;
+	size_t n_dg = 0;
+	if (!st && !(dg = calloc((size_t)n_dense + n_tables + 1, sizeof *dg)))
+		st = tern_errorf(TERN_EOS, "out of memory");
+	for (size_t i = 0; !st && i < step->graph->n_nodes; i++) {
+		tern_node *n = step->graph->nodes[i];
+		const update_kind *k = update_of(n);
+		if (!k)
+			continue;
+		if (!k->rows) {
+			dg[n_dg++] = (dense_grad){n, k->param + 1, 0, 0, 0};
+			continue;
+		}
+		table *t = NULL;
+		const char *pname = n->inputs[k->param]->name;
+		for (size_t j = 0; j < n_tables && !t; j++)
+			if (!strcmp(tables[j].name, pname) || (tables[j].shard && !strcmp(tables[j].shard, pname)))
+				t = &tables[j];
+		if (!t) {
+			st = tern_node_errorf(n, TERN_EINTERNAL, "updates a table that was not found before");
+			break;
+		}
+		t->update = n;
+	}
+	int n_buckets = 0;
+	for (size_t i = 0; !st && i < n_tables; i++) {
+		table *t = &tables[i];
+		if (!t->update) {
+			st = tern_errorf(TERN_EINTERNAL, "%s: no update of '%s' in the step", m->source, t->name);
+		} else if (hybrid) {
+			st = sparse_hybrid(step->graph, t, parts, o->ranks);
+		} else if (allgather) {
+			st = sparse_allgather(step->graph, t, o->ranks);
+		} else {
+			char *grad = NULL;
+			tern_node *nu = NULL;
+			st = sparse_densify(step->graph, t, &grad, &nu);
+			if (!st)
+				dg[n_dg++] = (dense_grad){nu, t->kind->param + 1, 0, 0, 0};
+			free(grad);
+		}
+	}
+	if (!st && n_dg)
+		st = reduce_buckets(step->graph, dg, n_dg, cap, o->ranks, &n_buckets);
+	if (!st)
+		st = tern_model_import_opset(step, "tern", 1);
+	if (!st)
+		st = tern_graph_stable_order(step->graph);
+	if (!st)
+		st = tern_model_set_training_step(m, step);
+
+	/* the annotation */
+	text a = {0};
+	put(&a, "ranks %d\nstrategy %s\npartitions %d\nservers %d\nlocal_aggregation %d\nbuckets %d\n", o->ranks, strategy,
+	    hybrid ? parts : 0, hybrid ? servers : 0, o->local_aggregation, n_buckets);
+	for (size_t i = 0; i < n_tables; i++) {
+		table *t = &tables[i];
+		put(&a, "table %s rows=%lld", t->name, (long long)t->type.dims[0]);
+		if (hybrid) {
+			put(&a, " shard=%s shard_rows=%lld", t->shard, (long long)shard_rows);
+			put_ints(&a, "starts", t->starts, (size_t)parts + 1);
+			put_ints(&a, "owners", t->owners, (size_t)parts);
+			put_ints(&a, "offsets", t->offsets, (size_t)parts);
+			for (int s = 0; s < t->n_state; s++)
+				put(&a, " state=%s:%s", t->state[s], t->state_shard[s]);
+		}
+		put(&a, "\n");
+	}
+	if (!st && a.oom)
+		st = tern_errorf(TERN_EOS, "out of memory");
+	if (!st)
+		st = tern_model_set_meta(m, TERN_PARTITION_KEY, a.s);
+	free(a.s);
+	if (!st && summary) {
+		summary->n_dense = n_dense;
+		summary->n_sparse = (int)n_tables;
+		summary->n_buckets = n_buckets;
+		summary->dense_elems = dense_elems;
+		summary->sparse_elems = sparse_elems;
+	}
+	for (size_t i = 0; i < n_tables; i++)
+		table_free(&tables[i]);
+	free(tables);
+	free(dg);
+	free(server_rank);
+	free(server_bytes);
+	free(rank_rows);
+	tern_model_free(step);
+	return st ? tern_error_prefix(st, "partitioning") : TERN_OK;
+}
