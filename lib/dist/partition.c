@@ -90,6 +90,8 @@ typedef struct table {
 	int n_state;
 	char *state[2], *state_shard[2];
 	char *shard;
+	int parts; /* row partitions */
+	int64_t shard_rows; /* rows of each rank's shard (the most any rank holds) */
 	int64_t *starts, *owners, *offsets; /* P + 1, P, P */
 } table;
 
@@ -167,7 +169,7 @@ static tern_status rebind(tern_model *m, const char *key, const char *new_key)
 /* Partitions [0, rows) into parts contiguous ranges (the first rows % parts one longer) and gives
  * each, largest first, to the server with the fewest bytes so far. */
 static void shard_table(table *t, int parts, const int *server_rank, int servers, int64_t *server_bytes,
-                        int64_t *rank_rows, int ranks)
+                        int64_t *rank_rows)
 {
 	int64_t rows = t->type.dims[0], row_bytes = (int64_t)tern_dtype_size(t->type.dtype);
 	for (int d = 1; d < t->type.rank; d++)
@@ -186,7 +188,6 @@ static void shard_table(table *t, int parts, const int *server_rank, int servers
 		t->offsets[k] = rank_rows[r];
 		rank_rows[r] += len;
 	}
-	(void)ranks;
 }
 
 /* ---------------------------------------------------------------- the rewrite */
@@ -233,6 +234,23 @@ static tern_node *add_op(tern_graph *g, const char *op, const char *const *in, s
 	return n;
 }
 
+/* The declared type of a graph output of the step, when it is one. */
+static tern_status retype_output(tern_graph *g, const char *name, const tern_type *t)
+{
+	Onnx__GraphProto *gp = g->proto;
+	for (size_t i = 0; i < gp->n_output; i++) {
+		if (!gp->output[i]->name || strcmp(gp->output[i]->name, name) != 0)
+			continue;
+		Onnx__TypeProto *tp = tern_type_to_proto(t);
+		if (!tp)
+			return tern_errorf(TERN_EOS, "out of memory");
+		if (gp->output[i]->type)
+			onnx__type_proto__free_unpacked(gp->output[i]->type, &tern_pb_allocator);
+		gp->output[i]->type = tp;
+	}
+	return TERN_OK;
+}
+
 static tern_status sparse_hybrid(tern_graph *g, table *t, int parts, int ranks)
 {
 	tern_node *u = t->update;
@@ -271,9 +289,11 @@ static tern_status sparse_hybrid(tern_graph *g, table *t, int parts, int ranks)
 	if (!st) {
 		tern_node_set_input(u, (size_t)k, shard_v);
 		/* the new parameter and state are the shard's shape */
-		for (size_t r = 0; r < u->n_outputs; r++)
-			if (u->outputs[r])
+		for (size_t r = 0; r < u->n_outputs && !st; r++)
+			if (u->outputs[r]) {
 				u->outputs[r]->type = shard_v->type;
+				st = retype_output(g, u->outputs[r]->name, &shard_v->type);
+			}
 		tern_node_set_input(u, (size_t)k + 1, p->outputs[0]);
 		tern_node_set_input(u, (size_t)k + 2, p->outputs[1]);
 		for (int s = 0; s < t->n_state && !st; s++) {
@@ -306,8 +326,50 @@ static tern_status sparse_allgather(tern_graph *g, table *t, int ranks)
 	return st;
 }
 
-/* The rows made dense; the update node replaced by the dense rule. The dense gradient's name in *grad. */
-static tern_status sparse_densify(tern_graph *g, table *t, char **grad, tern_node **update)
+/* The update node u replaced by rule op on inputs in[0..n_in), with u's attributes and outputs. */
+static tern_node *swap_update(tern_graph *g, tern_node *u, const char *op, const char *const *in, size_t n_in,
+                              tern_status *st)
+{
+	char *outs[3] = {NULL, NULL, NULL}, *name = tern_strdup(u->name);
+	size_t n_out = u->n_outputs < 3 ? u->n_outputs : 3;
+	*st = name ? TERN_OK : tern_errorf(TERN_EOS, "out of memory");
+	for (size_t o = 0; o < n_out && !*st; o++)
+		if (u->outputs[o] && !(outs[o] = tern_strdup(u->outputs[o]->name)))
+			*st = tern_errorf(TERN_EOS, "out of memory");
+	/* the inputs by name: u may hold the only reference to a name in[] points into */
+	char **names = calloc(n_in + 1, sizeof *names);
+	for (size_t i = 0; names && i < n_in && !*st; i++)
+		if (!(names[i] = tern_strdup(in[i] ? in[i] : "")))
+			*st = tern_errorf(TERN_EOS, "out of memory");
+	if (!names && !*st)
+		*st = tern_errorf(TERN_EOS, "out of memory");
+	Onnx__NodeProto *proto = *st ? NULL : tern_pb_copy(u->proto);
+	tern_node *nu = NULL;
+	if (!*st && !proto)
+		*st = tern_errorf(TERN_EOS, "out of memory");
+	if (!*st) {
+		tern_graph_remove_node(g, u);
+		nu = tern_graph_add_node(g, op, "tern", name, (const char *const *)names, n_in, (const char *const *)outs, n_out);
+		if (!nu) {
+			*st = tern_errorf(TERN_EOS, "out of memory");
+		} else {
+			tern_node src = {.proto = proto};
+			*st = copy_attrs(nu, &src);
+		}
+	}
+	if (proto)
+		onnx__node_proto__free_unpacked(proto, &tern_pb_allocator);
+	for (size_t i = 0; names && i < n_in; i++)
+		free(names[i]);
+	free(names);
+	free(name);
+	for (int o = 0; o < 3; o++)
+		free(outs[o]);
+	return *st ? NULL : nu;
+}
+
+/* The rows made dense; the update node replaced by the dense rule (*update). */
+static tern_status sparse_densify(tern_graph *g, table *t, tern_node **update)
 {
 	tern_node *u = t->update;
 	int k = t->kind->param;
@@ -315,37 +377,93 @@ static tern_status sparse_densify(tern_graph *g, table *t, char **grad, tern_nod
 	char *out = NULL;
 	tern_node *d = add_op(g, "RowsToDense", in, 2, t->name, 1, &out);
 	tern_status st = d ? tern_node_add_attr_int(d, "rows", t->type.dims[0]) : tern_errorf(TERN_EOS, "out of memory");
-	/* the dense rule: the same inputs with the gradient in place of (I, R), the same outputs */
+	/* the dense rule: the same inputs with the gradient in place of (I, R) */
 	const char *rin[8];
-	char *routs[3] = {NULL, NULL, NULL};
 	size_t n_in = 0;
-	for (size_t i = 0; i < u->n_inputs && n_in < 8; i++) {
-		if (i == (size_t)k + 2)
-			continue;
-		rin[n_in++] = i == (size_t)k + 1 ? out : u->inputs[i] ? u->inputs[i]->name : "";
+	for (size_t i = 0; i < u->n_inputs && n_in < 8; i++)
+		if (i != (size_t)k + 2)
+			rin[n_in++] = i == (size_t)k + 1 ? out : u->inputs[i] ? u->inputs[i]->name : "";
+	*update = st ? NULL : swap_update(g, u, t->kind->dense_op, rin, n_in, &st);
+	free(out);
+	return st;
+}
+
+/* ps: a dense parameter on its server too. The forward pass reads all its rows by a tern.Pull; its
+ * gradient goes to the owner as all rows by a tern.Push; the owner applies the rows form of the rule. */
+static tern_status dense_ps(tern_graph *g, table *t, int parts, int ranks)
+{
+	tern_node *u = t->update;
+	tern_value *pv = tern_graph_find(g, t->name), *shard_v = tern_graph_find(g, t->shard);
+	if (!pv || !shard_v)
+		return tern_errorf(TERN_EINTERNAL, "no value '%s' or '%s' in the step", t->name, t->shard);
+	int64_t rows = t->type.dims[0];
+	tern_tensor every = {0};
+	tern_status st = tern_tensor_alloc(&every, TERN_INT64, 1, &rows);
+	for (int64_t r = 0; !st && r < rows; r++)
+		((int64_t *)every.data)[r] = r;
+	char *all = NULL, *full = NULL, *pushed[2] = {NULL, NULL};
+	tern_node *c = st ? NULL : add_op(g, "Constant", NULL, 0, t->name, 1, &all);
+	if (c) {
+		/* an ai.onnx Constant */
+		free((char *)c->proto->domain);
+		c->proto->domain = tern_strdup("");
+		c->domain = c->proto->domain;
+		c->opset = tern_model_opset(g->model, "");
+		st = c->domain ? tern_node_add_attr_tensor(c, "value", &every) : tern_errorf(TERN_EOS, "out of memory");
+		c->outputs[0]->type.dtype = TERN_INT64;
+		c->outputs[0]->type.rank = 1;
+		c->outputs[0]->type.dims[0] = rows;
+	} else if (!st) {
+		st = tern_errorf(TERN_EOS, "out of memory");
 	}
-	size_t n_out = u->n_outputs < 3 ? u->n_outputs : 3;
-	for (size_t o = 0; o < n_out && !st; o++)
-		if (u->outputs[o] && !(routs[o] = tern_strdup(u->outputs[o]->name)))
-			st = tern_errorf(TERN_EOS, "out of memory");
-	char *name = st ? NULL : tern_strdup(u->name);
-	tern_node *nu = NULL;
+	tern_tensor_free(&every);
+	const char *pin[2] = {t->shard, all};
+	tern_node *pull = st ? NULL : add_op(g, "Pull", pin, 2, t->name, 1, &full);
+	if (!st)
+		st = pull ? set_map_attrs(pull, t, parts, ranks) : tern_errorf(TERN_EOS, "out of memory");
+	/* every other reader reads the pulled value */
 	if (!st) {
-		tern_node keep = *u;
-		Onnx__NodeProto *proto = tern_pb_copy(u->proto);
-		tern_graph_remove_node(g, u);
-		keep.proto = proto;
-		nu = proto ? tern_graph_add_node(g, t->kind->dense_op, "tern", name, rin, n_in, (const char *const *)routs, n_out)
-		           : NULL;
-		st = nu ? copy_attrs(nu, &keep) : tern_errorf(TERN_EOS, "out of memory");
-		if (proto)
-			onnx__node_proto__free_unpacked(proto, &tern_pb_allocator);
+		pull->outputs[0]->type = pv->type;
+		for (size_t i = pv->n_consumers; i-- > 0;) {
+			tern_node *n = pv->consumers[i];
+			if (n == u || n->removed)
+				continue;
+			for (size_t k = 0; k < n->n_inputs; k++)
+				if (n->inputs[k] == pv)
+					tern_node_set_input(n, k, pull->outputs[0]);
+		}
 	}
-	free(name);
-	for (int o = 0; o < 3; o++)
-		free(routs[o]);
-	*grad = out;
-	*update = nu;
+	int k = t->kind->param;
+	const char *gin[2] = {all, u->inputs[k + 1]->name};
+	tern_node *push = st ? NULL : add_op(g, "Push", gin, 2, t->name, 2, pushed);
+	if (!st)
+		st = push ? set_map_attrs(push, t, parts, ranks) : tern_errorf(TERN_EOS, "out of memory");
+	/* the rows rule on the shard */
+	const char *rin[8];
+	size_t n_in = 0;
+	for (size_t i = 0; !st && i < u->n_inputs && n_in < 7; i++) {
+		if (i == (size_t)k)
+			rin[n_in++] = t->shard;
+		else if (i == (size_t)k + 1) {
+			rin[n_in++] = pushed[0];
+			rin[n_in++] = pushed[1];
+		} else if (i > (size_t)k + 1)
+			rin[n_in++] = t->state_shard[i - (size_t)k - 2];
+		else
+			rin[n_in++] = u->inputs[i] ? u->inputs[i]->name : "";
+	}
+	char rows_op[32];
+	snprintf(rows_op, sizeof rows_op, "%sRows", t->kind->dense_op);
+	tern_node *nu = st ? NULL : swap_update(g, u, rows_op, rin, n_in, &st);
+	for (size_t r = 0; nu && r < nu->n_outputs && !st; r++)
+		if (nu->outputs[r]) {
+			nu->outputs[r]->type = shard_v->type;
+			st = retype_output(g, nu->outputs[r]->name, &shard_v->type);
+		}
+	free(all);
+	free(full);
+	free(pushed[0]);
+	free(pushed[1]);
 	return st;
 }
 
@@ -441,8 +559,6 @@ tern_status tern_model_partition(tern_model *m, const tern_partition_options *o,
 	     allreduce = !strcmp(strategy, "allreduce"), ps = !strcmp(strategy, "ps");
 	if (!hybrid && !allgather && !allreduce && !ps)
 		return tern_errorf(TERN_EUSAGE, "unknown strategy '%s' (hybrid, allreduce, allgather or ps)", strategy);
-	if (ps)
-		return tern_errorf(TERN_EUSAGE, "the strategy ps is not built yet (hybrid, allreduce or allgather)");
 	if (o->ranks < 1)
 		return tern_errorf(TERN_EUSAGE, "--ranks must be at least 1");
 	int servers = o->servers > 0 ? o->servers : o->ranks;
@@ -480,7 +596,9 @@ tern_status tern_model_partition(tern_model *m, const tern_partition_options *o,
 		if (!k->rows) {
 			n_dense++;
 			dense_elems += elems;
-			continue;
+			/* ps: a dense parameter (of rank >= 1: rows to shard) on a server too */
+			if (!ps || p->type.rank < 1)
+				continue;
 		}
 		table *grown = realloc(tables, (n_tables + 1) * sizeof *tables);
 		if (!grown) {
@@ -493,12 +611,15 @@ tern_status tern_model_partition(tern_model *m, const tern_partition_options *o,
 		t->kind = k;
 		t->name = tern_strdup(p->name);
 		t->type = p->type;
-		sparse_elems += elems;
-		t->n_state = (int)n->n_inputs - (k->param + 3);
+		if (k->rows)
+			sparse_elems += elems;
+		/* the state after the gradient: (I, R) for rows rules, G for dense ones */
+		int first_state = k->param + (k->rows ? 3 : 2);
+		t->n_state = (int)n->n_inputs - first_state;
 		if (t->n_state > 2)
 			t->n_state = 2;
 		for (int s = 0; s < t->n_state; s++)
-			t->state[s] = n->inputs[k->param + 3 + s] ? tern_strdup(n->inputs[k->param + 3 + s]->name) : NULL;
+			t->state[s] = n->inputs[first_state + s] ? tern_strdup(n->inputs[first_state + s]->name) : NULL;
 		if (!t->name)
 			st = tern_errorf(TERN_EOS, "out of memory");
 	}
@@ -507,7 +628,8 @@ tern_status tern_model_partition(tern_model *m, const tern_partition_options *o,
 	if (!st && !n_dense && !n_tables)
 		st = tern_errorf(TERN_EDATA, "%s: the training algorithm updates no parameter", m->source);
 
-	/* hybrid: shards in the main graph, bound in place of the tables */
+	/* hybrid and ps: shards in the main graph, bound in place of the tables */
+	bool sharded = hybrid || ps;
 	int *server_rank = calloc((size_t)servers + 1, sizeof *server_rank);
 	int64_t *server_bytes = calloc((size_t)servers + 1, sizeof *server_bytes);
 	int64_t *rank_rows = calloc((size_t)o->ranks + 1, sizeof *rank_rows);
@@ -515,24 +637,29 @@ tern_status tern_model_partition(tern_model *m, const tern_partition_options *o,
 		st = tern_errorf(TERN_EOS, "out of memory");
 	for (int s = 0; !st && s < servers; s++)
 		server_rank[s] = (int)((int64_t)s * o->ranks / servers);
-	for (size_t i = 0; !st && hybrid && i < n_tables; i++) {
+	for (size_t i = 0; !st && sharded && i < n_tables; i++) {
 		table *t = &tables[i];
-		if (t->type.rank < 1 || t->type.dims[0] < parts)
-			st = tern_errorf(TERN_EUSAGE, "%s: the table '%s' has fewer rows than %d partitions", m->source, t->name, parts);
-		t->starts = calloc((size_t)parts + 1, sizeof *t->starts);
-		t->owners = calloc((size_t)parts, sizeof *t->owners);
-		t->offsets = calloc((size_t)parts, sizeof *t->offsets);
+		/* a table in P partitions, a dense parameter (ps) whole on one server */
+		t->parts = t->kind->rows ? parts : 1;
+		if (t->type.rank < 1 || t->type.dims[0] < t->parts)
+			st = tern_errorf(TERN_EUSAGE, "%s: the table '%s' has fewer rows than %d partitions", m->source, t->name,
+			                 t->parts);
+		t->starts = calloc((size_t)t->parts + 1, sizeof *t->starts);
+		t->owners = calloc((size_t)t->parts, sizeof *t->owners);
+		t->offsets = calloc((size_t)t->parts, sizeof *t->offsets);
 		t->shard = shard_name(t->name);
 		if (!st && (!t->starts || !t->owners || !t->offsets || !t->shard))
 			st = tern_errorf(TERN_EOS, "out of memory");
+		memset(rank_rows, 0, (size_t)o->ranks * sizeof *rank_rows);
 		if (!st)
-			shard_table(t, parts, server_rank, servers, server_bytes, rank_rows, o->ranks);
+			shard_table(t, t->parts, server_rank, servers, server_bytes, rank_rows);
+		t->shard_rows = 1;
+		for (int r = 0; !st && r < o->ranks; r++)
+			t->shard_rows = rank_rows[r] > t->shard_rows ? rank_rows[r] : t->shard_rows;
 	}
-	int64_t shard_rows = 1;
-	for (int r = 0; !st && r < o->ranks; r++)
-		shard_rows = rank_rows[r] > shard_rows ? rank_rows[r] : shard_rows;
-	for (size_t i = 0; !st && hybrid && i < n_tables; i++) {
+	for (size_t i = 0; !st && sharded && i < n_tables; i++) {
 		table *t = &tables[i];
+		int64_t shard_rows = t->shard_rows;
 		st = add_shard_initializer(m, t->shard, &t->type, shard_rows);
 		if (!st)
 			st = rebind(m, t->name, t->shard);
@@ -558,15 +685,15 @@ tern_status tern_model_partition(tern_model *m, const tern_partition_options *o,
 		const update_kind *k = update_of(n);
 		if (!k)
 			continue;
-		if (!k->rows) {
-			dg[n_dg++] = (dense_grad){n, k->param + 1, 0, 0, 0};
-			continue;
-		}
 		table *t = NULL;
 		const char *pname = n->inputs[k->param]->name;
 		for (size_t j = 0; j < n_tables && !t; j++)
 			if (!strcmp(tables[j].name, pname) || (tables[j].shard && !strcmp(tables[j].shard, pname)))
 				t = &tables[j];
+		if (!t && !k->rows) {
+			dg[n_dg++] = (dense_grad){n, k->param + 1, 0, 0, 0};
+			continue;
+		}
 		if (!t) {
 			st = tern_node_errorf(n, TERN_EINTERNAL, "updates a table that was not found before");
 			break;
@@ -579,16 +706,17 @@ tern_status tern_model_partition(tern_model *m, const tern_partition_options *o,
 		if (!t->update) {
 			st = tern_errorf(TERN_EINTERNAL, "%s: no update of '%s' in the step", m->source, t->name);
 		} else if (hybrid) {
-			st = sparse_hybrid(step->graph, t, parts, o->ranks);
+			st = sparse_hybrid(step->graph, t, t->parts, o->ranks);
 		} else if (allgather) {
 			st = sparse_allgather(step->graph, t, o->ranks);
+		} else if (ps) {
+			st = t->kind->rows ? sparse_hybrid(step->graph, t, t->parts, o->ranks)
+			                   : dense_ps(step->graph, t, t->parts, o->ranks);
 		} else {
-			char *grad = NULL;
 			tern_node *nu = NULL;
-			st = sparse_densify(step->graph, t, &grad, &nu);
+			st = sparse_densify(step->graph, t, &nu);
 			if (!st)
 				dg[n_dg++] = (dense_grad){nu, t->kind->param + 1, 0, 0, 0};
-			free(grad);
 		}
 	}
 	if (!st && n_dg)
@@ -603,15 +731,15 @@ tern_status tern_model_partition(tern_model *m, const tern_partition_options *o,
 	/* the annotation */
 	text a = {0};
 	put(&a, "ranks %d\nstrategy %s\npartitions %d\nservers %d\nlocal_aggregation %d\nbuckets %d\n", o->ranks, strategy,
-	    hybrid ? parts : 0, hybrid ? servers : 0, o->local_aggregation, n_buckets);
+	    sharded ? parts : 0, sharded ? servers : 0, o->local_aggregation, n_buckets);
 	for (size_t i = 0; i < n_tables; i++) {
 		table *t = &tables[i];
-		put(&a, "table %s rows=%lld", t->name, (long long)t->type.dims[0]);
-		if (hybrid) {
-			put(&a, " shard=%s shard_rows=%lld", t->shard, (long long)shard_rows);
-			put_ints(&a, "starts", t->starts, (size_t)parts + 1);
-			put_ints(&a, "owners", t->owners, (size_t)parts);
-			put_ints(&a, "offsets", t->offsets, (size_t)parts);
+		put(&a, "table %s kind=%s rows=%lld", t->name, t->kind->rows ? "sparse" : "dense", (long long)t->type.dims[0]);
+		if (sharded) {
+			put(&a, " shard=%s shard_rows=%lld", t->shard, (long long)t->shard_rows);
+			put_ints(&a, "starts", t->starts, (size_t)t->parts + 1);
+			put_ints(&a, "owners", t->owners, (size_t)t->parts);
+			put_ints(&a, "offsets", t->offsets, (size_t)t->parts);
 			for (int s = 0; s < t->n_state; s++)
 				put(&a, " state=%s:%s", t->state[s], t->state_shard[s]);
 		}
@@ -624,7 +752,9 @@ tern_status tern_model_partition(tern_model *m, const tern_partition_options *o,
 	free(a.s);
 	if (!st && summary) {
 		summary->n_dense = n_dense;
-		summary->n_sparse = (int)n_tables;
+		summary->n_sparse = 0;
+		for (size_t i = 0; i < n_tables; i++)
+			summary->n_sparse += tables[i].kind->rows;
 		summary->n_buckets = n_buckets;
 		summary->dense_elems = dense_elems;
 		summary->sparse_elems = sparse_elems;

@@ -1,0 +1,187 @@
+#!/bin/sh
+# tern-partition and tern-dist-run: K steps on N ranks (mpiexec on this machine) equal K steps of one
+# process on the global batch, for a dense CNN and for an LM with an embedding, under every strategy;
+# logs carry the bytes by kind; a killed rank ends the job; bad input gets one line and a sysexits code.
+test_description='distributed training'
+. "$(dirname "$0")/test-lib.sh"
+
+command -v mpiexec >/dev/null 2>&1 && test -x "$TERN_BUILD/bin/tern-dist-run" && test_set_prereq MPI
+
+test_expect_success PYTHON 'set up an LM with an embedding and a dense CNN, with data' '
+	"$TERN_PYTHON" - <<-\EOF
+	import numpy as np, onnx
+	from onnx import helper as h, numpy_helper as nh, TensorProto as T
+	r = np.random.default_rng(0)
+	def save(nodes, name, inputs, outputs, inits):
+	    g = h.make_graph(nodes, name, inputs, outputs, [nh.from_array(v, k) for k, v in inits.items()])
+	    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), name + ".onnx")
+	V, D, C = 50, 8, 5
+	save([h.make_node("Gather", ["emb", "tokens"], ["e"]),
+	      h.make_node("ReduceMean", ["e"], ["s"], axes=[1], keepdims=0),
+	      h.make_node("Gemm", ["s", "w", "b"], ["logits"])], "lm",
+	     [h.make_tensor_value_info("tokens", T.INT64, ["N", 6])], [h.make_tensor_value_info("logits", T.FLOAT, ["N", C])],
+	     {"emb": r.standard_normal((V, D)).astype(np.float32), "w": (r.standard_normal((D, C)) * 0.3).astype(np.float32),
+	      "b": np.zeros(C, np.float32)})
+	np.save("tokens.npy", r.integers(0, V, (96, 6)).astype(np.int64))
+	np.save("lm_target.npy", r.integers(0, C, (96,)).astype(np.int64))
+	save([h.make_node("Conv", ["x", "k", "kb"], ["c"], pads=[1, 1, 1, 1]),
+	      h.make_node("Relu", ["c"], ["a"]),
+	      h.make_node("Flatten", ["a"], ["f"]),
+	      h.make_node("Gemm", ["f", "w", "b"], ["y"])], "cnn",
+	     [h.make_tensor_value_info("x", T.FLOAT, ["N", 1, 6, 6])], [h.make_tensor_value_info("y", T.FLOAT, ["N", 3])],
+	     {"k": (r.standard_normal((4, 1, 3, 3)) * 0.3).astype(np.float32), "kb": np.zeros(4, np.float32),
+	      "w": (r.standard_normal((144, 3)) * 0.1).astype(np.float32), "b": np.zeros(3, np.float32)})
+	np.save("x.npy", r.standard_normal((96, 1, 6, 6)).astype(np.float32))
+	np.save("cnn_target.npy", r.integers(0, 3, (96,)).astype(np.int64))
+	EOF
+	cat >same.py <<-\EOF &&
+	import sys, onnx, numpy as np
+	from onnx import numpy_helper as nh
+	a = {t.name: nh.to_array(t) for t in onnx.load(sys.argv[1]).graph.initializer}
+	b = {t.name: nh.to_array(t) for t in onnx.load(sys.argv[2]).graph.initializer}
+	for k, v in a.items():
+	    assert k in b, k
+	    if v.dtype.kind == "f":
+	        assert np.allclose(b[k], v, rtol=1e-5, atol=1e-6), (k, np.max(np.abs(b[k] - v)))
+	    else:
+	        assert np.array_equal(b[k], v), (k, v, b[k])
+	moved = [np.max(np.abs(v - nh.to_array(t))) for t in onnx.load(sys.argv[3]).graph.initializer
+	         for k, v in a.items() if t.name == k and v.dtype.kind == "f"]
+	assert max(moved) > 1e-3, "the parameters did not train"
+	EOF
+	tern-autodiff --optimizer adam --lr 0.01 lm.onnx -o lm_train.onnx &&
+	tern-autodiff --optimizer sgd --lr 0.1 --momentum 0.9 cnn.onnx -o cnn_train.onnx &&
+	tern-run --train lm_train.onnx -i tokens=tokens.npy -i target=lm_target.npy --batch 24 --steps 6 \
+		-o lm_one.onnx 2>/dev/null &&
+	tern-run --train cnn_train.onnx -i x=x.npy -i target=cnn_target.npy --batch 24 --steps 6 -o cnn_one.onnx 2>/dev/null
+'
+
+for strategy in hybrid allreduce allgather ps; do
+	for n in 2 3 4; do
+		test_expect_success PYTHON,MPI "$strategy on $n ranks: the LM and the CNN train as one process does" "
+			tern-partition --ranks $n --strategy $strategy lm_train.onnx -o lm_$strategy$n.onnx &&
+			tern-dist-run -n $n -q lm_$strategy$n.onnx -i tokens=tokens.npy -i target=lm_target.npy --batch 24 \
+				--steps 6 -o lm_$strategy${n}_out.onnx &&
+			\"\$TERN_PYTHON\" same.py lm_one.onnx lm_$strategy${n}_out.onnx lm_train.onnx &&
+			tern-partition --ranks $n --strategy $strategy cnn_train.onnx -o cnn_$strategy$n.onnx &&
+			tern-dist-run -n $n -q cnn_$strategy$n.onnx -i x=x.npy -i target=cnn_target.npy --batch 24 \
+				--steps 6 -o cnn_$strategy${n}_out.onnx &&
+			\"\$TERN_PYTHON\" same.py cnn_one.onnx cnn_$strategy${n}_out.onnx cnn_train.onnx
+		"
+	done
+done
+
+test_expect_success PYTHON,MPI 'the partitioned file passes onnx.checker and says what it is' '
+	"$TERN_PYTHON" -c "
+import onnx
+m = onnx.load(\"lm_hybrid2.onnx\")
+onnx.checker.check_model(m, full_check=True)
+meta = dict((p.key, p.value) for p in m.metadata_props)[\"tern.partition\"]
+assert meta.startswith(\"ranks 2\nstrategy hybrid\n\"), meta
+ops = [n.op_type for n in m.training_info[0].algorithm.node if n.domain == \"tern\"]
+for op in (\"Pull\", \"Push\", \"AllReduce\", \"AdamRows\"):
+    assert op in ops, (op, ops)
+keys = [b.key for b in m.training_info[0].update_binding]
+assert \"emb/shard\" in keys and \"emb\" not in keys, keys
+"
+'
+
+test_expect_success PYTHON,MPI 'a plain mpiexec runs it too, and the log has a line per step and rank with bytes by kind' '
+	mpiexec -n 2 tern-dist-run -q lm_hybrid2.onnx -i tokens=tokens.npy -i target=lm_target.npy --batch 24 \
+		--steps 6 --log log.jsonl -o plain.onnx &&
+	"$TERN_PYTHON" same.py lm_one.onnx plain.onnx lm_train.onnx &&
+	"$TERN_PYTHON" -c "
+import json
+rows = [json.loads(l) for l in open(\"log.jsonl\")]
+assert sorted((r[\"step\"], r[\"rank\"]) for r in rows) == [(s, k) for s in range(1, 7) for k in range(2)], rows
+for r in rows:
+    for key in (\"loss\", \"samples_per_s\"):
+        assert r[key] > 0, r
+    for d in (\"bytes_sent\", \"bytes_received\"):
+        assert set(r[d]) >= {\"dense\", \"sparse_push\", \"sparse_pull\"}, r
+        assert r[d][\"dense\"] > 0 and r[d][\"sparse_push\"] > 0 and r[d][\"sparse_pull\"] > 0, r
+# what one rank sends the other receives
+for s in range(1, 7):
+    a, b = [r for r in rows if r[\"step\"] == s]
+    for k in (\"dense\", \"sparse_push\", \"sparse_pull\"):
+        assert a[\"bytes_sent\"][k] == b[\"bytes_received\"][k], (s, k, a, b)
+"
+'
+
+test_expect_success PYTHON,MPI 'hybrid moves fewer bytes than allreduce on the LM' '
+	for s in hybrid allreduce; do
+		tern-dist-run -n 2 -q lm_${s}2.onnx -i tokens=tokens.npy -i target=lm_target.npy --batch 24 --steps 2 \
+			--log $s.jsonl || return 1
+	done &&
+	"$TERN_PYTHON" -c "
+import json
+def total(f): return sum(sum(json.loads(l)[\"bytes_sent\"].values()) for l in open(f))
+h, a = total(\"hybrid.jsonl\"), total(\"allreduce.jsonl\")
+assert 0 < h < a, (h, a)
+"
+'
+
+test_expect_success MPI 'a graph not partitioned for N ranks, or not at all, is refused with nothing written' '
+	test_expect_code 64 tern-dist-run -n 3 lm_hybrid2.onnx -i tokens=tokens.npy -i target=lm_target.npy \
+		--batch 24 -o out.onnx 2>err &&
+	grep "partitioned for 2 ranks, not 3" err &&
+	test_expect_code 64 tern-dist-run -n 2 lm_train.onnx -i tokens=tokens.npy -i target=lm_target.npy \
+		--batch 24 -o out.onnx 2>err &&
+	grep "partitioned for 1 rank, not 2" err &&
+	test_expect_code 64 tern-dist-run -n 2 lm_hybrid2.onnx -i tokens=tokens.npy -i target=lm_target.npy \
+		--batch 23 -o out.onnx 2>err &&
+	grep "does not divide among 2 ranks" err &&
+	test_expect_code 64 tern-run --train lm_hybrid2.onnx -i tokens=tokens.npy -i target=lm_target.npy \
+		--batch 24 -o out.onnx 2>err &&
+	grep "partitioned for 2 ranks and runs on 1 (run it with tern-dist-run)" err &&
+	! test -e out.onnx
+'
+
+test_expect_success MPI 'ranks that read different graphs are refused' '
+	cp lm_hybrid2.onnx g0.onnx && cp lm_allreduce2.onnx g1.onnx &&
+	! mpiexec -n 2 sh -c "exec tern-dist-run g\$PMI_RANK.onnx -i tokens=tokens.npy -i target=lm_target.npy --batch 24" 2>err &&
+	grep "ranks 0 and 1 read different graphs" err
+'
+
+test_expect_success MPI 'tern-partition: bad options and host files get one line and a sysexits code' '
+	test_expect_code 64 tern-partition lm_train.onnx -o p.onnx 2>err && grep "ranks N is required" err &&
+	test_expect_code 64 tern-partition -n 2 --strategy nope lm_train.onnx -o p.onnx 2>err &&
+	grep "unknown strategy .nope." err &&
+	printf "node1:2\nnode2:x\n" >bad_hosts &&
+	test_expect_code 65 tern-partition -n 4 --hosts bad_hosts lm_train.onnx -o p.onnx 2>err &&
+	grep "bad_hosts:2: the slots" err &&
+	printf "node1:2\nnode2:1\n" >short_hosts &&
+	test_expect_code 64 tern-partition -n 4 --hosts short_hosts lm_train.onnx -o p.onnx 2>err &&
+	grep "add up to 3, not the 4 ranks" err &&
+	test_expect_code 64 tern-partition -n 2 lm_hybrid2.onnx -o p.onnx 2>err &&
+	grep "partitioned already" err &&
+	test_expect_code 65 tern-partition -n 2 lm.onnx -o p.onnx 2>err &&
+	grep "no training algorithm" err &&
+	! test -e p.onnx
+'
+
+test_expect_success PYTHON,MPI 'killing one rank mid-run ends every rank, non-zero, within 10 s' '
+	"$TERN_PYTHON" -c "
+import numpy as np
+r = np.random.default_rng(1)
+np.save(\"many_tokens.npy\", r.integers(0, 50, (96000, 6)).astype(np.int64))
+np.save(\"many_target.npy\", r.integers(0, 5, (96000,)).astype(np.int64))
+" &&
+	{ tern-dist-run -n 3 -q lm_hybrid3.onnx -i tokens=many_tokens.npy -i target=many_target.npy --batch 3 \
+		--epochs 100 -o killed.onnx 2>kill_err & } &&
+	job=$! &&
+	sleep 2 &&
+	victim=$(pgrep -f "tern-dist-run --worker" | sed -n 2p) &&
+	test -n "$victim" &&
+	kill -9 $victim &&
+	start=$(date +%s) &&
+	{ wait $job; rc=$?; } ;
+	end=$(date +%s) &&
+	echo "exit $rc after $((end - start)) s" &&
+	test $rc -ne 0 &&
+	test $((end - start)) -le 10 &&
+	! pgrep -f "tern-dist-run --worker" &&
+	! test -e killed.onnx
+'
+
+test_done
