@@ -104,6 +104,13 @@ void tern_cli_warn(const char *fmt, ...)
 	va_end(ap);
 }
 
+int tern_cli_set_quiet(int quiet)
+{
+	int was = prog.quiet;
+	prog.quiet = quiet;
+	return was;
+}
+
 void tern_cli_verbose(int level, const char *fmt, ...)
 {
 	if (prog.quiet || prog.verbose < level)

@@ -44,6 +44,9 @@ void tern_cli_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* "NAME: MESSAGE" when -v was given at least `level` times. */
 void tern_cli_verbose(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* Silences tern_cli_verbose (and warnings) or not; returns what it was. */
+int tern_cli_set_quiet(int quiet);
+
 /* realloc, failing with 71 when out of memory. */
 void *tern_cli_grow(void *items, size_t n, size_t size);
 /* --dim NAME=N, repeatable: sizes of symbolic dimensions. */

@@ -8,6 +8,7 @@
 
 #include <errno.h>
 #include <limits.h>
+#include <math.h>
 #include <mpi.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,13 +26,15 @@ typedef struct options {
 	int n_input_args;
 } options;
 
-enum { OPT_HOSTS = 0x100, OPT_WORKER, OPT_THREADS, OPT_SEED };
+enum { OPT_HOSTS = 0x100, OPT_WORKER, OPT_THREADS, OPT_SEED, OPT_REPORT };
 
 static const struct argp_option option_table[] = {
         {NULL, 0, NULL, 0, "Ranks:", 1},
         {"ranks", 'n', "N", 0, "run N ranks (mpiexec -n N); the graph must be partitioned for N", 1},
         {"hosts", OPT_HOSTS, "FILE", 0, "MPICH's host file, passed to mpiexec -f", 1},
         {"worker", OPT_WORKER, NULL, 0, "be one rank of a job mpiexec started (set when mpiexec runs this tool)", 1},
+        {"report", OPT_REPORT, NULL, 0,
+         "at the end, the bytes a rank sent a step by kind beside the first-principles count, and throughput", 1},
         {NULL, 0, NULL, 0, "Data and training (as tern-run --train; -o FILE is written by rank 0):", 2},
         {"input", 'i', "[NAME=]FILE", 0, "the step's input NAME from a .npy or .pb file; every rank reads it", 2},
         {"seed", OPT_SEED, "S", 0, "seed of --shuffle (default 0)", 2},
@@ -53,6 +56,7 @@ static error_t parse_option(int key, char *arg, struct argp_state *state)
 		return 0;
 	case OPT_HOSTS: o->hosts = arg; return 0;
 	case OPT_WORKER: o->worker = 1; return 0;
+	case OPT_REPORT: o->t.report = 1; return 0;
 	case OPT_THREADS:
 		o->threads = (int)strtol(arg, &end, 10);
 		if (*end || o->threads < 1 || o->threads > 4096)
@@ -233,22 +237,156 @@ static int launch(const options *o, const tern_cli *cli, int argc, char **argv)
 
 /* ---------------------------------------------------------------- a rank */
 
-/* FNV-1a of the graph file's bytes, to check that every rank read the same graph. */
+/* A hash of the graph file's bytes (eight at a time, multiply and rotate), to check that every rank
+ * read the same graph. */
 static uint64_t file_hash(const char *path)
 {
 	FILE *f = fopen(path, "rb");
-	uint64_t h = 1469598103934665603ull;
+	uint64_t h = 1469598103934665603ull, total = 0;
 	if (!f)
 		return 0;
-	int c;
-	unsigned char buf[1 << 16];
+	uint64_t buf[1 << 13];
 	size_t k;
-	while ((k = fread(buf, 1, sizeof buf, f)) > 0)
-		for (size_t i = 0; i < k; i++)
-			h = (h ^ buf[i]) * 1099511628211ull;
-	(void)c;
+	while ((k = fread(buf, 1, sizeof buf, f)) > 0) {
+		if (k % 8)
+			memset((char *)buf + k, 0, 8 - k % 8);
+		for (size_t i = 0; i < (k + 7) / 8; i++) {
+			h = (h ^ buf[i]) * 0x9e3779b97f4a7c15ull;
+			h = (h << 29) | (h >> 35);
+		}
+		total += k;
+	}
 	fclose(f);
-	return h;
+	return h ^ total;
+}
+
+/* ---------------------------------------------------------------- --partitions auto */
+
+/* The median step time (the ranks' mean) of a few steps of the model in cli->input partitioned into p,
+ * trained on a copy from the first batches; the copy is dropped. */
+static double time_partitions(const options *o, const tern_cli *cli, const tern_partition_options *ap, int p)
+{
+	tern_model *m = tern_cli_load(cli);
+	tern_partition_options po = *ap;
+	po.partitions = p;
+	if (tern_model_partition(m, &po, NULL)) {
+		tern_model_free(m);
+		return NAN;
+	}
+	tern_value *sv = tern_graph_find(tern_model_graph(m), "tern.step");
+	tern_tensor stored = {0};
+	int64_t done = 0;
+	if (sv && sv->initializer && !tern_tensor_from_proto(sv->initializer, NULL, "tern.step", &stored)) {
+		done = tern_tensor_get_i64(&stored, 0);
+		tern_tensor_free(&stored);
+	}
+	train_options t = o->t;
+	t.steps = done + 8;
+	t.epochs = 0;
+	t.log = NULL;
+	t.report = 0;
+	t.checkpoint_every = 0;
+	t.n_val_args = 0;
+	double med = NAN;
+	t.median_step_s = &med;
+	tern_cli c = *cli;
+	c.output = NULL;
+	int was = tern_cli_set_quiet(1);
+	tern_run_train(&t, &c, m);
+	tern_cli_set_quiet(was);
+	tern_model_free(m);
+	return med;
+}
+
+/* Parallax's search: from the servers' count, doubling while the step time falls, then halving from
+ * the start while it falls; with three samples or more, t(p) = b/p + a(p - 1) + c fitted by least
+ * squares and its best integer p taken (the best sample when the fit has no minimum). */
+static int choose_partitions(const options *o, const tern_cli *cli, const tern_partition_options *ap, int rank)
+{
+	int ps[32], n = 0, start = ap->servers > 0 ? ap->servers : ap->ranks;
+	double ts[32];
+	for (int p = start, up = 1; n < 12;) {
+		double t = time_partitions(o, cli, ap, p);
+		ps[n] = p;
+		ts[n++] = t;
+		if (rank == 0)
+			fprintf(stderr, "tern-dist-run: partitions %d: %.4g s a step\n", p, t);
+		if (isnan(t)) {
+			n--; /* more partitions than a table has rows: not a candidate */
+			if (!n)
+				tern_cli_fail(TERN_EUSAGE, "%s: cannot be partitioned into %d", cli->input, p);
+		}
+		bool better = !isnan(t) && (n == 1 || t < ts[n - 2]);
+		if (up && better && p * 2 <= (1 << 20)) {
+			p *= 2;
+			continue;
+		}
+		/* turn downward from the start once the step time rose (or doubling must stop) */
+		if (up) {
+			up = 0;
+			if (start / 2 < 1 || (n > 1 && ts[0] > ts[1]))
+				break;
+			p = start / 2;
+			continue;
+		}
+		if (!better || p / 2 < 1)
+			break;
+		p /= 2;
+	}
+	int best = 0;
+	for (int i = 1; i < n; i++)
+		if (ts[i] < ts[best])
+			best = i;
+	int choice = ps[best];
+	if (n >= 3) {
+		/* least squares on the features (1/p, p - 1, 1) */
+		double A[3][4] = {{0}};
+		for (int i = 0; i < n; i++) {
+			double f[3] = {1.0 / ps[i], ps[i] - 1.0, 1.0};
+			for (int r = 0; r < 3; r++) {
+				for (int c = 0; c < 3; c++)
+					A[r][c] += f[r] * f[c];
+				A[r][3] += f[r] * ts[i];
+			}
+		}
+		for (int c = 0; c < 3; c++) {
+			int piv = c;
+			for (int r = c + 1; r < 3; r++)
+				if (fabs(A[r][c]) > fabs(A[piv][c]))
+					piv = r;
+			for (int k = 0; k < 4; k++) {
+				double tmp = A[c][k];
+				A[c][k] = A[piv][k];
+				A[piv][k] = tmp;
+			}
+			for (int r = 0; r < 3 && fabs(A[c][c]) > 1e-300; r++) {
+				if (r == c)
+					continue;
+				double f = A[r][c] / A[c][c];
+				for (int k = 0; k < 4; k++)
+					A[r][k] -= f * A[c][k];
+			}
+		}
+		double b = A[0][3] / A[0][0], al = A[1][3] / A[1][1], c0 = A[2][3] / A[2][2];
+		if (rank == 0)
+			fprintf(stderr, "tern-dist-run: fit t(p) = %.4g/p + %.4g(p - 1) + %.4g\n", b, al, c0);
+		if (b > 0 && al > 0 && isfinite(b) && isfinite(al)) {
+			int lo = 1, hi = 1;
+			for (int i = 0; i < n; i++)
+				hi = ps[i] * 2 > hi ? ps[i] * 2 : hi;
+			double bt = INFINITY;
+			for (int p = lo; p <= hi; p++) {
+				double t = b / p + al * (p - 1) + c0;
+				if (t < bt) {
+					bt = t;
+					choice = p;
+				}
+			}
+		}
+	}
+	if (rank == 0)
+		fprintf(stderr, "tern-dist-run: %d partitions\n", choice);
+	return choice;
 }
 
 static int worker(options *o, tern_cli *cli)
@@ -290,6 +428,12 @@ static int worker(options *o, tern_cli *cli)
 	o->t.seed = o->seed;
 	o->t.input_args = o->input_args;
 	o->t.n_input_args = o->n_input_args;
+	tern_partition_options ap;
+	if (tern_model_partition_auto(model, &ap)) {
+		/* --partitions auto: the count chosen by timing copies, then this model partitioned */
+		ap.partitions = choose_partitions(o, cli, &ap, rank);
+		tern_cli_check(tern_model_partition(model, &ap, NULL));
+	}
 	int rc = tern_run_train(&o->t, cli, model);
 	tern_model_free(model);
 	MPI_Finalize();

@@ -20,7 +20,9 @@ static const struct argp_option option_table[] = {
         {"strategy", OPT_STRATEGY, "S", 0,
          "hybrid (default: dense gradients by AllReduce, sparse tables on servers), allreduce (everything dense), "
          "allgather (sparse gradients gathered by every rank, as Horovod)", 0},
-        {"partitions", 'P', "P", 0, "Row partitions of each sparse table (default: one per server)", 0},
+        {"partitions", 'P', "P|auto", 0,
+         "Row partitions of each sparse table (default: one per server); auto: tern-dist-run times candidate "
+         "counts on the first batches and partitions with the best (the step is left as it is until then)", 0},
         {"hosts", OPT_HOSTS, "FILE", 0,
          "MPICH's host file (HOST[:SLOTS] a line): one server per host, on its first rank (default: one per rank)", 0},
         {"local-aggregation", OPT_LOCAL, NULL, 0, "Sum sparse gradients per host before pushing them (not built yet)", 0},
@@ -44,8 +46,10 @@ static error_t parse_option(int key, char *arg, struct argp_state *state)
 	switch (key) {
 	case 'n': o->p.ranks = (int)number(state, "--ranks", arg, 1, 1 << 20); return 0;
 	case 'P':
-		if (!strcmp(arg, "auto"))
-			argp_error(state, "--partitions auto times candidate counts while training: give it to tern-dist-run");
+		if (!strcmp(arg, "auto")) {
+			o->p.partitions = -1;
+			return 0;
+		}
 		o->p.partitions = (int)number(state, "--partitions", arg, 1, 1 << 24);
 		return 0;
 	case OPT_STRATEGY: o->p.strategy = arg; return 0;

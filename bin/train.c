@@ -235,6 +235,53 @@ static void free_val(struct val *v)
 	tern_tensor_free(&v->target);
 }
 
+static int by_value(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+	return (x > y) - (x < y);
+}
+
+/* --report: per step and rank, the bytes each kind sent (mean over the ranks) beside the
+ * first-principles count of the rows the step touched, and throughput. Collective. */
+static void report(int64_t steps, double seconds, int64_t batch, int rank, int ranks)
+{
+	int64_t sent[TERN_COMM_KINDS], recv[TERN_COMM_KINDS], want[TERN_COMM_KINDS];
+	tern_comm_bytes(sent, recv);
+	tern_comm_expected(want);
+	double v[3 * TERN_COMM_KINDS + 1];
+	for (int k = 0; k < TERN_COMM_KINDS; k++) {
+		v[k] = (double)sent[k];
+		v[TERN_COMM_KINDS + k] = (double)recv[k];
+		v[2 * TERN_COMM_KINDS + k] = (double)want[k];
+	}
+	v[3 * TERN_COMM_KINDS] = seconds;
+	tern_cli_check(tern_comm_allreduce(TERN_COMM_OTHER, v, 3 * TERN_COMM_KINDS + 1, TERN_DOUBLE));
+	if (rank != 0 || steps <= 0)
+		return;
+	double per = 1.0 / ((double)steps * ranks);
+	fprintf(stderr, "%-12s %16s %16s %16s %8s\n", "kind", "sent/step", "received/step", "first-principles",
+	        "ratio");
+	double total_sent = 0, total_want = 0;
+	for (int k = 0; k < TERN_COMM_KINDS; k++) {
+		double s = v[k] * per, r = v[TERN_COMM_KINDS + k] * per, w = v[2 * TERN_COMM_KINDS + k] * per;
+		total_sent += s;
+		if (k == TERN_COMM_OTHER) {
+			fprintf(stderr, "%-12s %16.0f %16.0f %16s %8s\n", tern_comm_kind_name(k), s, r, "-", "-");
+			continue;
+		}
+		total_want += w;
+		if (w > 0)
+			fprintf(stderr, "%-12s %16.0f %16.0f %16.0f %8.3f\n", tern_comm_kind_name(k), s, r, w, s / w);
+		else
+			fprintf(stderr, "%-12s %16.0f %16.0f %16.0f %8s\n", tern_comm_kind_name(k), s, r, w, "-");
+	}
+	fprintf(stderr, "%-12s %16.0f %16s %16.0f %8.3f\n", "all", total_sent, "", total_want,
+	        total_want > 0 ? total_sent / total_want : 0.0);
+	double mean_s = v[3 * TERN_COMM_KINDS] / ranks;
+	fprintf(stderr, "bytes a rank a step; %lld steps on %d ranks, %.4g s a step, %.6g samples/s\n", (long long)steps,
+	        ranks, mean_s / (double)steps, (double)steps * (double)batch / mean_s);
+}
+
 int tern_run_train(const train_options *o, const tern_cli *cli, tern_model *model)
 {
 	/* from the start: a signal before the first step must still end in a written model */
@@ -344,8 +391,14 @@ int tern_run_train(const train_options *o, const tern_cli *cli, tern_model *mode
 	if (!perm || !take)
 		tern_cli_fail(TERN_EOS, "out of memory");
 	int64_t perm_epoch = -1;
+	if (dist)
+		tern_comm_reset_bytes();
 	double t_start = now_s(), t_log = t_start, loss = NAN;
 	int64_t samples_since = 0, first = step;
+	double *times = o->median_step_s ? calloc((size_t)(total - step) + 1, sizeof *times) : NULL;
+	int64_t n_times = 0;
+	if (o->median_step_s && !times)
+		tern_cli_fail(TERN_EOS, "out of memory");
 	for (; step < total; step++) {
 		if (dist) {
 			/* every rank stops at the same step: the signal is agreed on first */
@@ -389,6 +442,8 @@ int tern_run_train(const train_options *o, const tern_cli *cli, tern_model *mode
 			tern_cli_verbose(1, "%d of %d parameters and state tensors updated in place; arena %zu bytes", n_inplace,
 			                 n_state, tern_trainer_arena_bytes(tr));
 		}
+		if (times && step >= first + 2)
+			times[n_times++] = t_step;
 		samples_since += m;
 		double now = now_s();
 		if (log && ((step + 1) % log_every == 0 || step + 1 == total)) {
@@ -451,6 +506,18 @@ int tern_run_train(const train_options *o, const tern_cli *cli, tern_model *mode
 	}
 	if (bar)
 		fputc('\n', stderr);
+	if (dist && o->report)
+		report(step - first, now_s() - t_start, b, rank, ranks);
+	if (times) {
+		qsort(times, (size_t)n_times, sizeof *times, by_value);
+		double med = n_times ? times[n_times / 2] : NAN;
+		if (dist) {
+			med /= ranks;
+			tern_cli_check(tern_comm_allreduce(TERN_COMM_OTHER, &med, 1, TERN_DOUBLE));
+		}
+		*o->median_step_s = med;
+		free(times);
+	}
 	sigaction(SIGINT, &old_int, NULL);
 	sigaction(SIGTERM, &old_term, NULL);
 	write_model(cli, tr, model, dist);

@@ -24,6 +24,8 @@ typedef struct train_options {
 	/* tern-dist-run: this process is a rank of a communicator (tern_comm_set); each takes its slice of
 	 * every batch, the loss is the ranks' mean, rank 0 writes, logs carry the bytes moved */
 	int dist;
+	int report; /* print the bytes moved a step by kind beside the first-principles count */
+	double *median_step_s; /* when set: the median step time after the first two steps (ranks' mean) */
 } train_options;
 
 /* The training options tern-run --train and tern-dist-run share: entries for an argp option table

@@ -495,6 +495,8 @@ int tern_comm_size(void);
 tern_status tern_comm_alltoallv(int kind, const void *send, const int64_t *send_bytes, const int64_t *send_off,
                                 void *recv, const int64_t *recv_bytes, const int64_t *recv_off);
 tern_status tern_comm_alltoall_counts(int kind, const int64_t *send, int64_t *recv);
+/* Adds to the first-principles count of kind (tern_comm_expected). */
+void tern_comm_expect(int kind, double bytes);
 /* Replaces a model's training algorithm by a training step model's graph (as tern_model_training_step
  * made it, then edited): its nodes, its outputs, the algorithm's own inputs. */
 tern_status tern_model_set_training_step(tern_model *model, tern_model *step);

@@ -406,7 +406,8 @@ tern_status tern_trainer_sync(tern_trainer *trainer);
 typedef struct tern_partition_options {
 	int ranks; /* processes that train together (>= 1) */
 	const char *strategy; /* hybrid (default), allreduce, allgather, ps */
-	int partitions; /* row shards of each sparse table (0: one per server) */
+	int partitions; /* row shards of each sparse table (0: one per server; -1: auto, which only writes the
+	                 * annotation; tern-dist-run chooses and partitions) */
 	int servers; /* servers (hosts) that hold the shards (0: one per rank) */
 	int local_aggregation; /* sparse gradients summed per host before they are pushed */
 	double bucket_mb; /* dense gradients reduced together up to this size (<= 0: 4 MiB) */
@@ -422,6 +423,9 @@ typedef struct tern_partition_summary {
 tern_status tern_model_partition(tern_model *model, const tern_partition_options *opts, tern_partition_summary *summary);
 /* The ranks a model's step was partitioned for (1: not partitioned). */
 int tern_model_partition_ranks(const tern_model *model);
+/* Whether the annotation asks for the partition count to be chosen by timing (--partitions auto);
+ * then *opts gets what else it says (strategy a static string). */
+int tern_model_partition_auto(const tern_model *model, tern_partition_options *opts);
 
 /* The communicator the tern.AllReduce, tern.Pull, tern.Push and tern.AllGatherRows kernels use: one
  * per process, set before planning (tern-dist-run sets MPI's). Without one a process is rank 0 of 1.
@@ -449,6 +453,10 @@ enum { TERN_COMM_DENSE, TERN_COMM_SPARSE_PUSH, TERN_COMM_SPARSE_PULL, TERN_COMM_
 const char *tern_comm_kind_name(int kind);
 void tern_comm_bytes(int64_t sent[TERN_COMM_KINDS], int64_t received[TERN_COMM_KINDS]);
 void tern_comm_reset_bytes(void);
+/* The bytes each kind should have sent by the first-principles count (tern-dist-run(1)), from the rows
+ * the operators actually touched (indices left out): an allreduce of w bytes 2w(n-1)/n, a pull or a
+ * push of u distinct rows of r bytes u*r*(n-1)/n, an allgather of k rows k*r*(n-1). */
+void tern_comm_expected(int64_t expected[TERN_COMM_KINDS]);
 /* Collectives that count their bytes (kind TERN_COMM_*): for tools that talk beside the graph. */
 tern_status tern_comm_allreduce(int kind, void *buf, int64_t count, int dtype);
 tern_status tern_comm_allgatherv(int kind, const void *send, void *recv, const int64_t *bytes, const int64_t *off);

@@ -12,7 +12,7 @@
 #include <string.h>
 
 static const tern_comm *current;
-static _Atomic int64_t sent_bytes[TERN_COMM_KINDS], received_bytes[TERN_COMM_KINDS];
+static _Atomic int64_t sent_bytes[TERN_COMM_KINDS], received_bytes[TERN_COMM_KINDS], expected_bytes[TERN_COMM_KINDS];
 
 void tern_comm_set(const tern_comm *comm)
 {
@@ -43,7 +43,20 @@ void tern_comm_reset_bytes(void)
 	for (int k = 0; k < TERN_COMM_KINDS; k++) {
 		atomic_store(&sent_bytes[k], 0);
 		atomic_store(&received_bytes[k], 0);
+		atomic_store(&expected_bytes[k], 0);
 	}
+}
+
+void tern_comm_expected(int64_t expected[TERN_COMM_KINDS])
+{
+	for (int k = 0; k < TERN_COMM_KINDS; k++)
+		expected[k] = atomic_load(&expected_bytes[k]);
+}
+
+void tern_comm_expect(int kind, double bytes)
+{
+	if (kind >= 0 && kind < TERN_COMM_KINDS && tern_comm_size() > 1)
+		atomic_fetch_add(&expected_bytes[kind], (int64_t)(bytes + 0.5));
 }
 
 static void count(int kind, int64_t sent, int64_t received)

@@ -9,7 +9,9 @@
  *   tern.AllGatherRows(I, G) -> (J, H)    every rank's (I, G/ranks) concatenated, as Horovod does
  *   tern.RowsToDense(I, G) -> D           the dense gradient [rows, ...] of rows G at I
  *
- * Pull and Push carry the shard map as attributes: rows (the table's), starts (P+1 first rows of the
+ * J and H have ranks x |I| places, fixed when planning so that the update after them is planned (and
+ * in place) too: what arrives fills the front, the rest is row 0 with a zero gradient, which every
+ * update rule leaves as it is. Pull and Push carry the shard map as attributes: rows (the table's), starts (P+1 first rows of the
  * P partitions), owners (each partition's rank), offsets (where a partition starts in its owner's
  * shard). Every operator carries ranks, the process count it was partitioned for, which must be the
  * communicator's. */
@@ -203,6 +205,9 @@ static tern_status pull_kernel(const tern_kernel_args *a)
 		st = TERN_EDATA;
 	if (!st)
 		group_by_owner(&m, uniq, u, &x, fill, slot, ids);
+	double share = (double)(x.n - 1) / x.n;
+	if (!st)
+		tern_comm_expect(TERN_COMM_SPARSE_PULL, (double)u * (double)rb * share);
 	if (!st && !(st = exchange_counts(&x, TERN_COMM_SPARSE_PULL))) {
 		int64_t asked_n = x.roff[x.n];
 		asked = malloc(((size_t)asked_n + 1) * sizeof *asked);
@@ -306,20 +311,22 @@ static int64_t row_elems(const tern_tensor *I, const tern_tensor *G)
 	return n ? tern_tensor_numel(G) / n : 0;
 }
 
-static tern_status rows_outputs(const tern_kernel_args *a, const tern_tensor *G, int64_t m, tern_tensor **J,
-                                tern_tensor **H)
+/* The outputs (J, H) hold at most every rank's rows: their shape is fixed when planning, ranks times
+ * I's count, so that the update after them is planned (and done in place) too. Received rows fill
+ * the front; the rest is padding that every rule leaves as it is: row 0 with a zero gradient. Checks
+ * that m rows fit. */
+static tern_status rows_outputs(const tern_kernel_args *a, int64_t m, tern_tensor **J, tern_tensor **H)
 {
-	const tern_tensor *I = a->in[0];
-	int64_t dims[TERN_MAX_RANK];
-	dims[0] = m;
-	int extra = G->rank - I->rank;
-	memcpy(dims + 1, G->dims + I->rank, (size_t)extra * sizeof *dims);
-	tern_status st = tern_tensor_alloc(a->out[0], TERN_INT64, 1, &m);
-	if (!st)
-		st = tern_tensor_alloc(a->out[1], G->dtype, 1 + extra, dims);
 	*J = a->out[0];
 	*H = a->out[1];
-	return st ? tern_node_errorf(a->node, st, "%s", tern_error()) : TERN_OK;
+	int64_t cap = (*J)->dims[0];
+	if (m > cap)
+		return tern_node_errorf(a->node, TERN_EINTERNAL, "%lld rows arrived for %lld places", (long long)m,
+		                        (long long)cap);
+	size_t rb = cap ? (*H)->nbytes / (size_t)cap : 0;
+	memset((int64_t *)(*J)->data + m, 0, (size_t)(cap - m) * sizeof(int64_t));
+	memset((char *)(*H)->data + (size_t)m * rb, 0, (size_t)(cap - m) * rb);
+	return TERN_OK;
 }
 
 static tern_status push_kernel(const tern_kernel_args *a)
@@ -341,13 +348,15 @@ static tern_status push_kernel(const tern_kernel_args *a)
 		st = tern_errorf(TERN_EOS, "out of memory");
 	else
 		st = coalesce(a->node, I, G, m.rows, uniq, &u, sums, D);
-	if (!st)
+	if (!st) {
 		group_by_owner(&m, uniq, u, &x, fill, slot, ids);
+		tern_comm_expect(TERN_COMM_SPARSE_PUSH, (double)u * (double)rb * (x.n - 1) / x.n);
+	}
 	for (int64_t k = 0; !st && k < u; k++)
 		memcpy(send + (size_t)slot[k] * rb, sums + (size_t)k * rb, rb);
 	tern_tensor *J, *H;
 	if (!st && !(st = exchange_counts(&x, TERN_COMM_SPARSE_PUSH)) &&
-	    !(st = rows_outputs(a, G, x.roff[x.n], &J, &H)) &&
+	    !(st = rows_outputs(a, x.roff[x.n], &J, &H)) &&
 	    !(st = exchange_data(&x, TERN_COMM_SPARSE_PUSH, ids, J->data, sizeof *ids, false)))
 		st = exchange_data(&x, TERN_COMM_SPARSE_PUSH, send, H->data, (int64_t)rb, false);
 	free(uniq);
@@ -384,14 +393,16 @@ static tern_status allgather_rows_kernel(const tern_kernel_args *a)
 		one[r] = sizeof(int64_t);
 		off[r] = r * (int64_t)sizeof(int64_t);
 	}
-	if (!st)
+	if (!st) {
+		tern_comm_expect(TERN_COMM_SPARSE_PUSH, (double)(n * D) * (double)es * (n_ranks - 1));
 		st = tern_comm_allgatherv(TERN_COMM_SPARSE_PUSH, &n, cnt, one, off);
+	}
 	tern_tensor *J, *H;
 	int64_t total = 0;
 	for (int r = 0; !st && r < n_ranks; r++)
 		total += cnt[r];
 	if (!st)
-		st = rows_outputs(a, G, total, &J, &H);
+		st = rows_outputs(a, total, &J, &H);
 	int64_t at = 0;
 	for (int r = 0; !st && r < n_ranks; r++) {
 		bytes[r] = cnt[r] * (int64_t)sizeof(int64_t);
@@ -426,7 +437,12 @@ static tern_status rows_prepare(tern_prepare_args *p, tern_kernel_fn kernel)
 		st = read_map(p->node, &m);
 	if (st)
 		return st;
-	p->dynamic_output = 1;
+	int64_t dims[TERN_MAX_RANK], cap = tern_comm_size() * tern_tensor_numel(I);
+	dims[0] = cap;
+	int extra = G->rank - I->rank;
+	memcpy(dims + 1, G->dims + I->rank, (size_t)extra * sizeof *dims);
+	tern_set_shape(p->out[0], TERN_INT64, 1, &cap);
+	tern_set_shape(p->out[1], G->dtype, 1 + extra, dims);
 	p->kernel = kernel;
 	return TERN_OK;
 }
@@ -501,6 +517,7 @@ static tern_status allreduce_kernel(const tern_kernel_args *a)
 		memcpy(buf + (size_t)at * es, a->in[i]->data, a->in[i]->nbytes);
 		at += (int)tern_tensor_numel(a->in[i]);
 	}
+	tern_comm_expect(TERN_COMM_DENSE, 2.0 * (double)total * (double)es * (n_ranks - 1) / n_ranks);
 	tern_status st = tern_comm_allreduce(TERN_COMM_DENSE, buf, total, dtype);
 	if (st)
 		return tern_node_errorf(a->node, st, "%s", tern_error());

@@ -552,6 +552,21 @@ int tern_model_partition_ranks(const tern_model *m)
 	return r ? atoi(r + 6) : 1;
 }
 
+int tern_model_partition_auto(const tern_model *m, tern_partition_options *o)
+{
+	const char *a = tern_model_meta(m, TERN_PARTITION_KEY);
+	if (!a || !strstr(a, "\npartitions auto\n"))
+		return 0;
+	memset(o, 0, sizeof *o);
+	o->ranks = tern_model_partition_ranks(m);
+	o->strategy = strstr(a, "\nstrategy ps\n") ? "ps" : "hybrid";
+	const char *s = strstr(a, "\nservers ");
+	o->servers = s ? atoi(s + 9) : 0;
+	const char *b = strstr(a, "\nbucket_mb ");
+	o->bucket_mb = b ? atof(b + 11) : 0;
+	return 1;
+}
+
 tern_status tern_model_partition(tern_model *m, const tern_partition_options *o, tern_partition_summary *summary)
 {
 	const char *strategy = o->strategy ? o->strategy : "hybrid";
@@ -567,9 +582,22 @@ tern_status tern_model_partition(tern_model *m, const tern_partition_options *o,
 	int parts = o->partitions > 0 ? o->partitions : servers;
 	if (!m->proto->n_training_info || !m->proto->training_info[0]->algorithm)
 		return tern_errorf(TERN_EDATA, "%s: the model has no training algorithm; make one with tern-autodiff", m->source);
-	if (tern_model_meta(m, TERN_PARTITION_KEY))
+	tern_partition_options pending;
+	if (tern_model_meta(m, TERN_PARTITION_KEY) && !tern_model_partition_auto(m, &pending))
 		return tern_errorf(TERN_EUSAGE, "%s: the training step is partitioned already (for %d ranks)", m->source,
 		                   tern_model_partition_ranks(m));
+	if (o->partitions < 0) {
+		/* auto: what to do, for tern-dist-run, which times candidate counts and partitions */
+		if (!hybrid && !ps)
+			return tern_errorf(TERN_EUSAGE, "--partitions auto is for the strategies that shard (hybrid, ps)");
+		char text[256];
+		snprintf(text, sizeof text, "ranks %d\nstrategy %s\npartitions auto\nservers %d\nbucket_mb %g\n", o->ranks,
+		         strategy, servers, o->bucket_mb > 0 ? o->bucket_mb : 4.0);
+		tern_status st = tern_model_set_meta(m, TERN_PARTITION_KEY, text);
+		if (!st && summary)
+			memset(summary, 0, sizeof *summary);
+		return st;
+	}
 	int64_t cap = (int64_t)((o->bucket_mb > 0 ? o->bucket_mb : 4.0) * 1048576.0);
 
 	/* the tables, found in the step as it is */
