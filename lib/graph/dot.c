@@ -182,6 +182,33 @@ static void group_colour(int group, char *buf, size_t size)
 	snprintf(buf, size, "%.3f 0.400 0.950", hue);
 }
 
+/* Roles in a partitioned training step (tern-partition): communication by kind, and the updates a
+ * server applies to its shards. NULL for other nodes. */
+static const char *role_colour(const tern_node *node)
+{
+	if (strcmp(node->domain, "tern") != 0)
+		return NULL;
+	if (!strcmp(node->op_type, "AllReduce"))
+		return "#f6b26b"; /* dense: AllReduce */
+	if (!strcmp(node->op_type, "Pull") || !strcmp(node->op_type, "Push"))
+		return "#6fa8dc"; /* sparse: to and from the servers */
+	if (!strcmp(node->op_type, "AllGatherRows"))
+		return "#e06666"; /* sparse: gathered by every rank */
+	for (size_t i = 0; i < node->n_inputs; i++) {
+		const char *name = node->inputs[i] ? node->inputs[i]->name : "";
+		size_t len = strlen(name);
+		if (len > 6 && !strcmp(name + len - 6, "/shard"))
+			return "#93c47d"; /* a server's update of its shard */
+	}
+	return NULL;
+}
+
+static bool communicates(const tern_node *node)
+{
+	const char *c = role_colour(node);
+	return c && strcmp(c, "#93c47d") != 0;
+}
+
 static Agnode_t *operator_node(struct dot *d, Agraph_t *g, const tern_node *node)
 {
 	Agnode_t *n = new_node(d, g);
@@ -207,6 +234,12 @@ static Agnode_t *operator_node(struct dot *d, Agraph_t *g, const tern_node *node
 		char colour[32];
 		group_colour(group, colour, sizeof colour);
 		agsafeset(n, "fillcolor", colour, "");
+	}
+	const char *role = role_colour(node);
+	if (role) {
+		agsafeset(n, "fillcolor", (char *)role, "");
+		if (communicates(node))
+			agsafeset(n, "shape", "cds", "");
 	}
 	return n;
 }
@@ -341,6 +374,13 @@ static tern_status draw_graph(struct dot *d, Agraph_t *ag, const tern_graph *g, 
 			Agnode_t *from = v ? source_of(&scope, v) : NULL;
 			if (from)
 				value_edge(d, from, scope.nodes[i], v, v->flags & TERN_VALUE_OUTER);
+			/* what travels between ranks: bold, in the communication's colour */
+			bool sent = communicates(node) || (v && v->producer && communicates(v->producer));
+			Agedge_t *e = from && sent ? agedge(d->root, from, scope.nodes[i], NULL, 0) : NULL;
+			if (e) {
+				agsafeset(e, "penwidth", "2.5", "");
+				agsafeset(e, "color", (char *)role_colour(communicates(node) ? node : v->producer), "");
+			}
 		}
 	}
 	for (size_t i = 0; i < g->n_outputs; i++) {

@@ -86,6 +86,16 @@ assert \"emb/shard\" in keys and \"emb\" not in keys, keys
 "
 '
 
+test_expect_success PYTHON,MPI 'tern-show -f dot colours the training step by role and draws the communication' '
+	tern-show --training -f dot lm_hybrid2.onnx >step.dot &&
+	test "$(grep -c "shape=cds" step.dot)" = 3 &&
+	grep -q "fillcolor=\"#f6b26b\"" step.dot &&
+	grep -q "fillcolor=\"#6fa8dc\"" step.dot &&
+	grep -q "fillcolor=\"#93c47d\"" step.dot &&
+	grep -q "penwidth=2.5" step.dot &&
+	tern-show --training -f dot lm_allgather2.onnx | grep -q "fillcolor=\"#e06666\""
+'
+
 test_expect_success PYTHON,MPI 'a plain mpiexec runs it too, and the log has a line per step and rank with bytes by kind' '
 	mpiexec -n 2 tern-dist-run -q lm_hybrid2.onnx -i tokens=tokens.npy -i target=lm_target.npy --batch 24 \
 		--steps 6 --log log.jsonl -o plain.onnx &&
