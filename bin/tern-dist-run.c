@@ -12,6 +12,7 @@
 #include <mpi.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -166,6 +167,14 @@ static const char *mpi_error(void *ctx)
 
 /* ---------------------------------------------------------------- the launcher */
 
+static volatile pid_t mpiexec_pid;
+
+static void forward_signal(int sig)
+{
+	if (mpiexec_pid > 0)
+		kill(mpiexec_pid, sig);
+}
+
 /* Runs mpiexec -n N [-f HOSTS] THIS-PROGRAM --worker ARGS, with a graph from standard input saved to
  * a file first (mpiexec gives standard input to rank 0 only); returns its exit status. */
 static int launch(const options *o, const tern_cli *cli, int argc, char **argv)
@@ -216,15 +225,25 @@ static int launch(const options *o, const tern_cli *cli, int argc, char **argv)
 		av[k++] = graph;
 	av[k] = NULL;
 	tern_cli_verbose(1, "starting %d ranks with mpiexec", o->ranks);
+	/* the launcher outlives the job: a signal goes on to mpiexec, which hands it to the ranks (they
+	 * stop at the same step and write -o) */
+	struct sigaction sa = {.sa_handler = forward_signal}, old_int, old_term;
+	sigemptyset(&sa.sa_mask);
+	sigaction(SIGINT, &sa, &old_int);
+	sigaction(SIGTERM, &sa, &old_term);
 	pid_t pid = fork();
 	if (pid == 0) {
+		sigaction(SIGINT, &old_int, NULL);
+		sigaction(SIGTERM, &old_term, NULL);
 		execvp("mpiexec", (char **)av);
 		fprintf(stderr, "tern-dist-run: cannot run mpiexec: %s\n", strerror(errno));
 		_exit(69);
 	}
+	mpiexec_pid = pid;
 	int status = 0;
 	while (pid > 0 && waitpid(pid, &status, 0) < 0 && errno == EINTR)
 		;
+	mpiexec_pid = 0;
 	if (from_stdin)
 		unlink(graph);
 	free(av);
@@ -309,8 +328,7 @@ static int choose_partitions(const options *o, const tern_cli *cli, const tern_p
 		double t = time_partitions(o, cli, ap, p);
 		ps[n] = p;
 		ts[n++] = t;
-		if (rank == 0)
-			fprintf(stderr, "tern-dist-run: partitions %d: %.4g s a step\n", p, t);
+		tern_cli_verbose(0, "partitions %d: %.4g s a step", p, t);
 		if (isnan(t)) {
 			n--; /* more partitions than a table has rows: not a candidate */
 			if (!n)
@@ -368,8 +386,7 @@ static int choose_partitions(const options *o, const tern_cli *cli, const tern_p
 			}
 		}
 		double b = A[0][3] / A[0][0], al = A[1][3] / A[1][1], c0 = A[2][3] / A[2][2];
-		if (rank == 0)
-			fprintf(stderr, "tern-dist-run: fit t(p) = %.4g/p + %.4g(p - 1) + %.4g\n", b, al, c0);
+		tern_cli_verbose(0, "fit t(p) = %.4g/p + %.4g(p - 1) + %.4g", b, al, c0);
 		if (b > 0 && al > 0 && isfinite(b) && isfinite(al)) {
 			int lo = 1, hi = 1;
 			for (int i = 0; i < n; i++)
@@ -384,14 +401,21 @@ static int choose_partitions(const options *o, const tern_cli *cli, const tern_p
 			}
 		}
 	}
-	if (rank == 0)
-		fprintf(stderr, "tern-dist-run: %d partitions\n", choice);
+	tern_cli_verbose(0, "%d partitions", choice);
+	(void)rank;
 	return choice;
 }
 
 static int worker(options *o, tern_cli *cli)
 {
 	int provided = 0, rank = 0, size = 1;
+	/* more ranks on this machine than processors: every step of MPICH's ring allgather waits for a
+	 * process to be scheduled (a 1 MiB allgatherv on 4 ranks and 2 processors took 1.6 s, Bruck's
+	 * 0.025 s); a choice made in the environment stands */
+	const char *local = getenv("MPI_LOCALNRANKS");
+	long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+	if (local && cpus > 0 && atol(local) > cpus)
+		setenv("MPIR_CVAR_ALLGATHERV_INTRA_ALGORITHM", "brucks", 0);
 	if (MPI_Init_thread(NULL, NULL, MPI_THREAD_SERIALIZED, &provided) != MPI_SUCCESS)
 		tern_cli_fail(TERN_EUNAVAILABLE, "MPI_Init failed");
 	MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
@@ -401,7 +425,7 @@ static int worker(options *o, tern_cli *cli)
 	comm = (tern_comm){rank, size, NULL, mpi_allreduce, mpi_alltoallv, mpi_allgatherv, mpi_error};
 	tern_comm_set(&comm);
 	if (rank)
-		cli->verbose = 0;
+		tern_cli_set_quiet(1); /* rank 0 speaks for the job; errors still come from any rank */
 	if (o->ranks && o->ranks != size)
 		tern_cli_fail(TERN_EUSAGE, "-n %d, but mpiexec started %d ranks", o->ranks, size);
 	if (!cli->input || !strcmp(cli->input, "-"))
@@ -451,8 +475,9 @@ int main(int argc, char **argv)
 	        "as well. Every rank reads the graph and the -i files; each trains on its slice of every batch "
 	        "(--batch is the global batch), dense gradients are averaged by MPI_Allreduce, sparse rows go to "
 	        "and come from their shards' owners by MPI_Alltoallv. --log FILE gets one JSON object per step and "
-	        "rank with the bytes it sent and received by kind (dense, sparse_push, sparse_pull, other). Rank 0 "
-	        "gathers the shards and writes -o, atomically.",
+	        "rank: step, rank, epoch, loss (the rank's), mean_loss, samples_per_s, step_s, lr, and the bytes it "
+	        "sent and received by kind (bytes_sent and bytes_received: dense, sparse_push, sparse_pull, other). "
+	        "Rank 0 gathers the shards and writes -o, atomically.",
 	        option_table,
 	        parse_option,
 	        &opts,

@@ -19,7 +19,7 @@ static const struct argp_option option_table[] = {
         {"ranks", 'n', "N", 0, "Partition for N processes (required)", 0},
         {"strategy", OPT_STRATEGY, "S", 0,
          "hybrid (default: dense gradients by AllReduce, sparse tables on servers), allreduce (everything dense), "
-         "allgather (sparse gradients gathered by every rank, as Horovod)", 0},
+         "allgather (sparse gradients gathered by every rank, as Horovod), ps (every parameter on servers)", 0},
         {"partitions", 'P', "P|auto", 0,
          "Row partitions of each sparse table (default: one per server); auto: tern-dist-run times candidate "
          "counts on the first batches and partitions with the best (the step is left as it is until then)", 0},
@@ -67,12 +67,13 @@ static error_t parse_option(int key, char *arg, struct argp_state *state)
 }
 
 /* The host count of an MPICH host file (HOST or HOST:SLOTS a line, # comments); the slots must add
- * up to the ranks when given. */
-static int read_hosts(const char *path, int ranks)
+ * up to the ranks when every host gives them. *first[h] is host h's first rank as mpiexec places ranks
+ * (hosts in order, SLOTS ranks each, one for a host without). */
+static int read_hosts(const char *path, int ranks, int **first)
 {
 	FILE *f = fopen(path, "r");
 	if (!f)
-		tern_cli_fail(TERN_EIO, "%s: %s", path, strerror(errno));
+		tern_cli_fail(TERN_ENOINPUT, "%s: %s", path, strerror(errno));
 	char line[1024];
 	int hosts = 0, lineno = 0;
 	long slots = 0;
@@ -87,15 +88,18 @@ static int read_hosts(const char *path, int ranks)
 		size_t name_len = colon ? (size_t)(colon - c) : strcspn(c, " \t");
 		if (!name_len || c[name_len + strspn(c + name_len, " \t")] != (colon ? ':' : 0))
 			tern_cli_fail(TERN_EDATA, "%s:%d: not HOST or HOST:SLOTS", path, lineno);
+		long s = 1;
 		if (colon) {
-			long s = strtol(colon + 1, &end, 10);
+			s = strtol(colon + 1, &end, 10);
 			end += strspn(end, " \t");
 			if (*end || s < 1)
 				tern_cli_fail(TERN_EDATA, "%s:%d: the slots after ':' must be a positive number", path, lineno);
-			slots += s;
 		} else {
 			all_slots = false;
 		}
+		*first = tern_cli_grow(*first, (size_t)hosts + 1, sizeof **first);
+		(*first)[hosts] = (int)(slots < ranks ? slots : ranks - 1);
+		slots += s;
 		hosts++;
 	}
 	fclose(f);
@@ -130,17 +134,25 @@ int main(int argc, char **argv)
 		tern_cli_fail(TERN_EUSAGE, "--ranks N is required");
 	if (opts.p.local_aggregation)
 		tern_cli_fail(TERN_EUSAGE, "--local-aggregation is not built yet");
-	if (opts.hosts)
-		opts.p.servers = read_hosts(opts.hosts, opts.p.ranks);
+	int *first = NULL;
+	if (opts.hosts) {
+		opts.p.servers = read_hosts(opts.hosts, opts.p.ranks, &first);
+		opts.p.server_ranks = first;
+	}
 	FILE *out = tern_cli_open_output(&cli, 1);
 	tern_model *m = tern_cli_load(&cli);
 	tern_partition_summary s;
 	tern_cli_check(tern_model_partition(m, &opts.p, &s));
-	tern_cli_verbose(1, "%d ranks, strategy %s: %d dense parameters (%lld values) in %d AllReduce calls, %d sparse "
+	if (opts.p.partitions < 0)
+		tern_cli_verbose(1, "%d ranks, strategy %s: the partition count is left to tern-dist-run", opts.p.ranks,
+		                 opts.p.strategy ? opts.p.strategy : "hybrid");
+	else
+		tern_cli_verbose(1, "%d ranks, strategy %s: %d dense parameters (%lld values) in %d AllReduce calls, %d sparse "
 	                 "tables (%lld values)",
 	                 opts.p.ranks, opts.p.strategy ? opts.p.strategy : "hybrid", s.n_dense, (long long)s.dense_elems,
 	                 s.n_buckets, s.n_sparse, (long long)s.sparse_elems);
 	tern_cli_write_model(out, m);
 	tern_model_free(m);
+	free(first);
 	return 0;
 }

@@ -399,15 +399,10 @@ int tern_run_train(const train_options *o, const tern_cli *cli, tern_model *mode
 	int64_t n_times = 0;
 	if (o->median_step_s && !times)
 		tern_cli_fail(TERN_EOS, "out of memory");
+	/* distributed: every rank stops after the same step, agreed on with the step's loss */
+	int agreed_stop = 0;
 	for (; step < total; step++) {
-		if (dist) {
-			/* every rank stops at the same step: the signal is agreed on first */
-			double stop = stop_signal;
-			tern_cli_check(tern_comm_allreduce(TERN_COMM_OTHER, &stop, 1, TERN_DOUBLE));
-			if (stop)
-				stop_signal = stop_signal ? stop_signal : SIGTERM;
-		}
-		if (stop_signal)
+		if (dist ? agreed_stop : stop_signal != 0)
 			break;
 		int64_t epoch = step / per_epoch, pos = step % per_epoch;
 		if (epoch != perm_epoch) {
@@ -430,9 +425,13 @@ int tern_run_train(const train_options *o, const tern_cli *cli, tern_model *mode
 		double local_loss = loss;
 		if (dist) {
 			tern_comm_bytes(sent1, recv1);
-			double mean = loss / ranks;
-			tern_cli_check(tern_comm_allreduce(TERN_COMM_OTHER, &mean, 1, TERN_DOUBLE));
-			loss = mean;
+			double agree[2] = {loss / ranks, stop_signal != 0};
+			tern_cli_check(tern_comm_allreduce(TERN_COMM_OTHER, agree, 2, TERN_DOUBLE));
+			loss = agree[0];
+			if (agree[1] > 0) {
+				agreed_stop = 1;
+				stop_signal = stop_signal ? stop_signal : SIGTERM;
+			}
 		}
 		if (!isfinite(loss))
 			tern_cli_fail(TERN_EDATA, "step %lld (epoch %lld): the loss is %g; nothing written", (long long)step + 1,

@@ -409,6 +409,7 @@ typedef struct tern_partition_options {
 	int partitions; /* row shards of each sparse table (0: one per server; -1: auto, which only writes the
 	                 * annotation; tern-dist-run chooses and partitions) */
 	int servers; /* servers (hosts) that hold the shards (0: one per rank) */
+	const int *server_ranks; /* the rank of each server (NULL: spread evenly, s * ranks / servers) */
 	int local_aggregation; /* sparse gradients summed per host before they are pushed */
 	double bucket_mb; /* dense gradients reduced together up to this size (<= 0: 4 MiB) */
 } tern_partition_options;

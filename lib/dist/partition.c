@@ -564,6 +564,18 @@ int tern_model_partition_auto(const tern_model *m, tern_partition_options *o)
 	o->servers = s ? atoi(s + 9) : 0;
 	const char *b = strstr(a, "\nbucket_mb ");
 	o->bucket_mb = b ? atof(b + 11) : 0;
+	/* the servers' ranks, when a host file placed them (valid until the next call) */
+	static int placed[4096];
+	const char *r = strstr(a, "\nserver_ranks ");
+	if (r && o->servers > 0 && o->servers <= 4096) {
+		char *end = (char *)r + 14;
+		for (int s = 0; s < o->servers; s++) {
+			placed[s] = (int)strtol(end, &end, 10);
+			if (*end == ',')
+				end++;
+		}
+		o->server_ranks = placed;
+	}
 	return 1;
 }
 
@@ -590,10 +602,15 @@ tern_status tern_model_partition(tern_model *m, const tern_partition_options *o,
 		/* auto: what to do, for tern-dist-run, which times candidate counts and partitions */
 		if (!hybrid && !ps)
 			return tern_errorf(TERN_EUSAGE, "--partitions auto is for the strategies that shard (hybrid, ps)");
-		char text[256];
-		snprintf(text, sizeof text, "ranks %d\nstrategy %s\npartitions auto\nservers %d\nbucket_mb %g\n", o->ranks,
-		         strategy, servers, o->bucket_mb > 0 ? o->bucket_mb : 4.0);
-		tern_status st = tern_model_set_meta(m, TERN_PARTITION_KEY, text);
+		text t = {0};
+		put(&t, "ranks %d\nstrategy %s\npartitions auto\nservers %d\nbucket_mb %g\n", o->ranks, strategy, servers,
+		    o->bucket_mb > 0 ? o->bucket_mb : 4.0);
+		for (int s = 0; o->server_ranks && s < servers; s++)
+			put(&t, "%s%d", s ? "," : "server_ranks ", o->server_ranks[s]);
+		if (o->server_ranks)
+			put(&t, "\n");
+		tern_status st = t.oom ? tern_errorf(TERN_EOS, "out of memory") : tern_model_set_meta(m, TERN_PARTITION_KEY, t.s);
+		free(t.s);
 		if (!st && summary)
 			memset(summary, 0, sizeof *summary);
 		return st;
@@ -663,8 +680,11 @@ tern_status tern_model_partition(tern_model *m, const tern_partition_options *o,
 	int64_t *rank_rows = calloc((size_t)o->ranks + 1, sizeof *rank_rows);
 	if (!st && (!server_rank || !server_bytes || !rank_rows))
 		st = tern_errorf(TERN_EOS, "out of memory");
-	for (int s = 0; !st && s < servers; s++)
-		server_rank[s] = (int)((int64_t)s * o->ranks / servers);
+	for (int s = 0; !st && s < servers; s++) {
+		server_rank[s] = o->server_ranks ? o->server_ranks[s] : (int)((int64_t)s * o->ranks / servers);
+		if (server_rank[s] < 0 || server_rank[s] >= o->ranks)
+			st = tern_errorf(TERN_EUSAGE, "server %d on rank %d, of %d ranks", s, server_rank[s], o->ranks);
+	}
 	for (size_t i = 0; !st && sharded && i < n_tables; i++) {
 		table *t = &tables[i];
 		/* a table in P partitions, a dense parameter (ps) whole on one server */
@@ -760,6 +780,10 @@ tern_status tern_model_partition(tern_model *m, const tern_partition_options *o,
 	text a = {0};
 	put(&a, "ranks %d\nstrategy %s\npartitions %d\nservers %d\nlocal_aggregation %d\nbuckets %d\n", o->ranks, strategy,
 	    sharded ? parts : 0, sharded ? servers : 0, o->local_aggregation, n_buckets);
+	for (int s = 0; sharded && server_rank && s < servers; s++)
+		put(&a, "%s%d", s ? "," : "server_ranks ", server_rank[s]);
+	if (sharded && server_rank)
+		put(&a, "\n");
 	for (size_t i = 0; i < n_tables; i++) {
 		table *t = &tables[i];
 		put(&a, "table %s kind=%s rows=%lld", t->name, t->kind->rows ? "sparse" : "dense", (long long)t->type.dims[0]);
@@ -777,6 +801,9 @@ tern_status tern_model_partition(tern_model *m, const tern_partition_options *o,
 		st = tern_errorf(TERN_EOS, "out of memory");
 	if (!st)
 		st = tern_model_set_meta(m, TERN_PARTITION_KEY, a.s);
+	/* a schedule of the step as it was names nodes it no longer has */
+	if (!st)
+		st = tern_model_set_meta(m, TERN_TRAINING_SCHEDULE_KEY, NULL);
 	free(a.s);
 	if (!st && summary) {
 		summary->n_dense = n_dense;

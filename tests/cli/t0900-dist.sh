@@ -170,13 +170,42 @@ test_expect_success MPI 'tern-partition: bad options and host files get one line
 	! test -e p.onnx
 '
 
-test_expect_success PYTHON,MPI 'killing one rank mid-run ends every rank, non-zero, within 10 s' '
+test_expect_success PYTHON 'data for long runs' '
 	"$TERN_PYTHON" -c "
 import numpy as np
 r = np.random.default_rng(1)
 np.save(\"many_tokens.npy\", r.integers(0, 50, (96000, 6)).astype(np.int64))
 np.save(\"many_target.npy\", r.integers(0, 5, (96000,)).astype(np.int64))
-" &&
+"
+'
+
+test_expect_success MPI 'a host file puts one server on the first rank of each host' '
+	printf "a:1\nb:3\n" >hosts &&
+	tern-partition -n 4 --hosts hosts lm_train.onnx -o lm_hosts.onnx &&
+	tern-show -f text lm_hosts.onnx >shown &&
+	grep "^servers 2$" shown && grep "^server_ranks 0,1$" shown &&
+	grep "owners=0,1 " shown
+'
+
+test_expect_success PYTHON,MPI 'SIGTERM to tern-dist-run stops every rank after the same step and writes the model' '
+	{ tern-dist-run -n 2 -q lm_hybrid2.onnx -i tokens=many_tokens.npy -i target=many_target.npy --batch 4 \
+		--epochs 100 --log stopped.jsonl -o stopped.onnx 2>stop_err & } &&
+	job=$! &&
+	sleep 4 &&
+	kill -TERM $job &&
+	{ wait $job; rc=$?; } ;
+	test $rc = 143 &&
+	"$TERN_PYTHON" -c "
+import json, onnx
+from onnx import numpy_helper as nh
+step = [int(nh.to_array(t)) for t in onnx.load(\"stopped.onnx\").graph.initializer if t.name == \"tern.step\"][0]
+rows = [json.loads(l) for l in open(\"stopped.jsonl\")]
+last = {r: max(x[\"step\"] for x in rows if x[\"rank\"] == r) for r in (0, 1)}
+assert last[0] == last[1] == step > 0, (last, step)
+"
+'
+
+test_expect_success PYTHON,MPI 'killing one rank mid-run ends every rank, non-zero, within 10 s' '
 	{ tern-dist-run -n 3 -q lm_hybrid3.onnx -i tokens=many_tokens.npy -i target=many_target.npy --batch 3 \
 		--epochs 100 -o killed.onnx 2>kill_err & } &&
 	job=$! &&
