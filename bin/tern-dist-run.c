@@ -168,9 +168,11 @@ static const char *mpi_error(void *ctx)
 /* ---------------------------------------------------------------- the launcher */
 
 static volatile pid_t mpiexec_pid;
+static volatile sig_atomic_t forwarded;
 
 static void forward_signal(int sig)
 {
+	forwarded = sig;
 	if (mpiexec_pid > 0)
 		kill(mpiexec_pid, sig);
 }
@@ -203,6 +205,25 @@ static int launch(const options *o, const tern_cli *cli, int argc, char **argv)
 			tern_cli_fail(TERN_EIO, "standard input: %s", strerror(errno));
 		}
 	}
+	/* what every rank would refuse, refused once here, before any rank starts */
+	tern_cli c = *cli;
+	c.input = from_stdin ? graph : cli->input;
+	tern_model *m = tern_cli_load(&c);
+	const char *why = NULL;
+	int want = tern_model_partition_ranks(m);
+	if (!tern_model_has_training(m))
+		why = "the model has no training algorithm; make one with tern-autodiff";
+	if (why || want != o->ranks || (o->t.batch && o->t.batch % o->ranks)) {
+		if (from_stdin)
+			unlink(graph);
+		if (why)
+			tern_cli_fail(TERN_EDATA, "%s: %s", c.input, why);
+		if (want != o->ranks)
+			tern_cli_fail(TERN_EUSAGE, "%s: the training step is partitioned for %d rank%s, not %d (tern-partition --ranks %d)",
+			              from_stdin ? "standard input" : c.input, want, want == 1 ? "" : "s", o->ranks, o->ranks);
+		tern_cli_fail(TERN_EUSAGE, "--batch %lld does not divide among %d ranks", (long long)o->t.batch, o->ranks);
+	}
+	tern_model_free(m);
 	char n[16];
 	snprintf(n, sizeof n, "%d", o->ranks);
 	const char **av = calloc((size_t)argc + 10, sizeof *av);
@@ -249,6 +270,9 @@ static int launch(const options *o, const tern_cli *cli, int argc, char **argv)
 	free(av);
 	if (pid < 0)
 		tern_cli_fail(TERN_EOS, "cannot start mpiexec: %s", strerror(errno));
+	/* stopped by a signal: its status, as tern-run --train gives (130 for SIGINT, 143 for SIGTERM) */
+	if (forwarded)
+		return 128 + forwarded;
 	if (WIFEXITED(status))
 		return WEXITSTATUS(status);
 	return 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);

@@ -520,6 +520,12 @@ int tern_run_train(const train_options *o, const tern_cli *cli, tern_model *mode
 	sigaction(SIGINT, &old_int, NULL);
 	sigaction(SIGTERM, &old_term, NULL);
 	write_model(cli, tr, model, dist);
+	if (dist) {
+		/* no rank leaves before rank 0 has written: mpiexec ends a job's other ranks when one exits
+		 * with a non-zero status (after a signal) */
+		double barrier = 0;
+		tern_cli_check(tern_comm_allreduce(TERN_COMM_OTHER, &barrier, 1, TERN_DOUBLE));
+	}
 	if (rank == 0)
 		tern_cli_verbose(0, "step %lld of %lld: loss %.6g", (long long)step, (long long)total, loss);
 	if (log && fclose(log) != 0)

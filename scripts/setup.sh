@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 
 apt_packages="meson ninja-build pkg-config gcc clang protobuf-c-compiler libprotobuf-c-dev libonnx-dev
  libgraphviz-dev graphviz libopenblas-dev mpich libmpich-dev python3 python3-dev python3-venv python3-pip
- python3-numpy python3-torch python3-torchvision python3-sklearn libclang-rt-14-dev valgrind"
+ python3-numpy python3-torch python3-torchvision python3-sklearn libclang-rt-14-dev valgrind iproute2"
 
 SUDO=""
 [ "$(id -u)" = 0 ] || SUDO=sudo

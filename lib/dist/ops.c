@@ -179,18 +179,45 @@ static void group_by_owner(const shard_map *m, const int64_t *uniq, int64_t u, e
 	}
 }
 
+/* ---------------------------------------------------------------- routes */
+
+/* A Pull's route, for the Push of the same indices' gradient: which distinct rows this rank asked of
+ * whom (u, cnt, uniq sorted, slot: each one's place in the send order) and which local rows others
+ * asked of it (rcnt, asked). With it the Push sends the rows alone, in one collective: the owners know
+ * which rows come. An int64 tensor of fixed size (planned), cap = |I| and n ranks:
+ * [u, asked_n, n, cnt[n], rcnt[n], uniq[cap], slot[cap], asked[n cap]]. */
+static int64_t route_size(int64_t cap, int n)
+{
+	return 3 + 2 * (int64_t)n + 2 * cap + (int64_t)n * cap;
+}
+
+typedef struct route {
+	int64_t *u, *asked_n, *n, *cnt, *rcnt, *uniq, *slot, *asked;
+} route;
+
+static route route_at(int64_t *p, int64_t cap, int n)
+{
+	route r = {p, p + 1, p + 2, p + 3, p + 3 + n, p + 3 + 2 * n, p + 3 + 2 * n + cap, p + 3 + 2 * n + 2 * cap};
+	return r;
+}
+
 /* ---------------------------------------------------------------- Pull */
 
+/* tern.Pull(S1..Sk, I) -> (R1..Rk[, route]): the rows I of k tables sharded alike, one exchange for
+ * all of them. */
 static tern_status pull_kernel(const tern_kernel_args *a)
 {
-	const tern_tensor *S = a->in[0], *I = a->in[1];
-	tern_tensor *R = a->out[0];
+	int k_tables = a->n_in - 1;
+	const tern_tensor *I = a->in[k_tables];
+	bool routed = a->n_out > k_tables && a->out[k_tables];
 	shard_map m;
 	tern_status st = read_map(a->node, &m);
 	if (st)
 		return st;
-	int64_t n = tern_tensor_numel(I), srows = S->rank ? S->dims[0] : 1;
-	size_t rb = srows ? S->nbytes / (size_t)srows : 0;
+	int64_t n = tern_tensor_numel(I), srows = a->in[0]->rank ? a->in[0]->dims[0] : 1;
+	size_t rb_all = 0, rb[16];
+	for (int t = 0; t < k_tables; t++)
+		rb_all += rb[t] = srows ? a->in[t]->nbytes / (size_t)srows : 0;
 	exchange x = {0};
 	if ((st = exchange_init(&x)))
 		return st;
@@ -207,32 +234,53 @@ static tern_status pull_kernel(const tern_kernel_args *a)
 		group_by_owner(&m, uniq, u, &x, fill, slot, ids);
 	double share = (double)(x.n - 1) / x.n;
 	if (!st)
-		tern_comm_expect(TERN_COMM_SPARSE_PULL, (double)u * (double)rb * share);
+		tern_comm_expect(TERN_COMM_SPARSE_PULL, (double)u * (double)rb_all * share);
 	if (!st && !(st = exchange_counts(&x, TERN_COMM_SPARSE_PULL))) {
 		int64_t asked_n = x.roff[x.n];
 		asked = malloc(((size_t)asked_n + 1) * sizeof *asked);
-		reply = malloc((size_t)asked_n * rb + 1);
-		got = malloc((size_t)u * rb + 1);
+		reply = malloc((size_t)asked_n * rb_all + 1);
+		got = malloc((size_t)u * rb_all + 1);
 		if (!asked || !reply || !got)
 			st = tern_errorf(TERN_EOS, "out of memory");
 		if (!st)
 			st = exchange_data(&x, TERN_COMM_SPARSE_PULL, ids, asked, sizeof *ids, false);
+		/* a reply row: the asked row of every table, one after the other */
 		for (int64_t k = 0; !st && k < asked_n; k++) {
-			if (asked[k] < 0 || asked[k] >= srows)
+			if (asked[k] < 0 || asked[k] >= srows) {
 				st = tern_node_errorf(a->node, TERN_EDATA, "another rank asked for row %lld of a shard of %lld rows",
 				                      (long long)asked[k], (long long)srows);
-			else
-				memcpy(reply + (size_t)k * rb, (const char *)S->data + (size_t)asked[k] * rb, rb);
+				break;
+			}
+			char *at = reply + (size_t)k * rb_all;
+			for (int t = 0; t < k_tables; t++) {
+				memcpy(at, (const char *)a->in[t]->data + (size_t)asked[k] * rb[t], rb[t]);
+				at += rb[t];
+			}
 		}
 		if (!st)
-			st = exchange_data(&x, TERN_COMM_SPARSE_PULL, reply, got, (int64_t)rb, true);
+			st = exchange_data(&x, TERN_COMM_SPARSE_PULL, reply, got, (int64_t)rb_all, true);
 	}
-	/* every index's row from where its distinct row arrived */
+	/* every index's rows from where its distinct row arrived */
 	for (int64_t k = 0; !st && k < n; k++) {
 		int64_t r = row_index(I, k);
 		r = r < 0 ? r + m.rows : r;
 		const int64_t *at = bsearch(&r, uniq, (size_t)u, sizeof *uniq, cmp_i64);
-		memcpy((char *)R->data + (size_t)k * rb, got + (size_t)slot[at - uniq] * rb, rb);
+		const char *src = got + (size_t)slot[at - uniq] * rb_all;
+		for (int t = 0; t < k_tables; t++) {
+			memcpy((char *)a->out[t]->data + (size_t)k * rb[t], src, rb[t]);
+			src += rb[t];
+		}
+	}
+	if (!st && routed) {
+		route ro = route_at(a->out[k_tables]->data, n, x.n);
+		*ro.u = u;
+		*ro.asked_n = x.roff[x.n];
+		*ro.n = x.n;
+		memcpy(ro.cnt, x.cnt, (size_t)x.n * sizeof *x.cnt);
+		memcpy(ro.rcnt, x.rcnt, (size_t)x.n * sizeof *x.rcnt);
+		memcpy(ro.uniq, uniq, (size_t)u * sizeof *uniq);
+		memcpy(ro.slot, slot, (size_t)u * sizeof *slot);
+		memcpy(ro.asked, asked, (size_t)x.roff[x.n] * sizeof *asked);
 	}
 	free(uniq);
 	free(ids);
@@ -247,19 +295,33 @@ static tern_status pull_kernel(const tern_kernel_args *a)
 
 static tern_status pull_prepare(tern_prepare_args *p)
 {
-	const tern_tensor *S = p->in[0], *I = p->in[1];
-	if (p->n_in != 2 || !S || !I || S->rank < 1 || (I->dtype != TERN_INT64 && I->dtype != TERN_INT32))
-		return tern_node_errorf(p->node, TERN_EDATA, "takes a shard (rank >= 1) and int32 or int64 indices");
-	if (I->rank + S->rank - 1 > TERN_MAX_RANK)
-		return tern_node_errorf(p->node, TERN_EDATA, "the result would have more than %d dimensions", TERN_MAX_RANK);
+	int k_tables = p->n_in - 1;
+	const tern_tensor *I = p->n_in >= 2 ? p->in[k_tables] : NULL;
+	bool ok = k_tables >= 1 && k_tables <= 16 && I && (I->dtype == TERN_INT64 || I->dtype == TERN_INT32) &&
+	          (p->n_out == k_tables || p->n_out == k_tables + 1);
+	for (int t = 0; ok && t < k_tables; t++)
+		ok = p->in[t] && p->in[t]->rank >= 1 && p->in[t]->dims[0] == p->in[0]->dims[0] &&
+		     I->rank + p->in[t]->rank - 1 <= TERN_MAX_RANK;
+	if (!ok)
+		return tern_node_errorf(p->node, TERN_EDATA,
+		                        "takes 1 to 16 shards of equal rows and int32 or int64 indices, and gives their rows "
+		                        "(and optionally a route)");
 	tern_status st = check_ranks(p->node);
 	shard_map m;
 	if (st || (st = read_map(p->node, &m)))
 		return st;
-	int64_t dims[TERN_MAX_RANK];
-	memcpy(dims, I->dims, (size_t)I->rank * sizeof *dims);
-	memcpy(dims + I->rank, S->dims + 1, (size_t)(S->rank - 1) * sizeof *dims);
-	tern_set_shape(p->out[0], S->dtype, I->rank + S->rank - 1, dims);
+	for (int t = 0; t < k_tables; t++) {
+		const tern_tensor *S = p->in[t];
+		int64_t dims[TERN_MAX_RANK];
+		memcpy(dims, I->dims, (size_t)I->rank * sizeof *dims);
+		memcpy(dims + I->rank, S->dims + 1, (size_t)(S->rank - 1) * sizeof *dims);
+		if (p->out[t])
+			tern_set_shape(p->out[t], S->dtype, I->rank + S->rank - 1, dims);
+	}
+	if (p->n_out > k_tables && p->out[k_tables]) {
+		int64_t size = route_size(tern_tensor_numel(I), tern_comm_size());
+		tern_set_shape(p->out[k_tables], TERN_INT64, 1, &size);
+	}
 	p->kernel = pull_kernel;
 	return TERN_OK;
 }
@@ -329,36 +391,104 @@ static tern_status rows_outputs(const tern_kernel_args *a, int64_t m, tern_tenso
 	return TERN_OK;
 }
 
+/* tern.Push([route,] I, G1..Gk) -> (J, H1..Hk): the gradients of k tables sharded alike, at the same
+ * indices, one exchange for all. With a route (the Pull of the same I) only the rows travel. */
 static tern_status push_kernel(const tern_kernel_args *a)
 {
-	const tern_tensor *I = a->in[0], *G = a->in[1];
+	int routed = (int)tern_attr_int(a->node, "routed", 0);
+	const tern_tensor *I = a->in[routed];
+	int k_tables = a->n_in - 1 - routed;
 	shard_map m;
 	tern_status st = read_map(a->node, &m);
 	if (st)
 		return st;
-	int64_t n = tern_tensor_numel(I), D = row_elems(I, G);
-	size_t es = tern_dtype_size(G->dtype), rb = (size_t)D * es;
+	int64_t n = tern_tensor_numel(I), D[16];
+	size_t rb[16], rb_all = 0;
+	for (int t = 0; t < k_tables; t++) {
+		D[t] = row_elems(I, a->in[1 + routed + t]);
+		rb_all += rb[t] = (size_t)D[t] * tern_dtype_size(a->in[1 + routed + t]->dtype);
+	}
 	exchange x = {0};
 	if ((st = exchange_init(&x)))
 		return st;
 	int64_t *uniq = malloc(((size_t)n + 1) * sizeof *uniq), *ids = malloc(((size_t)n + 1) * sizeof *ids);
 	int64_t *fill = calloc((size_t)x.n + 1, sizeof *fill), u = 0, *slot = malloc(((size_t)n + 1) * sizeof *slot);
-	char *sums = malloc((size_t)n * rb + 1), *send = malloc((size_t)n * rb + 1);
+	char *sums = malloc((size_t)n * rb_all + 1), *send = malloc((size_t)n * rb_all + 1);
+	size_t sums_at = 0;
 	if (!uniq || !ids || !fill || !slot || !sums || !send)
 		st = tern_errorf(TERN_EOS, "out of memory");
-	else
-		st = coalesce(a->node, I, G, m.rows, uniq, &u, sums, D);
-	if (!st) {
-		group_by_owner(&m, uniq, u, &x, fill, slot, ids);
-		tern_comm_expect(TERN_COMM_SPARSE_PUSH, (double)u * (double)rb * (x.n - 1) / x.n);
+	/* each table's rows summed per distinct index (tables one after the other in sums) */
+	for (int t = 0; !st && t < k_tables; t++) {
+		st = coalesce(a->node, I, a->in[1 + routed + t], m.rows, uniq, &u, sums + sums_at, D[t]);
+		sums_at += (size_t)u * rb[t];
 	}
-	for (int64_t k = 0; !st && k < u; k++)
-		memcpy(send + (size_t)slot[k] * rb, sums + (size_t)k * rb, rb);
-	tern_tensor *J, *H;
-	if (!st && !(st = exchange_counts(&x, TERN_COMM_SPARSE_PUSH)) &&
-	    !(st = rows_outputs(a, x.roff[x.n], &J, &H)) &&
-	    !(st = exchange_data(&x, TERN_COMM_SPARSE_PUSH, ids, J->data, sizeof *ids, false)))
-		st = exchange_data(&x, TERN_COMM_SPARSE_PUSH, send, H->data, (int64_t)rb, false);
+	route ro = {0};
+	if (!st && routed) {
+		/* the Pull's exchange, reused: the same distinct rows, to the same owners */
+		ro = route_at(a->in[0]->data, n, x.n);
+		bool same = *ro.u == u && *ro.n == x.n && !memcmp(ro.uniq, uniq, (size_t)u * sizeof *uniq);
+		if (!same)
+			st = tern_node_errorf(a->node, TERN_EDATA, "its indices are not those of the pull whose route it takes");
+		for (int r = 0; !st && r < x.n; r++) {
+			x.cnt[r] = ro.cnt[r];
+			x.rcnt[r] = ro.rcnt[r];
+		}
+		if (!st) {
+			offsets_of(x.cnt, x.n, x.off);
+			offsets_of(x.rcnt, x.n, x.roff);
+			memcpy(slot, ro.slot, (size_t)u * sizeof *slot);
+		}
+	} else if (!st) {
+		group_by_owner(&m, uniq, u, &x, fill, slot, ids);
+	}
+	if (!st)
+		tern_comm_expect(TERN_COMM_SPARSE_PUSH, (double)u * (double)rb_all * (x.n - 1) / x.n);
+	/* a send row: the distinct row's sum in every table, one after the other */
+	for (int64_t k = 0; !st && k < u; k++) {
+		char *dst = send + (size_t)slot[k] * rb_all;
+		size_t at = 0;
+		for (int t = 0; t < k_tables; t++) {
+			memcpy(dst, sums + at + (size_t)k * rb[t], rb[t]);
+			dst += rb[t];
+			at += (size_t)u * rb[t];
+		}
+	}
+	int64_t m_rows = 0;
+	char *recv = NULL;
+	if (!st && !routed)
+		st = exchange_counts(&x, TERN_COMM_SPARSE_PUSH);
+	if (!st) {
+		m_rows = x.roff[x.n];
+		int64_t cap = a->out[0]->dims[0];
+		if (m_rows > cap)
+			st = tern_node_errorf(a->node, TERN_EINTERNAL, "%lld rows arrived for %lld places", (long long)m_rows,
+			                      (long long)cap);
+	}
+	if (!st && !(recv = malloc((size_t)m_rows * rb_all + 1)))
+		st = tern_errorf(TERN_EOS, "out of memory");
+	int64_t *J = a->out[0]->data;
+	if (!st) {
+		if (routed)
+			memcpy(J, ro.asked, (size_t)m_rows * sizeof *J);
+		else
+			st = exchange_data(&x, TERN_COMM_SPARSE_PUSH, ids, J, sizeof *ids, false);
+	}
+	if (!st)
+		st = exchange_data(&x, TERN_COMM_SPARSE_PUSH, send, recv, (int64_t)rb_all, false);
+	/* J and each H: what arrived, then padding (row 0, a zero gradient) */
+	if (!st) {
+		int64_t cap = a->out[0]->dims[0];
+		memset(J + m_rows, 0, (size_t)(cap - m_rows) * sizeof *J);
+		size_t at = 0;
+		for (int t = 0; t < k_tables; t++) {
+			char *H = a->out[1 + t]->data;
+			for (int64_t k = 0; k < m_rows; k++)
+				memcpy(H + (size_t)k * rb[t], recv + (size_t)k * rb_all + at, rb[t]);
+			memset(H + (size_t)m_rows * rb[t], 0, (size_t)(cap - m_rows) * rb[t]);
+			at += rb[t];
+		}
+	}
+	free(recv);
 	free(uniq);
 	free(ids);
 	free(fill);
@@ -397,7 +527,7 @@ static tern_status allgather_rows_kernel(const tern_kernel_args *a)
 		tern_comm_expect(TERN_COMM_SPARSE_PUSH, (double)(n * D) * (double)es * (n_ranks - 1));
 		st = tern_comm_allgatherv(TERN_COMM_SPARSE_PUSH, &n, cnt, one, off);
 	}
-	tern_tensor *J, *H;
+	tern_tensor *J = NULL, *H = NULL;
 	int64_t total = 0;
 	for (int r = 0; !st && r < n_ranks; r++)
 		total += cnt[r];
@@ -423,38 +553,53 @@ static tern_status allgather_rows_kernel(const tern_kernel_args *a)
 	return st;
 }
 
-static tern_status rows_prepare(tern_prepare_args *p, tern_kernel_fn kernel)
+/* (I, G1..Gk) -> (J, H1..Hk), after `skip` leading inputs (a route) */
+static tern_status rows_prepare(tern_prepare_args *p, tern_kernel_fn kernel, int skip)
 {
-	const tern_tensor *I = p->in[0], *G = p->n_in > 1 ? p->in[1] : NULL;
-	if (p->n_in != 2 || p->n_out != 2 || !I || !G || (I->dtype != TERN_INT64 && I->dtype != TERN_INT32) ||
-	    (G->dtype != TERN_FLOAT && G->dtype != TERN_DOUBLE) || G->rank < I->rank ||
-	    memcmp(G->dims, I->dims, (size_t)I->rank * sizeof *I->dims) != 0)
+	int k_tables = p->n_in - 1 - skip;
+	const tern_tensor *I = p->n_in > skip ? p->in[skip] : NULL;
+	bool ok = k_tables >= 1 && k_tables <= 16 && p->n_out == 1 + k_tables && I &&
+	          (I->dtype == TERN_INT64 || I->dtype == TERN_INT32) &&
+	          (!skip || (p->in[0] && p->in[0]->dtype == TERN_INT64 && p->in[0]->rank == 1 &&
+	                     p->in[0]->dims[0] == route_size(tern_tensor_numel(I), tern_comm_size())));
+	for (int t = 0; ok && t < k_tables; t++) {
+		const tern_tensor *G = p->in[1 + skip + t];
+		ok = G && (G->dtype == TERN_FLOAT || G->dtype == TERN_DOUBLE) && G->rank >= I->rank &&
+		     !memcmp(G->dims, I->dims, (size_t)I->rank * sizeof *I->dims);
+	}
+	if (!ok)
 		return tern_node_errorf(p->node, TERN_EDATA,
-		                        "takes int32 or int64 indices I and float or double rows G of shape [I's shape, ...]");
+		                        "takes %sint32 or int64 indices I and 1 to 16 float or double rows G of shape "
+		                        "[I's shape, ...]",
+		                        skip ? "a pull's route, " : "");
 	tern_status st = check_ranks(p->node);
 	shard_map m;
 	if (!st && kernel == push_kernel)
 		st = read_map(p->node, &m);
 	if (st)
 		return st;
-	int64_t dims[TERN_MAX_RANK], cap = tern_comm_size() * tern_tensor_numel(I);
-	dims[0] = cap;
-	int extra = G->rank - I->rank;
-	memcpy(dims + 1, G->dims + I->rank, (size_t)extra * sizeof *dims);
+	int64_t cap = tern_comm_size() * tern_tensor_numel(I);
 	tern_set_shape(p->out[0], TERN_INT64, 1, &cap);
-	tern_set_shape(p->out[1], G->dtype, 1 + extra, dims);
+	for (int t = 0; t < k_tables; t++) {
+		const tern_tensor *G = p->in[1 + skip + t];
+		int64_t dims[TERN_MAX_RANK];
+		dims[0] = cap;
+		int extra = G->rank - I->rank;
+		memcpy(dims + 1, G->dims + I->rank, (size_t)extra * sizeof *dims);
+		tern_set_shape(p->out[1 + t], G->dtype, 1 + extra, dims);
+	}
 	p->kernel = kernel;
 	return TERN_OK;
 }
 
 static tern_status push_prepare(tern_prepare_args *p)
 {
-	return rows_prepare(p, push_kernel);
+	return rows_prepare(p, push_kernel, (int)tern_attr_int(p->node, "routed", 0) != 0);
 }
 
 static tern_status allgather_rows_prepare(tern_prepare_args *p)
 {
-	return rows_prepare(p, allgather_rows_kernel);
+	return rows_prepare(p, allgather_rows_kernel, 0);
 }
 
 /* ---------------------------------------------------------------- RowsToDense */

@@ -91,6 +91,7 @@ typedef struct table {
 	char *state[2], *state_shard[2];
 	char *shard;
 	int parts; /* row partitions */
+	int map_of; /* the table whose shard map this one shares (itself: its own) */
 	int64_t shard_rows; /* rows of each rank's shard (the most any rank holds) */
 	int64_t *starts, *owners, *offsets; /* P + 1, P, P */
 } table;
@@ -251,61 +252,165 @@ static tern_status retype_output(tern_graph *g, const char *name, const tern_typ
 	return TERN_OK;
 }
 
-static tern_status sparse_hybrid(tern_graph *g, table *t, int parts, int ranks)
+/* One Pull of the rows of tables sharded alike at the same indices. */
+typedef struct pull_group {
+	int map; /* the tables' map (tables[map]) */
+	tern_value *idx;
+	int n; /* reads */
+	int table[16];
+	tern_node *gather[16];
+	tern_node *pull;
+	char *route;
+} pull_group;
+
+/* hybrid (and ps's tables): the forward reads of sharded tables become tern.Pull (tables with one map
+ * read at the same indices together, with a route out), their gradients tern.Push (with the route of
+ * the pull of the same indices, when a table is read once: then only rows travel), and each update
+ * runs on this rank's shard. */
+static tern_status sparse_sharded(tern_graph *g, table *tables, size_t n_tables, int ranks)
 {
-	tern_node *u = t->update;
-	tern_value *table_v = tern_graph_find(g, t->name), *shard_v = tern_graph_find(g, t->shard);
-	if (!table_v || !shard_v)
-		return tern_errorf(TERN_EINTERNAL, "no value '%s' or '%s' in the step", t->name, t->shard);
-	/* the forward reads: Gather(T, I) -> Pull(T/shard, I) */
-	for (size_t c = 0; c < table_v->n_consumers;) {
-		tern_node *n = table_v->consumers[c];
-		if (n == u || n->removed) {
-			c++;
+	pull_group *pg = NULL;
+	size_t n_pg = 0;
+	int *reads = calloc(n_tables + 1, sizeof *reads);
+	tern_status st = reads ? TERN_OK : tern_errorf(TERN_EOS, "out of memory");
+	for (size_t i = 0; !st && i < n_tables; i++) {
+		table *t = &tables[i];
+		if (!t->kind->rows)
 			continue;
-		}
-		int64_t axis = tern_attr_int(n, "axis", 0);
-		if (*n->domain || strcmp(n->op_type, "Gather") != 0 || n->inputs[0] != table_v || n->inputs[1] == table_v ||
-		    (axis != 0 && axis != -(int64_t)t->type.rank))
-			return tern_node_errorf(n, TERN_EUSAGE, "reads the sparse table '%s' other than by rows (Gather along axis 0)",
-			                        t->name);
-		const char *in[2] = {t->shard, n->inputs[1]->name};
-		char *out = tern_strdup(n->outputs[0]->name), *name = tern_strdup(n->name);
-		tern_graph_remove_node(g, n);
-		tern_node *p = out && name ? tern_graph_add_node(g, "Pull", "tern", name, in, 2, (const char *const *)&out, 1)
-		                           : NULL;
-		free(out);
-		free(name);
-		tern_status st = p ? set_map_attrs(p, t, parts, ranks) : tern_errorf(TERN_EOS, "out of memory");
-		if (st)
-			return st;
-	}
-	/* the update: Push(I, R) -> (J, H) to the owners; the rule on this rank's shard */
-	int k = t->kind->param;
-	const char *in[2] = {u->inputs[k + 1]->name, u->inputs[k + 2]->name};
-	char *out[2] = {NULL, NULL};
-	tern_node *p = add_op(g, "Push", in, 2, t->name, 2, out);
-	tern_status st = p ? set_map_attrs(p, t, parts, ranks) : tern_errorf(TERN_EOS, "out of memory");
-	if (!st) {
-		tern_node_set_input(u, (size_t)k, shard_v);
-		/* the new parameter and state are the shard's shape */
-		for (size_t r = 0; r < u->n_outputs && !st; r++)
-			if (u->outputs[r]) {
-				u->outputs[r]->type = shard_v->type;
-				st = retype_output(g, u->outputs[r]->name, &shard_v->type);
+		tern_value *tv = tern_graph_find(g, t->name);
+		if (!tv || !tern_graph_find(g, t->shard))
+			return tern_errorf(TERN_EINTERNAL, "no value '%s' or '%s' in the step", t->name, t->shard);
+		for (size_t c = 0; !st && c < tv->n_consumers; c++) {
+			tern_node *n = tv->consumers[c];
+			if (n == t->update || n->removed)
+				continue;
+			int64_t axis = tern_attr_int(n, "axis", 0);
+			if (*n->domain || strcmp(n->op_type, "Gather") != 0 || n->inputs[0] != tv || n->inputs[1] == tv ||
+			    (axis != 0 && axis != -(int64_t)t->type.rank)) {
+				st = tern_node_errorf(n, TERN_EUSAGE, "reads the sparse table '%s' other than by rows (Gather along axis 0)",
+				                      t->name);
+				break;
 			}
-		tern_node_set_input(u, (size_t)k + 1, p->outputs[0]);
-		tern_node_set_input(u, (size_t)k + 2, p->outputs[1]);
-		for (int s = 0; s < t->n_state && !st; s++) {
-			tern_value *sv = tern_graph_find(g, t->state_shard[s]);
-			if (!sv)
-				st = tern_errorf(TERN_EINTERNAL, "no value '%s' in the step", t->state_shard[s]);
-			else
-				tern_node_set_input(u, (size_t)k + 3 + (size_t)s, sv);
+			reads[i]++;
+			pull_group *grp = NULL;
+			for (size_t k = 0; k < n_pg && !grp; k++)
+				if (pg[k].map == t->map_of && pg[k].idx == n->inputs[1] && pg[k].n < 16)
+					grp = &pg[k];
+			if (!grp) {
+				pull_group *grown = realloc(pg, (n_pg + 1) * sizeof *pg);
+				if (!grown) {
+					st = tern_errorf(TERN_EOS, "out of memory");
+					break;
+				}
+				pg = grown;
+				grp = &pg[n_pg++];
+				memset(grp, 0, sizeof *grp);
+				grp->map = t->map_of;
+				grp->idx = n->inputs[1];
+			}
+			grp->table[grp->n] = (int)i;
+			grp->gather[grp->n++] = n;
 		}
 	}
-	free(out[0]);
-	free(out[1]);
+	/* the pulls */
+	for (size_t k = 0; !st && k < n_pg; k++) {
+		pull_group *grp = &pg[k];
+		const char *in[17];
+		char *out[17] = {NULL}, *name = NULL, *idx = tern_strdup(grp->idx->name);
+		char stem[300];
+		snprintf(stem, sizeof stem, "%s/route", tables[grp->table[0]].name);
+		grp->route = fresh(g, stem);
+		snprintf(stem, sizeof stem, "%s/Pull", tables[grp->table[0]].name);
+		name = fresh(g, stem);
+		for (int r = 0; r < grp->n; r++) {
+			in[r] = tables[grp->table[r]].shard;
+			out[r] = tern_strdup(grp->gather[r]->outputs[0]->name);
+		}
+		in[grp->n] = idx;
+		out[grp->n] = grp->route;
+		bool ok = idx && name && grp->route;
+		for (int r = 0; r < grp->n; r++)
+			ok = ok && out[r];
+		for (int r = 0; ok && r < grp->n; r++)
+			tern_graph_remove_node(g, grp->gather[r]);
+		tern_node *p = ok ? tern_graph_add_node(g, "Pull", "tern", name, in, (size_t)grp->n + 1,
+		                                        (const char *const *)out, (size_t)grp->n + 1)
+		                  : NULL;
+		st = p ? set_map_attrs(p, &tables[grp->map], tables[grp->map].parts, ranks)
+		       : tern_errorf(TERN_EOS, "out of memory");
+		grp->pull = p;
+		for (int r = 0; r < grp->n; r++)
+			free(out[r]);
+		free(name);
+		free(idx);
+	}
+	/* the pushes: tables read once, by a group whose indices are their gradient's, together with the
+	 * group's route; the others each on their own */
+	bool *done = calloc(n_tables + 1, sizeof *done);
+	if (!st && !done)
+		st = tern_errorf(TERN_EOS, "out of memory");
+	for (size_t i = 0; !st && i < n_tables; i++) {
+		table *t = &tables[i];
+		if (!t->kind->rows || done[i])
+			continue;
+		int kp = t->kind->param;
+		tern_value *gidx = t->update->inputs[kp + 1];
+		pull_group *grp = NULL;
+		for (size_t k = 0; reads[i] == 1 && k < n_pg && !grp; k++)
+			for (int r = 0; r < pg[k].n && !grp; r++)
+				if (pg[k].table[r] == (int)i && pg[k].idx == gidx)
+					grp = &pg[k];
+		/* the tables that go with it */
+		int with[16], n_with = 0;
+		with[n_with++] = (int)i;
+		for (int r = 0; grp && r < grp->n && n_with < 16; r++) {
+			int j = grp->table[r];
+			if (j != (int)i && !done[j] && reads[j] == 1 && tables[j].update->inputs[tables[j].kind->param + 1] == gidx)
+				with[n_with++] = j;
+		}
+		const char *in[18];
+		int n_in = 0;
+		if (grp)
+			in[n_in++] = grp->route;
+		in[n_in++] = gidx->name;
+		for (int w = 0; w < n_with; w++)
+			in[n_in++] = tables[with[w]].update->inputs[tables[with[w]].kind->param + 2]->name;
+		char *out[17] = {NULL};
+		tern_node *push = add_op(g, "Push", in, (size_t)n_in, t->name, 1 + n_with, out);
+		st = push ? set_map_attrs(push, &tables[t->map_of], t->parts, ranks) : tern_errorf(TERN_EOS, "out of memory");
+		if (!st && grp)
+			st = tern_node_add_attr_int(push, "routed", 1);
+		for (int w = 0; !st && w < n_with; w++) {
+			table *tw = &tables[with[w]];
+			tern_node *u = tw->update;
+			int k = tw->kind->param;
+			tern_value *shard_v = tern_graph_find(g, tw->shard);
+			tern_node_set_input(u, (size_t)k, shard_v);
+			tern_node_set_input(u, (size_t)k + 1, push->outputs[0]);
+			tern_node_set_input(u, (size_t)k + 2, push->outputs[1 + w]);
+			for (int sidx = 0; sidx < tw->n_state && !st; sidx++) {
+				tern_value *sv = tern_graph_find(g, tw->state_shard[sidx]);
+				if (!sv)
+					st = tern_errorf(TERN_EINTERNAL, "no value '%s' in the step", tw->state_shard[sidx]);
+				else
+					tern_node_set_input(u, (size_t)k + 3 + (size_t)sidx, sv);
+			}
+			/* the new parameter and state are the shard's shape */
+			for (size_t r = 0; r < u->n_outputs && !st; r++)
+				if (u->outputs[r]) {
+					u->outputs[r]->type = shard_v->type;
+					st = retype_output(g, u->outputs[r]->name, &shard_v->type);
+				}
+			done[with[w]] = true;
+		}
+		for (int r = 0; r < 17; r++)
+			free(out[r]);
+	}
+	for (size_t k = 0; k < n_pg; k++)
+		free(pg[k].route);
+	free(pg);
+	free(reads);
+	free(done);
 	return st;
 }
 
@@ -699,11 +804,26 @@ tern_status tern_model_partition(tern_model *m, const tern_partition_options *o,
 		if (!st && (!t->starts || !t->owners || !t->offsets || !t->shard))
 			st = tern_errorf(TERN_EOS, "out of memory");
 		memset(rank_rows, 0, (size_t)o->ranks * sizeof *rank_rows);
-		if (!st)
+		/* tables of as many rows share one map (a softmax's weight and bias): read together, they are
+		 * pulled and pushed together */
+		t->map_of = (int)i;
+		for (size_t j = 0; !st && t->kind->rows && j < i; j++) {
+			const table *e = &tables[j];
+			if (!e->kind->rows || e->map_of != (int)j || e->type.dims[0] != t->type.dims[0] || e->parts != t->parts)
+				continue;
+			t->map_of = (int)j;
+			memcpy(t->starts, e->starts, ((size_t)t->parts + 1) * sizeof *t->starts);
+			memcpy(t->owners, e->owners, (size_t)t->parts * sizeof *t->owners);
+			memcpy(t->offsets, e->offsets, (size_t)t->parts * sizeof *t->offsets);
+			t->shard_rows = e->shard_rows;
+			break;
+		}
+		if (!st && t->map_of == (int)i) {
 			shard_table(t, t->parts, server_rank, servers, server_bytes, rank_rows);
-		t->shard_rows = 1;
-		for (int r = 0; !st && r < o->ranks; r++)
-			t->shard_rows = rank_rows[r] > t->shard_rows ? rank_rows[r] : t->shard_rows;
+			t->shard_rows = 1;
+			for (int r = 0; r < o->ranks; r++)
+				t->shard_rows = rank_rows[r] > t->shard_rows ? rank_rows[r] : t->shard_rows;
+		}
 	}
 	for (size_t i = 0; !st && sharded && i < n_tables; i++) {
 		table *t = &tables[i];
@@ -749,17 +869,19 @@ tern_status tern_model_partition(tern_model *m, const tern_partition_options *o,
 		t->update = n;
 	}
 	int n_buckets = 0;
+	for (size_t i = 0; !st && i < n_tables; i++)
+		if (!tables[i].update)
+			st = tern_errorf(TERN_EINTERNAL, "%s: no update of '%s' in the step", m->source, tables[i].name);
+	if (!st && sharded)
+		st = sparse_sharded(step->graph, tables, n_tables, o->ranks);
 	for (size_t i = 0; !st && i < n_tables; i++) {
 		table *t = &tables[i];
-		if (!t->update) {
-			st = tern_errorf(TERN_EINTERNAL, "%s: no update of '%s' in the step", m->source, t->name);
-		} else if (hybrid) {
-			st = sparse_hybrid(step->graph, t, t->parts, o->ranks);
+		if (sharded && t->kind->rows) {
+			continue; /* done above */
 		} else if (allgather) {
 			st = sparse_allgather(step->graph, t, o->ranks);
 		} else if (ps) {
-			st = t->kind->rows ? sparse_hybrid(step->graph, t, t->parts, o->ranks)
-			                   : dense_ps(step->graph, t, t->parts, o->ranks);
+			st = dense_ps(step->graph, t, t->parts, o->ranks);
 		} else {
 			tern_node *nu = NULL;
 			st = sparse_densify(step->graph, t, &nu);
