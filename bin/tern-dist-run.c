@@ -324,7 +324,7 @@ static double time_partitions(const options *o, const tern_cli *cli, const tern_
 		tern_tensor_free(&stored);
 	}
 	train_options t = o->t;
-	t.steps = done + 8;
+	t.steps = done + 12;
 	t.epochs = 0;
 	t.log = NULL;
 	t.report = 0;
