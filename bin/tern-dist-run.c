@@ -412,11 +412,19 @@ static int choose_partitions(const options *o, const tern_cli *cli, const tern_p
 		double b = A[0][3] / A[0][0], al = A[1][3] / A[1][1], c0 = A[2][3] / A[2][2];
 		tern_cli_verbose(0, "fit t(p) = %.4g/p + %.4g(p - 1) + %.4g", b, al, c0);
 		if (b > 0 && al > 0 && isfinite(b) && isfinite(al)) {
-			int lo = 1, hi = 1;
+			/* the fit's best among the counts that spread evenly over the servers (multiples of their
+			 * number, and the counts timed): 5 partitions on 4 servers put two on one of them, whose
+			 * link then carries 2/5 of the rows (measured 0.369 s a step against 0.282 for 4) */
+			int hi = 1, step = start;
 			for (int i = 0; i < n; i++)
 				hi = ps[i] * 2 > hi ? ps[i] * 2 : hi;
 			double bt = INFINITY;
-			for (int p = lo; p <= hi; p++) {
+			for (int p = 1; p <= hi; p++) {
+				bool timed = false;
+				for (int i = 0; i < n; i++)
+					timed |= ps[i] == p;
+				if (!timed && p % step)
+					continue;
 				double t = b / p + al * (p - 1) + c0;
 				if (t < bt) {
 					bt = t;

@@ -1,0 +1,98 @@
+#!/bin/sh
+# tern-dist-run in a cluster of network namespaces on this machine (scripts/netns-cluster): ranks
+# that reach each other only over veth links limited to 1 Gbit/s, MPICH over TCP. K steps on 3 ranks
+# equal one process on the global batch, and the bytes the ranks count cross the links. Needs root,
+# ip and tc; the test makes the cluster and removes it.
+test_description='distributed training across network namespaces'
+. "$(dirname "$0")/test-lib.sh"
+
+CLUSTER=$TERN_SOURCE/scripts/netns-cluster
+PREFIX=tt$$
+test "$(id -u)" = 0 && command -v ip >/dev/null 2>&1 && command -v tc >/dev/null 2>&1 &&
+	command -v mpiexec >/dev/null 2>&1 && test -x "$TERN_BUILD/bin/tern-dist-run" && test_set_prereq CLUSTER
+trap '"$CLUSTER" down --prefix $PREFIX >/dev/null 2>&1' EXIT INT TERM
+
+test_expect_success PYTHON,CLUSTER 'set up a cluster of 3 namespaces, an LM with an embedding and a CNN' '
+	"$CLUSTER" up 3 --prefix $PREFIX --rate 1gbit >/dev/null &&
+	"$TERN_PYTHON" - <<-\EOF &&
+	import numpy as np, onnx
+	from onnx import helper as h, numpy_helper as nh, TensorProto as T
+	r = np.random.default_rng(2)
+	def save(nodes, name, inputs, outputs, inits):
+	    g = h.make_graph(nodes, name, inputs, outputs, [nh.from_array(v, k) for k, v in inits.items()])
+	    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), name + ".onnx")
+	V, D, C = 3000, 32, 7
+	save([h.make_node("Gather", ["emb", "tokens"], ["e"]),
+	      h.make_node("ReduceMean", ["e"], ["s"], axes=[1], keepdims=0),
+	      h.make_node("Gemm", ["s", "w", "b"], ["logits"])], "lm",
+	     [h.make_tensor_value_info("tokens", T.INT64, ["N", 8])], [h.make_tensor_value_info("logits", T.FLOAT, ["N", C])],
+	     {"emb": r.standard_normal((V, D)).astype(np.float32), "w": (r.standard_normal((D, C)) * 0.2).astype(np.float32),
+	      "b": np.zeros(C, np.float32)})
+	np.save("tokens.npy", r.integers(0, V, (96, 8)).astype(np.int64))
+	np.save("lm_target.npy", r.integers(0, C, (96,)).astype(np.int64))
+	save([h.make_node("Conv", ["x", "k", "kb"], ["c"], pads=[1, 1, 1, 1]),
+	      h.make_node("Relu", ["c"], ["a"]),
+	      h.make_node("Flatten", ["a"], ["f"]),
+	      h.make_node("Gemm", ["f", "w", "b"], ["y"])], "cnn",
+	     [h.make_tensor_value_info("x", T.FLOAT, ["N", 1, 6, 6])], [h.make_tensor_value_info("y", T.FLOAT, ["N", 3])],
+	     {"k": (r.standard_normal((4, 1, 3, 3)) * 0.3).astype(np.float32), "kb": np.zeros(4, np.float32),
+	      "w": (r.standard_normal((144, 3)) * 0.1).astype(np.float32), "b": np.zeros(3, np.float32)})
+	np.save("x.npy", r.standard_normal((96, 1, 6, 6)).astype(np.float32))
+	np.save("cnn_target.npy", r.integers(0, 3, (96,)).astype(np.int64))
+	EOF
+	cat >same.py <<-\EOF &&
+	import sys, onnx, numpy as np
+	from onnx import numpy_helper as nh
+	a = {t.name: nh.to_array(t) for t in onnx.load(sys.argv[1]).graph.initializer}
+	b = {t.name: nh.to_array(t) for t in onnx.load(sys.argv[2]).graph.initializer}
+	for k, v in a.items():
+	    if v.dtype.kind == "f":
+	        assert np.allclose(b[k], v, rtol=1e-5, atol=1e-6), (k, np.max(np.abs(b[k] - v)))
+	    else:
+	        assert np.array_equal(b[k], v), k
+	EOF
+	tern-autodiff --optimizer adagrad --lr 0.1 lm.onnx -o lm_train.onnx &&
+	tern-autodiff --optimizer sgd --lr 0.1 --momentum 0.9 cnn.onnx -o cnn_train.onnx &&
+	tern-run --train lm_train.onnx -i tokens=tokens.npy -i target=lm_target.npy --batch 24 --steps 4 -o lm_one.onnx \
+		2>/dev/null &&
+	tern-run --train cnn_train.onnx -i x=x.npy -i target=cnn_target.npy --batch 24 --steps 4 -o cnn_one.onnx 2>/dev/null
+'
+
+for strategy in hybrid allgather allreduce ps; do
+	test_expect_success PYTHON,CLUSTER "$strategy across the namespaces: 4 steps on 3 ranks equal one process" "
+		tern-partition --ranks 3 --strategy $strategy lm_train.onnx -o lm_$strategy.onnx &&
+		\"\$CLUSTER\" run 3 --prefix \$PREFIX -- tern-dist-run -q lm_$strategy.onnx -i tokens=tokens.npy \
+			-i target=lm_target.npy --batch 24 --steps 4 --log lm_$strategy.jsonl -o lm_${strategy}_out.onnx &&
+		\"\$TERN_PYTHON\" same.py lm_one.onnx lm_${strategy}_out.onnx &&
+		tern-partition --ranks 3 --strategy $strategy cnn_train.onnx -o cnn_$strategy.onnx &&
+		\"\$CLUSTER\" run 3 --prefix \$PREFIX -- tern-dist-run -q cnn_$strategy.onnx -i x=x.npy \
+			-i target=cnn_target.npy --batch 24 --steps 4 -o cnn_${strategy}_out.onnx &&
+		\"\$TERN_PYTHON\" same.py cnn_one.onnx cnn_${strategy}_out.onnx
+	"
+done
+
+test_expect_success PYTHON,CLUSTER 'the bytes the ranks count cross the veth links' '
+	"$CLUSTER" stats --prefix $PREFIX >before &&
+	"$CLUSTER" run 3 --prefix $PREFIX -- tern-dist-run -q lm_allreduce.onnx -i tokens=tokens.npy \
+		-i target=lm_target.npy --batch 24 --steps 4 --log counted.jsonl &&
+	"$CLUSTER" stats --prefix $PREFIX >after &&
+	"$TERN_PYTHON" -c "
+import json
+def tx(f):
+    return {int(l.split()[0]): int(l.split()[3]) for l in open(f) if l.split() and l.split()[0].isdigit()}
+b, a = tx(\"before\"), tx(\"after\")
+rows = [json.loads(l) for l in open(\"counted.jsonl\")]
+for r in range(3):
+    counted = sum(sum(x[\"bytes_sent\"].values()) for x in rows if x[\"rank\"] == r)
+    wire = a[r] - b[r]
+    # TCP/IP headers and MPI start-up on top of the payload; never less than it
+    assert counted <= wire <= 1.5 * counted + 200000, (r, counted, wire)
+"
+'
+
+test_expect_success CLUSTER 'remove the cluster' '
+	"$CLUSTER" down --prefix $PREFIX >/dev/null &&
+	! ip netns list | grep -q "^$PREFIX"
+'
+
+test_done
