@@ -25,7 +25,7 @@ static const struct argp_option option_table[] = {
          "counts on the first batches and partitions with the best (the step is left as it is until then)", 0},
         {"hosts", OPT_HOSTS, "FILE", 0,
          "MPICH's host file (HOST[:SLOTS] a line): one server per host, on its first rank (default: one per rank)", 0},
-        {"local-aggregation", OPT_LOCAL, NULL, 0, "Sum sparse gradients per host before pushing them (not built yet)", 0},
+        {"local-aggregation", OPT_LOCAL, NULL, 0, "Sum sparse gradients on each host's first rank before they go to the servers (with --hosts)", 0},
         {"bucket-mb", OPT_BUCKET, "MB", 0, "Reduce dense gradients together up to MB mebibytes a call (default 4)", 0},
         {0},
 };
@@ -132,8 +132,6 @@ int main(int argc, char **argv)
 	tern_cli_parse(&cli, &tool, argc, argv);
 	if (!opts.p.ranks)
 		tern_cli_fail(TERN_EUSAGE, "--ranks N is required");
-	if (opts.p.local_aggregation)
-		tern_cli_fail(TERN_EUSAGE, "--local-aggregation is not built yet");
 	int *first = NULL;
 	if (opts.hosts) {
 		opts.p.servers = read_hosts(opts.hosts, opts.p.ranks, &first);

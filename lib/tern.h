@@ -450,7 +450,14 @@ const tern_comm *tern_comm_get(void);
 /* Bytes this process sent and received through the communicator since the last reset, by kind: the
  * payload each collective moves (allreduce counted as a ring's 2(n-1)/n of the buffer each way,
  * alltoallv as what goes to and comes from other ranks, allgatherv as a ring's). */
-enum { TERN_COMM_DENSE, TERN_COMM_SPARSE_PUSH, TERN_COMM_SPARSE_PULL, TERN_COMM_OTHER, TERN_COMM_KINDS };
+enum {
+	TERN_COMM_DENSE,
+	TERN_COMM_SPARSE_PUSH,
+	TERN_COMM_SPARSE_PULL,
+	TERN_COMM_SPARSE_LOCAL, /* sparse gradients to the host's first rank (--local-aggregation) */
+	TERN_COMM_OTHER,
+	TERN_COMM_KINDS
+};
 const char *tern_comm_kind_name(int kind);
 void tern_comm_bytes(int64_t sent[TERN_COMM_KINDS], int64_t received[TERN_COMM_KINDS]);
 void tern_comm_reset_bytes(void);

@@ -26,7 +26,7 @@ const tern_comm *tern_comm_get(void)
 
 const char *tern_comm_kind_name(int kind)
 {
-	static const char *const names[TERN_COMM_KINDS] = {"dense", "sparse_push", "sparse_pull", "other"};
+	static const char *const names[TERN_COMM_KINDS] = {"dense", "sparse_push", "sparse_pull", "sparse_local", "other"};
 	return kind >= 0 && kind < TERN_COMM_KINDS ? names[kind] : "?";
 }
 

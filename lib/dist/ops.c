@@ -391,6 +391,95 @@ static tern_status rows_outputs(const tern_kernel_args *a, int64_t m, tern_tenso
 	return TERN_OK;
 }
 
+/* --local-aggregation: the distinct rows of the ranks on a host summed on the host's first rank (its
+ * leader, leaders[r] for rank r) before anything goes to the owners, which then hear from one rank a
+ * host. *uniq (sorted), *u and *sums (k tables one after the other, u rows of rb[t] each) are this
+ * rank's on entry and its host's on the leader on return (nothing on the others). */
+static tern_status aggregate_on_host(const int64_t *leaders, int k_tables, const size_t *rb, const int *dtype,
+                                     size_t rb_all, int64_t **uniq, int64_t *u, char **sums)
+{
+	int me = tern_comm_rank();
+	bool leader = leaders[me] == me;
+	exchange x = {0};
+	tern_status st = exchange_init(&x);
+	if (st)
+		return st;
+	if (!leader)
+		x.cnt[leaders[me]] = *u;
+	/* rows as sent: a distinct row's sums in every table, one after the other */
+	char *packed = malloc((size_t)*u * rb_all + 1), *got = NULL;
+	int64_t *ids = NULL;
+	if (!packed)
+		st = tern_errorf(TERN_EOS, "out of memory");
+	size_t tab_at = 0;
+	for (int t = 0; !st && t < k_tables; t++) {
+		for (int64_t k = 0; k < *u; k++)
+			memcpy(packed + (size_t)k * rb_all + tab_at, *sums + tab_at * (size_t)*u + (size_t)k * rb[t], rb[t]);
+		tab_at += rb[t];
+	}
+	if (!st)
+		st = exchange_counts(&x, TERN_COMM_SPARSE_LOCAL);
+	int64_t in_n = st ? 0 : x.roff[x.n];
+	if (!st && (!(ids = malloc((size_t)(in_n + *u + 1) * sizeof *ids)) || !(got = malloc((size_t)(in_n + *u) * rb_all + 1))))
+		st = tern_errorf(TERN_EOS, "out of memory");
+	if (!st) {
+		tern_comm_expect(TERN_COMM_SPARSE_LOCAL, leader ? 0.0 : (double)*u * (double)rb_all);
+		st = exchange_data(&x, TERN_COMM_SPARSE_LOCAL, *uniq, ids, sizeof *ids, false);
+	}
+	if (!st)
+		st = exchange_data(&x, TERN_COMM_SPARSE_LOCAL, packed, got, (int64_t)rb_all, false);
+	if (!st && leader) {
+		/* the host's rows: this rank's and what came, summed per index */
+		memcpy(ids + in_n, *uniq, (size_t)*u * sizeof *ids);
+		memcpy(got + (size_t)in_n * rb_all, packed, (size_t)*u * rb_all);
+		int64_t all = in_n + *u, *nu = malloc((size_t)(all + 1) * sizeof *nu);
+		char *ns = calloc((size_t)all * rb_all + 1, 1);
+		if (!nu || !ns)
+			st = tern_errorf(TERN_EOS, "out of memory");
+		int64_t w = 0;
+		if (!st) {
+			memcpy(nu, ids, (size_t)all * sizeof *nu);
+			qsort(nu, (size_t)all, sizeof *nu, cmp_i64);
+			for (int64_t k = 0; k < all; k++)
+				if (!w || nu[k] != nu[w - 1])
+					nu[w++] = nu[k];
+		}
+		for (int64_t k = 0; !st && k < all; k++) {
+			int64_t at = (const int64_t *)bsearch(&ids[k], nu, (size_t)w, sizeof *nu, cmp_i64) - nu;
+			size_t off = 0;
+			for (int t = 0; t < k_tables; t++) {
+				char *d = ns + off * (size_t)w + (size_t)at * rb[t];
+				const char *src = got + (size_t)k * rb_all + off;
+				if (dtype[t] == TERN_DOUBLE)
+					for (size_t e = 0; e < rb[t] / sizeof(double); e++)
+						((double *)d)[e] += ((const double *)src)[e];
+				else
+					for (size_t e = 0; e < rb[t] / sizeof(float); e++)
+						((float *)d)[e] += ((const float *)src)[e];
+				off += rb[t];
+			}
+		}
+		if (!st) {
+			free(*uniq);
+			free(*sums);
+			*uniq = nu;
+			*sums = ns;
+			*u = w;
+			nu = NULL;
+			ns = NULL;
+		}
+		free(nu);
+		free(ns);
+	} else if (!st) {
+		*u = 0;
+	}
+	free(packed);
+	free(got);
+	free(ids);
+	exchange_free(&x);
+	return st;
+}
+
 /* tern.Push([route,] I, G1..Gk) -> (J, H1..Hk): the gradients of k tables sharded alike, at the same
  * indices, one exchange for all. With a route (the Pull of the same I) only the rows travel. */
 static tern_status push_kernel(const tern_kernel_args *a)
@@ -411,17 +500,31 @@ static tern_status push_kernel(const tern_kernel_args *a)
 	exchange x = {0};
 	if ((st = exchange_init(&x)))
 		return st;
-	int64_t *uniq = malloc(((size_t)n + 1) * sizeof *uniq), *ids = malloc(((size_t)n + 1) * sizeof *ids);
-	int64_t *fill = calloc((size_t)x.n + 1, sizeof *fill), u = 0, *slot = malloc(((size_t)n + 1) * sizeof *slot);
-	char *sums = malloc((size_t)n * rb_all + 1), *send = malloc((size_t)n * rb_all + 1);
+	int64_t *uniq = malloc(((size_t)n + 1) * sizeof *uniq), *ids = NULL;
+	int64_t *fill = calloc((size_t)x.n + 1, sizeof *fill), u = 0, *slot = NULL;
+	char *sums = malloc((size_t)n * rb_all + 1), *send = NULL;
 	size_t sums_at = 0;
-	if (!uniq || !ids || !fill || !slot || !sums || !send)
+	int dtype[16];
+	if (!uniq || !fill || !sums)
 		st = tern_errorf(TERN_EOS, "out of memory");
 	/* each table's rows summed per distinct index (tables one after the other in sums) */
 	for (int t = 0; !st && t < k_tables; t++) {
+		dtype[t] = a->in[1 + routed + t]->dtype;
 		st = coalesce(a->node, I, a->in[1 + routed + t], m.rows, uniq, &u, sums + sums_at, D[t]);
 		sums_at += (size_t)u * rb[t];
 	}
+	/* summed per host first (--local-aggregation): the leaders push for their hosts */
+	size_t n_leaders = 0;
+	const int64_t *leaders = tern_attr_ints(a->node, "leaders", &n_leaders);
+	if (!st && leaders && !routed) {
+		if (n_leaders != (size_t)x.n)
+			st = tern_node_errorf(a->node, TERN_EDATA, "leaders: %zu entries for %d ranks", n_leaders, x.n);
+		else
+			st = aggregate_on_host(leaders, k_tables, rb, dtype, rb_all, &uniq, &u, &sums);
+	}
+	if (!st && (!(ids = malloc(((size_t)u + 1) * sizeof *ids)) || !(slot = malloc(((size_t)u + 1) * sizeof *slot)) ||
+	            !(send = malloc((size_t)u * rb_all + 1))))
+		st = tern_errorf(TERN_EOS, "out of memory");
 	route ro = {0};
 	if (!st && routed) {
 		/* the Pull's exchange, reused: the same distinct rows, to the same owners */
@@ -441,8 +544,15 @@ static tern_status push_kernel(const tern_kernel_args *a)
 	} else if (!st) {
 		group_by_owner(&m, uniq, u, &x, fill, slot, ids);
 	}
-	if (!st)
-		tern_comm_expect(TERN_COMM_SPARSE_PUSH, (double)u * (double)rb_all * (x.n - 1) / x.n);
+	/* the share of rows owned elsewhere: of the ranks, or of the hosts when leaders push */
+	int places = x.n;
+	if (leaders && !routed) {
+		places = 0;
+		for (int r = 0; r < x.n; r++)
+			places += leaders[r] == r;
+	}
+	if (!st && places > 0)
+		tern_comm_expect(TERN_COMM_SPARSE_PUSH, (double)u * (double)rb_all * (places - 1) / places);
 	/* a send row: the distinct row's sum in every table, one after the other */
 	for (int64_t k = 0; !st && k < u; k++) {
 		char *dst = send + (size_t)slot[k] * rb_all;

@@ -267,7 +267,7 @@ typedef struct pull_group {
  * read at the same indices together, with a route out), their gradients tern.Push (with the route of
  * the pull of the same indices, when a table is read once: then only rows travel), and each update
  * runs on this rank's shard. */
-static tern_status sparse_sharded(tern_graph *g, table *tables, size_t n_tables, int ranks)
+static tern_status sparse_sharded(tern_graph *g, table *tables, size_t n_tables, int ranks, const int64_t *leaders)
 {
 	pull_group *pg = NULL;
 	size_t n_pg = 0;
@@ -356,7 +356,8 @@ static tern_status sparse_sharded(tern_graph *g, table *tables, size_t n_tables,
 		int kp = t->kind->param;
 		tern_value *gidx = t->update->inputs[kp + 1];
 		pull_group *grp = NULL;
-		for (size_t k = 0; reads[i] == 1 && k < n_pg && !grp; k++)
+		/* with local aggregation a push goes through the host's first rank: no route */
+		for (size_t k = 0; !leaders && reads[i] == 1 && k < n_pg && !grp; k++)
 			for (int r = 0; r < pg[k].n && !grp; r++)
 				if (pg[k].table[r] == (int)i && pg[k].idx == gidx)
 					grp = &pg[k];
@@ -380,6 +381,8 @@ static tern_status sparse_sharded(tern_graph *g, table *tables, size_t n_tables,
 		st = push ? set_map_attrs(push, &tables[t->map_of], t->parts, ranks) : tern_errorf(TERN_EOS, "out of memory");
 		if (!st && grp)
 			st = tern_node_add_attr_int(push, "routed", 1);
+		if (!st && leaders)
+			st = tern_node_add_attr_ints(push, "leaders", leaders, (size_t)ranks);
 		for (int w = 0; !st && w < n_with; w++) {
 			table *tw = &tables[with[w]];
 			tern_node *u = tw->update;
@@ -872,8 +875,24 @@ tern_status tern_model_partition(tern_model *m, const tern_partition_options *o,
 	for (size_t i = 0; !st && i < n_tables; i++)
 		if (!tables[i].update)
 			st = tern_errorf(TERN_EINTERNAL, "%s: no update of '%s' in the step", m->source, tables[i].name);
+	/* --local-aggregation: each rank's host's first rank (hosts are blocks of ranks from their first) */
+	int64_t *leaders = NULL;
+	if (!st && sharded && o->local_aggregation) {
+		if (servers >= o->ranks)
+			st = tern_errorf(TERN_EUSAGE, "--local-aggregation needs hosts of several ranks (--hosts): with one rank a "
+			                              "host there is nothing to sum");
+		else if (!(leaders = malloc((size_t)o->ranks * sizeof *leaders)))
+			st = tern_errorf(TERN_EOS, "out of memory");
+		for (int r = 0; !st && r < o->ranks; r++) {
+			leaders[r] = server_rank[0];
+			for (int h = 0; h < servers; h++)
+				if (server_rank[h] <= r)
+					leaders[r] = server_rank[h];
+		}
+	}
 	if (!st && sharded)
-		st = sparse_sharded(step->graph, tables, n_tables, o->ranks);
+		st = sparse_sharded(step->graph, tables, n_tables, o->ranks, leaders);
+	free(leaders);
 	for (size_t i = 0; !st && i < n_tables; i++) {
 		table *t = &tables[i];
 		if (sharded && t->kind->rows) {

@@ -170,6 +170,27 @@ test_expect_success MPI 'tern-partition: bad options and host files get one line
 	! test -e p.onnx
 '
 
+test_expect_success PYTHON,MPI 'local aggregation: two hosts of two ranks sum their rows first and train as one process does' '
+	printf "a:2\nb:2\n" >hosts22 &&
+	tern-partition -n 4 --hosts hosts22 --local-aggregation lm_train.onnx -o lm_local.onnx &&
+	tern-show -f text lm_local.onnx | grep -q "leaders = \[0, 0, 2, 2\]" &&
+	tern-dist-run -n 4 -q lm_local.onnx -i tokens=tokens.npy -i target=lm_target.npy --batch 24 --steps 6 \
+		--log local.jsonl -o lm_local_out.onnx &&
+	"$TERN_PYTHON" same.py lm_one.onnx lm_local_out.onnx lm_train.onnx &&
+	"$TERN_PYTHON" -c "
+import json
+rows = [json.loads(l) for l in open(\"local.jsonl\")]
+for r in rows:
+    # ranks 1 and 3 send their rows to 0 and 2 (the others only counts, 8 bytes a rank); only 0 and 2
+    # push rows to the servers
+    local, push = r[\"bytes_sent\"][\"sparse_local\"], r[\"bytes_sent\"][\"sparse_push\"]
+    assert (local > 100) == (r[\"rank\"] in (1, 3)), r
+    assert (push > 100) == (r[\"rank\"] in (0, 2)), r
+" &&
+	test_expect_code 64 tern-partition -n 4 --local-aggregation lm_train.onnx -o p.onnx 2>err &&
+	grep "needs hosts of several ranks" err
+'
+
 test_expect_success PYTHON 'data for long runs' '
 	"$TERN_PYTHON" -c "
 import numpy as np
