@@ -232,7 +232,7 @@ static int launch(const options *o, const tern_cli *cli, int argc, char **argv)
 		if (from_stdin)
 			unlink(graph);
 		if (why)
-			tern_cli_fail(TERN_EDATA, "%s: %s", c.input, why);
+			tern_cli_fail(TERN_EDATA, "%s: %s", from_stdin ? "standard input" : c.input, why);
 		if (want != o->ranks)
 			tern_cli_fail(TERN_EUSAGE, "%s: the training step is partitioned for %d rank%s, not %d (tern-partition --ranks %d)",
 			              from_stdin ? "standard input" : c.input, want, want == 1 ? "" : "s", o->ranks, o->ranks);
@@ -269,6 +269,9 @@ static int launch(const options *o, const tern_cli *cli, int argc, char **argv)
 	sigaction(SIGTERM, &sa, &old_term);
 	pid_t pid = fork();
 	if (pid == 0) {
+		/* a process group of its own: a terminal's Ctrl-C reaches the launcher alone, which hands it
+		 * on once (mpiexec aborts the job on a second SIGINT) */
+		setpgid(0, 0);
 		sigaction(SIGINT, &old_int, NULL);
 		sigaction(SIGTERM, &old_term, NULL);
 		execvp("mpiexec", (char **)av);
@@ -525,7 +528,8 @@ int main(int argc, char **argv)
 	        "(--batch is the global batch), dense gradients are averaged by MPI_Allreduce, sparse rows go to "
 	        "and come from their shards' owners by MPI_Alltoallv. --log FILE gets one JSON object per step and "
 	        "rank: step, rank, epoch, loss (the rank's), mean_loss, samples_per_s, step_s, lr, and the bytes it "
-	        "sent and received by kind (bytes_sent and bytes_received: dense, sparse_push, sparse_pull, other). "
+	        "sent and received by kind (bytes_sent and bytes_received: dense, sparse_push, sparse_pull, sparse_local, "
+	        "other). "
 	        "Rank 0 gathers the shards and writes -o, atomically.",
 	        option_table,
 	        parse_option,

@@ -250,7 +250,7 @@ def main():
         if not args.no_torch:
             lm["ddp"] = ddp_run(args, work, args.prefix, n, b, args.steps)
         cnn = results["cnn"]
-        for rep in range(2):
+        for rep in range(3):
             for s in ("hybrid", "allreduce"):
                 r = tern_run(args, work, args.prefix, n, part("cnn_train.onnx", f"cnn_{s}.onnx", "--strategy", s),
                              cnn_in, 256, 20, f"cnn_{s}{rep}")
@@ -279,7 +279,7 @@ def main():
     cnn_h = statistics.median(r["step_s"] for r in results["cnn"]["hybrid"])
     cnn_a = statistics.median(r["step_s"] for r in results["cnn"]["allreduce"])
     print(f"\ndigits CNN (dense), global batch 256: hybrid {cnn_h:.4f} s, allreduce {cnn_a:.4f} s a step "
-          f"(medians of 2 runs), hybrid/allreduce {cnn_h / cnn_a:.3f}")
+          f"(medians of 3 runs), hybrid/allreduce {cnn_h / cnn_a:.3f}")
 
     best_p = min(results["hand"], key=lambda p: results["hand"][p]["step_s"])
     auto_p = lm["auto"]["chosen_partitions"]

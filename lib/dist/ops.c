@@ -1,20 +1,24 @@
 /* ops.c — the communication operators tern-partition writes (domain tern), over the process's
  * communicator (comm.c):
  *
- *   tern.AllReduce(X1..Xk) -> Y1..Yk      the mean over the ranks of each Xi (one collective for all)
- *   tern.Pull(S, I) -> R                  rows I of a table sharded by rows; S is this rank's shard
- *   tern.Push(I, G) -> (J, H)             the rows G[k] of a table's gradient at I[k], duplicates summed
- *                                         and divided by the ranks, sent to the shards' owners; J and
- *                                         H are the rows this rank's shard receives (J local rows)
- *   tern.AllGatherRows(I, G) -> (J, H)    every rank's (I, G/ranks) concatenated, as Horovod does
- *   tern.RowsToDense(I, G) -> D           the dense gradient [rows, ...] of rows G at I
+ *   tern.AllReduce(X1..Xk) -> Y1..Yk          the mean over the ranks of each Xi (one collective for all)
+ *   tern.Pull(S1..Sk, I) -> (R1..Rk[, route]) rows I of k tables sharded alike (one exchange); Si is this
+ *                                             rank's shard; the route says who asked whom for what
+ *   tern.Push([route,] I, G1..Gk) -> (J, H1..Hk)
+ *                                             the rows Gt[k] of the tables' gradients at I[k], duplicates
+ *                                             summed and divided by the ranks, sent to the shards' owners
+ *                                             (only the rows with the route of the Pull of the same I; to
+ *                                             the host's first rank first with the attribute leaders); J
+ *                                             and Ht are the rows this rank's shards receive (J local rows)
+ *   tern.AllGatherRows(I, G) -> (J, H)        every rank's (I, G/ranks) concatenated, as Horovod does
+ *   tern.RowsToDense(I, G) -> D               the dense gradient [rows, ...] of rows G at I
  *
  * J and H have ranks x |I| places, fixed when planning so that the update after them is planned (and
  * in place) too: what arrives fills the front, the rest is row 0 with a zero gradient, which every
- * update rule leaves as it is. Pull and Push carry the shard map as attributes: rows (the table's), starts (P+1 first rows of the
- * P partitions), owners (each partition's rank), offsets (where a partition starts in its owner's
- * shard). Every operator carries ranks, the process count it was partitioned for, which must be the
- * communicator's. */
+ * update rule leaves as it is. Pull and Push carry the shard map as attributes: rows (the table's),
+ * starts (P+1 first rows of the P partitions), owners (each partition's rank), offsets (where a
+ * partition starts in its owner's shard). Every operator carries ranks, the process count it was
+ * partitioned for, which must be the communicator's. */
 #include "internal.h"
 
 #include <stdlib.h>

@@ -672,6 +672,7 @@ int tern_model_partition_auto(const tern_model *m, tern_partition_options *o)
 	o->servers = s ? atoi(s + 9) : 0;
 	const char *b = strstr(a, "\nbucket_mb ");
 	o->bucket_mb = b ? atof(b + 11) : 0;
+	o->local_aggregation = strstr(a, "\nlocal_aggregation 1\n") != NULL;
 	/* the servers' ranks, when a host file placed them (valid until the next call) */
 	static int placed[4096];
 	const char *r = strstr(a, "\nserver_ranks ");
@@ -696,6 +697,8 @@ tern_status tern_model_partition(tern_model *m, const tern_partition_options *o,
 		return tern_errorf(TERN_EUSAGE, "unknown strategy '%s' (hybrid, allreduce, allgather or ps)", strategy);
 	if (o->ranks < 1)
 		return tern_errorf(TERN_EUSAGE, "--ranks must be at least 1");
+	if (o->local_aggregation && !hybrid && !ps)
+		return tern_errorf(TERN_EUSAGE, "--local-aggregation is for the strategies that push to servers (hybrid, ps)");
 	int servers = o->servers > 0 ? o->servers : o->ranks;
 	if (servers > o->ranks)
 		return tern_errorf(TERN_EUSAGE, "%d servers for %d ranks: a server is a rank", servers, o->ranks);
@@ -711,8 +714,13 @@ tern_status tern_model_partition(tern_model *m, const tern_partition_options *o,
 		if (!hybrid && !ps)
 			return tern_errorf(TERN_EUSAGE, "--partitions auto is for the strategies that shard (hybrid, ps)");
 		text t = {0};
+		if (o->local_aggregation && servers >= o->ranks)
+			return tern_errorf(TERN_EUSAGE, "--local-aggregation needs hosts of several ranks (--hosts): with one rank "
+			                                "a host there is nothing to sum");
 		put(&t, "ranks %d\nstrategy %s\npartitions auto\nservers %d\nbucket_mb %g\n", o->ranks, strategy, servers,
 		    o->bucket_mb > 0 ? o->bucket_mb : 4.0);
+		if (o->local_aggregation)
+			put(&t, "local_aggregation 1\n");
 		for (int s = 0; o->server_ranks && s < servers; s++)
 			put(&t, "%s%d", s ? "," : "server_ranks ", o->server_ranks[s]);
 		if (o->server_ranks)
