@@ -176,7 +176,7 @@ static void print_footer(FILE *f, const tern_model *model)
 	for (size_t i = 0; i < mp->n_training_info; i++) {
 		const Onnx__TrainingInfoProto *ti = mp->training_info[i];
 		/* what the updates are: parameters (the P of an optimizer node) and everything else bound */
-		size_t n_params = 0, n_state = 0;
+		size_t n_params = 0, n_state = 0, n_rows = 0;
 		uint64_t param_values = 0, param_bytes = 0, state_bytes = 0;
 		const Onnx__NodeProto *opt = NULL;
 		for (size_t b = 0; b < ti->n_update_binding; b++) {
@@ -193,13 +193,21 @@ static void print_footer(FILE *f, const tern_model *model)
 			const Onnx__GraphProto *alg = ti->algorithm;
 			for (size_t k = 0; alg && k < alg->n_node && !param; k++) {
 				const Onnx__NodeProto *nd = alg->node[k];
-				if (!nd->domain || strcmp(nd->domain, "tern") || (strcmp(nd->op_type, "SGD") && strcmp(nd->op_type, "Adam") &&
-				                                                  strcmp(nd->op_type, "Adagrad")))
+				/* the rules, dense or with the gradient as rows (an embedding table's) */
+				const char *op = nd->op_type ? nd->op_type : "";
+				size_t len = strlen(op);
+				bool rows = len > 4 && strcmp(op + len - 4, "Rows") == 0;
+				size_t base = rows ? len - 4 : len;
+				if (!nd->domain || strcmp(nd->domain, "tern") ||
+				    !((base == 3 && !strncmp(op, "SGD", 3)) || (base == 4 && !strncmp(op, "Adam", 4)) ||
+				      (base == 7 && !strncmp(op, "Adagrad", 7))))
 					continue;
-				size_t p = strcmp(nd->op_type, "SGD") == 0 ? 1 : 2;
+				size_t p = base == 3 ? 1 : 2;
 				if (nd->n_input > p && strcmp(nd->input[p], key) == 0) {
 					param = true;
-					opt = nd;
+					n_rows += rows;
+					if (!opt || !rows)
+						opt = nd;
 				}
 			}
 			if (param) {
@@ -211,9 +219,11 @@ static void print_footer(FILE *f, const tern_model *model)
 				state_bytes += bytes;
 			}
 		}
-		fprintf(f, "%-12s %zu parameters (%llu values, %.3f MB), %zu state tensors (%.3f MB)\n", "training",
-		        n_params, (unsigned long long)param_values, (double)param_bytes / 1e6, n_state,
-		        (double)state_bytes / 1e6);
+		fprintf(f, "%-12s %zu parameters (%llu values, %.3f MB), %zu state tensors (%.3f MB)", "training", n_params,
+		        (unsigned long long)param_values, (double)param_bytes / 1e6, n_state, (double)state_bytes / 1e6);
+		if (n_rows)
+			fprintf(f, "; %zu with the gradient as rows", n_rows);
+		fputc('\n', f);
 		if (opt) {
 			fprintf(f, "%-12s tern.%s", "optimizer", opt->op_type);
 			for (size_t a = 0; a < opt->n_attribute; a++) {

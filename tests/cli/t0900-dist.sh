@@ -72,6 +72,8 @@ for strategy in hybrid allreduce allgather ps; do
 done
 
 test_expect_success PYTHON,MPI 'the partitioned file passes onnx.checker and says what it is' '
+	tern-show -f stats lm_hybrid2.onnx | grep "^training  *3 parameters .*; 1 with the gradient as rows$" &&
+	tern-show -f stats lm_hybrid2.onnx | grep "^optimizer  *tern.Adam " &&
 	"$TERN_PYTHON" -c "
 import onnx
 m = onnx.load(\"lm_hybrid2.onnx\")
