@@ -18,7 +18,9 @@ nn.Embedding(sparse=True); torch.optim.Adagrad) on the same weights and batches.
 median over the ranks' logged step times after the first two steps; bytes are a rank's mean a step:
 tern's counters (what its collectives moved), the first-principles count (tern-dist-run(1)), and what
 crossed the rank's veth (tx, from the interface counters over the whole run, divided by the steps).
-Prints the tables and the targets' verdicts; writes results.json to --keep DIR when given.
+--partitions auto is judged by the step time of the count it chose as measured in the runs by hand
+(when it chose one of them; else by its own run, whose wire bytes include the search's). Prints the
+tables and the targets' verdicts; writes results.json to --keep DIR when given.
 """
 import argparse
 import json
