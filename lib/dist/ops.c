@@ -71,6 +71,45 @@ static tern_status read_map(const tern_node *n, shard_map *m)
 	return ok ? TERN_OK : tern_node_errorf(n, TERN_EDATA, "a malformed shard map (rows, starts, owners, offsets)");
 }
 
+/* What Pull and Push need from their attributes, read once when planning: the map (its arrays copied
+ * behind the struct), whether the first input is a route, and the host leaders (NULL: none). */
+typedef struct dist_params {
+	shard_map m;
+	int routed;
+	const int64_t *leaders;
+	int64_t mem[];
+} dist_params;
+
+static tern_status map_params(tern_prepare_args *p, int routed)
+{
+	shard_map m;
+	tern_status st = read_map(p->node, &m);
+	if (st)
+		return st;
+	size_t n_leaders = 0;
+	const int64_t *leaders = tern_attr_ints(p->node, "leaders", &n_leaders);
+	if (leaders && n_leaders != (size_t)tern_comm_size())
+		return tern_node_errorf(p->node, TERN_EDATA, "leaders: %zu entries for %d ranks", n_leaders, tern_comm_size());
+	size_t P = m.n_parts, n = 3 * P + 1 + (leaders ? n_leaders : 0);
+	dist_params *d = malloc(sizeof *d + n * sizeof *d->mem);
+	if (!d)
+		return tern_errorf(TERN_EOS, "out of memory");
+	int64_t *at = d->mem;
+	memcpy(at, m.starts, (P + 1) * sizeof *at);
+	memcpy(at + P + 1, m.owners, P * sizeof *at);
+	memcpy(at + 2 * P + 1, m.offsets, P * sizeof *at);
+	d->m = (shard_map){m.rows, P, at, at + P + 1, at + 2 * P + 1};
+	d->routed = routed;
+	d->leaders = NULL;
+	if (leaders) {
+		memcpy(at + 3 * P + 1, leaders, n_leaders * sizeof *at);
+		d->leaders = at + 3 * P + 1;
+	}
+	p->params = d;
+	p->free_params = free;
+	return TERN_OK;
+}
+
 /* The partition of a row (binary search over starts). */
 static size_t part_of(const shard_map *m, int64_t row)
 {
@@ -214,10 +253,8 @@ static tern_status pull_kernel(const tern_kernel_args *a)
 	int k_tables = a->n_in - 1;
 	const tern_tensor *I = a->in[k_tables];
 	bool routed = a->n_out > k_tables && a->out[k_tables];
-	shard_map m;
-	tern_status st = read_map(a->node, &m);
-	if (st)
-		return st;
+	const shard_map m = ((const dist_params *)a->params)->m;
+	tern_status st = TERN_OK;
 	int64_t n = tern_tensor_numel(I), srows = a->in[0]->rank ? a->in[0]->dims[0] : 1;
 	size_t rb_all = 0, rb[16];
 	for (int t = 0; t < k_tables; t++)
@@ -311,8 +348,7 @@ static tern_status pull_prepare(tern_prepare_args *p)
 		                        "takes 1 to 16 shards of equal rows and int32 or int64 indices, and gives their rows "
 		                        "(and optionally a route)");
 	tern_status st = check_ranks(p->node);
-	shard_map m;
-	if (st || (st = read_map(p->node, &m)))
+	if (st || (st = map_params(p, 0)))
 		return st;
 	for (int t = 0; t < k_tables; t++) {
 		const tern_tensor *S = p->in[t];
@@ -488,13 +524,12 @@ static tern_status aggregate_on_host(const int64_t *leaders, int k_tables, const
  * indices, one exchange for all. With a route (the Pull of the same I) only the rows travel. */
 static tern_status push_kernel(const tern_kernel_args *a)
 {
-	int routed = (int)tern_attr_int(a->node, "routed", 0);
+	const dist_params *dp = a->params;
+	int routed = dp->routed;
 	const tern_tensor *I = a->in[routed];
 	int k_tables = a->n_in - 1 - routed;
-	shard_map m;
-	tern_status st = read_map(a->node, &m);
-	if (st)
-		return st;
+	const shard_map m = dp->m;
+	tern_status st = TERN_OK;
 	int64_t n = tern_tensor_numel(I), D[16];
 	size_t rb[16], rb_all = 0;
 	for (int t = 0; t < k_tables; t++) {
@@ -518,14 +553,9 @@ static tern_status push_kernel(const tern_kernel_args *a)
 		sums_at += (size_t)u * rb[t];
 	}
 	/* summed per host first (--local-aggregation): the leaders push for their hosts */
-	size_t n_leaders = 0;
-	const int64_t *leaders = tern_attr_ints(a->node, "leaders", &n_leaders);
-	if (!st && leaders && !routed) {
-		if (n_leaders != (size_t)x.n)
-			st = tern_node_errorf(a->node, TERN_EDATA, "leaders: %zu entries for %d ranks", n_leaders, x.n);
-		else
-			st = aggregate_on_host(leaders, k_tables, rb, dtype, rb_all, &uniq, &u, &sums);
-	}
+	const int64_t *leaders = dp->leaders;
+	if (!st && leaders && !routed)
+		st = aggregate_on_host(leaders, k_tables, rb, dtype, rb_all, &uniq, &u, &sums);
 	if (!st && (!(ids = malloc(((size_t)u + 1) * sizeof *ids)) || !(slot = malloc(((size_t)u + 1) * sizeof *slot)) ||
 	            !(send = malloc((size_t)u * rb_all + 1))))
 		st = tern_errorf(TERN_EOS, "out of memory");
@@ -687,9 +717,8 @@ static tern_status rows_prepare(tern_prepare_args *p, tern_kernel_fn kernel, int
 		                        "[I's shape, ...]",
 		                        skip ? "a pull's route, " : "");
 	tern_status st = check_ranks(p->node);
-	shard_map m;
 	if (!st && kernel == push_kernel)
-		st = read_map(p->node, &m);
+		st = map_params(p, skip);
 	if (st)
 		return st;
 	int64_t cap = tern_comm_size() * tern_tensor_numel(I);

@@ -210,11 +210,6 @@ static tern_status copy_attrs(tern_node *dst, const tern_node *src)
 	return TERN_OK;
 }
 
-static char *fresh(tern_graph *g, const char *stem)
-{
-	return tern_graph_unique_name(g, stem);
-}
-
 /* Two new values from one node: op(in) -> (out0[, out1]) named after stem. */
 static tern_node *add_op(tern_graph *g, const char *op, const char *const *in, size_t n_in, const char *stem,
                          int n_out, char **out_names)
@@ -222,12 +217,12 @@ static tern_node *add_op(tern_graph *g, const char *op, const char *const *in, s
 	char buf[300];
 	for (int o = 0; o < n_out; o++) {
 		snprintf(buf, sizeof buf, "%s/%s%d", stem, op, o);
-		out_names[o] = fresh(g, buf);
+		out_names[o] = tern_graph_unique_name(g, buf);
 		if (!out_names[o])
 			return NULL;
 	}
 	snprintf(buf, sizeof buf, "%s/%s", stem, op);
-	char *name = fresh(g, buf);
+	char *name = tern_graph_unique_name(g, buf);
 	tern_node *n = name ? tern_graph_add_node(g, op, "tern", name, in, n_in, (const char *const *)out_names,
 	                                          (size_t)n_out)
 	                    : NULL;
@@ -319,9 +314,9 @@ static tern_status sparse_sharded(tern_graph *g, table *tables, size_t n_tables,
 		char *out[17] = {NULL}, *name = NULL, *idx = tern_strdup(grp->idx->name);
 		char stem[300];
 		snprintf(stem, sizeof stem, "%s/route", tables[grp->table[0]].name);
-		grp->route = fresh(g, stem);
+		grp->route = tern_graph_unique_name(g, stem);
 		snprintf(stem, sizeof stem, "%s/Pull", tables[grp->table[0]].name);
-		name = fresh(g, stem);
+		name = tern_graph_unique_name(g, stem);
 		for (int r = 0; r < grp->n; r++) {
 			in[r] = tables[grp->table[r]].shard;
 			out[r] = tern_strdup(grp->gather[r]->outputs[0]->name);
@@ -626,10 +621,10 @@ static tern_status reduce_buckets(tern_graph *g, dense_grad *d, size_t n, int64_
 			in[b] = gv->name;
 			char buf[300];
 			snprintf(buf, sizeof buf, "%s/mean", gv->name);
-			if (!(out[b] = fresh(g, buf)))
+			if (!(out[b] = tern_graph_unique_name(g, buf)))
 				st = tern_errorf(TERN_EOS, "out of memory");
 		}
-		if (!st && !(name = fresh(g, stem)))
+		if (!st && !(name = tern_graph_unique_name(g, stem)))
 			st = tern_errorf(TERN_EOS, "out of memory");
 		tern_node *ar = st ? NULL : tern_graph_add_node(g, "AllReduce", "tern", name, in, k, (const char *const *)out, k);
 		if (!st && !ar)
