@@ -8,6 +8,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <limits.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -102,6 +103,17 @@ void tern_cli_warn(const char *fmt, ...)
 	va_start(ap, fmt);
 	vmessage("warning: ", fmt, ap);
 	va_end(ap);
+}
+
+int64_t tern_cli_count(struct argp_state *state, const char *what, const char *arg, int64_t min, int64_t max)
+{
+	char *end;
+	errno = 0;
+	long long v = strtoll(arg, &end, 10);
+	if (errno || end == arg || *end || v < min || v > max)
+		argp_error(state, "%s must be an integer from %" PRId64 " to %" PRId64 ", not '%s'", what, min, max,
+		           arg);
+	return v;
 }
 
 int tern_cli_set_quiet(int quiet)

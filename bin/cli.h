@@ -47,6 +47,9 @@ void tern_cli_verbose(int level, const char *fmt, ...) __attribute__((format(pri
 /* Silences tern_cli_verbose (and warnings) or not; returns what it was. */
 int tern_cli_set_quiet(int quiet);
 
+/* An integer option value in [min, max]; a usage error naming `what` otherwise. */
+int64_t tern_cli_count(struct argp_state *state, const char *what, const char *arg, int64_t min, int64_t max);
+
 /* realloc, failing with 71 when out of memory. */
 void *tern_cli_grow(void *items, size_t n, size_t size);
 /* --dim NAME=N, repeatable: sizes of symbolic dimensions. */

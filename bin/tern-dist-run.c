@@ -62,28 +62,13 @@ static const struct argp_option option_table[] = {
 static error_t parse_option(int key, char *arg, struct argp_state *state)
 {
 	options *o = state->input;
-	char *end;
 	switch (key) {
-	case 'n':
-		errno = 0;
-		o->ranks = (int)strtol(arg, &end, 10);
-		if (*end || errno || o->ranks < 1 || o->ranks > 1 << 20)
-			argp_error(state, "--ranks takes a positive number, not '%s'", arg);
-		return 0;
+	case 'n': o->ranks = (int)tern_cli_count(state, "--ranks", arg, 1, 1 << 20); return 0;
 	case OPT_HOSTS: o->hosts = arg; return 0;
 	case OPT_WORKER: o->worker = 1; return 0;
 	case OPT_REPORT: o->t.report = 1; return 0;
-	case OPT_THREADS:
-		o->threads = (int)strtol(arg, &end, 10);
-		if (*end || o->threads < 1 || o->threads > 4096)
-			argp_error(state, "--threads takes a number from 1 to 4096, not '%s'", arg);
-		return 0;
-	case OPT_SEED:
-		errno = 0;
-		o->seed = strtoull(arg, &end, 10);
-		if (*end || errno)
-			argp_error(state, "--seed takes a number, not '%s'", arg);
-		return 0;
+	case OPT_THREADS: o->threads = (int)tern_cli_count(state, "--threads", arg, 1, 4096); return 0;
+	case OPT_SEED: o->seed = (uint64_t)tern_cli_count(state, "--seed", arg, 0, INT64_MAX); return 0;
 	case 'i':
 		o->input_args = tern_cli_grow(o->input_args, (size_t)o->n_input_args + 1, sizeof *o->input_args);
 		o->input_args[o->n_input_args++] = arg;

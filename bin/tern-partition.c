@@ -30,27 +30,18 @@ static const struct argp_option option_table[] = {
         {0},
 };
 
-static long number(struct argp_state *state, const char *opt, const char *arg, long lo, long hi)
-{
-	char *end;
-	errno = 0;
-	long n = strtol(arg, &end, 10);
-	if (*end || errno || n < lo || n > hi)
-		argp_error(state, "%s takes a number from %ld to %ld, not '%s'", opt, lo, hi, arg);
-	return n;
-}
 
 static error_t parse_option(int key, char *arg, struct argp_state *state)
 {
 	options *o = state->input;
 	switch (key) {
-	case 'n': o->p.ranks = (int)number(state, "--ranks", arg, 1, 1 << 20); return 0;
+	case 'n': o->p.ranks = (int)tern_cli_count(state, "--ranks", arg, 1, 1 << 20); return 0;
 	case 'P':
 		if (!strcmp(arg, "auto")) {
 			o->p.partitions = -1;
 			return 0;
 		}
-		o->p.partitions = (int)number(state, "--partitions", arg, 1, 1 << 24);
+		o->p.partitions = (int)tern_cli_count(state, "--partitions", arg, 1, 1 << 24);
 		return 0;
 	case OPT_STRATEGY: o->p.strategy = arg; return 0;
 	case OPT_HOSTS: o->hosts = arg; return 0;

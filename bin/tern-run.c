@@ -85,16 +85,6 @@ static const struct argp_option options[] = {
         {0},
 };
 
-static int64_t parse_count(struct argp_state *state, const char *what, const char *arg, int64_t min, int64_t max)
-{
-	char *end;
-	errno = 0;
-	long long v = strtoll(arg, &end, 10);
-	if (errno || end == arg || *end || v < min || v > max)
-		argp_error(state, "%s must be an integer from %" PRId64 " to %" PRId64 ", not '%s'", what, min, max,
-		           arg);
-	return v;
-}
 
 
 static void add_dim(struct run *run, const char *name, int64_t value)
@@ -151,7 +141,7 @@ static error_t parse_option(int key, char *arg, struct argp_state *state)
 		run->input_args[run->n_input_args++] = arg;
 		return 0;
 	case OPT_RANDOM: run->random = 1; return 0;
-	case OPT_SEED: run->seed = (uint64_t)parse_count(state, "--seed", arg, 0, INT64_MAX); return 0;
+	case OPT_SEED: run->seed = (uint64_t)tern_cli_count(state, "--seed", arg, 0, INT64_MAX); return 0;
 	case OPT_DIM: {
 		char *eq = strchr(arg, '=');
 		if (!eq || eq == arg)
@@ -159,7 +149,7 @@ static error_t parse_option(int key, char *arg, struct argp_state *state)
 		*eq = '\0';
 		if (find_dim(run, arg))
 			argp_error(state, "--dim %s is given twice", arg);
-		add_dim(run, arg, parse_count(state, "--dim value", eq + 1, 0, INT64_MAX));
+		add_dim(run, arg, tern_cli_count(state, "--dim value", eq + 1, 0, INT64_MAX));
 		return 0;
 	}
 	case 'O': run->out_dir = arg; return 0;
@@ -171,10 +161,10 @@ static error_t parse_option(int key, char *arg, struct argp_state *state)
 	case OPT_PRINT: run->print = 1; return 0;
 	case OPT_JSON: run->json = 1; return 0;
 	case OPT_PROFILE: run->profile = arg; return 0;
-	case OPT_ITERS: run->iters = (int)parse_count(state, "--iters", arg, 1, 1000000000); return 0;
-	case OPT_WARMUP: run->warmup = (int)parse_count(state, "--warmup", arg, 0, 1000000000); return 0;
-	case OPT_THREADS: run->threads = (int)parse_count(state, "--threads", arg, 0, 4096); return 0;
-	case OPT_OPTIMIZE: run->optimize = (int)parse_count(state, "--optimize", arg, 0, 3); return 0;
+	case OPT_ITERS: run->iters = (int)tern_cli_count(state, "--iters", arg, 1, 1000000000); return 0;
+	case OPT_WARMUP: run->warmup = (int)tern_cli_count(state, "--warmup", arg, 0, 1000000000); return 0;
+	case OPT_THREADS: run->threads = (int)tern_cli_count(state, "--threads", arg, 0, 4096); return 0;
+	case OPT_OPTIMIZE: run->optimize = (int)tern_cli_count(state, "--optimize", arg, 0, 3); return 0;
 	case OPT_SINGLE_STREAM: run->single_stream = 1; return 0;
 	case OPT_TRAIN: run->train = 1; return 0;
 	default: return train_parse_option(&run->t, key, arg, state);

@@ -17,27 +17,18 @@
 #include <time.h>
 #include <unistd.h>
 
-static int64_t count_arg(struct argp_state *state, const char *what, const char *arg)
-{
-	char *end;
-	errno = 0;
-	long long v = strtoll(arg, &end, 10);
-	if (errno || end == arg || *end || v < 1)
-		argp_error(state, "%s must be a positive integer, not '%s'", what, arg);
-	return v;
-}
 
 int train_parse_option(train_options *o, int key, char *arg, struct argp_state *state)
 {
 	switch (key) {
-	case TRAIN_OPT_STEPS: o->steps = count_arg(state, "--steps", arg); return 0;
-	case TRAIN_OPT_EPOCHS: o->epochs = count_arg(state, "--epochs", arg); return 0;
-	case TRAIN_OPT_BATCH: o->batch = count_arg(state, "--batch", arg); return 0;
+	case TRAIN_OPT_STEPS: o->steps = tern_cli_count(state, "--steps", arg, 1, INT64_MAX); return 0;
+	case TRAIN_OPT_EPOCHS: o->epochs = tern_cli_count(state, "--epochs", arg, 1, INT64_MAX); return 0;
+	case TRAIN_OPT_BATCH: o->batch = tern_cli_count(state, "--batch", arg, 1, INT64_MAX); return 0;
 	case TRAIN_OPT_DROP_LAST: o->drop_last = 1; return 0;
 	case TRAIN_OPT_SHUFFLE: o->shuffle = 1; return 0;
 	case TRAIN_OPT_LOG: o->log = arg; return 0;
-	case TRAIN_OPT_LOG_EVERY: o->log_every = count_arg(state, "--log-every", arg); return 0;
-	case TRAIN_OPT_CHECKPOINT_EVERY: o->checkpoint_every = count_arg(state, "--checkpoint-every", arg); return 0;
+	case TRAIN_OPT_LOG_EVERY: o->log_every = tern_cli_count(state, "--log-every", arg, 1, INT64_MAX); return 0;
+	case TRAIN_OPT_CHECKPOINT_EVERY: o->checkpoint_every = tern_cli_count(state, "--checkpoint-every", arg, 1, INT64_MAX); return 0;
 	case TRAIN_OPT_VAL:
 		o->val_args = tern_cli_grow(o->val_args, (size_t)o->n_val_args + 1, sizeof *o->val_args);
 		o->val_args[o->n_val_args++] = arg;
@@ -235,6 +226,13 @@ static void free_val(struct val *v)
 	tern_tensor_free(&v->target);
 }
 
+/* Every rank waits for the others (a one-double allreduce). */
+static void dist_barrier(void)
+{
+	double nothing = 0;
+	tern_cli_check(tern_comm_allreduce(TERN_COMM_OTHER, &nothing, 1, TERN_DOUBLE));
+}
+
 static int by_value(const void *a, const void *b)
 {
 	double x = *(const double *)a, y = *(const double *)b;
@@ -373,8 +371,7 @@ int tern_run_train(const train_options *o, const tern_cli *cli, tern_model *mode
 			tern_cli_fail(TERN_EIO, "%s: %s", o->log, strerror(errno));
 		if (log)
 			fclose(log);
-		double barrier = 0;
-		tern_cli_check(tern_comm_allreduce(TERN_COMM_OTHER, &barrier, 1, TERN_DOUBLE));
+		dist_barrier();
 		log = fopen(o->log, "a");
 		if (!log)
 			tern_cli_fail(TERN_EIO, "%s: %s", o->log, strerror(errno));
@@ -523,8 +520,7 @@ int tern_run_train(const train_options *o, const tern_cli *cli, tern_model *mode
 	if (dist) {
 		/* no rank leaves before rank 0 has written: mpiexec ends a job's other ranks when one exits
 		 * with a non-zero status (after a signal) */
-		double barrier = 0;
-		tern_cli_check(tern_comm_allreduce(TERN_COMM_OTHER, &barrier, 1, TERN_DOUBLE));
+		dist_barrier();
 	}
 	if (rank == 0)
 		tern_cli_verbose(0, "step %lld of %lld: loss %.6g", (long long)step, (long long)total, loss);

@@ -8,47 +8,7 @@ test_description='distributed training'
 command -v mpiexec >/dev/null 2>&1 && test -x "$TERN_BUILD/bin/tern-dist-run" && test_set_prereq MPI
 
 test_expect_success PYTHON 'set up an LM with an embedding and a dense CNN, with data' '
-	"$TERN_PYTHON" - <<-\EOF
-	import numpy as np, onnx
-	from onnx import helper as h, numpy_helper as nh, TensorProto as T
-	r = np.random.default_rng(0)
-	def save(nodes, name, inputs, outputs, inits):
-	    g = h.make_graph(nodes, name, inputs, outputs, [nh.from_array(v, k) for k, v in inits.items()])
-	    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), name + ".onnx")
-	V, D, C = 50, 8, 5
-	save([h.make_node("Gather", ["emb", "tokens"], ["e"]),
-	      h.make_node("ReduceMean", ["e"], ["s"], axes=[1], keepdims=0),
-	      h.make_node("Gemm", ["s", "w", "b"], ["logits"])], "lm",
-	     [h.make_tensor_value_info("tokens", T.INT64, ["N", 6])], [h.make_tensor_value_info("logits", T.FLOAT, ["N", C])],
-	     {"emb": r.standard_normal((V, D)).astype(np.float32), "w": (r.standard_normal((D, C)) * 0.3).astype(np.float32),
-	      "b": np.zeros(C, np.float32)})
-	np.save("tokens.npy", r.integers(0, V, (96, 6)).astype(np.int64))
-	np.save("lm_target.npy", r.integers(0, C, (96,)).astype(np.int64))
-	save([h.make_node("Conv", ["x", "k", "kb"], ["c"], pads=[1, 1, 1, 1]),
-	      h.make_node("Relu", ["c"], ["a"]),
-	      h.make_node("Flatten", ["a"], ["f"]),
-	      h.make_node("Gemm", ["f", "w", "b"], ["y"])], "cnn",
-	     [h.make_tensor_value_info("x", T.FLOAT, ["N", 1, 6, 6])], [h.make_tensor_value_info("y", T.FLOAT, ["N", 3])],
-	     {"k": (r.standard_normal((4, 1, 3, 3)) * 0.3).astype(np.float32), "kb": np.zeros(4, np.float32),
-	      "w": (r.standard_normal((144, 3)) * 0.1).astype(np.float32), "b": np.zeros(3, np.float32)})
-	np.save("x.npy", r.standard_normal((96, 1, 6, 6)).astype(np.float32))
-	np.save("cnn_target.npy", r.integers(0, 3, (96,)).astype(np.int64))
-	EOF
-	cat >same.py <<-\EOF &&
-	import sys, onnx, numpy as np
-	from onnx import numpy_helper as nh
-	a = {t.name: nh.to_array(t) for t in onnx.load(sys.argv[1]).graph.initializer}
-	b = {t.name: nh.to_array(t) for t in onnx.load(sys.argv[2]).graph.initializer}
-	for k, v in a.items():
-	    assert k in b, k
-	    if v.dtype.kind == "f":
-	        assert np.allclose(b[k], v, rtol=1e-5, atol=1e-6), (k, np.max(np.abs(b[k] - v)))
-	    else:
-	        assert np.array_equal(b[k], v), (k, v, b[k])
-	moved = [np.max(np.abs(v - nh.to_array(t))) for t in onnx.load(sys.argv[3]).graph.initializer
-	         for k, v in a.items() if t.name == k and v.dtype.kind == "f"]
-	assert max(moved) > 1e-3, "the parameters did not train"
-	EOF
+	"$TERN_PYTHON" "$TEST_DIRECTORY/make-dist.py" models 50 8 5 6 0 0.3 &&
 	tern-autodiff --optimizer adam --lr 0.01 lm.onnx -o lm_train.onnx &&
 	tern-autodiff --optimizer sgd --lr 0.1 --momentum 0.9 cnn.onnx -o cnn_train.onnx &&
 	tern-run --train lm_train.onnx -i tokens=tokens.npy -i target=lm_target.npy --batch 24 --steps 6 \
@@ -62,11 +22,11 @@ for strategy in hybrid allreduce allgather ps; do
 			tern-partition --ranks $n --strategy $strategy lm_train.onnx -o lm_$strategy$n.onnx &&
 			tern-dist-run -n $n -q lm_$strategy$n.onnx -i tokens=tokens.npy -i target=lm_target.npy --batch 24 \
 				--steps 6 -o lm_$strategy${n}_out.onnx &&
-			\"\$TERN_PYTHON\" same.py lm_one.onnx lm_$strategy${n}_out.onnx lm_train.onnx &&
+			\"\$TERN_PYTHON\" \"\$TEST_DIRECTORY/make-dist.py\" same lm_one.onnx lm_$strategy${n}_out.onnx lm_train.onnx &&
 			tern-partition --ranks $n --strategy $strategy cnn_train.onnx -o cnn_$strategy$n.onnx &&
 			tern-dist-run -n $n -q cnn_$strategy$n.onnx -i x=x.npy -i target=cnn_target.npy --batch 24 \
 				--steps 6 -o cnn_$strategy${n}_out.onnx &&
-			\"\$TERN_PYTHON\" same.py cnn_one.onnx cnn_$strategy${n}_out.onnx cnn_train.onnx
+			\"\$TERN_PYTHON\" \"\$TEST_DIRECTORY/make-dist.py\" same cnn_one.onnx cnn_$strategy${n}_out.onnx cnn_train.onnx
 		"
 	done
 done
@@ -101,7 +61,7 @@ test_expect_success PYTHON,MPI 'tern-show -f dot colours the training step by ro
 test_expect_success PYTHON,MPI 'a plain mpiexec runs it too, and the log has a line per step and rank with bytes by kind' '
 	mpiexec -n 2 tern-dist-run -q lm_hybrid2.onnx -i tokens=tokens.npy -i target=lm_target.npy --batch 24 \
 		--steps 6 --log log.jsonl -o plain.onnx &&
-	"$TERN_PYTHON" same.py lm_one.onnx plain.onnx lm_train.onnx &&
+	"$TERN_PYTHON" "$TEST_DIRECTORY/make-dist.py" same lm_one.onnx plain.onnx lm_train.onnx &&
 	"$TERN_PYTHON" -c "
 import json
 rows = [json.loads(l) for l in open(\"log.jsonl\")]
@@ -178,7 +138,7 @@ test_expect_success PYTHON,MPI 'local aggregation: two hosts of two ranks sum th
 	tern-show -f text lm_local.onnx | grep -q "leaders = \[0, 0, 2, 2\]" &&
 	tern-dist-run -n 4 -q lm_local.onnx -i tokens=tokens.npy -i target=lm_target.npy --batch 24 --steps 6 \
 		--log local.jsonl -o lm_local_out.onnx &&
-	"$TERN_PYTHON" same.py lm_one.onnx lm_local_out.onnx lm_train.onnx &&
+	"$TERN_PYTHON" "$TEST_DIRECTORY/make-dist.py" same lm_one.onnx lm_local_out.onnx lm_train.onnx &&
 	"$TERN_PYTHON" -c "
 import json
 rows = [json.loads(l) for l in open(\"local.jsonl\")]

@@ -14,43 +14,7 @@ trap '"$CLUSTER" down --prefix $PREFIX >/dev/null 2>&1' EXIT INT TERM
 
 test_expect_success PYTHON,CLUSTER 'set up a cluster of 3 namespaces, an LM with an embedding and a CNN' '
 	"$CLUSTER" up 3 --prefix $PREFIX --rate 1gbit >/dev/null &&
-	"$TERN_PYTHON" - <<-\EOF &&
-	import numpy as np, onnx
-	from onnx import helper as h, numpy_helper as nh, TensorProto as T
-	r = np.random.default_rng(2)
-	def save(nodes, name, inputs, outputs, inits):
-	    g = h.make_graph(nodes, name, inputs, outputs, [nh.from_array(v, k) for k, v in inits.items()])
-	    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), name + ".onnx")
-	V, D, C = 3000, 32, 7
-	save([h.make_node("Gather", ["emb", "tokens"], ["e"]),
-	      h.make_node("ReduceMean", ["e"], ["s"], axes=[1], keepdims=0),
-	      h.make_node("Gemm", ["s", "w", "b"], ["logits"])], "lm",
-	     [h.make_tensor_value_info("tokens", T.INT64, ["N", 8])], [h.make_tensor_value_info("logits", T.FLOAT, ["N", C])],
-	     {"emb": r.standard_normal((V, D)).astype(np.float32), "w": (r.standard_normal((D, C)) * 0.2).astype(np.float32),
-	      "b": np.zeros(C, np.float32)})
-	np.save("tokens.npy", r.integers(0, V, (96, 8)).astype(np.int64))
-	np.save("lm_target.npy", r.integers(0, C, (96,)).astype(np.int64))
-	save([h.make_node("Conv", ["x", "k", "kb"], ["c"], pads=[1, 1, 1, 1]),
-	      h.make_node("Relu", ["c"], ["a"]),
-	      h.make_node("Flatten", ["a"], ["f"]),
-	      h.make_node("Gemm", ["f", "w", "b"], ["y"])], "cnn",
-	     [h.make_tensor_value_info("x", T.FLOAT, ["N", 1, 6, 6])], [h.make_tensor_value_info("y", T.FLOAT, ["N", 3])],
-	     {"k": (r.standard_normal((4, 1, 3, 3)) * 0.3).astype(np.float32), "kb": np.zeros(4, np.float32),
-	      "w": (r.standard_normal((144, 3)) * 0.1).astype(np.float32), "b": np.zeros(3, np.float32)})
-	np.save("x.npy", r.standard_normal((96, 1, 6, 6)).astype(np.float32))
-	np.save("cnn_target.npy", r.integers(0, 3, (96,)).astype(np.int64))
-	EOF
-	cat >same.py <<-\EOF &&
-	import sys, onnx, numpy as np
-	from onnx import numpy_helper as nh
-	a = {t.name: nh.to_array(t) for t in onnx.load(sys.argv[1]).graph.initializer}
-	b = {t.name: nh.to_array(t) for t in onnx.load(sys.argv[2]).graph.initializer}
-	for k, v in a.items():
-	    if v.dtype.kind == "f":
-	        assert np.allclose(b[k], v, rtol=1e-5, atol=1e-6), (k, np.max(np.abs(b[k] - v)))
-	    else:
-	        assert np.array_equal(b[k], v), k
-	EOF
+	"$TERN_PYTHON" "$TEST_DIRECTORY/make-dist.py" models 3000 32 7 8 2 0.2 &&
 	tern-autodiff --optimizer adagrad --lr 0.1 lm.onnx -o lm_train.onnx &&
 	tern-autodiff --optimizer sgd --lr 0.1 --momentum 0.9 cnn.onnx -o cnn_train.onnx &&
 	tern-run --train lm_train.onnx -i tokens=tokens.npy -i target=lm_target.npy --batch 24 --steps 4 -o lm_one.onnx \
@@ -63,11 +27,11 @@ for strategy in hybrid allgather allreduce ps; do
 		tern-partition --ranks 3 --strategy $strategy lm_train.onnx -o lm_$strategy.onnx &&
 		\"\$CLUSTER\" run 3 --prefix \$PREFIX -- tern-dist-run -q lm_$strategy.onnx -i tokens=tokens.npy \
 			-i target=lm_target.npy --batch 24 --steps 4 --log lm_$strategy.jsonl -o lm_${strategy}_out.onnx &&
-		\"\$TERN_PYTHON\" same.py lm_one.onnx lm_${strategy}_out.onnx &&
+		\"\$TERN_PYTHON\" \"\$TEST_DIRECTORY/make-dist.py\" same lm_one.onnx lm_${strategy}_out.onnx &&
 		tern-partition --ranks 3 --strategy $strategy cnn_train.onnx -o cnn_$strategy.onnx &&
 		\"\$CLUSTER\" run 3 --prefix \$PREFIX -- tern-dist-run -q cnn_$strategy.onnx -i x=x.npy \
 			-i target=cnn_target.npy --batch 24 --steps 4 -o cnn_${strategy}_out.onnx &&
-		\"\$TERN_PYTHON\" same.py cnn_one.onnx cnn_${strategy}_out.onnx
+		\"\$TERN_PYTHON\" \"\$TEST_DIRECTORY/make-dist.py\" same cnn_one.onnx cnn_${strategy}_out.onnx
 	"
 done
 
