@@ -105,6 +105,76 @@ static int mpi_allreduce(void *ctx, void *buf, int64_t count, int dtype)
 	return 0;
 }
 
+/* A nonblocking allreduce: MPI_Iallreduce in pieces of at most INT_MAX elements. A failure is kept
+ * for the wait, which frees the request. */
+typedef struct mpi_request {
+	int n, rc;
+	const char *what;
+	MPI_Request r[];
+} mpi_request;
+
+static int mpi_iallreduce(void *ctx, void *buf, int64_t count, int dtype, void **request)
+{
+	(void)ctx;
+	MPI_Datatype t = dtype == TERN_DOUBLE ? MPI_DOUBLE : MPI_FLOAT;
+	size_t es = dtype == TERN_DOUBLE ? 8 : 4;
+	int pieces = (int)((count + INT_MAX - 1) / INT_MAX);
+	mpi_request *q = calloc(1, sizeof *q + (size_t)pieces * sizeof *q->r);
+	if (!q) {
+		snprintf(mpi_message, sizeof mpi_message, "out of memory");
+		return 1;
+	}
+	for (int64_t at = 0; at < count; at += INT_MAX) {
+		int n = (int)(count - at < INT_MAX ? count - at : INT_MAX);
+		int rc = MPI_CALL(MPI_Iallreduce(MPI_IN_PLACE, (char *)buf + (size_t)at * es, n, t, MPI_SUM, MPI_COMM_WORLD,
+		                                 &q->r[q->n]));
+		if (rc != MPI_SUCCESS) {
+			for (int i = 0; i < q->n; i++)
+				MPI_Request_free(&q->r[i]);
+			free(q);
+			return mpi_failed(rc, "MPI_Iallreduce");
+		}
+		q->n++;
+	}
+	*request = q;
+	return 0;
+}
+
+static int mpi_test(void *ctx, void *request, int *done)
+{
+	(void)ctx;
+	mpi_request *q = request;
+	if (q->rc)
+		return *done = 1;
+	int rc = MPI_SUCCESS;
+	*done = 1;
+	for (int i = 0; i < q->n && rc == MPI_SUCCESS; i++) {
+		MPI_Status status;
+		int flag = 1;
+		if (q->r[i] != MPI_REQUEST_NULL && (rc = MPI_CALL(MPI_Test(&q->r[i], &flag, &status))) != MPI_SUCCESS) {
+			q->rc = rc;
+			q->what = "MPI_Test";
+		}
+		*done &= flag || rc != MPI_SUCCESS;
+	}
+	return rc != MPI_SUCCESS;
+}
+
+static int mpi_wait(void *ctx, void *request)
+{
+	(void)ctx;
+	mpi_request *q = request;
+	int rc = q->rc;
+	const char *what = q->rc ? q->what : "MPI_Wait";
+	for (int i = 0; i < q->n && rc == MPI_SUCCESS; i++) {
+		MPI_Status status;
+		if (q->r[i] != MPI_REQUEST_NULL)
+			rc = MPI_CALL(MPI_Wait(&q->r[i], &status));
+	}
+	free(q);
+	return rc != MPI_SUCCESS ? mpi_failed(rc, what) : 0;
+}
+
 /* Byte counts and displacements as MPI's ints; a message over 2 GiB is refused. */
 static int to_ints(int n, const int64_t *a, const int64_t *b, int *ia, int *ib)
 {
@@ -457,7 +527,8 @@ static int worker(options *o, tern_cli *cli)
 	MPI_Comm_rank(MPI_COMM_WORLD, &rank);
 	MPI_Comm_size(MPI_COMM_WORLD, &size);
 	static tern_comm comm;
-	comm = (tern_comm){rank, size, NULL, mpi_allreduce, mpi_alltoallv, mpi_allgatherv, mpi_error};
+	comm = (tern_comm){rank,           size,     NULL,    mpi_allreduce, mpi_alltoallv, mpi_allgatherv,
+	                   mpi_error,      mpi_iallreduce, mpi_test, mpi_wait};
 	tern_comm_set(&comm);
 	if (rank)
 		tern_cli_set_quiet(1); /* rank 0 speaks for the job; errors still come from any rank */

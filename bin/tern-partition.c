@@ -13,7 +13,7 @@ typedef struct options {
 	const char *hosts;
 } options;
 
-enum { OPT_STRATEGY = 0x100, OPT_LOCAL, OPT_BUCKET, OPT_HOSTS };
+enum { OPT_STRATEGY = 0x100, OPT_LOCAL, OPT_BUCKET, OPT_HOSTS, OPT_NO_OVERLAP };
 
 static const struct argp_option option_table[] = {
         {"ranks", 'n', "N", 0, "Partition for N processes (required)", 0},
@@ -27,6 +27,8 @@ static const struct argp_option option_table[] = {
          "MPICH's host file (HOST[:SLOTS] a line): one server per host, on its first rank (default: one per rank)", 0},
         {"local-aggregation", OPT_LOCAL, NULL, 0, "Sum sparse gradients on each host's first rank before they go to the servers (with --hosts)", 0},
         {"bucket-mb", OPT_BUCKET, "MB", 0, "Reduce dense gradients together up to MB mebibytes a call (default 4)", 0},
+        {"no-overlap", OPT_NO_OVERLAP, NULL, 0,
+         "Reduce dense gradients after the backward pass, not while it runs (to measure what overlap gains)", 0},
         {0},
 };
 
@@ -46,6 +48,7 @@ static error_t parse_option(int key, char *arg, struct argp_state *state)
 	case OPT_STRATEGY: o->p.strategy = arg; return 0;
 	case OPT_HOSTS: o->hosts = arg; return 0;
 	case OPT_LOCAL: o->p.local_aggregation = 1; return 0;
+	case OPT_NO_OVERLAP: o->p.no_overlap = 1; return 0;
 	case OPT_BUCKET: {
 		char *end;
 		o->p.bucket_mb = strtod(arg, &end);

@@ -271,6 +271,8 @@ tern_status tern_graph_toposort(tern_graph *g, tern_node ***out, size_t *n);
 tern_node *tern_graph_add_node(tern_graph *g, const char *op_type, const char *domain, const char *name,
                                const char *const *inputs, size_t n_inputs, const char *const *outputs,
                                size_t n_outputs);
+/* Puts node at position at of g->nodes (the file's order), the others after it moved along. */
+void tern_graph_move_node(tern_graph *g, tern_node *node, size_t at);
 void tern_graph_remove_node(tern_graph *g, tern_node *node);
 void tern_node_set_input(tern_node *node, size_t i, tern_value *v);
 /* Every use of old (node inputs and graph outputs) now reads new. */
@@ -495,6 +497,11 @@ int tern_comm_size(void);
 tern_status tern_comm_alltoallv(int kind, const void *send, const int64_t *send_bytes, const int64_t *send_off,
                                 void *recv, const int64_t *recv_bytes, const int64_t *recv_off);
 tern_status tern_comm_alltoall_counts(int kind, const int64_t *send, int64_t *recv);
+/* A nonblocking allreduce (sum, in place) of buf, which must stay untouched until tern_comm_wait(buf);
+ * tern_comm_progress moves the pending ones on (cheap when there are none). */
+tern_status tern_comm_iallreduce(int kind, void *buf, int64_t count, int dtype);
+tern_status tern_comm_wait(const void *buf);
+void tern_comm_progress(void);
 /* Adds to the first-principles count of kind (tern_comm_expected). */
 void tern_comm_expect(int kind, double bytes);
 /* Replaces a model's training algorithm by a training step model's graph (as tern_model_training_step

@@ -412,6 +412,7 @@ typedef struct tern_partition_options {
 	const int *server_ranks; /* the rank of each server (NULL: spread evenly, s * ranks / servers) */
 	int local_aggregation; /* sparse gradients summed per host before they are pushed */
 	double bucket_mb; /* dense gradients reduced together up to this size (<= 0: 4 MiB) */
+	int no_overlap; /* buckets reduced after the backward pass (tern.AllReduce), not started while it runs */
 } tern_partition_options;
 typedef struct tern_partition_summary {
 	int n_dense, n_sparse; /* parameters by how their gradients travel */
@@ -444,6 +445,13 @@ typedef struct tern_comm {
 	int (*allgatherv)(void *ctx, const void *send, void *recv, const int64_t *bytes, const int64_t *off);
 	/* a message of what the last failure was (may be NULL) */
 	const char *(*error)(void *ctx);
+	/* Optional, for dense gradients reduced while the backward pass goes on (tern.AllReduceStart):
+	 * start the sum of buf[0..count) in place and set *request; test sets *done once it has finished
+	 * (and moves it on: the executor calls it between nodes); wait blocks until it has. Without
+	 * iallreduce the start is the blocking allreduce. */
+	int (*iallreduce)(void *ctx, void *buf, int64_t count, int dtype, void **request);
+	int (*test)(void *ctx, void *request, int *done);
+	int (*wait)(void *ctx, void *request);
 } tern_comm;
 void tern_comm_set(const tern_comm *comm);
 const tern_comm *tern_comm_get(void);

@@ -4,14 +4,30 @@
  * a process is rank 0 of 1 and the collectives are copies. The byte counts are the payload each
  * collective must move whatever its algorithm: an allreduce a ring's 2(n-1)/n of the buffer each way
  * (what MPICH's reduce-scatter + allgather for long messages moves too), an alltoallv what goes to and
- * comes from other ranks, an allgatherv a ring's (every block but one each way). */
+ * comes from other ranks, an allgatherv a ring's (every block but one each way).
+ *
+ * Nonblocking allreduces (tern.AllReduceStart) are kept by their buffer until tern.AllReduceWait;
+ * the executor calls tern_comm_progress between nodes, so that they move while the backward pass
+ * computes. One lock keeps the process's calls into the communicator one at a time (MPI is
+ * initialised for THREAD_SERIALIZED; nodes of parallel calls may run on several threads). */
 #include "internal.h"
 
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
 static const tern_comm *current;
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+
+typedef struct pending {
+	const void *buf;
+	void *request;
+	int done;
+} pending;
+static pending *pendings;
+static size_t n_pending, cap_pending;
+static _Atomic int any_pending;
 static _Atomic int64_t sent_bytes[TERN_COMM_KINDS], received_bytes[TERN_COMM_KINDS], expected_bytes[TERN_COMM_KINDS];
 
 void tern_comm_set(const tern_comm *comm)
@@ -89,7 +105,10 @@ tern_status tern_comm_allreduce(int kind, void *buf, int64_t count_, int dtype)
 	int n = tern_comm_size();
 	if (n == 1 || count_ == 0)
 		return TERN_OK;
-	if (current->allreduce(current->ctx, buf, count_, dtype))
+	pthread_mutex_lock(&lock);
+	int rc = current->allreduce(current->ctx, buf, count_, dtype);
+	pthread_mutex_unlock(&lock);
+	if (rc)
 		return failed("an allreduce");
 	int64_t bytes = count_ * (int64_t)tern_dtype_size(dtype), moved = 2 * bytes * (n - 1) / n;
 	count(kind, moved, moved);
@@ -105,7 +124,10 @@ tern_status tern_comm_alltoallv(int kind, const void *send, const int64_t *send_
 			memcpy((char *)recv + recv_off[0], (const char *)send + send_off[0], (size_t)send_bytes[0]);
 		return TERN_OK;
 	}
-	if (current->alltoallv(current->ctx, send, send_bytes, send_off, recv, recv_bytes, recv_off))
+	pthread_mutex_lock(&lock);
+	int rc = current->alltoallv(current->ctx, send, send_bytes, send_off, recv, recv_bytes, recv_off);
+	pthread_mutex_unlock(&lock);
+	if (rc)
 		return failed("an alltoallv");
 	int64_t s = 0, r = 0;
 	for (int k = 0; k < n; k++)
@@ -125,13 +147,68 @@ tern_status tern_comm_allgatherv(int kind, const void *send, void *recv, const i
 			memmove((char *)recv + off[0], send, (size_t)bytes[0]);
 		return TERN_OK;
 	}
-	if (current->allgatherv(current->ctx, send, recv, bytes, off))
+	pthread_mutex_lock(&lock);
+	int rc = current->allgatherv(current->ctx, send, recv, bytes, off);
+	pthread_mutex_unlock(&lock);
+	if (rc)
 		return failed("an allgather");
 	int64_t total = 0;
 	for (int k = 0; k < n; k++)
 		total += bytes[k];
 	count(kind, total - bytes[(me + 1) % n], total - bytes[me]);
 	return TERN_OK;
+}
+
+tern_status tern_comm_iallreduce(int kind, void *buf, int64_t count_, int dtype)
+{
+	int n = tern_comm_size();
+	if (n == 1 || count_ == 0)
+		return TERN_OK;
+	if (!current->iallreduce)
+		return tern_comm_allreduce(kind, buf, count_, dtype);
+	pthread_mutex_lock(&lock);
+	void *request = NULL;
+	int rc = tern_grow((void **)&pendings, &cap_pending, n_pending + 1, sizeof *pendings) ? 0 : -1;
+	if (!rc && (rc = current->iallreduce(current->ctx, buf, count_, dtype, &request)) == 0) {
+		pendings[n_pending++] = (pending){buf, request, 0};
+		atomic_store(&any_pending, 1);
+	}
+	pthread_mutex_unlock(&lock);
+	if (rc < 0)
+		return tern_errorf(TERN_EOS, "out of memory");
+	if (rc)
+		return failed("starting an allreduce");
+	int64_t bytes = count_ * (int64_t)tern_dtype_size(dtype), moved = 2 * bytes * (n - 1) / n;
+	count(kind, moved, moved);
+	return TERN_OK;
+}
+
+tern_status tern_comm_wait(const void *buf)
+{
+	if (!atomic_load(&any_pending))
+		return TERN_OK;
+	pthread_mutex_lock(&lock);
+	int rc = 0;
+	for (size_t i = 0; i < n_pending; i++)
+		if (pendings[i].buf == buf) {
+			rc = current->wait(current->ctx, pendings[i].request); /* frees it, done or not */
+			pendings[i] = pendings[--n_pending];
+			break;
+		}
+	atomic_store(&any_pending, n_pending > 0);
+	pthread_mutex_unlock(&lock);
+	return rc ? failed("an allreduce") : TERN_OK;
+}
+
+void tern_comm_progress(void)
+{
+	/* not if another thread is in the communicator: it moves everything on itself */
+	if (!atomic_load(&any_pending) || pthread_mutex_trylock(&lock))
+		return;
+	for (size_t i = 0; i < n_pending; i++)
+		if (!pendings[i].done)
+			current->test(current->ctx, pendings[i].request, &pendings[i].done); /* a failure shows at the wait */
+	pthread_mutex_unlock(&lock);
 }
 
 /* Each rank's one int64 per rank to that rank: recv[r] is what rank r sent here. */

@@ -2,6 +2,8 @@
  * communicator (comm.c):
  *
  *   tern.AllReduce(X1..Xk) -> Y1..Yk          the mean over the ranks of each Xi (one collective for all)
+ *   tern.AllReduceStart(X1..Xk) -> B          the same started (B the packed sums, in flight) and
+ *   tern.AllReduceWait(B, X1..Xk) -> Y1..Yk   waited for, so that the backward pass goes on between
  *   tern.Pull(S1..Sk, I) -> (R1..Rk[, route]) rows I of k tables sharded alike (one exchange); Si is this
  *                                             rank's shard; the route says who asked whom for what
  *   tern.Push([route,] I, G1..Gk) -> (J, H1..Hk)
@@ -790,37 +792,72 @@ static tern_status rows_to_dense_prepare(tern_prepare_args *p)
 
 /* ---------------------------------------------------------------- AllReduce */
 
+/* Checks k float or double tensors of one dtype; *bytes their size together. */
+static tern_status check_reduced(const tern_prepare_args *p, int first, size_t *bytes)
+{
+	int dtype = p->in[first] ? p->in[first]->dtype : 0;
+	*bytes = 0;
+	for (int i = first; i < p->n_in; i++) {
+		if (!p->in[i] || p->in[i]->dtype != dtype || (dtype != TERN_FLOAT && dtype != TERN_DOUBLE))
+			return tern_node_errorf(p->node, TERN_EDATA, "reduces float or double tensors, all of one dtype");
+		*bytes += tern_tensor_numel(p->in[i]) * tern_dtype_size(dtype);
+	}
+	return check_ranks(p->node);
+}
+
+static void pack(char *buf, tern_tensor *const *x, int k)
+{
+	for (int i = 0; i < k; i++) {
+		if (x[i]->nbytes && buf != x[i]->data)
+			memcpy(buf, x[i]->data, x[i]->nbytes);
+		buf += x[i]->nbytes;
+	}
+}
+
+/* The sums in buf divided by the ranks, into y[0..k) (where present; y[i] may be buf itself). */
+static void unpack_mean(char *buf, tern_tensor *const *y, tern_tensor *const *like, int k, int dtype)
+{
+	int n_ranks = tern_comm_size();
+	double scale = 1.0 / n_ranks;
+	for (int i = 0; i < k; i++) {
+		int64_t m = tern_tensor_numel(like[i]);
+		char *to = y[i] ? y[i]->data : NULL;
+		for (int64_t e = 0; to && e < m; e++) {
+			if (dtype == TERN_DOUBLE)
+				((double *)to)[e] = ((const double *)buf)[e] * (n_ranks > 1 ? scale : 1.0);
+			else
+				((float *)to)[e] = n_ranks > 1 ? (float)(((const float *)buf)[e] * scale) : ((const float *)buf)[e];
+		}
+		buf += like[i]->nbytes;
+	}
+}
+
+static void expect_dense(int64_t total, size_t es)
+{
+	int n_ranks = tern_comm_size();
+	tern_comm_expect(TERN_COMM_DENSE, 2.0 * (double)total * (double)es * (n_ranks - 1) / n_ranks);
+}
+
+static int64_t total_numel(tern_tensor *const *x, int k)
+{
+	int64_t total = 0;
+	for (int i = 0; i < k; i++)
+		total += tern_tensor_numel(x[i]);
+	return total;
+}
+
 static tern_status allreduce_kernel(const tern_kernel_args *a)
 {
-	int dtype = a->in[0]->dtype, n_ranks = tern_comm_size();
-	size_t es = tern_dtype_size(dtype);
-	int64_t total = 0;
-	for (int i = 0; i < a->n_in; i++)
-		total += tern_tensor_numel(a->in[i]);
+	int dtype = a->in[0]->dtype;
+	int64_t total = total_numel(a->in, a->n_in);
 	/* one tensor: reduced where it is to go; several: packed into the scratch */
 	char *buf = a->n_in == 1 ? a->out[0]->data : a->scratch;
-	if (a->n_in == 1 && buf != a->in[0]->data)
-		memcpy(buf, a->in[0]->data, a->in[0]->nbytes);
-	for (int i = 0, at = 0; a->n_in > 1 && i < a->n_in; i++) {
-		memcpy(buf + (size_t)at * es, a->in[i]->data, a->in[i]->nbytes);
-		at += (int)tern_tensor_numel(a->in[i]);
-	}
-	tern_comm_expect(TERN_COMM_DENSE, 2.0 * (double)total * (double)es * (n_ranks - 1) / n_ranks);
+	pack(buf, a->in, a->n_in);
+	expect_dense(total, tern_dtype_size(dtype));
 	tern_status st = tern_comm_allreduce(TERN_COMM_DENSE, buf, total, dtype);
 	if (st)
 		return tern_node_errorf(a->node, st, "%s", tern_error());
-	double scale = 1.0 / n_ranks;
-	for (int64_t e = 0; n_ranks > 1 && e < total; e++) {
-		if (dtype == TERN_DOUBLE)
-			((double *)buf)[e] *= scale;
-		else
-			((float *)buf)[e] = (float)(((float *)buf)[e] * scale);
-	}
-	for (int i = 0, at = 0; a->n_in > 1 && i < a->n_in; i++) {
-		if (a->out[i])
-			memcpy(a->out[i]->data, buf + (size_t)at * es, a->in[i]->nbytes);
-		at += (int)tern_tensor_numel(a->in[i]);
-	}
+	unpack_mean(buf, a->out, a->in, a->n_in, dtype);
 	return TERN_OK;
 }
 
@@ -828,18 +865,13 @@ static tern_status allreduce_prepare(tern_prepare_args *p)
 {
 	if (p->n_in < 1 || p->n_out != p->n_in)
 		return tern_node_errorf(p->node, TERN_EDATA, "takes k >= 1 tensors and gives k");
-	int dtype = p->in[0] ? p->in[0]->dtype : 0;
-	size_t bytes = 0;
-	for (int i = 0; i < p->n_in; i++) {
-		if (!p->in[i] || p->in[i]->dtype != dtype || (dtype != TERN_FLOAT && dtype != TERN_DOUBLE))
-			return tern_node_errorf(p->node, TERN_EDATA, "reduces float or double tensors, all of one dtype");
-		if (p->out[i])
-			tern_set_shape(p->out[i], dtype, p->in[i]->rank, p->in[i]->dims);
-		bytes += tern_tensor_numel(p->in[i]) * tern_dtype_size(dtype);
-	}
-	tern_status st = check_ranks(p->node);
+	size_t bytes;
+	tern_status st = check_reduced(p, 0, &bytes);
 	if (st)
 		return st;
+	for (int i = 0; i < p->n_in; i++)
+		if (p->out[i])
+			tern_set_shape(p->out[i], p->in[i]->dtype, p->in[i]->rank, p->in[i]->dims);
 	if (p->n_in > 1)
 		p->scratch_bytes = bytes;
 	else
@@ -848,8 +880,68 @@ static tern_status allreduce_prepare(tern_prepare_args *p)
 	return TERN_OK;
 }
 
+/* AllReduceStart(X1..Xk) -> B: the Xi packed into B, whose sum over the ranks is started; B must not
+ * be touched until AllReduceWait(B, X1..Xk) -> Y1..Yk, which waits and gives the means (shaped as the
+ * Xi, which it reads for nothing else: Yi may take Xi's storage). */
+static tern_status allreduce_start_kernel(const tern_kernel_args *a)
+{
+	int dtype = a->in[0]->dtype;
+	int64_t total = total_numel(a->in, a->n_in);
+	pack(a->out[0]->data, a->in, a->n_in);
+	expect_dense(total, tern_dtype_size(dtype));
+	tern_status st = tern_comm_iallreduce(TERN_COMM_DENSE, a->out[0]->data, total, dtype);
+	return st ? tern_node_errorf(a->node, st, "%s", tern_error()) : TERN_OK;
+}
+
+static tern_status allreduce_start_prepare(tern_prepare_args *p)
+{
+	if (p->n_in < 1 || p->n_out != 1 || !p->out[0])
+		return tern_node_errorf(p->node, TERN_EDATA, "takes k >= 1 tensors and gives one buffer");
+	size_t bytes;
+	tern_status st = check_reduced(p, 0, &bytes);
+	if (st)
+		return st;
+	int64_t n = (int64_t)(bytes / tern_dtype_size(p->in[0]->dtype));
+	tern_set_shape(p->out[0], p->in[0]->dtype, 1, &n);
+	p->kernel = allreduce_start_kernel;
+	return TERN_OK;
+}
+
+static tern_status allreduce_wait_kernel(const tern_kernel_args *a)
+{
+	tern_status st = tern_comm_wait(a->in[0]->data);
+	if (st)
+		return tern_node_errorf(a->node, st, "%s", tern_error());
+	unpack_mean(a->in[0]->data, a->out, a->in + 1, a->n_out, a->in[0]->dtype);
+	return TERN_OK;
+}
+
+static tern_status allreduce_wait_prepare(tern_prepare_args *p)
+{
+	if (p->n_in < 2 || p->n_out != p->n_in - 1 || !p->in[0])
+		return tern_node_errorf(p->node, TERN_EDATA, "takes a started buffer B and the k tensors it packs, and gives k");
+	size_t bytes;
+	tern_status st = check_reduced(p, 1, &bytes);
+	if (st)
+		return st;
+	size_t have = (size_t)tern_tensor_numel(p->in[0]) * tern_dtype_size(p->in[0]->dtype);
+	if (p->in[0]->dtype != p->in[1]->dtype || have != bytes)
+		return tern_node_errorf(p->node, TERN_EDATA, "the buffer B does not hold the k tensors (%zu bytes, not %zu)",
+		                        have, bytes);
+	for (int i = 1; i < p->n_in; i++) {
+		if (p->out[i - 1])
+			tern_set_shape(p->out[i - 1], p->in[i]->dtype, p->in[i]->rank, p->in[i]->dims);
+		if (i < 32)
+			p->inplace_inputs |= 1u << i; /* never read */
+	}
+	p->kernel = allreduce_wait_kernel;
+	return TERN_OK;
+}
+
 static const tern_op ops[] = {
         {TERN_DOMAIN_NAME, "AllReduce", 1, 0, allreduce_prepare, 0, "distribution"},
+        {TERN_DOMAIN_NAME, "AllReduceStart", 1, 0, allreduce_start_prepare, 0, "distribution"},
+        {TERN_DOMAIN_NAME, "AllReduceWait", 1, 0, allreduce_wait_prepare, 0, "distribution"},
         {TERN_DOMAIN_NAME, "Pull", 1, 0, pull_prepare, 0, "distribution"},
         {TERN_DOMAIN_NAME, "Push", 1, 0, push_prepare, 0, "distribution"},
         {TERN_DOMAIN_NAME, "AllGatherRows", 1, 0, allgather_rows_prepare, 0, "distribution"},

@@ -586,7 +586,78 @@ static int by_order(const void *a, const void *b)
 	return (x->order > y->order) - (x->order < y->order);
 }
 
-static tern_status reduce_buckets(tern_graph *g, dense_grad *d, size_t n, int64_t cap, int ranks, int *n_buckets)
+/* One bucket, d[0..k): blocking, tern.AllReduce(G..) -> (G/mean..) where it lands in the order (after
+ * the backward pass); overlapped, tern.AllReduceStart(G..) -> packed right after the producer of its
+ * last gradient, and tern.AllReduceWait(packed, G..) -> (G/mean..) at the end of the file, which the
+ * order puts after everything else that is ready: the backward pass computes while the sum travels. */
+static tern_status reduce_bucket(tern_graph *g, dense_grad *d, size_t k, int ranks, int index, bool overlap)
+{
+	const char **in = calloc(k + 1, sizeof *in);
+	char **out = calloc(k, sizeof *out), *name = NULL, *packed = NULL, *wait_name = NULL;
+	char stem[64];
+	snprintf(stem, sizeof stem, "tern.allreduce/bucket%d", index);
+	tern_status st = in && out ? TERN_OK : tern_errorf(TERN_EOS, "out of memory");
+	for (size_t b = 0; b < k && !st; b++) {
+		tern_value *gv = d[b].update->inputs[d[b].at];
+		in[b + 1] = gv->name;
+		char buf[300];
+		snprintf(buf, sizeof buf, "%s/mean", gv->name);
+		if (!(out[b] = tern_graph_unique_name(g, buf)))
+			st = tern_errorf(TERN_EOS, "out of memory");
+	}
+	if (!st && !(name = tern_graph_unique_name(g, stem)))
+		st = tern_errorf(TERN_EOS, "out of memory");
+	tern_node *ar = NULL, *start = NULL;
+	if (!st && !overlap) {
+		ar = tern_graph_add_node(g, "AllReduce", "tern", name, in + 1, k, (const char *const *)out, k);
+		st = ar ? tern_node_add_attr_int(ar, "ranks", ranks) : tern_errorf(TERN_EOS, "out of memory");
+	} else if (!st) {
+		char buf[300];
+		snprintf(buf, sizeof buf, "%s/packed", stem);
+		packed = tern_graph_unique_name(g, buf);
+		snprintf(buf, sizeof buf, "%s/wait", stem);
+		wait_name = tern_graph_unique_name(g, buf);
+		const char *po[1] = {packed};
+		start = packed && wait_name ? tern_graph_add_node(g, "AllReduceStart", "tern", name, in + 1, k, po, 1) : NULL;
+		in[0] = packed;
+		ar = start ? tern_graph_add_node(g, "AllReduceWait", "tern", wait_name, in, k + 1, (const char *const *)out, k)
+		           : NULL;
+		st = ar ? tern_node_add_attr_int(start, "ranks", ranks) : tern_errorf(TERN_EOS, "out of memory");
+		if (!st)
+			st = tern_node_add_attr_int(ar, "ranks", ranks);
+	}
+	if (!st && start) {
+		/* d is in the order of the gradients' producers: the last one's is the bucket's */
+		size_t at = 0;
+		for (size_t b = 0; b < k; b++) {
+			const tern_node *p = d[b].update->inputs[d[b].at]->producer;
+			if (p && (size_t)p->index + 1 > at)
+				at = (size_t)p->index + 1;
+		}
+		tern_graph_move_node(g, start, at);
+		int64_t n = 0;
+		for (size_t b = 0; b < k; b++)
+			n += d[b].bytes / (int64_t)tern_dtype_size(d[0].dtype);
+		start->outputs[0]->type.dtype = d[0].dtype;
+		start->outputs[0]->type.rank = 1;
+		start->outputs[0]->type.dims[0] = n;
+	}
+	for (size_t b = 0; b < k && !st; b++) {
+		ar->outputs[b]->type = d[b].update->inputs[d[b].at - 1]->type;
+		tern_node_set_input(d[b].update, (size_t)d[b].at, ar->outputs[b]);
+	}
+	for (size_t b = 0; out && b < k; b++)
+		free(out[b]);
+	free(in);
+	free(out);
+	free(name);
+	free(packed);
+	free(wait_name);
+	return st;
+}
+
+static tern_status reduce_buckets(tern_graph *g, dense_grad *d, size_t n, int64_t cap, int ranks, bool overlap,
+                                  int *n_buckets)
 {
 	tern_node **order;
 	size_t count;
@@ -599,8 +670,10 @@ static tern_status reduce_buckets(tern_graph *g, dense_grad *d, size_t n, int64_
 		for (size_t k = 0; k < count && gv->producer; k++)
 			if (order[k] == gv->producer)
 				d[i].order = (int)k;
-		d[i].bytes = (int64_t)tern_dtype_size(gv->type.dtype) * tern_numel(gv->type.rank, gv->type.dims);
-		d[i].dtype = gv->type.dtype;
+		/* a gradient has its parameter's type, which is known (the gradient's own may not be inferred) */
+		const tern_type *t = &d[i].update->inputs[d[i].at - 1]->type;
+		d[i].bytes = (int64_t)tern_dtype_size(t->dtype) * tern_numel(t->rank, t->dims);
+		d[i].dtype = t->dtype;
 	}
 	free(order);
 	qsort(d, n, sizeof *d, by_order);
@@ -610,37 +683,7 @@ static tern_status reduce_buckets(tern_graph *g, dense_grad *d, size_t n, int64_
 		int64_t bytes = d[i].bytes;
 		while (j < n && d[j].dtype == d[i].dtype && bytes + d[j].bytes <= cap)
 			bytes += d[j++].bytes;
-		size_t k = j - i;
-		const char **in = calloc(k, sizeof *in);
-		char **out = calloc(k, sizeof *out), *name = NULL;
-		char stem[64];
-		snprintf(stem, sizeof stem, "tern.allreduce/bucket%d", *n_buckets);
-		st = in && out ? TERN_OK : tern_errorf(TERN_EOS, "out of memory");
-		for (size_t b = 0; b < k && !st; b++) {
-			tern_value *gv = d[i + b].update->inputs[d[i + b].at];
-			in[b] = gv->name;
-			char buf[300];
-			snprintf(buf, sizeof buf, "%s/mean", gv->name);
-			if (!(out[b] = tern_graph_unique_name(g, buf)))
-				st = tern_errorf(TERN_EOS, "out of memory");
-		}
-		if (!st && !(name = tern_graph_unique_name(g, stem)))
-			st = tern_errorf(TERN_EOS, "out of memory");
-		tern_node *ar = st ? NULL : tern_graph_add_node(g, "AllReduce", "tern", name, in, k, (const char *const *)out, k);
-		if (!st && !ar)
-			st = tern_errorf(TERN_EOS, "out of memory");
-		if (!st)
-			st = tern_node_add_attr_int(ar, "ranks", ranks);
-		for (size_t b = 0; b < k && !st; b++) {
-			ar->outputs[b]->type = ar->inputs[b]->type;
-			tern_node_set_input(d[i + b].update, (size_t)d[i + b].at, ar->outputs[b]);
-		}
-		for (size_t b = 0; out && b < k; b++)
-			free(out[b]);
-		free(in);
-		free(out);
-		free(name);
-		(*n_buckets)++;
+		st = reduce_bucket(g, d + i, j - i, ranks, (*n_buckets)++, overlap);
 		i = j;
 	}
 	return st;
@@ -668,6 +711,7 @@ int tern_model_partition_auto(const tern_model *m, tern_partition_options *o)
 	const char *b = strstr(a, "\nbucket_mb ");
 	o->bucket_mb = b ? atof(b + 11) : 0;
 	o->local_aggregation = strstr(a, "\nlocal_aggregation 1\n") != NULL;
+	o->no_overlap = strstr(a, "\noverlap 0\n") != NULL;
 	/* the servers' ranks, when a host file placed them (valid until the next call) */
 	static int placed[4096];
 	const char *r = strstr(a, "\nserver_ranks ");
@@ -716,6 +760,8 @@ tern_status tern_model_partition(tern_model *m, const tern_partition_options *o,
 		    o->bucket_mb > 0 ? o->bucket_mb : 4.0);
 		if (o->local_aggregation)
 			put(&t, "local_aggregation 1\n");
+		if (o->no_overlap)
+			put(&t, "overlap 0\n");
 		for (int s = 0; o->server_ranks && s < servers; s++)
 			put(&t, "%s%d", s ? "," : "server_ranks ", o->server_ranks[s]);
 		if (o->server_ranks)
@@ -912,7 +958,7 @@ tern_status tern_model_partition(tern_model *m, const tern_partition_options *o,
 		}
 	}
 	if (!st && n_dg)
-		st = reduce_buckets(step->graph, dg, n_dg, cap, o->ranks, &n_buckets);
+		st = reduce_buckets(step->graph, dg, n_dg, cap, o->ranks, !o->no_overlap, &n_buckets);
 	if (!st)
 		st = tern_model_import_opset(step, "tern", 1);
 	if (!st)
@@ -922,8 +968,8 @@ tern_status tern_model_partition(tern_model *m, const tern_partition_options *o,
 
 	/* the annotation */
 	text a = {0};
-	put(&a, "ranks %d\nstrategy %s\npartitions %d\nservers %d\nlocal_aggregation %d\nbuckets %d\n", o->ranks, strategy,
-	    sharded ? parts : 0, sharded ? servers : 0, o->local_aggregation, n_buckets);
+	put(&a, "ranks %d\nstrategy %s\npartitions %d\nservers %d\nlocal_aggregation %d\nbuckets %d\noverlap %d\n", o->ranks,
+	    strategy, sharded ? parts : 0, sharded ? servers : 0, o->local_aggregation, n_buckets, n_buckets && !o->no_overlap);
 	for (int s = 0; sharded && server_rank && s < servers; s++)
 		put(&a, "%s%d", s ? "," : "server_ranks ", server_rank[s]);
 	if (sharded && server_rank)

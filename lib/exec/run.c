@@ -189,6 +189,7 @@ tern_status tern_exec_run_step(tern_exec *e, int k, void *scratch, int worker)
 		                      st->params, scratch, e->kernel_pool, e};
 		rc = st->kernel(&a);
 	}
+	tern_comm_progress(); /* dense gradients in flight move on between nodes */
 	if (e->profile && e->events) {
 		tern_profile_event *ev = &e->events[k];
 		ev->name = st->node->name;

@@ -188,8 +188,8 @@ static const char *role_colour(const tern_node *node)
 {
 	if (strcmp(node->domain, "tern") != 0)
 		return NULL;
-	if (!strcmp(node->op_type, "AllReduce"))
-		return "#f6b26b"; /* dense: AllReduce */
+	if (!strncmp(node->op_type, "AllReduce", 9))
+		return "#f6b26b"; /* dense: AllReduce, or its start and wait */
 	if (!strcmp(node->op_type, "Pull") || !strcmp(node->op_type, "Push"))
 		return "#6fa8dc"; /* sparse: to and from the servers */
 	if (!strcmp(node->op_type, "AllGatherRows"))

@@ -103,6 +103,24 @@ fail:
 	return NULL;
 }
 
+void tern_graph_move_node(tern_graph *g, tern_node *node, size_t at)
+{
+	size_t from = 0;
+	while (from < g->n_nodes && g->nodes[from] != node)
+		from++;
+	if (from == g->n_nodes)
+		return;
+	if (at >= g->n_nodes)
+		at = g->n_nodes - 1;
+	if (at < from)
+		memmove(&g->nodes[at + 1], &g->nodes[at], (from - at) * sizeof *g->nodes);
+	else
+		memmove(&g->nodes[from], &g->nodes[from + 1], (at - from) * sizeof *g->nodes);
+	g->nodes[at] = node;
+	for (size_t i = 0; i < g->n_nodes; i++)
+		g->nodes[i]->index = (int)i;
+}
+
 void tern_graph_remove_node(tern_graph *g, tern_node *node)
 {
 	(void)g;

@@ -41,16 +41,45 @@ onnx.checker.check_model(m, full_check=True)
 meta = dict((p.key, p.value) for p in m.metadata_props)[\"tern.partition\"]
 assert meta.startswith(\"ranks 2\nstrategy hybrid\n\"), meta
 ops = [n.op_type for n in m.training_info[0].algorithm.node if n.domain == \"tern\"]
-for op in (\"Pull\", \"Push\", \"AllReduce\", \"AdamRows\"):
+for op in (\"Pull\", \"Push\", \"AllReduceStart\", \"AllReduceWait\", \"AdamRows\"):
     assert op in ops, (op, ops)
+# the dense sum starts before the sparse push, and is waited for after it
+assert ops.index(\"AllReduceStart\") < ops.index(\"Push\") < ops.index(\"AllReduceWait\"), ops
 keys = [b.key for b in m.training_info[0].update_binding]
 assert \"emb/shard\" in keys and \"emb\" not in keys, keys
 "
 '
 
+test_expect_success PYTHON,MPI 'dense buckets start while the backward pass runs; --no-overlap reduces them after it' '
+	tern-partition --ranks 3 --bucket-mb 0.00001 cnn_train.onnx -o cnn_small.onnx &&
+	tern-partition --ranks 3 --bucket-mb 0.00001 --no-overlap cnn_train.onnx -o cnn_after.onnx &&
+	"$TERN_PYTHON" -c "
+import onnx
+def order(f):
+    m = onnx.load(f)
+    onnx.checker.check_model(m, full_check=True)
+    return [n.op_type for n in m.training_info[0].algorithm.node], dict((p.key, p.value) for p in m.metadata_props)[\"tern.partition\"]
+ops, meta = order(\"cnn_small.onnx\")
+starts = [i for i, o in enumerate(ops) if o == \"AllReduceStart\"]
+waits = [i for i, o in enumerate(ops) if o == \"AllReduceWait\"]
+backward = [i for i, o in enumerate(ops) if o.endswith(\"Grad\")]
+assert len(starts) == len(waits) > 2 and \"AllReduce\" not in ops, ops
+assert starts[0] < backward[-1] and min(waits) > backward[-1], ops
+assert \"\noverlap 1\n\" in meta, meta
+ops, meta = order(\"cnn_after.onnx\")
+assert \"AllReduceStart\" not in ops and min(i for i, o in enumerate(ops) if o == \"AllReduce\") > max(
+    i for i, o in enumerate(ops) if o.endswith(\"Grad\")), ops
+assert \"\noverlap 0\n\" in meta, meta
+" &&
+	for f in cnn_small cnn_after; do
+		tern-dist-run -n 3 -q $f.onnx -i x=x.npy -i target=cnn_target.npy --batch 24 --steps 6 -o ${f}_out.onnx &&
+		"$TERN_PYTHON" "$TEST_DIRECTORY/make-dist.py" same cnn_one.onnx ${f}_out.onnx cnn_train.onnx || return 1
+	done
+'
+
 test_expect_success PYTHON,MPI 'tern-show -f dot colours the training step by role and draws the communication' '
 	tern-show --training -f dot lm_hybrid2.onnx >step.dot &&
-	test "$(grep -c "shape=cds" step.dot)" = 3 &&
+	test "$(grep -c "shape=cds" step.dot)" = 4 &&
 	grep -q "fillcolor=\"#f6b26b\"" step.dot &&
 	grep -q "fillcolor=\"#6fa8dc\"" step.dot &&
 	grep -q "fillcolor=\"#93c47d\"" step.dot &&
