@@ -12,6 +12,7 @@
 #include <mpi.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -90,6 +91,25 @@ static int mpi_failed(int rc, const char *what)
 	return 1;
 }
 
+/* More ranks on this machine than processors: a rank that spins in MPI waiting for one that is not
+ * running keeps it off the processor until the scheduler's next tick (the digits CNN's steps took 8
+ * or 16 ms, whole ticks, from run to run). Collectives are then started and tested, yielding the
+ * processor between tests. */
+static int yielding;
+
+static int finish(MPI_Request *r)
+{
+	MPI_Status status;
+	if (!yielding)
+		return MPI_CALL(MPI_Wait(r, &status));
+	for (;;) {
+		int done = 0, rc = MPI_CALL(MPI_Test(r, &done, &status));
+		if (rc != MPI_SUCCESS || done)
+			return rc;
+		sched_yield();
+	}
+}
+
 static int mpi_allreduce(void *ctx, void *buf, int64_t count, int dtype)
 {
 	(void)ctx;
@@ -97,8 +117,13 @@ static int mpi_allreduce(void *ctx, void *buf, int64_t count, int dtype)
 	/* in pieces of at most INT_MAX elements (MPI counts are int) */
 	size_t es = dtype == TERN_DOUBLE ? 8 : 4;
 	for (int64_t at = 0; at < count; at += INT_MAX) {
-		int n = (int)(count - at < INT_MAX ? count - at : INT_MAX);
-		int rc = MPI_CALL(MPI_Allreduce(MPI_IN_PLACE, (char *)buf + (size_t)at * es, n, t, MPI_SUM, MPI_COMM_WORLD));
+		int n = (int)(count - at < INT_MAX ? count - at : INT_MAX), rc;
+		void *b = (char *)buf + (size_t)at * es;
+		MPI_Request r;
+		if (!yielding)
+			rc = MPI_CALL(MPI_Allreduce(MPI_IN_PLACE, b, n, t, MPI_SUM, MPI_COMM_WORLD));
+		else if ((rc = MPI_CALL(MPI_Iallreduce(MPI_IN_PLACE, b, n, t, MPI_SUM, MPI_COMM_WORLD, &r))) == MPI_SUCCESS)
+			rc = finish(&r);
 		if (rc != MPI_SUCCESS)
 			return mpi_failed(rc, "MPI_Allreduce");
 	}
@@ -166,11 +191,9 @@ static int mpi_wait(void *ctx, void *request)
 	mpi_request *q = request;
 	int rc = q->rc;
 	const char *what = q->rc ? q->what : "MPI_Wait";
-	for (int i = 0; i < q->n && rc == MPI_SUCCESS; i++) {
-		MPI_Status status;
+	for (int i = 0; i < q->n && rc == MPI_SUCCESS; i++)
 		if (q->r[i] != MPI_REQUEST_NULL)
-			rc = MPI_CALL(MPI_Wait(&q->r[i], &status));
-	}
+			rc = finish(&q->r[i]);
 	free(q);
 	return rc != MPI_SUCCESS ? mpi_failed(rc, what) : 0;
 }
@@ -202,7 +225,13 @@ static int mpi_alltoallv(void *ctx, const void *send, const int64_t *send_bytes,
 	}
 	int rc = to_ints(n, send_bytes, send_off, v, v + n) || to_ints(n, recv_bytes, recv_off, v + 2 * n, v + 3 * n);
 	if (!rc) {
-		int e = MPI_CALL(MPI_Alltoallv(send, v, v + n, MPI_BYTE, recv, v + 2 * n, v + 3 * n, MPI_BYTE, MPI_COMM_WORLD));
+		MPI_Request r;
+		int e = yielding ? MPI_CALL(MPI_Ialltoallv(send, v, v + n, MPI_BYTE, recv, v + 2 * n, v + 3 * n, MPI_BYTE,
+		                                           MPI_COMM_WORLD, &r))
+		                 : MPI_CALL(MPI_Alltoallv(send, v, v + n, MPI_BYTE, recv, v + 2 * n, v + 3 * n, MPI_BYTE,
+		                                          MPI_COMM_WORLD));
+		if (yielding && e == MPI_SUCCESS)
+			e = finish(&r);
 		rc = e != MPI_SUCCESS ? mpi_failed(e, "MPI_Alltoallv") : 0;
 	}
 	free(v);
@@ -519,8 +548,10 @@ static int worker(options *o, tern_cli *cli)
 	 * 0.025 s); a choice made in the environment stands */
 	const char *local = getenv("MPI_LOCALNRANKS");
 	long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-	if (local && cpus > 0 && atol(local) > cpus)
+	if (local && cpus > 0 && atol(local) > cpus) {
 		setenv("MPIR_CVAR_ALLGATHERV_INTRA_ALGORITHM", "brucks", 0);
+		yielding = !getenv("TERN_DIST_SPIN");
+	}
 	if (MPI_CALL(MPI_Init_thread(NULL, NULL, MPI_THREAD_SERIALIZED, &provided)) != MPI_SUCCESS)
 		tern_cli_fail(TERN_EUNAVAILABLE, "MPI_Init failed");
 	MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);

@@ -21,9 +21,13 @@ nn.Embedding(sparse=True); torch.optim.Adagrad) on the same weights and batches.
 median over the ranks' logged step times after the first two steps; bytes are a rank's mean a step:
 tern's counters (what its collectives moved), the first-principles count (tern-dist-run(1)), and what
 crossed the rank's veth (tx, from the interface counters over the whole run, divided by the steps).
---partitions auto is judged by the step time of the count it chose as measured in the runs by hand
+The two CNNs' comparisons pool the steps (after the first two) of several runs each, run in pairs
+of alternating order. --partitions auto is judged by the step time of the count it chose as measured in the runs by hand
 (when it chose one of them; else by its own run, whose wire bytes include the search's). Prints the
 tables and the targets' verdicts; writes results.json to --keep DIR when given.
+On an even number of ranks (4 or more), the LM runs once more as hosts of 2 ranks (two ranks a
+namespace, talking over its loopback): one server a host (--hosts), with and without
+--local-aggregation; step time and the bytes a host sends on its link.
 """
 import argparse
 import json
@@ -108,12 +112,12 @@ def wire_tx(prefix):
     return tx
 
 
-def tern_run(args, work, prefix, ranks, model, inputs, batch, steps, tag, extra=()):
+def tern_run(args, work, prefix, ranks, model, inputs, batch, steps, tag, extra=(), per_host=1):
     log = os.path.join(work, tag + ".jsonl")
     if os.path.exists(log):
         os.remove(log)
     before = wire_tx(prefix)
-    cmd = [CLUSTER, "run", str(ranks), "--prefix", prefix, "--",
+    cmd = [CLUSTER, "run", str(ranks), "--per-host", str(per_host), "--prefix", prefix, "--",
            os.path.join(args.bin, "tern-dist-run"), model, *inputs, "--batch", str(batch), "--steps", str(steps),
            "--log", log, "--report", *extra]
     p = subprocess.run(cmd, cwd=work, capture_output=True, text=True)
@@ -129,9 +133,10 @@ def tern_run(args, work, prefix, ranks, model, inputs, batch, steps, tag, extra=
         want = float(m.group(2))
     chosen = re.search(r"tern-dist-run: (\d+) partitions$", p.stderr, re.M)
     step = statistics.median(times)
-    return {"tag": tag, "step_s": step, "samples_per_s": batch / step,
+    return {"tag": tag, "step_s": step, "samples_per_s": batch / step, "times": times,
             "bytes_per_step": statistics.mean(sent), "first_principles": want,
-            "wire_tx_per_step": statistics.mean(after[r] - before.get(r, 0) for r in after) / steps,
+            # a host's mean (the namespaces in use)
+            "wire_tx_per_step": sum(after[r] - before.get(r, 0) for r in after) / steps / -(-ranks // per_host),
             "chosen_partitions": int(chosen.group(1)) if chosen else None, "stderr": p.stderr[-2000:]}
 
 
@@ -256,18 +261,30 @@ def main():
                               lm_in, b, args.steps, "lm_auto")
         if not args.no_torch:
             lm["ddp"] = ddp_run(args, work, args.prefix, n, b, args.steps)
+        # pairs of runs in alternating order (the first of two runs measured slower, 3 % on the CNN)
         cnn = results["cnn"]
-        for rep in range(3):
-            for s in ("hybrid", "allreduce"):
+        for rep in range(6):
+            for s in ("hybrid", "allreduce")[::1 if rep % 2 == 0 else -1]:
                 r = tern_run(args, work, args.prefix, n, part("cnn_train.onnx", f"cnn_{s}.onnx", "--strategy", s),
-                             cnn_in, 256, 20, f"cnn_{s}{rep}")
+                             cnn_in, 256, 200, f"cnn_{s}{rep}")
                 cnn.setdefault(s, []).append(r)
         ov = results["overlap"]
-        for rep in range(3):
-            for s, opt in (("overlap", ()), ("after", ("--no-overlap",))):
+        for rep in range(4):
+            for s, opt in (("overlap", ()), ("after", ("--no-overlap",)))[::1 if rep % 2 == 0 else -1]:
                 r = tern_run(args, work, args.prefix, n, part("wide_train.onnx", f"wide_{s}.onnx", *opt), cnn_in, 256,
-                             20, f"wide_{s}{rep}")
+                             30, f"wide_{s}{rep}")
                 ov.setdefault(s, []).append(r)
+        if n >= 4 and n % 2 == 0:
+            # two ranks a namespace (a host): one server a host, with and without local aggregation
+            hosts = os.path.join(work, "hosts")
+            with open(hosts, "w") as f:
+                f.writelines(f"h{h}:2\n" for h in range(n // 2))
+            la = results["local"] = {}
+            for rep in range(2):
+                for s, opt in (("hosts", ()), ("local_aggregation", ("--local-aggregation",))):
+                    r = tern_run(args, work, args.prefix, n, part("lm_train.onnx", f"lm_{s}.onnx", "--hosts", hosts, *opt),
+                                 lm_in, b, args.steps, f"lm_{s}{rep}", per_host=2)
+                    la.setdefault(s, []).append(r)
     finally:
         run([CLUSTER, "down", "--prefix", args.prefix])
 
@@ -289,16 +306,25 @@ def main():
               f"{(sent / 1e6 if sent is not None else float('nan')):>14.2f}"
               f"{(fp / 1e6 if fp else float('nan')):>14.2f}{r['wire_tx_per_step'] / 1e6:>12.2f}"
               f"{r['step_s'] / h['step_s']:>10.2f}")
-    cnn_h = statistics.median(r["step_s"] for r in results["cnn"]["hybrid"])
-    cnn_a = statistics.median(r["step_s"] for r in results["cnn"]["allreduce"])
-    print(f"\ndigits CNN (dense), global batch 256: hybrid {cnn_h:.4f} s, allreduce {cnn_a:.4f} s a step "
-          f"(medians of 3 runs), hybrid/allreduce {cnn_h / cnn_a:.3f}")
+    def pooled(runs):
+        return statistics.median(t for r in runs for t in r["times"])
 
-    wide_o = statistics.median(r["step_s"] for r in results["overlap"]["overlap"])
-    wide_a = statistics.median(r["step_s"] for r in results["overlap"]["after"])
+    cnn_h, cnn_a = pooled(results["cnn"]["hybrid"]), pooled(results["cnn"]["allreduce"])
+    print(f"\ndigits CNN (dense), global batch 256: hybrid {cnn_h:.4f} s, allreduce {cnn_a:.4f} s a step "
+          f"(median step of 6 runs of 200 steps each), hybrid/allreduce {cnn_h / cnn_a:.3f}")
+
+    wide_o, wide_a = pooled(results["overlap"]["overlap"]), pooled(results["overlap"]["after"])
     print(f"wide digits CNN (1.66 M dense parameters), global batch 256: AllReduce started during the backward "
-          f"pass {wide_o:.4f} s, after it (--no-overlap) {wide_a:.4f} s a step (medians of 3 runs), "
-          f"{wide_a / wide_o:.2f}x from overlap")
+          f"pass {wide_o:.4f} s, after it (--no-overlap) {wide_a:.4f} s a step (median step of 4 runs of 30 steps "
+          f"each), {wide_a / wide_o:.2f}x from overlap")
+
+    if results.get("local"):
+        la = results["local"]
+        print(f"\nLM on {n // 2} hosts of 2 ranks (2 ranks a namespace, one server a host), medians of 2 runs:")
+        for s in ("hosts", "local_aggregation"):
+            step = statistics.median(r["step_s"] for r in la[s])
+            wire = statistics.median(r["wire_tx_per_step"] for r in la[s])
+            print(f"  {s:<18} {step:.3f} s a step, {wire / 1e6:.2f} MB a host a step on the wire")
 
     best_p = min(results["hand"], key=lambda p: results["hand"][p]["step_s"])
     auto_p = lm["auto"]["chosen_partitions"]
@@ -328,9 +354,12 @@ def main():
     if args.keep:
         for r in list(lm.values()) + list(results["hand"].values()):
             r.pop("stderr", None)
-        for rs in list(results["cnn"].values()) + list(results["overlap"].values()):
+            r.pop("times", None)
+        for rs in (list(results["cnn"].values()) + list(results["overlap"].values()) +
+                   list(results.get("local", {}).values())):
             for r in rs:
                 r.pop("stderr", None)
+                r.pop("times", None)
         json.dump(results, open(os.path.join(work, "results.json"), "w"), indent=1)
     else:
         shutil.rmtree(work, ignore_errors=True)

@@ -57,6 +57,30 @@ for r in range(3):
 "
 '
 
+# Two ranks a namespace: hosts whose ranks reach each other over loopback and the other host over
+# its link; local aggregation sums a host's rows on its first rank, the only one that pushes.
+test_expect_success PYTHON,CLUSTER 'two hosts of two ranks, local aggregation: 4 steps equal one process' '
+	printf "a:2\nb:2\n" >hosts22 &&
+	tern-partition -n 4 --hosts hosts22 --local-aggregation lm_train.onnx -o lm_la.onnx &&
+	"$CLUSTER" stats --prefix $PREFIX >before &&
+	"$CLUSTER" run 4 --per-host 2 --prefix $PREFIX -- tern-dist-run -q lm_la.onnx -i tokens=tokens.npy \
+		-i target=lm_target.npy --batch 24 --steps 4 --log la.jsonl -o lm_la_out.onnx &&
+	"$CLUSTER" stats --prefix $PREFIX >after &&
+	"$TERN_PYTHON" "$TEST_DIRECTORY/make-dist.py" same lm_one.onnx lm_la_out.onnx &&
+	"$TERN_PYTHON" -c "
+import json
+def tx(f):
+    return {int(l.split()[0]): int(l.split()[3]) for l in open(f) if l.split() and l.split()[0].isdigit()}
+b, a = tx(\"before\"), tx(\"after\")
+rows = [json.loads(l) for l in open(\"la.jsonl\")]
+# the two hosts talk over their links; the third namespace is idle
+assert a[0] - b[0] > 20000 and a[1] - b[1] > 20000 and a[2] - b[2] < 5000, (a, b)
+assert {r[\"rank\"] for r in rows} == {0, 1, 2, 3}, rows
+" &&
+	test_expect_code 1 "$CLUSTER" run 8 --per-host 2 --prefix $PREFIX -- true 2>err &&
+	grep "need 4" err
+'
+
 test_expect_success CLUSTER 'remove the cluster' '
 	"$CLUSTER" down --prefix $PREFIX >/dev/null &&
 	! ip netns list | grep -q "^$PREFIX"
