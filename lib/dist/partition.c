@@ -575,10 +575,28 @@ static tern_status dense_ps(tern_graph *g, table *t, int parts, int ranks)
 typedef struct dense_grad {
 	tern_node *update;
 	int at; /* the gradient's input position */
+	tern_value *grad; /* what is reduced: the update's gradient, or with clipping the gradient before it */
 	int order; /* its producer's place in the step's order */
 	int64_t bytes;
 	int dtype;
 } dense_grad;
+
+/* tern-autodiff --clip-norm gives an update Mul(G, coef), coef = Min(N / (norm + 1e-6), 1) of the
+ * norm of every gradient: the gradient to reduce is G, before it, so that every rank computes the norm
+ * of the means, as one process does of the batch's gradient. NULL when the update's gradient is not so
+ * scaled. */
+static tern_value *clipped_gradient(const tern_value *gv)
+{
+	const tern_node *mul = gv->producer;
+	if (!mul || strcmp(mul->op_type, "Mul") || *mul->domain || mul->n_inputs != 2)
+		return NULL;
+	for (int k = 0; k < 2; k++) {
+		const tern_value *coef = mul->inputs[k];
+		if (coef && coef->producer && !strcmp(coef->producer->op_type, "Min") && !*coef->producer->domain)
+			return mul->inputs[1 - k];
+	}
+	return NULL;
+}
 
 static int by_order(const void *a, const void *b)
 {
@@ -597,8 +615,20 @@ static tern_status reduce_bucket(tern_graph *g, dense_grad *d, size_t k, int ran
 	char stem[64];
 	snprintf(stem, sizeof stem, "tern.allreduce/bucket%d", index);
 	tern_status st = in && out ? TERN_OK : tern_errorf(TERN_EOS, "out of memory");
+	/* the readers of each gradient (the update, or with clipping the scaling and the norm), taken before
+	 * the reduction reads it too */
+	tern_node ***readers = calloc(k, sizeof *readers);
+	size_t *n_readers = calloc(k, sizeof *n_readers);
+	if (!readers || !n_readers)
+		st = tern_errorf(TERN_EOS, "out of memory");
 	for (size_t b = 0; b < k && !st; b++) {
-		tern_value *gv = d[b].update->inputs[d[b].at];
+		tern_value *gv = d[b].grad;
+		if (!(readers[b] = malloc((gv->n_consumers + 1) * sizeof **readers))) {
+			st = tern_errorf(TERN_EOS, "out of memory");
+			break;
+		}
+		memcpy(readers[b], gv->consumers, gv->n_consumers * sizeof **readers);
+		n_readers[b] = gv->n_consumers;
 		in[b + 1] = gv->name;
 		char buf[300];
 		snprintf(buf, sizeof buf, "%s/mean", gv->name);
@@ -630,7 +660,7 @@ static tern_status reduce_bucket(tern_graph *g, dense_grad *d, size_t k, int ran
 		/* d is in the order of the gradients' producers: the last one's is the bucket's */
 		size_t at = 0;
 		for (size_t b = 0; b < k; b++) {
-			const tern_node *p = d[b].update->inputs[d[b].at]->producer;
+			const tern_node *p = d[b].grad->producer;
 			if (p && (size_t)p->index + 1 > at)
 				at = (size_t)p->index + 1;
 		}
@@ -644,8 +674,15 @@ static tern_status reduce_bucket(tern_graph *g, dense_grad *d, size_t k, int ran
 	}
 	for (size_t b = 0; b < k && !st; b++) {
 		ar->outputs[b]->type = d[b].update->inputs[d[b].at - 1]->type;
-		tern_node_set_input(d[b].update, (size_t)d[b].at, ar->outputs[b]);
+		for (size_t r = 0; r < n_readers[b]; r++)
+			for (size_t i = 0; i < readers[b][r]->n_inputs; i++)
+				if (readers[b][r]->inputs[i] == d[b].grad)
+					tern_node_set_input(readers[b][r], i, ar->outputs[b]);
 	}
+	for (size_t b = 0; readers && b < k; b++)
+		free(readers[b]);
+	free(readers);
+	free(n_readers);
 	for (size_t b = 0; out && b < k; b++)
 		free(out[b]);
 	free(in);
@@ -665,7 +702,7 @@ static tern_status reduce_buckets(tern_graph *g, dense_grad *d, size_t n, int64_
 	if (st)
 		return st;
 	for (size_t i = 0; i < n; i++) {
-		tern_value *gv = d[i].update->inputs[d[i].at];
+		tern_value *gv = d[i].grad;
 		d[i].order = -1;
 		for (size_t k = 0; k < count && gv->producer; k++)
 			if (order[k] == gv->producer)
@@ -786,8 +823,8 @@ tern_status tern_model_partition(tern_model *m, const tern_partition_options *o,
 		if (n->removed)
 			continue;
 		if (!strcmp(n->domain, "tern") && !strcmp(n->op_type, "RowsSumSquare"))
-			st = tern_node_errorf(n, TERN_EUSAGE, "clipping by the global norm across ranks is not supported yet "
-			                                      "(train without --clip-norm)");
+			st = tern_node_errorf(n, TERN_EUSAGE, "clipping by the global norm of sparse gradients across ranks is not "
+			                                      "supported yet (train without --clip-norm)");
 		if (!strcmp(n->domain, "ai.onnx.preview.training"))
 			st = tern_node_errorf(n, TERN_EUSAGE, "tern-partition reads tern-autodiff's updates (tern.SGD, tern.Adam, ...)");
 		const update_kind *k = update_of(n);
@@ -910,8 +947,15 @@ tern_status tern_model_partition(tern_model *m, const tern_partition_options *o,
 		for (size_t j = 0; j < n_tables && !t; j++)
 			if (!strcmp(tables[j].name, pname) || (tables[j].shard && !strcmp(tables[j].shard, pname)))
 				t = &tables[j];
+		tern_value *gv = n->inputs[k->param + 1], *raw = k->rows ? NULL : clipped_gradient(gv);
+		if (raw && ps) {
+			/* the servers would update from each rank's own clipped gradient */
+			st = tern_node_errorf(n, TERN_EUSAGE, "clipping by the global norm is not supported with --strategy ps "
+			                                      "(train without --clip-norm)");
+			break;
+		}
 		if (!t && !k->rows) {
-			dg[n_dg++] = (dense_grad){n, k->param + 1, 0, 0, 0};
+			dg[n_dg++] = (dense_grad){n, k->param + 1, raw ? raw : gv, 0, 0, 0};
 			continue;
 		}
 		if (!t) {
@@ -954,7 +998,7 @@ tern_status tern_model_partition(tern_model *m, const tern_partition_options *o,
 			tern_node *nu = NULL;
 			st = sparse_densify(step->graph, t, &nu);
 			if (!st)
-				dg[n_dg++] = (dense_grad){nu, t->kind->param + 1, 0, 0, 0};
+				dg[n_dg++] = (dense_grad){nu, t->kind->param + 1, nu->inputs[t->kind->param + 1], 0, 0, 0};
 		}
 	}
 	if (!st && n_dg)

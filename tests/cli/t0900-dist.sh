@@ -77,6 +77,24 @@ assert \"\noverlap 0\n\" in meta, meta
 	done
 '
 
+test_expect_success PYTHON,MPI 'gradients clipped by their global norm: the norm of the means, as one process' '
+	tern-autodiff --optimizer sgd --lr 0.1 --clip-norm 0.05 cnn.onnx -o cnn_clip.onnx &&
+	tern-run --train cnn_clip.onnx -i x=x.npy -i target=cnn_target.npy --batch 24 --steps 6 -o clip_one.onnx \
+		2>/dev/null &&
+	for s in hybrid allreduce; do
+		tern-partition --ranks 3 --strategy $s cnn_clip.onnx -o clip_$s.onnx &&
+		tern-dist-run -n 3 -q clip_$s.onnx -i x=x.npy -i target=cnn_target.npy --batch 24 --steps 6 \
+			-o clip_${s}_out.onnx &&
+		"$TERN_PYTHON" "$TEST_DIRECTORY/make-dist.py" same clip_one.onnx clip_${s}_out.onnx cnn_clip.onnx || return 1
+	done &&
+	test_expect_code 64 tern-partition --ranks 2 --strategy ps cnn_clip.onnx -o p.onnx 2>err &&
+	grep "not supported with --strategy ps" err &&
+	tern-autodiff --optimizer adam --lr 0.01 --clip-norm 0.05 lm.onnx -o lm_clip.onnx &&
+	test_expect_code 64 tern-partition --ranks 2 lm_clip.onnx -o p.onnx 2>err &&
+	grep "global norm of sparse gradients" err &&
+	! test -e p.onnx
+'
+
 test_expect_success PYTHON,MPI 'tern-show -f dot colours the training step by role and draws the communication' '
 	tern-show --training -f dot lm_hybrid2.onnx >step.dot &&
 	test "$(grep -c "shape=cds" step.dot)" = 4 &&
