@@ -671,20 +671,47 @@ static tern_status call_run(const tern_kernel_args *a)
 	return rc;
 }
 
+/* The function a node calls: tern.Invoke's attributes name it, else the node's domain and type. */
+static const char *callee_name(const tern_node *n, const char **domain)
+{
+	if (!strcmp(n->domain, "tern") && !strcmp(n->op_type, "Invoke")) {
+		*domain = tern_attr_string(n, "function_domain", "");
+		return tern_attr_string(n, "function", NULL);
+	}
+	*domain = n->domain;
+	return n->op_type;
+}
+
+/* Whether calling `from` calls `target` on every path: through the calls of its body's own nodes,
+ * not those in an If's or a Loop's branches. seen marks the functions searched already (each once). */
+static bool always_calls(const tern_model *m, const tern_graph *from, const tern_graph *target, bool *seen)
+{
+	for (size_t i = 0; i < from->n_nodes; i++) {
+		const tern_node *c = from->nodes[i];
+		const char *domain, *name = c->removed ? NULL : callee_name(c, &domain);
+		const tern_graph *g = name ? tern_function_find(m, domain, name) : NULL;
+		if (g == target && g)
+			return true;
+		for (size_t k = 0; g && k < m->n_functions; k++)
+			if (m->functions[k] == g && !seen[k]) {
+				seen[k] = true;
+				if (always_calls(m, g, target, seen))
+					return true;
+			}
+	}
+	return false;
+}
+
 /* A node whose domain and type name a function, or tern.Invoke, whose attributes `function` and
  * `function_domain` do: the function is looked up now, and planned only when it is called, so that a
- * body may invoke its own function. */
+ * body may invoke its own function. A function that calls itself on every path, not under an If,
+ * would recurse until the depth limit: refused when planning. */
 static tern_status call_prepare(tern_prepare_args *p)
 {
 	const tern_node *n = p->node;
-	const char *domain = n->domain, *name = n->op_type;
-	bool invoke = !strcmp(n->domain, "tern") && !strcmp(n->op_type, "Invoke");
-	if (invoke) {
-		name = tern_attr_string(n, "function", NULL);
-		domain = tern_attr_string(n, "function_domain", "");
-		if (!name || !*name)
-			return tern_node_errorf(n, TERN_EDATA, "tern.Invoke needs the string attribute 'function'");
-	}
+	const char *domain, *name = callee_name(n, &domain);
+	if (!name || !*name)
+		return tern_node_errorf(n, TERN_EDATA, "tern.Invoke needs the string attribute 'function'");
 	const tern_graph *fn = tern_function_find(n->graph->model, domain, name);
 	if (!fn)
 		return tern_node_errorf(n, TERN_EDATA, "invokes %s%s%s, which the model does not define", domain,
@@ -696,6 +723,15 @@ static tern_status call_prepare(tern_prepare_args *p)
 	if ((size_t)p->n_out > fn->n_outputs)
 		return tern_node_errorf(n, TERN_EDATA, "%d outputs asked for; %s returns %zu", p->n_out, name,
 		                        fn->n_outputs);
+	const tern_model *m = n->graph->model;
+	bool *seen = calloc(m->n_functions + 1, sizeof *seen);
+	if (!seen)
+		return tern_errorf(TERN_EOS, "out of memory");
+	bool endless = always_calls(m, fn, fn, seen);
+	free(seen);
+	if (endless)
+		return tern_node_errorf(n, TERN_EDATA, "%s calls itself on every path, so its recursion never ends (put the "
+		                        "call in an If branch)", name);
 	p->kernel = call_run;
 	p->params = (void *)fn;
 	p->dynamic_output = 1;

@@ -127,6 +127,59 @@ test_expect_success 'invoking a function the model does not define: one error li
 	grep -F "invokes d.Nowhere, which the model does not define" err
 '
 
+test_expect_success 'a function that calls itself on every path (directly or through another): one line, exit 65' '
+	cat >endless.txt <<-\EOF &&
+	<ir_version: 8, opset_import: ["" : 17, "tern" : 1]>
+	g (float[2] x) => (float[2] y) {
+	  y = tern.Invoke <function = "Forever", function_domain = "d"> (x)
+	}
+	<domain: "d", opset_import: ["" : 17, "tern" : 1]>
+	Forever (a) => (b) {
+	  c = Neg (a)
+	  b = tern.Invoke <function = "Forever", function_domain = "d"> (c)
+	}
+	EOF
+	cat >mutual.txt <<-\EOF &&
+	<ir_version: 8, opset_import: ["" : 17, "tern" : 1]>
+	g (float[2] x) => (float[2] y) {
+	  y = tern.Invoke <function = "Ping", function_domain = "d"> (x)
+	}
+	<domain: "d", opset_import: ["" : 17, "tern" : 1]>
+	Ping (a) => (b) { b = tern.Invoke <function = "Pong", function_domain = "d"> (a) }
+	<domain: "d", opset_import: ["" : 17, "tern" : 1]>
+	Pong (a) => (b) { c = Neg (a) b = tern.Invoke <function = "Ping", function_domain = "d"> (c) }
+	EOF
+	for f in endless mutual; do
+		test_expect_code 65 tern-run --random $f.txt >out 2>err &&
+		test_one_error_line tern-run err &&
+		grep -F "calls itself on every path" err &&
+		test_must_be_empty out || return 1
+	done
+'
+
+test_expect_success 'a call with the wrong number of inputs or outputs: one line, exit 65' '
+	cat >arity.txt <<-\EOF &&
+	<ir_version: 8, opset_import: ["" : 17, "local" : 1]>
+	g (float[3] x) => (float[3] y) {
+	  y = local.Double (x, x)
+	}
+	<domain: "local", opset_import: ["" : 17]>
+	Double (X) => (Y) { Y = Add (X, X) }
+	EOF
+	cat >arity2.txt <<-\EOF &&
+	<ir_version: 8, opset_import: ["" : 17, "local" : 1]>
+	g (float[3] x) => (float[3] y) {
+	  y, z = local.Double (x)
+	}
+	<domain: "local", opset_import: ["" : 17]>
+	Double (X) => (Y) { Y = Add (X, X) }
+	EOF
+	test_expect_code 65 tern-run -i x=x.npy arity.txt >out 2>err &&
+	test_one_error_line tern-run err && grep -F "2 inputs given; Double takes 1" err &&
+	test_expect_code 65 tern-run -i x=x.npy arity2.txt >out 2>err &&
+	test_one_error_line tern-run err && grep -F "2 outputs asked for; Double returns 1" err
+'
+
 test_expect_success 'tern-show -f dot draws each call as an edge to the function' '
 	tern-show -f dot tree.txt >tree.dot &&
 	test "$(grep -c "label=calls" tree.dot)" = 4 &&
