@@ -461,3 +461,14 @@ void tern_cli_drop_annotations(tern_model *model)
 	}
 	tern_model_drop_meta_prefix(model, "tern.");
 }
+
+tern_status tern_cli_read_samples(const char *path, tern_tensor *t)
+{
+	struct stat sb;
+	if (strcmp(path, "-") != 0 && stat(path, &sb) == 0 && S_ISDIR(sb.st_mode))
+		return tern_value_read_file(path, TERN_SEQUENCE, t);
+	tern_status st = tern_tensor_read_file(path, t);
+	if (st && strcmp(path, "-") != 0 && tern_value_read_file(path, TERN_SEQUENCE, t) == TERN_OK)
+		return TERN_OK;
+	return st ? tern_tensor_read_file(path, t) : TERN_OK; /* the tensor reader's message */
+}

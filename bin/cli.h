@@ -64,6 +64,9 @@ void tern_cli_parse_dim(tern_cli_dims *d, char *arg, struct argp_state *state);
 /* Loads the input graph (a path, or standard input) and validates it; fails with the library's
  * status (65 bad data, 66 cannot open) otherwise. */
 tern_model *tern_cli_load(const tern_cli *cli);
+/* -i FILE for an input that is a tensor: a tensor file, or examples of their own sizes, one a run or
+ * a step: a folder of 0.npy, 1.npy, ... or an ONNX SequenceProto file (a TERN_SEQUENCE in *t). */
+tern_status tern_cli_read_samples(const char *path, tern_tensor *t);
 
 /* Opens the output: with -o, a temporary file in the target's folder that tern_cli_close_output
  * renames into place, so a failure or a signal leaves nothing behind; else standard output.

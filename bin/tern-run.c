@@ -344,9 +344,20 @@ static void load_input(struct run *run, tern_model *model, tern_tensor *inputs, 
 		              "input '%s': standard input holds the graph; give GRAPH as a file to read -i -",
 		              tern_model_input_name(model, i));
 	int kind = tern_model_input_kind(model, i);
-	tern_cli_check(tern_value_read_file(path, kind, &inputs[i]));
-	if (!kind)
+	tern_cli_check(kind ? tern_value_read_file(path, kind, &inputs[i]) : tern_cli_read_samples(path, &inputs[i]));
+	if (!kind && inputs[i].dtype == TERN_SEQUENCE) {
+		/* examples of their own sizes: each checked as the input it stands for, its sizes its own */
+		const tern_sequence *q = tern_sequence_of(&inputs[i]);
+		int n_dims = run->n_dims;
+		for (size_t e = 0; e < q->n; e++) {
+			char where[4200];
+			snprintf(where, sizeof where, "%s (example %zu)", path, e);
+			check_input(run, model, i, &q->items[e], where);
+			run->n_dims = n_dims; /* the names of sizes bound by an example hold for it alone */
+		}
+	} else if (!kind) {
 		check_input(run, model, i, &inputs[i], path);
+	}
 	else if (kind == TERN_SEQUENCE && inputs[i].dtype != TERN_SEQUENCE)
 		tern_cli_fail(TERN_EDATA, "input '%s': the graph wants a sequence, %s holds a tensor",
 		              tern_model_input_name(model, i), path);
@@ -445,16 +456,23 @@ static void make_dirs(const char *dir)
 	}
 }
 
-static void write_outputs(const struct run *run, const tern_plan *plan)
+/* The outputs to write and print: the plan's, or in examples mode a sequence each of every example's. */
+struct outs {
+	int n;
+	const char **names;
+	const tern_tensor **t;
+};
+
+static void write_outputs(const struct run *run, const struct outs *outs)
 {
 	make_dirs(run->out_dir);
-	int n = tern_plan_num_outputs(plan);
+	int n = outs->n;
 	char(*names)[232] = calloc((size_t)n + 1, sizeof *names);
 	if (!names)
 		tern_cli_fail(TERN_EOS, "out of memory");
 	const char *ext = run->out_pb ? ".pb" : ".npy";
 	for (int i = 0; i < n; i++) {
-		const char *name = tern_plan_output_name(plan, i);
+		const char *name = outs->names[i];
 		char base[220];
 		file_name_for(name, i, base, sizeof base);
 		snprintf(names[i], sizeof names[i], "%s", base);
@@ -463,7 +481,7 @@ static void write_outputs(const struct run *run, const tern_plan *plan)
 				snprintf(names[i], sizeof names[i], "%s_%d", base, i);
 		char path[4096 + 240];
 		snprintf(path, sizeof path, "%s/%s%s", run->out_dir, names[i], ext);
-		tern_tensor t = *tern_plan_output(plan, i);
+		tern_tensor t = *outs->t[i];
 		t.name = (char *)name; /* a .pb file records the output's name */
 		tern_status st;
 		if (t.dtype == TERN_SEQUENCE || t.dtype == TERN_NONE) {
@@ -563,19 +581,19 @@ static void print_value(FILE *f, const tern_tensor *t, int64_t j)
 
 enum { PRINT_VALUES = 8 };
 
-static void print_outputs(FILE *f, const tern_plan *plan)
+static void print_outputs(FILE *f, const struct outs *outs)
 {
-	for (int i = 0; i < tern_plan_num_outputs(plan); i++) {
-		const tern_tensor *t = tern_plan_output(plan, i);
+	for (int i = 0; i < outs->n; i++) {
+		const tern_tensor *t = outs->t[i];
 		char shape[160];
 		if (t->dtype == TERN_NONE) {
-			fprintf(f, "%s none (an empty optional)\n", tern_plan_output_name(plan, i));
+			fprintf(f, "%s none (an empty optional)\n", outs->names[i]);
 			continue;
 		}
 		if (t->dtype == TERN_SEQUENCE) {
 			/* the items' types, then the checksums over all of them */
 			const tern_sequence *q = tern_sequence_of(t);
-			fprintf(f, "%s seq(%zu) [", tern_plan_output_name(plan, i), q->n);
+			fprintf(f, "%s seq(%zu) [", outs->names[i], q->n);
 			for (size_t k = 0; k < q->n && k < PRINT_VALUES; k++) {
 				tern_shape_str(q->items[k].dtype, q->items[k].rank, q->items[k].dims, shape, sizeof shape);
 				fprintf(f, "%s%s", k ? ", " : "", shape);
@@ -585,7 +603,7 @@ static void print_outputs(FILE *f, const tern_plan *plan)
 			continue;
 		}
 		tern_shape_str(t->dtype, t->rank, t->dims, shape, sizeof shape);
-		fprintf(f, "%s %s [", tern_plan_output_name(plan, i), shape);
+		fprintf(f, "%s %s [", outs->names[i], shape);
 		int64_t n = tern_tensor_numel(t);
 		for (int64_t j = 0; j < n && j < PRINT_VALUES; j++) {
 			fputs(j ? ", " : "", f);
@@ -653,7 +671,8 @@ static double peak_rss_mb(void)
 	return (double)ru.ru_maxrss / 1024.0; /* ru_maxrss is in KiB on Linux */
 }
 
-static void print_json(FILE *f, const struct run *run, const char *graph, const tern_plan *plan, const struct timing *t)
+static void print_json(FILE *f, const struct run *run, const char *graph, const tern_plan *plan, const struct outs *outs,
+                       const struct timing *t)
 {
 	fputs("{\"graph\": ", f);
 	json_string(f, graph);
@@ -678,11 +697,17 @@ static void print_json(FILE *f, const struct run *run, const char *graph, const 
 	fputs(", \"isa\": ", f);
 	json_string(f, tern_isa_name());
 	fputs(",\n \"outputs\": [", f);
-	for (int i = 0; i < tern_plan_num_outputs(plan); i++) {
-		const tern_tensor *o = tern_plan_output(plan, i);
+	for (int i = 0; i < outs->n; i++) {
+		const tern_tensor *o = outs->t[i];
 		struct checksum c = checksum_of(o);
 		fputs(i ? ",\n  {\"name\": " : "\n  {\"name\": ", f);
-		json_string(f, tern_plan_output_name(plan, i));
+		json_string(f, outs->names[i]);
+		if (o->dtype == TERN_SEQUENCE) {
+			fprintf(f, ", \"dtype\": \"sequence\", \"length\": %zu, \"sum\": ", tern_sequence_of(o)->n);
+			json_number(f, c.sum);
+			fprintf(f, ", \"fnv64\": \"%016" PRIx64 "\"}", c.hash);
+			continue;
+		}
 		fprintf(f, ", \"dtype\": \"%s\", \"shape\": [", tern_dtype_name(o->dtype));
 		for (int k = 0; k < o->rank; k++)
 			fprintf(f, k ? ", %" PRId64 : "%" PRId64, o->dims[k]);
@@ -783,7 +808,7 @@ int main(int argc, char **argv)
 	int n_inputs = tern_model_num_inputs(model);
 	tern_tensor *inputs = read_inputs(&run, model, n_inputs);
 
-	const tern_plan_options plan_opts = {
+	tern_plan_options plan_opts = {
 	        .n_threads = run.threads,
 	        .dim_names = run.dim_names,
 	        .dim_values = run.dim_values,
@@ -792,12 +817,43 @@ int main(int argc, char **argv)
 	        /* the model is planned once and never written: packed weights need not be held twice */
 	        .release_weights = 1,
 	};
+	/* examples of their own sizes: every tensor input a sequence of as many, each example run once */
+	int64_t examples = -1;
+	for (int i = 0; i < n_inputs; i++)
+		if (!tern_model_input_kind(model, i) && inputs[i].dtype == TERN_SEQUENCE) {
+			int64_t k = (int64_t)tern_sequence_of(&inputs[i])->n;
+			if (examples >= 0 && k != examples)
+				tern_cli_fail(TERN_EDATA, "the -i sequences disagree on the number of examples: %lld and %lld (input '%s')",
+				              (long long)examples, (long long)k, tern_model_input_name(model, i));
+			examples = k;
+		}
+	for (int i = 0; examples >= 0 && i < n_inputs; i++)
+		if (!tern_model_input_kind(model, i) && inputs[i].dtype != TERN_SEQUENCE)
+			tern_cli_fail(TERN_EUSAGE, "input '%s' is one tensor and others are sequences of examples: give every "
+			              "input as a sequence (a folder of 0.npy, 1.npy, ...) or none", tern_model_input_name(model, i));
+	if (examples == 0)
+		tern_cli_fail(TERN_EDATA, "the -i sequences hold no examples");
+	if (examples > 0 && (run.iters > 1 || run.warmup || run.profile))
+		tern_cli_fail(TERN_EUSAGE, "--iters, --warmup and --profile time one input; examples of their own sizes run "
+		              "once each");
+	tern_tensor *view = examples > 0 ? calloc((size_t)n_inputs + 1, sizeof *view) : inputs;
+	if (!view)
+		tern_cli_fail(TERN_EOS, "out of memory");
+	for (int i = 0; examples > 0 && i < n_inputs; i++) {
+		view[i] = inputs[i].dtype == TERN_SEQUENCE ? tern_sequence_of(&inputs[i])->items[0] : inputs[i];
+		view[i].owns_data = 0; /* views: inputs owns them */
+		view[i].name = NULL;
+	}
+	if (examples > 0) {
+		run.iters = (int)examples;
+		plan_opts.release_weights = 0; /* each new size plans again, from the weights */
+	}
 	struct timing timing = {.ms = calloc((size_t)run.iters, sizeof(double)), .n = run.iters};
 	if (!timing.ms)
 		tern_cli_fail(TERN_EOS, "out of memory");
 	tern_plan *plan = NULL;
 	double t0 = now_ms();
-	tern_cli_check(tern_plan_create(model, &plan_opts, inputs, n_inputs, &plan));
+	tern_cli_check(tern_plan_create(model, &plan_opts, view, n_inputs, &plan));
 	timing.plan_ms = now_ms() - t0;
 	if (tern_plan_num_threads(plan) < run.threads)
 		tern_cli_verbose(1, "%d threads asked for, %d used: the process may run on %d CPUs", run.threads,
@@ -811,29 +867,62 @@ int main(int argc, char **argv)
 		tern_cli_check(tern_plan_run(plan, inputs, n_inputs));
 	if (run.profile)
 		tern_plan_enable_profile(plan, 1);
+	/* the outputs as printed and written: the plan's, or each a sequence of every example's */
+	int n_out = tern_plan_num_outputs(plan);
+	struct outs outs = {n_out, calloc((size_t)n_out + 1, sizeof(char *)), calloc((size_t)n_out + 1, sizeof(tern_tensor *))};
+	tern_tensor *collected = examples > 0 ? calloc((size_t)n_out + 1, sizeof *collected) : NULL;
+	if (!outs.names || !outs.t || (examples > 0 && !collected))
+		tern_cli_fail(TERN_EOS, "out of memory");
+	for (int o = 0; o < n_out && collected; o++)
+		tern_cli_check(tern_sequence_new(&collected[o], 0));
 	for (int i = 0; i < run.iters; i++) {
+		for (int k = 0; examples > 0 && k < n_inputs; k++)
+			if (inputs[k].dtype == TERN_SEQUENCE && !tern_model_input_kind(model, k)) {
+				view[k] = tern_sequence_of(&inputs[k])->items[i];
+				view[k].owns_data = 0;
+				view[k].name = NULL;
+			}
 		t0 = now_ms();
-		tern_cli_check(tern_plan_run(plan, inputs, n_inputs));
+		tern_status st = tern_plan_run(plan, view, n_inputs);
 		timing.ms[i] = now_ms() - t0;
+		if (st && examples > 0)
+			tern_cli_fail(st, "example %d: %s", i, tern_error());
+		tern_cli_check(st);
+		for (int o = 0; o < n_out && collected; o++)
+			tern_cli_check(tern_sequence_insert(&collected[o], tern_plan_output(plan, o), -1));
 	}
+	for (int o = 0; o < n_out; o++) {
+		outs.names[o] = tern_plan_output_name(plan, o);
+		outs.t[o] = collected ? &collected[o] : tern_plan_output(plan, o);
+	}
+	if (examples > 0)
+		tern_cli_verbose(1, "%lld examples, one run each", (long long)examples);
 	qsort(timing.ms, (size_t)timing.n, sizeof *timing.ms, compare_double);
 	if (run.iters > 1 && !run.json)
-		tern_cli_verbose(0, "%d runs: median %.3f ms, p90 %.3f ms, min %.3f ms, mean %.3f ms", run.iters,
-		                 median(&timing), percentile(&timing, 0.9), timing.ms[0], mean(&timing));
+		tern_cli_verbose(0, "%d %s: median %.3f ms, p90 %.3f ms, min %.3f ms, mean %.3f ms", run.iters,
+		                 examples > 0 ? "examples" : "runs", median(&timing), percentile(&timing, 0.9), timing.ms[0],
+		                 mean(&timing));
 
 	if (run.profile)
 		write_profile(run.profile, plan);
 	if (run.out_dir)
-		write_outputs(&run, plan);
+		write_outputs(&run, &outs);
 	if (print || run.json) {
 		FILE *out = tern_cli_open_output(&cli, 0);
 		if (print)
-			print_outputs(run.json ? stderr : out, plan);
+			print_outputs(run.json ? stderr : out, &outs);
 		if (run.json)
-			print_json(out, &run, graph, plan, &timing);
+			print_json(out, &run, graph, plan, &outs, &timing);
 		tern_cli_close_output();
 	}
 
+	for (int o = 0; o < n_out && collected; o++)
+		tern_tensor_free(&collected[o]);
+	free(collected);
+	free(outs.names);
+	free(outs.t);
+	if (view != inputs)
+		free(view);
 	tern_plan_free(plan);
 	for (int i = 0; i < n_inputs; i++)
 		tern_tensor_free(&inputs[i]);

@@ -320,24 +320,42 @@ int tern_run_train(const train_options *o, const tern_cli *cli, tern_model *mode
 		}
 		if (data[i].dtype)
 			tern_cli_fail(TERN_EUSAGE, "input '%s' is given twice", tern_trainer_input_name(tr, i));
-		tern_cli_check(tern_tensor_read_file(path, &data[i]));
-		if (data[i].rank < 1)
+		tern_cli_check(tern_cli_read_samples(path, &data[i]));
+		if (data[i].dtype != TERN_SEQUENCE && data[i].rank < 1)
 			tern_cli_fail(TERN_EDATA, "%s: a scalar cannot be cut into batches (input '%s')", path,
 			              tern_trainer_input_name(tr, i));
 	}
+	/* examples: every input a sequence, an example of its own sizes at each place */
+	int seqs = 0;
+	for (int i = 0; i < n; i++)
+		seqs += data[i].dtype == TERN_SEQUENCE;
+	bool examples = seqs > 0;
 	int64_t rows = -1;
 	for (int i = 0; i < n; i++) {
 		if (!data[i].dtype)
 			tern_cli_fail(TERN_EDATA, "the training step's input '%s' has no data; give it with -i %s=FILE",
 			              tern_trainer_input_name(tr, i), tern_trainer_input_name(tr, i));
-		if (rows >= 0 && data[i].dims[0] != rows)
-			tern_cli_fail(TERN_EDATA, "the -i files disagree on the number of samples: '%s' has %lld, '%s' %lld",
-			              tern_trainer_input_name(tr, 0), (long long)rows, tern_trainer_input_name(tr, i),
-			              (long long)data[i].dims[0]);
-		rows = data[i].dims[0];
+		if (examples && data[i].dtype != TERN_SEQUENCE)
+			tern_cli_fail(TERN_EUSAGE, "input '%s' is a tensor of samples and others are sequences of examples: give "
+			              "every input as a sequence (a folder of 0.npy, 1.npy, ...) or none", tern_trainer_input_name(tr, i));
+		int64_t count = examples ? (int64_t)tern_sequence_of(&data[i])->n : data[i].dims[0];
+		if (rows >= 0 && count != rows)
+			tern_cli_fail(TERN_EDATA, "the -i files disagree on the number of %s: '%s' has %lld, '%s' %lld",
+			              examples ? "examples" : "samples", tern_trainer_input_name(tr, 0), (long long)rows,
+			              tern_trainer_input_name(tr, i), (long long)count);
+		rows = count;
 	}
-	/* the batch: as asked, or the declared first dimension when it is fixed */
-	int64_t b = o->batch;
+	if (examples && o->batch > 1)
+		tern_cli_fail(TERN_EUSAGE, "examples of their own sizes go one a step: --batch must be 1, not %lld",
+		              (long long)o->batch);
+	if (examples && dist)
+		tern_cli_fail(TERN_EUSAGE, "examples of their own sizes are not yet spread over ranks: give tensors of samples");
+	if (examples && o->n_val_args)
+		tern_cli_fail(TERN_EUSAGE, "--val with examples of their own sizes is not supported yet");
+	if (examples && rows < 1)
+		tern_cli_fail(TERN_EDATA, "the -i sequences hold no examples");
+	/* the batch: as asked, one example, or the declared first dimension when it is fixed */
+	int64_t b = examples ? 1 : o->batch;
 	if (!b) {
 		int dt, rank;
 		int64_t dims[TERN_MAX_RANK];
@@ -361,8 +379,8 @@ int tern_run_train(const train_options *o, const tern_cli *cli, tern_model *mode
 		                 (long long)total);
 	else if (step)
 		tern_cli_verbose(1, "resuming at step %lld of %lld", (long long)step, (long long)total);
-	tern_cli_verbose(1, "%lld samples, batch %lld, %lld steps an epoch, %d threads", (long long)rows, (long long)b,
-	                 (long long)per_epoch, o->threads);
+	tern_cli_verbose(1, "%lld %s, batch %lld, %lld steps an epoch, %d threads", (long long)rows,
+	                 examples ? "examples" : "samples", (long long)b, (long long)per_epoch, o->threads);
 
 	FILE *log = NULL;
 	if (dist && o->log) {
@@ -409,9 +427,16 @@ int tern_run_train(const train_options *o, const tern_cli *cli, tern_model *mode
 		int64_t start = pos * b, m = start + b <= rows ? b : rows - start;
 		for (int64_t r = 0; r < m; r++)
 			take[r] = perm[start + r];
-		/* this rank's slice (all of it on one process) */
-		for (int i = 0; i < n; i++)
-			gather_rows(&data[i], take + rank * slice, m / ranks, slice, &batch[i]);
+		/* this rank's slice (all of it on one process); an example as it is */
+		for (int i = 0; i < n; i++) {
+			if (examples) {
+				batch[i] = tern_sequence_of(&data[i])->items[take[0]];
+				batch[i].owns_data = 0; /* a view: the sequence frees it */
+				batch[i].name = NULL;
+			} else {
+				gather_rows(&data[i], take + rank * slice, m / ranks, slice, &batch[i]);
+			}
+		}
 		if (dist)
 			tern_comm_bytes(sent0, recv0);
 		double t_step = now_s();

@@ -1,0 +1,54 @@
+#!/bin/sh
+# Examples of their own sizes (tern-run(1), EXAMPLES): every input a sequence of examples, a folder of
+# 0.npy, 1.npy, ... or an ONNX SequenceProto file; tern-run runs each once, tern-run --train takes one
+# a step. A bag-of-words classifier over token lists of 1 to 12 words against numpy.
+test_description='examples of their own sizes'
+. "$(dirname "$0")/test-lib.sh"
+
+test_expect_success PYTHON 'set up token lists of different lengths' '
+	"$TERN_PYTHON" "$TEST_DIRECTORY/make-examples.py" data 40 8 4 10 3 &&
+	tern-autodiff --optimizer sgd --lr 0.1 bow.onnx -o bow_train.onnx
+'
+
+test_expect_success PYTHON 'tern-run runs each example once and writes a sequence of outputs' '
+	tern-run -i tokens=tokens bow.onnx >printed &&
+	grep "^logits seq(10) \[float\[1,4\]" printed &&
+	tern-run -i tokens=tokens bow.onnx -O out &&
+	tern-run -i tokens=tokens.pb bow.onnx -O out_pb &&
+	"$TERN_PYTHON" -c "
+import numpy as np, onnx
+from onnx import numpy_helper as nh
+p = {t.name: nh.to_array(t) for t in onnx.load(\"bow.onnx\").graph.initializer}
+for e in range(10):
+    tok = np.load(\"tokens/%d.npy\" % e)
+    want = p[\"emb\"][tok].mean(axis=1) @ p[\"w\"] + p[\"b\"]
+    for d in (\"out\", \"out_pb\"):
+        got = np.load(\"%s/logits/%d.npy\" % (d, e))
+        assert got.shape == want.shape and np.allclose(got, want, rtol=1e-5, atol=1e-6), (d, e, got, want)
+"
+'
+
+test_expect_success PYTHON 'tern-run --train takes one example a step, as numpy does, and resumes' '
+	tern-run --train bow_train.onnx -i tokens=tokens -i target=target --steps 25 -o trained.onnx &&
+	"$TERN_PYTHON" "$TEST_DIRECTORY/make-examples.py" sgd bow.onnx 25 0.1 ref.onnx &&
+	"$TERN_PYTHON" "$TEST_DIRECTORY/make-dist.py" same ref.onnx trained.onnx bow.onnx &&
+	tern-run --train bow_train.onnx -i tokens=tokens.pb -i target=target.pb --steps 12 -o half.onnx &&
+	tern-run --train half.onnx -i tokens=tokens -i target=target --steps 25 -o resumed.onnx &&
+	"$TERN_PYTHON" "$TEST_DIRECTORY/make-dist.py" same ref.onnx resumed.onnx
+'
+
+test_expect_success PYTHON 'mixed or mismatched inputs, batches and timing options: one line and a sysexits code' '
+	"$TERN_PYTHON" -c "import numpy as np; np.save(\"t9.npy\", np.zeros(9, np.int64))" &&
+	mkdir t5 && cp target/0.npy target/1.npy target/2.npy target/3.npy target/4.npy t5/ &&
+	test_expect_code 64 tern-run --train bow_train.onnx -i tokens=tokens -i target=target --batch 2 -o x.onnx 2>err &&
+	test_one_error_line tern-run err && grep "go one a step: --batch must be 1" err &&
+	test_expect_code 64 tern-run --train bow_train.onnx -i tokens=tokens -i target=t9.npy -o x.onnx 2>err &&
+	test_one_error_line tern-run err && grep "is a tensor of samples and others are sequences" err &&
+	test_expect_code 65 tern-run --train bow_train.onnx -i tokens=tokens -i target=t5 -o x.onnx 2>err &&
+	test_one_error_line tern-run err && grep "disagree on the number of examples" err &&
+	test_expect_code 64 tern-run -i tokens=tokens --iters 3 bow.onnx 2>err &&
+	test_one_error_line tern-run err && grep "run once each" err &&
+	! test -e x.onnx
+'
+
+test_done
