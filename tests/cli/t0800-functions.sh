@@ -44,29 +44,7 @@ test_expect_success 'set up graphs' '
 	<domain: "local", opset_import: ["" : 17]>
 	Double (X) => (Y) { Y = Add (X, X) }
 	EOF
-	cat >tree.txt <<-\EOF &&
-	<ir_version: 8, opset_import: ["" : 17, "tern" : 1, "tree" : 1]>
-	main (int64[N] left, int64[N] right, float[N] value, int64 root) => (float total) {
-	  total = tern.Invoke <function = "TreeSum", function_domain = "tree"> (root, left, right, value)
-	}
-	<domain: "tree", opset_import: ["" : 17, "tern" : 1, "tree" : 1]>
-	TreeSum (node, left, right, value) => (s) {
-	  l = Gather <axis = 0> (left, node)
-	  r = Gather <axis = 0> (right, node)
-	  v = Gather <axis = 0> (value, node)
-	  zero = Constant <value = int64 {0}> ()
-	  leaf = Less (l, zero)
-	  s = If (leaf) <then_branch = leaf_case () => (float sv) { sv = tree.Weight (v) },
-	                 else_branch = inner_case () => (float se) {
-	    a = tern.Invoke <function = "TreeSum", function_domain = "tree"> (l, left, right, value)
-	    b = tern.Invoke <function = "TreeSum", function_domain = "tree"> (r, left, right, value)
-	    ab = Add (a, b)
-	    se = Add (ab, v)
-	  }>
-	}
-	<domain: "tree", opset_import: ["" : 17]>
-	Weight (x) => (y) { two = Constant <value = float {2}> () y = Mul (x, two) }
-	EOF
+	cp "$TEST_DIRECTORY/data/tree.txt" tree.txt &&
 	cat >missing.txt <<-\EOF &&
 	<ir_version: 8, opset_import: ["" : 17, "tern" : 1]>
 	g (float[2] x) => (float[2] y) {
