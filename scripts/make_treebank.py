@@ -21,7 +21,9 @@ words on average, at most 56); a tree's shape comes from the grammar.
 --check trains scikit-learn's logistic regression on bags of words (counts of each word, and of each
 pair of adjacent words) for the root's positive/negative sign and prints its test accuracy beside that
 of the composition the labels come from (100 % by construction): the gap is what a tree model can win
-and a bag of words cannot.
+and a bag of words cannot. --check-tree EPOCHS also trains a binary TreeLSTM in PyTorch (Tai et al.'s
+N-ary form, 64 units, Adam, all nodes' labels, trees batched 25 at a time level by level) and prints its
+test roots' sign accuracy after each epoch: that a tree model can learn the labels.
 """
 import argparse
 import json
@@ -170,6 +172,84 @@ def check(splits, words):
     return {"bag_of_words_bigrams_root_accuracy": round(acc, 4), "composition_root_accuracy": 1.0}
 
 
+def check_tree(splits, n_words, epochs, seed):
+    """A binary TreeLSTM on every node's label; the test roots' sign from P(3) + P(4) > P(0) + P(1)."""
+    import torch
+    from torch import nn
+    torch.manual_seed(seed)
+    H = 64
+
+    class TreeLSTM(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(n_words, H)
+            self.leaf = nn.Linear(H, 3 * H)
+            self.inner = nn.Linear(2 * H, 5 * H)  # i, f_left, f_right, o, u
+            self.out = nn.Linear(H, 5)
+
+        def forward(self, trees):
+            left = torch.cat([torch.tensor(t.left) + (torch.tensor(t.left) >= 0) * off
+                              for (t, _, _), off in zip(trees, offsets(trees))])
+            right = torch.cat([torch.tensor(t.right) + (torch.tensor(t.right) >= 0) * off
+                               for (t, _, _), off in zip(trees, offsets(trees))])
+            word = torch.cat([torch.tensor(t.word) for t, _, _ in trees])
+            n = len(word)
+            height = torch.zeros(n, dtype=torch.long)
+            for k in range(n):  # children first within each tree
+                if left[k] >= 0:
+                    height[k] = 1 + torch.maximum(height[left[k]], height[right[k]])
+            h = torch.zeros(n, H)
+            c = torch.zeros(n, H)
+            leaves = (left < 0).nonzero().squeeze(1)
+            i, o, u = self.leaf(self.emb(word[leaves])).chunk(3, 1)
+            c = c.index_copy(0, leaves, torch.sigmoid(i) * torch.tanh(u))
+            h = h.index_copy(0, leaves, torch.sigmoid(o) * torch.tanh(c[leaves]))
+            for level in range(1, int(height.max()) + 1):
+                at = (height == level).nonzero().squeeze(1)
+                l, r = left[at], right[at]
+                i, fl, fr, o, u = self.inner(torch.cat([h[l], h[r]], 1)).chunk(5, 1)
+                cn = torch.sigmoid(i) * torch.tanh(u) + torch.sigmoid(fl) * c[l] + torch.sigmoid(fr) * c[r]
+                c = c.index_copy(0, at, cn)
+                h = h.index_copy(0, at, torch.sigmoid(o) * torch.tanh(cn))
+            return self.out(h)
+
+    def offsets(trees):
+        out, at = [], 0
+        for t, _, _ in trees:
+            out.append(at)
+            at += len(t.value)
+        return out
+
+    def labels(trees):
+        return torch.tensor([label_of(v) for t, _, _ in trees for v in t.value])
+
+    model = TreeLSTM()
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    train, test = splits["train"], splits["test"]
+    order = np.random.default_rng(seed).permutation(len(train))
+    accs = []
+    for epoch in range(epochs):
+        model.train()
+        for b in range(0, len(train), 25):
+            batch = [train[k] for k in order[b:b + 25]]
+            loss = nn.functional.cross_entropy(model(batch), labels(batch))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        model.eval()
+        right = 0
+        with torch.no_grad():
+            for b in range(0, len(test), 100):
+                batch = test[b:b + 100]
+                p = torch.softmax(model(batch), 1)
+                for (t, root, _), off in zip(batch, offsets(batch)):
+                    q = p[off + root]
+                    right += bool(q[3] + q[4] > q[0] + q[1]) == (t.value[root] > 0)
+        accs.append(round(right / len(test), 4))
+        print(f"TreeLSTM epoch {epoch + 1}: test roots' sign {accs[-1]:.4f}", flush=True)
+    return {"treelstm_root_accuracy_by_epoch": accs}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("dir")
@@ -178,6 +258,7 @@ def main():
     ap.add_argument("--dev", type=int, default=1101)
     ap.add_argument("--test", type=int, default=2210)
     ap.add_argument("--check", action="store_true")
+    ap.add_argument("--check-tree", type=int, default=0, metavar="EPOCHS")
     a = ap.parse_args()
     words, ids = vocab()
     r = np.random.default_rng(a.seed)
@@ -198,6 +279,8 @@ def main():
              "train_node_labels": labels.tolist()}
     if a.check:
         stats.update(check(splits, words))
+    if a.check_tree:
+        stats.update(check_tree(splits, len(words), a.check_tree, a.seed))
     with open(os.path.join(a.dir, "stats.json"), "w") as f:
         json.dump(stats, f, indent=1)
     print(json.dumps(stats))
