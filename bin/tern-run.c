@@ -771,7 +771,10 @@ int main(int argc, char **argv)
 	        .doc = "Run a graph on inputs from .npy or .pb files, or random ones; write, print and time its "
 	               "outputs.\v"
 	               "GRAPH is binary ONNX or the text syntax, read from standard input when absent or '-'. "
-	               "-o FILE sends the printed outputs and --json to FILE. Exit status: 0 success, 64 usage, "
+	               "-o FILE sends the printed outputs and --json to FILE. An input given as a folder of 0.npy, "
+	               "1.npy, ... or an ONNX SequenceProto where the graph wants a tensor holds examples of their own "
+	               "sizes: each runs once (with --train, one a step), each output a sequence. Exit status: 0 "
+	               "success, 64 usage, "
 	               "65 bad graph or input (wrong shape or type, missing input, unsupported operator), "
 	               "66 a file cannot be opened, 74 write failed. The environment variable TERN_ISA (avx512, "
 	               "avx2 or generic) caps the kernels' instruction set; -v and --json say which runs.",
