@@ -84,4 +84,11 @@ for e in range(30):
 "
 '
 
+test_expect_success PYTHON 'a TreeLSTM in the text syntax runs each tree recursively, as numpy does' '
+	"$TERN_PYTHON" "$TERN_SOURCE/scripts/make_recursive_models.py" --hidden 16 models &&
+	tern-run -i left=tb/train/left.pb -i right=tb/train/right.pb -i word=tb/train/word.pb -i root=tb/train/root.pb \
+		--threads 2 models/treelstm.txt -O lstm_out &&
+	"$TERN_PYTHON" "$TERN_SOURCE/scripts/make_recursive_models.py" --compare models tb/train lstm_out
+'
+
 test_done

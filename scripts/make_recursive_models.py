@@ -1,0 +1,172 @@
+#!/usr/bin/env python3
+"""Recursive models in tern's text syntax, their weights beside them (external data), for the
+treebank of scripts/make_treebank.py: a tree's inputs are left, right, word (int64 [nodes]) and root
+(int64), its output the root's 5 class scores.
+
+    make_recursive_models.py [--vocab 108] [--hidden 64] [--seed 0] DIR
+        DIR/treelstm.txt and DIR/treelstm.bin: a binary TreeLSTM (Tai et al.'s N-ary form). The
+        function Node(node, ...) -> (h, c) invokes itself on the node's children under an If (a leaf
+        reads its word's embedding), so each call of a tree's node runs without inlining and a node's
+        two subtrees are independent calls.
+    make_recursive_models.py --compare DIR SPLIT OUT
+        the roots' scores that tern-run wrote to OUT/logits/ (one .npy a tree, from
+        tern-run -i left=SPLIT/left.pb ... DIR/treelstm.txt -O OUT) against numpy's recursion on the
+        same weights: prints the largest difference relative to the scores' scale, exits 1 above 1e-4
+"""
+import argparse
+import os
+import sys
+
+import numpy as np
+
+WEIGHTS = ("emb", "wleaf", "bleaf", "winner", "binner", "wout", "bout")
+
+
+def shapes(v, d):
+    return {"emb": (v, d), "wleaf": (d, 3 * d), "bleaf": (3 * d,), "winner": (2 * d, 5 * d), "binner": (5 * d,),
+            "wout": (d, 5), "bout": (5,)}
+
+
+def write(folder, v, d, seed):
+    r = np.random.default_rng(seed)
+    os.makedirs(folder, exist_ok=True)
+    decl, offset, blobs = [], 0, []
+    for name, shape in shapes(v, d).items():
+        scale = 1.0 if name == "emb" else 1.0 / np.sqrt(shape[0])
+        a = (r.standard_normal(shape) * scale).astype("<f4") if len(shape) > 1 else np.zeros(shape, "<f4")
+        blobs.append(a.tobytes())
+        dims = ",".join(str(x) for x in shape)
+        decl.append(f'float[{dims}] {name} = ["location": "treelstm.bin", "offset": "{offset}", '
+                    f'"length": "{a.nbytes}"]')
+        offset += a.nbytes
+    tmp = os.path.join(folder, "treelstm.bin.tmp")
+    with open(tmp, "wb") as f:
+        f.write(b"".join(blobs))
+    os.replace(tmp, os.path.join(folder, "treelstm.bin"))
+    args = "node, left, right, word, " + ", ".join(WEIGHTS[:5])
+    text = f"""<ir_version: 8, opset_import: ["" : 17, "tern" : 1, "tree" : 1]>
+treelstm (int64[N] left, int64[N] right, int64[N] word, int64 root) => (float[5] logits)
+   <{(',' + chr(10) + '    ').join(decl)}>
+{{
+  h, c = tern.Invoke <function = "Node", function_domain = "tree"> (root, left, right, word, {", ".join(WEIGHTS[:5])})
+  s = MatMul (h, wout)
+  logits = Add (s, bout)
+}}
+<domain: "tree", opset_import: ["" : 17, "tern" : 1, "tree" : 1]>
+Node ({args}) => (h, c) {{
+  l = Gather <axis = 0> (left, node)
+  zero = Constant <value = int64 {{0}}> ()
+  leaf = Less (l, zero)
+  h, c = If (leaf) <then_branch = leaf_case () => (float[{d}] hl, float[{d}] cl) {{
+    w = Gather <axis = 0> (word, node)
+    x = Gather <axis = 0> (emb, w)
+    xw = MatMul (x, wleaf)
+    g = Add (xw, bleaf)
+    gi, go, gu = Split <axis = 0> (g)
+    si = Sigmoid (gi)
+    tu = Tanh (gu)
+    cl = Mul (si, tu)
+    so = Sigmoid (go)
+    tc = Tanh (cl)
+    hl = Mul (so, tc)
+  }}, else_branch = inner_case () => (float[{d}] hi, float[{d}] ci) {{
+    r = Gather <axis = 0> (right, node)
+    ha, ca = tern.Invoke <function = "Node", function_domain = "tree"> (l, left, right, word, {", ".join(WEIGHTS[:5])})
+    hb, cb = tern.Invoke <function = "Node", function_domain = "tree"> (r, left, right, word, {", ".join(WEIGHTS[:5])})
+    x = Concat <axis = 0> (ha, hb)
+    xw = MatMul (x, winner)
+    g = Add (xw, binner)
+    gi, gfa, gfb, go, gu = Split <axis = 0> (g)
+    si = Sigmoid (gi)
+    tu = Tanh (gu)
+    new = Mul (si, tu)
+    sfa = Sigmoid (gfa)
+    keepa = Mul (sfa, ca)
+    sfb = Sigmoid (gfb)
+    keepb = Mul (sfb, cb)
+    kept = Add (keepa, keepb)
+    ci = Add (new, kept)
+    so = Sigmoid (go)
+    tc = Tanh (ci)
+    hi = Mul (so, tc)
+  }}>
+}}
+"""
+    with open(os.path.join(folder, "treelstm.txt"), "w") as f:
+        f.write(text)
+
+
+def load_weights(folder):
+    raw = np.fromfile(os.path.join(folder, "treelstm.bin"), "<f4")
+    text = open(os.path.join(folder, "treelstm.txt")).read()
+    out = {}
+    for name in WEIGHTS:
+        head = text.index(f"] {name} = [")
+        dims = [int(x) for x in text[text.rindex("float[", 0, head) + 6:head].split(",")]
+        at = text.index('"offset": "', head) + 11
+        off = int(text[at:text.index('"', at)]) // 4
+        out[name] = raw[off:off + int(np.prod(dims))].reshape(dims)
+    return out
+
+
+def reference(p, left, right, word, root):
+    sig = lambda z: 1 / (1 + np.exp(-z))  # noqa: E731
+    d = p["emb"].shape[1]
+
+    def node(k):
+        if left[k] < 0:
+            g = p["emb"][word[k]] @ p["wleaf"] + p["bleaf"]
+            c = sig(g[:d]) * np.tanh(g[2 * d:])
+            return sig(g[d:2 * d]) * np.tanh(c), c
+        ha, ca = node(left[k])
+        hb, cb = node(right[k])
+        g = np.concatenate([ha, hb]) @ p["winner"] + p["binner"]
+        gi, gfa, gfb, go, gu = np.split(g, 5)
+        c = sig(gi) * np.tanh(gu) + sig(gfa) * ca + sig(gfb) * cb
+        return sig(go) * np.tanh(c), c
+
+    h, _ = node(int(root))
+    return h @ p["wout"] + p["bout"]
+
+
+def compare(folder, split, out):
+    import onnx
+    from onnx import numpy_helper as nh
+    sys.setrecursionlimit(10000)
+    p = {k: v.astype(np.float64) for k, v in load_weights(folder).items()}
+
+    def seq(name):
+        q = onnx.SequenceProto()
+        with open(os.path.join(split, name + ".pb"), "rb") as f:
+            q.ParseFromString(f.read())
+        return [nh.to_array(t) for t in q.tensor_values]
+
+    left, right, word, root = (seq(k) for k in ("left", "right", "word", "root"))
+    worst = 0.0
+    for e in range(len(left)):
+        want = reference(p, left[e], right[e], word[e], root[e])
+        got = np.load(os.path.join(out, "logits", f"{e}.npy"))
+        worst = max(worst, float(np.max(np.abs(got - want)) / (np.max(np.abs(want)) + 1e-6)))
+    print(f"{len(left)} trees: largest difference {worst:.2e} of the scores' scale")
+    return 0 if worst <= 1e-4 else 1
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("dir")
+    ap.add_argument("rest", nargs="*")
+    ap.add_argument("--vocab", type=int, default=108)
+    ap.add_argument("--hidden", type=int, default=64)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--compare", action="store_true")
+    a = ap.parse_args()
+    if a.compare:
+        if len(a.rest) != 2:
+            sys.exit("usage: make_recursive_models.py --compare DIR SPLIT OUT")
+        return compare(a.dir, *a.rest)
+    write(a.dir, a.vocab, a.hidden, a.seed)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
