@@ -360,6 +360,22 @@ static void unpack_int32_field(const int32_t *src, int dtype, size_t n, void *ds
 	}
 }
 
+/* The elements a proto holds inline, by the field its type uses. */
+static size_t stored_values(const Onnx__TensorProto *tp, int dtype)
+{
+	switch (dtype) {
+	case TERN_STRING: return tp->n_string_data;
+	case TERN_FLOAT: return tp->n_float_data;
+	case TERN_COMPLEX64: return tp->n_float_data / 2;
+	case TERN_DOUBLE: return tp->n_double_data;
+	case TERN_COMPLEX128: return tp->n_double_data / 2;
+	case TERN_INT64: return tp->n_int64_data;
+	case TERN_UINT32:
+	case TERN_UINT64: return tp->n_uint64_data;
+	default: return tp->n_int32_data;
+	}
+}
+
 tern_status tern_tensor_from_proto(const Onnx__TensorProto *tp, const char *base_dir, const char *what,
                                    tern_tensor *out)
 {
@@ -375,14 +391,28 @@ tern_status tern_tensor_from_proto(const Onnx__TensorProto *tp, const char *base
 		if (tp->dims[i] < 0)
 			return tern_errorf(TERN_EDATA, "tensor '%s': negative dimension %lld", what,
 			                   (long long)tp->dims[i]);
+	/* the shape checked against the values held inline before anything is allocated: bytes that are
+	 * not a TensorProto (another message's) may decode as one with any dimensions */
+	bool external = tp->has_data_location && tp->data_location == ONNX__TENSOR_PROTO__DATA_LOCATION__EXTERNAL &&
+	                !tp->has_raw_data;
+	size_t need = 1, es = tern_dtype_size(dtype);
+	for (size_t i = 0; i < tp->n_dims; i++) {
+		if (tp->dims[i] && need > SIZE_MAX / 16 / (size_t)tp->dims[i])
+			return tern_errorf(TERN_EDATA, "tensor '%s': its shape holds more elements than memory can", what);
+		need *= (size_t)tp->dims[i];
+	}
+	if (!external && tp->has_raw_data && dtype != TERN_STRING && es && tp->raw_data.len != need * es)
+		return tern_errorf(TERN_EDATA, "tensor '%s': raw_data has %zu bytes, its shape needs %zu", what,
+		                   tp->raw_data.len, need * es);
+	if (!external && !tp->has_raw_data && stored_values(tp, dtype) != need)
+		return tern_errorf(TERN_EDATA, dtype == TERN_STRING ? "tensor '%s': %zu strings for %zu elements"
+		                                                    : "tensor '%s': %zu values stored, its shape needs %zu",
+		                   what, stored_values(tp, dtype), need);
 	tern_status st = tern_tensor_alloc(out, dtype, (int)tp->n_dims, tp->dims);
 	if (st)
 		return tern_error_prefix(st, what);
 	size_t n = (size_t)tern_tensor_numel(out);
-	size_t es = tern_dtype_size(dtype);
 	/* external data a model load has mapped reads as raw_data */
-	bool external = tp->has_data_location && tp->data_location == ONNX__TENSOR_PROTO__DATA_LOCATION__EXTERNAL &&
-	                !tp->has_raw_data;
 	if (external) {
 		if (dtype == TERN_STRING)
 			st = tern_errorf(TERN_EDATA, "tensor '%s': external string data is not supported", what);
