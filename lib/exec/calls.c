@@ -5,15 +5,18 @@
  * If, which ONNX's plain calls may not. Each call runs the body in a frame: a plan of the body (its
  * own executor and arena) that the call has to itself while it runs. Frames belong to the main plan
  * and outlive the calls: a call takes a free frame of its function planned for the same input shapes
- * (else any free one of the function, re-planned), and plans a new one only when every frame of the
- * function is in use by the calls around it. A recursion therefore plans as many frames as it goes
- * deep, once; later calls of the same shapes allocate nothing. */
+ * and plans a new one when none is free or planned for them (up to TERN_CALL_FRAMES_MAX a function,
+ * then a free one is planned again). A recursion therefore plans as many frames as it goes deep, once
+ * for each size of its inputs (a tree's arrays); later calls of those shapes allocate nothing. */
 #include "exec.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 
+
+/* Frames a function may have planned for different input shapes before calls re-plan them. */
+#define TERN_CALL_FRAMES_MAX 1024
 
 typedef struct call_frame {
 	const tern_graph *fn;
@@ -108,18 +111,22 @@ tern_status tern_call_begin(tern_exec *caller, const tern_node *node, const tern
 	if (!c)
 		return tern_node_errorf(node, TERN_EINTERNAL, "a call in a plan without a pool of frames");
 	spin_acquire(&c->lock);
-	call_frame *pick = NULL;
-	for (size_t i = 0; i < c->n; i++) {
+	call_frame *pick = NULL, *other = NULL;
+	size_t of_fn = 0;
+	for (size_t i = 0; i < c->n && !pick; i++) {
 		call_frame *f = &c->frames[i];
+		of_fn += f->fn == fn;
 		if (f->busy || f->fn != fn)
 			continue;
-		if (fits(f->exec, in, n_in)) {
+		if (fits(f->exec, in, n_in))
 			pick = f;
-			break;
-		}
-		if (!pick)
-			pick = f;
+		else if (!other)
+			other = f;
 	}
+	/* none planned for these shapes: a new frame, so that inputs of recurring sizes (trees of many
+	 * sizes) each find theirs planned; past the cap, one planned again */
+	if (!pick && of_fn >= TERN_CALL_FRAMES_MAX)
+		pick = other;
 	tern_exec *e = NULL;
 	if (pick) {
 		pick->busy = 1;
