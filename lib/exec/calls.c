@@ -21,6 +21,7 @@
 typedef struct call_frame {
 	const tern_graph *fn;
 	tern_exec *exec;
+	uint64_t shapes; /* the input shapes it is planned for, hashed (shapes_of) */
 	int busy;
 } call_frame;
 
@@ -59,6 +60,20 @@ tern_graph *tern_function_find(const tern_model *m, const char *domain, const ch
 			return m->functions[i];
 	}
 	return NULL;
+}
+
+/* The inputs' element types and shapes, hashed (FNV-1a): frames planned for others are passed over
+ * with one comparison. */
+static uint64_t shapes_of(tern_tensor *const *in, int n)
+{
+	uint64_t h = 1469598103934665603ULL;
+	for (int i = 0; i < n; i++) {
+		int64_t v[2 + TERN_MAX_RANK] = {in[i]->dtype, in[i]->rank};
+		memcpy(v + 2, in[i]->dims, (size_t)in[i]->rank * sizeof *v);
+		for (int k = 0; k < 2 + in[i]->rank; k++)
+			h = (h ^ (uint64_t)v[k]) * 1099511628211ULL;
+	}
+	return h;
 }
 
 static bool fits(const tern_exec *e, tern_tensor *const *in, int n)
@@ -110,6 +125,7 @@ tern_status tern_call_begin(tern_exec *caller, const tern_node *node, const tern
 	tern_calls *c = calls_of(caller);
 	if (!c)
 		return tern_node_errorf(node, TERN_EINTERNAL, "a call in a plan without a pool of frames");
+	uint64_t shapes = shapes_of(in, n_in);
 	spin_acquire(&c->lock);
 	call_frame *pick = NULL, *other = NULL;
 	size_t of_fn = 0;
@@ -118,7 +134,7 @@ tern_status tern_call_begin(tern_exec *caller, const tern_node *node, const tern
 		of_fn += f->fn == fn;
 		if (f->busy || f->fn != fn)
 			continue;
-		if (fits(f->exec, in, n_in))
+		if (f->shapes == shapes && fits(f->exec, in, n_in))
 			pick = f;
 		else if (!other)
 			other = f;
@@ -130,6 +146,7 @@ tern_status tern_call_begin(tern_exec *caller, const tern_node *node, const tern
 	tern_exec *e = NULL;
 	if (pick) {
 		pick->busy = 1;
+		pick->shapes = shapes; /* a frame planned for others is planned again when it runs */
 		e = pick->exec;
 	}
 	spin_release(&c->lock);
@@ -144,7 +161,8 @@ tern_status tern_call_begin(tern_exec *caller, const tern_node *node, const tern
 			tern_exec_free(e);
 			return tern_errorf(TERN_EOS, "out of memory");
 		}
-		c->frames[c->n++] = (call_frame){fn, e, 1};
+		e->call_slot = c->n;
+		c->frames[c->n++] = (call_frame){fn, e, shapes, 1};
 		spin_release(&c->lock);
 	}
 	call_depth++;
@@ -165,9 +183,7 @@ void tern_call_end(tern_exec *caller, tern_exec *frame)
 	call_depth--;
 	tern_calls *c = calls_of(caller);
 	spin_acquire(&c->lock);
-	for (size_t i = 0; i < c->n; i++)
-		if (c->frames[i].exec == frame)
-			c->frames[i].busy = 0;
+	c->frames[frame->call_slot].busy = 0;
 	spin_release(&c->lock);
 }
 

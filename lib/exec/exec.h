@@ -109,6 +109,7 @@ struct tern_exec {
 	stream_worker *workers;
 	struct stream_sync *sync;
 	tern_calls *calls; /* the main plan's: frames of the model-local functions its nodes call (calls.c) */
+	size_t call_slot; /* a frame's: its place in the main plan's frames */
 	/* profiling */
 	int profile;
 	tern_profile_event *events;
