@@ -110,26 +110,6 @@ static int finish(MPI_Request *r)
 	}
 }
 
-static int mpi_allreduce(void *ctx, void *buf, int64_t count, int dtype)
-{
-	(void)ctx;
-	MPI_Datatype t = dtype == TERN_DOUBLE ? MPI_DOUBLE : MPI_FLOAT;
-	/* in pieces of at most INT_MAX elements (MPI counts are int) */
-	size_t es = dtype == TERN_DOUBLE ? 8 : 4;
-	for (int64_t at = 0; at < count; at += INT_MAX) {
-		int n = (int)(count - at < INT_MAX ? count - at : INT_MAX), rc;
-		void *b = (char *)buf + (size_t)at * es;
-		MPI_Request r;
-		if (!yielding)
-			rc = MPI_CALL(MPI_Allreduce(MPI_IN_PLACE, b, n, t, MPI_SUM, MPI_COMM_WORLD));
-		else if ((rc = MPI_CALL(MPI_Iallreduce(MPI_IN_PLACE, b, n, t, MPI_SUM, MPI_COMM_WORLD, &r))) == MPI_SUCCESS)
-			rc = finish(&r);
-		if (rc != MPI_SUCCESS)
-			return mpi_failed(rc, "MPI_Allreduce");
-	}
-	return 0;
-}
-
 /* A nonblocking allreduce: MPI_Iallreduce in pieces of at most INT_MAX elements. A failure is kept
  * for the wait, which frees the request. */
 typedef struct mpi_request {
@@ -196,6 +176,24 @@ static int mpi_wait(void *ctx, void *request)
 			rc = finish(&q->r[i]);
 	free(q);
 	return rc != MPI_SUCCESS ? mpi_failed(rc, what) : 0;
+}
+
+static int mpi_allreduce(void *ctx, void *buf, int64_t count, int dtype)
+{
+	if (yielding) {
+		void *request;
+		return mpi_iallreduce(ctx, buf, count, dtype, &request) || mpi_wait(ctx, request);
+	}
+	MPI_Datatype t = dtype == TERN_DOUBLE ? MPI_DOUBLE : MPI_FLOAT;
+	/* in pieces of at most INT_MAX elements (MPI counts are int) */
+	size_t es = dtype == TERN_DOUBLE ? 8 : 4;
+	for (int64_t at = 0; at < count; at += INT_MAX) {
+		int n = (int)(count - at < INT_MAX ? count - at : INT_MAX);
+		int rc = MPI_CALL(MPI_Allreduce(MPI_IN_PLACE, (char *)buf + (size_t)at * es, n, t, MPI_SUM, MPI_COMM_WORLD));
+		if (rc != MPI_SUCCESS)
+			return mpi_failed(rc, "MPI_Allreduce");
+	}
+	return 0;
 }
 
 /* Byte counts and displacements as MPI's ints; a message over 2 GiB is refused. */

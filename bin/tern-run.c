@@ -421,6 +421,17 @@ static tern_tensor *read_inputs(struct run *run, tern_model *model, int n)
 	return inputs;
 }
 
+/* Points view[i] at example e of each input that holds examples (per_example[i]; NULL: none). */
+static void set_example(tern_tensor *view, const tern_tensor *inputs, const bool *per_example, int n, int64_t e)
+{
+	for (int i = 0; per_example && i < n; i++)
+		if (per_example[i]) {
+			view[i] = tern_sequence_of(&inputs[i])->items[e];
+			view[i].owns_data = 0;
+			view[i].name = NULL;
+		}
+}
+
 /* ---------------------------------------------------------------- outputs */
 
 /* Output names are free text in ONNX; a file name keeps letters, digits, '-', '_' and inner dots
@@ -704,14 +715,12 @@ static void print_json(FILE *f, const struct run *run, const char *graph, const 
 		json_string(f, outs->names[i]);
 		if (o->dtype == TERN_SEQUENCE) {
 			fprintf(f, ", \"dtype\": \"sequence\", \"length\": %zu, \"sum\": ", tern_sequence_of(o)->n);
-			json_number(f, c.sum);
-			fprintf(f, ", \"fnv64\": \"%016" PRIx64 "\"}", c.hash);
-			continue;
+		} else {
+			fprintf(f, ", \"dtype\": \"%s\", \"shape\": [", tern_dtype_name(o->dtype));
+			for (int k = 0; k < o->rank; k++)
+				fprintf(f, k ? ", %" PRId64 : "%" PRId64, o->dims[k]);
+			fputs("], \"sum\": ", f);
 		}
-		fprintf(f, ", \"dtype\": \"%s\", \"shape\": [", tern_dtype_name(o->dtype));
-		for (int k = 0; k < o->rank; k++)
-			fprintf(f, k ? ", %" PRId64 : "%" PRId64, o->dims[k]);
-		fputs("], \"sum\": ", f);
 		json_number(f, c.sum);
 		fprintf(f, ", \"fnv64\": \"%016" PRIx64 "\"}", c.hash);
 	}
@@ -839,14 +848,18 @@ int main(int argc, char **argv)
 	if (examples > 0 && (run.iters > 1 || run.warmup || run.profile))
 		tern_cli_fail(TERN_EUSAGE, "--iters, --warmup and --profile time one input; examples of their own sizes run "
 		              "once each");
+	/* what a run reads: the inputs, or views of them, example i of each example input */
 	tern_tensor *view = examples > 0 ? calloc((size_t)n_inputs + 1, sizeof *view) : inputs;
-	if (!view)
+	bool *per_example = examples > 0 ? calloc((size_t)n_inputs + 1, sizeof *per_example) : NULL;
+	if (!view || (examples > 0 && !per_example))
 		tern_cli_fail(TERN_EOS, "out of memory");
 	for (int i = 0; examples > 0 && i < n_inputs; i++) {
-		view[i] = inputs[i].dtype == TERN_SEQUENCE ? tern_sequence_of(&inputs[i])->items[0] : inputs[i];
+		per_example[i] = !tern_model_input_kind(model, i);
+		view[i] = inputs[i];
 		view[i].owns_data = 0; /* views: inputs owns them */
 		view[i].name = NULL;
 	}
+	set_example(view, inputs, per_example, n_inputs, 0);
 	if (examples > 0) {
 		run.iters = (int)examples;
 		plan_opts.release_weights = 0; /* each new size plans again, from the weights */
@@ -879,12 +892,7 @@ int main(int argc, char **argv)
 	for (int o = 0; o < n_out && collected; o++)
 		tern_cli_check(tern_sequence_new(&collected[o], 0));
 	for (int i = 0; i < run.iters; i++) {
-		for (int k = 0; examples > 0 && k < n_inputs; k++)
-			if (inputs[k].dtype == TERN_SEQUENCE && !tern_model_input_kind(model, k)) {
-				view[k] = tern_sequence_of(&inputs[k])->items[i];
-				view[k].owns_data = 0;
-				view[k].name = NULL;
-			}
+		set_example(view, inputs, per_example, n_inputs, i);
 		t0 = now_ms();
 		tern_status st = tern_plan_run(plan, view, n_inputs);
 		timing.ms[i] = now_ms() - t0;
@@ -926,6 +934,7 @@ int main(int argc, char **argv)
 	free(outs.t);
 	if (view != inputs)
 		free(view);
+	free(per_example);
 	tern_plan_free(plan);
 	for (int i = 0; i < n_inputs; i++)
 		tern_tensor_free(&inputs[i]);

@@ -401,10 +401,10 @@ tern_status tern_tensor_from_proto(const Onnx__TensorProto *tp, const char *base
 			return tern_errorf(TERN_EDATA, "tensor '%s': its shape holds more elements than memory can", what);
 		need *= (size_t)tp->dims[i];
 	}
-	if (!external && tp->has_raw_data && dtype != TERN_STRING && es && tp->raw_data.len != need * es)
+	if (!external && tp->has_raw_data && dtype != TERN_STRING && tp->raw_data.len != need * es)
 		return tern_errorf(TERN_EDATA, "tensor '%s': raw_data has %zu bytes, its shape needs %zu", what,
 		                   tp->raw_data.len, need * es);
-	if (!external && !tp->has_raw_data && stored_values(tp, dtype) != need)
+	if (!external && (!tp->has_raw_data || dtype == TERN_STRING) && stored_values(tp, dtype) != need)
 		return tern_errorf(TERN_EDATA, dtype == TERN_STRING ? "tensor '%s': %zu strings for %zu elements"
 		                                                    : "tensor '%s': %zu values stored, its shape needs %zu",
 		                   what, stored_values(tp, dtype), need);
@@ -419,11 +419,8 @@ tern_status tern_tensor_from_proto(const Onnx__TensorProto *tp, const char *base
 		else
 			st = read_external(tp, base_dir, what, out->nbytes, out->data);
 	} else if (dtype == TERN_STRING) {
-		if (tp->n_string_data != n)
-			st = tern_errorf(TERN_EDATA, "tensor '%s': %zu strings for %zu elements", what,
-			                 tp->n_string_data, n);
 		char **s = out->data;
-		for (size_t i = 0; !st && i < n; i++) {
+		for (size_t i = 0; i < n; i++) {
 			s[i] = malloc(tp->string_data[i].len + 1);
 			if (!s[i]) {
 				st = tern_errorf(TERN_EOS, "out of memory");
@@ -434,61 +431,28 @@ tern_status tern_tensor_from_proto(const Onnx__TensorProto *tp, const char *base
 			s[i][tp->string_data[i].len] = '\0';
 		}
 	} else if (tp->has_raw_data) {
-		if (tp->raw_data.len != out->nbytes)
-			st = tern_errorf(TERN_EDATA, "tensor '%s': raw_data has %zu bytes, its shape needs %zu", what,
-			                 tp->raw_data.len, out->nbytes);
-		else if (n)
+		if (n)
 			memcpy(out->data, tp->raw_data.data, out->nbytes);
-	} else {
-		size_t have;
+	} else if (n) {
+		/* as many values as the shape needs: checked above */
 		switch (dtype) {
-		case TERN_FLOAT:
-			have = tp->n_float_data;
-			if (have == n && n)
-				memcpy(out->data, tp->float_data, n * 4);
-			break;
-		case TERN_COMPLEX64:
-			have = tp->n_float_data / 2;
-			if (have == n && n)
-				memcpy(out->data, tp->float_data, n * 8);
-			break;
-		case TERN_DOUBLE:
-			have = tp->n_double_data;
-			if (have == n && n)
-				memcpy(out->data, tp->double_data, n * 8);
-			break;
-		case TERN_COMPLEX128:
-			have = tp->n_double_data / 2;
-			if (have == n && n)
-				memcpy(out->data, tp->double_data, n * 16);
-			break;
-		case TERN_INT64:
-			have = tp->n_int64_data;
-			if (have == n && n)
-				memcpy(out->data, tp->int64_data, n * 8);
-			break;
+		case TERN_FLOAT: memcpy(out->data, tp->float_data, n * 4); break;
+		case TERN_COMPLEX64: memcpy(out->data, tp->float_data, n * 8); break;
+		case TERN_DOUBLE: memcpy(out->data, tp->double_data, n * 8); break;
+		case TERN_COMPLEX128: memcpy(out->data, tp->double_data, n * 16); break;
+		case TERN_INT64: memcpy(out->data, tp->int64_data, n * 8); break;
 		case TERN_UINT32:
 		case TERN_UINT64:
-			have = tp->n_uint64_data;
-			if (have == n)
-				for (size_t i = 0; i < n; i++) {
-					if (dtype == TERN_UINT32)
-						((uint32_t *)out->data)[i] = (uint32_t)tp->uint64_data[i];
-					else
-						((uint64_t *)out->data)[i] = tp->uint64_data[i];
-				}
+			for (size_t i = 0; i < n; i++) {
+				if (dtype == TERN_UINT32)
+					((uint32_t *)out->data)[i] = (uint32_t)tp->uint64_data[i];
+				else
+					((uint64_t *)out->data)[i] = tp->uint64_data[i];
+			}
 			break;
-		default:
-			have = tp->n_int32_data;
-			if (have == n)
-				unpack_int32_field(tp->int32_data, dtype, n, out->data);
-			break;
+		default: unpack_int32_field(tp->int32_data, dtype, n, out->data); break;
 		}
-		if (have != n)
-			st = tern_errorf(TERN_EDATA, "tensor '%s': %zu values stored, its shape needs %zu", what, have,
-			                 n);
 	}
-	(void)es;
 	if (!st && tp->name && !(out->name = tern_strdup(tp->name)))
 		st = tern_errorf(TERN_EOS, "out of memory");
 	if (st)

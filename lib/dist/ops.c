@@ -817,16 +817,15 @@ static void pack(char *buf, tern_tensor *const *x, int k)
 /* The sums in buf divided by the ranks, into y[0..k) (where present; y[i] may be buf itself). */
 static void unpack_mean(char *buf, tern_tensor *const *y, tern_tensor *const *like, int k, int dtype)
 {
-	int n_ranks = tern_comm_size();
-	double scale = 1.0 / n_ranks;
+	double scale = 1.0 / tern_comm_size(); /* exact on one rank */
 	for (int i = 0; i < k; i++) {
 		int64_t m = tern_tensor_numel(like[i]);
 		char *to = y[i] ? y[i]->data : NULL;
 		for (int64_t e = 0; to && e < m; e++) {
 			if (dtype == TERN_DOUBLE)
-				((double *)to)[e] = ((const double *)buf)[e] * (n_ranks > 1 ? scale : 1.0);
+				((double *)to)[e] = ((const double *)buf)[e] * scale;
 			else
-				((float *)to)[e] = n_ranks > 1 ? (float)(((const float *)buf)[e] * scale) : ((const float *)buf)[e];
+				((float *)to)[e] = (float)(((const float *)buf)[e] * scale);
 		}
 		buf += like[i]->nbytes;
 	}
@@ -838,18 +837,22 @@ static void expect_dense(int64_t total, size_t es)
 	tern_comm_expect(TERN_COMM_DENSE, 2.0 * (double)total * (double)es * (n_ranks - 1) / n_ranks);
 }
 
-static int64_t total_numel(tern_tensor *const *x, int k)
+/* The elements reduced together, counted when planning (the kernels' params). */
+static tern_status plan_total(tern_prepare_args *p, size_t bytes)
 {
-	int64_t total = 0;
-	for (int i = 0; i < k; i++)
-		total += tern_tensor_numel(x[i]);
-	return total;
+	int64_t *total = malloc(sizeof *total);
+	if (!total)
+		return tern_errorf(TERN_EOS, "out of memory");
+	*total = (int64_t)(bytes / tern_dtype_size(p->in[0]->dtype));
+	p->params = total;
+	p->free_params = free;
+	return TERN_OK;
 }
 
 static tern_status allreduce_kernel(const tern_kernel_args *a)
 {
 	int dtype = a->in[0]->dtype;
-	int64_t total = total_numel(a->in, a->n_in);
+	int64_t total = *(const int64_t *)a->params;
 	/* one tensor: reduced where it is to go; several: packed into the scratch */
 	char *buf = a->n_in == 1 ? a->out[0]->data : a->scratch;
 	pack(buf, a->in, a->n_in);
@@ -877,7 +880,7 @@ static tern_status allreduce_prepare(tern_prepare_args *p)
 	else
 		p->inplace_ok = 1;
 	p->kernel = allreduce_kernel;
-	return TERN_OK;
+	return plan_total(p, bytes);
 }
 
 /* AllReduceStart(X1..Xk) -> B: the Xi packed into B, whose sum over the ranks is started; B must not
@@ -886,7 +889,7 @@ static tern_status allreduce_prepare(tern_prepare_args *p)
 static tern_status allreduce_start_kernel(const tern_kernel_args *a)
 {
 	int dtype = a->in[0]->dtype;
-	int64_t total = total_numel(a->in, a->n_in);
+	int64_t total = *(const int64_t *)a->params;
 	pack(a->out[0]->data, a->in, a->n_in);
 	expect_dense(total, tern_dtype_size(dtype));
 	tern_status st = tern_comm_iallreduce(TERN_COMM_DENSE, a->out[0]->data, total, dtype);
@@ -901,8 +904,9 @@ static tern_status allreduce_start_prepare(tern_prepare_args *p)
 	tern_status st = check_reduced(p, 0, &bytes);
 	if (st)
 		return st;
-	int64_t n = (int64_t)(bytes / tern_dtype_size(p->in[0]->dtype));
-	tern_set_shape(p->out[0], p->in[0]->dtype, 1, &n);
+	if ((st = plan_total(p, bytes)))
+		return st;
+	tern_set_shape(p->out[0], p->in[0]->dtype, 1, (const int64_t *)p->params);
 	p->kernel = allreduce_start_kernel;
 	return TERN_OK;
 }

@@ -615,25 +615,17 @@ static tern_status reduce_bucket(tern_graph *g, dense_grad *d, size_t k, int ran
 	char stem[64];
 	snprintf(stem, sizeof stem, "tern.allreduce/bucket%d", index);
 	tern_status st = in && out ? TERN_OK : tern_errorf(TERN_EOS, "out of memory");
-	/* the readers of each gradient (the update, or with clipping the scaling and the norm), taken before
-	 * the reduction reads it too */
-	tern_node ***readers = calloc(k, sizeof *readers);
-	size_t *n_readers = calloc(k, sizeof *n_readers);
-	if (!readers || !n_readers)
-		st = tern_errorf(TERN_EOS, "out of memory");
 	for (size_t b = 0; b < k && !st; b++) {
-		tern_value *gv = d[b].grad;
-		if (!(readers[b] = malloc((gv->n_consumers + 1) * sizeof **readers))) {
-			st = tern_errorf(TERN_EOS, "out of memory");
-			break;
-		}
-		memcpy(readers[b], gv->consumers, gv->n_consumers * sizeof **readers);
-		n_readers[b] = gv->n_consumers;
+		tern_value *gv = d[b].grad, *mean = NULL;
 		in[b + 1] = gv->name;
 		char buf[300];
 		snprintf(buf, sizeof buf, "%s/mean", gv->name);
-		if (!(out[b] = tern_graph_unique_name(g, buf)))
+		/* the gradient's readers (the update, or with clipping the scaling and the norm) read the mean,
+		 * made before the reduction reads the gradient */
+		if (!(out[b] = tern_graph_unique_name(g, buf)) || !(mean = tern_graph_value(g, out[b])))
 			st = tern_errorf(TERN_EOS, "out of memory");
+		else
+			tern_value_replace_uses(g, gv, mean);
 	}
 	if (!st && !(name = tern_graph_unique_name(g, stem)))
 		st = tern_errorf(TERN_EOS, "out of memory");
@@ -672,17 +664,8 @@ static tern_status reduce_bucket(tern_graph *g, dense_grad *d, size_t k, int ran
 		start->outputs[0]->type.rank = 1;
 		start->outputs[0]->type.dims[0] = n;
 	}
-	for (size_t b = 0; b < k && !st; b++) {
+	for (size_t b = 0; b < k && !st; b++)
 		ar->outputs[b]->type = d[b].update->inputs[d[b].at - 1]->type;
-		for (size_t r = 0; r < n_readers[b]; r++)
-			for (size_t i = 0; i < readers[b][r]->n_inputs; i++)
-				if (readers[b][r]->inputs[i] == d[b].grad)
-					tern_node_set_input(readers[b][r], i, ar->outputs[b]);
-	}
-	for (size_t b = 0; readers && b < k; b++)
-		free(readers[b]);
-	free(readers);
-	free(n_readers);
 	for (size_t b = 0; out && b < k; b++)
 		free(out[b]);
 	free(in);
