@@ -610,12 +610,14 @@ int main(int argc, char **argv)
 	        "Train a partitioned model (tern-partition) on N ranks over MPICH.\v"
 	        "Without --worker it runs `mpiexec -n N` on itself; a plain `mpiexec -n N tern-dist-run ...` works "
 	        "as well. Every rank reads the graph and the -i files; each trains on its slice of every batch "
-	        "(--batch is the global batch), dense gradients are averaged by MPI_Allreduce, sparse rows go to "
+	        "(--batch is the global batch), dense gradients are averaged by MPI_Iallreduce while the backward pass "
+	        "runs (MPI_Allreduce after it with tern-partition --no-overlap), sparse rows go to "
 	        "and come from their shards' owners by MPI_Alltoallv. --log FILE gets one JSON object per step and "
 	        "rank: step, rank, epoch, loss (the rank's), mean_loss, samples_per_s, step_s, lr, and the bytes it "
 	        "sent and received by kind (bytes_sent and bytes_received: dense, sparse_push, sparse_pull, sparse_local, "
 	        "other). "
-	        "Rank 0 gathers the shards and writes -o, atomically.",
+	        "Rank 0 gathers the shards and writes -o, atomically. With more ranks on a machine than processors, "
+	        "ranks yield the processor while they wait for a collective (TERN_DIST_SPIN=1: spin, as MPICH does).",
 	        option_table,
 	        parse_option,
 	        &opts,
