@@ -217,6 +217,21 @@ tern_status tern_autodiff(tern_model *model, tern_value *const *ys, tern_value *
 tern_status tern_autodiff_rows(tern_model *model, tern_value *const *ys, tern_value *const *seeds, int n_ys,
                                tern_value *const *wrt, int n_wrt, const bool *rows_ok, tern_value **grads,
                                tern_value **grad_indices);
+/* tern_autodiff_rows with flags: TERN_AUTODIFF_ANY, ys that depend on none of wrt give NULL gradients
+ * instead of an error; TERN_AUTODIFF_FULL_SHAPE, every gradient has its value's shape (the gradient
+ * of a kept call may be a zero scalar where a branch did not read the value). tern_autodiff_rows is
+ * FULL_SHAPE. */
+enum { TERN_AUTODIFF_ANY = 1, TERN_AUTODIFF_FULL_SHAPE = 2 };
+tern_status tern_autodiff_impl(tern_model *model, tern_value *const *ys, tern_value *const *seeds, int n_ys,
+                               tern_value *const *wrt, int n_wrt, const bool *rows_ok, tern_value **grads,
+                               tern_value **grad_indices, int flags);
+/* Gradients through calls of model-local functions and through If (lib/autodiff/functions.c): lifts
+ * each If branch that the main graph reaches into a function, writes F__fwd (F whose calls and Ifs
+ * keep their frames, each giving a handle) and F__grad (its gradient, reading the kept frame through
+ * tern.Saved) for every function reached, and makes the main graph's calls and Ifs kept ones, so that
+ * tern_autodiff then emits tern.Backward for them. *model may be replaced (reloaded); *changed says
+ * whether anything was done (nothing is when the main graph has no call and no If). */
+tern_status tern_grad_prepare_calls(tern_model **model, bool *changed);
 
 /* The inputs a call of an ONNX operator version must have (lib/ops/arity.c, generated from onnx's
  * schemas): the least count and a mask of the required positions; and its attributes' names, each
@@ -283,6 +298,7 @@ tern_status tern_node_add_attr_float(tern_node *node, const char *name, float v)
 tern_status tern_node_add_attr_ints(tern_node *node, const char *name, const int64_t *v, size_t n);
 tern_status tern_node_add_attr_floats(tern_node *node, const char *name, const float *v, size_t n);
 tern_status tern_node_add_attr_string(tern_node *node, const char *name, const char *v);
+tern_status tern_node_add_attr_strings(tern_node *node, const char *name, const char *const *v, size_t n);
 tern_status tern_node_add_attr_tensor(tern_node *node, const char *name, const tern_tensor *t);
 /* Adds an initializer to the main graph (copying t). */
 tern_value *tern_graph_add_initializer(tern_graph *g, const char *name, const tern_tensor *t);
@@ -552,14 +568,36 @@ tern_graph *tern_function_find(const tern_model *m, const char *domain, const ch
 /* Whether two operator domains are one ("" and "ai.onnx" name the default; NULL is ""). */
 bool tern_same_domain(const char *a, const char *b);
 tern_status tern_call_begin(tern_exec *caller, const tern_node *node, const tern_graph *fn, tern_tensor *const *in,
-                            int n_in, tern_threadpool *pool, tern_exec **frame);
+                            int n_in, tern_threadpool *pool, int keep, tern_exec **frame);
 void tern_call_end(tern_exec *caller, tern_exec *frame);
+/* Kept calls (tern.Invoke keep=1, for gradients): a frame begun with keep keeps every value (none
+ * shares bytes with another) and, ended with tern_call_keep instead of tern_call_end, stays out of
+ * the pool until the main plan runs again; *handle names it to tern_call_kept (NULL: not a frame
+ * kept in this run). */
+tern_status tern_call_keep(tern_exec *caller, tern_exec *frame, int64_t *handle);
+tern_exec *tern_call_kept(tern_exec *caller, int64_t handle);
+void tern_calls_release_kept(tern_calls *c);
+/* tern_exec_create for a plan that keeps every value when keep is set. */
+tern_status tern_exec_create_kept(tern_exec *parent, tern_graph *g, tern_tensor *const *inputs, int n_inputs,
+                                  tern_threadpool *pool, int keep, tern_exec **out);
+/* Appends function fp (taken) to the model, its IR built. */
+tern_status tern_model_add_function(tern_model *m, Onnx__FunctionProto *fp);
+/* A slot of a plan by value name (-1: none), and its tensor. */
+int tern_exec_slot_of(const tern_exec *e, const char *name);
+tern_tensor *tern_exec_slot_tensor(tern_exec *e, int slot);
+/* The inputs a plan ran on last, and the graph it runs. */
+int tern_exec_num_inputs(const tern_exec *e);
+tern_tensor *tern_exec_input(tern_exec *e, int i);
+const tern_graph *tern_exec_graph(const tern_exec *e);
 tern_calls *tern_calls_new(void);
 void tern_calls_free(tern_calls *c);
 /* The operator of a node that calls a function by its domain and type (control.c); whether an
  * operator is that or tern.Invoke. */
 extern const tern_op tern_op_function_call;
 bool tern_op_calls_function(const tern_op *op);
+/* Whether a node makes kept calls (tern.Invoke keep=1, or an If whose branches do): what it reads
+ * must outlive the run, for the gradient that reads the kept frames. */
+bool tern_node_keeps_calls(const tern_node *n);
 
 /* Runs one node on tensors that all have data (constant folding, eager mode): outputs[0..n_outputs)
  * are allocated and owned by the caller; omitted outputs (node->outputs[i] NULL) stay empty. */

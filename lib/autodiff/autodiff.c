@@ -97,6 +97,7 @@ static tern_status add_attr(tern_node *n, const tern_gattr *a)
 	case TERN_GA_INTS: return tern_node_add_attr_ints(n, a->name, a->ints, a->n);
 	case TERN_GA_FLOATS: return tern_node_add_attr_floats(n, a->name, a->floats, a->n);
 	case TERN_GA_STRING: return tern_node_add_attr_string(n, a->name, a->s);
+	case TERN_GA_STRINGS: return tern_node_add_attr_strings(n, a->name, a->strs, a->n);
 	}
 	return tern_errorf(TERN_EINTERNAL, "bad attribute kind");
 }
@@ -418,12 +419,24 @@ static tern_status add_part(pending *p, tern_value *v)
 	return TERN_OK;
 }
 
-/* The summed gradient of forward value v (NULL when none flows), typed as v. */
-static tern_status total(tern_grad_ctx *g, pending *p, const tern_value *v, tern_value **out)
+/* Whether a gradient part comes from the gradient of a kept call: a zero scalar stands there for an
+ * input that the branch taken did not read (tern.Backward). */
+static bool maybe_scalar(const tern_value *d)
+{
+	return d->producer && !strcmp(d->producer->domain, TERN_DOMAIN) && !strcmp(d->producer->op_type, "Backward");
+}
+
+/* The summed gradient of forward value v (NULL when none flows), typed as v. A sum that may be a zero
+ * scalar is expanded to v's shape where v is computed (a rule reads it) or when full_shape (a
+ * parameter's gradient, for its update). */
+static tern_status total_of(tern_grad_ctx *g, pending *p, const tern_value *v, bool full_shape, tern_value **out)
 {
 	*out = NULL;
 	if (p->n == 0)
 		return TERN_OK;
+	bool scalar = false;
+	for (size_t k = 0; k < p->n; k++)
+		scalar |= maybe_scalar(p->parts[k]);
 	tern_value *sum = p->parts[0];
 	if (p->n > 1) {
 		tern_gval *in[32];
@@ -441,6 +454,14 @@ static tern_status total(tern_grad_ctx *g, pending *p, const tern_value *v, tern
 			sum = V(s);
 		}
 	}
+	if (scalar && (v->producer || full_shape)) {
+		tern_gval *in[2] = {G(sum), tern_g_shape(g, G((tern_value *)v))};
+		tern_gval *e = in[1] ? tern_g_op(g, "", "Expand", in, 2, NULL, 0) : NULL;
+		if (!e)
+			return tern_g_status(g);
+		sum = V(e);
+		sum->type = v->type;
+	}
 	if (!sum->type.dtype || sum->type.rank < 0)
 		sum->type = v->type;
 	p->n = 0;
@@ -448,6 +469,11 @@ static tern_status total(tern_grad_ctx *g, pending *p, const tern_value *v, tern
 	p->n = 1;
 	*out = sum;
 	return TERN_OK;
+}
+
+static tern_status total(tern_grad_ctx *g, pending *p, const tern_value *v, tern_value **out)
+{
+	return total_of(g, p, v, false, out);
 }
 
 /* Gather(X, indices) along axis 0 that reads rows of v (and not with v as its indices). */
@@ -526,13 +552,87 @@ tern_status tern_autodiff_rows(tern_model *m, tern_value *const *ys, tern_value 
                                tern_value *const *wrt, int n_wrt, const bool *rows_ok, tern_value **grads,
                                tern_value **grad_indices)
 {
+	return tern_autodiff_impl(m, ys, seeds, n_ys, wrt, n_wrt, rows_ok, grads, grad_indices, TERN_AUTODIFF_FULL_SHAPE);
+}
+
+/* The output holding a kept call's handle: tern.Invoke keep=1's last, or that of an If whose branches
+ * are kept calls (tern_grad_prepare_calls); -1 for other nodes. */
+static int kept_handle(const tern_node *n)
+{
+	if (!n->n_outputs)
+		return -1;
+	if (!strcmp(n->domain, TERN_DOMAIN) && !strcmp(n->op_type, "Invoke") && tern_attr_int(n, "keep", 0))
+		return (int)n->n_outputs - 1;
+	if (!*n->domain && !strcmp(n->op_type, "If") && tern_node_keeps_calls(n))
+		return (int)n->n_outputs - 1;
+	return -1;
+}
+
+/* The formal input names of the function a kept call runs (G__fwd's are G's). */
+static const tern_graph *kept_callee(const tern_model *m, const tern_node *n)
+{
+	const char *name = tern_attr_string(n, "function", ""), *domain = tern_attr_string(n, "function_domain", "");
+	return tern_function_find(m, domain, name);
+}
+
+/* The gradient of a kept call or If: tern.Backward on its handle and its outputs' gradients, for
+ * the inputs (a call's) or the values its branches read (an If's) that want one. */
+static tern_status kept_grad(tern_grad_ctx *g, tern_model *m, tern_node *n, tern_value *const *dy,
+                             const bool *wants, const bool *needs, const bool *useful, pending *acc)
+{
+	int h = kept_handle(n);
+	const char *wrt[64];
+	tern_value *to[64];
+	int k = 0;
+	bool is_if = !*n->domain;
+	const tern_graph *fn = is_if ? NULL : kept_callee(m, n);
+	if (!is_if && !fn)
+		return tern_node_errorf(n, TERN_EDATA, "gradient: the model has no function %s",
+		                        tern_attr_string(n, "function", "?"));
+	size_t n_from = is_if ? n->n_implicit : n->n_inputs;
+	for (size_t i = 0; i < n_from; i++) {
+		tern_value *x = is_if ? n->implicit[i] : n->inputs[i];
+		bool want = is_if ? x && needs[x->index] && useful[x->index] && tern_g_differentiable(x->type.dtype)
+		                  : wants[i];
+		if (!want || !x)
+			continue;
+		if (k == 64 || (!is_if && i >= fn->n_inputs))
+			return tern_node_errorf(n, TERN_EDATA, "gradient: more than 64 inputs of a kept call");
+		wrt[k] = is_if ? x->name : fn->inputs[i]->name;
+		to[k++] = x;
+	}
+	if (!k)
+		return TERN_OK;
+	tern_gval *in[33], *out[64] = {NULL};
+	int n_in = 0;
+	in[n_in++] = G(n->outputs[h]);
+	for (int o = 0; o < h; o++) {
+		if (n_in == 33)
+			return tern_node_errorf(n, TERN_EDATA, "gradient: more than 32 outputs of a kept call");
+		in[n_in++] = dy[o] ? G(dy[o]) : NULL;
+	}
+	while (n_in > 1 && !in[n_in - 1])
+		n_in--;
+	tern_gattr at = {.name = "wrt", .type = TERN_GA_STRINGS, .strs = wrt, .n = (size_t)k};
+	tern_status st = tern_g_op_n(g, TERN_DOMAIN, "Backward", in, n_in, &at, 1, out, k);
+	for (int j = 0; !st && j < k; j++) {
+		V(out[j])->type = to[j]->type;
+		st = add_part(&acc[to[j]->index], V(out[j]));
+	}
+	return st;
+}
+
+tern_status tern_autodiff_impl(tern_model *m, tern_value *const *ys, tern_value *const *seeds, int n_ys,
+                               tern_value *const *wrt, int n_wrt, const bool *rows_ok, tern_value **grads,
+                               tern_value **grad_indices, int flags)
+{
 	tern_graph *g = m->graph;
 	for (int i = 0; i < n_wrt; i++) {
 		grads[i] = NULL;
 		if (grad_indices)
 			grad_indices[i] = NULL;
 	}
-	tern_status st = tern_model_infer_shapes(m, 0, NULL, NULL);
+	tern_status st = tern_model_infer_types_through_calls(m);
 	if (st)
 		return st;
 	tern_node **order;
@@ -557,6 +657,9 @@ tern_status tern_autodiff_rows(tern_model *m, tern_value *const *ys, tern_value 
 		bool any = false;
 		for (size_t i = 0; i < n->n_inputs; i++)
 			any |= n->inputs[i] && needs[n->inputs[i]->index];
+		for (size_t i = 0; i < n->n_implicit; i++)
+			any |= (size_t)n->implicit[i]->index < nv && g->values[n->implicit[i]->index] == n->implicit[i] &&
+			       needs[n->implicit[i]->index];
 		for (size_t o = 0; any && o < n->n_outputs; o++)
 			if (n->outputs[o] && tern_g_differentiable(n->outputs[o]->type.dtype))
 				needs[n->outputs[o]->index] = true;
@@ -571,6 +674,9 @@ tern_status tern_autodiff_rows(tern_model *m, tern_value *const *ys, tern_value 
 		for (size_t i = 0; any && i < n->n_inputs; i++)
 			if (n->inputs[i])
 				useful[n->inputs[i]->index] = true;
+		for (size_t i = 0; any && i < n->n_implicit; i++)
+			if ((size_t)n->implicit[i]->index < nv && g->values[n->implicit[i]->index] == n->implicit[i])
+				useful[n->implicit[i]->index] = true;
 	}
 	bool depends = false;
 	for (int j = 0; j < n_ys; j++)
@@ -595,8 +701,10 @@ tern_status tern_autodiff_rows(tern_model *m, tern_value *const *ys, tern_value 
 		if (ok)
 			rows_of[v->index] = i;
 	}
-	if (!depends)
+	if (!depends && !(flags & TERN_AUTODIFF_ANY))
 		st = tern_errorf(TERN_EDATA, "%s: '%s' does not depend on any parameter", m->source, n_ys ? ys[0]->name : "?");
+	if (!depends && (flags & TERN_AUTODIFF_ANY))
+		n_ys = 0; /* no gradient flows: every one is NULL */
 
 	tern_grad_builder b = {m, g, NULL, 0, TERN_OK};
 	tern_grad_ctx seed_ctx = {.b = &b};
@@ -633,8 +741,26 @@ tern_status tern_autodiff_rows(tern_model *m, tern_value *const *ys, tern_value 
 			wants[i] = x && needs[x->index] && useful[x->index] && tern_g_differentiable(x->type.dtype);
 			wanted |= wants[i];
 		}
+		int h = kept_handle(n);
+		for (size_t i = 0; h >= 0 && i < n->n_implicit; i++) {
+			tern_value *x = n->implicit[i];
+			wanted |= (size_t)x->index < nv && g->values[x->index] == x && needs[x->index] && useful[x->index] &&
+			          tern_g_differentiable(x->type.dtype);
+		}
 		if (!flows || !wanted)
 			continue;
+		if (h >= 0) {
+			tern_value *dys[32] = {NULL};
+			for (int o = 0; o < h && !st; o++)
+				if (n->outputs[o])
+					st = total(&seed_ctx, &acc[n->outputs[o]->index], n->outputs[o], &dys[o]);
+			b.forward = n;
+			b.status = TERN_OK;
+			seed_ctx.node = n;
+			if (!st)
+				st = kept_grad(&seed_ctx, m, n, dys, wants, needs, useful, acc);
+			continue;
+		}
 		if (n->n_inputs >= 2 && n->inputs[0] && rows_of[n->inputs[0]->index] >= 0 && gathers_rows(n, n->inputs[0])) {
 			rows_parts *p = &rp[rows_of[n->inputs[0]->index]];
 			tern_value *d = NULL;
@@ -697,7 +823,8 @@ tern_status tern_autodiff_rows(tern_model *m, tern_value *const *ys, tern_value 
 			b.forward = NULL;
 			st = rows_total(&seed_ctx, &rp[i], wrt[i], &grad_indices[i], &grads[i]);
 		} else {
-			st = total(&seed_ctx, &acc[wrt[i]->index], wrt[i], &grads[i]);
+			st = total_of(&seed_ctx, &acc[wrt[i]->index], wrt[i], (flags & TERN_AUTODIFF_FULL_SHAPE) != 0,
+			              &grads[i]);
 		}
 	}
 	for (int i = 0; rp && i < n_wrt; i++) {

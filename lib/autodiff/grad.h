@@ -17,13 +17,14 @@ typedef struct tern_grad_builder tern_grad_builder;
 /* An attribute of an emitted node. */
 typedef struct tern_gattr {
 	const char *name;
-	enum { TERN_GA_INT, TERN_GA_FLOAT, TERN_GA_INTS, TERN_GA_FLOATS, TERN_GA_STRING } type;
+	enum { TERN_GA_INT, TERN_GA_FLOAT, TERN_GA_INTS, TERN_GA_FLOATS, TERN_GA_STRING, TERN_GA_STRINGS } type;
 	int64_t i;
 	float f;
 	const int64_t *ints;
 	const float *floats;
 	size_t n;
 	const char *s;
+	const char *const *strs; /* TERN_GA_STRINGS: n of them */
 } tern_gattr;
 #define TERN_GA_I(NAME, V) ((tern_gattr){.name = (NAME), .type = TERN_GA_INT, .i = (V)})
 #define TERN_GA_F(NAME, V) ((tern_gattr){.name = (NAME), .type = TERN_GA_FLOAT, .f = (V)})

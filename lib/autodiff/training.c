@@ -446,7 +446,12 @@ tern_status tern_model_add_training(tern_model *m, const tern_train_options *o, 
 	if (!st)
 		st = tern_model_load_bytes(bytes, size, m->source, m->base_dir, &a);
 	free(bytes);
+	/* calls and Ifs: kept, with the functions their gradients run */
+	bool calls_kept = false;
+	if (!st)
+		st = tern_grad_prepare_calls(&a, &calls_kept);
 	if (st) {
+		tern_model_free(a);
 		free(params);
 		return st;
 	}
@@ -760,6 +765,13 @@ tern_status tern_model_add_training(tern_model *m, const tern_train_options *o, 
 	}
 	if (!st)
 		st = tern_model_import_opset(m, TERN_DOMAIN, TERN_DOMAIN_VERSION);
+	/* the functions the step's kept calls run (F__fwd, F__grad, the lifted branches) */
+	for (size_t i = m->proto->n_functions; !st && calls_kept && i < a->proto->n_functions; i++) {
+		Onnx__FunctionProto *fp = tern_pb_copy(a->proto->functions[i]);
+		st = fp ? tern_model_add_function(m, fp) : tern_errorf(TERN_EOS, "out of memory");
+	}
+	if (!st && calls_kept)
+		st = tern_model_import_opset(m, "tern.grad", 1);
 	Onnx__TrainingInfoProto *ti = NULL;
 	Onnx__TrainingInfoProto **tis = NULL;
 	if (!st) {

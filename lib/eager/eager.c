@@ -1833,6 +1833,10 @@ static Onnx__AttributeProto *gattr_proto(const tern_gattr *a, tern_status *st)
 		x.floats = fl;
 		break;
 	case TERN_GA_STRING: x.kind = TERN_ATTR_STRING, x.s = a->s; break;
+	case TERN_GA_STRINGS:
+		/* only the gradients of kept calls emit lists of strings, and the eager API makes none */
+		*st = tern_errorf(TERN_EINTERNAL, "attribute '%s': a list of strings in eager mode", a->name);
+		return NULL;
 	}
 	return make_attr(&x, st);
 }

@@ -15,14 +15,16 @@
 #include <stdlib.h>
 
 
-/* Frames a function may have planned for different input shapes before calls re-plan them. */
-#define TERN_CALL_FRAMES_MAX 1024
+/* Frames a function may have planned for different input shapes before calls re-plan them: kept
+ * frames (calls whose values a gradient reads) count too, one a call of a step. */
+#define TERN_CALL_FRAMES_MAX 16384
 
 typedef struct call_frame {
 	const tern_graph *fn;
 	tern_exec *exec;
 	uint64_t shapes; /* the input shapes it is planned for, hashed (shapes_of) */
-	int busy;
+	int busy; /* 0 free, 1 running, 2 kept (its values read later, until the main plan runs again) */
+	int keep; /* planned to keep its values: no two share bytes (tern_exec.keep_values) */
 } call_frame;
 
 /* The pool's lock is held for a few dozen instructions per call, by calls on several threads at once
@@ -47,6 +49,11 @@ struct tern_calls {
 	spin_lock lock;
 	call_frame *frames;
 	size_t n, cap;
+	/* Frames kept during this run of the main plan (tern.Invoke keep=1), by handle: a handle is
+	 * (run << 32 | index), so that one from an earlier run is refused. */
+	size_t *kept;
+	size_t n_kept, cap_kept;
+	uint32_t run;
 };
 
 /* Calls running on this thread, one inside another: a call's body runs on its caller's thread. */
@@ -111,7 +118,7 @@ static tern_calls *calls_of(tern_exec *caller)
 }
 
 tern_status tern_call_begin(tern_exec *caller, const tern_node *node, const tern_graph *fn, tern_tensor *const *in,
-                            int n_in, tern_threadpool *pool, tern_exec **frame)
+                            int n_in, tern_threadpool *pool, int keep, tern_exec **frame)
 {
 	*frame = NULL;
 	const char *name = fn->fproto && fn->fproto->name ? fn->fproto->name : "?";
@@ -132,7 +139,7 @@ tern_status tern_call_begin(tern_exec *caller, const tern_node *node, const tern
 	for (size_t i = 0; i < c->n && !pick; i++) {
 		call_frame *f = &c->frames[i];
 		of_fn += f->fn == fn;
-		if (f->busy || f->fn != fn)
+		if (f->busy || f->fn != fn || f->keep != keep)
 			continue;
 		if (f->shapes == shapes && fits(f->exec, in, n_in))
 			pick = f;
@@ -153,7 +160,7 @@ tern_status tern_call_begin(tern_exec *caller, const tern_node *node, const tern
 	tern_status rc = TERN_OK;
 	if (!e) {
 		/* planned outside the lock: planning may call (a Constant folded by a call, say) */
-		if ((rc = tern_exec_create(main_plan(caller), (tern_graph *)fn, in, n_in, pool, &e)))
+		if ((rc = tern_exec_create_kept(main_plan(caller), (tern_graph *)fn, in, n_in, pool, keep, &e)))
 			return rc;
 		spin_acquire(&c->lock);
 		if (!tern_grow((void **)&c->frames, &c->cap, c->n + 1, sizeof *c->frames)) {
@@ -162,12 +169,18 @@ tern_status tern_call_begin(tern_exec *caller, const tern_node *node, const tern
 			return tern_errorf(TERN_EOS, "out of memory");
 		}
 		e->call_slot = c->n;
-		c->frames[c->n++] = (call_frame){fn, e, shapes, 1};
+		c->frames[c->n++] = (call_frame){fn, e, shapes, 1, keep};
 		spin_release(&c->lock);
 	}
 	call_depth++;
 	rc = tern_exec_run(e, in, n_in);
-	if (!rc && tern_exec_num_outputs(e) < (int)node->n_outputs)
+	if (!rc && keep && !strcmp(node->op_type, "Invoke") && tern_exec_num_outputs(e) < (int)node->n_outputs - 1)
+		rc = tern_node_errorf(node, TERN_EDATA, "the node has %zu outputs and a handle; %s returns %d",
+		                      node->n_outputs - 1, name, tern_exec_num_outputs(e));
+	else if (!rc && !keep && !strcmp(node->op_type, "Backward") && tern_exec_num_outputs(e) < (int)fn->n_outputs)
+		rc = tern_node_errorf(node, TERN_EDATA, "%s returns %d outputs of %zu", name, tern_exec_num_outputs(e),
+		                      fn->n_outputs);
+	else if (!rc && !keep && strcmp(node->op_type, "Backward") && tern_exec_num_outputs(e) < (int)node->n_outputs)
 		rc = tern_node_errorf(node, TERN_EDATA, "the node has %zu outputs; %s returns %d", node->n_outputs, name,
 		                      tern_exec_num_outputs(e));
 	if (rc) {
@@ -187,6 +200,49 @@ void tern_call_end(tern_exec *caller, tern_exec *frame)
 	spin_release(&c->lock);
 }
 
+tern_status tern_call_keep(tern_exec *caller, tern_exec *frame, int64_t *handle)
+{
+	call_depth--;
+	tern_calls *c = calls_of(caller);
+	spin_acquire(&c->lock);
+	if (!tern_grow((void **)&c->kept, &c->cap_kept, c->n_kept + 1, sizeof *c->kept)) {
+		c->frames[frame->call_slot].busy = 0;
+		spin_release(&c->lock);
+		return tern_errorf(TERN_EOS, "out of memory");
+	}
+	c->frames[frame->call_slot].busy = 2;
+	*handle = (int64_t)((uint64_t)c->run << 32 | c->n_kept);
+	c->kept[c->n_kept++] = frame->call_slot;
+	spin_release(&c->lock);
+	return TERN_OK;
+}
+
+tern_exec *tern_call_kept(tern_exec *caller, int64_t handle)
+{
+	tern_calls *c = calls_of(caller);
+	if (!c)
+		return NULL;
+	uint64_t h = (uint64_t)handle;
+	tern_exec *e = NULL;
+	spin_acquire(&c->lock);
+	if ((uint32_t)(h >> 32) == c->run && (h & 0xffffffffu) < c->n_kept)
+		e = c->frames[c->kept[h & 0xffffffffu]].exec;
+	spin_release(&c->lock);
+	return e;
+}
+
+void tern_calls_release_kept(tern_calls *c)
+{
+	if (!c)
+		return;
+	spin_acquire(&c->lock);
+	for (size_t i = 0; i < c->n_kept; i++)
+		c->frames[c->kept[i]].busy = 0;
+	c->n_kept = 0;
+	c->run++;
+	spin_release(&c->lock);
+}
+
 void tern_calls_free(tern_calls *c)
 {
 	if (!c)
@@ -194,5 +250,6 @@ void tern_calls_free(tern_calls *c)
 	for (size_t i = 0; i < c->n; i++)
 		tern_exec_free(c->frames[i].exec);
 	free(c->frames);
+	free(c->kept);
 	free(c);
 }

@@ -108,6 +108,7 @@ struct tern_exec {
 	void **worker_scratch; /* per worker */
 	stream_worker *workers;
 	struct stream_sync *sync;
+	int keep_values; /* a kept call's frame: no two values share bytes, for a gradient to read later */
 	tern_calls *calls; /* the main plan's: frames of the model-local functions its nodes call (calls.c) */
 	size_t call_slot; /* a frame's: its place in the main plan's frames */
 	/* profiling */

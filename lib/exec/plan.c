@@ -659,6 +659,17 @@ static tern_status plan_memory(tern_exec *e)
 		if (it >= 0)
 			items[it].last[0] = INT32_MAX;
 	}
+	/* A kept frame keeps every value; elsewhere, what a kept call reads lives to the end (its frame
+	 * reads it again when the gradient runs). */
+	for (int i = 0; e->keep_values && i < n; i++)
+		items[i].last[0] = INT32_MAX;
+	for (int st = 0; !e->keep_values && st < e->n_steps; st++)
+		if (tern_node_keeps_calls(e->steps[st].node))
+			for (int u = 0; u < e->steps[st].n_use; u++) {
+				int it = slot_item[root_slot(e, e->steps[st].use_slot[u])];
+				if (it >= 0)
+					items[it].last[0] = INT32_MAX;
+			}
 	free(slot_item);
 	qsort(items, (size_t)n, sizeof *items, by_size_desc);
 	size_t total = 0;
@@ -920,6 +931,12 @@ tern_status tern_exec_plan(tern_exec *e, tern_tensor *const *inputs, int n_input
 tern_status tern_exec_create(tern_exec *parent, tern_graph *g, tern_tensor *const *inputs, int n_inputs,
                              tern_threadpool *pool, tern_exec **out)
 {
+	return tern_exec_create_kept(parent, g, inputs, n_inputs, pool, 0, out);
+}
+
+tern_status tern_exec_create_kept(tern_exec *parent, tern_graph *g, tern_tensor *const *inputs, int n_inputs,
+                                  tern_threadpool *pool, int keep, tern_exec **out)
+{
 	*out = NULL;
 	tern_exec *e = calloc(1, sizeof *e);
 	if (!e)
@@ -927,6 +944,7 @@ tern_status tern_exec_create(tern_exec *parent, tern_graph *g, tern_tensor *cons
 	e->graph = g;
 	e->parent = parent;
 	e->pool = pool;
+	e->keep_values = keep;
 	tern_status rc = tern_exec_plan(e, inputs, n_inputs);
 	if (rc) {
 		tern_exec_free(e);
@@ -954,7 +972,7 @@ int tern_exec_num_outputs(const tern_exec *e)
 
 bool tern_exec_output_movable(const tern_exec *e, int i)
 {
-	if (i < 0 || i >= e->n_outputs)
+	if (i < 0 || i >= e->n_outputs || e->keep_values)
 		return false;
 	const slot *s = &e->slots[e->output_slot[i]];
 	return s->kind == SLOT_DYNAMIC && s->t.owns_data && s->t.data;
@@ -963,4 +981,30 @@ bool tern_exec_output_movable(const tern_exec *e, int i)
 tern_tensor *tern_exec_output(tern_exec *e, int i)
 {
 	return i >= 0 && i < e->n_outputs ? &e->slots[e->output_slot[i]].t : NULL;
+}
+
+int tern_exec_slot_of(const tern_exec *e, const char *name)
+{
+	const tern_value *v = tern_graph_find(e->graph, name);
+	return v && (size_t)v->index < e->n_slots ? v->index : -1;
+}
+
+tern_tensor *tern_exec_slot_tensor(tern_exec *e, int slot)
+{
+	return slot >= 0 && (size_t)slot < e->n_slots ? &e->slots[slot].t : NULL;
+}
+
+int tern_exec_num_inputs(const tern_exec *e)
+{
+	return e->n_inputs;
+}
+
+tern_tensor *tern_exec_input(tern_exec *e, int i)
+{
+	return i >= 0 && i < e->n_inputs ? &e->slots[e->input_slot[i]].t : NULL;
+}
+
+const tern_graph *tern_exec_graph(const tern_exec *e)
+{
+	return e->graph;
 }

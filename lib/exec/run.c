@@ -244,6 +244,9 @@ tern_status tern_exec_run(tern_exec *e, tern_tensor *const *inputs, int n_inputs
 	if (n_inputs != e->n_inputs)
 		return tern_errorf(TERN_EDATA, "%s: %d inputs given, the plan has %d", e->graph->model->source,
 		                   n_inputs, e->n_inputs);
+	/* the frames the last run kept for its gradients are free again */
+	if (!e->parent)
+		tern_calls_release_kept(e->calls);
 	bool replan = false;
 	for (int i = 0; i < n_inputs && !replan; i++)
 		replan = !same_shape(inputs[i], &e->slots[e->input_slot[i]].t);

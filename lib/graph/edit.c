@@ -257,6 +257,22 @@ tern_status tern_node_add_attr_string(tern_node *node, const char *name, const c
 	return TERN_OK;
 }
 
+tern_status tern_node_add_attr_strings(tern_node *node, const char *name, const char *const *v, size_t n)
+{
+	Onnx__AttributeProto *a = new_attr(node, name, ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__STRINGS);
+	if (!a || !(a->strings = calloc(n ? n : 1, sizeof *a->strings)))
+		return tern_errorf(TERN_EOS, "out of memory");
+	for (size_t i = 0; i < n; i++) {
+		size_t len = strlen(v[i]);
+		if (!(a->strings[i].data = malloc(len ? len : 1)))
+			return tern_errorf(TERN_EOS, "out of memory");
+		memcpy(a->strings[i].data, v[i], len);
+		a->strings[i].len = len;
+		a->n_strings = i + 1;
+	}
+	return TERN_OK;
+}
+
 tern_status tern_node_add_attr_tensor(tern_node *node, const char *name, const tern_tensor *t)
 {
 	Onnx__AttributeProto *a = new_attr(node, name, ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__TENSOR);

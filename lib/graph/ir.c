@@ -483,6 +483,26 @@ tern_status tern_model_build_ir(tern_model *m)
 	return TERN_OK;
 }
 
+tern_status tern_model_add_function(tern_model *m, Onnx__FunctionProto *fp)
+{
+	Onnx__FunctionProto **fps = realloc(m->proto->functions, (m->proto->n_functions + 1) * sizeof *fps);
+	if (!fps)
+		return oom(m);
+	m->proto->functions = fps;
+	fps[m->proto->n_functions++] = fp;
+	tern_graph **gs = realloc(m->functions, (m->n_functions + 1) * sizeof *gs);
+	if (!gs)
+		return oom(m);
+	m->functions = gs;
+	tern_graph *f = graph_new(m, TERN_GRAPH_FUNCTION, NULL, NULL);
+	if (!f)
+		return oom(m);
+	f->fproto = fp;
+	f->name = fp->name ? fp->name : "";
+	m->functions[m->n_functions++] = f;
+	return build_function(m, f);
+}
+
 /* ---------------------------------------------------------------- order */
 
 tern_status tern_graph_toposort(tern_graph *g, tern_node ***out, size_t *count)

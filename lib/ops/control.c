@@ -662,12 +662,23 @@ static tern_status call_run(const tern_kernel_args *a)
 	tern_exec *frame = NULL;
 	if (!a->exec)
 		return tern_node_errorf(a->node, TERN_EUSAGE, "a call of a function runs only in a plan, not one node at a time");
-	tern_status rc = tern_call_begin(a->exec, a->node, fn, a->in, a->n_in, a->pool, &frame);
-	for (int o = 0; !rc && o < a->n_out; o++)
+	int keep = tern_attr_int(a->node, "keep", 0) != 0;
+	int n_out = a->n_out - keep; /* a kept call's last output is its handle */
+	tern_status rc = tern_call_begin(a->exec, a->node, fn, a->in, a->n_in, a->pool, keep, &frame);
+	for (int o = 0; !rc && o < n_out; o++)
 		if (a->out[o])
 			rc = take_out(a->node, a->out[o], frame, o);
-	if (frame)
+	if (frame && keep && !rc) {
+		int64_t h = 0;
+		if (!(rc = tern_call_keep(a->exec, frame, &h)) && a->out[n_out]) {
+			if (!(rc = tern_tensor_alloc(a->out[n_out], TERN_INT64, 0, NULL)))
+				*(int64_t *)a->out[n_out]->data = h;
+			else
+				rc = tern_node_errorf(a->node, rc, "%s", tern_error());
+		}
+	} else if (frame) {
 		tern_call_end(a->exec, frame);
+	}
 	return rc;
 }
 
@@ -720,9 +731,10 @@ static tern_status call_prepare(tern_prepare_args *p)
 		return tern_node_errorf(n, TERN_EDATA, "%s has attribute parameters, which tern's calls do not pass", name);
 	if ((size_t)p->n_in != fn->n_inputs)
 		return tern_node_errorf(n, TERN_EDATA, "%d inputs given; %s takes %zu", p->n_in, name, fn->n_inputs);
-	if ((size_t)p->n_out > fn->n_outputs)
-		return tern_node_errorf(n, TERN_EDATA, "%d outputs asked for; %s returns %zu", p->n_out, name,
-		                        fn->n_outputs);
+	int keep = tern_attr_int(n, "keep", 0) != 0;
+	if ((size_t)(p->n_out - keep) > fn->n_outputs || p->n_out < keep)
+		return tern_node_errorf(n, TERN_EDATA, "%d outputs asked for; %s returns %zu%s", p->n_out, name,
+		                        fn->n_outputs, keep ? " (and the handle of a kept call)" : "");
 	const tern_model *m = n->graph->model;
 	bool *seen = calloc(m->n_functions + 1, sizeof *seen);
 	if (!seen)
@@ -740,14 +752,245 @@ static tern_status call_prepare(tern_prepare_args *p)
 
 const tern_op tern_op_function_call = {"", "(function call)", 1, 0, call_prepare, 0, "control"};
 
+bool tern_node_keeps_calls(const tern_node *n)
+{
+	if (!strcmp(n->domain, "tern") && !strcmp(n->op_type, "Invoke"))
+		return tern_attr_int(n, "keep", 0) != 0;
+	for (size_t k = 0; k < n->n_subgraphs; k++)
+		for (size_t i = 0; i < n->subgraphs[k]->n_nodes; i++)
+			if (!n->subgraphs[k]->nodes[i]->removed && tern_node_keeps_calls(n->subgraphs[k]->nodes[i]))
+				return true;
+	return false;
+}
+
+/* ---------------------------------------------------------------- gradients of kept calls */
+
+/* The frame a handle names (an int64 scalar from a kept call of this run). */
+static tern_status kept_frame(const tern_kernel_args *a, tern_exec **frame)
+{
+	*frame = NULL;
+	if (!a->exec)
+		return tern_node_errorf(a->node, TERN_EUSAGE, "%s runs only in a plan", a->node->op_type);
+	const tern_tensor *h = a->in[0];
+	if (!h || h->dtype != TERN_INT64 || tern_tensor_numel(h) != 1)
+		return tern_node_errorf(a->node, TERN_EDATA, "input 0 is not the int64 handle of a kept call");
+	if (!(*frame = tern_call_kept(a->exec, *(const int64_t *)h->data)))
+		return tern_node_errorf(a->node, TERN_EDATA,
+		                        "handle %lld names no call kept in this run (a handle from another run?)",
+		                        (long long)*(const int64_t *)h->data);
+	return TERN_OK;
+}
+
+/* tern.Saved <value = NAME> (handle) -> v: the value NAME of the kept call's frame, read in place. */
+typedef struct saved_params {
+	const tern_graph *graph; /* the function last looked in, and where NAME is there */
+	int slot;
+} saved_params;
+
+static tern_status saved_run(const tern_kernel_args *a)
+{
+	saved_params *sp = a->params;
+	tern_exec *frame;
+	tern_status rc = kept_frame(a, &frame);
+	if (rc)
+		return rc;
+	const char *name = tern_attr_string(a->node, "value", "");
+	if (tern_exec_graph(frame) != sp->graph) {
+		sp->graph = tern_exec_graph(frame);
+		sp->slot = tern_exec_slot_of(frame, name);
+	}
+	const tern_tensor *v = tern_exec_slot_tensor(frame, sp->slot);
+	if (!v || (!v->data && v->nbytes))
+		return tern_node_errorf(a->node, TERN_EDATA, "the kept call has no value '%s'", name);
+	tern_tensor *y = a->out[0];
+	if (!y)
+		return TERN_OK;
+	if (v->dtype == TERN_STRING || v->dtype == TERN_SEQUENCE || v->dtype == TERN_NONE)
+		return copy_out(a->node, y, v);
+	tern_set_shape(y, v->dtype, v->rank, v->dims);
+	y->data = v->data;
+	y->nbytes = v->nbytes;
+	y->owns_data = 0;
+	return TERN_OK;
+}
+
+static tern_status saved_prepare(tern_prepare_args *p)
+{
+	if (p->n_in != 1 || p->n_out != 1 || !*tern_attr_string(p->node, "value", ""))
+		return tern_node_errorf(p->node, TERN_EDATA, "tern.Saved takes a handle, a string attribute 'value' and "
+		                        "gives one output");
+	saved_params *sp = calloc(1, sizeof *sp);
+	if (!sp)
+		return tern_errorf(TERN_EOS, "out of memory");
+	sp->slot = -1;
+	p->params = sp;
+	p->free_params = free;
+	p->kernel = saved_run;
+	p->dynamic_output = 1;
+	return TERN_OK;
+}
+
+/* tern.Backward <wrt = [NAME...]> (handle, dy1, ..., dym) -> (d1, ..., dk): runs the gradient function
+ * of the kept call's function (F__fwd's is F__grad: its inputs are F__fwd's, then the handle, then
+ * the gradients of its outputs; its outputs the gradients of its inputs, in order) and gives the
+ * gradients of the inputs named by wrt. A name the function does not take (the other branch of an If
+ * reads it) gets a zero scalar, which sums as zero with the gradients of the same value. */
+#define BACKWARD_CACHE 4
+typedef struct backward_params {
+	struct {
+		const tern_graph *fwd, *grad;
+		int *pick; /* per wrt name: the gradient function's output, or -1 */
+	} cache[BACKWARD_CACHE];
+	int n_cache, next;
+} backward_params;
+
+static void free_backward(void *p)
+{
+	backward_params *b = p;
+	for (int i = 0; i < b->n_cache; i++)
+		free(b->cache[i].pick);
+	free(b);
+}
+
+static tern_status backward_resolve(const tern_kernel_args *a, backward_params *b, const tern_graph *fwd, int *at)
+{
+	for (int i = 0; i < b->n_cache; i++)
+		if (b->cache[i].fwd == fwd) {
+			*at = i;
+			return TERN_OK;
+		}
+	const char *name = fwd->fproto ? fwd->fproto->name : NULL;
+	size_t len = name ? strlen(name) : 0;
+	if (len < 5 || strcmp(name + len - 5, "__fwd") != 0)
+		return tern_node_errorf(a->node, TERN_EDATA, "the kept call ran %s, which has no gradient function (F__fwd's "
+		                        "is F__grad)", name ? name : "?");
+	char gname[512];
+	snprintf(gname, sizeof gname, "%.*s__grad", (int)(len - 5), name);
+	const tern_graph *grad = tern_function_find(fwd->model, fwd->fproto->domain, gname);
+	if (!grad)
+		return tern_node_errorf(a->node, TERN_EDATA, "the model has no function %s", gname);
+	if (grad->n_inputs != fwd->n_inputs + 1 + fwd->n_outputs || grad->n_outputs != fwd->n_inputs)
+		return tern_node_errorf(a->node, TERN_EDATA, "%s takes %zu inputs and returns %zu; %s's gradient takes %zu "
+		                        "and returns %zu", gname, grad->n_inputs, grad->n_outputs, name,
+		                        fwd->n_inputs + 1 + fwd->n_outputs, fwd->n_inputs);
+	int slot = b->n_cache < BACKWARD_CACHE ? b->n_cache++ : b->next++ % BACKWARD_CACHE;
+	free(b->cache[slot].pick);
+	b->cache[slot].fwd = NULL;
+	size_t n_wrt = 0;
+	const Onnx__AttributeProto *w = tern_attr(a->node, "wrt");
+	n_wrt = w ? w->n_strings : 0;
+	int *pick = malloc((n_wrt + 1) * sizeof *pick);
+	if (!pick)
+		return tern_errorf(TERN_EOS, "out of memory");
+	for (size_t k = 0; k < n_wrt; k++) {
+		pick[k] = -1;
+		for (size_t i = 0; i < fwd->n_inputs; i++)
+			if (strlen(fwd->inputs[i]->name) == w->strings[k].len &&
+			    !memcmp(fwd->inputs[i]->name, w->strings[k].data, w->strings[k].len))
+				pick[k] = (int)i;
+	}
+	b->cache[slot].fwd = fwd;
+	b->cache[slot].grad = grad;
+	b->cache[slot].pick = pick;
+	*at = slot;
+	return TERN_OK;
+}
+
+static tern_status backward_run(const tern_kernel_args *a)
+{
+	backward_params *b = a->params;
+	tern_exec *frame;
+	tern_status rc = kept_frame(a, &frame);
+	int at = 0;
+	if (!rc)
+		rc = backward_resolve(a, b, tern_exec_graph(frame), &at);
+	if (rc)
+		return rc;
+	const tern_graph *fwd = b->cache[at].fwd, *grad = b->cache[at].grad;
+	int nx = (int)fwd->n_inputs, ny = (int)fwd->n_outputs;
+	if (a->n_in - 1 > ny)
+		return tern_node_errorf(a->node, TERN_EDATA, "%d output gradients given; the call has %d outputs", a->n_in - 1,
+		                        ny);
+	tern_tensor *in_small[64], **in = nx + 1 + ny <= 64 ? in_small : malloc((size_t)(nx + 1 + ny) * sizeof *in);
+	tern_tensor zeros_small[16], *zeros = ny <= 16 ? zeros_small : calloc((size_t)ny, sizeof *zeros);
+	if (!in || !zeros) {
+		if (in != in_small)
+			free(in);
+		if (zeros != zeros_small)
+			free(zeros);
+		return tern_errorf(TERN_EOS, "out of memory");
+	}
+	memset(zeros, 0, (size_t)ny * sizeof *zeros);
+	for (int i = 0; i < nx; i++)
+		in[i] = tern_exec_input(frame, i);
+	in[nx] = a->in[0];
+	for (int o = 0; o < ny && !rc; o++) {
+		tern_tensor *dy = o + 1 < a->n_in ? a->in[o + 1] : NULL;
+		if (!dy) {
+			/* no gradient flows into this output: zeros of its shape */
+			const tern_tensor *y = tern_exec_output(frame, o);
+			if ((rc = tern_tensor_alloc(&zeros[o], y->dtype, y->rank, y->dims)))
+				rc = tern_node_errorf(a->node, rc, "%s", tern_error());
+			else if (zeros[o].nbytes)
+				memset(zeros[o].data, 0, zeros[o].nbytes);
+			dy = &zeros[o];
+		}
+		in[nx + 1 + o] = dy;
+	}
+	tern_exec *gf = NULL;
+	if (!rc)
+		rc = tern_call_begin(a->exec, a->node, grad, in, nx + 1 + ny, a->pool, 0, &gf);
+	for (int k = 0; !rc && k < a->n_out; k++) {
+		if (!a->out[k])
+			continue;
+		int j = b->cache[at].pick[k];
+		if (j >= 0) {
+			rc = take_out(a->node, a->out[k], gf, j);
+		} else if (!(rc = tern_tensor_alloc(a->out[k], TERN_FLOAT, 0, NULL))) {
+			*(float *)a->out[k]->data = 0;
+		} else {
+			rc = tern_node_errorf(a->node, rc, "%s", tern_error());
+		}
+	}
+	if (gf)
+		tern_call_end(a->exec, gf);
+	for (int o = 0; o < ny; o++)
+		tern_tensor_free(&zeros[o]);
+	if (in != in_small)
+		free(in);
+	if (zeros != zeros_small)
+		free(zeros);
+	return rc;
+}
+
+static tern_status backward_prepare(tern_prepare_args *p)
+{
+	const Onnx__AttributeProto *w = tern_attr(p->node, "wrt");
+	if (p->n_in < 1)
+		return tern_node_errorf(p->node, TERN_EDATA, "tern.Backward takes the handle of a kept call first");
+	if ((size_t)p->n_out > (w ? w->n_strings : 0))
+		return tern_node_errorf(p->node, TERN_EDATA, "%d outputs, %zu names in 'wrt'", p->n_out,
+		                        w ? w->n_strings : 0);
+	backward_params *b = calloc(1, sizeof *b);
+	if (!b)
+		return tern_errorf(TERN_EOS, "out of memory");
+	p->params = b;
+	p->free_params = free_backward;
+	p->kernel = backward_run;
+	p->dynamic_output = 1;
+	return TERN_OK;
+}
+
 bool tern_op_calls_function(const tern_op *op)
 {
-	return op && op->prepare == call_prepare;
+	return op && (op->prepare == call_prepare || op->prepare == backward_prepare);
 }
 
 static const tern_op ops[] = {
         {"", "If", 1, 0, if_prepare, 0, "control"},
         {"tern", "Invoke", 1, 0, call_prepare, 0, "control"},
+        {"tern", "Saved", 1, 0, saved_prepare, 0, "control"},
+        {"tern", "Backward", 1, 0, backward_prepare, 0, "control"},
         {"", "Loop", 1, 0, loop_prepare, 0, "control"},
         {"", "Scan", 8, 0, scan_prepare, 0, "control"},
 };

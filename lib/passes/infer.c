@@ -132,9 +132,138 @@ static void seed_initializers(tern_graph *g, struct slot *slots)
 	}
 }
 
+/* ---------------------------------------------------------------- through calls and Ifs */
+
+/* With tern_model_infer_types_through_calls: a call's outputs are typed from its body planned on
+ * the call's input types, an If's from its branches (the first that types an output), each body in
+ * the scope of the values it reads from outside. A function already being typed further up (a
+ * recursion) types nothing: the If around the recursive call types its outputs from the other
+ * branch. */
+struct scope {
+	tern_graph *g;
+	struct slot *slots;
+	struct scope *up;
+};
+static _Thread_local struct scope *current_scope;
+static _Thread_local int through_calls;
+static _Thread_local const tern_graph *typing[64];
+static _Thread_local int n_typing;
+
+static void infer_node(struct slot *slots, tern_node *n);
+
+static const struct slot *outer_slot_of(struct scope *sc, const tern_value *v)
+{
+	while (v && (v->flags & TERN_VALUE_OUTER))
+		v = v->outer;
+	for (; v && sc; sc = sc->up)
+		if ((size_t)v->index < sc->g->n_values && sc->g->values[v->index] == v)
+			return &sc->slots[v->index];
+	return NULL;
+}
+
+/* Infers body g, its inputs typed by in[] (NULL: unknown) and its outer values from the scopes
+ * above; returns its slots (NULL on failure). */
+static struct slot *infer_body(tern_graph *g, const struct slot *const *in, size_t n_in, struct scope *up)
+{
+	struct slot *slots = calloc(g->n_values ? g->n_values : 1, sizeof *slots);
+	if (!slots)
+		return NULL;
+	seed_initializers(g, slots);
+	for (size_t i = 0; i < g->n_inputs && i < n_in; i++)
+		if (in[i] && in[i]->known) {
+			slots[g->inputs[i]->index] = *in[i];
+			slots[g->inputs[i]->index].owns = false;
+		}
+	for (size_t i = 0; i < g->n_values; i++)
+		if (g->values[i]->flags & TERN_VALUE_OUTER) {
+			const struct slot *o = outer_slot_of(up, g->values[i]);
+			if (o && o->known) {
+				slots[i] = *o;
+				slots[i].owns = false;
+			}
+		}
+	tern_node **order;
+	size_t count;
+	if (tern_graph_toposort(g, &order, &count)) {
+		tern_error_clear();
+		release(slots, g->n_values);
+		return NULL;
+	}
+	struct scope sc = {g, slots, up}, *saved = current_scope;
+	current_scope = &sc;
+	for (size_t i = 0; i < count; i++)
+		infer_node(slots, order[i]);
+	current_scope = saved;
+	free(order);
+	return slots;
+}
+
+/* Sets out's type (no data) from a body's slot. */
+static void take_type(struct slot *out, const struct slot *from)
+{
+	if (!from || !from->known || out->known)
+		return;
+	out->known = true;
+	tern_set_shape(&out->t, from->t.dtype, from->t.rank, from->t.dims);
+	out->t.data = NULL;
+}
+
+static void infer_call_or_if(struct slot *slots, tern_node *n)
+{
+	struct scope *sc = current_scope;
+	if (!sc || n->n_inputs > 64)
+		return;
+	if (tern_pass_is(n, "If")) {
+		for (int b = 0; b < 2; b++) {
+			tern_graph *br = tern_attr_graph(n, b ? "else_branch" : "then_branch");
+			struct slot *bs = br ? infer_body(br, NULL, 0, sc) : NULL;
+			for (size_t o = 0; bs && o < n->n_outputs && o < br->n_outputs; o++)
+				if (n->outputs[o])
+					take_type(&slots[n->outputs[o]->index], &bs[br->outputs[o]->index]);
+			if (bs)
+				release(bs, br->n_values);
+		}
+		return;
+	}
+	const char *domain = n->domain, *name = n->op_type;
+	if (!strcmp(n->domain, "tern") && !strcmp(n->op_type, "Invoke")) {
+		domain = tern_attr_string(n, "function_domain", "");
+		name = tern_attr_string(n, "function", NULL);
+	}
+	tern_graph *fn = tern_function_find(n->graph->model, domain, name);
+	if (!fn || n_typing >= (int)TERN_ARRAY_LEN(typing))
+		return;
+	for (int i = 0; i < n_typing; i++)
+		if (typing[i] == fn)
+			return;
+	const struct slot *in[64];
+	for (size_t i = 0; i < n->n_inputs; i++)
+		in[i] = n->inputs[i] ? &slots[n->inputs[i]->index] : NULL;
+	typing[n_typing++] = fn;
+	struct slot *fs = infer_body(fn, in, n->n_inputs, NULL);
+	n_typing--;
+	for (size_t o = 0; fs && o < n->n_outputs && o < fn->n_outputs; o++)
+		if (n->outputs[o])
+			take_type(&slots[n->outputs[o]->index], &fs[fn->outputs[o]->index]);
+	/* a kept call's handle */
+	if (fs && tern_attr_int(n, "keep", 0) && n->n_outputs == fn->n_outputs + 1 && n->outputs[fn->n_outputs]) {
+		struct slot *h = &slots[n->outputs[fn->n_outputs]->index];
+		h->known = true;
+		tern_set_shape(&h->t, TERN_INT64, 0, NULL);
+		h->t.data = NULL;
+	}
+	if (fs)
+		release(fs, fn->n_values);
+}
+
 /* Types (and where cheap, values) of the node's outputs from its inputs. */
 static void infer_node(struct slot *slots, tern_node *n)
 {
+	if (through_calls && (n->n_subgraphs || tern_op_calls_function(tern_op_find(n->domain, n->op_type, n->opset)) ||
+	                      tern_function_find(n->graph->model, n->domain, n->op_type))) {
+		infer_call_or_if(slots, n);
+		return;
+	}
 	if (n->n_subgraphs || n->n_inputs > 16 || n->n_outputs > 16)
 		return;
 	const tern_op *op = tern_op_find(n->domain, n->op_type, n->opset);
@@ -209,8 +338,11 @@ static tern_status infer_pass(tern_graph *g, struct symbols *sym, int pass, stru
 		release(slots, g->n_values);
 		return st;
 	}
+	struct scope sc = {g, slots, NULL}, *saved = current_scope;
+	current_scope = &sc;
 	for (size_t i = 0; i < count; i++)
 		infer_node(slots, order[i]);
+	current_scope = saved;
 	free(order);
 	*out = slots;
 	return TERN_OK;
@@ -336,5 +468,14 @@ tern_status tern_model_infer_shapes(tern_model *m, int write_value_info_protos, 
 		*typed = n_typed;
 	if (total)
 		*total = n_total;
+	return st;
+}
+
+tern_status tern_model_infer_types_through_calls(tern_model *m)
+{
+	through_calls = 1;
+	n_typing = 0;
+	tern_status st = tern_model_infer_shapes(m, 0, NULL, NULL);
+	through_calls = 0;
 	return st;
 }

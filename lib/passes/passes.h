@@ -150,4 +150,8 @@ extern const tern_pass tern_pass_fold_constants, tern_pass_dce, tern_pass_cse, t
         tern_pass_fuse_elementwise, tern_pass_fold_scales, tern_pass_fuse_attention, tern_pass_fold_embedding,
         tern_pass_blocked_conv;
 
+/* tern_model_infer_shapes that also types the outputs of calls (from the callee's body on the call's
+ * input types) and of Ifs (from their branches): for the gradients of calls (lib/autodiff). */
+tern_status tern_model_infer_types_through_calls(tern_model *m);
+
 #endif
