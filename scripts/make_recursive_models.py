@@ -4,10 +4,14 @@ treebank of scripts/make_treebank.py: a tree's inputs are left, right, word (int
 (int64), its output the root's 5 class scores.
 
     make_recursive_models.py [--vocab 108] [--hidden 64] [--seed 0] DIR
+        DIR/treelstm-train.txt: the same, also reading every node's label (int64 [nodes]) and giving
+        the mean cross-entropy over the tree's nodes as output loss (tern-autodiff --loss-output loss)
         DIR/treelstm.txt and DIR/treelstm.bin: a binary TreeLSTM (Tai et al.'s N-ary form). The
         function Node(node, ...) -> (h, c) invokes itself on the node's children under an If (a leaf
         reads its word's embedding), so each call of a tree's node runs without inlining and a node's
         two subtrees are independent calls.
+    make_recursive_models.py --accuracy SPLIT OUT
+        the share of SPLIT's roots whose sign the logits in OUT/logits/ get right (the binary task)
     make_recursive_models.py --compare DIR SPLIT OUT
         the roots' scores that tern-run wrote to OUT/logits/ (one .npy a tree, from
         tern-run -i left=SPLIT/left.pb ... DIR/treelstm.txt -O OUT) against numpy's recursion on the
@@ -94,6 +98,76 @@ Node ({args}) => (h, c) {{
 """
     with open(os.path.join(folder, "treelstm.txt"), "w") as f:
         f.write(text)
+    with open(os.path.join(folder, "treelstm-train.txt"), "w") as f:
+        f.write(train_text(decl, d))
+
+
+def train_text(decl, d):
+    """The TreeLSTM for training: Node also reads the labels and returns the summed cross-entropy of
+    its subtree's nodes; the model's loss is its mean over the tree's nodes (tern-autodiff
+    --loss-output loss)."""
+    w = ", ".join(WEIGHTS)
+    args = "node, left, right, word, label, " + w
+    return f"""<ir_version: 8, opset_import: ["" : 17, "tern" : 1, "tree" : 1]>
+treelstm (int64[N] left, int64[N] right, int64[N] word, int64 root, int64[N] label) => (float[5] logits, float loss)
+   <{(',' + chr(10) + '    ').join(decl)}>
+{{
+  h, c, total = tern.Invoke <function = "Node", function_domain = "tree"> (root, left, right, word, label, {w})
+  s = MatMul (h, wout)
+  logits = Add (s, bout)
+  n = Size (left)
+  nf = Cast <to = 1> (n)
+  loss = Div (total, nf)
+}}
+<domain: "tree", opset_import: ["" : 17, "tern" : 1, "tree" : 1]>
+Node ({args}) => (h, c, loss) {{
+  l = Gather <axis = 0> (left, node)
+  zero = Constant <value = int64 {{0}}> ()
+  leaf = Less (l, zero)
+  h, c, below = If (leaf) <then_branch = leaf_case () => (float[{d}] hl, float[{d}] cl, float bl) {{
+    w = Gather <axis = 0> (word, node)
+    x = Gather <axis = 0> (emb, w)
+    xw = MatMul (x, wleaf)
+    g = Add (xw, bleaf)
+    gi, go, gu = Split <axis = 0> (g)
+    si = Sigmoid (gi)
+    tu = Tanh (gu)
+    cl = Mul (si, tu)
+    so = Sigmoid (go)
+    tc = Tanh (cl)
+    hl = Mul (so, tc)
+    bl = Constant <value = float {{0}}> ()
+  }}, else_branch = inner_case () => (float[{d}] hi, float[{d}] ci, float bi) {{
+    r = Gather <axis = 0> (right, node)
+    ha, ca, la = tern.Invoke <function = "Node", function_domain = "tree"> (l, left, right, word, label, {w})
+    hb, cb, lb = tern.Invoke <function = "Node", function_domain = "tree"> (r, left, right, word, label, {w})
+    x = Concat <axis = 0> (ha, hb)
+    xw = MatMul (x, winner)
+    g = Add (xw, binner)
+    gi, gfa, gfb, go, gu = Split <axis = 0> (g)
+    si = Sigmoid (gi)
+    tu = Tanh (gu)
+    new = Mul (si, tu)
+    sfa = Sigmoid (gfa)
+    keepa = Mul (sfa, ca)
+    sfb = Sigmoid (gfb)
+    keepb = Mul (sfb, cb)
+    kept = Add (keepa, keepb)
+    ci = Add (new, kept)
+    so = Sigmoid (go)
+    tc = Tanh (ci)
+    hi = Mul (so, tc)
+    bi = Add (la, lb)
+  }}>
+  s = MatMul (h, wout)
+  z = Add (s, bout)
+  lz = LogSoftmax <axis = 0> (z)
+  y = Gather <axis = 0> (label, node)
+  ly = Gather <axis = 0> (lz, y)
+  own = Neg (ly)
+  loss = Add (own, below)
+}}
+"""
 
 
 def load_weights(folder):
@@ -151,6 +225,23 @@ def compare(folder, split, out):
     return 0 if worst <= 1e-4 else 1
 
 
+def accuracy(split, out):
+    """The roots' sign from tern-run's logits (P(3) + P(4) > P(0) + P(1), as make_treebank.py
+    --check-tree scores its TreeLSTM) against the treebank's sign of each root."""
+    import onnx
+    from onnx import numpy_helper as nh
+    q = onnx.SequenceProto()
+    with open(os.path.join(split, "sign.pb"), "rb") as f:
+        q.ParseFromString(f.read())
+    signs = [int(nh.to_array(t)) for t in q.tensor_values]
+    right = 0
+    for e, s in enumerate(signs):
+        z = np.load(os.path.join(out, "logits", f"{e}.npy")).astype(np.float64)
+        p = np.exp(z - z.max())
+        right += int(p[3] + p[4] > p[0] + p[1]) == s
+    return right / len(signs)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("dir")
@@ -159,7 +250,13 @@ def main():
     ap.add_argument("--hidden", type=int, default=64)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--compare", action="store_true")
+    ap.add_argument("--accuracy", action="store_true")
     a = ap.parse_args()
+    if a.accuracy:
+        if len(a.rest) != 1:
+            sys.exit("usage: make_recursive_models.py --accuracy SPLIT OUT")
+        print(f"root sign accuracy {accuracy(a.dir, a.rest[0]):.4f}")
+        return 0
     if a.compare:
         if len(a.rest) != 2:
             sys.exit("usage: make_recursive_models.py --compare DIR SPLIT OUT")

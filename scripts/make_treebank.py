@@ -134,13 +134,14 @@ def write_split(folder, trees):
     import onnx
     from onnx import numpy_helper as nh
     os.makedirs(folder, exist_ok=True)
-    fields = {"left": [], "right": [], "word": [], "label": [], "root": []}
+    fields = {"left": [], "right": [], "word": [], "label": [], "root": [], "sign": []}
     for t, root, _ in trees:
         fields["left"].append(np.array(t.left, np.int64))
         fields["right"].append(np.array(t.right, np.int64))
         fields["word"].append(np.array(t.word, np.int64))
         fields["label"].append(np.array([label_of(v) for v in t.value], np.int64))
         fields["root"].append(np.array(root, np.int64))
+        fields["sign"].append(np.array(int(t.value[root] > 0), np.int64))  # the binary task's answer
     for name, items in fields.items():
         seq = onnx.SequenceProto(name=name, elem_type=onnx.SequenceProto.TENSOR)
         seq.tensor_values.extend(nh.from_array(a) for a in items)
