@@ -519,7 +519,10 @@ tern_status tern_graph_toposort(tern_graph *g, tern_node ***out, size_t *count)
 	size_t live = 0;
 	for (size_t i = 0; i < n; i++) {
 		tern_node *nd = g->nodes[i];
-		nd->index = (int)i;
+		/* written only when it changes: plans of one function made on several threads at once (the
+		 * frames of a recursion's calls) sort the same graph */
+		if (nd->index != (int)i)
+			nd->index = (int)i;
 		if (nd->removed)
 			continue;
 		live++;
@@ -613,8 +616,10 @@ static tern_status sync_graph(tern_model *m, tern_graph *g)
 			tern_node *n = g->nodes[i];
 			if (n->removed) {
 				onnx__node_proto__free_unpacked(n->proto, &tern_pb_allocator);
-				for (size_t s = 0; s < n->n_subgraphs; s++)
-					n->subgraphs[s] = NULL; /* freed with the node proto */
+				for (size_t s = 0; s < n->n_subgraphs; s++) {
+					tern_graph_free_ir(n->subgraphs[s]); /* its proto goes with the node's */
+					n->subgraphs[s] = NULL;
+				}
 				free(n->subgraphs);
 				free(n->inputs);
 				free(n->outputs);

@@ -328,14 +328,14 @@ tern_status tern_model_load(const char *path, tern_model **out)
 	return st;
 }
 
-static void free_graph_ir(tern_graph *g)
+void tern_graph_free_ir(tern_graph *g)
 {
 	if (!g)
 		return;
 	for (size_t i = 0; i < g->n_nodes; i++) {
 		tern_node *n = g->nodes[i];
 		for (size_t s = 0; s < n->n_subgraphs; s++)
-			free_graph_ir(n->subgraphs[s]);
+			tern_graph_free_ir(n->subgraphs[s]);
 		free(n->subgraphs);
 		free(n->inputs);
 		free(n->outputs);
@@ -358,10 +358,10 @@ static void free_graph_ir(tern_graph *g)
 void tern_model_free_ir(tern_model *m);
 void tern_model_free_ir(tern_model *m)
 {
-	free_graph_ir(m->graph);
+	tern_graph_free_ir(m->graph);
 	m->graph = NULL;
 	for (size_t i = 0; i < m->n_functions; i++)
-		free_graph_ir(m->functions[i]);
+		tern_graph_free_ir(m->functions[i]);
 	free(m->functions);
 	m->functions = NULL;
 	m->n_functions = 0;

@@ -1,0 +1,59 @@
+#!/bin/sh
+# Gradients through If and calls of model-local functions, recursion included (tern-graph(5),
+# GRADIENTS OF CALLS): tern-autodiff keeps the forward calls' frames and runs F__grad on them through
+# tern.Backward. An If in the main graph against numpy's SGD; the recursive TreeLSTM of
+# scripts/make_recursive_models.py against finite differences and PyTorch; bad handles refused.
+test_description='gradients through If and recursive calls'
+. "$(dirname "$0")/test-lib.sh"
+
+test_expect_success PYTHON 'an If: each step differentiates the branch it took' '
+	"$TERN_PYTHON" "$TEST_DIRECTORY/recursive-grad.py" if-data . &&
+	tern-autodiff --loss-output loss --optimizer sgd --lr 0.1 "$TEST_DIRECTORY/data/if-grad.txt" -o if_train.onnx &&
+	tern-show if_train.onnx >shown &&
+	grep "tern.Backward <wrt = \[\"w\"\]>" shown &&
+	grep "^main__if0_then__fwd__grad\|^main__if0_then__grad" shown &&
+	tern-run --train -i x=x -i c=c if_train.onnx -o if_trained.onnx &&
+	"$TERN_PYTHON" "$TEST_DIRECTORY/recursive-grad.py" if-sgd . if_trained.onnx
+'
+
+test_expect_success PYTHON 'the training file of a recursive model passes onnx.checker' '
+	"$TERN_PYTHON" "$TERN_SOURCE/scripts/make_treebank.py" --seed 2 --train 12 --dev 2 --test 2 tb >/dev/null &&
+	"$TERN_PYTHON" "$TERN_SOURCE/scripts/make_recursive_models.py" --hidden 8 m &&
+	tern-autodiff --loss-output loss --optimizer sgd --lr 1 m/treelstm-train.txt -o m/sgd1.onnx &&
+	tern-autodiff --loss-output loss --optimizer sgd --lr 0.1 m/treelstm-train.txt -o m/sgd.onnx &&
+	"$TERN_PYTHON" -c "
+import onnx
+m = onnx.load(\"m/sgd.onnx\")
+onnx.checker.check_model(m, full_check=True)
+names = sorted(f.name for f in m.functions)
+assert \"Node__fwd\" in names and \"Node__grad\" in names, names
+"
+'
+
+T="-i left=tb/train/left.pb -i right=tb/train/right.pb -i word=tb/train/word.pb -i root=tb/train/root.pb -i label=tb/train/label.pb"
+
+test_expect_success PYTHON 'gradients through the recursion equal finite differences' '
+	tern-run --train $T --steps 1 m/sgd1.onnx -o m/step1.onnx &&
+	"$TERN_PYTHON" "$TEST_DIRECTORY/recursive-grad.py" tree-fd m tb m/sgd1.onnx m/step1.onnx
+'
+
+test_expect_success PYTHON 'ten steps, on one thread and two, equal PyTorch autograd' '
+	tern-run --train $T --steps 10 m/sgd.onnx -o m/ten.onnx &&
+	"$TERN_PYTHON" "$TEST_DIRECTORY/recursive-grad.py" tree-torch m tb 10 0.1 m/ten.onnx &&
+	tern-run --train --threads 2 $T --steps 10 m/sgd.onnx -o m/ten2.onnx &&
+	"$TERN_PYTHON" "$TEST_DIRECTORY/recursive-grad.py" tree-torch m tb 10 0.1 m/ten2.onnx
+'
+
+test_expect_success 'a handle that names no kept call: one line, exit 65' '
+	cat >bad.txt <<-\EOT &&
+	<ir_version: 8, opset_import: ["" : 17, "tern" : 1]>
+	g (int64 h) => (float y) {
+	   y = tern.Saved <value = "x"> (h)
+	}
+	EOT
+	"$TERN_PYTHON" -c "import numpy as np; np.save(\"h.npy\", np.array(7, np.int64))" &&
+	test_expect_code 65 tern-run -i h=h.npy bad.txt 2>err &&
+	test_one_error_line tern-run err && grep "names no call kept in this run" err
+'
+
+test_done
