@@ -580,6 +580,9 @@ void tern_calls_release_kept(tern_calls *c);
 /* tern_exec_create for a plan that keeps every value when keep is set. */
 tern_status tern_exec_create_kept(tern_exec *parent, tern_graph *g, tern_tensor *const *inputs, int n_inputs,
                                   tern_threadpool *pool, int keep, tern_exec **out);
+/* tern_tensor_alloc without zeroing the bytes (strings and sequences are zeroed all the same): for
+ * outputs a kernel writes whole. */
+tern_status tern_tensor_alloc_uninit(tern_tensor *t, int dtype, int rank, const int64_t *dims);
 /* Frees a graph's IR (values, nodes, the IR of their subgraphs), not its protos. */
 void tern_graph_free_ir(tern_graph *g);
 /* Appends function fp (taken) to the model, its IR built. */

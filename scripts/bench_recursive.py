@@ -1,14 +1,21 @@
 #!/usr/bin/env python3
-"""Recursive models, inference: tern-run's recursive TreeLSTM (scripts/make_recursive_models.py, one
-call a tree node, children's calls side by side on --threads) against PyTorch eager recursion of the
-same network on the same weights, over the dev trees of scripts/make_treebank.py, in one run.
+"""Recursive models: tern-run's recursive TreeLSTM (scripts/make_recursive_models.py, one call a tree
+node, children's calls side by side on --threads) against PyTorch eager recursion of the same network
+on the same weights, over the trees of scripts/make_treebank.py, in one run: inference, training, and
+the accuracy that training with tern-run --train reaches against a bag of words.
 
-    .venv/bin/python scripts/bench_recursive.py [--hidden 64] [--threads 1,2] [--rounds 3] [--keep DIR]
+    .venv/bin/python scripts/bench_recursive.py [--hidden 64] [--threads 1,2] [--rounds 3]
+                                               [--train-steps 2000] [--epochs 1] [--keep DIR]
 
-A tree's time is its forward pass to the root's scores (tern-run --json's per-example latency; for
-PyTorch, time.perf_counter around the call under torch.no_grad), throughput the trees over the sum of
-their times, the median over rounds. Training throughput, the iterative and unrolled baselines and
-batching of ready calls are not measured yet.
+Inference: a tree's time is its forward pass to the root's scores (tern-run --json's per-example
+latency; for PyTorch, time.perf_counter around the call under torch.no_grad), throughput the trees
+over the sum of their times, over the 1101 dev trees. Training: one tree a step (the mean cross-entropy
+over its nodes, Adam at 0.01), --train-steps steps on the training trees: tern-run --train's logged
+trees/s after its first quarter (frames are planned then), PyTorch's the same steps timed after the
+same quarter. Medians over --rounds. Accuracy (--epochs 0 skips it): the TreeLSTM trained --epochs
+epochs with tern-run --train (shuffled), the test roots' sign (P(3) + P(4) > P(0) + P(1)) against
+logistic regression on bags of words and adjacent pairs (make_treebank.py --check). The iterative
+(Loop), unrolled and level-batched baselines and batching of ready calls are not measured yet.
 """
 import argparse
 import json
@@ -76,32 +83,131 @@ def torch_trees_per_s(work, threads):
     return len(left) / total, len(left)
 
 
+def split_args(work, split, keys=("left", "right", "word", "root")):
+    return [f"-i{k}={os.path.join(work, 'tb', split, k + '.pb')}" for k in keys]
+
+
+def tern_train_trees_per_s(args, work, threads, steps, model):
+    log = os.path.join(work, f"train-{threads}.jsonl")
+    every = max(1, steps // 4)
+    cmd = [os.path.join(args.bin, "tern-run"), "--train", "--threads", str(threads), "--steps", str(steps),
+           "--log", log, "--log-every", str(every), "-q",
+           *split_args(work, "train", ("left", "right", "word", "root", "label")), model,
+           "-o", os.path.join(work, f"trained-{threads}.onnx")]
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode:
+        sys.exit(f"bench_recursive: tern-run --train failed: {p.stderr[-2000:]}")
+    with open(log) as f:
+        rates = [json.loads(line)["samples_per_s"] for line in f]
+    return statistics.median(rates[1:]) if len(rates) > 1 else rates[0]
+
+
+def torch_train_trees_per_s(work, threads, steps):
+    import onnx
+    import torch
+    from onnx import numpy_helper as nh
+    sys.path.insert(0, HERE)
+    from make_recursive_models import load_weights
+    torch.set_num_threads(threads)
+    p = {k: torch.tensor(np.ascontiguousarray(v), requires_grad=True)
+         for k, v in load_weights(os.path.join(work, "m")).items()}
+    opt = torch.optim.Adam(p.values(), lr=0.01)
+    d = p["emb"].shape[1]
+
+    def node(k, left, right, word, label):
+        if left[k] < 0:
+            g = p["emb"][word[k]] @ p["wleaf"] + p["bleaf"]
+            c = torch.sigmoid(g[:d]) * torch.tanh(g[2 * d:])
+            h, below = torch.sigmoid(g[d:2 * d]) * torch.tanh(c), 0
+        else:
+            ha, ca, la = node(left[k], left, right, word, label)
+            hb, cb, lb = node(right[k], left, right, word, label)
+            gi, gfa, gfb, go, gu = (torch.cat([ha, hb]) @ p["winner"] + p["binner"]).chunk(5)
+            c = torch.sigmoid(gi) * torch.tanh(gu) + torch.sigmoid(gfa) * ca + torch.sigmoid(gfb) * cb
+            h, below = torch.sigmoid(go) * torch.tanh(c), la + lb
+        own = -torch.log_softmax(h @ p["wout"] + p["bout"], 0)[label[k]]
+        return h, c, own + below
+
+    def seq(name):
+        q = onnx.SequenceProto()
+        with open(os.path.join(work, "tb", "train", name + ".pb"), "rb") as f:
+            q.ParseFromString(f.read())
+        return [nh.to_array(t).tolist() for t in q.tensor_values]
+
+    left, right, word, root, label = (seq(k) for k in ("left", "right", "word", "root", "label"))
+    skip = max(1, steps // 4)
+    t0 = None
+    for e in range(steps):
+        if e == skip:
+            t0 = time.perf_counter()
+        loss = node(root[e], left[e], right[e], word[e], label[e])[2] / len(left[e])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return (steps - skip) / (time.perf_counter() - t0)
+
+
+def accuracy(args, work, epochs, model):
+    py = sys.executable
+    trained = os.path.join(work, "epochs.onnx")
+    t0 = time.perf_counter()
+    subprocess.run([os.path.join(args.bin, "tern-run"), "--train", "--epochs", str(epochs), "--shuffle", "-q",
+                    *split_args(work, "train", ("left", "right", "word", "root", "label")), model, "-o", trained],
+                   check=True)
+    seconds = time.perf_counter() - t0
+    out = os.path.join(work, "test-out")
+    shutil.rmtree(out, ignore_errors=True)
+    subprocess.run([os.path.join(args.bin, "tern-run"), "-q",
+                    *split_args(work, "test", ("left", "right", "word", "root", "label")), trained, "-O", out],
+                   check=True)
+    p = subprocess.run([py, os.path.join(HERE, "make_recursive_models.py"), "--accuracy",
+                        os.path.join(work, "tb", "test"), out], check=True, capture_output=True, text=True)
+    tree = float(p.stdout.split()[-1])
+    with open(os.path.join(work, "tb", "stats.json")) as f:
+        bow = json.load(f)["bag_of_words_bigrams_root_accuracy"]
+    return tree, bow, seconds
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--bin", default=os.path.join(ROOT, "build", "bin"))
     ap.add_argument("--hidden", type=int, default=64)
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--train-steps", type=int, default=2000)
+    ap.add_argument("--epochs", type=int, default=1)
     ap.add_argument("--keep")
     args = ap.parse_args()
     work = args.keep or tempfile.mkdtemp(prefix="bench_recursive.")
     py = sys.executable
-    subprocess.run([py, os.path.join(HERE, "make_treebank.py"), os.path.join(work, "tb")], check=True,
+    subprocess.run([py, os.path.join(HERE, "make_treebank.py"), "--check", os.path.join(work, "tb")], check=True,
                    stdout=subprocess.DEVNULL)
     subprocess.run([py, os.path.join(HERE, "make_recursive_models.py"), "--hidden", str(args.hidden),
                     os.path.join(work, "m")], check=True)
     sys.setrecursionlimit(10000)
+    model = os.path.join(work, "m", "tl-train.onnx")
+    subprocess.run([os.path.join(args.bin, "tern-autodiff"), "--loss-output", "loss", "--optimizer", "adam",
+                    "--lr", "0.01", os.path.join(work, "m", "treelstm-train.txt"), "-o", model], check=True)
     rows = []
     for threads in [int(t) for t in args.threads.split(",")]:
         tern = [tern_trees_per_s(args, work, threads)[0] for _ in range(args.rounds)]
         torch_ = [torch_trees_per_s(work, threads)[0] for _ in range(args.rounds)]
-        rows.append((threads, statistics.median(tern), statistics.median(torch_)))
-    print(f"\nTreeLSTM inference, hidden {args.hidden}, the 1101 generated dev trees (mean 19 words), medians of "
-          f"{args.rounds} rounds")
-    print("| threads | tern recursive trees/s | PyTorch eager recursion trees/s | tern / PyTorch |")
-    print("|---:|---:|---:|---:|")
-    for threads, a, b in rows:
-        print(f"| {threads} | {a:.0f} | {b:.0f} | {a / b:.2f} |")
+        tern_t = [tern_train_trees_per_s(args, work, threads, args.train_steps, model) for _ in range(args.rounds)]
+        torch_t = [torch_train_trees_per_s(work, threads, args.train_steps) for _ in range(args.rounds)]
+        rows.append((threads, statistics.median(tern), statistics.median(torch_), statistics.median(tern_t),
+                     statistics.median(torch_t)))
+    print(f"\nTreeLSTM, hidden {args.hidden}, generated treebank (mean 19 words a tree), one tree at a time, medians "
+          f"of {args.rounds} rounds (trees/s)")
+    print("| threads | inference: tern recursive | PyTorch eager recursion | tern / PyTorch "
+          "| training: tern recursive | PyTorch eager recursion | tern / PyTorch |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
+    for threads, a, b, c, d in rows:
+        print(f"| {threads} | {a:.0f} | {b:.0f} | {a / b:.2f} | {c:.0f} | {d:.0f} | {c / d:.2f} |")
+    if args.epochs:
+        tree, bow, seconds = accuracy(args, work, args.epochs, model)
+        print(f"\nTreeLSTM trained {args.epochs} epoch(s) with tern-run --train (8544 trees, {seconds:.0f} s): test "
+              f"roots' sign {tree:.4f}; bag of words and pairs (logistic regression): {bow:.4f}; "
+              f"{100 * (tree - bow):+.1f} points ({'met' if tree - bow >= 0.10 else 'NOT met'}: at least +10)")
     if not args.keep:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -89,7 +89,19 @@ void tern_set_shape(tern_tensor *t, int dtype, int rank, const int64_t *dims)
 		t->dims[i] = dims[i];
 }
 
+static tern_status tensor_alloc(tern_tensor *t, int dtype, int rank, const int64_t *dims, bool zero);
+
 tern_status tern_tensor_alloc(tern_tensor *t, int dtype, int rank, const int64_t *dims)
+{
+	return tensor_alloc(t, dtype, rank, dims, true);
+}
+
+tern_status tern_tensor_alloc_uninit(tern_tensor *t, int dtype, int rank, const int64_t *dims)
+{
+	return tensor_alloc(t, dtype, rank, dims, dtype != TERN_STRING && dtype != TERN_SEQUENCE ? false : true);
+}
+
+static tern_status tensor_alloc(tern_tensor *t, int dtype, int rank, const int64_t *dims, bool zero)
 {
 	if (rank < 0 || rank > TERN_MAX_RANK)
 		return tern_errorf(TERN_EDATA, "rank %d is out of range (0..%d)", rank, TERN_MAX_RANK);
@@ -98,7 +110,8 @@ tern_status tern_tensor_alloc(tern_tensor *t, int dtype, int rank, const int64_t
 		return tern_errorf(TERN_EDATA, "tensor shape is negative or too large");
 	if (nbytes > ((size_t)1 << 40))
 		return tern_errorf(TERN_EDATA, "tensor of %zu bytes is too large", nbytes);
-	void *p = tern_aligned_alloc(nbytes);
+	size_t rounded = (nbytes + TERN_ALIGN - 1) / TERN_ALIGN * TERN_ALIGN;
+	void *p = zero ? tern_aligned_alloc(nbytes) : aligned_alloc(TERN_ALIGN, rounded ? rounded : TERN_ALIGN);
 	if (!p)
 		return tern_errorf(TERN_EOS, "out of memory allocating %zu bytes", nbytes);
 	char *name = t->name;

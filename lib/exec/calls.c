@@ -45,10 +45,32 @@ static void spin_release(spin_lock *l)
 	atomic_store_explicit(&l->held, 0, memory_order_release);
 }
 
+/* The free frames of one function planned for one set of input shapes (kept or not): a stack of
+ * indices into the frames, found through an open-addressing table, so that taking and giving back a
+ * frame costs the same however many frames a recursion has planned. */
+typedef struct free_list {
+	const tern_graph *fn;
+	int keep;
+	uint64_t shapes;
+	size_t *idx;
+	size_t n, cap;
+} free_list;
+
+typedef struct fn_count {
+	const tern_graph *fn;
+	size_t n;
+} fn_count;
+
 struct tern_calls {
 	spin_lock lock;
 	call_frame *frames;
 	size_t n, cap;
+	free_list *lists;
+	size_t n_lists, cap_lists;
+	size_t *table; /* list index + 1, 0 empty */
+	size_t table_cap;
+	fn_count *counts; /* frames planned per function */
+	size_t n_counts, cap_counts;
 	/* Frames kept during this run of the main plan (tern.Invoke keep=1), by handle: a handle is
 	 * (run << 32 | index), so that one from an earlier run is refused. */
 	size_t *kept;
@@ -96,6 +118,80 @@ static bool fits(const tern_exec *e, tern_tensor *const *in, int n)
 	return true;
 }
 
+static size_t list_hash(const tern_graph *fn, int keep, uint64_t shapes)
+{
+	uint64_t h = shapes ^ ((uint64_t)(uintptr_t)fn * 0x9e3779b97f4a7c15ULL) ^ (uint64_t)keep;
+	return (size_t)(h ^ (h >> 29));
+}
+
+static free_list *find_list(tern_calls *c, const tern_graph *fn, int keep, uint64_t shapes)
+{
+	if (!c->table_cap)
+		return NULL;
+	for (size_t k = list_hash(fn, keep, shapes) & (c->table_cap - 1);; k = (k + 1) & (c->table_cap - 1)) {
+		size_t v = c->table[k];
+		if (!v)
+			return NULL;
+		free_list *l = &c->lists[v - 1];
+		if (l->fn == fn && l->keep == keep && l->shapes == shapes)
+			return l;
+	}
+}
+
+/* The list of (fn, keep, shapes), made when missing (NULL: out of memory). */
+static free_list *get_list(tern_calls *c, const tern_graph *fn, int keep, uint64_t shapes)
+{
+	free_list *l = find_list(c, fn, keep, shapes);
+	if (l)
+		return l;
+	if ((c->n_lists + 1) * 2 > c->table_cap) {
+		size_t cap = c->table_cap ? c->table_cap * 2 : 64;
+		size_t *t = calloc(cap, sizeof *t);
+		if (!t)
+			return NULL;
+		for (size_t i = 0; i < c->n_lists; i++) {
+			size_t k = list_hash(c->lists[i].fn, c->lists[i].keep, c->lists[i].shapes) & (cap - 1);
+			while (t[k])
+				k = (k + 1) & (cap - 1);
+			t[k] = i + 1;
+		}
+		free(c->table);
+		c->table = t;
+		c->table_cap = cap;
+	}
+	if (!tern_grow((void **)&c->lists, &c->cap_lists, c->n_lists + 1, sizeof *c->lists))
+		return NULL;
+	l = &c->lists[c->n_lists++];
+	*l = (free_list){fn, keep, shapes, NULL, 0, 0};
+	size_t k = list_hash(fn, keep, shapes) & (c->table_cap - 1);
+	while (c->table[k])
+		k = (k + 1) & (c->table_cap - 1);
+	c->table[k] = c->n_lists;
+	return l;
+}
+
+/* Frame i is free again: on its list (a frame that cannot be listed, for want of memory, is simply
+ * not found again). */
+static void give_back(tern_calls *c, size_t i)
+{
+	call_frame *f = &c->frames[i];
+	f->busy = 0;
+	free_list *l = get_list(c, f->fn, f->keep, f->shapes);
+	if (l && tern_grow((void **)&l->idx, &l->cap, l->n + 1, sizeof *l->idx))
+		l->idx[l->n++] = i;
+}
+
+static size_t *count_of(tern_calls *c, const tern_graph *fn)
+{
+	for (size_t i = 0; i < c->n_counts; i++)
+		if (c->counts[i].fn == fn)
+			return &c->counts[i].n;
+	if (!tern_grow((void **)&c->counts, &c->cap_counts, c->n_counts + 1, sizeof *c->counts))
+		return NULL;
+	c->counts[c->n_counts] = (fn_count){fn, 0};
+	return &c->counts[c->n_counts++].n;
+}
+
 tern_calls *tern_calls_new(void)
 {
 	tern_calls *c = calloc(1, sizeof *c);
@@ -134,22 +230,24 @@ tern_status tern_call_begin(tern_exec *caller, const tern_node *node, const tern
 		return tern_node_errorf(node, TERN_EINTERNAL, "a call in a plan without a pool of frames");
 	uint64_t shapes = shapes_of(in, n_in);
 	spin_acquire(&c->lock);
-	call_frame *pick = NULL, *other = NULL;
-	size_t of_fn = 0;
-	for (size_t i = 0; i < c->n && !pick; i++) {
-		call_frame *f = &c->frames[i];
-		of_fn += f->fn == fn;
-		if (f->busy || f->fn != fn || f->keep != keep)
-			continue;
-		if (f->shapes == shapes && fits(f->exec, in, n_in))
+	call_frame *pick = NULL;
+	free_list *l = find_list(c, fn, keep, shapes);
+	while (l && l->n && !pick) {
+		call_frame *f = &c->frames[l->idx[--l->n]];
+		if (!f->busy && fits(f->exec, in, n_in))
 			pick = f;
-		else if (!other)
-			other = f;
 	}
 	/* none planned for these shapes: a new frame, so that inputs of recurring sizes (trees of many
-	 * sizes) each find theirs planned; past the cap, one planned again */
-	if (!pick && of_fn >= TERN_CALL_FRAMES_MAX)
-		pick = other;
+	 * sizes) each find theirs planned; past the cap, a free one planned again */
+	size_t *of_fn = pick ? NULL : count_of(c, fn);
+	for (size_t i = 0; !pick && of_fn && *of_fn >= TERN_CALL_FRAMES_MAX && i < c->n_lists; i++) {
+		free_list *o = &c->lists[i];
+		while (o->fn == fn && o->keep == keep && o->n && !pick) {
+			call_frame *f = &c->frames[o->idx[--o->n]];
+			if (!f->busy)
+				pick = f;
+		}
+	}
 	tern_exec *e = NULL;
 	if (pick) {
 		pick->busy = 1;
@@ -170,6 +268,9 @@ tern_status tern_call_begin(tern_exec *caller, const tern_node *node, const tern
 		}
 		e->call_slot = c->n;
 		c->frames[c->n++] = (call_frame){fn, e, shapes, 1, keep};
+		size_t *count = count_of(c, fn);
+		if (count)
+			(*count)++;
 		spin_release(&c->lock);
 	}
 	call_depth++;
@@ -196,7 +297,7 @@ void tern_call_end(tern_exec *caller, tern_exec *frame)
 	call_depth--;
 	tern_calls *c = calls_of(caller);
 	spin_acquire(&c->lock);
-	c->frames[frame->call_slot].busy = 0;
+	give_back(c, frame->call_slot);
 	spin_release(&c->lock);
 }
 
@@ -206,7 +307,7 @@ tern_status tern_call_keep(tern_exec *caller, tern_exec *frame, int64_t *handle)
 	tern_calls *c = calls_of(caller);
 	spin_acquire(&c->lock);
 	if (!tern_grow((void **)&c->kept, &c->cap_kept, c->n_kept + 1, sizeof *c->kept)) {
-		c->frames[frame->call_slot].busy = 0;
+		give_back(c, frame->call_slot);
 		spin_release(&c->lock);
 		return tern_errorf(TERN_EOS, "out of memory");
 	}
@@ -237,7 +338,7 @@ void tern_calls_release_kept(tern_calls *c)
 		return;
 	spin_acquire(&c->lock);
 	for (size_t i = 0; i < c->n_kept; i++)
-		c->frames[c->kept[i]].busy = 0;
+		give_back(c, c->kept[i]);
 	c->n_kept = 0;
 	c->run++;
 	spin_release(&c->lock);
@@ -251,5 +352,10 @@ void tern_calls_free(tern_calls *c)
 		tern_exec_free(c->frames[i].exec);
 	free(c->frames);
 	free(c->kept);
+	for (size_t i = 0; i < c->n_lists; i++)
+		free(c->lists[i].idx);
+	free(c->lists);
+	free(c->table);
+	free(c->counts);
 	free(c);
 }

@@ -151,7 +151,8 @@ static tern_status run_late(tern_exec *e, step *st)
 				sl->spare = NULL;
 				continue;
 			}
-			if ((rc = tern_tensor_alloc(t, shape.dtype, shape.rank, shape.dims)))
+			/* the kernel writes every element, as it does in the arena */
+			if ((rc = tern_tensor_alloc_uninit(t, shape.dtype, shape.rank, shape.dims)))
 				return tern_node_errorf(st->node, rc, "%s", tern_error());
 		}
 	}

@@ -1939,6 +1939,23 @@ static tern_status matmul_grad(tern_grad_ctx *g)
 			g->dx[0] = tern_g_mul(g, dy, b);
 		if (g->wants[1])
 			g->dx[1] = tern_g_mul(g, dy, a);
+	} else if (ra == 1 && rb == 2) {
+		/* [k] x [k, n] -> [n]: W dy and the outer product a dy, each in its operand's shape as it
+		 * comes (no transpose of W, nothing to sum) */
+		if (g->wants[0]) {
+			tern_gval *in[2] = {b, dy};
+			g->dx[0] = tern_g_op(g, "", "MatMul", in, 2, NULL, 0);
+		}
+		if (g->wants[1])
+			g->dx[1] = matmul2(g, unsqueeze(g, a, 1), unsqueeze(g, dy, 0));
+	} else if (rb == 1 && ra == 2) {
+		/* [m, k] x [k] -> [m]: the outer product dy b, and dy A */
+		if (g->wants[0])
+			g->dx[0] = matmul2(g, unsqueeze(g, dy, 1), unsqueeze(g, b, 0));
+		if (g->wants[1]) {
+			tern_gval *in[2] = {dy, a};
+			g->dx[1] = tern_g_op(g, "", "MatMul", in, 2, NULL, 0);
+		}
 	} else if (ra == 1) {
 		/* [k] x [..., k, n] -> [..., n] */
 		tern_gval *dy_row = unsqueeze(g, dy, -2); /* [..., 1, n] */

@@ -331,6 +331,11 @@ static tern_status sum_to_prepare(tern_prepare_args *p)
 	p->params = sp;
 	p->free_params = free;
 	p->kernel = sum_to_kernel;
+	/* nothing to sum (the shapes were not known when the gradient was written): the input itself */
+	bool same = r == x->rank;
+	for (int d = 0; same && d < r; d++)
+		same = s[d] == x->dims[d];
+	p->alias_input0 = same;
 	return TERN_OK;
 }
 
