@@ -14,8 +14,9 @@ over its nodes, Adam at 0.01), --train-steps steps on the training trees: tern-r
 trees/s after its first quarter (frames are planned then), PyTorch's the same steps timed after the
 same quarter. Medians over --rounds. Accuracy (--epochs 0 skips it): the TreeLSTM trained --epochs
 epochs with tern-run --train (shuffled), the test roots' sign (P(3) + P(4) > P(0) + P(1)) against
-logistic regression on bags of words and adjacent pairs (make_treebank.py --check). The iterative
-(Loop), unrolled and level-batched baselines and batching of ready calls are not measured yet.
+logistic regression on bags of words and adjacent pairs (make_treebank.py --check). Then TreeRNN and
+RNTN rows (--other-models), the same measures against their PyTorch twins. The iterative (Loop),
+unrolled and level-batched baselines and batching of ready calls are not measured yet.
 """
 import argparse
 import json
@@ -33,11 +34,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
 
-def tern_trees_per_s(args, work, threads):
+def tern_trees_per_s(args, work, threads, kind="treelstm"):
     split = os.path.join(work, "tb", "dev")
     cmd = [os.path.join(args.bin, "tern-run"), "--threads", str(threads), "--json",
            *[f"-i{k}={os.path.join(split, k + '.pb')}" for k in ("left", "right", "word", "root")],
-           os.path.join(work, "m", "treelstm.txt")]
+           os.path.join(work, "m", kind + ".txt")]
     p = subprocess.run(cmd, capture_output=True, text=True)
     if p.returncode:
         sys.exit(f"bench_recursive: tern-run failed: {p.stderr[-2000:]}")
@@ -81,6 +82,66 @@ def torch_trees_per_s(work, threads):
             (h @ p["wout"] + p["bout"]).sum().item()
             total += time.perf_counter() - t0
     return len(left) / total, len(left)
+
+
+def torch_simple(work, threads, kind, steps=None):
+    """PyTorch eager recursion of TreeRNN or RNTN (make_recursive_models.py's): trees/s of inference
+    over the dev trees, or, with steps, of training (Adam at 0.01, one tree a step, the last three
+    quarters timed) over the training trees."""
+    import onnx
+    import torch
+    from onnx import numpy_helper as nh
+    sys.path.insert(0, HERE)
+    from make_recursive_models import load_weights
+    torch.set_num_threads(threads)
+    p = {k: torch.tensor(np.ascontiguousarray(v), requires_grad=steps is not None)
+         for k, v in load_weights(os.path.join(work, "m"), kind).items()}
+    d = p["emb"].shape[1]
+
+    def node(k, left, right, word, label):
+        if left[k] < 0:
+            h, below = torch.tanh(p["emb"][word[k]]), 0
+        else:
+            ha, la = node(left[k], left, right, word, label)
+            hb, lb = node(right[k], left, right, word, label)
+            x = torch.cat([ha, hb])
+            g = x @ p["winner"] + p["binner"]
+            if kind == "rntn":
+                g = g + (x @ p["tensor"]).view(d, 2 * d) @ x
+            h, below = torch.tanh(g), la + lb
+        if label is None:
+            return h, 0
+        return h, below - torch.log_softmax(h @ p["wout"] + p["bout"], 0)[label[k]]
+
+    split = "dev" if steps is None else "train"
+
+    def seq(name):
+        q = onnx.SequenceProto()
+        with open(os.path.join(work, "tb", split, name + ".pb"), "rb") as f:
+            q.ParseFromString(f.read())
+        return [nh.to_array(t).tolist() for t in q.tensor_values]
+
+    left, right, word, root, label = (seq(k) for k in ("left", "right", "word", "root", "label"))
+    if steps is None:
+        total = 0.0
+        with torch.no_grad():
+            for e in range(len(left)):
+                t0 = time.perf_counter()
+                h, _ = node(root[e], left[e], right[e], word[e], None)
+                (h @ p["wout"] + p["bout"]).sum().item()
+                total += time.perf_counter() - t0
+        return len(left) / total
+    opt = torch.optim.Adam(p.values(), lr=0.01)
+    skip = max(1, steps // 4)
+    t0 = None
+    for e in range(steps):
+        if e == skip:
+            t0 = time.perf_counter()
+        loss = node(root[e], left[e], right[e], word[e], label[e])[1] / len(left[e])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return (steps - skip) / (time.perf_counter() - t0)
 
 
 def split_args(work, split, keys=("left", "right", "word", "root")):
@@ -176,6 +237,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--train-steps", type=int, default=2000)
     ap.add_argument("--epochs", type=int, default=1)
+    ap.add_argument("--other-models", default="treernn,rntn",
+                    help="TreeRNN and RNTN rows (inference, and training over --train-steps / 4 steps)")
     ap.add_argument("--keep")
     args = ap.parse_args()
     work = args.keep or tempfile.mkdtemp(prefix="bench_recursive.")
@@ -203,6 +266,25 @@ def main():
     print("|---:|---:|---:|---:|---:|---:|---:|")
     for threads, a, b, c, d in rows:
         print(f"| {threads} | {a:.0f} | {b:.0f} | {a / b:.2f} | {c:.0f} | {d:.0f} | {c / d:.2f} |")
+    others = [k for k in args.other_models.split(",") if k]
+    if others:
+        print(f"\nTreeRNN and RNTN, hidden {args.hidden}, the same trees, medians of {args.rounds} rounds (trees/s; "
+              f"training {max(8, args.train_steps // 4)} steps)")
+        print("| model | threads | inference: tern | PyTorch | tern / PyTorch | training: tern | PyTorch | tern / PyTorch |")
+        print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for kind in others:
+        steps = max(8, args.train_steps // 4)
+        kmodel = os.path.join(work, "m", kind + "-train.onnx")
+        subprocess.run([os.path.join(args.bin, "tern-autodiff"), "-q", "--loss-output", "loss", "--optimizer", "adam",
+                        "--lr", "0.01", os.path.join(work, "m", kind + "-train.txt"), "-o", kmodel], check=True)
+        for threads in [int(t) for t in args.threads.split(",")]:
+            a = statistics.median([tern_trees_per_s(args, work, threads, kind)[0] for _ in range(args.rounds)])
+            b = statistics.median([torch_simple(work, threads, kind) for _ in range(args.rounds)])
+            c = statistics.median([tern_train_trees_per_s(args, work, threads, steps, kmodel)
+                                   for _ in range(args.rounds)])
+            d = statistics.median([torch_simple(work, threads, kind, steps) for _ in range(args.rounds)])
+            print(f"| {kind} | {threads} | {a:.0f} | {b:.0f} | {a / b:.2f} | {c:.0f} | {d:.0f} | {c / d:.2f} |",
+                  flush=True)
     if args.epochs:
         tree, bow, seconds = accuracy(args, work, args.epochs, model)
         print(f"\nTreeLSTM trained {args.epochs} epoch(s) with tern-run --train (8544 trees, {seconds:.0f} s): test "

@@ -10,9 +10,11 @@ treebank of scripts/make_treebank.py: a tree's inputs are left, right, word (int
         function Node(node, ...) -> (h, c) invokes itself on the node's children under an If (a leaf
         reads its word's embedding), so each call of a tree's node runs without inlining and a node's
         two subtrees are independent calls.
+        DIR/treernn.txt, DIR/rntn.txt (and -train.txt, .bin): TreeRNN (h = tanh([ha; hb] W + b), a leaf
+        tanh of its word's vector) and RNTN (the same plus the bilinear term [ha; hb]^T V [ha; hb])
     make_recursive_models.py --accuracy SPLIT OUT
         the share of SPLIT's roots whose sign the logits in OUT/logits/ get right (the binary task)
-    make_recursive_models.py --compare DIR SPLIT OUT
+    make_recursive_models.py --compare [--kind treernn|rntn] DIR SPLIT OUT
         the roots' scores that tern-run wrote to OUT/logits/ (one .npy a tree, from
         tern-run -i left=SPLIT/left.pb ... DIR/treelstm.txt -O OUT) against numpy's recursion on the
         same weights: prints the largest difference relative to the scores' scale, exits 1 above 1e-4
@@ -100,6 +102,8 @@ Node ({args}) => (h, c) {{
         f.write(text)
     with open(os.path.join(folder, "treelstm-train.txt"), "w") as f:
         f.write(train_text(decl, d))
+    for kind in SIMPLE:
+        write_simple(folder, kind, v, d, seed)
 
 
 def train_text(decl, d):
@@ -170,17 +174,122 @@ Node ({args}) => (h, c, loss) {{
 """
 
 
-def load_weights(folder):
-    raw = np.fromfile(os.path.join(folder, "treelstm.bin"), "<f4")
-    text = open(os.path.join(folder, "treelstm.txt")).read()
+def load_weights(folder, kind="treelstm"):
+    """The weights of DIR/KIND.txt, from the external data file beside it."""
+    raw = np.fromfile(os.path.join(folder, kind + ".bin"), "<f4")
+    text = open(os.path.join(folder, kind + ".txt")).read()
     out = {}
-    for name in WEIGHTS:
+    for name in WEIGHTS if kind == "treelstm" else SIMPLE[kind]:
         head = text.index(f"] {name} = [")
         dims = [int(x) for x in text[text.rindex("float[", 0, head) + 6:head].split(",")]
         at = text.index('"offset": "', head) + 11
         off = int(text[at:text.index('"', at)]) // 4
         out[name] = raw[off:off + int(np.prod(dims))].reshape(dims)
     return out
+
+
+# TreeRNN (Socher et al. 2011's recursive network: h = tanh([ha; hb] W + b), a leaf its word's vector
+# through tanh) and RNTN (Socher et al. 2013: the same plus the bilinear term [ha; hb]^T V [ha; hb],
+# V of d slices of 2d x 2d, stored as [2d, 2d d]).
+SIMPLE = {"treernn": ("emb", "winner", "binner", "wout", "bout"),
+          "rntn": ("emb", "winner", "binner", "tensor", "wout", "bout")}
+
+SIMPLE_TEXT = """<ir_version: 8, opset_import: ["" : 17, "tern" : 1, "tree" : 1]>
+KIND (int64[N] left, int64[N] right, int64[N] word, int64 rootLABELIN) => (float[5] logitsLOSSOUT)
+   <DECL>
+{
+  MAINOUTS = tern.Invoke <function = "Node", function_domain = "tree"> (root, left, right, word, LABELARGW)
+  s = MatMul (h, wout)
+  logits = Add (s, bout)MEANLOSS
+}
+<domain: "tree", opset_import: ["" : 17, "tern" : 1, "tree" : 1]>
+Node (node, left, right, word, LABELARGW) => (NODEOUTS) {
+  l = Gather <axis = 0> (left, node)
+  zero = Constant <value = int64 {0}> ()
+  leaf = Less (l, zero)
+  IFOUTS = If (leaf) <then_branch = leaf_case () => LEAFOUTS {
+    wd = Gather <axis = 0> (word, node)
+    x = Gather <axis = 0> (emb, wd)
+    hl = Tanh (x)LEAFLOSS
+  }, else_branch = inner_case () => INNEROUTS {
+    r = Gather <axis = 0> (right, node)
+    HA = tern.Invoke <function = "Node", function_domain = "tree"> (l, left, right, word, LABELARGW)
+    HB = tern.Invoke <function = "Node", function_domain = "tree"> (r, left, right, word, LABELARGW)
+    x = Concat <axis = 0> (ha, hb)
+    xw = MatMul (x, winner)BILINEAR
+    hi = Tanh (g)INNERLOSS
+  }>NODELOSS
+}
+"""
+
+TRAIN_PARTS = {
+    "MEANLOSS": "\n  n = Size (left)\n  nf = Cast <to = 1> (n)\n  loss = Div (total, nf)",
+    "LEAFLOSS": "\n    bl = Constant <value = float {0}> ()",
+    "INNERLOSS": "\n    bi = Add (la, lb)",
+    "NODELOSS": ("\n  s = MatMul (h, wout)\n  z = Add (s, bout)\n  lz = LogSoftmax <axis = 0> (z)\n"
+                 "  y = Gather <axis = 0> (label, node)\n  ly = Gather <axis = 0> (lz, y)\n  own = Neg (ly)\n"
+                 "  loss = Add (own, below)"),
+}
+
+
+def simple_shapes(kind, v, d):
+    s = {"emb": (v, d), "winner": (2 * d, d), "binner": (d,), "wout": (d, 5), "bout": (5,)}
+    if kind == "rntn":
+        s["tensor"] = (2 * d, 2 * d * d)
+    return {k: s[k] for k in SIMPLE[kind]}
+
+
+def write_simple(folder, kind, v, d, seed):
+    r = np.random.default_rng(seed)
+    decl, offset, blobs = [], 0, []
+    for name, shape in simple_shapes(kind, v, d).items():
+        scale = 1.0 if name == "emb" else 1.0 / np.sqrt(shape[0]) / (np.sqrt(2 * d) if name == "tensor" else 1)
+        a = (r.standard_normal(shape) * scale).astype("<f4") if len(shape) > 1 else np.zeros(shape, "<f4")
+        blobs.append(a.tobytes())
+        dims = ",".join(str(x) for x in shape)
+        decl.append(f'float[{dims}] {name} = ["location": "{kind}.bin", "offset": "{offset}", '
+                    f'"length": "{a.nbytes}"]')
+        offset += a.nbytes
+    tmp = os.path.join(folder, kind + ".bin.tmp")
+    with open(tmp, "wb") as f:
+        f.write(b"".join(blobs))
+    os.replace(tmp, os.path.join(folder, kind + ".bin"))
+    bilinear = (f"\n    t = MatMul (x, tensor)\n    shape = Constant <value = int64[2] {{{d}, {2 * d}}}> ()\n"
+                "    tm = Reshape (t, shape)\n    q = MatMul (tm, x)\n    lin = Add (xw, q)\n    g = Add (lin, binner)"
+                if kind == "rntn" else "\n    g = Add (xw, binner)")
+    for train in (False, True):
+        sub = {
+            "KIND": kind, "DECL": (",\n    ").join(decl), "BILINEAR": bilinear,
+            "LABELIN": ", int64[N] label" if train else "", "LOSSOUT": ", float loss" if train else "",
+            "LABELARGW": ("label, " if train else "") + ", ".join(SIMPLE[kind]),
+            "MAINOUTS": "h, total" if train else "h", "NODEOUTS": "h, loss" if train else "h",
+            "IFOUTS": "h, below" if train else "h",
+            "LEAFOUTS": f"(float[{d}] hl, float bl)" if train else f"(float[{d}] hl)",
+            "INNEROUTS": f"(float[{d}] hi, float bi)" if train else f"(float[{d}] hi)",
+            "HA": "ha, la" if train else "ha", "HB": "hb, lb" if train else "hb",
+        }
+        for k in TRAIN_PARTS:
+            sub[k] = TRAIN_PARTS[k] if train else ""
+        text = SIMPLE_TEXT
+        for k in sorted(sub, key=len, reverse=True):
+            text = text.replace(k, sub[k])
+        with open(os.path.join(folder, kind + ("-train" if train else "") + ".txt"), "w") as f:
+            f.write(text)
+
+
+def simple_reference(p, kind, left, right, word, root):
+    d = p["emb"].shape[1]
+
+    def node(k):
+        if left[k] < 0:
+            return np.tanh(p["emb"][word[k]])
+        x = np.concatenate([node(left[k]), node(right[k])])
+        g = x @ p["winner"] + p["binner"]
+        if kind == "rntn":
+            g = g + (x @ p["tensor"]).reshape(d, 2 * d) @ x
+        return np.tanh(g)
+
+    return node(int(root)) @ p["wout"] + p["bout"]
 
 
 def reference(p, left, right, word, root):
@@ -203,11 +312,11 @@ def reference(p, left, right, word, root):
     return h @ p["wout"] + p["bout"]
 
 
-def compare(folder, split, out):
+def compare(folder, split, out, kind="treelstm"):
     import onnx
     from onnx import numpy_helper as nh
     sys.setrecursionlimit(10000)
-    p = {k: v.astype(np.float64) for k, v in load_weights(folder).items()}
+    p = {k: v.astype(np.float64) for k, v in load_weights(folder, kind).items()}
 
     def seq(name):
         q = onnx.SequenceProto()
@@ -218,7 +327,8 @@ def compare(folder, split, out):
     left, right, word, root = (seq(k) for k in ("left", "right", "word", "root"))
     worst = 0.0
     for e in range(len(left)):
-        want = reference(p, left[e], right[e], word[e], root[e])
+        want = (reference(p, left[e], right[e], word[e], root[e]) if kind == "treelstm"
+                else simple_reference(p, kind, left[e], right[e], word[e], root[e]))
         got = np.load(os.path.join(out, "logits", f"{e}.npy"))
         worst = max(worst, float(np.max(np.abs(got - want)) / (np.max(np.abs(want)) + 1e-6)))
     print(f"{len(left)} trees: largest difference {worst:.2e} of the scores' scale")
@@ -251,6 +361,8 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--compare", action="store_true")
     ap.add_argument("--accuracy", action="store_true")
+    ap.add_argument("--kind", default="treelstm", choices=("treelstm", "treernn", "rntn"),
+                    help="the model --compare reads (DIR/KIND.txt)")
     a = ap.parse_args()
     if a.accuracy:
         if len(a.rest) != 1:
@@ -260,7 +372,7 @@ def main():
     if a.compare:
         if len(a.rest) != 2:
             sys.exit("usage: make_recursive_models.py --compare DIR SPLIT OUT")
-        return compare(a.dir, *a.rest)
+        return compare(a.dir, *a.rest, kind=a.kind)
     write(a.dir, a.vocab, a.hidden, a.seed)
     return 0
 
