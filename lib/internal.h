@@ -298,6 +298,12 @@ tern_status tern_node_add_attr_float(tern_node *node, const char *name, float v)
 tern_status tern_node_add_attr_ints(tern_node *node, const char *name, const int64_t *v, size_t n);
 tern_status tern_node_add_attr_floats(tern_node *node, const char *name, const float *v, size_t n);
 tern_status tern_node_add_attr_string(tern_node *node, const char *name, const char *v);
+/* The same on a node proto outside the IR (a function being written); tern_proto_new_attr appends an
+ * attribute of that type for the caller to fill (NULL: out of memory). */
+Onnx__AttributeProto *tern_proto_new_attr(Onnx__NodeProto *np, const char *name, Onnx__AttributeProto__AttributeType type);
+tern_status tern_proto_add_attr_int(Onnx__NodeProto *np, const char *name, int64_t v);
+tern_status tern_proto_add_attr_string(Onnx__NodeProto *np, const char *name, const char *v);
+tern_status tern_proto_add_attr_tensor(Onnx__NodeProto *np, const char *name, const tern_tensor *t);
 tern_status tern_node_add_attr_strings(tern_node *node, const char *name, const char *const *v, size_t n);
 tern_status tern_node_add_attr_tensor(tern_node *node, const char *name, const tern_tensor *t);
 /* Adds an initializer to the main graph (copying t). */
@@ -603,6 +609,12 @@ bool tern_op_calls_function(const tern_op *op);
 /* Whether a node makes kept calls (tern.Invoke keep=1, or an If whose branches do): what it reads
  * must outlive the run, for the gradient that reads the kept frames. */
 bool tern_node_keeps_calls(const tern_node *n);
+/* The output holding a kept call's handle: tern.Invoke keep=1's last, or that of an If whose branches
+ * are kept calls; -1 for other nodes. */
+int tern_node_kept_handle(const tern_node *n);
+/* The function a node would call: tern.Invoke's attributes name it, else its domain and type (it is
+ * a call when the model has that function). */
+const char *tern_node_callee(const tern_node *n, const char **domain);
 
 /* Runs one node on tensors that all have data (constant folding, eager mode): outputs[0..n_outputs)
  * are allocated and owned by the caller; omitted outputs (node->outputs[i] NULL) stay empty. */

@@ -46,51 +46,25 @@ def tern_trees_per_s(args, work, threads, kind="treelstm"):
     return 1000.0 / j["latency_ms"]["mean"], j["iters"]
 
 
-def torch_trees_per_s(work, threads):
+def read_split(work, split, names):
+    """The treebank's SPLIT as lists, one per name, of each tree's values (Python lists)."""
     import onnx
-    import torch
     from onnx import numpy_helper as nh
-    sys.path.insert(0, HERE)
-    from make_recursive_models import load_weights
-    torch.set_num_threads(threads)
-    p = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in load_weights(os.path.join(work, "m")).items()}
-    d = p["emb"].shape[1]
-
-    def node(k, left, right, word):
-        if left[k] < 0:
-            g = p["emb"][word[k]] @ p["wleaf"] + p["bleaf"]
-            c = torch.sigmoid(g[:d]) * torch.tanh(g[2 * d:])
-            return torch.sigmoid(g[d:2 * d]) * torch.tanh(c), c
-        ha, ca = node(left[k], left, right, word)
-        hb, cb = node(right[k], left, right, word)
-        gi, gfa, gfb, go, gu = (torch.cat([ha, hb]) @ p["winner"] + p["binner"]).chunk(5)
-        c = torch.sigmoid(gi) * torch.tanh(gu) + torch.sigmoid(gfa) * ca + torch.sigmoid(gfb) * cb
-        return torch.sigmoid(go) * torch.tanh(c), c
-
-    def seq(name):
+    out = []
+    for name in names:
         q = onnx.SequenceProto()
-        with open(os.path.join(work, "tb", "dev", name + ".pb"), "rb") as f:
+        with open(os.path.join(work, "tb", split, name + ".pb"), "rb") as f:
             q.ParseFromString(f.read())
-        return [nh.to_array(t).tolist() for t in q.tensor_values]
-
-    left, right, word, root = (seq(k) for k in ("left", "right", "word", "root"))
-    total = 0.0
-    with torch.no_grad():
-        for e in range(len(left)):
-            t0 = time.perf_counter()
-            h, _ = node(root[e], left[e], right[e], word[e])
-            (h @ p["wout"] + p["bout"]).sum().item()
-            total += time.perf_counter() - t0
-    return len(left) / total, len(left)
+        out.append([nh.to_array(t).tolist() for t in q.tensor_values])
+    return out
 
 
-def torch_simple(work, threads, kind, steps=None):
-    """PyTorch eager recursion of TreeRNN or RNTN (make_recursive_models.py's): trees/s of inference
-    over the dev trees, or, with steps, of training (Adam at 0.01, one tree a step, the last three
-    quarters timed) over the training trees."""
-    import onnx
+def torch_twin(work, threads, kind, steps=None):
+    """PyTorch eager recursion of make_recursive_models.py's KIND on the same weights: trees/s of
+    inference over the dev trees (time.perf_counter around each tree under torch.no_grad), or, with
+    steps, of training (Adam at 0.01, one tree a step, the last three quarters timed) over the
+    training trees."""
     import torch
-    from onnx import numpy_helper as nh
     sys.path.insert(0, HERE)
     from make_recursive_models import load_weights
     torch.set_num_threads(threads)
@@ -100,34 +74,39 @@ def torch_simple(work, threads, kind, steps=None):
 
     def node(k, left, right, word, label):
         if left[k] < 0:
-            h, below = torch.tanh(p["emb"][word[k]]), 0
+            if kind == "treelstm":
+                g = p["emb"][word[k]] @ p["wleaf"] + p["bleaf"]
+                c = torch.sigmoid(g[:d]) * torch.tanh(g[2 * d:])
+                h = torch.sigmoid(g[d:2 * d]) * torch.tanh(c)
+            else:
+                h, c = torch.tanh(p["emb"][word[k]]), None
+            below = 0
         else:
-            ha, la = node(left[k], left, right, word, label)
-            hb, lb = node(right[k], left, right, word, label)
+            ha, ca, la = node(left[k], left, right, word, label)
+            hb, cb, lb = node(right[k], left, right, word, label)
             x = torch.cat([ha, hb])
             g = x @ p["winner"] + p["binner"]
-            if kind == "rntn":
-                g = g + (x @ p["tensor"]).view(d, 2 * d) @ x
-            h, below = torch.tanh(g), la + lb
+            if kind == "treelstm":
+                gi, gfa, gfb, go, gu = g.chunk(5)
+                c = torch.sigmoid(gi) * torch.tanh(gu) + torch.sigmoid(gfa) * ca + torch.sigmoid(gfb) * cb
+                h = torch.sigmoid(go) * torch.tanh(c)
+            else:
+                if kind == "rntn":
+                    g = g + (x @ p["tensor"]).view(d, 2 * d) @ x
+                h, c = torch.tanh(g), None
+            below = la + lb
         if label is None:
-            return h, 0
-        return h, below - torch.log_softmax(h @ p["wout"] + p["bout"], 0)[label[k]]
+            return h, c, 0
+        return h, c, below - torch.log_softmax(h @ p["wout"] + p["bout"], 0)[label[k]]
 
-    split = "dev" if steps is None else "train"
-
-    def seq(name):
-        q = onnx.SequenceProto()
-        with open(os.path.join(work, "tb", split, name + ".pb"), "rb") as f:
-            q.ParseFromString(f.read())
-        return [nh.to_array(t).tolist() for t in q.tensor_values]
-
-    left, right, word, root, label = (seq(k) for k in ("left", "right", "word", "root", "label"))
+    left, right, word, root, label = read_split(work, "dev" if steps is None else "train",
+                                                ("left", "right", "word", "root", "label"))
     if steps is None:
         total = 0.0
         with torch.no_grad():
             for e in range(len(left)):
                 t0 = time.perf_counter()
-                h, _ = node(root[e], left[e], right[e], word[e], None)
+                h = node(root[e], left[e], right[e], word[e], None)[0]
                 (h @ p["wout"] + p["bout"]).sum().item()
                 total += time.perf_counter() - t0
         return len(left) / total
@@ -137,7 +116,7 @@ def torch_simple(work, threads, kind, steps=None):
     for e in range(steps):
         if e == skip:
             t0 = time.perf_counter()
-        loss = node(root[e], left[e], right[e], word[e], label[e])[1] / len(left[e])
+        loss = node(root[e], left[e], right[e], word[e], label[e])[2] / len(left[e])
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -161,51 +140,6 @@ def tern_train_trees_per_s(args, work, threads, steps, model):
     with open(log) as f:
         rates = [json.loads(line)["samples_per_s"] for line in f]
     return statistics.median(rates[1:]) if len(rates) > 1 else rates[0]
-
-
-def torch_train_trees_per_s(work, threads, steps):
-    import onnx
-    import torch
-    from onnx import numpy_helper as nh
-    sys.path.insert(0, HERE)
-    from make_recursive_models import load_weights
-    torch.set_num_threads(threads)
-    p = {k: torch.tensor(np.ascontiguousarray(v), requires_grad=True)
-         for k, v in load_weights(os.path.join(work, "m")).items()}
-    opt = torch.optim.Adam(p.values(), lr=0.01)
-    d = p["emb"].shape[1]
-
-    def node(k, left, right, word, label):
-        if left[k] < 0:
-            g = p["emb"][word[k]] @ p["wleaf"] + p["bleaf"]
-            c = torch.sigmoid(g[:d]) * torch.tanh(g[2 * d:])
-            h, below = torch.sigmoid(g[d:2 * d]) * torch.tanh(c), 0
-        else:
-            ha, ca, la = node(left[k], left, right, word, label)
-            hb, cb, lb = node(right[k], left, right, word, label)
-            gi, gfa, gfb, go, gu = (torch.cat([ha, hb]) @ p["winner"] + p["binner"]).chunk(5)
-            c = torch.sigmoid(gi) * torch.tanh(gu) + torch.sigmoid(gfa) * ca + torch.sigmoid(gfb) * cb
-            h, below = torch.sigmoid(go) * torch.tanh(c), la + lb
-        own = -torch.log_softmax(h @ p["wout"] + p["bout"], 0)[label[k]]
-        return h, c, own + below
-
-    def seq(name):
-        q = onnx.SequenceProto()
-        with open(os.path.join(work, "tb", "train", name + ".pb"), "rb") as f:
-            q.ParseFromString(f.read())
-        return [nh.to_array(t).tolist() for t in q.tensor_values]
-
-    left, right, word, root, label = (seq(k) for k in ("left", "right", "word", "root", "label"))
-    skip = max(1, steps // 4)
-    t0 = None
-    for e in range(steps):
-        if e == skip:
-            t0 = time.perf_counter()
-        loss = node(root[e], left[e], right[e], word[e], label[e])[2] / len(left[e])
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    return (steps - skip) / (time.perf_counter() - t0)
 
 
 def accuracy(args, work, epochs, model):
@@ -254,9 +188,9 @@ def main():
     rows = []
     for threads in [int(t) for t in args.threads.split(",")]:
         tern = [tern_trees_per_s(args, work, threads)[0] for _ in range(args.rounds)]
-        torch_ = [torch_trees_per_s(work, threads)[0] for _ in range(args.rounds)]
+        torch_ = [torch_twin(work, threads, "treelstm") for _ in range(args.rounds)]
         tern_t = [tern_train_trees_per_s(args, work, threads, args.train_steps, model) for _ in range(args.rounds)]
-        torch_t = [torch_train_trees_per_s(work, threads, args.train_steps) for _ in range(args.rounds)]
+        torch_t = [torch_twin(work, threads, "treelstm", args.train_steps) for _ in range(args.rounds)]
         rows.append((threads, statistics.median(tern), statistics.median(torch_), statistics.median(tern_t),
                      statistics.median(torch_t)))
     print(f"\nTreeLSTM, hidden {args.hidden}, generated treebank (mean 19 words a tree), one tree at a time, medians "
@@ -279,10 +213,10 @@ def main():
                         "--lr", "0.01", os.path.join(work, "m", kind + "-train.txt"), "-o", kmodel], check=True)
         for threads in [int(t) for t in args.threads.split(",")]:
             a = statistics.median([tern_trees_per_s(args, work, threads, kind)[0] for _ in range(args.rounds)])
-            b = statistics.median([torch_simple(work, threads, kind) for _ in range(args.rounds)])
+            b = statistics.median([torch_twin(work, threads, kind) for _ in range(args.rounds)])
             c = statistics.median([tern_train_trees_per_s(args, work, threads, steps, kmodel)
                                    for _ in range(args.rounds)])
-            d = statistics.median([torch_simple(work, threads, kind, steps) for _ in range(args.rounds)])
+            d = statistics.median([torch_twin(work, threads, kind, steps) for _ in range(args.rounds)])
             print(f"| {kind} | {threads} | {a:.0f} | {b:.0f} | {a / b:.2f} | {c:.0f} | {d:.0f} | {c / d:.2f} |",
                   flush=True)
     if args.epochs:

@@ -25,47 +25,29 @@ import sys
 
 import numpy as np
 
-WEIGHTS = ("emb", "wleaf", "bleaf", "winner", "binner", "wout", "bout")
+# The models: each one's weights, in the order they are stored and passed to Node, and the state a node
+# returns beyond h (a TreeLSTM's memory cell c).
+KINDS = {
+    # Tai et al.'s binary (N-ary) TreeLSTM
+    "treelstm": ("emb", "wleaf", "bleaf", "winner", "binner", "wout", "bout"),
+    # Socher et al. 2011's recursive network: h = tanh([ha; hb] W + b), a leaf tanh of its word's vector
+    "treernn": ("emb", "winner", "binner", "wout", "bout"),
+    # Socher et al. 2013: the same plus the bilinear term [ha; hb]^T V [ha; hb], V of d slices of
+    # 2d x 2d, stored as [2d, 2d d]
+    "rntn": ("emb", "winner", "binner", "tensor", "wout", "bout"),
+}
+WEIGHTS = KINDS["treelstm"]
 
 
-def shapes(v, d):
-    return {"emb": (v, d), "wleaf": (d, 3 * d), "bleaf": (3 * d,), "winner": (2 * d, 5 * d), "binner": (5 * d,),
-            "wout": (d, 5), "bout": (5,)}
+def kind_shapes(kind, v, d):
+    s = {"emb": (v, d), "wleaf": (d, 3 * d), "bleaf": (3 * d,), "winner": (2 * d, 5 * d if kind == "treelstm" else d),
+         "binner": (5 * d if kind == "treelstm" else d,), "tensor": (2 * d, 2 * d * d), "wout": (d, 5), "bout": (5,)}
+    return {k: s[k] for k in KINDS[kind]}
 
 
-def write(folder, v, d, seed):
-    r = np.random.default_rng(seed)
-    os.makedirs(folder, exist_ok=True)
-    decl, offset, blobs = [], 0, []
-    for name, shape in shapes(v, d).items():
-        scale = 1.0 if name == "emb" else 1.0 / np.sqrt(shape[0])
-        a = (r.standard_normal(shape) * scale).astype("<f4") if len(shape) > 1 else np.zeros(shape, "<f4")
-        blobs.append(a.tobytes())
-        dims = ",".join(str(x) for x in shape)
-        decl.append(f'float[{dims}] {name} = ["location": "treelstm.bin", "offset": "{offset}", '
-                    f'"length": "{a.nbytes}"]')
-        offset += a.nbytes
-    tmp = os.path.join(folder, "treelstm.bin.tmp")
-    with open(tmp, "wb") as f:
-        f.write(b"".join(blobs))
-    os.replace(tmp, os.path.join(folder, "treelstm.bin"))
-    args = "node, left, right, word, " + ", ".join(WEIGHTS[:5])
-    text = f"""<ir_version: 8, opset_import: ["" : 17, "tern" : 1, "tree" : 1]>
-treelstm (int64[N] left, int64[N] right, int64[N] word, int64 root) => (float[5] logits)
-   <{(',' + chr(10) + '    ').join(decl)}>
-{{
-  h, c = tern.Invoke <function = "Node", function_domain = "tree"> (root, left, right, word, {", ".join(WEIGHTS[:5])})
-  s = MatMul (h, wout)
-  logits = Add (s, bout)
-}}
-<domain: "tree", opset_import: ["" : 17, "tern" : 1, "tree" : 1]>
-Node ({args}) => (h, c) {{
-  l = Gather <axis = 0> (left, node)
-  zero = Constant <value = int64 {{0}}> ()
-  leaf = Less (l, zero)
-  h, c = If (leaf) <then_branch = leaf_case () => (float[{d}] hl, float[{d}] cl) {{
-    w = Gather <axis = 0> (word, node)
-    x = Gather <axis = 0> (emb, w)
+LEAF = {
+    "treelstm": """
+    x = Gather <axis = 0> (emb, wd)
     xw = MatMul (x, wleaf)
     g = Add (xw, bleaf)
     gi, go, gu = Split <axis = 0> (g)
@@ -74,12 +56,14 @@ Node ({args}) => (h, c) {{
     cl = Mul (si, tu)
     so = Sigmoid (go)
     tc = Tanh (cl)
-    hl = Mul (so, tc)
-  }}, else_branch = inner_case () => (float[{d}] hi, float[{d}] ci) {{
-    r = Gather <axis = 0> (right, node)
-    ha, ca = tern.Invoke <function = "Node", function_domain = "tree"> (l, left, right, word, {", ".join(WEIGHTS[:5])})
-    hb, cb = tern.Invoke <function = "Node", function_domain = "tree"> (r, left, right, word, {", ".join(WEIGHTS[:5])})
-    x = Concat <axis = 0> (ha, hb)
+    hl = Mul (so, tc)""",
+    "simple": """
+    x = Gather <axis = 0> (emb, wd)
+    hl = Tanh (x)""",
+}
+
+INNER = {
+    "treelstm": """
     xw = MatMul (x, winner)
     g = Add (xw, binner)
     gi, gfa, gfb, go, gu = Split <axis = 0> (g)
@@ -94,155 +78,84 @@ Node ({args}) => (h, c) {{
     ci = Add (new, kept)
     so = Sigmoid (go)
     tc = Tanh (ci)
-    hi = Mul (so, tc)
-  }}>
-}}
-"""
-    with open(os.path.join(folder, "treelstm.txt"), "w") as f:
-        f.write(text)
-    with open(os.path.join(folder, "treelstm-train.txt"), "w") as f:
-        f.write(train_text(decl, d))
-    for kind in SIMPLE:
-        write_simple(folder, kind, v, d, seed)
-
-
-def train_text(decl, d):
-    """The TreeLSTM for training: Node also reads the labels and returns the summed cross-entropy of
-    its subtree's nodes; the model's loss is its mean over the tree's nodes (tern-autodiff
-    --loss-output loss)."""
-    w = ", ".join(WEIGHTS)
-    args = "node, left, right, word, label, " + w
-    return f"""<ir_version: 8, opset_import: ["" : 17, "tern" : 1, "tree" : 1]>
-treelstm (int64[N] left, int64[N] right, int64[N] word, int64 root, int64[N] label) => (float[5] logits, float loss)
-   <{(',' + chr(10) + '    ').join(decl)}>
-{{
-  h, c, total = tern.Invoke <function = "Node", function_domain = "tree"> (root, left, right, word, label, {w})
-  s = MatMul (h, wout)
-  logits = Add (s, bout)
-  n = Size (left)
-  nf = Cast <to = 1> (n)
-  loss = Div (total, nf)
-}}
-<domain: "tree", opset_import: ["" : 17, "tern" : 1, "tree" : 1]>
-Node ({args}) => (h, c, loss) {{
-  l = Gather <axis = 0> (left, node)
-  zero = Constant <value = int64 {{0}}> ()
-  leaf = Less (l, zero)
-  h, c, below = If (leaf) <then_branch = leaf_case () => (float[{d}] hl, float[{d}] cl, float bl) {{
-    w = Gather <axis = 0> (word, node)
-    x = Gather <axis = 0> (emb, w)
-    xw = MatMul (x, wleaf)
-    g = Add (xw, bleaf)
-    gi, go, gu = Split <axis = 0> (g)
-    si = Sigmoid (gi)
-    tu = Tanh (gu)
-    cl = Mul (si, tu)
-    so = Sigmoid (go)
-    tc = Tanh (cl)
-    hl = Mul (so, tc)
-    bl = Constant <value = float {{0}}> ()
-  }}, else_branch = inner_case () => (float[{d}] hi, float[{d}] ci, float bi) {{
-    r = Gather <axis = 0> (right, node)
-    ha, ca, la = tern.Invoke <function = "Node", function_domain = "tree"> (l, left, right, word, label, {w})
-    hb, cb, lb = tern.Invoke <function = "Node", function_domain = "tree"> (r, left, right, word, label, {w})
-    x = Concat <axis = 0> (ha, hb)
+    hi = Mul (so, tc)""",
+    "treernn": """
     xw = MatMul (x, winner)
     g = Add (xw, binner)
-    gi, gfa, gfb, go, gu = Split <axis = 0> (g)
-    si = Sigmoid (gi)
-    tu = Tanh (gu)
-    new = Mul (si, tu)
-    sfa = Sigmoid (gfa)
-    keepa = Mul (sfa, ca)
-    sfb = Sigmoid (gfb)
-    keepb = Mul (sfb, cb)
-    kept = Add (keepa, keepb)
-    ci = Add (new, kept)
-    so = Sigmoid (go)
-    tc = Tanh (ci)
-    hi = Mul (so, tc)
-    bi = Add (la, lb)
-  }}>
+    hi = Tanh (g)""",
+    "rntn": """
+    xw = MatMul (x, winner)
+    t = MatMul (x, tensor)
+    shape = Constant <value = int64[2] {D, D2}> ()
+    tm = Reshape (t, shape)
+    q = MatMul (tm, x)
+    lin = Add (xw, q)
+    g = Add (lin, binner)
+    hi = Tanh (g)""",
+}
+
+# A node's loss in the training model: its own cross-entropy plus its subtree's (below).
+NODE_LOSS = """
   s = MatMul (h, wout)
   z = Add (s, bout)
   lz = LogSoftmax <axis = 0> (z)
   y = Gather <axis = 0> (label, node)
   ly = Gather <axis = 0> (lz, y)
   own = Neg (ly)
-  loss = Add (own, below)
+  loss = Add (own, below)"""
+
+
+def model_text(kind, decl, d, train):
+    """KIND.txt, or with train KIND-train.txt: Node(node, left, right, word[, label], weights...)
+    invokes itself on the node's children under an If (a leaf reads its word's embedding); with train
+    it also returns the summed cross-entropy of its subtree's nodes, the model's loss its mean over
+    the tree."""
+    state = ["h", "c"] if kind == "treelstm" else ["h"]
+    args = ("label, " if train else "") + ", ".join(KINDS[kind])
+    loss = ["loss"] if train else []
+
+    def named(suffix, extra):
+        return ", ".join([s + suffix for s in state] + extra)
+
+    def typed(suffix, extra):
+        return ", ".join([f"float[{d}] {s}{suffix}" for s in state] + [f"float {x}" for x in extra])
+
+    call = 'tern.Invoke <function = "Node", function_domain = "tree">'
+    inner = INNER[kind].replace("D2", str(2 * d)).replace("D,", f"{d},")
+    return f"""<ir_version: 8, opset_import: ["" : 17, "tern" : 1, "tree" : 1]>
+{kind} (int64[N] left, int64[N] right, int64[N] word, int64 root{", int64[N] label" if train else ""}) => (float[5] logits{", float loss" if train else ""})
+   <{(',' + chr(10) + '    ').join(decl)}>
+{{
+  {named("", ["total"] if train else [])} = {call} (root, left, right, word, {args})
+  s = MatMul (h, wout)
+  logits = Add (s, bout){'''
+  n = Size (left)
+  nf = Cast <to = 1> (n)
+  loss = Div (total, nf)''' if train else ""}
+}}
+<domain: "tree", opset_import: ["" : 17, "tern" : 1, "tree" : 1]>
+Node (node, left, right, word, {args}) => ({named("", loss)}) {{
+  l = Gather <axis = 0> (left, node)
+  zero = Constant <value = int64 {{0}}> ()
+  leaf = Less (l, zero)
+  {named("", ["below"] if train else [])} = If (leaf) <then_branch = leaf_case () => ({typed("l", ["bl"] if train else [])}) {{
+    wd = Gather <axis = 0> (word, node){LEAF["treelstm" if kind == "treelstm" else "simple"]}{'''
+    bl = Constant <value = float {0}> ()''' if train else ""}
+  }}, else_branch = inner_case () => ({typed("i", ["bi"] if train else [])}) {{
+    r = Gather <axis = 0> (right, node)
+    {named("a", ["la"] if train else [])} = {call} (l, left, right, word, {args})
+    {named("b", ["lb"] if train else [])} = {call} (r, left, right, word, {args})
+    x = Concat <axis = 0> (ha, hb){inner}{'''
+    bi = Add (la, lb)''' if train else ""}
+  }}>{NODE_LOSS if train else ""}
 }}
 """
 
 
-def load_weights(folder, kind="treelstm"):
-    """The weights of DIR/KIND.txt, from the external data file beside it."""
-    raw = np.fromfile(os.path.join(folder, kind + ".bin"), "<f4")
-    text = open(os.path.join(folder, kind + ".txt")).read()
-    out = {}
-    for name in WEIGHTS if kind == "treelstm" else SIMPLE[kind]:
-        head = text.index(f"] {name} = [")
-        dims = [int(x) for x in text[text.rindex("float[", 0, head) + 6:head].split(",")]
-        at = text.index('"offset": "', head) + 11
-        off = int(text[at:text.index('"', at)]) // 4
-        out[name] = raw[off:off + int(np.prod(dims))].reshape(dims)
-    return out
-
-
-# TreeRNN (Socher et al. 2011's recursive network: h = tanh([ha; hb] W + b), a leaf its word's vector
-# through tanh) and RNTN (Socher et al. 2013: the same plus the bilinear term [ha; hb]^T V [ha; hb],
-# V of d slices of 2d x 2d, stored as [2d, 2d d]).
-SIMPLE = {"treernn": ("emb", "winner", "binner", "wout", "bout"),
-          "rntn": ("emb", "winner", "binner", "tensor", "wout", "bout")}
-
-SIMPLE_TEXT = """<ir_version: 8, opset_import: ["" : 17, "tern" : 1, "tree" : 1]>
-KIND (int64[N] left, int64[N] right, int64[N] word, int64 rootLABELIN) => (float[5] logitsLOSSOUT)
-   <DECL>
-{
-  MAINOUTS = tern.Invoke <function = "Node", function_domain = "tree"> (root, left, right, word, LABELARGW)
-  s = MatMul (h, wout)
-  logits = Add (s, bout)MEANLOSS
-}
-<domain: "tree", opset_import: ["" : 17, "tern" : 1, "tree" : 1]>
-Node (node, left, right, word, LABELARGW) => (NODEOUTS) {
-  l = Gather <axis = 0> (left, node)
-  zero = Constant <value = int64 {0}> ()
-  leaf = Less (l, zero)
-  IFOUTS = If (leaf) <then_branch = leaf_case () => LEAFOUTS {
-    wd = Gather <axis = 0> (word, node)
-    x = Gather <axis = 0> (emb, wd)
-    hl = Tanh (x)LEAFLOSS
-  }, else_branch = inner_case () => INNEROUTS {
-    r = Gather <axis = 0> (right, node)
-    HA = tern.Invoke <function = "Node", function_domain = "tree"> (l, left, right, word, LABELARGW)
-    HB = tern.Invoke <function = "Node", function_domain = "tree"> (r, left, right, word, LABELARGW)
-    x = Concat <axis = 0> (ha, hb)
-    xw = MatMul (x, winner)BILINEAR
-    hi = Tanh (g)INNERLOSS
-  }>NODELOSS
-}
-"""
-
-TRAIN_PARTS = {
-    "MEANLOSS": "\n  n = Size (left)\n  nf = Cast <to = 1> (n)\n  loss = Div (total, nf)",
-    "LEAFLOSS": "\n    bl = Constant <value = float {0}> ()",
-    "INNERLOSS": "\n    bi = Add (la, lb)",
-    "NODELOSS": ("\n  s = MatMul (h, wout)\n  z = Add (s, bout)\n  lz = LogSoftmax <axis = 0> (z)\n"
-                 "  y = Gather <axis = 0> (label, node)\n  ly = Gather <axis = 0> (lz, y)\n  own = Neg (ly)\n"
-                 "  loss = Add (own, below)"),
-}
-
-
-def simple_shapes(kind, v, d):
-    s = {"emb": (v, d), "winner": (2 * d, d), "binner": (d,), "wout": (d, 5), "bout": (5,)}
-    if kind == "rntn":
-        s["tensor"] = (2 * d, 2 * d * d)
-    return {k: s[k] for k in SIMPLE[kind]}
-
-
-def write_simple(folder, kind, v, d, seed):
+def write_kind(folder, kind, v, d, seed):
     r = np.random.default_rng(seed)
     decl, offset, blobs = [], 0, []
-    for name, shape in simple_shapes(kind, v, d).items():
+    for name, shape in kind_shapes(kind, v, d).items():
         scale = 1.0 if name == "emb" else 1.0 / np.sqrt(shape[0]) / (np.sqrt(2 * d) if name == "tensor" else 1)
         a = (r.standard_normal(shape) * scale).astype("<f4") if len(shape) > 1 else np.zeros(shape, "<f4")
         blobs.append(a.tobytes())
@@ -254,62 +167,67 @@ def write_simple(folder, kind, v, d, seed):
     with open(tmp, "wb") as f:
         f.write(b"".join(blobs))
     os.replace(tmp, os.path.join(folder, kind + ".bin"))
-    bilinear = (f"\n    t = MatMul (x, tensor)\n    shape = Constant <value = int64[2] {{{d}, {2 * d}}}> ()\n"
-                "    tm = Reshape (t, shape)\n    q = MatMul (tm, x)\n    lin = Add (xw, q)\n    g = Add (lin, binner)"
-                if kind == "rntn" else "\n    g = Add (xw, binner)")
     for train in (False, True):
-        sub = {
-            "KIND": kind, "DECL": (",\n    ").join(decl), "BILINEAR": bilinear,
-            "LABELIN": ", int64[N] label" if train else "", "LOSSOUT": ", float loss" if train else "",
-            "LABELARGW": ("label, " if train else "") + ", ".join(SIMPLE[kind]),
-            "MAINOUTS": "h, total" if train else "h", "NODEOUTS": "h, loss" if train else "h",
-            "IFOUTS": "h, below" if train else "h",
-            "LEAFOUTS": f"(float[{d}] hl, float bl)" if train else f"(float[{d}] hl)",
-            "INNEROUTS": f"(float[{d}] hi, float bi)" if train else f"(float[{d}] hi)",
-            "HA": "ha, la" if train else "ha", "HB": "hb, lb" if train else "hb",
-        }
-        for k in TRAIN_PARTS:
-            sub[k] = TRAIN_PARTS[k] if train else ""
-        text = SIMPLE_TEXT
-        for k in sorted(sub, key=len, reverse=True):
-            text = text.replace(k, sub[k])
         with open(os.path.join(folder, kind + ("-train" if train else "") + ".txt"), "w") as f:
-            f.write(text)
+            f.write(model_text(kind, decl, d, train))
 
 
-def simple_reference(p, kind, left, right, word, root):
-    d = p["emb"].shape[1]
-
-    def node(k):
-        if left[k] < 0:
-            return np.tanh(p["emb"][word[k]])
-        x = np.concatenate([node(left[k]), node(right[k])])
-        g = x @ p["winner"] + p["binner"]
-        if kind == "rntn":
-            g = g + (x @ p["tensor"]).reshape(d, 2 * d) @ x
-        return np.tanh(g)
-
-    return node(int(root)) @ p["wout"] + p["bout"]
+def write(folder, v, d, seed):
+    os.makedirs(folder, exist_ok=True)
+    for kind in KINDS:
+        write_kind(folder, kind, v, d, seed)
 
 
-def reference(p, left, right, word, root):
+def load_weights(folder, kind="treelstm"):
+    """The weights of DIR/KIND.txt, from the external data file beside it."""
+    raw = np.fromfile(os.path.join(folder, kind + ".bin"), "<f4")
+    text = open(os.path.join(folder, kind + ".txt")).read()
+    out = {}
+    for name in KINDS[kind]:
+        head = text.index(f"] {name} = [")
+        dims = [int(x) for x in text[text.rindex("float[", 0, head) + 6:head].split(",")]
+        at = text.index('"offset": "', head) + 11
+        off = int(text[at:text.index('"', at)]) // 4
+        out[name] = raw[off:off + int(np.prod(dims))].reshape(dims)
+    return out
+
+
+def reference(p, left, right, word, root, kind="treelstm", label=None):
+    """numpy's recursion of KIND on weights p: the root's 5 scores, or with label the model's loss
+    (the mean over the tree's nodes of each node's cross-entropy)."""
     sig = lambda z: 1 / (1 + np.exp(-z))  # noqa: E731
     d = p["emb"].shape[1]
 
     def node(k):
         if left[k] < 0:
-            g = p["emb"][word[k]] @ p["wleaf"] + p["bleaf"]
-            c = sig(g[:d]) * np.tanh(g[2 * d:])
-            return sig(g[d:2 * d]) * np.tanh(c), c
-        ha, ca = node(left[k])
-        hb, cb = node(right[k])
-        g = np.concatenate([ha, hb]) @ p["winner"] + p["binner"]
-        gi, gfa, gfb, go, gu = np.split(g, 5)
-        c = sig(gi) * np.tanh(gu) + sig(gfa) * ca + sig(gfb) * cb
-        return sig(go) * np.tanh(c), c
+            if kind != "treelstm":
+                h, c, below = np.tanh(p["emb"][word[k]]), None, 0.0
+            else:
+                g = p["emb"][word[k]] @ p["wleaf"] + p["bleaf"]
+                c = sig(g[:d]) * np.tanh(g[2 * d:])
+                h, below = sig(g[d:2 * d]) * np.tanh(c), 0.0
+        else:
+            ha, ca, la = node(left[k])
+            hb, cb, lb = node(right[k])
+            x = np.concatenate([ha, hb])
+            g = x @ p["winner"] + p["binner"]
+            if kind == "treelstm":
+                gi, gfa, gfb, go, gu = np.split(g, 5)
+                c = sig(gi) * np.tanh(gu) + sig(gfa) * ca + sig(gfb) * cb
+                h = sig(go) * np.tanh(c)
+            else:
+                if kind == "rntn":
+                    g = g + (x @ p["tensor"]).reshape(d, 2 * d) @ x
+                h, c = np.tanh(g), None
+            below = la + lb
+        if label is None:
+            return h, c, 0.0
+        z = h @ p["wout"] + p["bout"]
+        lz = z - z.max() - np.log(np.exp(z - z.max()).sum())
+        return h, c, below - lz[label[k]]
 
-    h, _ = node(int(root))
-    return h @ p["wout"] + p["bout"]
+    h, _, loss = node(int(root))
+    return h @ p["wout"] + p["bout"] if label is None else loss / len(left)
 
 
 def compare(folder, split, out, kind="treelstm"):
@@ -327,8 +245,7 @@ def compare(folder, split, out, kind="treelstm"):
     left, right, word, root = (seq(k) for k in ("left", "right", "word", "root"))
     worst = 0.0
     for e in range(len(left)):
-        want = (reference(p, left[e], right[e], word[e], root[e]) if kind == "treelstm"
-                else simple_reference(p, kind, left[e], right[e], word[e], root[e]))
+        want = reference(p, left[e], right[e], word[e], root[e], kind)
         got = np.load(os.path.join(out, "logits", f"{e}.npy"))
         worst = max(worst, float(np.max(np.abs(got - want)) / (np.max(np.abs(want)) + 1e-6)))
     print(f"{len(left)} trees: largest difference {worst:.2e} of the scores' scale")

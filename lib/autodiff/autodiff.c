@@ -555,19 +555,6 @@ tern_status tern_autodiff_rows(tern_model *m, tern_value *const *ys, tern_value 
 	return tern_autodiff_impl(m, ys, seeds, n_ys, wrt, n_wrt, rows_ok, grads, grad_indices, TERN_AUTODIFF_FULL_SHAPE);
 }
 
-/* The output holding a kept call's handle: tern.Invoke keep=1's last, or that of an If whose branches
- * are kept calls (tern_grad_prepare_calls); -1 for other nodes. */
-static int kept_handle(const tern_node *n)
-{
-	if (!n->n_outputs)
-		return -1;
-	if (!strcmp(n->domain, TERN_DOMAIN) && !strcmp(n->op_type, "Invoke") && tern_attr_int(n, "keep", 0))
-		return (int)n->n_outputs - 1;
-	if (!*n->domain && !strcmp(n->op_type, "If") && tern_node_keeps_calls(n))
-		return (int)n->n_outputs - 1;
-	return -1;
-}
-
 /* The formal input names of the function a kept call runs (G__fwd's are G's). */
 static const tern_graph *kept_callee(const tern_model *m, const tern_node *n)
 {
@@ -580,7 +567,7 @@ static const tern_graph *kept_callee(const tern_model *m, const tern_node *n)
 static tern_status kept_grad(tern_grad_ctx *g, tern_model *m, tern_node *n, tern_value *const *dy,
                              const bool *wants, const bool *needs, const bool *useful, pending *acc)
 {
-	int h = kept_handle(n);
+	int h = tern_node_kept_handle(n);
 	const char *wrt[64];
 	tern_value *to[64];
 	int k = 0;
@@ -741,7 +728,7 @@ tern_status tern_autodiff_impl(tern_model *m, tern_value *const *ys, tern_value 
 			wants[i] = x && needs[x->index] && useful[x->index] && tern_g_differentiable(x->type.dtype);
 			wanted |= wants[i];
 		}
-		int h = kept_handle(n);
+		int h = tern_node_kept_handle(n);
 		for (size_t i = 0; h >= 0 && i < n->n_implicit; i++) {
 			tern_value *x = n->implicit[i];
 			wanted |= (size_t)x->index < nv && g->values[x->index] == x && needs[x->index] && useful[x->index] &&

@@ -49,15 +49,10 @@ static tern_status oom(void)
 	return tern_errorf(TERN_EOS, "out of memory");
 }
 
-static bool same_domain(const char *a, const char *b)
-{
-	return tern_same_domain(a ? a : "", b ? b : "");
-}
-
 static Onnx__FunctionProto *find_fn(const gen *G, const char *domain, const char *name)
 {
 	for (size_t i = 0; i < G->n_fns; i++)
-		if (G->fns[i]->name && !strcmp(G->fns[i]->name, name) && same_domain(G->fns[i]->domain, domain))
+		if (G->fns[i]->name && !strcmp(G->fns[i]->name, name) && tern_same_domain(G->fns[i]->domain, domain))
 			return G->fns[i];
 	return NULL;
 }
@@ -85,7 +80,7 @@ static tern_status add_fn(gen *G, Onnx__FunctionProto *fp)
 static tern_status push(gen *G, const char *domain, const char *name, tern_value *const *in, size_t n)
 {
 	for (size_t i = 0; i < G->n_todo; i++)
-		if (!strcmp(G->todo[i].name, name) && same_domain(G->todo[i].domain, domain))
+		if (!strcmp(G->todo[i].name, name) && tern_same_domain(G->todo[i].domain, domain))
 			return TERN_OK;
 	if (!tern_grow((void **)&G->todo, &G->cap_todo, G->n_todo + 1, sizeof *G->todo))
 		return oom();
@@ -150,49 +145,17 @@ static void drop_attr(Onnx__NodeProto *np, const char *name)
 	np->n_attribute = k;
 }
 
-static Onnx__AttributeProto *push_attr(Onnx__NodeProto *np, const char *name, Onnx__AttributeProto__AttributeType type)
-{
-	Onnx__AttributeProto **arr = realloc(np->attribute, (np->n_attribute + 1) * sizeof *arr);
-	Onnx__AttributeProto *a = calloc(1, sizeof *a);
-	if (arr)
-		np->attribute = arr;
-	if (!arr || !a) {
-		free(a);
-		return NULL;
-	}
-	onnx__attribute_proto__init(a);
-	if (!(a->name = tern_strdup(name))) {
-		free(a);
-		return NULL;
-	}
-	a->has_type = 1;
-	a->type = type;
-	np->attribute[np->n_attribute++] = a;
-	return a;
-}
-
+/* Sets attribute `name` of a node proto, replacing any it had. */
 static tern_status attr_string(Onnx__NodeProto *np, const char *name, const char *v)
 {
 	drop_attr(np, name);
-	Onnx__AttributeProto *a = push_attr(np, name, ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__STRING);
-	size_t len = strlen(v);
-	if (!a || !(a->s.data = malloc(len ? len : 1)))
-		return oom();
-	memcpy(a->s.data, v, len);
-	a->s.len = len;
-	a->has_s = 1;
-	return TERN_OK;
+	return tern_proto_add_attr_string(np, name, v);
 }
 
 static tern_status attr_int(Onnx__NodeProto *np, const char *name, int64_t v)
 {
 	drop_attr(np, name);
-	Onnx__AttributeProto *a = push_attr(np, name, ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__INT);
-	if (!a)
-		return oom();
-	a->has_i = 1;
-	a->i = v;
-	return TERN_OK;
+	return tern_proto_add_attr_int(np, name, v);
 }
 
 /* A node proto op_type (domain) with inputs and outputs, no attributes. */
@@ -336,16 +299,6 @@ static tern_status scratch(gen *G, Onnx__NodeProto *const *nodes, size_t n, char
 }
 
 /* ---------------------------------------------------------------- kept calls and lifted branches */
-
-static const char *callee(const tern_node *n, const char **domain)
-{
-	if (!strcmp(n->domain, TERN_DOMAIN) && !strcmp(n->op_type, "Invoke")) {
-		*domain = tern_attr_string(n, "function_domain", "");
-		return tern_attr_string(n, "function", NULL);
-	}
-	*domain = n->domain;
-	return n->op_type;
-}
 
 /* The names a subgraph reads from outside it, in order of first use, into *names. */
 static tern_status captures(const Onnx__GraphProto *g, char ***names, size_t *n)
@@ -534,7 +487,7 @@ static tern_status keep_calls(gen *G, tern_graph *g, const char *ctx, const char
 			free(h);
 			continue;
 		}
-		const char *domain, *name = callee(n, &domain);
+		const char *domain, *name = tern_node_callee(n, &domain);
 		if (!name || !find_fn(G, domain, name))
 			continue;
 		if ((st = push(G, domain, name, n->inputs, n->n_inputs)))
@@ -594,14 +547,7 @@ static void restore_types(tern_graph *g, const named_type *t, size_t n)
 				v->type = t[k].type;
 				break;
 			}
-		if (v->producer && !strcmp(v->producer->op_type, "Invoke") && v->producer_output == (int)v->producer->n_outputs - 1 &&
-		    tern_attr_int(v->producer, "keep", 0)) {
-			tern_type_unknown(&v->type);
-			v->type.dtype = TERN_INT64;
-			v->type.rank = 0;
-		}
-		if (v->producer && !*v->producer->domain && !strcmp(v->producer->op_type, "If") &&
-		    v->producer_output == (int)v->producer->n_outputs - 1 && tern_node_keeps_calls(v->producer)) {
+		if (v->producer && v->producer_output == tern_node_kept_handle(v->producer)) {
 			tern_type_unknown(&v->type);
 			v->type.dtype = TERN_INT64;
 			v->type.rank = 0;
@@ -708,18 +654,14 @@ static tern_status grad_function(gen *G, const char *base, const Onnx__FunctionP
 		char zname[300];
 		snprintf(zname, sizeof zname, "%.200s/grad.zero", f->input[i]);
 		Onnx__NodeProto *np = new_node("", "Constant", zname, NULL, 0, (const char *const *)&(const char *){zname}, 1);
-		Onnx__AttributeProto *a = np ? push_attr(np, "value", ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__TENSOR) : NULL;
 		tern_tensor z = {0};
-		if (!a || tern_tensor_alloc(&z, TERN_FLOAT, 0, NULL) || !(a->t = calloc(1, sizeof *a->t))) {
+		if (!np || tern_tensor_alloc(&z, TERN_FLOAT, 0, NULL)) {
 			if (np)
 				onnx__node_proto__free_unpacked(np, NULL);
-			tern_tensor_free(&z);
 			st = oom();
 			break;
 		}
-		*(float *)z.data = 0;
-		onnx__tensor_proto__init(a->t);
-		st = tern_tensor_to_proto(&z, a->t);
+		st = tern_proto_add_attr_tensor(np, "value", &z); /* alloc zeroed it */
 		tern_tensor_free(&z);
 		if (!st)
 			st = append_node(&fp->node, &fp->n_node, np);
@@ -855,7 +797,7 @@ static bool has_calls(const tern_graph *g)
 {
 	for (size_t i = 0; i < g->n_nodes; i++) {
 		const tern_node *n = g->nodes[i];
-		const char *domain, *name = callee(n, &domain);
+		const char *domain, *name = tern_node_callee(n, &domain);
 		if (!n->removed && ((!*n->domain && !strcmp(n->op_type, "If")) ||
 		                    (name && tern_function_find(g->model, domain, name))))
 			return true;

@@ -274,16 +274,8 @@ tern_status tern_call_begin(tern_exec *caller, const tern_node *node, const tern
 		spin_release(&c->lock);
 	}
 	call_depth++;
+	/* the outputs a node takes were checked against the function when it was planned */
 	rc = tern_exec_run(e, in, n_in);
-	if (!rc && keep && !strcmp(node->op_type, "Invoke") && tern_exec_num_outputs(e) < (int)node->n_outputs - 1)
-		rc = tern_node_errorf(node, TERN_EDATA, "the node has %zu outputs and a handle; %s returns %d",
-		                      node->n_outputs - 1, name, tern_exec_num_outputs(e));
-	else if (!rc && !keep && !strcmp(node->op_type, "Backward") && tern_exec_num_outputs(e) < (int)fn->n_outputs)
-		rc = tern_node_errorf(node, TERN_EDATA, "%s returns %d outputs of %zu", name, tern_exec_num_outputs(e),
-		                      fn->n_outputs);
-	else if (!rc && !keep && strcmp(node->op_type, "Backward") && tern_exec_num_outputs(e) < (int)node->n_outputs)
-		rc = tern_node_errorf(node, TERN_EDATA, "the node has %zu outputs; %s returns %d", node->n_outputs, name,
-		                      tern_exec_num_outputs(e));
 	if (rc) {
 		tern_call_end(caller, e);
 		return rc;

@@ -181,9 +181,8 @@ void tern_value_replace_uses(tern_graph *g, tern_value *old_value, tern_value *n
 		}
 }
 
-static Onnx__AttributeProto *new_attr(tern_node *node, const char *name, Onnx__AttributeProto__AttributeType type)
+Onnx__AttributeProto *tern_proto_new_attr(Onnx__NodeProto *np, const char *name, Onnx__AttributeProto__AttributeType type)
 {
-	Onnx__NodeProto *np = node->proto;
 	Onnx__AttributeProto *a = malloc(sizeof *a);
 	Onnx__AttributeProto **arr = realloc(np->attribute, (np->n_attribute + 1) * sizeof *arr);
 	if (arr)
@@ -203,9 +202,19 @@ static Onnx__AttributeProto *new_attr(tern_node *node, const char *name, Onnx__A
 	return a;
 }
 
+static Onnx__AttributeProto *new_attr(tern_node *node, const char *name, Onnx__AttributeProto__AttributeType type)
+{
+	return tern_proto_new_attr(node->proto, name, type);
+}
+
 tern_status tern_node_add_attr_int(tern_node *node, const char *name, int64_t v)
 {
-	Onnx__AttributeProto *a = new_attr(node, name, ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__INT);
+	return tern_proto_add_attr_int(node->proto, name, v);
+}
+
+tern_status tern_proto_add_attr_int(Onnx__NodeProto *np, const char *name, int64_t v)
+{
+	Onnx__AttributeProto *a = tern_proto_new_attr(np, name, ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__INT);
 	if (!a)
 		return tern_errorf(TERN_EOS, "out of memory");
 	a->has_i = 1;
@@ -247,7 +256,12 @@ tern_status tern_node_add_attr_floats(tern_node *node, const char *name, const f
 
 tern_status tern_node_add_attr_string(tern_node *node, const char *name, const char *v)
 {
-	Onnx__AttributeProto *a = new_attr(node, name, ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__STRING);
+	return tern_proto_add_attr_string(node->proto, name, v);
+}
+
+tern_status tern_proto_add_attr_string(Onnx__NodeProto *np, const char *name, const char *v)
+{
+	Onnx__AttributeProto *a = tern_proto_new_attr(np, name, ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__STRING);
 	size_t len = strlen(v);
 	if (!a || !(a->s.data = malloc(len ? len : 1)))
 		return tern_errorf(TERN_EOS, "out of memory");
@@ -275,7 +289,12 @@ tern_status tern_node_add_attr_strings(tern_node *node, const char *name, const 
 
 tern_status tern_node_add_attr_tensor(tern_node *node, const char *name, const tern_tensor *t)
 {
-	Onnx__AttributeProto *a = new_attr(node, name, ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__TENSOR);
+	return tern_proto_add_attr_tensor(node->proto, name, t);
+}
+
+tern_status tern_proto_add_attr_tensor(Onnx__NodeProto *np, const char *name, const tern_tensor *t)
+{
+	Onnx__AttributeProto *a = tern_proto_new_attr(np, name, ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__TENSOR);
 	if (!a || !(a->t = malloc(sizeof *a->t)))
 		return tern_errorf(TERN_EOS, "out of memory");
 	onnx__tensor_proto__init(a->t);

@@ -656,13 +656,19 @@ static tern_status scan_prepare(tern_prepare_args *p)
 
 /* ---------------------------------------------------------------- calls of model-local functions */
 
+typedef struct call_params {
+	const tern_graph *fn;
+	int keep; /* tern.Invoke keep=1: the frame is kept and the last output is its handle */
+} call_params;
+
 static tern_status call_run(const tern_kernel_args *a)
 {
-	const tern_graph *fn = a->params;
+	const call_params *cp = a->params;
+	const tern_graph *fn = cp->fn;
 	tern_exec *frame = NULL;
 	if (!a->exec)
 		return tern_node_errorf(a->node, TERN_EUSAGE, "a call of a function runs only in a plan, not one node at a time");
-	int keep = tern_attr_int(a->node, "keep", 0) != 0;
+	int keep = cp->keep;
 	int n_out = a->n_out - keep; /* a kept call's last output is its handle */
 	tern_status rc = tern_call_begin(a->exec, a->node, fn, a->in, a->n_in, a->pool, keep, &frame);
 	for (int o = 0; !rc && o < n_out; o++)
@@ -683,7 +689,7 @@ static tern_status call_run(const tern_kernel_args *a)
 }
 
 /* The function a node calls: tern.Invoke's attributes name it, else the node's domain and type. */
-static const char *callee_name(const tern_node *n, const char **domain)
+const char *tern_node_callee(const tern_node *n, const char **domain)
 {
 	if (!strcmp(n->domain, "tern") && !strcmp(n->op_type, "Invoke")) {
 		*domain = tern_attr_string(n, "function_domain", "");
@@ -699,7 +705,7 @@ static bool always_calls(const tern_model *m, const tern_graph *from, const tern
 {
 	for (size_t i = 0; i < from->n_nodes; i++) {
 		const tern_node *c = from->nodes[i];
-		const char *domain, *name = c->removed ? NULL : callee_name(c, &domain);
+		const char *domain, *name = c->removed ? NULL : tern_node_callee(c, &domain);
 		const tern_graph *g = name ? tern_function_find(m, domain, name) : NULL;
 		if (g == target && g)
 			return true;
@@ -720,7 +726,7 @@ static bool always_calls(const tern_model *m, const tern_graph *from, const tern
 static tern_status call_prepare(tern_prepare_args *p)
 {
 	const tern_node *n = p->node;
-	const char *domain, *name = callee_name(n, &domain);
+	const char *domain, *name = tern_node_callee(n, &domain);
 	if (!name || !*name)
 		return tern_node_errorf(n, TERN_EDATA, "tern.Invoke needs the string attribute 'function'");
 	const tern_graph *fn = tern_function_find(n->graph->model, domain, name);
@@ -744,13 +750,29 @@ static tern_status call_prepare(tern_prepare_args *p)
 	if (endless)
 		return tern_node_errorf(n, TERN_EDATA, "%s calls itself on every path, so its recursion never ends (put the "
 		                        "call in an If branch)", name);
+	call_params *cp = malloc(sizeof *cp);
+	if (!cp)
+		return tern_errorf(TERN_EOS, "out of memory");
+	*cp = (call_params){fn, keep};
 	p->kernel = call_run;
-	p->params = (void *)fn;
+	p->params = cp;
+	p->free_params = free;
 	p->dynamic_output = 1;
 	return TERN_OK;
 }
 
 const tern_op tern_op_function_call = {"", "(function call)", 1, 0, call_prepare, 0, "control"};
+
+int tern_node_kept_handle(const tern_node *n)
+{
+	if (!n->n_outputs)
+		return -1;
+	if (!strcmp(n->domain, "tern") && !strcmp(n->op_type, "Invoke"))
+		return tern_attr_int(n, "keep", 0) ? (int)n->n_outputs - 1 : -1;
+	if (!*n->domain && !strcmp(n->op_type, "If") && tern_node_keeps_calls(n))
+		return (int)n->n_outputs - 1;
+	return -1;
+}
 
 bool tern_node_keeps_calls(const tern_node *n)
 {
@@ -783,9 +805,17 @@ static tern_status kept_frame(const tern_kernel_args *a, tern_exec **frame)
 
 /* tern.Saved <value = NAME> (handle) -> v: the value NAME of the kept call's frame, read in place. */
 typedef struct saved_params {
+	char *name; /* the attribute's (tern_attr_string's buffer does not last) */
 	const tern_graph *graph; /* the function last looked in, and where NAME is there */
 	int slot;
 } saved_params;
+
+static void free_saved(void *p)
+{
+	saved_params *sp = p;
+	free(sp->name);
+	free(sp);
+}
 
 static tern_status saved_run(const tern_kernel_args *a)
 {
@@ -794,7 +824,7 @@ static tern_status saved_run(const tern_kernel_args *a)
 	tern_status rc = kept_frame(a, &frame);
 	if (rc)
 		return rc;
-	const char *name = tern_attr_string(a->node, "value", "");
+	const char *name = sp->name;
 	if (tern_exec_graph(frame) != sp->graph) {
 		sp->graph = tern_exec_graph(frame);
 		sp->slot = tern_exec_slot_of(frame, name);
@@ -823,8 +853,12 @@ static tern_status saved_prepare(tern_prepare_args *p)
 	if (!sp)
 		return tern_errorf(TERN_EOS, "out of memory");
 	sp->slot = -1;
+	if (!(sp->name = tern_strdup(tern_attr_string(p->node, "value", "")))) {
+		free(sp);
+		return tern_errorf(TERN_EOS, "out of memory");
+	}
 	p->params = sp;
-	p->free_params = free;
+	p->free_params = free_saved;
 	p->kernel = saved_run;
 	p->dynamic_output = 1;
 	return TERN_OK;

@@ -151,6 +151,23 @@ static _Thread_local int n_typing;
 
 static void infer_node(struct slot *slots, tern_node *n);
 
+/* Infers g's nodes in order on slots, in the scope of the graphs above (up). */
+static tern_status infer_nodes(tern_graph *g, struct slot *slots, struct scope *up)
+{
+	tern_node **order;
+	size_t count;
+	tern_status st = tern_graph_toposort(g, &order, &count);
+	if (st)
+		return st;
+	struct scope sc = {g, slots, up}, *saved = current_scope;
+	current_scope = &sc;
+	for (size_t i = 0; i < count; i++)
+		infer_node(slots, order[i]);
+	current_scope = saved;
+	free(order);
+	return TERN_OK;
+}
+
 static const struct slot *outer_slot_of(struct scope *sc, const tern_value *v)
 {
 	while (v && (v->flags & TERN_VALUE_OUTER))
@@ -182,19 +199,11 @@ static struct slot *infer_body(tern_graph *g, const struct slot *const *in, size
 				slots[i].owns = false;
 			}
 		}
-	tern_node **order;
-	size_t count;
-	if (tern_graph_toposort(g, &order, &count)) {
+	if (infer_nodes(g, slots, up)) {
 		tern_error_clear();
 		release(slots, g->n_values);
 		return NULL;
 	}
-	struct scope sc = {g, slots, up}, *saved = current_scope;
-	current_scope = &sc;
-	for (size_t i = 0; i < count; i++)
-		infer_node(slots, order[i]);
-	current_scope = saved;
-	free(order);
 	return slots;
 }
 
@@ -225,11 +234,7 @@ static void infer_call_or_if(struct slot *slots, tern_node *n)
 		}
 		return;
 	}
-	const char *domain = n->domain, *name = n->op_type;
-	if (!strcmp(n->domain, "tern") && !strcmp(n->op_type, "Invoke")) {
-		domain = tern_attr_string(n, "function_domain", "");
-		name = tern_attr_string(n, "function", NULL);
-	}
+	const char *domain, *name = tern_node_callee(n, &domain);
 	tern_graph *fn = tern_function_find(n->graph->model, domain, name);
 	if (!fn || n_typing >= (int)TERN_ARRAY_LEN(typing))
 		return;
@@ -246,8 +251,9 @@ static void infer_call_or_if(struct slot *slots, tern_node *n)
 		if (n->outputs[o])
 			take_type(&slots[n->outputs[o]->index], &fs[fn->outputs[o]->index]);
 	/* a kept call's handle */
-	if (fs && tern_attr_int(n, "keep", 0) && n->n_outputs == fn->n_outputs + 1 && n->outputs[fn->n_outputs]) {
-		struct slot *h = &slots[n->outputs[fn->n_outputs]->index];
+	int kh = tern_node_kept_handle(n);
+	if (fs && kh >= 0 && n->outputs[kh]) {
+		struct slot *h = &slots[n->outputs[kh]->index];
 		h->known = true;
 		tern_set_shape(&h->t, TERN_INT64, 0, NULL);
 		h->t.data = NULL;
@@ -331,19 +337,11 @@ static tern_status infer_pass(tern_graph *g, struct symbols *sym, int pass, stru
 		return tern_errorf(TERN_EOS, "out of memory");
 	seed_initializers(g, slots);
 	seed_inputs(g, slots, sym, pass);
-	tern_node **order;
-	size_t count;
-	tern_status st = tern_graph_toposort(g, &order, &count);
+	tern_status st = infer_nodes(g, slots, NULL);
 	if (st) {
 		release(slots, g->n_values);
 		return st;
 	}
-	struct scope sc = {g, slots, NULL}, *saved = current_scope;
-	current_scope = &sc;
-	for (size_t i = 0; i < count; i++)
-		infer_node(slots, order[i]);
-	current_scope = saved;
-	free(order);
 	*out = slots;
 	return TERN_OK;
 }
