@@ -152,6 +152,67 @@ Node (node, left, right, word, {args}) => ({named("", loss)}) {{
 """
 
 
+def iter_text(kind, decl, d, train):
+    """KIND-iter.txt, or with train KIND-iter-train.txt: the iterative form of KIND.txt, one Loop over
+    the tree's nodes in their order (children come before their parent), each step computing one
+    node's state from its children's rows of the states so far and writing its own row (ScatterND).
+    With train, the loss is the mean cross-entropy over the nodes, as KIND-train.txt's."""
+    state = ["h", "c"] if kind == "treelstm" else ["h"]
+    big = {s: s.upper() for s in state}
+    args = ", ".join(f"float[N,{d}] {big[s]}" for s in state)
+    outs = ", ".join(f"float[N,{d}] {big[s]}o" for s in state)
+    inner = INNER[kind].replace("D2", str(2 * d)).replace("D,", f"{d},")
+    gathers = "".join(f"""
+      {s}a = Gather <axis = 0> ({big[s]}, l)
+      {s}b = Gather <axis = 0> ({big[s]}, r)""" for s in state)
+    writes = "".join(f"""
+    {s}u = Unsqueeze ({s}, zeros)
+    {big[s]}o = ScatterND ({big[s]}, kk, {s}u)""" for s in state)
+    starts = "".join(f"""
+  {big[s]}0 = ConstantOfShape (shp)""" for s in state)
+    typed = lambda suffix: ", ".join(f"float[{d}] {s}{suffix}" for s in state)  # noqa: E731
+    named = lambda suffix, up=False: ", ".join((big[s] if up else s) + suffix for s in state)  # noqa: E731
+    label = ", int64[N] label" if train else ""
+    tail = f"""
+  zs = MatMul (Hn, wout)
+  z = Add (zs, bout)
+  lz = LogSoftmax <axis = 1> (z)
+  lab = Unsqueeze (label, ones)
+  picked = GatherElements <axis = 1> (lz, lab)
+  mean = ReduceMean <keepdims = 0> (picked)
+  loss = Neg (mean)""" if train else ""
+    return f"""<ir_version: 8, opset_import: ["" : 17]>
+{kind} (int64[N] left, int64[N] right, int64[N] word, int64 root{label}) => (float[5] logits{", float loss" if train else ""})
+   <{(',' + chr(10) + '    ').join(decl)}>
+{{
+  n = Size (left)
+  zeros = Constant <value = int64[1] {{0}}> ()
+  ones = Constant <value = int64[1] {{1}}> ()
+  n1 = Unsqueeze (n, zeros)
+  dd = Constant <value = int64[1] {{{d}}}> ()
+  shp = Concat <axis = 0> (n1, dd){starts}
+  shape11 = Constant <value = int64[2] {{1, 1}}> ()
+  always = Constant <value = bool {{1}}> ()
+  {named("n", True)} = Loop (n, always, {named("0", True)}) <body = step (int64 k, bool cin, {args}) => (bool cout, {outs}) {{
+    cout = Identity (cin)
+    l = Gather <axis = 0> (left, k)
+    zero = Constant <value = int64 {{0}}> ()
+    leaf = Less (l, zero)
+    {named("")} = If (leaf) <then_branch = leaf_case () => ({typed("l")}) {{
+      wd = Gather <axis = 0> (word, k){LEAF["treelstm" if kind == "treelstm" else "simple"].replace(chr(10) + "    ", chr(10) + "      ")}
+    }}, else_branch = inner_case () => ({typed("i")}) {{
+      r = Gather <axis = 0> (right, k){gathers}
+      x = Concat <axis = 0> (ha, hb){inner.replace(chr(10) + "    ", chr(10) + "      ")}
+    }}>
+    kk = Reshape (k, shape11){writes}
+  }}>
+  hr = Gather <axis = 0> (Hn, root)
+  s = MatMul (hr, wout)
+  logits = Add (s, bout){tail}
+}}
+"""
+
+
 def write_kind(folder, kind, v, d, seed):
     r = np.random.default_rng(seed)
     decl, offset, blobs = [], 0, []
@@ -170,6 +231,8 @@ def write_kind(folder, kind, v, d, seed):
     for train in (False, True):
         with open(os.path.join(folder, kind + ("-train" if train else "") + ".txt"), "w") as f:
             f.write(model_text(kind, decl, d, train))
+        with open(os.path.join(folder, kind + "-iter" + ("-train" if train else "") + ".txt"), "w") as f:
+            f.write(iter_text(kind, decl, d, train))
 
 
 def write(folder, v, d, seed):

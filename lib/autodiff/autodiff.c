@@ -555,11 +555,20 @@ tern_status tern_autodiff_rows(tern_model *m, tern_value *const *ys, tern_value 
 	return tern_autodiff_impl(m, ys, seeds, n_ys, wrt, n_wrt, rows_ok, grads, grad_indices, TERN_AUTODIFF_FULL_SHAPE);
 }
 
-/* The formal input names of the function a kept call runs (G__fwd's are G's). */
+/* The formal input names of the function a kept call runs: G__fwd's are G's, so G serves where
+ * G__fwd is not written yet (a function differentiated before its callee). */
 static const tern_graph *kept_callee(const tern_model *m, const tern_node *n)
 {
 	const char *name = tern_attr_string(n, "function", ""), *domain = tern_attr_string(n, "function_domain", "");
-	return tern_function_find(m, domain, name);
+	const tern_graph *f = tern_function_find(m, domain, name);
+	size_t len = strlen(name);
+	if (!f && len > 5 && len < 512 && !strcmp(name + len - 5, "__fwd")) {
+		char base[512];
+		memcpy(base, name, len - 5);
+		base[len - 5] = 0;
+		f = tern_function_find(m, domain, base);
+	}
+	return f;
 }
 
 /* The gradient of a kept call or If: tern.Backward on its handle and its outputs' gradients, for

@@ -42,6 +42,13 @@ typedef struct gen {
 	work *todo;
 	size_t n_todo, cap_todo;
 	int n_lifted;
+	/* the body attributes taken off Loops made calls, and their nodes: the IR reads them until the
+	 * model is read anew; put back if that fails */
+	struct detached {
+		Onnx__NodeProto *np;
+		Onnx__AttributeProto *at;
+	} *detached;
+	size_t n_detached, cap_detached;
 } gen;
 
 static tern_status oom(void)
@@ -236,6 +243,20 @@ static tern_status copy_opsets(Onnx__OperatorSetIdProto ***out, size_t *n_out, O
 	return TERN_OK;
 }
 
+static Onnx__FunctionProto *new_function(const char *name, const char *domain, const gen *G)
+{
+	Onnx__FunctionProto *fp = calloc(1, sizeof *fp);
+	if (!fp)
+		return NULL;
+	onnx__function_proto__init(fp);
+	if (!(fp->name = tern_strdup(name)) || !(fp->domain = tern_strdup(domain ? domain : "")) ||
+	    copy_opsets(&fp->opset_import, &fp->n_opset_import, G->m->proto->opset_import, G->m->proto->n_opset_import)) {
+		onnx__function_proto__free_unpacked(fp, NULL);
+		return NULL;
+	}
+	return fp;
+}
+
 /* ---------------------------------------------------------------- scratch models */
 
 /* A model whose main graph is nodes[0..n) with inputs in (typed) and outputs out, and every function
@@ -357,6 +378,49 @@ static void free_strings(char **s, size_t n)
 	free(s);
 }
 
+/* What subgraph g (br in the IR) reads from outside it, for the function it is lifted into: the
+ * captures (*cap), but those a Constant node makes (no inputs) as copies of that node (*consts), so
+ * that the function has the value itself, which shape inference reads (a Reshape's shape, an
+ * Unsqueeze's axes) where an input would be unknown. */
+static tern_status lifted_reads(const Onnx__GraphProto *g, tern_graph *br, char ***capp, size_t *n_cap,
+                                Onnx__NodeProto ***consts, size_t *n_consts)
+{
+	size_t k = 0;
+	tern_status st = captures(g, capp, n_cap);
+	char **cap = *capp;
+	for (size_t i = 0; i < *n_cap; i++) {
+		tern_value *v = tern_graph_lookup(br, cap[i]);
+		while (v && (v->flags & TERN_VALUE_OUTER) && v->outer)
+			v = v->outer;
+		const tern_node *p = v ? v->producer : NULL;
+		if (!st && p && !*p->domain && !strcmp(p->op_type, "Constant") && !p->n_inputs && p->n_outputs == 1) {
+			Onnx__NodeProto *c = tern_pb_copy(p->proto);
+			Onnx__NodeProto **arr = c ? realloc(*consts, (*n_consts + 1) * sizeof *arr) : NULL;
+			if (!arr) {
+				if (c)
+					onnx__node_proto__free_unpacked(c, NULL);
+				st = oom();
+			} else {
+				*consts = arr;
+				arr[(*n_consts)++] = c;
+				free(cap[i]);
+				continue;
+			}
+		}
+		cap[k++] = cap[i];
+	}
+	*n_cap = k;
+	return st;
+}
+
+static void free_nodes(Onnx__NodeProto **np, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		if (np[i])
+			onnx__node_proto__free_unpacked(np[i], NULL);
+	free(np);
+}
+
 /* A kept call's handle: a fresh name from the node's first output. */
 static char *handle_name(tern_graph *g, const Onnx__NodeProto *np, const char *suffix)
 {
@@ -385,8 +449,9 @@ static tern_status lift(gen *G, tern_node *n, const char *which, const char *ctx
 	if (g->n_initializer || g->n_sparse_initializer)
 		return tern_node_errorf(n, TERN_EDATA, "gradient: the %s has initializers (make them Constant nodes)", which);
 	char **cap = NULL;
-	size_t n_cap = 0;
-	tern_status st = captures(g, &cap, &n_cap);
+	size_t n_cap = 0, n_consts = 0;
+	Onnx__NodeProto **consts = NULL;
+	tern_status st = lifted_reads(g, br, &cap, &n_cap, &consts, &n_consts);
 	char lname[512];
 	snprintf(lname, sizeof lname, "%.200s__if%d_%s", ctx, G->n_lifted, which[0] == 't' ? "then" : "else");
 	G->n_lifted += which[0] != 't';
@@ -404,7 +469,12 @@ static tern_status lift(gen *G, tern_node *n, const char *which, const char *ctx
 		if (!st)
 			st = copy_opsets(&fp->opset_import, &fp->n_opset_import, G->m->proto->opset_import,
 			                 G->m->proto->n_opset_import);
-		/* the branch's nodes, copied into the function */
+		/* the constants it reads, then the branch's nodes, copied into the function */
+		for (size_t i = 0; !st && i < n_consts; i++) {
+			Onnx__NodeProto *c = consts[i];
+			consts[i] = NULL; /* the function's now, or freed */
+			st = append_node(&fp->node, &fp->n_node, c);
+		}
 		for (size_t i = 0; !st && i < g->n_node; i++)
 			st = append_node(&fp->node, &fp->n_node, tern_pb_copy(g->node[i]));
 	}
@@ -458,6 +528,313 @@ static tern_status lift(gen *G, tern_node *n, const char *which, const char *ctx
 	}
 	free(fwd);
 	free_strings(cap, n_cap);
+	free_nodes(consts, n_consts);
+	return st;
+}
+
+/* A node proto Constant of an int64 or bool scalar. */
+static Onnx__NodeProto *scalar_const(const char *out, int dtype, int64_t v)
+{
+	Onnx__NodeProto *np = new_node("", "Constant", out, NULL, 0, &out, 1);
+	tern_tensor t = {0};
+	int64_t dims[1] = {0};
+	bool ok = np && !tern_tensor_alloc(&t, dtype, 0, dims);
+	if (ok) {
+		if (dtype == TERN_BOOL)
+			*(uint8_t *)t.data = v != 0;
+		else
+			*(int64_t *)t.data = v;
+		ok = !tern_proto_add_attr_tensor(np, "value", &t);
+	}
+	tern_tensor_free(&t);
+	if (!ok && np) {
+		onnx__node_proto__free_unpacked(np, NULL);
+		np = NULL;
+	}
+	return np;
+}
+
+/* A graph proto of nodes (taken) and outputs (untyped), for an If's branch. */
+static Onnx__GraphProto *branch_graph(const char *name, Onnx__NodeProto **nodes, size_t n, char *const *out,
+                                      size_t n_out)
+{
+	Onnx__GraphProto *gp = calloc(1, sizeof *gp);
+	bool ok = gp != NULL;
+	if (ok) {
+		onnx__graph_proto__init(gp);
+		ok = (gp->name = tern_strdup(name)) && (gp->output = calloc(n_out + 1, sizeof *gp->output));
+	}
+	for (size_t i = 0; ok && i < n_out; i++)
+		ok = (gp->output[gp->n_output++] = value_info(out[i], NULL)) != NULL;
+	for (size_t i = 0; i < n; i++)
+		if (!ok || append_node(&gp->node, &gp->n_node, nodes[i]))
+			ok = false, i + 1 < n ? onnx__node_proto__free_unpacked(nodes[i + 1], NULL) : (void)0;
+	if (!ok && gp) {
+		onnx__graph_proto__free_unpacked(gp, NULL);
+		gp = NULL;
+	}
+	return gp;
+}
+
+/* An invocation of function name (domain) by a node proto, without keep. */
+static Onnx__NodeProto *invoke_node(const char *name, const char *domain, const char *const *in, size_t n_in,
+                                    const char *const *out, size_t n_out)
+{
+	Onnx__NodeProto *np = new_node(TERN_DOMAIN, "Invoke", out[0], in, n_in, out, n_out);
+	if (np && (tern_proto_add_attr_string(np, "function", name) ||
+	           tern_proto_add_attr_string(np, "function_domain", domain))) {
+		onnx__node_proto__free_unpacked(np, NULL);
+		np = NULL;
+	}
+	return np;
+}
+
+/* A Loop (node n of graph g) as a recursion, for its gradient:
+ *     L(i, trips, cond, v..., captures...) = If (i < trips and cond) then L(i + 1, trips, body(i, cond, v...))
+ *                                             else v
+ *     E(M, cond, v..., captures...) = L(0, M, cond, v..., captures...)
+ * and the Loop a plain call of E (made a kept call with the others). Each trip is then one call whose
+ * values are kept, and the reverse pass is the recursion's: tern.Backward trip by trip, the last first.
+ * The body's nodes are L's, under their own names; its inputs name L's first inputs. The Loop's body
+ * proto is taken off the node into *detached (the IR still points at it until the model is read anew). */
+static tern_status lift_loop(gen *G, tern_node *n, const char *ctx, const char *ctx_domain,
+                             Onnx__AttributeProto **detached)
+{
+	Onnx__NodeProto *np = n->proto;
+	size_t at_i = np->n_attribute;
+	for (size_t a = 0; a < np->n_attribute && at_i == np->n_attribute; a++)
+		if (np->attribute[a]->name && !strcmp(np->attribute[a]->name, "body") && np->attribute[a]->g)
+			at_i = a;
+	tern_graph *br = tern_attr_graph(n, "body");
+	if (at_i == np->n_attribute || !br)
+		return tern_node_errorf(n, TERN_EDATA, "gradient: the Loop has no body graph");
+	const Onnx__GraphProto *b = np->attribute[at_i]->g;
+	size_t nc = np->n_input >= 2 ? np->n_input - 2 : 0;
+	if (np->n_input < 2 || b->n_input != nc + 2 || b->n_output < nc + 1)
+		return tern_node_errorf(n, TERN_EDATA, "gradient: the Loop's body has %zu inputs and %zu outputs for %zu "
+		                                       "carried values", b->n_input, b->n_output, nc);
+	if (b->n_output > nc + 1)
+		return tern_node_errorf(n, TERN_EDATA, "gradient: a Loop with scan outputs (carry the values instead)");
+	if (b->n_initializer || b->n_sparse_initializer)
+		return tern_node_errorf(n, TERN_EDATA, "gradient: the Loop's body has initializers (make them Constant nodes)");
+	char **cap = NULL;
+	size_t n_cap = 0, n_consts = 0;
+	Onnx__NodeProto **consts = NULL;
+	tern_status st = lifted_reads(b, br, &cap, &n_cap, &consts, &n_consts);
+	char lname[512], ename[520];
+	snprintf(lname, sizeof lname, "%.200s__loop%d", ctx, G->n_lifted++);
+	snprintf(ename, sizeof ename, "%s_entry", lname);
+	static const char *const TRIPS = "tern.loop.trips", *const ONE = "tern.loop.one", *const NEXT = "tern.loop.next",
+	                         *const MORE = "tern.loop.more", *const GO = "tern.loop.go", *const ZERO = "tern.loop.zero";
+	/* names: L's inputs, its outputs, the branches' outputs, E's inputs */
+	size_t n_args = 3 + nc + n_cap;
+	char **names = calloc(4 * (nc + 1) + 2 * n_args, sizeof *names);
+	char **outs = names, **rec = names + nc + 1, **ids = rec + nc + 1, **v = ids + nc + 1;
+	const char **largs = (const char **)(v + nc + 1), **eargs = largs + n_args;
+	if (!st && !names)
+		st = oom();
+	for (size_t k = 0; !st && k < nc; k++) {
+		char buf[64];
+		snprintf(buf, sizeof buf, "tern.loop.out%zu", k);
+		outs[k] = tern_strdup(buf);
+		snprintf(buf, sizeof buf, "tern.loop.rec%zu", k);
+		rec[k] = tern_strdup(buf);
+		snprintf(buf, sizeof buf, "tern.loop.same%zu", k);
+		ids[k] = tern_strdup(buf);
+		snprintf(buf, sizeof buf, "tern.loop.v%zu", k);
+		v[k] = tern_strdup(buf);
+		if (!outs[k] || !rec[k] || !ids[k] || !v[k])
+			st = oom();
+	}
+	/* L */
+	Onnx__FunctionProto *L = st ? NULL : new_function(lname, ctx_domain, G);
+	if (!st && !L)
+		st = oom();
+	if (!st) {
+		largs[0] = b->input[0]->name;
+		largs[1] = TRIPS;
+		for (size_t k = 1; k < nc + 2; k++)
+			largs[k + 1] = b->input[k]->name;
+		for (size_t c = 0; c < n_cap; c++)
+			largs[3 + nc + c] = cap[c];
+		for (size_t k = 0; !st && k < n_args; k++)
+			st = append_string(&L->input, &L->n_input, largs[k]);
+		for (size_t k = 0; !st && k < nc; k++)
+			st = append_string(&L->output, &L->n_output, outs[k]);
+	}
+	if (!st) {
+		const char *less_in[2] = {b->input[0]->name, TRIPS}, *and_in[2] = {MORE, b->input[1]->name};
+		const char *inc_in[2] = {b->input[0]->name, ONE};
+		/* the constants the body reads, L's own */
+		for (size_t i = 0; !st && i < n_consts; i++) {
+			Onnx__NodeProto *c = consts[i];
+			consts[i] = NULL;
+			st = append_node(&L->node, &L->n_node, c);
+		}
+		if (!st)
+			st = append_node(&L->node, &L->n_node, new_node("", "Less", MORE, less_in, 2, &MORE, 1));
+		if (!st)
+			st = append_node(&L->node, &L->n_node, new_node("", "And", GO, and_in, 2, &GO, 1));
+		/* then: the body, then L on the next trip; else: the carried values as they are */
+		size_t n_then = b->n_node + 3;
+		Onnx__NodeProto **then_nodes = st ? NULL : calloc(n_then, sizeof *then_nodes), *else_nodes[64];
+		Onnx__NodeProto **els = nc <= 64 ? else_nodes : calloc(nc, sizeof *els);
+		if (!st && (!then_nodes || !els))
+			st = oom();
+		size_t made = 0;
+		for (size_t i = 0; !st && i < b->n_node; i++)
+			if (!(then_nodes[made++] = tern_pb_copy(b->node[i])))
+				st = oom();
+		if (!st && !(then_nodes[made++] = scalar_const(ONE, TERN_INT64, 1)))
+			st = oom();
+		if (!st && !(then_nodes[made++] = new_node("", "Add", NEXT, inc_in, 2, &NEXT, 1)))
+			st = oom();
+		if (!st) {
+			const char **next = calloc(n_args, sizeof *next);
+			if (next) {
+				next[0] = NEXT;
+				next[1] = TRIPS;
+				for (size_t k = 0; k < nc + 1; k++)
+					next[2 + k] = b->output[k]->name;
+				for (size_t c = 0; c < n_cap; c++)
+					next[3 + nc + c] = cap[c];
+			}
+			if (!next || !(then_nodes[made++] = invoke_node(lname, ctx_domain, next, n_args,
+			                                                 (const char *const *)rec, nc)))
+				st = oom();
+			free(next);
+		}
+		size_t n_els = 0;
+		for (size_t k = 0; !st && k < nc; k++, n_els++) {
+			const char *in = b->input[2 + k]->name;
+			if (!(els[k] = new_node("", "Identity", ids[k], &in, 1, (const char *const *)&ids[k], 1)))
+				st = oom();
+		}
+		Onnx__GraphProto *tg = NULL, *eg = NULL;
+		if (!st) {
+			tg = branch_graph("loop_trip", then_nodes, made, rec, nc);
+			eg = branch_graph("loop_done", els, n_els, ids, nc);
+			made = n_els = 0;
+			if (!tg || !eg)
+				st = oom();
+		}
+		for (size_t i = 0; i < made; i++)
+			if (then_nodes[i])
+				onnx__node_proto__free_unpacked(then_nodes[i], NULL);
+		for (size_t i = 0; i < n_els; i++)
+			if (els[i])
+				onnx__node_proto__free_unpacked(els[i], NULL);
+		if (els != else_nodes)
+			free(els);
+		free(then_nodes);
+		Onnx__NodeProto *iff = st ? NULL : new_node("", "If", outs[0], &GO, 1,
+		                                          (const char *const *)outs, nc);
+		Onnx__AttributeProto *ta = iff ? tern_proto_new_attr(iff, "then_branch", ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__GRAPH) : NULL;
+		if (ta)
+			ta->g = tg, tg = NULL;
+		Onnx__AttributeProto *ea = ta ? tern_proto_new_attr(iff, "else_branch", ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__GRAPH) : NULL;
+		if (ea)
+			ea->g = eg, eg = NULL;
+		if (!st && !ea) {
+			st = oom();
+			if (iff)
+				onnx__node_proto__free_unpacked(iff, NULL);
+		} else if (!st)
+			st = append_node(&L->node, &L->n_node, iff);
+		if (tg)
+			onnx__graph_proto__free_unpacked(tg, NULL);
+		if (eg)
+			onnx__graph_proto__free_unpacked(eg, NULL);
+	}
+	if (L && (st || (st = add_fn(G, L))))
+		onnx__function_proto__free_unpacked(L, NULL);
+	/* E: the Loop's own inputs (M and cond where given), L from trip 0 */
+	Onnx__FunctionProto *E = st ? NULL : new_function(ename, ctx_domain, G);
+	if (!st && !E)
+		st = oom();
+	size_t n_e = 0;
+	if (!st) {
+		bool has_m = np->input[0] && *np->input[0], has_c = np->input[1] && *np->input[1];
+		if (has_m)
+			eargs[n_e++] = TRIPS;
+		if (has_c)
+			eargs[n_e++] = GO;
+		for (size_t k = 0; k < nc; k++)
+			eargs[n_e++] = v[k];
+		for (size_t c = 0; c < n_cap; c++)
+			eargs[n_e++] = cap[c];
+		for (size_t k = 0; !st && k < n_e; k++)
+			st = append_string(&E->input, &E->n_input, eargs[k]);
+		for (size_t k = 0; !st && k < nc; k++)
+			st = append_string(&E->output, &E->n_output, outs[k]);
+		if (!st)
+			st = append_node(&E->node, &E->n_node, scalar_const(ZERO, TERN_INT64, 0));
+		if (!st && !has_m)
+			st = append_node(&E->node, &E->n_node, scalar_const(TRIPS, TERN_INT64, INT64_MAX));
+		if (!st && !has_c)
+			st = append_node(&E->node, &E->n_node, scalar_const(GO, TERN_BOOL, 1));
+		const char *first[3] = {ZERO, TRIPS, GO};
+		const char **call_in = st ? NULL : calloc(n_args, sizeof *call_in);
+		if (!st && !call_in)
+			st = oom();
+		if (!st) {
+			memcpy(call_in, first, sizeof first);
+			for (size_t k = 0; k < nc; k++)
+				call_in[3 + k] = v[k];
+			for (size_t c = 0; c < n_cap; c++)
+				call_in[3 + nc + c] = cap[c];
+			st = append_node(&E->node, &E->n_node, invoke_node(lname, ctx_domain, call_in, n_args,
+			                                                   (const char *const *)outs, nc));
+		}
+		free(call_in);
+	}
+	if (E && (st || (st = add_fn(G, E))))
+		onnx__function_proto__free_unpacked(E, NULL);
+	/* the Loop: a plain call of E (its inputs: M and cond where given, the carried values, the captures) */
+	tern_value **ev = st ? NULL : calloc(n_e + 1, sizeof *ev);
+	if (!st && !ev)
+		st = oom();
+	if (!st) {
+		size_t k = 0;
+		for (size_t i = 0; i < np->n_input; i++)
+			if (i >= 2 || (np->input[i] && *np->input[i]))
+				ev[k++] = i < n->n_inputs ? n->inputs[i] : NULL;
+		for (size_t c = 0; c < n_cap; c++) {
+			tern_value *cv = tern_graph_lookup(br, cap[c]);
+			while (cv && (cv->flags & TERN_VALUE_OUTER) && cv->outer)
+				cv = cv->outer;
+			ev[k++] = cv;
+		}
+		/* the node's inputs: the Loop's given ones, then the captures */
+		size_t kept = 0;
+		for (size_t i = 0; i < np->n_input; i++)
+			if (i >= 2 || (np->input[i] && *np->input[i]))
+				np->input[kept++] = np->input[i];
+			else
+				free(np->input[i]);
+		np->n_input = kept;
+		for (size_t c = 0; !st && c < n_cap; c++)
+			st = append_string(&np->input, &np->n_input, cap[c]);
+		if (!st) {
+			*detached = np->attribute[at_i];
+			for (size_t a = at_i + 1; a < np->n_attribute; a++)
+				np->attribute[a - 1] = np->attribute[a];
+			np->n_attribute--;
+		}
+		if (!st)
+			st = set_string(&np->op_type, ename);
+		if (!st)
+			st = set_string(&np->domain, ctx_domain);
+	}
+	if (!st)
+		st = push(G, ctx_domain, ename, ev, n_e);
+	free(ev);
+	if (names)
+		for (size_t k = 0; k < 4 * (nc + 1); k++)
+			free(names[k]);
+	free(names);
+	free_strings(cap, n_cap);
+	free_nodes(consts, n_consts);
 	return st;
 }
 
@@ -487,11 +864,24 @@ static tern_status keep_calls(gen *G, tern_graph *g, const char *ctx, const char
 			free(h);
 			continue;
 		}
-		const char *domain, *name = tern_node_callee(n, &domain);
-		if (!name || !find_fn(G, domain, name))
-			continue;
-		if ((st = push(G, domain, name, n->inputs, n->n_inputs)))
-			break;
+		const char *domain, *name;
+		if (!*n->domain && !strcmp(n->op_type, "Loop")) {
+			/* a plain call of the Loop's entry function (queued), kept below like any call */
+			if (!tern_grow((void **)&G->detached, &G->cap_detached, G->n_detached + 1, sizeof *G->detached))
+				return oom();
+			G->detached[G->n_detached].np = np;
+			if ((st = lift_loop(G, n, ctx, ctx_domain, &G->detached[G->n_detached].at)))
+				break;
+			G->n_detached++;
+			name = np->op_type;
+			domain = np->domain;
+		} else {
+			name = tern_node_callee(n, &domain);
+			if (!name || !find_fn(G, domain, name))
+				continue;
+			if ((st = push(G, domain, name, n->inputs, n->n_inputs)))
+				break;
+		}
 		char *fwd = cat(name, "__fwd"), *dom = tern_strdup(domain), *h = handle_name(g, np, "handle");
 		if (!fwd || !dom || !h)
 			st = oom();
@@ -563,20 +953,6 @@ static void free_types(named_type *t, size_t n)
 }
 
 /* ---------------------------------------------------------------- F__fwd and F__grad */
-
-static Onnx__FunctionProto *new_function(const char *name, const char *domain, const gen *G)
-{
-	Onnx__FunctionProto *fp = calloc(1, sizeof *fp);
-	if (!fp)
-		return NULL;
-	onnx__function_proto__init(fp);
-	if (!(fp->name = tern_strdup(name)) || !(fp->domain = tern_strdup(domain ? domain : "")) ||
-	    copy_opsets(&fp->opset_import, &fp->n_opset_import, G->m->proto->opset_import, G->m->proto->n_opset_import)) {
-		onnx__function_proto__free_unpacked(fp, NULL);
-		return NULL;
-	}
-	return fp;
-}
 
 /* F__grad from the scratch model s of F__fwd's body, after the reverse pass: its backward nodes,
  * each forward value they read as tern.Saved of the frame (input "tern.frame"). */
@@ -798,7 +1174,7 @@ static bool has_calls(const tern_graph *g)
 	for (size_t i = 0; i < g->n_nodes; i++) {
 		const tern_node *n = g->nodes[i];
 		const char *domain, *name = tern_node_callee(n, &domain);
-		if (!n->removed && ((!*n->domain && !strcmp(n->op_type, "If")) ||
+		if (!n->removed && ((!*n->domain && (!strcmp(n->op_type, "If") || !strcmp(n->op_type, "Loop"))) ||
 		                    (name && tern_function_find(g->model, domain, name))))
 			return true;
 	}
@@ -852,7 +1228,20 @@ tern_status tern_grad_prepare_calls(tern_model **pm, bool *changed)
 		tern_model_free(m);
 		*pm = re;
 		*changed = true;
-	}
+		for (size_t i = 0; i < G.n_detached; i++)
+			onnx__attribute_proto__free_unpacked(G.detached[i].at, &tern_pb_allocator);
+	} else
+		for (size_t i = 0; i < G.n_detached; i++) {
+			/* back on its node, where the IR and the model's free expect it */
+			Onnx__NodeProto *np = G.detached[i].np;
+			Onnx__AttributeProto **arr = realloc(np->attribute, (np->n_attribute + 1) * sizeof *arr);
+			if (arr) {
+				np->attribute = arr;
+				arr[np->n_attribute++] = G.detached[i].at;
+			} else
+				onnx__attribute_proto__free_unpacked(G.detached[i].at, &tern_pb_allocator);
+		}
+	free(G.detached);
 	free_types(types, n_types);
 	for (size_t i = G.n_orig; i < G.n_fns; i++)
 		if (G.fns[i])

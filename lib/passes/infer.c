@@ -135,7 +135,8 @@ static void seed_initializers(tern_graph *g, struct slot *slots)
 /* ---------------------------------------------------------------- through calls and Ifs */
 
 /* With tern_model_infer_types_through_calls: a call's outputs are typed from its body planned on
- * the call's input types, an If's from its branches (the first that types an output), each body in
+ * the call's input types, an If's from its branches (the first that types an output), a Loop's
+ * carried values from one trip of its body, each body in
  * the scope of the values it reads from outside. A function already being typed further up (a
  * recursion) types nothing: the If around the recursive call types its outputs from the other
  * branch. */
@@ -232,6 +233,27 @@ static void infer_call_or_if(struct slot *slots, tern_node *n)
 			if (bs)
 				release(bs, br->n_values);
 		}
+		return;
+	}
+	if (tern_pass_is(n, "Loop")) {
+		/* the carried values as the body gives them back from one trip on the Loop's inputs (a
+		 * carried value whose shape changes from trip to trip is typed by its first); scan outputs
+		 * stay unknown */
+		tern_graph *body = tern_attr_graph(n, "body");
+		if (!body || n->n_inputs < 2 || body->n_inputs != n->n_inputs || body->n_outputs + 1 < n->n_inputs)
+			return;
+		struct slot iter = {.known = true}, cond = {.known = true};
+		tern_set_shape(&iter.t, TERN_INT64, 0, NULL);
+		tern_set_shape(&cond.t, TERN_BOOL, 0, NULL);
+		const struct slot *in[64] = {&iter, &cond};
+		for (size_t i = 2; i < n->n_inputs; i++)
+			in[i] = n->inputs[i] ? &slots[n->inputs[i]->index] : NULL;
+		struct slot *bs = infer_body(body, in, n->n_inputs, sc);
+		for (size_t o = 0; bs && o + 2 < n->n_inputs && o < n->n_outputs; o++)
+			if (n->outputs[o])
+				take_type(&slots[n->outputs[o]->index], &bs[body->outputs[o + 1]->index]);
+		if (bs)
+			release(bs, body->n_values);
 		return;
 	}
 	const char *domain, *name = tern_node_callee(n, &domain);

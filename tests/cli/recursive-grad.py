@@ -3,12 +3,16 @@
 
     recursive-grad.py if-data DIR            x/, c/ (4 examples) for tests/cli/data/if-grad.txt
     recursive-grad.py if-sgd DIR TRAINED     TRAINED's w equals numpy's SGD (lr 0.1) over DIR's examples
+    recursive-grad.py loop-data DIR          x.npy, n.npy (2 batches of 2 rows) for tests/cli/data/loop-grad.txt
+    recursive-grad.py loop-sgd DIR TRAINED   TRAINED's w equals numpy's SGD (lr 0.1, batches of 2 rows)
+        through loop-grad.txt's two Loops (n trips of tanh(a w), then sin(w) added until i reaches 1),
+        each step's gradient the central finite differences of the float64 loss
     recursive-grad.py tree-fd MODELS TB BEFORE AFTER
         AFTER is BEFORE after one SGD step (lr 1) of tern-run --train on TB's first training tree:
         BEFORE - AFTER, tern's gradient of the TreeLSTM's loss, equals the central finite differences
         of scripts/make_recursive_models.py's numpy TreeLSTM (float64) on 60 coordinates of every
         weight, within 1e-3 of the weight's largest gradient
-    recursive-grad.py tree-torch MODELS TB STEPS LR TRAINED
+    recursive-grad.py tree-torch MODELS TB STEPS LR TRAINED (the recursive or the iterative TreeLSTM's)
         TRAINED (STEPS steps of SGD at LR, one tree a step) equals PyTorch autograd's in float64,
         within 1e-5 of each weight's scale; skipped (exit 0, "no torch") without torch
 """
@@ -57,6 +61,30 @@ def main():
             w = w - np.float32(0.1) * (x if c else np.cos(w))  # y = x * w, or x + sin(w)
         got = weights(trained)["w"]
         assert np.allclose(got, w, rtol=1e-6, atol=1e-7), (got, w)
+        return 0
+    if cmd == "loop-data":
+        d = sys.argv[2]
+        r = np.random.default_rng(0)
+        np.save(os.path.join(d, "x.npy"), r.standard_normal((4, 4)).astype(np.float32))
+        np.save(os.path.join(d, "n.npy"), np.array([3, 0, 4, 0], np.int64))  # a batch's trips: its first
+        return 0
+    if cmd == "loop-sgd":
+        d, trained = sys.argv[2:4]
+
+        def loss(w, x, n):
+            a = x.astype(np.float64)
+            for _ in range(n):
+                a = np.tanh(a * w)
+            return (a + 2 * np.sin(w)).sum()  # the second Loop's two trips
+
+        w = np.array([0.5, 1.0, 1.5, -0.5])
+        xs, ns = np.load(os.path.join(d, "x.npy")), np.load(os.path.join(d, "n.npy"))
+        for i in range(2):
+            x, n = xs[2 * i:2 * i + 2], int(ns[2 * i])
+            e = np.eye(4) * 1e-6
+            w = w - 0.1 * np.array([(loss(w + e[j], x, n) - loss(w - e[j], x, n)) / 2e-6 for j in range(4)])
+        got = weights(trained)["w"]
+        assert np.allclose(got, w, rtol=1e-5, atol=1e-6), (got, w)
         return 0
     if cmd == "tree-fd":
         _, _, before, after = sys.argv[2:6]

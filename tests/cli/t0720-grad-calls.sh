@@ -1,7 +1,8 @@
 #!/bin/sh
 # Gradients through If and calls of model-local functions, recursion included (tern-graph(5),
 # GRADIENTS OF CALLS): tern-autodiff keeps the forward calls' frames and runs F__grad on them through
-# tern.Backward. An If in the main graph against numpy's SGD; the recursive TreeLSTM of
+# tern.Backward; a Loop's gradient is that of the recursion of its trips. An If in the main graph
+# against numpy's SGD, Loops against finite differences; the recursive and the iterative TreeLSTM of
 # scripts/make_recursive_models.py against finite differences and PyTorch; bad handles refused.
 test_description='gradients through If and recursive calls'
 . "$(dirname "$0")/test-lib.sh"
@@ -42,6 +43,48 @@ test_expect_success PYTHON 'ten steps, on one thread and two, equal PyTorch auto
 	"$TERN_PYTHON" "$TEST_DIRECTORY/recursive-grad.py" tree-torch m tb 10 0.1 m/ten.onnx &&
 	tern-run --train --threads 2 $T --steps 10 m/sgd.onnx -o m/ten2.onnx &&
 	"$TERN_PYTHON" "$TEST_DIRECTORY/recursive-grad.py" tree-torch m tb 10 0.1 m/ten2.onnx
+'
+
+test_expect_success PYTHON 'a Loop: its trips (counted, or until a condition) as a recursion, against finite differences' '
+	"$TERN_PYTHON" "$TEST_DIRECTORY/recursive-grad.py" loop-data . &&
+	tern-autodiff --loss-output loss --optimizer sgd --lr 0.1 "$TEST_DIRECTORY/data/loop-grad.txt" -o loop_train.onnx &&
+	tern-show loop_train.onnx >shown &&
+	grep "^main__loop0_entry__grad" shown &&
+	tern-run --train --batch 2 -i x=x.npy -i n=n.npy loop_train.onnx -o loop_trained.onnx &&
+	"$TERN_PYTHON" "$TEST_DIRECTORY/recursive-grad.py" loop-sgd . loop_trained.onnx
+'
+
+test_expect_success PYTHON 'the iterative TreeLSTM (one Loop over the nodes) equals the recursive one and PyTorch' '
+	D="-i left=tb/dev/left.pb -i right=tb/dev/right.pb -i word=tb/dev/word.pb -i root=tb/dev/root.pb" &&
+	tern-run $D m/treelstm-iter.txt -O iter_out &&
+	"$TERN_PYTHON" "$TERN_SOURCE/scripts/make_recursive_models.py" --compare m tb/dev iter_out &&
+	tern-autodiff --loss-output loss --optimizer sgd --lr 0.1 m/treelstm-iter-train.txt -o m/iter.onnx &&
+	"$TERN_PYTHON" -c "import onnx; onnx.checker.check_model(onnx.load(\"m/iter.onnx\"), full_check=True)" &&
+	tern-run --train $T --steps 10 m/iter.onnx -o m/iter10.onnx &&
+	"$TERN_PYTHON" "$TEST_DIRECTORY/recursive-grad.py" tree-torch m tb 10 0.1 m/iter10.onnx &&
+	tern-run --train --threads 2 $T --steps 10 m/iter.onnx -o m/iter10b.onnx &&
+	"$TERN_PYTHON" "$TEST_DIRECTORY/recursive-grad.py" tree-torch m tb 10 0.1 m/iter10b.onnx
+'
+
+test_expect_success 'the gradient of a Loop with scan outputs: one line, exit 65' '
+	cat >scan.txt <<-\EOT &&
+	<ir_version: 8, opset_import: ["" : 17]>
+	g (float[4] x) => (float loss)
+	   <float[4] w = {0.5, 1.0, 1.5, -0.5}>
+	{
+	  n = Constant <value = int64 {2}> ()
+	  t = Constant <value = bool {1}> ()
+	  y, ys = Loop (n, t, x) <body = b (int64 k, bool c, float[4] a) => (bool co, float[4] a2, float[4] s) {
+	    co = Identity (c)
+	    a2 = Mul (a, w)
+	    s = Identity (a2)
+	  }>
+	  loss = ReduceSum <keepdims = 0> (y)
+	}
+	EOT
+	test_expect_code 65 tern-autodiff --loss-output loss scan.txt -o scan.onnx 2>err &&
+	test_one_error_line tern-autodiff err && grep "Loop with scan outputs" err &&
+	test_path_is_missing scan.onnx
 '
 
 test_expect_success 'a handle that names no kept call: one line, exit 65' '
