@@ -152,25 +152,41 @@ Node (node, left, right, word, {args}) => ({named("", loss)}) {{
 """
 
 
-def iter_text(kind, decl, d, train):
+def iter_text(kind, decl, d, train, levels=False):
     """KIND-iter.txt, or with train KIND-iter-train.txt: the iterative form of KIND.txt, one Loop over
     the tree's nodes in their order (children come before their parent), each step computing one
     node's state from its children's rows of the states so far and writing its own row (ScatterND).
-    With train, the loss is the mean cross-entropy over the nodes, as KIND-train.txt's."""
+    With levels, KIND-levels.txt (-train): level-by-level batching, one Loop over the tree's heights
+    (make_treebank.py's level_order and level_starts), each step computing all nodes of one height at
+    once (the leaves, then batches of inner nodes whose children are done). With train, the loss is
+    the mean cross-entropy over the nodes, as KIND-train.txt's."""
     state = ["h", "c"] if kind == "treelstm" else ["h"]
     big = {s: s.upper() for s in state}
     args = ", ".join(f"float[N,{d}] {big[s]}" for s in state)
     outs = ", ".join(f"float[N,{d}] {big[s]}o" for s in state)
     inner = INNER[kind].replace("D2", str(2 * d)).replace("D,", f"{d},")
+    leaf = LEAF["treelstm" if kind == "treelstm" else "simple"]
+    at, rows, one_of = ("k", "", "  ") if not levels else ("idx", "[M]", "")
+    if levels:
+        # a batch of rows: split and concatenate along axis 1; RNTN's bilinear term row by row
+        leaf, inner = (t.replace("Split <axis = 0>", "Split <axis = 1>") for t in (leaf, inner))
+        inner = inner.replace(f"shape = Constant <value = int64[2] {{{d}, {2 * d}}}> ()",
+                              f"shape = Constant <value = int64[3] {{-1, {d}, {2 * d}}}> ()").replace(
+            "q = MatMul (tm, x)", "two = Constant <value = int64[1] {2}> ()\n    xs = Unsqueeze (x, two)\n"
+                                   "    q3 = MatMul (tm, xs)\n    q = Squeeze (q3, two)")
     gathers = "".join(f"""
-      {s}a = Gather <axis = 0> ({big[s]}, l)
+      {s}a = Gather <axis = 0> ({big[s]}, l{"i" if levels else ""})
       {s}b = Gather <axis = 0> ({big[s]}, r)""" for s in state)
-    writes = "".join(f"""
+    if levels:
+        writes = "".join(f"""
+    {big[s]}o = ScatterND ({big[s]}, kk, {s})""" for s in state)
+    else:
+        writes = "".join(f"""
     {s}u = Unsqueeze ({s}, zeros)
     {big[s]}o = ScatterND ({big[s]}, kk, {s}u)""" for s in state)
     starts = "".join(f"""
   {big[s]}0 = ConstantOfShape (shp)""" for s in state)
-    typed = lambda suffix: ", ".join(f"float[{d}] {s}{suffix}" for s in state)  # noqa: E731
+    typed = lambda suffix: ", ".join(f"float{rows[:-1] + ',' if levels else '['}{d}] {s}{suffix}" for s in state)  # noqa: E731
     named = lambda suffix, up=False: ", ".join((big[s] if up else s) + suffix for s in state)  # noqa: E731
     label = ", int64[N] label" if train else ""
     tail = f"""
@@ -181,8 +197,33 @@ def iter_text(kind, decl, d, train):
   picked = GatherElements <axis = 1> (lz, lab)
   mean = ReduceMean <keepdims = 0> (picked)
   loss = Neg (mean)""" if train else ""
+    if levels:
+        trips = """
+  nh = Size (level_starts)
+  one = Constant <value = int64 {1}> ()
+  trips = Sub (nh, one)"""
+        which = """
+    l1 = Add (k, one)
+    ku = Unsqueeze (k, zeros)
+    l1u = Unsqueeze (l1, zeros)
+    b = Gather <axis = 0> (level_starts, ku)
+    e = Gather <axis = 0> (level_starts, l1u)
+    idx = Slice (level_order, b, e)
+    zero = Constant <value = int64 {0}> ()
+    leaf = Equal (k, zero)"""
+        before_inner = "li = Gather <axis = 0> (left, idx)\n      r = Gather <axis = 0> (right, idx)"
+        index = "kk = Unsqueeze (idx, ones)"
+        extra_in = ", int64[N] level_order, int64[H] level_starts"
+    else:
+        trips, which = "", """
+    l = Gather <axis = 0> (left, k)
+    zero = Constant <value = int64 {0}> ()
+    leaf = Less (l, zero)"""
+        before_inner = "r = Gather <axis = 0> (right, k)"
+        index = "kk = Reshape (k, shape11)"
+        extra_in = ""
     return f"""<ir_version: 8, opset_import: ["" : 17]>
-{kind} (int64[N] left, int64[N] right, int64[N] word, int64 root{label}) => (float[5] logits{", float loss" if train else ""})
+{kind} (int64[N] left, int64[N] right, int64[N] word, int64 root{label}{extra_in}) => (float[5] logits{", float loss" if train else ""})
    <{(',' + chr(10) + '    ').join(decl)}>
 {{
   n = Size (left)
@@ -190,21 +231,18 @@ def iter_text(kind, decl, d, train):
   ones = Constant <value = int64[1] {{1}}> ()
   n1 = Unsqueeze (n, zeros)
   dd = Constant <value = int64[1] {{{d}}}> ()
-  shp = Concat <axis = 0> (n1, dd){starts}
+  shp = Concat <axis = 0> (n1, dd){starts}{trips}
   shape11 = Constant <value = int64[2] {{1, 1}}> ()
   always = Constant <value = bool {{1}}> ()
-  {named("n", True)} = Loop (n, always, {named("0", True)}) <body = step (int64 k, bool cin, {args}) => (bool cout, {outs}) {{
-    cout = Identity (cin)
-    l = Gather <axis = 0> (left, k)
-    zero = Constant <value = int64 {{0}}> ()
-    leaf = Less (l, zero)
+  {named("n", True)} = Loop ({"trips" if levels else "n"}, always, {named("0", True)}) <body = step (int64 k, bool cin, {args}) => (bool cout, {outs}) {{
+    cout = Identity (cin){which}
     {named("")} = If (leaf) <then_branch = leaf_case () => ({typed("l")}) {{
-      wd = Gather <axis = 0> (word, k){LEAF["treelstm" if kind == "treelstm" else "simple"].replace(chr(10) + "    ", chr(10) + "      ")}
+      wd = Gather <axis = 0> (word, {at}){leaf.replace(chr(10) + "    ", chr(10) + "      ")}
     }}, else_branch = inner_case () => ({typed("i")}) {{
-      r = Gather <axis = 0> (right, k){gathers}
-      x = Concat <axis = 0> (ha, hb){inner.replace(chr(10) + "    ", chr(10) + "      ")}
+      {before_inner}{gathers}
+      x = Concat <axis = {1 if levels else 0}> (ha, hb){inner.replace(chr(10) + "    ", chr(10) + "      ")}
     }}>
-    kk = Reshape (k, shape11){writes}
+    {index}{writes}
   }}>
   hr = Gather <axis = 0> (Hn, root)
   s = MatMul (hr, wout)
@@ -231,8 +269,9 @@ def write_kind(folder, kind, v, d, seed):
     for train in (False, True):
         with open(os.path.join(folder, kind + ("-train" if train else "") + ".txt"), "w") as f:
             f.write(model_text(kind, decl, d, train))
-        with open(os.path.join(folder, kind + "-iter" + ("-train" if train else "") + ".txt"), "w") as f:
-            f.write(iter_text(kind, decl, d, train))
+        for form in ("iter", "levels"):
+            with open(os.path.join(folder, f"{kind}-{form}" + ("-train" if train else "") + ".txt"), "w") as f:
+                f.write(iter_text(kind, decl, d, train, form == "levels"))
 
 
 def write(folder, v, d, seed):

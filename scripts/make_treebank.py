@@ -12,6 +12,10 @@ form tern-run(1) reads as EXAMPLES OF THEIR OWN SIZES), nodes numbered children 
     word.pb             int64 [nodes]  a leaf's word id (0, the padding word, for inner nodes)
     label.pb            int64 [nodes]  the node's sentiment class, 0 (very negative) to 4 (very positive)
     root.pb             int64 []       the root's index (nodes - 1)
+    sign.pb             int64 []       the root's sign (1 positive, 0 not), the binary task's answer
+    level_order.pb      int64 [nodes]  the nodes by height (leaves 0, a parent one above its taller
+                                       child), for level-by-level batching
+    level_starts.pb     int64 [heights + 1]  where each height starts in level_order, then nodes
 
 and DIR/vocab.txt (one word a line, id = line number - 1) and DIR/stats.json (sizes, lengths, depths,
 label counts). Split sizes default to the Stanford Sentiment Treebank's; sentence lengths follow a
@@ -134,8 +138,17 @@ def write_split(folder, trees):
     import onnx
     from onnx import numpy_helper as nh
     os.makedirs(folder, exist_ok=True)
-    fields = {"left": [], "right": [], "word": [], "label": [], "root": [], "sign": []}
+    fields = {"left": [], "right": [], "word": [], "label": [], "root": [], "sign": [], "level_order": [],
+              "level_starts": []}
     for t, root, _ in trees:
+        # the level-by-level schedule (make_recursive_models.py's KIND-levels.txt): the nodes by height
+        # (leaves 0, a parent one above its taller child), and where each height starts in that order
+        height = [0] * len(t.left)
+        for k, (a, b) in enumerate(zip(t.left, t.right)):  # children come before their parent
+            height[k] = 0 if a < 0 else 1 + max(height[a], height[b])
+        order = sorted(range(len(height)), key=lambda k: (height[k], k))
+        fields["level_order"].append(np.array(order, np.int64))
+        fields["level_starts"].append(np.searchsorted([height[k] for k in order], np.arange(max(height) + 2)))
         fields["left"].append(np.array(t.left, np.int64))
         fields["right"].append(np.array(t.right, np.int64))
         fields["word"].append(np.array(t.word, np.int64))

@@ -152,6 +152,37 @@ static _Thread_local int n_typing;
 
 static void infer_node(struct slot *slots, tern_node *n);
 
+/* A dimension that depends on data the inference does not have (a Slice whose bounds a Loop's trip
+ * computes) stands in as a size of its own in each pass: typed downstream, unknown in the end. */
+static _Thread_local int current_pass;
+static const int64_t data_dependent[2] = {359, 367};
+
+/* A Slice of known data whose bounds are not known: the data's type, each sliced axis (all where
+ * axes is not given) of unknown size. */
+static bool slice_of_unknown_bounds(const tern_node *n, tern_tensor *const *in, struct slot *slots)
+{
+	if (!tern_pass_is(n, "Slice") || n->n_inputs < 3 || !in[0] || n->n_outputs != 1 || !n->outputs[0])
+		return false;
+	bool all = n->n_inputs < 4 || !in[3], axes[TERN_MAX_RANK] = {false};
+	if (!all && (!in[3]->data || tern_tensor_numel(in[3]) > TERN_MAX_RANK))
+		return false;
+	for (int64_t i = 0; !all && i < tern_tensor_numel(in[3]); i++) {
+		int64_t a = tern_tensor_get_i64(in[3], i);
+		a += a < 0 ? in[0]->rank : 0;
+		if (a < 0 || a >= in[0]->rank)
+			return false;
+		axes[a] = true;
+	}
+	int64_t dims[TERN_MAX_RANK];
+	for (int d = 0; d < in[0]->rank; d++)
+		dims[d] = all || axes[d] ? data_dependent[current_pass & 1] : in[0]->dims[d];
+	struct slot *o = &slots[n->outputs[0]->index];
+	tern_set_shape(&o->t, in[0]->dtype, in[0]->rank, dims);
+	o->t.data = NULL;
+	o->known = true;
+	return true;
+}
+
 /* Infers g's nodes in order on slots, in the scope of the graphs above (up). */
 static tern_status infer_nodes(tern_graph *g, struct slot *slots, struct scope *up)
 {
@@ -317,8 +348,10 @@ static void infer_node(struct slot *slots, tern_node *n)
 		all_data &= in_t[i].data != NULL || tern_tensor_numel(&in_t[i]) == 0;
 		in[i] = &in_t[i];
 	}
-	if (!tern_prepare_shapes(op, n, in, out_t, out))
+	if (!tern_prepare_shapes(op, n, in, out_t, out)) {
+		slice_of_unknown_bounds(n, in, slots);
 		return;
+	}
 	bool small = true;
 	for (size_t o = 0; o < n->n_outputs; o++) {
 		if (!n->outputs[o])
@@ -354,6 +387,7 @@ static void infer_node(struct slot *slots, tern_node *n)
 
 static tern_status infer_pass(tern_graph *g, struct symbols *sym, int pass, struct slot **out)
 {
+	current_pass = pass;
 	struct slot *slots = calloc(g->n_values ? g->n_values : 1, sizeof *slots);
 	if (!slots)
 		return tern_errorf(TERN_EOS, "out of memory");

@@ -66,6 +66,17 @@ test_expect_success PYTHON 'the iterative TreeLSTM (one Loop over the nodes) equ
 	"$TERN_PYTHON" "$TEST_DIRECTORY/recursive-grad.py" tree-torch m tb 10 0.1 m/iter10b.onnx
 '
 
+test_expect_success PYTHON 'level-by-level batching (one Loop over the heights) equals the recursive TreeLSTM and PyTorch' '
+	L="-i level_order=tb/dev/level_order.pb -i level_starts=tb/dev/level_starts.pb" &&
+	tern-run -i left=tb/dev/left.pb -i right=tb/dev/right.pb -i word=tb/dev/word.pb -i root=tb/dev/root.pb $L \
+		m/treelstm-levels.txt -O levels_out &&
+	"$TERN_PYTHON" "$TERN_SOURCE/scripts/make_recursive_models.py" --compare m tb/dev levels_out &&
+	tern-autodiff --loss-output loss --optimizer sgd --lr 0.1 m/treelstm-levels-train.txt -o m/levels.onnx &&
+	tern-run --train $T -i level_order=tb/train/level_order.pb -i level_starts=tb/train/level_starts.pb \
+		--steps 10 m/levels.onnx -o m/levels10.onnx &&
+	"$TERN_PYTHON" "$TEST_DIRECTORY/recursive-grad.py" tree-torch m tb 10 0.1 m/levels10.onnx
+'
+
 test_expect_success 'the gradient of a Loop with scan outputs: one line, exit 65' '
 	cat >scan.txt <<-\EOT &&
 	<ir_version: 8, opset_import: ["" : 17]>
