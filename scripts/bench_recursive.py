@@ -1,11 +1,15 @@
 #!/usr/bin/env python3
 """Recursive models: tern-run's recursive TreeLSTM (scripts/make_recursive_models.py, one call a tree
-node, children's calls side by side on --threads) against PyTorch eager recursion of the same network
-on the same weights, over the trees of scripts/make_treebank.py, in one run: inference, training, and
-the accuracy that training with tern-run --train reaches against a bag of words.
+node, children's calls side by side on --threads) against the same network as one Loop over the
+nodes (iterative), as one Loop over the tree's heights batching each height's nodes (level by level,
+TensorFlow Fold's dynamic batching for one tree), and against PyTorch eager recursion, all on the same
+weights, over the trees of scripts/make_treebank.py, in one run: inference, training, and the
+accuracy that training with tern-run --train reaches against a bag of words.
 
     .venv/bin/python scripts/bench_recursive.py [--hidden 64] [--threads 1,2] [--rounds 3]
                                                [--train-steps 2000] [--epochs 1] [--keep DIR]
+                                               [--forms recursive,iterative,levels]
+                                               [--other-models treernn,rntn]
 
 Inference: a tree's time is its forward pass to the root's scores (tern-run --json's per-example
 latency; for PyTorch, time.perf_counter around the call under torch.no_grad), throughput the trees
@@ -15,8 +19,8 @@ trees/s after its first quarter (frames are planned then), PyTorch's the same st
 same quarter. Medians over --rounds. Accuracy (--epochs 0 skips it): the TreeLSTM trained --epochs
 epochs with tern-run --train (shuffled), the test roots' sign (P(3) + P(4) > P(0) + P(1)) against
 logistic regression on bags of words and adjacent pairs (make_treebank.py --check). Then TreeRNN and
-RNTN rows (--other-models), the same measures against their PyTorch twins. The iterative (Loop),
-unrolled and level-batched baselines and batching of ready calls are not measured yet.
+RNTN tables (--other-models), the same measures over --train-steps / 4 training steps. One static
+unrolled graph per tree and batching of ready calls are not measured.
 """
 import argparse
 import json
@@ -34,11 +38,19 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
 
-def tern_trees_per_s(args, work, threads, kind="treelstm"):
+# The forms of one model (make_recursive_models.py): the file's suffix and the inputs it reads beyond
+# left, right, word, root (and label when training).
+FORMS = {"recursive": ("", ()), "iterative": ("-iter", ()),
+         "levels": ("-levels", ("level_order", "level_starts"))}
+TREE = ("left", "right", "word", "root")
+
+
+def tern_trees_per_s(args, work, threads, kind="treelstm", form="recursive"):
     split = os.path.join(work, "tb", "dev")
+    suffix, extra = FORMS[form]
     cmd = [os.path.join(args.bin, "tern-run"), "--threads", str(threads), "--json",
-           *[f"-i{k}={os.path.join(split, k + '.pb')}" for k in ("left", "right", "word", "root")],
-           os.path.join(work, "m", kind + ".txt")]
+           *[f"-i{k}={os.path.join(split, k + '.pb')}" for k in TREE + extra],
+           os.path.join(work, "m", kind + suffix + ".txt")]
     p = subprocess.run(cmd, capture_output=True, text=True)
     if p.returncode:
         sys.exit(f"bench_recursive: tern-run failed: {p.stderr[-2000:]}")
@@ -127,12 +139,12 @@ def split_args(work, split, keys=("left", "right", "word", "root")):
     return [f"-i{k}={os.path.join(work, 'tb', split, k + '.pb')}" for k in keys]
 
 
-def tern_train_trees_per_s(args, work, threads, steps, model):
+def tern_train_trees_per_s(args, work, threads, steps, model, form="recursive"):
     log = os.path.join(work, f"train-{threads}.jsonl")
     every = max(1, steps // 4)
     cmd = [os.path.join(args.bin, "tern-run"), "--train", "--threads", str(threads), "--steps", str(steps),
            "--log", log, "--log-every", str(every), "-q",
-           *split_args(work, "train", ("left", "right", "word", "root", "label")), model,
+           *split_args(work, "train", TREE + ("label",) + FORMS[form][1]), model,
            "-o", os.path.join(work, f"trained-{threads}.onnx")]
     p = subprocess.run(cmd, capture_output=True, text=True)
     if p.returncode:
@@ -173,6 +185,8 @@ def main():
     ap.add_argument("--epochs", type=int, default=1)
     ap.add_argument("--other-models", default="treernn,rntn",
                     help="TreeRNN and RNTN rows (inference, and training over --train-steps / 4 steps)")
+    ap.add_argument("--forms", default="recursive,iterative,levels",
+                    help="tern's forms of the TreeLSTM to measure (recursive, iterative, levels)")
     ap.add_argument("--keep")
     args = ap.parse_args()
     work = args.keep or tempfile.mkdtemp(prefix="bench_recursive.")
@@ -182,43 +196,50 @@ def main():
     subprocess.run([py, os.path.join(HERE, "make_recursive_models.py"), "--hidden", str(args.hidden),
                     os.path.join(work, "m")], check=True)
     sys.setrecursionlimit(10000)
-    model = os.path.join(work, "m", "tl-train.onnx")
-    subprocess.run([os.path.join(args.bin, "tern-autodiff"), "--loss-output", "loss", "--optimizer", "adam",
-                    "--lr", "0.01", os.path.join(work, "m", "treelstm-train.txt"), "-o", model], check=True)
-    rows = []
-    for threads in [int(t) for t in args.threads.split(",")]:
-        tern = [tern_trees_per_s(args, work, threads)[0] for _ in range(args.rounds)]
-        torch_ = [torch_twin(work, threads, "treelstm") for _ in range(args.rounds)]
-        tern_t = [tern_train_trees_per_s(args, work, threads, args.train_steps, model) for _ in range(args.rounds)]
-        torch_t = [torch_twin(work, threads, "treelstm", args.train_steps) for _ in range(args.rounds)]
-        rows.append((threads, statistics.median(tern), statistics.median(torch_), statistics.median(tern_t),
-                     statistics.median(torch_t)))
-    print(f"\nTreeLSTM, hidden {args.hidden}, generated treebank (mean 19 words a tree), one tree at a time, medians "
-          f"of {args.rounds} rounds (trees/s)")
-    print("| threads | inference: tern recursive | PyTorch eager recursion | tern / PyTorch "
-          "| training: tern recursive | PyTorch eager recursion | tern / PyTorch |")
-    print("|---:|---:|---:|---:|---:|---:|---:|")
-    for threads, a, b, c, d in rows:
-        print(f"| {threads} | {a:.0f} | {b:.0f} | {a / b:.2f} | {c:.0f} | {d:.0f} | {c / d:.2f} |")
-    others = [k for k in args.other_models.split(",") if k]
-    if others:
-        print(f"\nTreeRNN and RNTN, hidden {args.hidden}, the same trees, medians of {args.rounds} rounds (trees/s; "
-              f"training {max(8, args.train_steps // 4)} steps)")
-        print("| model | threads | inference: tern | PyTorch | tern / PyTorch | training: tern | PyTorch | tern / PyTorch |")
-        print("|---|---:|---:|---:|---:|---:|---:|---:|")
-    for kind in others:
-        steps = max(8, args.train_steps // 4)
-        kmodel = os.path.join(work, "m", kind + "-train.onnx")
-        subprocess.run([os.path.join(args.bin, "tern-autodiff"), "-q", "--loss-output", "loss", "--optimizer", "adam",
-                        "--lr", "0.01", os.path.join(work, "m", kind + "-train.txt"), "-o", kmodel], check=True)
+
+    def train_model(kind, form):
+        out = os.path.join(work, "m", f"{kind}{FORMS[form][0]}-train.onnx")
+        subprocess.run([os.path.join(args.bin, "tern-autodiff"), "-q", "--loss-output", "loss", "--optimizer",
+                        "adam", "--lr", "0.01", os.path.join(work, "m", f"{kind}{FORMS[form][0]}-train.txt"),
+                        "-o", out], check=True)
+        return out
+
+    def med(f):
+        return statistics.median([f() for _ in range(args.rounds)])
+
+    model = train_model("treelstm", "recursive")
+    forms = [f for f in args.forms.split(",") if f]
+    cols = forms + ["pytorch"]
+    names = {"recursive": "tern recursive", "iterative": "tern iterative (Loop over nodes)",
+             "levels": "tern level-batched (Loop over heights)", "pytorch": "PyTorch eager recursion"}
+
+    def table(kind, steps):
+        rows = []
         for threads in [int(t) for t in args.threads.split(",")]:
-            a = statistics.median([tern_trees_per_s(args, work, threads, kind)[0] for _ in range(args.rounds)])
-            b = statistics.median([torch_twin(work, threads, kind) for _ in range(args.rounds)])
-            c = statistics.median([tern_train_trees_per_s(args, work, threads, steps, kmodel)
-                                   for _ in range(args.rounds)])
-            d = statistics.median([torch_twin(work, threads, kind, steps) for _ in range(args.rounds)])
-            print(f"| {kind} | {threads} | {a:.0f} | {b:.0f} | {a / b:.2f} | {c:.0f} | {d:.0f} | {c / d:.2f} |",
-                  flush=True)
+            row = {"threads": threads}
+            for form in forms:
+                m = train_model(kind, form)
+                row[form] = (med(lambda: tern_trees_per_s(args, work, threads, kind, form)[0]),
+                             med(lambda: tern_train_trees_per_s(args, work, threads, steps, m, form)))
+            row["pytorch"] = (med(lambda: torch_twin(work, threads, kind)),
+                              med(lambda: torch_twin(work, threads, kind, steps)))
+            rows.append(row)
+        print(f"\n{kind}, hidden {args.hidden}, generated treebank (mean 19 words a tree), one tree at a time, "
+              f"medians of {args.rounds} rounds (trees/s; training {steps} steps of Adam)")
+        print("| threads | " + " | ".join(f"{w}: {names[c]}" for w in ("inference", "training") for c in cols) + " |")
+        print("|---:|" + "---:|" * (2 * len(cols)))
+        for r in rows:
+            print(f"| {r['threads']} | " + " | ".join(f"{r[c][w]:.0f}" for w in (0, 1) for c in cols) + " |")
+        if "recursive" in forms:
+            print("recursive against each (ratio of trees/s, inference / training):")
+            for r in rows:
+                print(f"  {r['threads']} thread(s): " + ", ".join(
+                    f"{c} {r['recursive'][0] / r[c][0]:.2f} / {r['recursive'][1] / r[c][1]:.2f}"
+                    for c in cols if c != "recursive"), flush=True)
+
+    table("treelstm", args.train_steps)
+    for kind in [k for k in args.other_models.split(",") if k]:
+        table(kind, max(8, args.train_steps // 4))
     if args.epochs:
         tree, bow, seconds = accuracy(args, work, args.epochs, model)
         print(f"\nTreeLSTM trained {args.epochs} epoch(s) with tern-run --train (8544 trees, {seconds:.0f} s): test "
