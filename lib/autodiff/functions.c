@@ -564,11 +564,16 @@ static Onnx__GraphProto *branch_graph(const char *name, Onnx__NodeProto **nodes,
 		onnx__graph_proto__init(gp);
 		ok = (gp->name = tern_strdup(name)) && (gp->output = calloc(n_out + 1, sizeof *gp->output));
 	}
-	for (size_t i = 0; ok && i < n_out; i++)
-		ok = (gp->output[gp->n_output++] = value_info(out[i], NULL)) != NULL;
+	for (size_t i = 0; ok && i < n_out; i++) {
+		Onnx__ValueInfoProto *vi = value_info(out[i], NULL);
+		if ((ok = vi != NULL))
+			gp->output[gp->n_output++] = vi;
+	}
 	for (size_t i = 0; i < n; i++)
-		if (!ok || append_node(&gp->node, &gp->n_node, nodes[i]))
-			ok = false, i + 1 < n ? onnx__node_proto__free_unpacked(nodes[i + 1], NULL) : (void)0;
+		if (!ok)
+			onnx__node_proto__free_unpacked(nodes[i], NULL);
+		else
+			ok = !append_node(&gp->node, &gp->n_node, nodes[i]); /* which frees it if it fails */
 	if (!ok && gp) {
 		onnx__graph_proto__free_unpacked(gp, NULL);
 		gp = NULL;
@@ -870,9 +875,12 @@ static tern_status keep_calls(gen *G, tern_graph *g, const char *ctx, const char
 			if (!tern_grow((void **)&G->detached, &G->cap_detached, G->n_detached + 1, sizeof *G->detached))
 				return oom();
 			G->detached[G->n_detached].np = np;
-			if ((st = lift_loop(G, n, ctx, ctx_domain, &G->detached[G->n_detached].at)))
+			G->detached[G->n_detached].at = NULL;
+			st = lift_loop(G, n, ctx, ctx_domain, &G->detached[G->n_detached].at);
+			if (G->detached[G->n_detached].at)
+				G->n_detached++; /* taken off, whether or not what followed failed */
+			if (st)
 				break;
-			G->n_detached++;
 			name = np->op_type;
 			domain = np->domain;
 		} else {
