@@ -155,6 +155,7 @@ static void infer_node(struct slot *slots, tern_node *n);
 /* A dimension that depends on data the inference does not have (a Slice whose bounds a Loop's trip
  * computes) stands in as a size of its own in each pass: typed downstream, unknown in the end. */
 static _Thread_local int current_pass;
+static _Thread_local bool data_dependent_made; /* then a second pass tells it from a number */
 static const int64_t data_dependent[2] = {359, 367};
 
 /* A Slice of known data whose bounds are not known: the data's type, each sliced axis (all where
@@ -177,6 +178,7 @@ static bool slice_of_unknown_bounds(const tern_node *n, tern_tensor *const *in, 
 	for (int d = 0; d < in[0]->rank; d++)
 		dims[d] = all || axes[d] ? data_dependent[current_pass & 1] : in[0]->dims[d];
 	struct slot *o = &slots[n->outputs[0]->index];
+	data_dependent_made = true;
 	tern_set_shape(&o->t, in[0]->dtype, in[0]->rank, dims);
 	o->t.data = NULL;
 	o->known = true;
@@ -493,8 +495,9 @@ tern_status tern_model_infer_shapes(tern_model *m, int write_value_info_protos, 
 				symbol_of(&sym, v->type.dim_param[d]);
 	}
 	struct slot *pass[2] = {NULL, NULL};
+	data_dependent_made = false;
 	tern_status st = infer_pass(g, &sym, 0, &pass[0]);
-	if (!st && sym.n)
+	if (!st && (sym.n || data_dependent_made))
 		st = infer_pass(g, &sym, 1, &pass[1]);
 	int n_typed = 0, n_total = 0;
 	for (size_t i = 0; !st && i < g->n_values; i++) {
