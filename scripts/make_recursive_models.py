@@ -12,6 +12,11 @@ treebank of scripts/make_treebank.py: a tree's inputs are left, right, word (int
         two subtrees are independent calls.
         DIR/treernn.txt, DIR/rntn.txt (and -train.txt, .bin): TreeRNN (h = tanh([ha; hb] W + b), a leaf
         tanh of its word's vector) and RNTN (the same plus the bilinear term [ha; hb]^T V [ha; hb])
+        DIR/KIND-iter.txt (and -iter-train.txt): the same model as one Loop over the tree's nodes in
+        their order, each trip one node (the iterative baseline)
+        DIR/KIND-levels.txt (and -levels-train.txt): one Loop over the tree's heights, each trip all
+        nodes of one height at once (level-by-level batching); also reads level_order and
+        level_starts (make_treebank.py)
     make_recursive_models.py --accuracy SPLIT OUT
         the share of SPLIT's roots whose sign the logits in OUT/logits/ get right (the binary task)
     make_recursive_models.py --compare [--kind treernn|rntn] DIR SPLIT OUT
