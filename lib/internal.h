@@ -77,6 +77,7 @@ long tern_l2_bytes(void); /* bytes of one core's second-level cache (isa.c) */
 
 void *tern_xmalloc(size_t n); /* NULL on failure; callers report TERN_EOS */
 void *tern_aligned_alloc(size_t n); /* 64-byte aligned, zeroed; free with free() */
+void *tern_aligned_alloc_uninit(size_t n); /* the same, not zeroed */
 char *tern_strdup(const char *s);
 /* Growable array: *items of *count with capacity *cap; returns false when out of memory. */
 bool tern_grow(void **items, size_t *cap, size_t need, size_t item_size);
@@ -225,13 +226,15 @@ enum { TERN_AUTODIFF_ANY = 1, TERN_AUTODIFF_FULL_SHAPE = 2 };
 tern_status tern_autodiff_impl(tern_model *model, tern_value *const *ys, tern_value *const *seeds, int n_ys,
                                tern_value *const *wrt, int n_wrt, const bool *rows_ok, tern_value **grads,
                                tern_value **grad_indices, int flags);
-/* Gradients through calls of model-local functions and through If (lib/autodiff/functions.c): lifts
- * each If branch that the main graph reaches into a function, writes F__fwd (F whose calls and Ifs
+/* Gradients through calls of model-local functions, If and Loop (lib/autodiff/functions.c): lifts
+ * each If branch that the main graph reaches into a function (and each Loop into the recursion of
+ * its trips), in the domain TERN_GRAD_DOMAIN, writes F__fwd (F whose calls and Ifs
  * keep their frames, each giving a handle) and F__grad (its gradient, reading the kept frame through
  * tern.Saved) for every function reached, and makes the main graph's calls and Ifs kept ones, so that
  * tern_autodiff then emits tern.Backward for them. *model may be replaced (reloaded); *changed says
  * whether anything was done (nothing is when the main graph has no call and no If). */
 tern_status tern_grad_prepare_calls(tern_model **model, bool *changed);
+#define TERN_GRAD_DOMAIN "tern.grad"
 
 /* The inputs a call of an ONNX operator version must have (lib/ops/arity.c, generated from onnx's
  * schemas): the least count and a mask of the required positions; and its attributes' names, each
@@ -597,7 +600,6 @@ tern_status tern_model_add_function(tern_model *m, Onnx__FunctionProto *fp);
 int tern_exec_slot_of(const tern_exec *e, const char *name);
 tern_tensor *tern_exec_slot_tensor(tern_exec *e, int slot);
 /* The inputs a plan ran on last, and the graph it runs. */
-int tern_exec_num_inputs(const tern_exec *e);
 tern_tensor *tern_exec_input(tern_exec *e, int i);
 const tern_graph *tern_exec_graph(const tern_exec *e);
 tern_calls *tern_calls_new(void);
@@ -615,6 +617,9 @@ int tern_node_kept_handle(const tern_node *n);
 /* The function a node would call: tern.Invoke's attributes name it, else its domain and type (it is
  * a call when the model has that function). */
 const char *tern_node_callee(const tern_node *n, const char **domain);
+/* F for a function named F__fwd (the forward of a step's kept calls), into base[0..cap); false for
+ * other names. */
+bool tern_fwd_base(const char *name, char *base, size_t cap);
 
 /* Runs one node on tensors that all have data (constant folding, eager mode): outputs[0..n_outputs)
  * are allocated and owned by the caller; omitted outputs (node->outputs[i] NULL) stay empty. */

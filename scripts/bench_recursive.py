@@ -36,6 +36,8 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+import make_recursive_models as mr  # noqa: E402
 
 
 # The forms of one model (make_recursive_models.py): the file's suffix and the inputs it reads beyond
@@ -60,15 +62,7 @@ def tern_trees_per_s(args, work, threads, kind="treelstm", form="recursive"):
 
 def read_split(work, split, names):
     """The treebank's SPLIT as lists, one per name, of each tree's values (Python lists)."""
-    import onnx
-    from onnx import numpy_helper as nh
-    out = []
-    for name in names:
-        q = onnx.SequenceProto()
-        with open(os.path.join(work, "tb", split, name + ".pb"), "rb") as f:
-            q.ParseFromString(f.read())
-        out.append([nh.to_array(t).tolist() for t in q.tensor_values])
-    return out
+    return [[a.tolist() for a in mr.read_seq(os.path.join(work, "tb", split, name + ".pb"))] for name in names]
 
 
 def torch_twin(work, threads, kind, steps=None):
@@ -77,39 +71,12 @@ def torch_twin(work, threads, kind, steps=None):
     steps, of training (Adam at 0.01, one tree a step, the last three quarters timed) over the
     training trees."""
     import torch
-    sys.path.insert(0, HERE)
-    from make_recursive_models import load_weights
     torch.set_num_threads(threads)
     p = {k: torch.tensor(np.ascontiguousarray(v), requires_grad=steps is not None)
-         for k, v in load_weights(os.path.join(work, "m"), kind).items()}
-    d = p["emb"].shape[1]
+         for k, v in mr.load_weights(os.path.join(work, "m"), kind).items()}
 
     def node(k, left, right, word, label):
-        if left[k] < 0:
-            if kind == "treelstm":
-                g = p["emb"][word[k]] @ p["wleaf"] + p["bleaf"]
-                c = torch.sigmoid(g[:d]) * torch.tanh(g[2 * d:])
-                h = torch.sigmoid(g[d:2 * d]) * torch.tanh(c)
-            else:
-                h, c = torch.tanh(p["emb"][word[k]]), None
-            below = 0
-        else:
-            ha, ca, la = node(left[k], left, right, word, label)
-            hb, cb, lb = node(right[k], left, right, word, label)
-            x = torch.cat([ha, hb])
-            g = x @ p["winner"] + p["binner"]
-            if kind == "treelstm":
-                gi, gfa, gfb, go, gu = g.chunk(5)
-                c = torch.sigmoid(gi) * torch.tanh(gu) + torch.sigmoid(gfa) * ca + torch.sigmoid(gfb) * cb
-                h = torch.sigmoid(go) * torch.tanh(c)
-            else:
-                if kind == "rntn":
-                    g = g + (x @ p["tensor"]).view(d, 2 * d) @ x
-                h, c = torch.tanh(g), None
-            below = la + lb
-        if label is None:
-            return h, c, 0
-        return h, c, below - torch.log_softmax(h @ p["wout"] + p["bout"], 0)[label[k]]
+        return mr.torch_tree(p, kind, left, right, word, k, label)
 
     left, right, word, root, label = read_split(work, "dev" if steps is None else "train",
                                                 ("left", "right", "word", "root", "label"))

@@ -171,7 +171,7 @@ def iter_text(kind, decl, d, train, levels=False):
     outs = ", ".join(f"float[N,{d}] {big[s]}o" for s in state)
     inner = INNER[kind].replace("D2", str(2 * d)).replace("D,", f"{d},")
     leaf = LEAF["treelstm" if kind == "treelstm" else "simple"]
-    at, rows, one_of = ("k", "", "  ") if not levels else ("idx", "[M]", "")
+    at, dims = ("idx", f"[M,{d}]") if levels else ("k", f"[{d}]")  # a trip's node(s), and their state's shape
     if levels:
         # a batch of rows: split and concatenate along axis 1; RNTN's bilinear term row by row
         leaf, inner = (t.replace("Split <axis = 0>", "Split <axis = 1>") for t in (leaf, inner))
@@ -191,10 +191,10 @@ def iter_text(kind, decl, d, train, levels=False):
     {big[s]}o = ScatterND ({big[s]}, kk, {s}u)""" for s in state)
     starts = "".join(f"""
   {big[s]}0 = ConstantOfShape (shp)""" for s in state)
-    typed = lambda suffix: ", ".join(f"float{rows[:-1] + ',' if levels else '['}{d}] {s}{suffix}" for s in state)  # noqa: E731
+    typed = lambda suffix: ", ".join(f"float{dims} {s}{suffix}" for s in state)  # noqa: E731
     named = lambda suffix, up=False: ", ".join((big[s] if up else s) + suffix for s in state)  # noqa: E731
     label = ", int64[N] label" if train else ""
-    tail = f"""
+    tail = """
   zs = MatMul (Hn, wout)
   z = Add (zs, bout)
   lz = LogSoftmax <axis = 1> (z)
@@ -337,19 +337,52 @@ def reference(p, left, right, word, root, kind="treelstm", label=None):
     return h @ p["wout"] + p["bout"] if label is None else loss / len(left)
 
 
-def compare(folder, split, out, kind="treelstm"):
+def read_seq(path):
+    """One of make_treebank.py's SequenceProto files: a list of numpy arrays, one a tree."""
     import onnx
     from onnx import numpy_helper as nh
+    q = onnx.SequenceProto()
+    with open(path, "rb") as f:
+        q.ParseFromString(f.read())
+    return [nh.to_array(t) for t in q.tensor_values]
+
+
+def torch_tree(p, kind, left, right, word, k, label=None):
+    """PyTorch eager recursion of KIND on weights p (torch tensors), the twin of reference(): node k's
+    (h, c, the summed cross-entropy of its subtree's nodes, 0 without label)."""
+    import torch
+    d = p["emb"].shape[1]
+    if left[k] < 0:
+        if kind == "treelstm":
+            g = p["emb"][int(word[k])] @ p["wleaf"] + p["bleaf"]
+            c = torch.sigmoid(g[:d]) * torch.tanh(g[2 * d:])
+            h = torch.sigmoid(g[d:2 * d]) * torch.tanh(c)
+        else:
+            h, c = torch.tanh(p["emb"][int(word[k])]), None
+        below = 0
+    else:
+        ha, ca, la = torch_tree(p, kind, left, right, word, int(left[k]), label)
+        hb, cb, lb = torch_tree(p, kind, left, right, word, int(right[k]), label)
+        x = torch.cat([ha, hb])
+        g = x @ p["winner"] + p["binner"]
+        if kind == "treelstm":
+            gi, gfa, gfb, go, gu = g.chunk(5)
+            c = torch.sigmoid(gi) * torch.tanh(gu) + torch.sigmoid(gfa) * ca + torch.sigmoid(gfb) * cb
+            h = torch.sigmoid(go) * torch.tanh(c)
+        else:
+            if kind == "rntn":
+                g = g + (x @ p["tensor"]).view(d, 2 * d) @ x
+            h, c = torch.tanh(g), None
+        below = la + lb
+    if label is None:
+        return h, c, 0
+    return h, c, below - torch.log_softmax(h @ p["wout"] + p["bout"], 0)[int(label[k])]
+
+
+def compare(folder, split, out, kind="treelstm"):
     sys.setrecursionlimit(10000)
     p = {k: v.astype(np.float64) for k, v in load_weights(folder, kind).items()}
-
-    def seq(name):
-        q = onnx.SequenceProto()
-        with open(os.path.join(split, name + ".pb"), "rb") as f:
-            q.ParseFromString(f.read())
-        return [nh.to_array(t) for t in q.tensor_values]
-
-    left, right, word, root = (seq(k) for k in ("left", "right", "word", "root"))
+    left, right, word, root = (read_seq(os.path.join(split, k + ".pb")) for k in ("left", "right", "word", "root"))
     worst = 0.0
     for e in range(len(left)):
         want = reference(p, left[e], right[e], word[e], root[e], kind)
@@ -362,12 +395,7 @@ def compare(folder, split, out, kind="treelstm"):
 def accuracy(split, out):
     """The roots' sign from tern-run's logits (P(3) + P(4) > P(0) + P(1), as make_treebank.py
     --check-tree scores its TreeLSTM) against the treebank's sign of each root."""
-    import onnx
-    from onnx import numpy_helper as nh
-    q = onnx.SequenceProto()
-    with open(os.path.join(split, "sign.pb"), "rb") as f:
-        q.ParseFromString(f.read())
-    signs = [int(nh.to_array(t)) for t in q.tensor_values]
+    signs = [int(t) for t in read_seq(os.path.join(split, "sign.pb"))]
     right = 0
     for e, s in enumerate(signs):
         z = np.load(os.path.join(out, "logits", f"{e}.npy")).astype(np.float64)

@@ -561,13 +561,9 @@ static const tern_graph *kept_callee(const tern_model *m, const tern_node *n)
 {
 	const char *name = tern_attr_string(n, "function", ""), *domain = tern_attr_string(n, "function_domain", "");
 	const tern_graph *f = tern_function_find(m, domain, name);
-	size_t len = strlen(name);
-	if (!f && len > 5 && len < 512 && !strcmp(name + len - 5, "__fwd")) {
-		char base[512];
-		memcpy(base, name, len - 5);
-		base[len - 5] = 0;
+	char base[512];
+	if (!f && tern_fwd_base(name, base, sizeof base))
 		f = tern_function_find(m, domain, base);
-	}
 	return f;
 }
 

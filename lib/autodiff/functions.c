@@ -22,8 +22,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#define LIFTED_DOMAIN "tern.grad"
-
 typedef struct work {
 	char *name, *domain;
 	tern_type *types; /* the inputs' types at the call that found it */
@@ -215,7 +213,7 @@ static tern_status append_node(Onnx__NodeProto ***list, size_t *n, Onnx__NodePro
 static tern_status copy_opsets(Onnx__OperatorSetIdProto ***out, size_t *n_out, Onnx__OperatorSetIdProto *const *in,
                                size_t n_in)
 {
-	static const char *const extra[] = {TERN_DOMAIN, LIFTED_DOMAIN};
+	static const char *const extra[] = {TERN_DOMAIN, TERN_GRAD_DOMAIN};
 	*out = calloc(n_in + 3, sizeof **out);
 	if (!*out)
 		return oom();
@@ -378,6 +376,15 @@ static void free_strings(char **s, size_t n)
 	free(s);
 }
 
+/* The value of an enclosing graph that subgraph br reads as name. */
+static tern_value *read_from_outside(tern_graph *br, const char *name)
+{
+	tern_value *v = tern_graph_lookup(br, name);
+	while (v && (v->flags & TERN_VALUE_OUTER) && v->outer)
+		v = v->outer;
+	return v;
+}
+
 /* What subgraph g (br in the IR) reads from outside it, for the function it is lifted into: the
  * captures (*cap), but those a Constant node makes (no inputs) as copies of that node (*consts), so
  * that the function has the value itself, which shape inference reads (a Reshape's shape, an
@@ -389,9 +396,7 @@ static tern_status lifted_reads(const Onnx__GraphProto *g, tern_graph *br, char 
 	tern_status st = captures(g, capp, n_cap);
 	char **cap = *capp;
 	for (size_t i = 0; i < *n_cap; i++) {
-		tern_value *v = tern_graph_lookup(br, cap[i]);
-		while (v && (v->flags & TERN_VALUE_OUTER) && v->outer)
-			v = v->outer;
+		tern_value *v = read_from_outside(br, cap[i]);
 		const tern_node *p = v ? v->producer : NULL;
 		if (!st && p && !*p->domain && !strcmp(p->op_type, "Constant") && !p->n_inputs && p->n_outputs == 1) {
 			Onnx__NodeProto *c = tern_pb_copy(p->proto);
@@ -455,20 +460,14 @@ static tern_status lift(gen *G, tern_node *n, const char *which, const char *ctx
 	char lname[512];
 	snprintf(lname, sizeof lname, "%.200s__if%d_%s", ctx, G->n_lifted, which[0] == 't' ? "then" : "else");
 	G->n_lifted += which[0] != 't';
-	Onnx__FunctionProto *fp = st ? NULL : calloc(1, sizeof *fp);
+	Onnx__FunctionProto *fp = st ? NULL : new_function(lname, ctx_domain, G);
 	if (!st && !fp)
 		st = oom();
 	if (!st) {
-		onnx__function_proto__init(fp);
-		if (!(fp->name = tern_strdup(lname)) || !(fp->domain = tern_strdup(ctx_domain)))
-			st = oom();
 		for (size_t i = 0; !st && i < n_cap; i++)
 			st = append_string(&fp->input, &fp->n_input, cap[i]);
 		for (size_t i = 0; !st && i < g->n_output; i++)
 			st = append_string(&fp->output, &fp->n_output, g->output[i]->name);
-		if (!st)
-			st = copy_opsets(&fp->opset_import, &fp->n_opset_import, G->m->proto->opset_import,
-			                 G->m->proto->n_opset_import);
 		/* the constants it reads, then the branch's nodes, copied into the function */
 		for (size_t i = 0; !st && i < n_consts; i++) {
 			Onnx__NodeProto *c = consts[i];
@@ -478,17 +477,14 @@ static tern_status lift(gen *G, tern_node *n, const char *which, const char *ctx
 		for (size_t i = 0; !st && i < g->n_node; i++)
 			st = append_node(&fp->node, &fp->n_node, tern_pb_copy(g->node[i]));
 	}
-	if (!st && (st = add_fn(G, fp)))
+	if (fp && (st || (st = add_fn(G, fp))))
 		onnx__function_proto__free_unpacked(fp, NULL);
 	/* the captures' types, as the branch sees them */
 	tern_value **cv = st ? NULL : calloc(n_cap + 1, sizeof *cv);
 	if (!st && !cv)
 		st = oom();
 	for (size_t i = 0; !st && i < n_cap; i++) {
-		tern_value *v = tern_graph_lookup(br, cap[i]);
-		while (v && (v->flags & TERN_VALUE_OUTER) && v->outer)
-			v = v->outer;
-		cv[i] = v;
+		cv[i] = read_from_outside(br, cap[i]);
 	}
 	if (!st)
 		st = push(G, ctx_domain, lname, cv, n_cap);
@@ -804,12 +800,8 @@ static tern_status lift_loop(gen *G, tern_node *n, const char *ctx, const char *
 		for (size_t i = 0; i < np->n_input; i++)
 			if (i >= 2 || (np->input[i] && *np->input[i]))
 				ev[k++] = i < n->n_inputs ? n->inputs[i] : NULL;
-		for (size_t c = 0; c < n_cap; c++) {
-			tern_value *cv = tern_graph_lookup(br, cap[c]);
-			while (cv && (cv->flags & TERN_VALUE_OUTER) && cv->outer)
-				cv = cv->outer;
-			ev[k++] = cv;
-		}
+		for (size_t c = 0; c < n_cap; c++)
+			ev[k++] = read_from_outside(br, cap[c]);
 		/* the node's inputs: the Loop's given ones, then the captures */
 		size_t kept = 0;
 		for (size_t i = 0; i < np->n_input; i++)
@@ -1083,7 +1075,7 @@ static tern_status differentiate(gen *G, const work *w)
 		st = collect_types(s->graph, &types, &n_types, &cap_types);
 	/* 2. F__fwd: its calls and Ifs kept */
 	if (!st)
-		st = keep_calls(G, s->graph, f->name, f->domain && *f->domain ? f->domain : LIFTED_DOMAIN);
+		st = keep_calls(G, s->graph, f->name, f->domain && *f->domain ? f->domain : TERN_GRAD_DOMAIN);
 	char *fname = st ? NULL : cat(f->name, "__fwd");
 	Onnx__FunctionProto *fwd = fname ? new_function(fname, f->domain, G) : NULL;
 	free(fname);
@@ -1205,7 +1197,7 @@ tern_status tern_grad_prepare_calls(tern_model **pm, bool *changed)
 	if (!st)
 		st = collect_types(m->graph, &types, &n_types, &cap_types);
 	if (!st)
-		st = keep_calls(&G, m->graph, "main", LIFTED_DOMAIN);
+		st = keep_calls(&G, m->graph, "main", TERN_GRAD_DOMAIN);
 	for (size_t i = 0; !st && i < G.n_todo; i++)
 		st = differentiate(&G, &G.todo[i]);
 	/* into the model: the functions made, the tern domains; then its IR anew */
@@ -1222,7 +1214,7 @@ tern_status tern_grad_prepare_calls(tern_model **pm, bool *changed)
 	if (!st)
 		st = tern_model_import_opset(m, TERN_DOMAIN, TERN_DOMAIN_VERSION);
 	if (!st)
-		st = tern_model_import_opset(m, LIFTED_DOMAIN, 1);
+		st = tern_model_import_opset(m, TERN_GRAD_DOMAIN, 1);
 	void *bytes = NULL;
 	size_t size = 0;
 	tern_model *re = NULL;

@@ -771,7 +771,7 @@ tern_status tern_model_add_training(tern_model *m, const tern_train_options *o, 
 		st = fp ? tern_model_add_function(m, fp) : tern_errorf(TERN_EOS, "out of memory");
 	}
 	if (!st && calls_kept)
-		st = tern_model_import_opset(m, "tern.grad", 1);
+		st = tern_model_import_opset(m, TERN_GRAD_DOMAIN, 1);
 	Onnx__TrainingInfoProto *ti = NULL;
 	Onnx__TrainingInfoProto **tis = NULL;
 	if (!st) {

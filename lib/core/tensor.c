@@ -98,7 +98,8 @@ tern_status tern_tensor_alloc(tern_tensor *t, int dtype, int rank, const int64_t
 
 tern_status tern_tensor_alloc_uninit(tern_tensor *t, int dtype, int rank, const int64_t *dims)
 {
-	return tensor_alloc(t, dtype, rank, dims, dtype != TERN_STRING && dtype != TERN_SEQUENCE ? false : true);
+	/* strings and sequences hold pointers, which must start NULL */
+	return tensor_alloc(t, dtype, rank, dims, dtype == TERN_STRING || dtype == TERN_SEQUENCE);
 }
 
 static tern_status tensor_alloc(tern_tensor *t, int dtype, int rank, const int64_t *dims, bool zero)
@@ -110,8 +111,7 @@ static tern_status tensor_alloc(tern_tensor *t, int dtype, int rank, const int64
 		return tern_errorf(TERN_EDATA, "tensor shape is negative or too large");
 	if (nbytes > ((size_t)1 << 40))
 		return tern_errorf(TERN_EDATA, "tensor of %zu bytes is too large", nbytes);
-	size_t rounded = (nbytes + TERN_ALIGN - 1) / TERN_ALIGN * TERN_ALIGN;
-	void *p = zero ? tern_aligned_alloc(nbytes) : aligned_alloc(TERN_ALIGN, rounded ? rounded : TERN_ALIGN);
+	void *p = zero ? tern_aligned_alloc(nbytes) : tern_aligned_alloc_uninit(nbytes);
 	if (!p)
 		return tern_errorf(TERN_EOS, "out of memory allocating %zu bytes", nbytes);
 	char *name = t->name;

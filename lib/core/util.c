@@ -12,12 +12,17 @@ void *tern_xmalloc(size_t n)
 	return malloc(n ? n : 1);
 }
 
-void *tern_aligned_alloc(size_t n)
+void *tern_aligned_alloc_uninit(size_t n)
 {
 	size_t rounded = (n + TERN_ALIGN - 1) / TERN_ALIGN * TERN_ALIGN;
-	void *p = aligned_alloc(TERN_ALIGN, rounded ? rounded : TERN_ALIGN);
+	return aligned_alloc(TERN_ALIGN, rounded ? rounded : TERN_ALIGN);
+}
+
+void *tern_aligned_alloc(size_t n)
+{
+	void *p = tern_aligned_alloc_uninit(n);
 	if (p)
-		memset(p, 0, rounded ? rounded : TERN_ALIGN);
+		memset(p, 0, n ? (n + TERN_ALIGN - 1) / TERN_ALIGN * TERN_ALIGN : TERN_ALIGN);
 	return p;
 }
 

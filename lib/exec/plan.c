@@ -994,11 +994,6 @@ tern_tensor *tern_exec_slot_tensor(tern_exec *e, int slot)
 	return slot >= 0 && (size_t)slot < e->n_slots ? &e->slots[slot].t : NULL;
 }
 
-int tern_exec_num_inputs(const tern_exec *e)
-{
-	return e->n_inputs;
-}
-
 tern_tensor *tern_exec_input(tern_exec *e, int i)
 {
 	return i >= 0 && i < e->n_inputs ? &e->slots[e->input_slot[i]].t : NULL;

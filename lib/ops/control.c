@@ -763,6 +763,16 @@ static tern_status call_prepare(tern_prepare_args *p)
 
 const tern_op tern_op_function_call = {"", "(function call)", 1, 0, call_prepare, 0, "control"};
 
+bool tern_fwd_base(const char *name, char *base, size_t cap)
+{
+	size_t len = name ? strlen(name) : 0;
+	if (len < 5 || len - 5 >= cap || strcmp(name + len - 5, "__fwd") != 0)
+		return false;
+	memcpy(base, name, len - 5);
+	base[len - 5] = 0;
+	return true;
+}
+
 int tern_node_kept_handle(const tern_node *n)
 {
 	if (!n->n_outputs)
@@ -894,12 +904,11 @@ static tern_status backward_resolve(const tern_kernel_args *a, backward_params *
 			return TERN_OK;
 		}
 	const char *name = fwd->fproto ? fwd->fproto->name : NULL;
-	size_t len = name ? strlen(name) : 0;
-	if (len < 5 || strcmp(name + len - 5, "__fwd") != 0)
+	char gname[512];
+	if (!tern_fwd_base(name, gname, sizeof gname - 6))
 		return tern_node_errorf(a->node, TERN_EDATA, "the kept call ran %s, which has no gradient function (F__fwd's "
 		                        "is F__grad)", name ? name : "?");
-	char gname[512];
-	snprintf(gname, sizeof gname, "%.*s__grad", (int)(len - 5), name);
+	strcat(gname, "__grad");
 	const tern_graph *grad = tern_function_find(fwd->model, fwd->fproto->domain, gname);
 	if (!grad)
 		return tern_node_errorf(a->node, TERN_EDATA, "the model has no function %s", gname);

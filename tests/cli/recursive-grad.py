@@ -33,13 +33,7 @@ def weights(path):
 
 
 def seqs(tb):
-    out = {}
-    for k in ("left", "right", "word", "root", "label"):
-        q = onnx.SequenceProto()
-        with open(os.path.join(tb, "train", k + ".pb"), "rb") as f:
-            q.ParseFromString(f.read())
-        out[k] = [nh.to_array(t) for t in q.tensor_values]
-    return out
+    return {k: mr.read_seq(os.path.join(tb, "train", k + ".pb")) for k in ("left", "right", "word", "root", "label")}
 
 
 def main():
@@ -121,26 +115,9 @@ def main():
         models = sys.argv[2]
         p = {k: torch.tensor(v.astype(np.float64), requires_grad=True) for k, v in mr.load_weights(models).items()}
         t = seqs(tb)
-        d = p["emb"].shape[1]
-
-        def node(e, k):
-            left, right, word, label = t["left"][e], t["right"][e], t["word"][e], t["label"][e]
-            if left[k] < 0:
-                g = p["emb"][int(word[k])] @ p["wleaf"] + p["bleaf"]
-                c = torch.sigmoid(g[:d]) * torch.tanh(g[2 * d:])
-                h, below = torch.sigmoid(g[d:2 * d]) * torch.tanh(c), 0
-            else:
-                ha, ca, la = node(e, int(left[k]))
-                hb, cb, lb = node(e, int(right[k]))
-                g = torch.cat([ha, hb]) @ p["winner"] + p["binner"]
-                gi, gfa, gfb, go, gu = torch.split(g, d)
-                c = torch.sigmoid(gi) * torch.tanh(gu) + torch.sigmoid(gfa) * ca + torch.sigmoid(gfb) * cb
-                h, below = torch.sigmoid(go) * torch.tanh(c), la + lb
-            z = h @ p["wout"] + p["bout"]
-            return h, c, below - torch.log_softmax(z, 0)[int(label[k])]
-
         for e in range(steps):
-            loss = node(e, int(t["root"][e]))[2] / len(t["left"][e])
+            tree = (t["left"][e], t["right"][e], t["word"][e])
+            loss = mr.torch_tree(p, "treelstm", *tree, int(t["root"][e]), t["label"][e])[2] / len(t["left"][e])
             for v in p.values():
                 v.grad = None
             loss.backward()
