@@ -579,6 +579,15 @@ bool tern_same_domain(const char *a, const char *b);
 tern_status tern_call_begin(tern_exec *caller, const tern_node *node, const tern_graph *fn, tern_tensor *const *in,
                             int n_in, tern_threadpool *pool, int keep, tern_exec **frame);
 void tern_call_end(tern_exec *caller, tern_exec *frame);
+/* Gradient sinks (control.c, tern.Backward): where the gradients of a step's weights are summed as
+ * the calls of a recursion's backward pass make them, instead of being returned up through every
+ * call. tern_call_begin_sinks is tern_call_begin for a frame that sees `sinks` (NULL: none); any
+ * other frame sees those of the frame that calls it, found by tern_exec_sinks. */
+typedef struct tern_grad_sinks tern_grad_sinks;
+tern_status tern_call_begin_sinks(tern_exec *caller, const tern_node *node, const tern_graph *fn,
+                                  tern_tensor *const *in, int n_in, tern_threadpool *pool, tern_grad_sinks *sinks,
+                                  tern_exec **frame);
+tern_grad_sinks *tern_exec_sinks(const tern_exec *e);
 /* Kept calls (tern.Invoke keep=1, for gradients): a frame begun with keep keeps every value (none
  * shares bytes with another) and, ended with tern_call_keep instead of tern_call_end, stays out of
  * the pool until the main plan runs again; *handle names it to tern_call_kept (NULL: not a frame

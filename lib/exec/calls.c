@@ -213,8 +213,33 @@ static tern_calls *calls_of(tern_exec *caller)
 	return main_plan(caller)->calls;
 }
 
+tern_grad_sinks *tern_exec_sinks(const tern_exec *e)
+{
+	/* a subgraph's plan has its frame (or the main plan) as parent; a frame's sinks are set per call */
+	for (; e; e = e->parent)
+		if (e->is_frame)
+			return e->sinks;
+	return NULL;
+}
+
+static tern_status call_begin(tern_exec *caller, const tern_node *node, const tern_graph *fn, tern_tensor *const *in,
+                              int n_in, tern_threadpool *pool, int keep, tern_grad_sinks *sinks, tern_exec **frame);
+
 tern_status tern_call_begin(tern_exec *caller, const tern_node *node, const tern_graph *fn, tern_tensor *const *in,
                             int n_in, tern_threadpool *pool, int keep, tern_exec **frame)
+{
+	return call_begin(caller, node, fn, in, n_in, pool, keep, tern_exec_sinks(caller), frame);
+}
+
+tern_status tern_call_begin_sinks(tern_exec *caller, const tern_node *node, const tern_graph *fn,
+                                  tern_tensor *const *in, int n_in, tern_threadpool *pool, tern_grad_sinks *sinks,
+                                  tern_exec **frame)
+{
+	return call_begin(caller, node, fn, in, n_in, pool, 0, sinks, frame);
+}
+
+static tern_status call_begin(tern_exec *caller, const tern_node *node, const tern_graph *fn, tern_tensor *const *in,
+                              int n_in, tern_threadpool *pool, int keep, tern_grad_sinks *sinks, tern_exec **frame)
 {
 	*frame = NULL;
 	const char *name = fn->fproto && fn->fproto->name ? fn->fproto->name : "?";
@@ -274,6 +299,8 @@ tern_status tern_call_begin(tern_exec *caller, const tern_node *node, const tern
 		spin_release(&c->lock);
 	}
 	call_depth++;
+	e->is_frame = 1;
+	e->sinks = sinks;
 	/* the outputs a node takes were checked against the function when it was planned */
 	rc = tern_exec_run(e, in, n_in);
 	if (rc) {
@@ -287,6 +314,7 @@ tern_status tern_call_begin(tern_exec *caller, const tern_node *node, const tern
 void tern_call_end(tern_exec *caller, tern_exec *frame)
 {
 	call_depth--;
+	frame->sinks = NULL;
 	tern_calls *c = calls_of(caller);
 	spin_acquire(&c->lock);
 	give_back(c, frame->call_slot);

@@ -57,6 +57,7 @@ typedef struct step {
 	int dynamic_output; /* the kernel allocates its outputs */
 	int alias; /* output 0 aliases input 0: nothing to launch */
 	int noop; /* a scheduled node folded while planning: only its place in the order */
+	int sums; /* Add or Sum: a late one whose other inputs are zero scalars gives one input's bytes */
 	uint32_t inplace_inputs; /* inputs an output may overwrite (tern_prepare_args.inplace_inputs) */
 	uint32_t packed_inputs; /* inputs the kernel packed and does not read (tern_prepare_args) */
 	int stream;
@@ -111,6 +112,8 @@ struct tern_exec {
 	int keep_values; /* a kept call's frame: no two values share bytes, for a gradient to read later */
 	tern_calls *calls; /* the main plan's: frames of the model-local functions its nodes call (calls.c) */
 	size_t call_slot; /* a frame's: its place in the main plan's frames */
+	int is_frame; /* a function's frame (calls.c), not a main plan or a subgraph's */
+	tern_grad_sinks *sinks; /* a frame's: the gradient sinks its calls see (tern_call_begin_sinks) */
 	/* profiling */
 	int profile;
 	tern_profile_event *events;

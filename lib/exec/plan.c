@@ -320,6 +320,7 @@ static tern_status build_step(tern_exec *e, tern_node *n, step *st)
 		return unsupported(n);
 	st->n_in = (int)n->n_inputs;
 	st->n_out = (int)n->n_outputs;
+	st->sums = !*n->domain && (!strcmp(n->op_type, "Sum") || !strcmp(n->op_type, "Add"));
 	st->in = calloc((size_t)st->n_in + 1, sizeof *st->in);
 	st->out = calloc((size_t)st->n_out + 1, sizeof *st->out);
 	st->in_slot = calloc((size_t)st->n_in + 1, sizeof *st->in_slot);

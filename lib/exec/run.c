@@ -129,12 +129,44 @@ static void release_dynamic(tern_exec *e, slot *s)
 	tern_tensor_free(&s->t);
 }
 
+/* A late sum (Add, Sum) whose inputs but one are float zero scalars, as gradients that went to a sink
+ * (control.c, tern.Backward) are: its output is that input's bytes, when they are the plan's own
+ * until its next run (a value a late step made, or a constant) and of the output's type and shape. */
+static bool sum_of_one(tern_exec *e, step *st)
+{
+	tern_tensor *y = st->out[0];
+	int keep = -1;
+	if (!y || st->n_out != 1 || y->dtype != TERN_FLOAT)
+		return false;
+	for (int i = 0; i < st->n_in; i++) {
+		const tern_tensor *x = st->in[i];
+		if (x && x->dtype == TERN_FLOAT && x->rank == 0 && x->data && *(const float *)x->data == 0)
+			continue;
+		if (keep >= 0 || !x)
+			return false;
+		keep = i;
+	}
+	if (keep < 0)
+		return false;
+	const tern_tensor *x = st->in[keep];
+	enum slot_kind kind = e->slots[st->in_slot[keep]].kind;
+	if ((kind != SLOT_DYNAMIC && kind != SLOT_CONST) || !x->data || x->dtype != y->dtype || x->rank != y->rank ||
+	    memcmp(x->dims, y->dims, (size_t)x->rank * sizeof *x->dims))
+		return false;
+	y->data = x->data;
+	y->nbytes = x->nbytes;
+	y->owns_data = 0;
+	return true;
+}
+
 /* Prepares a late step now that its inputs exist, and allocates its outputs. */
 static tern_status run_late(tern_exec *e, step *st)
 {
 	tern_status rc = prepare_late(e, st);
 	if (rc)
 		return rc;
+	if (st->sums && !st->dynamic_output && sum_of_one(e, st))
+		return TERN_OK;
 	for (int o = 0; o < st->n_out; o++) {
 		tern_tensor *t = st->out[o];
 		if (!t)

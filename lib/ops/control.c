@@ -3,6 +3,7 @@
  * through the executor's outer slots. */
 #include "internal.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 
 typedef struct body_plan {
@@ -939,6 +940,139 @@ static tern_status backward_resolve(const tern_kernel_args *a, backward_params *
 	return TERN_OK;
 }
 
+/* Gradient sinks. A weight reaches every call of a recursion unchanged, so each call's backward pass
+ * would return a dense gradient of it, summed with its siblings' in its caller, level after level up
+ * the tree. Instead, the outermost tern.Backward (one that runs in no other's backward pass) makes a
+ * sink for each float input of its call that it gives a gradient of; a tern.Backward within its
+ * backward pass whose call took that same value (the same bytes, type and shape: the value itself,
+ * not a copy) adds the gradient of it into the sink and gives a zero scalar, which sums as zero with
+ * the gradients of the same value where its caller sums them; the outermost adds the sink to what its
+ * own call gave. Each call's own part is added once, in any order (float sums may differ in the last
+ * bits from the sum level by level). */
+struct tern_grad_sinks {
+	pthread_mutex_t lock;
+	int n;
+	struct grad_sink {
+		const void *data; /* the value: its bytes, type and shape */
+		int dtype, rank;
+		int64_t dims[TERN_MAX_RANK];
+		tern_tensor acc; /* the gradients added so far (no bytes until the first) */
+	} *sink;
+};
+
+static struct grad_sink *sink_of(tern_grad_sinks *g, const tern_tensor *x)
+{
+	for (int i = 0; g && x && i < g->n; i++) {
+		struct grad_sink *s = &g->sink[i];
+		if (s->data == x->data && s->dtype == x->dtype && s->rank == x->rank &&
+		    !memcmp(s->dims, x->dims, (size_t)x->rank * sizeof *x->dims))
+			return s;
+	}
+	return NULL;
+}
+
+static bool same_dims(const tern_tensor *a, int rank, const int64_t *dims)
+{
+	return a->rank == rank && !memcmp(a->dims, dims, (size_t)rank * sizeof *dims);
+}
+
+/* Adds gradient d (of the sink's shape, or a scalar) into sink s. */
+static tern_status sink_add(tern_grad_sinks *g, struct grad_sink *s, const tern_tensor *d)
+{
+	pthread_mutex_lock(&g->lock);
+	tern_status rc = TERN_OK;
+	if (!s->acc.data)
+		rc = tern_tensor_alloc(&s->acc, TERN_FLOAT, s->rank, s->dims); /* zeroed */
+	if (!rc) {
+		float *acc = s->acc.data;
+		const float *x = d->data;
+		int64_t n = tern_tensor_numel(&s->acc);
+		if (d->rank == 0) {
+			for (int64_t i = 0; x[0] != 0 && i < n; i++)
+				acc[i] += x[0];
+		} else {
+			for (int64_t i = 0; i < n; i++)
+				acc[i] += x[i];
+		}
+	}
+	pthread_mutex_unlock(&g->lock);
+	return rc ? tern_errorf(rc, "%s", tern_error()) : TERN_OK;
+}
+
+/* Whether gradient d of value x goes to a sink (then its own output is a zero scalar). */
+static struct grad_sink *sink_for(tern_grad_sinks *g, const tern_tensor *x, const tern_tensor *d)
+{
+	struct grad_sink *s = sink_of(g, x);
+	if (!s || d->dtype != TERN_FLOAT || !d->data)
+		return NULL;
+	return d->rank == 0 || same_dims(d, s->rank, s->dims) ? s : NULL;
+}
+
+static tern_status zero_scalar(const tern_node *node, tern_tensor *t)
+{
+	tern_status rc = tern_tensor_alloc(t, TERN_FLOAT, 0, NULL);
+	if (rc)
+		return tern_node_errorf(node, rc, "%s", tern_error());
+	*(float *)t->data = 0;
+	return TERN_OK;
+}
+
+/* The outermost tern.Backward's sinks: one for each float input of the call it gives a gradient of. */
+static tern_status sinks_make(tern_grad_sinks *g, const backward_params *b, int at, tern_exec *frame, int n_out)
+{
+	memset(g, 0, sizeof *g);
+	if (!(g->sink = calloc((size_t)n_out + 1, sizeof *g->sink)))
+		return tern_errorf(TERN_EOS, "out of memory");
+	pthread_mutex_init(&g->lock, NULL);
+	for (int k = 0; k < n_out; k++) {
+		int j = b->cache[at].pick[k];
+		const tern_tensor *x = j >= 0 ? tern_exec_input(frame, j) : NULL;
+		if (!x || x->dtype != TERN_FLOAT || !x->data || !x->nbytes || sink_of(g, x))
+			continue;
+		struct grad_sink *s = &g->sink[g->n++];
+		s->data = x->data;
+		s->dtype = x->dtype;
+		s->rank = x->rank;
+		memcpy(s->dims, x->dims, (size_t)x->rank * sizeof *x->dims);
+	}
+	return TERN_OK;
+}
+
+static void sinks_free(tern_grad_sinks *g)
+{
+	for (int i = 0; i < g->n; i++)
+		tern_tensor_free(&g->sink[i].acc);
+	free(g->sink);
+	pthread_mutex_destroy(&g->lock);
+}
+
+/* The outermost tern.Backward's output y (the gradient of x its call gave): plus x's sink. */
+static tern_status sink_finish(const tern_node *node, tern_grad_sinks *g, const tern_tensor *x, tern_tensor *y)
+{
+	struct grad_sink *s = sink_of(g, x);
+	if (!s || !s->acc.data)
+		return TERN_OK;
+	if (y->dtype == TERN_FLOAT && same_dims(y, s->rank, s->dims)) {
+		float *o = y->data;
+		const float *acc = s->acc.data;
+		for (int64_t i = 0, n = tern_tensor_numel(y); i < n; i++)
+			o[i] += acc[i];
+		return TERN_OK;
+	}
+	if (y->dtype != TERN_FLOAT || y->rank != 0)
+		return tern_node_errorf(node, TERN_EINTERNAL, "a gradient of neither its value's shape nor a scalar");
+	float v = *(const float *)y->data;
+	char *name = y->name;
+	tern_tensor_free(y);
+	*y = s->acc;
+	y->name = name;
+	memset(&s->acc, 0, sizeof s->acc);
+	float *o = y->data;
+	for (int64_t i = 0, n = tern_tensor_numel(y); v != 0 && i < n; i++)
+		o[i] += v;
+	return TERN_OK;
+}
+
 static tern_status backward_run(const tern_kernel_args *a)
 {
 	backward_params *b = a->params;
@@ -980,23 +1114,32 @@ static tern_status backward_run(const tern_kernel_args *a)
 		}
 		in[nx + 1 + o] = dy;
 	}
+	tern_grad_sinks *sinks = tern_exec_sinks(a->exec), own;
+	bool outermost = !sinks;
+	if (!rc && outermost && !(rc = sinks_make(&own, b, at, frame, a->n_out)))
+		sinks = &own;
 	tern_exec *gf = NULL;
 	if (!rc)
-		rc = tern_call_begin(a->exec, a->node, grad, in, nx + 1 + ny, a->pool, 0, &gf);
+		rc = tern_call_begin_sinks(a->exec, a->node, grad, in, nx + 1 + ny, a->pool, sinks, &gf);
 	for (int k = 0; !rc && k < a->n_out; k++) {
 		if (!a->out[k])
 			continue;
 		int j = b->cache[at].pick[k];
-		if (j >= 0) {
-			rc = take_out(a->node, a->out[k], gf, j);
-		} else if (!(rc = tern_tensor_alloc(a->out[k], TERN_FLOAT, 0, NULL))) {
-			*(float *)a->out[k]->data = 0;
+		struct grad_sink *s = j >= 0 && !outermost ? sink_for(sinks, in[j], tern_exec_output(gf, j)) : NULL;
+		if (s) {
+			if (!(rc = sink_add(sinks, s, tern_exec_output(gf, j))))
+				rc = zero_scalar(a->node, a->out[k]);
+		} else if (j >= 0) {
+			if (!(rc = take_out(a->node, a->out[k], gf, j)) && outermost)
+				rc = sink_finish(a->node, sinks, in[j], a->out[k]);
 		} else {
-			rc = tern_node_errorf(a->node, rc, "%s", tern_error());
+			rc = zero_scalar(a->node, a->out[k]);
 		}
 	}
 	if (gf)
 		tern_call_end(a->exec, gf);
+	if (outermost && sinks)
+		sinks_free(sinks);
 	for (int o = 0; o < ny; o++)
 		tern_tensor_free(&zeros[o]);
 	if (in != in_small)
