@@ -1008,13 +1008,18 @@ static struct grad_sink *sink_for(tern_grad_sinks *g, const tern_tensor *x, cons
 	return d->rank == 0 || same_dims(d, s->rank, s->dims) ? s : NULL;
 }
 
-static tern_status zero_scalar(const tern_node *node, tern_tensor *t)
+/* A gradient that is zero: a float scalar read from constant bytes (nothing to allocate or free). */
+static void zero_scalar(tern_tensor *t)
 {
-	tern_status rc = tern_tensor_alloc(t, TERN_FLOAT, 0, NULL);
-	if (rc)
-		return tern_node_errorf(node, rc, "%s", tern_error());
-	*(float *)t->data = 0;
-	return TERN_OK;
+	static const float zero = 0;
+	char *name = t->name;
+	t->name = NULL;
+	tern_tensor_free(t);
+	t->name = name;
+	tern_set_shape(t, TERN_FLOAT, 0, NULL);
+	t->data = (void *)&zero;
+	t->nbytes = sizeof zero;
+	t->owns_data = 0;
 }
 
 /* The outermost tern.Backward's sinks: one for each float input of the call it gives a gradient of. */
@@ -1128,12 +1133,12 @@ static tern_status backward_run(const tern_kernel_args *a)
 		struct grad_sink *s = j >= 0 && !outermost ? sink_for(sinks, in[j], tern_exec_output(gf, j)) : NULL;
 		if (s) {
 			if (!(rc = sink_add(sinks, s, tern_exec_output(gf, j))))
-				rc = zero_scalar(a->node, a->out[k]);
+				zero_scalar(a->out[k]);
 		} else if (j >= 0) {
 			if (!(rc = take_out(a->node, a->out[k], gf, j)) && outermost)
 				rc = sink_finish(a->node, sinks, in[j], a->out[k]);
 		} else {
-			rc = zero_scalar(a->node, a->out[k]);
+			zero_scalar(a->out[k]);
 		}
 	}
 	if (gf)
