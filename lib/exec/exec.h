@@ -104,6 +104,7 @@ struct tern_exec {
 	 * next step of any stream whose waits are met, as a device runs its streams; kernels get `team`,
 	 * so a worker with nothing ready helps with the kernels the others run. */
 	int n_workers;
+	int n_parked; /* workers kept from an earlier plan (tern_exec_park_streams), idle */
 	int **queue; /* per stream: its steps in launch order */
 	int *queue_len;
 	void **worker_scratch; /* per worker */
@@ -129,6 +130,12 @@ tern_status tern_exec_run_next(tern_exec *e, int *k, void *scratch, int worker);
 tern_status tern_exec_setup_streams(tern_exec *e);
 tern_status tern_exec_run_streams(tern_exec *e);
 void tern_exec_stop_streams(tern_exec *e);
+/* Between two plans of one executor: what the plan sized goes, the workers stay, idle, for the next
+ * (tern_exec_setup_streams takes them up again); planning anew for each example of its own size
+ * would otherwise start and join threads every run. */
+void tern_exec_park_streams(tern_exec *e);
 void tern_exec_release(tern_exec *e);
+/* tern_exec_release before planning again: stream workers parked, not stopped. */
+void tern_exec_release_for_replan(tern_exec *e);
 
 #endif

@@ -48,9 +48,24 @@ static void free_step(step *s)
 	memset(s, 0, sizeof *s);
 }
 
+static void release(tern_exec *e, bool park);
+
 void tern_exec_release(tern_exec *e)
 {
-	tern_exec_stop_streams(e);
+	release(e, false);
+}
+
+void tern_exec_release_for_replan(tern_exec *e)
+{
+	release(e, true);
+}
+
+static void release(tern_exec *e, bool park)
+{
+	if (park && e->workers)
+		tern_exec_park_streams(e);
+	else
+		tern_exec_stop_streams(e);
 	for (int i = 0; i < e->n_steps; i++)
 		free_step(&e->steps[i]);
 	free(e->steps);
@@ -918,6 +933,14 @@ tern_status tern_exec_plan(tern_exec *e, tern_tensor *const *inputs, int n_input
 		concat_in_place(e);
 	if ((rc = plan_memory(e)))
 		return rc;
+	if (e->n_parked && e->n_parked != (e->n_workers > 1 ? e->n_workers : 0)) {
+		/* parked workers this plan does not take up: stopped */
+		int w = e->n_workers, s = e->n_streams;
+		e->n_workers = e->n_parked;
+		tern_exec_stop_streams(e);
+		e->n_workers = w;
+		e->n_streams = s;
+	}
 	if (e->n_workers > 1 && (rc = tern_exec_setup_streams(e)))
 		return rc;
 	/* Aliases see their root's bytes. */

@@ -288,7 +288,7 @@ tern_status tern_exec_run(tern_exec *e, tern_tensor *const *inputs, int n_inputs
 		if (e->slots[i].kind == SLOT_OUTER)
 			replan = !same_shape(e->slots[i].outer, &e->slots[i].t);
 	if (replan) {
-		tern_exec_release(e);
+		tern_exec_release_for_replan(e);
 		tern_status rc = tern_exec_plan(e, inputs, n_inputs);
 		if (rc)
 			return rc;

@@ -208,20 +208,25 @@ static void *worker_main(void *arg)
 tern_status tern_exec_setup_streams(tern_exec *e)
 {
 	int W = e->n_workers, S = e->n_streams;
+	bool parked = e->n_parked == W && e->workers && e->sync; /* idle since the last plan */
+	e->n_parked = 0;
 	e->queue = calloc((size_t)S, sizeof *e->queue);
 	e->queue_len = calloc((size_t)S, sizeof *e->queue_len);
 	e->worker_scratch = calloc((size_t)W, sizeof *e->worker_scratch);
-	e->sync = calloc(1, sizeof *e->sync);
+	if (!parked)
+		e->sync = calloc(1, sizeof *e->sync);
 	if (!e->queue || !e->queue_len || !e->worker_scratch || !e->sync)
 		return tern_errorf(TERN_EOS, "out of memory");
 	e->sync->done = calloc((size_t)e->n_steps + 1, sizeof *e->sync->done);
 	e->sync->streams = tern_aligned_alloc((size_t)S * sizeof *e->sync->streams);
 	if (!e->sync->done || !e->sync->streams)
 		return tern_errorf(TERN_EOS, "out of memory");
-	pthread_mutex_init(&e->sync->lock, NULL);
-	pthread_cond_init(&e->sync->go, NULL);
-	pthread_cond_init(&e->sync->finished, NULL);
-	e->sync->initialised = 1;
+	if (!parked) {
+		pthread_mutex_init(&e->sync->lock, NULL);
+		pthread_cond_init(&e->sync->go, NULL);
+		pthread_cond_init(&e->sync->finished, NULL);
+		e->sync->initialised = 1;
+	}
 	for (int k = 0; k < e->n_steps; k++)
 		e->queue_len[e->steps[k].stream]++;
 	for (int s = 0; s < S; s++) {
@@ -238,6 +243,8 @@ tern_status tern_exec_setup_streams(tern_exec *e)
 	for (int w = 1; w < W; w++)
 		if (e->scratch_bytes && !(e->worker_scratch[w] = tern_aligned_alloc(e->scratch_bytes)))
 			return tern_errorf(TERN_EOS, "out of memory");
+	if (parked)
+		return TERN_OK;
 	e->workers = calloc((size_t)W, sizeof *e->workers);
 	if (!e->workers)
 		return tern_errorf(TERN_EOS, "out of memory");
@@ -287,8 +294,32 @@ tern_status tern_exec_run_streams(tern_exec *e)
 	return TERN_OK;
 }
 
+void tern_exec_park_streams(tern_exec *e)
+{
+	/* the workers wait for the next generation and touch nothing of the plan until then */
+	if (e->sync) {
+		free(e->sync->done);
+		free(e->sync->streams);
+		e->sync->done = NULL;
+		e->sync->streams = NULL;
+	}
+	for (int s = 0; e->queue && s < e->n_streams; s++)
+		free(e->queue[s]);
+	for (int w = 1; e->worker_scratch && w < e->n_workers; w++)
+		free(e->worker_scratch[w]);
+	free(e->queue);
+	free(e->queue_len);
+	free(e->worker_scratch);
+	e->queue = NULL;
+	e->queue_len = NULL;
+	e->worker_scratch = NULL;
+	e->n_parked = e->n_workers;
+	e->n_streams = 1;
+}
+
 void tern_exec_stop_streams(tern_exec *e)
 {
+	e->n_parked = 0;
 	if (e->sync && e->sync->initialised) {
 		pthread_mutex_lock(&e->sync->lock);
 		e->sync->shutdown = 1;
