@@ -319,7 +319,6 @@ void tern_exec_park_streams(tern_exec *e)
 
 void tern_exec_stop_streams(tern_exec *e)
 {
-	e->n_parked = 0;
 	if (e->sync && e->sync->initialised) {
 		pthread_mutex_lock(&e->sync->lock);
 		e->sync->shutdown = 1;
@@ -329,29 +328,16 @@ void tern_exec_stop_streams(tern_exec *e)
 	for (int w = 1; e->workers && w < e->n_workers; w++)
 		if (e->workers[w].started)
 			pthread_join(e->workers[w].thread, NULL);
-	if (e->sync) {
-		if (e->sync->initialised) {
-			pthread_mutex_destroy(&e->sync->lock);
-			pthread_cond_destroy(&e->sync->go);
-			pthread_cond_destroy(&e->sync->finished);
-		}
-		free(e->sync->done);
-		free(e->sync->streams);
-		free(e->sync);
+	tern_exec_park_streams(e); /* what the plan sized */
+	if (e->sync && e->sync->initialised) {
+		pthread_mutex_destroy(&e->sync->lock);
+		pthread_cond_destroy(&e->sync->go);
+		pthread_cond_destroy(&e->sync->finished);
 	}
-	for (int s = 0; e->queue && s < e->n_streams; s++)
-		free(e->queue[s]);
-	for (int w = 1; e->worker_scratch && w < e->n_workers; w++)
-		free(e->worker_scratch[w]);
-	free(e->queue);
-	free(e->queue_len);
-	free(e->worker_scratch);
+	free(e->sync);
 	free(e->workers);
-	e->queue = NULL;
-	e->queue_len = NULL;
-	e->worker_scratch = NULL;
 	e->workers = NULL;
 	e->sync = NULL;
 	e->n_workers = 0;
-	e->n_streams = 1;
+	e->n_parked = 0;
 }
