@@ -9,7 +9,7 @@ accuracy that training with tern-run --train reaches against a bag of words.
     .venv/bin/python scripts/bench_recursive.py [--hidden 64] [--threads 1,2] [--rounds 3]
                                                [--train-steps 2000] [--epochs 1] [--keep DIR]
                                                [--forms recursive,iterative,levels]
-                                               [--other-models treernn,rntn]
+                                               [--models treelstm,treernn,rntn]
 
 Inference: a tree's time is its forward pass to the root's scores (tern-run --json's per-example
 latency; for PyTorch, time.perf_counter around the call under torch.no_grad), throughput the trees
@@ -18,8 +18,9 @@ over its nodes, Adam at 0.01), --train-steps steps on the training trees: tern-r
 trees/s after its first quarter (frames are planned then), PyTorch's the same steps timed after the
 same quarter. Medians over --rounds. Accuracy (--epochs 0 skips it): the TreeLSTM trained --epochs
 epochs with tern-run --train (shuffled), the test roots' sign (P(3) + P(4) > P(0) + P(1)) against
-logistic regression on bags of words and adjacent pairs (make_treebank.py --check). Then TreeRNN and
-RNTN tables (--other-models), the same measures over --train-steps / 4 training steps. One static
+logistic regression on bags of words and adjacent pairs (make_treebank.py --check). A table per model
+of --models: the TreeLSTM's over --train-steps training steps, TreeRNN's and RNTN's over
+--train-steps / 4. One static
 unrolled graph per tree and batching of ready calls are not measured.
 """
 import argparse
@@ -150,8 +151,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--train-steps", type=int, default=2000)
     ap.add_argument("--epochs", type=int, default=1)
-    ap.add_argument("--other-models", default="treernn,rntn",
-                    help="TreeRNN and RNTN rows (inference, and training over --train-steps / 4 steps)")
+    ap.add_argument("--models", default="treelstm,treernn,rntn",
+                    help="the models to measure (treernn and rntn train over --train-steps / 4 steps)")
     ap.add_argument("--forms", default="recursive,iterative,levels",
                     help="tern's forms of the TreeLSTM to measure (recursive, iterative, levels)")
     ap.add_argument("--keep")
@@ -204,9 +205,8 @@ def main():
                     f"{c} {r['recursive'][0] / r[c][0]:.2f} / {r['recursive'][1] / r[c][1]:.2f}"
                     for c in cols if c != "recursive"), flush=True)
 
-    table("treelstm", args.train_steps)
-    for kind in [k for k in args.other_models.split(",") if k]:
-        table(kind, max(8, args.train_steps // 4))
+    for kind in [k for k in args.models.split(",") if k]:
+        table(kind, args.train_steps if kind == "treelstm" else max(8, args.train_steps // 4))
     if args.epochs:
         tree, bow, seconds = accuracy(args, work, args.epochs, model)
         print(f"\nTreeLSTM trained {args.epochs} epoch(s) with tern-run --train (8544 trees, {seconds:.0f} s): test "
