@@ -285,6 +285,7 @@ static tern_status call_begin(tern_exec *caller, const tern_node *node, const te
 		/* planned outside the lock: planning may call (a Constant folded by a call, say) */
 		if ((rc = tern_exec_create_kept(main_plan(caller), (tern_graph *)fn, in, n_in, pool, keep, &e)))
 			return rc;
+		e->is_frame = 1;
 		spin_acquire(&c->lock);
 		if (!tern_grow((void **)&c->frames, &c->cap, c->n + 1, sizeof *c->frames)) {
 			spin_release(&c->lock);
@@ -299,7 +300,6 @@ static tern_status call_begin(tern_exec *caller, const tern_node *node, const te
 		spin_release(&c->lock);
 	}
 	call_depth++;
-	e->is_frame = 1;
 	e->sinks = sinks;
 	/* the outputs a node takes were checked against the function when it was planned */
 	rc = tern_exec_run(e, in, n_in);
@@ -331,6 +331,7 @@ tern_status tern_call_keep(tern_exec *caller, tern_exec *frame, int64_t *handle)
 		spin_release(&c->lock);
 		return tern_errorf(TERN_EOS, "out of memory");
 	}
+	frame->sinks = NULL;
 	c->frames[frame->call_slot].busy = 2;
 	*handle = (int64_t)((uint64_t)c->run << 32 | c->n_kept);
 	c->kept[c->n_kept++] = frame->call_slot;

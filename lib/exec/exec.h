@@ -104,7 +104,6 @@ struct tern_exec {
 	 * next step of any stream whose waits are met, as a device runs its streams; kernels get `team`,
 	 * so a worker with nothing ready helps with the kernels the others run. */
 	int n_workers;
-	int n_parked; /* workers kept from an earlier plan (tern_exec_park_streams), idle */
 	int **queue; /* per stream: its steps in launch order */
 	int *queue_len;
 	void **worker_scratch; /* per worker */

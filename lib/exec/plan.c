@@ -933,14 +933,6 @@ tern_status tern_exec_plan(tern_exec *e, tern_tensor *const *inputs, int n_input
 		concat_in_place(e);
 	if ((rc = plan_memory(e)))
 		return rc;
-	if (e->n_parked && e->n_parked != (e->n_workers > 1 ? e->n_workers : 0)) {
-		/* parked workers this plan does not take up: stopped */
-		int w = e->n_workers, s = e->n_streams;
-		e->n_workers = e->n_parked;
-		tern_exec_stop_streams(e);
-		e->n_workers = w;
-		e->n_streams = s;
-	}
 	if (e->n_workers > 1 && (rc = tern_exec_setup_streams(e)))
 		return rc;
 	/* Aliases see their root's bytes. */

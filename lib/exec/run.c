@@ -150,8 +150,7 @@ static bool sum_of_one(tern_exec *e, step *st)
 		return false;
 	const tern_tensor *x = st->in[keep];
 	enum slot_kind kind = e->slots[st->in_slot[keep]].kind;
-	if ((kind != SLOT_DYNAMIC && kind != SLOT_CONST) || !x->data || x->dtype != y->dtype || x->rank != y->rank ||
-	    memcmp(x->dims, y->dims, (size_t)x->rank * sizeof *x->dims))
+	if ((kind != SLOT_DYNAMIC && kind != SLOT_CONST) || !x->data || !same_shape(x, y))
 		return false;
 	y->data = x->data;
 	y->nbytes = x->nbytes;

@@ -208,8 +208,9 @@ static void *worker_main(void *arg)
 tern_status tern_exec_setup_streams(tern_exec *e)
 {
 	int W = e->n_workers, S = e->n_streams;
-	bool parked = e->n_parked == W && e->workers && e->sync; /* idle since the last plan */
-	e->n_parked = 0;
+	/* workers from an earlier plan, idle (tern_exec_park_streams): an executor's worker count is its
+	 * pool's, the same for every plan */
+	bool parked = e->workers && e->sync;
 	e->queue = calloc((size_t)S, sizeof *e->queue);
 	e->queue_len = calloc((size_t)S, sizeof *e->queue_len);
 	e->worker_scratch = calloc((size_t)W, sizeof *e->worker_scratch);
@@ -313,7 +314,6 @@ void tern_exec_park_streams(tern_exec *e)
 	e->queue = NULL;
 	e->queue_len = NULL;
 	e->worker_scratch = NULL;
-	e->n_parked = e->n_workers;
 	e->n_streams = 1;
 }
 
@@ -339,5 +339,4 @@ void tern_exec_stop_streams(tern_exec *e)
 	e->workers = NULL;
 	e->sync = NULL;
 	e->n_workers = 0;
-	e->n_parked = 0;
 }

@@ -2,6 +2,7 @@
  * (its own executor, re-planned only when its input shapes change) and reads enclosing values
  * through the executor's outer slots. */
 #include "internal.h"
+#include "passes/passes.h"
 
 #include <pthread.h>
 #include <stdlib.h>
@@ -953,48 +954,40 @@ struct tern_grad_sinks {
 	pthread_mutex_t lock;
 	int n;
 	struct grad_sink {
-		const void *data; /* the value: its bytes, type and shape */
-		int dtype, rank;
-		int64_t dims[TERN_MAX_RANK];
+		tern_tensor x; /* the value: its bytes, type and shape (not owned) */
 		tern_tensor acc; /* the gradients added so far (no bytes until the first) */
 	} *sink;
 };
 
 static struct grad_sink *sink_of(tern_grad_sinks *g, const tern_tensor *x)
 {
-	for (int i = 0; g && x && i < g->n; i++) {
-		struct grad_sink *s = &g->sink[i];
-		if (s->data == x->data && s->dtype == x->dtype && s->rank == x->rank &&
-		    !memcmp(s->dims, x->dims, (size_t)x->rank * sizeof *x->dims))
-			return s;
-	}
+	for (int i = 0; g && x && i < g->n; i++)
+		if (g->sink[i].x.data == x->data && tern_pass_same_shape(&g->sink[i].x, x))
+			return &g->sink[i];
 	return NULL;
 }
 
-static bool same_dims(const tern_tensor *a, int rank, const int64_t *dims)
+/* acc (n floats) += d, a tensor of n floats or a scalar. */
+static void add_into(float *acc, int64_t n, const tern_tensor *d)
 {
-	return a->rank == rank && !memcmp(a->dims, dims, (size_t)rank * sizeof *dims);
+	const float *x = d->data;
+	if (d->rank == 0) {
+		if (x[0] != 0)
+			for (int64_t i = 0; i < n; i++)
+				acc[i] += x[0];
+		return;
+	}
+	for (int64_t i = 0; i < n; i++)
+		acc[i] += x[i];
 }
 
 /* Adds gradient d (of the sink's shape, or a scalar) into sink s. */
 static tern_status sink_add(tern_grad_sinks *g, struct grad_sink *s, const tern_tensor *d)
 {
 	pthread_mutex_lock(&g->lock);
-	tern_status rc = TERN_OK;
-	if (!s->acc.data)
-		rc = tern_tensor_alloc(&s->acc, TERN_FLOAT, s->rank, s->dims); /* zeroed */
-	if (!rc) {
-		float *acc = s->acc.data;
-		const float *x = d->data;
-		int64_t n = tern_tensor_numel(&s->acc);
-		if (d->rank == 0) {
-			for (int64_t i = 0; x[0] != 0 && i < n; i++)
-				acc[i] += x[0];
-		} else {
-			for (int64_t i = 0; i < n; i++)
-				acc[i] += x[i];
-		}
-	}
+	tern_status rc = s->acc.data ? TERN_OK : tern_tensor_alloc(&s->acc, TERN_FLOAT, s->x.rank, s->x.dims); /* zeroed */
+	if (!rc)
+		add_into(s->acc.data, tern_tensor_numel(&s->acc), d);
 	pthread_mutex_unlock(&g->lock);
 	return rc ? tern_errorf(rc, "%s", tern_error()) : TERN_OK;
 }
@@ -1005,7 +998,7 @@ static struct grad_sink *sink_for(tern_grad_sinks *g, const tern_tensor *x, cons
 	struct grad_sink *s = sink_of(g, x);
 	if (!s || d->dtype != TERN_FLOAT || !d->data)
 		return NULL;
-	return d->rank == 0 || same_dims(d, s->rank, s->dims) ? s : NULL;
+	return d->rank == 0 || tern_pass_same_shape(d, &s->x) ? s : NULL;
 }
 
 /* A gradient that is zero: a float scalar read from constant bytes (nothing to allocate or free). */
@@ -1035,10 +1028,8 @@ static tern_status sinks_make(tern_grad_sinks *g, const backward_params *b, int 
 		if (!x || x->dtype != TERN_FLOAT || !x->data || !x->nbytes || sink_of(g, x))
 			continue;
 		struct grad_sink *s = &g->sink[g->n++];
-		s->data = x->data;
-		s->dtype = x->dtype;
-		s->rank = x->rank;
-		memcpy(s->dims, x->dims, (size_t)x->rank * sizeof *x->dims);
+		tern_set_shape(&s->x, x->dtype, x->rank, x->dims);
+		s->x.data = x->data;
 	}
 	return TERN_OK;
 }
@@ -1057,24 +1048,21 @@ static tern_status sink_finish(const tern_node *node, tern_grad_sinks *g, const 
 	struct grad_sink *s = sink_of(g, x);
 	if (!s || !s->acc.data)
 		return TERN_OK;
-	if (y->dtype == TERN_FLOAT && same_dims(y, s->rank, s->dims)) {
-		float *o = y->data;
-		const float *acc = s->acc.data;
-		for (int64_t i = 0, n = tern_tensor_numel(y); i < n; i++)
-			o[i] += acc[i];
+	if (tern_pass_same_shape(y, &s->x)) {
+		add_into(y->data, tern_tensor_numel(y), &s->acc);
 		return TERN_OK;
 	}
 	if (y->dtype != TERN_FLOAT || y->rank != 0)
 		return tern_node_errorf(node, TERN_EINTERNAL, "a gradient of neither its value's shape nor a scalar");
-	float v = *(const float *)y->data;
+	/* the sink is the result, plus the scalar */
+	tern_tensor v = *y;
 	char *name = y->name;
-	tern_tensor_free(y);
 	*y = s->acc;
 	y->name = name;
 	memset(&s->acc, 0, sizeof s->acc);
-	float *o = y->data;
-	for (int64_t i = 0, n = tern_tensor_numel(y); v != 0 && i < n; i++)
-		o[i] += v;
+	add_into(y->data, tern_tensor_numel(y), &v);
+	v.name = NULL;
+	tern_tensor_free(&v);
 	return TERN_OK;
 }
 
