@@ -418,6 +418,15 @@ typedef struct tern_prepare_args {
 	/* The kernel's output shapes depend on input values (NonZero, Unique, Loop): the kernel allocates
 	 * its outputs itself with tern_tensor_alloc. */
 	int dynamic_output;
+	/* With dynamic_output, bit o: output o's dtype and shape are set all the same, fixed by what the
+	 * graph declares (an If whose branches declare it, a call of a function whose result is declared
+	 * so): the output is allocated like any other, the kernel writes it in place and fails when what
+	 * it computes differs, and the nodes that read it are planned ahead. */
+	uint32_t fixed_outputs;
+	/* With dynamic_output, bit o: output o's dtype and shape are set and the same at every run (the
+	 * kernel checks), though the kernel gives its bytes (a view of a kept call's value): the nodes
+	 * that read it are planned ahead. */
+	uint32_t shaped_outputs;
 	/* The kernel may write output i into input i's storage (elementwise ops, Reshape). */
 	int inplace_ok;
 	/* Bit j: any output of input j's dtype and shape may share input j's storage (every element of
@@ -611,6 +620,10 @@ tern_tensor *tern_exec_slot_tensor(tern_exec *e, int slot);
 /* The inputs a plan ran on last, and the graph it runs. */
 tern_tensor *tern_exec_input(tern_exec *e, int i);
 const tern_graph *tern_exec_graph(const tern_exec *e);
+/* While e is planned: the value given for the input whose slot tensor is t (NULL for others). */
+const tern_tensor *tern_exec_planning_input(const tern_exec *e, const tern_tensor *t);
+/* Whether the slot's type is fixed by the plan (the same at every run), a numeric tensor. */
+bool tern_exec_slot_static(const tern_exec *e, int slot);
 tern_calls *tern_calls_new(void);
 void tern_calls_free(tern_calls *c);
 /* The operator of a node that calls a function by its domain and type (control.c); whether an

@@ -55,9 +55,12 @@ typedef struct step {
 	size_t late_key_len;
 	tern_tensor *late_out;
 	int dynamic_output; /* the kernel allocates its outputs */
+	uint32_t fixed_outputs; /* but these, of the shapes prepare fixed (tern_prepare_args) */
+	uint32_t shaped_outputs; /* of these it gives the bytes, in shapes prepare fixed */
 	int alias; /* output 0 aliases input 0: nothing to launch */
 	int noop; /* a scheduled node folded while planning: only its place in the order */
 	int sums; /* Add or Sum: a late one whose other inputs are zero scalars gives one input's bytes */
+	int sums_to_output; /* a late sum that gives a graph output: its inputs in the arena live to the end */
 	uint32_t inplace_inputs; /* inputs an output may overwrite (tern_prepare_args.inplace_inputs) */
 	uint32_t packed_inputs; /* inputs the kernel packed and does not read (tern_prepare_args) */
 	int stream;
@@ -67,6 +70,13 @@ typedef struct step {
 	int *waits; /* steps on other streams that must finish first */
 	int n_waits;
 } step;
+
+/* Whether the executor allocates output o of a step (its shape is known once prepared), rather
+ * than the kernel. */
+static inline bool tern_step_sized_output(const step *st, int o)
+{
+	return !st->dynamic_output || (o < 32 && (st->fixed_outputs >> o & 1u));
+}
 
 typedef struct stream_worker stream_worker;
 
@@ -113,6 +123,7 @@ struct tern_exec {
 	tern_calls *calls; /* the main plan's: frames of the model-local functions its nodes call (calls.c) */
 	size_t call_slot; /* a frame's: its place in the main plan's frames */
 	int is_frame; /* a function's frame (calls.c), not a main plan or a subgraph's */
+	tern_tensor *const *planning_inputs; /* while tern_exec_plan runs: the inputs it plans for */
 	tern_grad_sinks *sinks; /* a frame's: the gradient sinks its calls see (tern_call_begin_sinks) */
 	/* profiling */
 	int profile;

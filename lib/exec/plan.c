@@ -235,7 +235,7 @@ static tern_status fold_step(tern_exec *e, step *st)
 			s->known = 1;
 			continue;
 		}
-		if (!st->dynamic_output) {
+		if (tern_step_sized_output(st, o)) {
 			tern_tensor shape = s->t;
 			tern_status rc = tern_tensor_alloc(&s->t, shape.dtype, shape.rank, shape.dims);
 			if (rc)
@@ -302,6 +302,8 @@ tern_status tern_exec_prepare_step(tern_exec *e, step *st, int at_run, tern_tens
 	st->kernel = p.kernel;
 	st->scratch_bytes = p.scratch_bytes;
 	st->dynamic_output = p.dynamic_output;
+	st->fixed_outputs = p.dynamic_output ? p.fixed_outputs : 0;
+	st->shaped_outputs = p.dynamic_output ? p.shaped_outputs & ~p.fixed_outputs : 0;
 	st->alias = p.alias_input0;
 	st->inplace_inputs = p.inplace_inputs | (p.inplace_ok ? 1u : 0u);
 	st->packed_inputs = at_run ? 0 : p.packed_inputs;
@@ -310,7 +312,7 @@ tern_status tern_exec_prepare_step(tern_exec *e, step *st, int at_run, tern_tens
 	if (st->alias && (st->n_in < 1 || !st->in[0]))
 		return tern_node_errorf(st->node, TERN_EINTERNAL, "aliases a missing input");
 	for (int o = 0; o < st->n_out; o++)
-		if (st->out[o] && !st->dynamic_output && st->out[o]->dtype == 0)
+		if (st->out[o] && tern_step_sized_output(st, o) && st->out[o]->dtype == 0)
 			return tern_node_errorf(st->node, TERN_EINTERNAL, "prepare left output %d without a type", o);
 	return TERN_OK;
 }
@@ -675,6 +677,19 @@ static tern_status plan_memory(tern_exec *e)
 		if (it >= 0)
 			items[it].last[0] = INT32_MAX;
 	}
+	/* A late sum that gives an output may give one input's bytes as they are (run.c, sum_of_one):
+	 * such an input then lives to the end too. */
+	for (int st = 0; st < e->n_steps; st++) {
+		step *p = &e->steps[st];
+		p->sums_to_output = 0;
+		for (int i = 0; p->late && p->sums && p->n_out == 1 && i < e->n_outputs; i++)
+			p->sums_to_output |= p->out_slot[0] >= 0 && e->output_slot[i] == p->out_slot[0];
+		for (int j = 0; p->sums_to_output && j < p->n_in; j++) {
+			int it = p->in_slot[j] >= 0 ? slot_item[p->in_slot[j]] : -1;
+			if (it >= 0)
+				items[it].last[0] = INT32_MAX;
+		}
+	}
 	/* A kept frame keeps every value; elsewhere, what a kept call reads lives to the end (its frame
 	 * reads it again when the gradient runs). */
 	for (int i = 0; e->keep_values && i < n; i++)
@@ -815,7 +830,18 @@ static void group_calls(tern_exec *e)
 	}
 }
 
+static tern_status plan_graph(tern_exec *e, tern_tensor *const *inputs, int n_inputs);
+
 tern_status tern_exec_plan(tern_exec *e, tern_tensor *const *inputs, int n_inputs)
+{
+	/* the first run's inputs, values and all, for prepares that look at them (tern.Saved) */
+	e->planning_inputs = inputs;
+	tern_status rc = plan_graph(e, inputs, n_inputs);
+	e->planning_inputs = NULL;
+	return rc;
+}
+
+static tern_status plan_graph(tern_exec *e, tern_tensor *const *inputs, int n_inputs)
 {
 	tern_graph *g = e->graph;
 	tern_status rc;
@@ -883,9 +909,9 @@ tern_status tern_exec_plan(tern_exec *e, tern_tensor *const *inputs, int n_input
 				continue;
 			slot *s = &e->slots[st->out_slot[o]];
 			s->first_def = n_steps;
-			if (st->late || st->dynamic_output) {
+			if (st->late || !tern_step_sized_output(st, o)) {
 				s->kind = SLOT_DYNAMIC;
-				s->known = !st->late && !st->dynamic_output;
+				s->known = !st->late && o < 32 && (st->shaped_outputs >> o & 1u);
 			} else if (st->alias && o == 0) {
 				s->kind = SLOT_ALIAS;
 				s->alias_of = st->in_slot[0];
@@ -1013,6 +1039,26 @@ tern_tensor *tern_exec_slot_tensor(tern_exec *e, int slot)
 tern_tensor *tern_exec_input(tern_exec *e, int i)
 {
 	return i >= 0 && i < e->n_inputs ? &e->slots[e->input_slot[i]].t : NULL;
+}
+
+const tern_tensor *tern_exec_planning_input(const tern_exec *e, const tern_tensor *t)
+{
+	for (int i = 0; e->planning_inputs && i < e->n_inputs; i++)
+		if (&e->slots[e->input_slot[i]].t == t)
+			return e->planning_inputs[i];
+	return NULL;
+}
+
+bool tern_exec_slot_static(const tern_exec *e, int slot)
+{
+	if (slot < 0 || (size_t)slot >= e->n_slots)
+		return false;
+	const struct slot *s = &e->slots[slot];
+	int dt = s->t.dtype;
+	if (!s->known || dt <= 0 || dt == TERN_STRING || dt == TERN_SEQUENCE || dt == TERN_NONE)
+		return false;
+	return s->kind == SLOT_CONST || s->kind == SLOT_INPUT || s->kind == SLOT_ARENA || s->kind == SLOT_ALIAS ||
+	       s->kind == SLOT_DYNAMIC;
 }
 
 const tern_graph *tern_exec_graph(const tern_exec *e)

@@ -131,7 +131,8 @@ static void release_dynamic(tern_exec *e, slot *s)
 
 /* A late sum (Add, Sum) whose inputs but one are float zero scalars, as gradients that went to a sink
  * (control.c, tern.Backward) are: its output is that input's bytes, when they are the plan's own
- * until its next run (a value a late step made, or a constant) and of the output's type and shape. */
+ * until its next run (a value a late step made, a constant, or one in the arena that the memory plan
+ * keeps to the end because this sum gives an output) and of the output's type and shape. */
 static bool sum_of_one(tern_exec *e, step *st)
 {
 	tern_tensor *y = st->out[0];
@@ -150,7 +151,8 @@ static bool sum_of_one(tern_exec *e, step *st)
 		return false;
 	const tern_tensor *x = st->in[keep];
 	enum slot_kind kind = e->slots[st->in_slot[keep]].kind;
-	if ((kind != SLOT_DYNAMIC && kind != SLOT_CONST) || !x->data || !same_shape(x, y))
+	if ((kind != SLOT_DYNAMIC && kind != SLOT_CONST && !(kind == SLOT_ARENA && st->sums_to_output)) || !x->data ||
+	    !same_shape(x, y))
 		return false;
 	y->data = x->data;
 	y->nbytes = x->nbytes;
@@ -170,7 +172,7 @@ static tern_status run_late(tern_exec *e, step *st)
 		tern_tensor *t = st->out[o];
 		if (!t)
 			continue;
-		if (!st->dynamic_output) {
+		if (tern_step_sized_output(st, o)) {
 			tern_tensor shape = *t;
 			slot *sl = &e->slots[st->out_slot[o]];
 			size_t need = tern_dtype_size(shape.dtype) * (size_t)tern_numel(shape.rank, shape.dims);

@@ -9,7 +9,13 @@
 
 typedef struct body_plan {
 	tern_exec *exec[2]; /* If: then, else; Loop/Scan: body */
+	uint32_t fixed; /* If: the outputs of declared types (tern_prepare_args.fixed_outputs) */
 } body_plan;
+
+static bool is_fixed(uint32_t fixed, int o)
+{
+	return o < 32 && (fixed >> o & 1u);
+}
 
 static void free_body_plan(void *p)
 {
@@ -37,10 +43,23 @@ static tern_status copy_out(const tern_node *node, tern_tensor *dst, const tern_
 }
 
 /* Output o of a body's run into dst: its bytes are moved when the body may give them away
- * (tern_exec_output_movable) and no other output is the same tensor; anything else is copied. */
-static tern_status take_out(const tern_node *node, tern_tensor *dst, tern_exec *body, int o)
+ * (tern_exec_output_movable) and no other output is the same tensor; anything else is copied. A
+ * fixed output (tern_prepare_args.fixed_outputs) has its place already: the body's value is copied
+ * there when it has the type and shape the graph declares. */
+static tern_status take_out(const tern_node *node, tern_tensor *dst, tern_exec *body, int o, bool fixed)
 {
 	tern_tensor *src = tern_exec_output(body, o);
+	if (fixed) {
+		if (!tern_pass_same_shape(src, dst)) {
+			char got[128], want[128];
+			return tern_node_errorf(node, TERN_EDATA, "output %d is %s, where the graph declares %s", o,
+			                        tern_shape_str(src->dtype, src->rank, src->dims, got, sizeof got),
+			                        tern_shape_str(dst->dtype, dst->rank, dst->dims, want, sizeof want));
+		}
+		if (dst->nbytes)
+			memcpy(dst->data, src->data, dst->nbytes);
+		return TERN_OK;
+	}
 	bool alone = tern_exec_output_movable(body, o) && src->dtype != TERN_STRING && src->dtype != TERN_SEQUENCE &&
 	             src->dtype != TERN_NONE;
 	for (int k = 0; alone && k < tern_exec_num_outputs(body); k++)
@@ -54,6 +73,72 @@ static tern_status take_out(const tern_node *node, tern_tensor *dst, tern_exec *
 	src->nbytes = 0;
 	src->owns_data = 0;
 	return TERN_OK;
+}
+
+/* Whether a type is one a plan can give a place to: a numeric tensor of static shape. */
+static bool static_type(const tern_type *t)
+{
+	if (t->dtype <= 0 || t->dtype == TERN_STRING || t->dtype == TERN_SEQUENCE || t->dtype == TERN_NONE ||
+	    t->rank < 0 || t->rank > TERN_MAX_RANK)
+		return false;
+	for (int d = 0; d < t->rank; d++)
+		if (t->dims[d] < 0)
+			return false;
+	return true;
+}
+
+static bool same_type(const tern_type *a, const tern_type *b)
+{
+	return a->dtype == b->dtype && a->rank == b->rank && !memcmp(a->dims, b->dims, (size_t)a->rank * sizeof *a->dims);
+}
+
+/* The type value v always has, as the graph declares it: its own declared type, else, for an If's
+ * output, the type both branches declare for it, and for a call's, that of the callee's result
+ * (followed `depth` calls deep). False when nothing fixes it. */
+static bool declared_type(const tern_value *v, tern_type *t, int depth)
+{
+	if (!v)
+		return false;
+	if (static_type(&v->type)) {
+		*t = v->type;
+		return true;
+	}
+	const tern_node *n = v->producer;
+	int k = v->producer_output;
+	if (!n || n->removed || depth <= 0 || k < 0)
+		return false;
+	if (!*n->domain && !strcmp(n->op_type, "If")) {
+		const tern_graph *a = tern_attr_graph(n, "then_branch"), *b = tern_attr_graph(n, "else_branch");
+		tern_type ta, tb;
+		if (!a || !b || (size_t)k >= a->n_outputs || (size_t)k >= b->n_outputs ||
+		    !declared_type(a->outputs[k], &ta, depth - 1) || !declared_type(b->outputs[k], &tb, depth - 1) ||
+		    !same_type(&ta, &tb))
+			return false;
+		*t = ta;
+		return true;
+	}
+	if (tern_node_kept_handle(n) == k) {
+		*t = (tern_type){.dtype = TERN_INT64, .rank = 0};
+		return true;
+	}
+	const char *domain, *name = tern_node_callee(n, &domain);
+	const tern_graph *fn = name && n->graph ? tern_function_find(n->graph->model, domain, name) : NULL;
+	if (!fn || (size_t)k >= fn->n_outputs)
+		return false;
+	return declared_type(fn->outputs[k], t, depth - 1);
+}
+
+/* Fixes the outputs of an If or a call whose types the graph declares (declared_type): the plan
+ * gives them their places, and what reads them is planned ahead rather than when it runs. */
+static void fix_declared_outputs(tern_prepare_args *p)
+{
+	for (int o = 0; o < p->n_out && o < 32; o++) {
+		tern_type t;
+		if (!p->out[o] || (size_t)o >= p->node->n_outputs || !declared_type(p->node->outputs[o], &t, 16))
+			continue;
+		tern_set_shape(p->out[o], t.dtype, t.rank, t.dims);
+		p->fixed_outputs |= 1u << o;
+	}
 }
 
 static tern_status body_prepare(tern_prepare_args *p)
@@ -86,7 +171,7 @@ static tern_status if_run(const tern_kernel_args *a)
 		                        which == 0 ? "then_branch" : "else_branch",
 		                        tern_exec_num_outputs(b->exec[which]), a->n_out);
 	for (int o = 0; o < a->n_out; o++)
-		if (a->out[o] && (rc = take_out(a->node, a->out[o], b->exec[which], o)))
+		if (a->out[o] && (rc = take_out(a->node, a->out[o], b->exec[which], o, is_fixed(b->fixed, o))))
 			return rc;
 	return TERN_OK;
 }
@@ -96,7 +181,12 @@ static tern_status if_prepare(tern_prepare_args *p)
 	if (!tern_attr_graph(p->node, "then_branch") || !tern_attr_graph(p->node, "else_branch"))
 		return tern_node_errorf(p->node, TERN_EDATA, "If needs then_branch and else_branch graphs");
 	p->kernel = if_run;
-	return body_prepare(p);
+	tern_status rc = body_prepare(p);
+	if (!rc) {
+		fix_declared_outputs(p);
+		((body_plan *)p->params)->fixed = p->fixed_outputs;
+	}
+	return rc;
 }
 
 /* ---------------------------------------------------------------- Loop */
@@ -661,6 +751,7 @@ static tern_status scan_prepare(tern_prepare_args *p)
 typedef struct call_params {
 	const tern_graph *fn;
 	int keep; /* tern.Invoke keep=1: the frame is kept and the last output is its handle */
+	uint32_t fixed; /* the outputs of declared types (tern_prepare_args.fixed_outputs) */
 } call_params;
 
 static tern_status call_run(const tern_kernel_args *a)
@@ -675,11 +766,11 @@ static tern_status call_run(const tern_kernel_args *a)
 	tern_status rc = tern_call_begin(a->exec, a->node, fn, a->in, a->n_in, a->pool, keep, &frame);
 	for (int o = 0; !rc && o < n_out; o++)
 		if (a->out[o])
-			rc = take_out(a->node, a->out[o], frame, o);
+			rc = take_out(a->node, a->out[o], frame, o, is_fixed(cp->fixed, o));
 	if (frame && keep && !rc) {
 		int64_t h = 0;
 		if (!(rc = tern_call_keep(a->exec, frame, &h)) && a->out[n_out]) {
-			if (!(rc = tern_tensor_alloc(a->out[n_out], TERN_INT64, 0, NULL)))
+			if (is_fixed(cp->fixed, n_out) || !(rc = tern_tensor_alloc(a->out[n_out], TERN_INT64, 0, NULL)))
 				*(int64_t *)a->out[n_out]->data = h;
 			else
 				rc = tern_node_errorf(a->node, rc, "%s", tern_error());
@@ -755,11 +846,16 @@ static tern_status call_prepare(tern_prepare_args *p)
 	call_params *cp = malloc(sizeof *cp);
 	if (!cp)
 		return tern_errorf(TERN_EOS, "out of memory");
-	*cp = (call_params){fn, keep};
 	p->kernel = call_run;
 	p->params = cp;
 	p->free_params = free;
 	p->dynamic_output = 1;
+	fix_declared_outputs(p);
+	if (keep && p->out[p->n_out - 1] && p->n_out <= 32) {
+		tern_set_shape(p->out[p->n_out - 1], TERN_INT64, 0, NULL);
+		p->fixed_outputs |= 1u << (p->n_out - 1);
+	}
+	*cp = (call_params){fn, keep, p->fixed_outputs};
 	return TERN_OK;
 }
 
@@ -820,6 +916,7 @@ typedef struct saved_params {
 	char *name; /* the attribute's (tern_attr_string's buffer does not last) */
 	const tern_graph *graph; /* the function last looked in, and where NAME is there */
 	int slot;
+	bool shaped; /* the output's type was fixed when planning (tern_prepare_args.shaped_outputs) */
 } saved_params;
 
 static void free_saved(void *p)
@@ -847,6 +944,12 @@ static tern_status saved_run(const tern_kernel_args *a)
 	tern_tensor *y = a->out[0];
 	if (!y)
 		return TERN_OK;
+	if (sp->shaped && !tern_pass_same_shape(v, y)) {
+		char got[128], want[128];
+		return tern_node_errorf(a->node, TERN_EDATA, "the kept call's '%s' is %s, where the plan expects %s",
+		                        name, tern_shape_str(v->dtype, v->rank, v->dims, got, sizeof got),
+		                        tern_shape_str(y->dtype, y->rank, y->dims, want, sizeof want));
+	}
 	if (v->dtype == TERN_STRING || v->dtype == TERN_SEQUENCE || v->dtype == TERN_NONE)
 		return copy_out(a->node, y, v);
 	tern_set_shape(y, v->dtype, v->rank, v->dims);
@@ -873,6 +976,23 @@ static tern_status saved_prepare(tern_prepare_args *p)
 	p->free_params = free_saved;
 	p->kernel = saved_run;
 	p->dynamic_output = 1;
+	/* Planned for the call whose handle it is given: the value's type in that call's frame, when
+	 * the frame's plan fixes it, is its type in every frame of that function planned for the same
+	 * inputs, which is what the gradient function's plan is for (its first inputs are the
+	 * function's). The nodes that read it are then planned ahead, not when they run. */
+	const tern_tensor *h = p->exec ? tern_exec_planning_input(p->exec, p->in[0]) : NULL;
+	tern_exec *frame = h && h->dtype == TERN_INT64 && h->rank == 0 && h->data
+	                           ? tern_call_kept(p->exec, *(const int64_t *)h->data)
+	                           : NULL;
+	int slot = frame ? tern_exec_slot_of(frame, sp->name) : -1;
+	if (frame && p->out[0] && tern_exec_slot_static(frame, slot)) {
+		const tern_tensor *v = tern_exec_slot_tensor(frame, slot);
+		tern_set_shape(p->out[0], v->dtype, v->rank, v->dims);
+		p->shaped_outputs = 1;
+		sp->shaped = true;
+		sp->graph = tern_exec_graph(frame);
+		sp->slot = slot;
+	}
 	return TERN_OK;
 }
 
@@ -1123,7 +1243,7 @@ static tern_status backward_run(const tern_kernel_args *a)
 			if (!(rc = sink_add(sinks, s, tern_exec_output(gf, j))))
 				zero_scalar(a->out[k]);
 		} else if (j >= 0) {
-			if (!(rc = take_out(a->node, a->out[k], gf, j)) && outermost)
+			if (!(rc = take_out(a->node, a->out[k], gf, j, false)) && outermost)
 				rc = sink_finish(a->node, sinks, in[j], a->out[k]);
 		} else {
 			zero_scalar(a->out[k]);

@@ -158,6 +158,49 @@ test_expect_success 'a call with the wrong number of inputs or outputs: one line
 	test_one_error_line tern-run err && grep -F "2 outputs asked for; Double returns 1" err
 '
 
+# The outputs of an If, or of a call whose result an If gives, take the type the branches declare
+# (tern-graph(5)): a branch that computes another shape is refused where it runs; branches that
+# declare different shapes leave the output's shape to the run.
+test_expect_success 'a branch whose value differs from its declared type: one line, exit 65' '
+	cat >liar.txt <<-\EOF &&
+	<ir_version: 8, opset_import: ["" : 17, "d" : 1, "tern" : 1]>
+	g (float[3] x, int64 k) => (float[4] y) {
+	  c = Cast <to = 9> (k)
+	  t = tern.Invoke <function = "Pick", function_domain = "d"> (x, c)
+	  y = Concat <axis = 0> (t, t)
+	}
+	<domain: "d", opset_import: ["" : 17]>
+	Pick (x, c) => (y) {
+	  y = If (c) <then_branch = a () => (float[2] ya) { ya = Slice (x, s0, s2) },
+	              else_branch = b () => (float[2] yb) { yb = Identity (x) }>
+	  s0 = Constant <value = int64[1] {0}> ()
+	  s2 = Constant <value = int64[1] {2}> ()
+	}
+	EOF
+	cat >fork.txt <<-\EOF &&
+	<ir_version: 8, opset_import: ["" : 17]>
+	g (float[3] x, int64 k) => (float[N] y) {
+	  c = Cast <to = 9> (k)
+	  s0 = Constant <value = int64[1] {0}> ()
+	  s2 = Constant <value = int64[1] {2}> ()
+	  y = If (c) <then_branch = a () => (float[2] ya) { ya = Slice (x, s0, s2) },
+	              else_branch = b () => (float[3] yb) { yb = Identity (x) }>
+	}
+	EOF
+	npy_i64 "" 1 >true.npy &&
+	npy_i64 "" 0 >false.npy &&
+	tern-run -i x=x.npy -i k=true.npy liar.txt >out &&
+	grep -F "y float[4] [1, 2, 1, 2]" out &&
+	test_expect_code 65 tern-run -i x=x.npy -i k=false.npy liar.txt >out 2>err &&
+	test_one_error_line tern-run err &&
+	grep -F "output 0 is float[3], where the graph declares float[2]" err &&
+	test_must_be_empty out &&
+	tern-run -i x=x.npy -i k=true.npy fork.txt >out &&
+	grep -F "y float[2] [1, 2]" out &&
+	tern-run -i x=x.npy -i k=false.npy fork.txt >out &&
+	grep -F "y float[3] [1, 2, 3]" out
+'
+
 test_expect_success 'tern-show -f dot draws each call as an edge to the function' '
 	tern-show -f dot tree.txt >tree.dot &&
 	test "$(grep -c "label=calls" tree.dot)" = 4 &&
