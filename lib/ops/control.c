@@ -9,6 +9,7 @@
 
 typedef struct body_plan {
 	tern_exec *exec[2]; /* If: then, else; Loop/Scan: body */
+	tern_graph *branch[2]; /* If: then_branch, else_branch */
 	uint32_t fixed; /* If: the outputs of declared types (tern_prepare_args.fixed_outputs) */
 } body_plan;
 
@@ -160,8 +161,8 @@ static tern_status if_run(const tern_kernel_args *a)
 	if (!a->in[0] || tern_tensor_numel(a->in[0]) < 1)
 		return tern_node_errorf(a->node, TERN_EDATA, "the condition is empty");
 	int which = tern_tensor_get_f64(a->in[0], 0) != 0 ? 0 : 1;
-	tern_graph *g = tern_attr_graph(a->node, which == 0 ? "then_branch" : "else_branch");
-	tern_status rc = b->exec[which] ? TERN_OK : tern_exec_create(a->exec, g, NULL, 0, a->pool, &b->exec[which]);
+	tern_status rc =
+	        b->exec[which] ? TERN_OK : tern_exec_create(a->exec, b->branch[which], NULL, 0, a->pool, &b->exec[which]);
 	if (!rc)
 		rc = tern_exec_run(b->exec[which], NULL, 0);
 	if (rc)
@@ -183,8 +184,11 @@ static tern_status if_prepare(tern_prepare_args *p)
 	p->kernel = if_run;
 	tern_status rc = body_prepare(p);
 	if (!rc) {
+		body_plan *b = p->params;
+		b->branch[0] = tern_attr_graph(p->node, "then_branch");
+		b->branch[1] = tern_attr_graph(p->node, "else_branch");
 		fix_declared_outputs(p);
-		((body_plan *)p->params)->fixed = p->fixed_outputs;
+		b->fixed = p->fixed_outputs;
 	}
 	return rc;
 }

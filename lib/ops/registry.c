@@ -1,6 +1,9 @@
 /* registry.c — the operator registry: every family's table, looked up by domain, name and opset. */
 #include "internal.h"
 
+#include <pthread.h>
+#include <stdlib.h>
+
 /* Family tables; each family file defines one. */
 extern const tern_op_table tern_ops_elementwise, tern_ops_shape, tern_ops_matmul, tern_ops_reduce, tern_ops_rnn,
         tern_ops_misc, tern_ops_control, tern_ops_quant, tern_ops_training;
@@ -26,14 +29,62 @@ bool tern_same_domain(const char *a, const char *b)
 	return strcmp(a, b) == 0;
 }
 
+/* Every entry by name, for tern_op_find (a plan looks up each of its nodes; frames of recursive
+ * functions are planned by the thousand): open addressing on a hash of op_type, filled in family
+ * order, so that entries of one name are met in the order a search of the families meets them. */
+static const tern_op **by_name;
+static size_t by_name_cap;
+static pthread_once_t by_name_once = PTHREAD_ONCE_INIT;
+
+static size_t name_hash(const char *s)
+{
+	size_t h = 1469598103934665603ULL;
+	for (; *s; s++)
+		h = (h ^ (unsigned char)*s) * 1099511628211ULL;
+	return h ^ (h >> 31);
+}
+
+static void index_by_name(void)
+{
+	size_t n = 0, cap = 64;
+	for (size_t f = 0; f < TERN_ARRAY_LEN(families); f++)
+		n += families[f]->n_ops;
+	while (cap < 4 * n)
+		cap *= 2;
+	const tern_op **t = calloc(cap, sizeof *t);
+	if (!t)
+		return; /* tern_op_find searches the families instead */
+	for (size_t f = 0; f < TERN_ARRAY_LEN(families); f++)
+		for (size_t i = 0; i < families[f]->n_ops; i++) {
+			size_t k = name_hash(families[f]->ops[i].op_type) & (cap - 1);
+			while (t[k])
+				k = (k + 1) & (cap - 1);
+			t[k] = &families[f]->ops[i];
+		}
+	by_name = t;
+	by_name_cap = cap;
+}
+
+static bool fits_opset(const tern_op *op, const char *domain, int64_t opset)
+{
+	return tern_same_domain(op->domain, domain) && opset >= op->since_version &&
+	       (op->until_version == 0 || opset <= op->until_version);
+}
+
 const tern_op *tern_op_find(const char *domain, const char *op_type, int64_t opset)
 {
+	pthread_once(&by_name_once, index_by_name);
+	if (by_name) {
+		for (size_t k = name_hash(op_type) & (by_name_cap - 1); by_name[k]; k = (k + 1) & (by_name_cap - 1))
+			if (strcmp(by_name[k]->op_type, op_type) == 0 && fits_opset(by_name[k], domain, opset))
+				return by_name[k];
+		return NULL;
+	}
 	for (size_t f = 0; f < TERN_ARRAY_LEN(families); f++) {
 		const tern_op_table *t = families[f];
 		for (size_t i = 0; i < t->n_ops; i++) {
 			const tern_op *op = &t->ops[i];
-			if (strcmp(op->op_type, op_type) == 0 && tern_same_domain(op->domain, domain) &&
-			    opset >= op->since_version && (op->until_version == 0 || opset <= op->until_version))
+			if (strcmp(op->op_type, op_type) == 0 && fits_opset(op, domain, opset))
 				return op;
 		}
 	}
