@@ -78,6 +78,21 @@ static void vecmat(int64_t n, int64_t k, float alpha, const float *x, int64_t in
 					c[i * ldc + j] = beta == 0 ? 0 : beta * c[i * ldc + j];                       \
 			return;                                                                                       \
 		}                                                                                                     \
+		if (k == 1) {                                                                                         \
+			/* an outer product (the gradient of a weight from one row): BLAS clears C and then  \
+			 * adds to it, twice the writes of one pass */                                       \
+			for (int64_t i = 0; i < m; i++) {                                                     \
+				T ai = alpha * a[trans_a ? i : i * lda], *ci = c + i * ldc;                   \
+				int64_t sb = trans_b ? ldb : 1;                                               \
+				if (beta == 0)                                                                \
+					for (int64_t j = 0; j < n; j++)                                       \
+						ci[j] = ai * b[j * sb];                                       \
+				else                                                                          \
+					for (int64_t j = 0; j < n; j++)                                       \
+						ci[j] = ai * b[j * sb] + beta * ci[j];                        \
+			}                                                                                     \
+			return;                                                                               \
+		}                                                                                                     \
 		if (VECMAT(T) && m == 1 && !trans_b) {                                                                \
 			vecmat(n, k, (float)alpha, (const float *)a, trans_a ? lda : 1, (const float *)b, ldb, (float)beta, \
 			       (float *)c);                                                                           \
