@@ -585,6 +585,13 @@ typedef struct tern_calls tern_calls;
 tern_graph *tern_function_find(const tern_model *m, const char *domain, const char *name);
 /* Whether two operator domains are one ("" and "ai.onnx" name the default; NULL is ""). */
 bool tern_same_domain(const char *a, const char *b);
+/* FNV-1a of a string (the IR's tables of names, the operator registry's). */
+uint64_t tern_hash_name(const char *s);
+/* Bit i of a mask of at most 32 inputs or outputs (tern_prepare_args.fixed_outputs, ...). */
+static inline bool tern_mask_has(uint32_t mask, int i)
+{
+	return i >= 0 && i < 32 && (mask >> i & 1u);
+}
 tern_status tern_call_begin(tern_exec *caller, const tern_node *node, const tern_graph *fn, tern_tensor *const *in,
                             int n_in, tern_threadpool *pool, int keep, tern_exec **frame);
 void tern_call_end(tern_exec *caller, tern_exec *frame);

@@ -56,7 +56,7 @@ tern_status tern_node_eval(const tern_node *node, tern_tensor *const *inputs, in
 			rc = tern_tensor_alloc(&outputs[0], shape.dtype, shape.rank, shape.dims);
 			if (!rc && outputs[0].nbytes)
 				memcpy(outputs[0].data, in[0]->data, outputs[0].nbytes);
-		} else if (!p.dynamic_output || (o < 32 && (p.fixed_outputs >> o & 1u))) {
+		} else if (!p.dynamic_output || tern_mask_has(p.fixed_outputs, o)) {
 			tern_tensor shape = outputs[o];
 			rc = tern_tensor_alloc(&outputs[o], shape.dtype, shape.rank, shape.dims);
 		}

@@ -75,7 +75,7 @@ typedef struct step {
  * than the kernel. */
 static inline bool tern_step_sized_output(const step *st, int o)
 {
-	return !st->dynamic_output || (o < 32 && (st->fixed_outputs >> o & 1u));
+	return !st->dynamic_output || tern_mask_has(st->fixed_outputs, o);
 }
 
 typedef struct stream_worker stream_worker;

@@ -911,7 +911,7 @@ static tern_status plan_graph(tern_exec *e, tern_tensor *const *inputs, int n_in
 			s->first_def = n_steps;
 			if (st->late || !tern_step_sized_output(st, o)) {
 				s->kind = SLOT_DYNAMIC;
-				s->known = !st->late && o < 32 && (st->shaped_outputs >> o & 1u);
+				s->known = !st->late && tern_mask_has(st->shaped_outputs, o);
 			} else if (st->alias && o == 0) {
 				s->kind = SLOT_ALIAS;
 				s->alias_of = st->in_slot[0];
@@ -1057,8 +1057,9 @@ bool tern_exec_slot_static(const tern_exec *e, int slot)
 	int dt = s->t.dtype;
 	if (!s->known || dt <= 0 || dt == TERN_STRING || dt == TERN_SEQUENCE || dt == TERN_NONE)
 		return false;
-	return s->kind == SLOT_CONST || s->kind == SLOT_INPUT || s->kind == SLOT_ARENA || s->kind == SLOT_ALIAS ||
-	       s->kind == SLOT_DYNAMIC;
+	/* a dynamic slot is known only when its maker fixed its shape (shaped_outputs); an outer one may
+	 * change between runs */
+	return s->kind != SLOT_OUTER && s->kind != SLOT_UNSET;
 }
 
 const tern_graph *tern_exec_graph(const tern_exec *e)

@@ -10,7 +10,7 @@ void tern_model_free_ir(tern_model *m);
 
 /* ---------------------------------------------------------------- names */
 
-static uint64_t hash_name(const char *s)
+uint64_t tern_hash_name(const char *s)
 {
 	uint64_t h = 1469598103934665603ull;
 	for (; *s; s++)
@@ -29,7 +29,7 @@ static bool table_insert(tern_graph *g, tern_value *v)
 			tern_value *x = g->table[i];
 			if (!x)
 				continue;
-			size_t j = hash_name(x->name) & (ncap - 1);
+			size_t j = tern_hash_name(x->name) & (ncap - 1);
 			while (nt[j])
 				j = (j + 1) & (ncap - 1);
 			nt[j] = x;
@@ -38,7 +38,7 @@ static bool table_insert(tern_graph *g, tern_value *v)
 		g->table = nt;
 		g->table_cap = ncap;
 	}
-	size_t j = hash_name(v->name) & (g->table_cap - 1);
+	size_t j = tern_hash_name(v->name) & (g->table_cap - 1);
 	while (g->table[j])
 		j = (j + 1) & (g->table_cap - 1);
 	g->table[j] = v;
@@ -49,7 +49,7 @@ tern_value *tern_graph_find(const tern_graph *g, const char *name)
 {
 	if (!g->table_cap)
 		return NULL;
-	size_t j = hash_name(name) & (g->table_cap - 1);
+	size_t j = tern_hash_name(name) & (g->table_cap - 1);
 	while (g->table[j]) {
 		if (strcmp(g->table[j]->name, name) == 0)
 			return g->table[j];

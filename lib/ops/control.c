@@ -13,11 +13,6 @@ typedef struct body_plan {
 	uint32_t fixed; /* If: the outputs of declared types (tern_prepare_args.fixed_outputs) */
 } body_plan;
 
-static bool is_fixed(uint32_t fixed, int o)
-{
-	return o < 32 && (fixed >> o & 1u);
-}
-
 static void free_body_plan(void *p)
 {
 	body_plan *b = p;
@@ -43,6 +38,18 @@ static tern_status copy_out(const tern_node *node, tern_tensor *dst, const tern_
 	return TERN_OK;
 }
 
+/* Unless x has the type and shape a plan gave it (want): one line, "WHAT is ..., where WHO ...". */
+static tern_status check_planned(const tern_node *node, const tern_tensor *x, const tern_tensor *want,
+                                 const char *what, const char *who)
+{
+	if (tern_pass_same_shape(x, want))
+		return TERN_OK;
+	char got[128], planned[128];
+	return tern_node_errorf(node, TERN_EDATA, "%s is %s, where %s %s", what,
+	                        tern_shape_str(x->dtype, x->rank, x->dims, got, sizeof got), who,
+	                        tern_shape_str(want->dtype, want->rank, want->dims, planned, sizeof planned));
+}
+
 /* Output o of a body's run into dst: its bytes are moved when the body may give them away
  * (tern_exec_output_movable) and no other output is the same tensor; anything else is copied. A
  * fixed output (tern_prepare_args.fixed_outputs) has its place already: the body's value is copied
@@ -51,12 +58,11 @@ static tern_status take_out(const tern_node *node, tern_tensor *dst, tern_exec *
 {
 	tern_tensor *src = tern_exec_output(body, o);
 	if (fixed) {
-		if (!tern_pass_same_shape(src, dst)) {
-			char got[128], want[128];
-			return tern_node_errorf(node, TERN_EDATA, "output %d is %s, where the graph declares %s", o,
-			                        tern_shape_str(src->dtype, src->rank, src->dims, got, sizeof got),
-			                        tern_shape_str(dst->dtype, dst->rank, dst->dims, want, sizeof want));
-		}
+		char what[32];
+		snprintf(what, sizeof what, "output %d", o);
+		tern_status rc = check_planned(node, src, dst, what, "the graph declares");
+		if (rc)
+			return rc;
 		if (dst->nbytes)
 			memcpy(dst->data, src->data, dst->nbytes);
 		return TERN_OK;
@@ -88,11 +94,6 @@ static bool static_type(const tern_type *t)
 	return true;
 }
 
-static bool same_type(const tern_type *a, const tern_type *b)
-{
-	return a->dtype == b->dtype && a->rank == b->rank && !memcmp(a->dims, b->dims, (size_t)a->rank * sizeof *a->dims);
-}
-
 /* The type value v always has, as the graph declares it: its own declared type, else, for an If's
  * output, the type both branches declare for it, and for a call's, that of the callee's result
  * (followed `depth` calls deep). False when nothing fixes it. */
@@ -113,7 +114,7 @@ static bool declared_type(const tern_value *v, tern_type *t, int depth)
 		tern_type ta, tb;
 		if (!a || !b || (size_t)k >= a->n_outputs || (size_t)k >= b->n_outputs ||
 		    !declared_type(a->outputs[k], &ta, depth - 1) || !declared_type(b->outputs[k], &tb, depth - 1) ||
-		    !same_type(&ta, &tb))
+		    !tern_type_same(&ta, &tb))
 			return false;
 		*t = ta;
 		return true;
@@ -172,7 +173,7 @@ static tern_status if_run(const tern_kernel_args *a)
 		                        which == 0 ? "then_branch" : "else_branch",
 		                        tern_exec_num_outputs(b->exec[which]), a->n_out);
 	for (int o = 0; o < a->n_out; o++)
-		if (a->out[o] && (rc = take_out(a->node, a->out[o], b->exec[which], o, is_fixed(b->fixed, o))))
+		if (a->out[o] && (rc = take_out(a->node, a->out[o], b->exec[which], o, tern_mask_has(b->fixed, o))))
 			return rc;
 	return TERN_OK;
 }
@@ -770,11 +771,11 @@ static tern_status call_run(const tern_kernel_args *a)
 	tern_status rc = tern_call_begin(a->exec, a->node, fn, a->in, a->n_in, a->pool, keep, &frame);
 	for (int o = 0; !rc && o < n_out; o++)
 		if (a->out[o])
-			rc = take_out(a->node, a->out[o], frame, o, is_fixed(cp->fixed, o));
+			rc = take_out(a->node, a->out[o], frame, o, tern_mask_has(cp->fixed, o));
 	if (frame && keep && !rc) {
 		int64_t h = 0;
 		if (!(rc = tern_call_keep(a->exec, frame, &h)) && a->out[n_out]) {
-			if (is_fixed(cp->fixed, n_out) || !(rc = tern_tensor_alloc(a->out[n_out], TERN_INT64, 0, NULL)))
+			if (tern_mask_has(cp->fixed, n_out) || !(rc = tern_tensor_alloc(a->out[n_out], TERN_INT64, 0, NULL)))
 				*(int64_t *)a->out[n_out]->data = h;
 			else
 				rc = tern_node_errorf(a->node, rc, "%s", tern_error());
@@ -854,11 +855,7 @@ static tern_status call_prepare(tern_prepare_args *p)
 	p->params = cp;
 	p->free_params = free;
 	p->dynamic_output = 1;
-	fix_declared_outputs(p);
-	if (keep && p->out[p->n_out - 1] && p->n_out <= 32) {
-		tern_set_shape(p->out[p->n_out - 1], TERN_INT64, 0, NULL);
-		p->fixed_outputs |= 1u << (p->n_out - 1);
-	}
+	fix_declared_outputs(p); /* a kept call's handle too: declared_type knows it */
 	*cp = (call_params){fn, keep, p->fixed_outputs};
 	return TERN_OK;
 }
@@ -948,11 +945,11 @@ static tern_status saved_run(const tern_kernel_args *a)
 	tern_tensor *y = a->out[0];
 	if (!y)
 		return TERN_OK;
-	if (sp->shaped && !tern_pass_same_shape(v, y)) {
-		char got[128], want[128];
-		return tern_node_errorf(a->node, TERN_EDATA, "the kept call's '%s' is %s, where the plan expects %s",
-		                        name, tern_shape_str(v->dtype, v->rank, v->dims, got, sizeof got),
-		                        tern_shape_str(y->dtype, y->rank, y->dims, want, sizeof want));
+	if (sp->shaped) {
+		char what[160];
+		snprintf(what, sizeof what, "the kept call's '%s'", name);
+		if ((rc = check_planned(a->node, v, y, what, "the plan expects")))
+			return rc;
 	}
 	if (v->dtype == TERN_STRING || v->dtype == TERN_SEQUENCE || v->dtype == TERN_NONE)
 		return copy_out(a->node, y, v);

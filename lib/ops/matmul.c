@@ -81,9 +81,9 @@ static void vecmat(int64_t n, int64_t k, float alpha, const float *x, int64_t in
 		if (k == 1) {                                                                                         \
 			/* an outer product (the gradient of a weight from one row): BLAS clears C and then  \
 			 * adds to it, twice the writes of one pass */                                       \
+			int64_t sb = trans_b ? ldb : 1;                                                       \
 			for (int64_t i = 0; i < m; i++) {                                                     \
 				T ai = alpha * a[trans_a ? i : i * lda], *ci = c + i * ldc;                   \
-				int64_t sb = trans_b ? ldb : 1;                                               \
 				if (beta == 0)                                                                \
 					for (int64_t j = 0; j < n; j++)                                       \
 						ci[j] = ai * b[j * sb];                                       \

@@ -36,14 +36,6 @@ static const tern_op **by_name;
 static size_t by_name_cap;
 static pthread_once_t by_name_once = PTHREAD_ONCE_INIT;
 
-static size_t name_hash(const char *s)
-{
-	size_t h = 1469598103934665603ULL;
-	for (; *s; s++)
-		h = (h ^ (unsigned char)*s) * 1099511628211ULL;
-	return h ^ (h >> 31);
-}
-
 static void index_by_name(void)
 {
 	size_t n = 0, cap = 64;
@@ -56,7 +48,7 @@ static void index_by_name(void)
 		return; /* tern_op_find searches the families instead */
 	for (size_t f = 0; f < TERN_ARRAY_LEN(families); f++)
 		for (size_t i = 0; i < families[f]->n_ops; i++) {
-			size_t k = name_hash(families[f]->ops[i].op_type) & (cap - 1);
+			size_t k = (size_t)tern_hash_name(families[f]->ops[i].op_type) & (cap - 1);
 			while (t[k])
 				k = (k + 1) & (cap - 1);
 			t[k] = &families[f]->ops[i];
@@ -75,7 +67,7 @@ const tern_op *tern_op_find(const char *domain, const char *op_type, int64_t ops
 {
 	pthread_once(&by_name_once, index_by_name);
 	if (by_name) {
-		for (size_t k = name_hash(op_type) & (by_name_cap - 1); by_name[k]; k = (k + 1) & (by_name_cap - 1))
+		for (size_t k = (size_t)tern_hash_name(op_type) & (by_name_cap - 1); by_name[k]; k = (k + 1) & (by_name_cap - 1))
 			if (strcmp(by_name[k]->op_type, op_type) == 0 && fits_opset(by_name[k], domain, opset))
 				return by_name[k];
 		return NULL;

@@ -433,7 +433,7 @@ static bool merge(const struct slot *a, const struct slot *b, const struct symbo
 	return true;
 }
 
-static bool same_type(const tern_type *a, const tern_type *b)
+bool tern_type_same(const tern_type *a, const tern_type *b)
 {
 	if (a->dtype != b->dtype || a->rank != b->rank)
 		return false;
@@ -512,7 +512,7 @@ tern_status tern_model_infer_shapes(tern_model *m, int write_value_info_protos, 
 		/* a graph output keeps what it declares; others get what the rules say */
 		if ((v->flags & TERN_VALUE_OUTPUT) && v->type.dtype && v->type.rank >= 0)
 			continue;
-		if (same_type(&t, &v->type) && !write_value_info_protos)
+		if (tern_type_same(&t, &v->type) && !write_value_info_protos)
 			continue;
 		v->type = t;
 		if (write_value_info_protos && !(v->flags & TERN_VALUE_OUTPUT))

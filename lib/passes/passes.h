@@ -78,6 +78,8 @@ size_t tern_pass_uses(const tern_value *v);
 
 /* Same dtype and dimensions (false when either is unknown). */
 bool tern_pass_same_shape(const tern_tensor *a, const tern_tensor *b);
+/* Whether two declared types are the same: element type, rank, dimensions and their names. */
+bool tern_type_same(const tern_type *a, const tern_type *b);
 /* Calls fn on every live node of op_type in domain (NULL: the default domain) whose input 0 and output 0
  * are present, in the current node order, until one fails. */
 tern_status tern_pass_each(tern_pass_ctx *c, const char *domain, const char *op_type,
