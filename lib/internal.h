@@ -583,6 +583,11 @@ void tern_exec_free(tern_exec *e);
 #define TERN_CALL_DEPTH_MAX 1000
 typedef struct tern_calls tern_calls;
 tern_graph *tern_function_find(const tern_model *m, const char *domain, const char *name);
+/* Whether v, an input of g or a value g reads from an enclosing graph, is read only in ways that do
+ * not depend on the length of its first dimension (Gather along axis 0, calls and subgraphs that read
+ * it so): a plan of g then serves every length. A main graph's input whose declared first dimension is
+ * a number is not. */
+bool tern_value_len_free(const tern_graph *g, const tern_value *v);
 /* Whether two operator domains are one ("" and "ai.onnx" name the default; NULL is ""). */
 bool tern_same_domain(const char *a, const char *b);
 /* FNV-1a of a string (the IR's tables of names, the operator registry's). */

@@ -59,6 +59,7 @@ typedef struct free_list {
 typedef struct fn_count {
 	const tern_graph *fn;
 	size_t n;
+	uint64_t free_len; /* len_free_mask */
 } fn_count;
 
 struct tern_calls {
@@ -91,14 +92,144 @@ tern_graph *tern_function_find(const tern_model *m, const char *domain, const ch
 	return NULL;
 }
 
+/* ---------------------------------------------------------------- arrays of any length
+ *
+ * A recursion over a tree passes the tree's arrays (children, words) down to every call, and each call
+ * reads one element of them. Frames planned for each length of those arrays would plan every function
+ * again for every size of tree. A value whose every reader is indifferent to the length of its first
+ * dimension lets one plan serve all lengths: the plan does not re-plan for that length (run.c), and
+ * calls find their frames whatever it is. Its readers may be:
+ * - Gather's data along axis 0: the result is shaped by the indices and the other dimensions, and the
+ *   kernel bounds the indices by the length it is given;
+ * - a call's input that the callee's body reads so in turn (a recursion assumes its own arguments do,
+ *   and the rest of its body decides);
+ * - a subgraph (an If's branch, a Loop's body) that reads it so.
+ * Anything else (Shape, an elementwise operator, a graph's output) depends on the length. */
+#define LEN_WALK_MAX 16
+
+typedef struct len_walk {
+	const tern_graph *fn[LEN_WALK_MAX];
+	size_t arg[LEN_WALK_MAX];
+	int n;
+} len_walk;
+
+static bool len_free_in(const tern_graph *g, const tern_value *v, len_walk *w, int depth);
+
+static const tern_graph *called(const tern_node *n)
+{
+	const tern_model *m = n->graph ? n->graph->model : NULL;
+	if (!m || !m->n_functions)
+		return NULL;
+	bool invoke = !strcmp(n->domain, "tern") && !strcmp(n->op_type, "Invoke");
+	if (!invoke && tern_op_find(n->domain, n->op_type, n->opset))
+		return NULL;
+	const char *domain, *name = tern_node_callee(n, &domain);
+	return name ? tern_function_find(m, domain, name) : NULL;
+}
+
+static bool len_free_arg(const tern_graph *fn, size_t i, len_walk *w, int depth)
+{
+	if (i >= fn->n_inputs)
+		return false;
+	for (int k = 0; k < w->n; k++)
+		if (w->fn[k] == fn && w->arg[k] == i)
+			return true;
+	if (w->n == LEN_WALK_MAX)
+		return false;
+	w->fn[w->n] = fn;
+	w->arg[w->n++] = i;
+	bool ok = len_free_in(fn, fn->inputs[i], w, depth - 1);
+	w->n--;
+	return ok;
+}
+
+/* v, a value of an enclosing graph, as read inside sub: through sub's outer values that name it, and
+ * through subgraphs of sub's nodes that read it past sub. */
+static bool len_free_below(const tern_graph *sub, const tern_value *v, len_walk *w, int depth)
+{
+	if (depth <= 0)
+		return false;
+	for (size_t i = 0; i < sub->n_values; i++) {
+		const tern_value *u = sub->values[i];
+		if ((u->flags & TERN_VALUE_OUTER) && u->outer == v && !len_free_in(sub, u, w, depth - 1))
+			return false;
+	}
+	for (size_t i = 0; i < sub->n_nodes; i++) {
+		const tern_node *n = sub->nodes[i];
+		for (size_t k = 0; !n->removed && k < n->n_implicit; k++)
+			for (size_t s = 0; n->implicit[k] == v && s < n->n_subgraphs; s++)
+				if (!len_free_below(n->subgraphs[s], v, w, depth - 1))
+					return false;
+	}
+	return true;
+}
+
+static bool len_free_in(const tern_graph *g, const tern_value *v, len_walk *w, int depth)
+{
+	if (depth <= 0 || !v)
+		return false;
+	for (size_t i = 0; i < g->n_outputs; i++)
+		if (g->outputs[i] == v)
+			return false;
+	for (size_t c = 0; c < v->n_consumers; c++) {
+		const tern_node *n = v->consumers[c];
+		if (n->removed)
+			continue;
+		bool read = false;
+		const tern_graph *fn = NULL;
+		for (size_t i = 0; i < n->n_inputs; i++) {
+			if (n->inputs[i] != v)
+				continue;
+			read = true;
+			if (i == 0 && !*n->domain && !strcmp(n->op_type, "Gather") && tern_attr_int(n, "axis", 0) == 0)
+				continue;
+			if (!fn && !(fn = called(n)))
+				return false;
+			if (!len_free_arg(fn, i, w, depth))
+				return false;
+		}
+		for (size_t k = 0; k < n->n_implicit; k++) {
+			if (n->implicit[k] != v)
+				continue;
+			read = true;
+			for (size_t s = 0; s < n->n_subgraphs; s++)
+				if (!len_free_below(n->subgraphs[s], v, w, depth))
+					return false;
+		}
+		if (!read)
+			return false;
+	}
+	return true;
+}
+
+bool tern_value_len_free(const tern_graph *g, const tern_value *v)
+{
+	if (!v || (v->type.rank == 0) || (g->kind == TERN_GRAPH_MAIN && v->type.rank > 0 && v->type.dims[0] >= 0))
+		return false;
+	len_walk w = {.n = 0};
+	return len_free_in(g, v, &w, 64);
+}
+
+/* Inputs of fn that tern_value_len_free finds free, as a mask of the first 64. */
+static uint64_t len_free_mask(const tern_graph *fn)
+{
+	uint64_t mask = 0;
+	for (size_t i = 0; i < fn->n_inputs && i < 64; i++)
+		if (tern_value_len_free(fn, fn->inputs[i]))
+			mask |= 1ull << i;
+	return mask;
+}
+
 /* The inputs' element types and shapes, hashed (FNV-1a): frames planned for others are passed over
  * with one comparison. */
-static uint64_t shapes_of(tern_tensor *const *in, int n)
+static uint64_t shapes_of(tern_tensor *const *in, int n, uint64_t free_len)
 {
 	uint64_t h = 1469598103934665603ULL;
 	for (int i = 0; i < n; i++) {
 		int64_t v[2 + TERN_MAX_RANK] = {in[i]->dtype, in[i]->rank};
 		memcpy(v + 2, in[i]->dims, (size_t)in[i]->rank * sizeof *v);
+		if (i < 64 && (free_len >> i & 1) && in[i]->rank > 0)
+			v[2] = -1;
 		for (int k = 0; k < 2 + in[i]->rank; k++)
 			h = (h ^ (uint64_t)v[k]) * 1099511628211ULL;
 	}
@@ -110,9 +241,11 @@ static bool fits(const tern_exec *e, tern_tensor *const *in, int n)
 	if (e->n_inputs != n)
 		return false;
 	for (int i = 0; i < n; i++) {
-		const tern_tensor *t = &e->slots[e->input_slot[i]].t;
-		if (t->dtype != in[i]->dtype || t->rank != in[i]->rank ||
-		    memcmp(t->dims, in[i]->dims, (size_t)t->rank * sizeof *t->dims) != 0)
+		const slot *s = &e->slots[e->input_slot[i]];
+		int from = s->len_free ? 1 : 0;
+		if (s->t.dtype != in[i]->dtype || s->t.rank != in[i]->rank ||
+		    (s->t.rank > from && memcmp(s->t.dims + from, in[i]->dims + from,
+		                                (size_t)(s->t.rank - from) * sizeof *s->t.dims) != 0))
 			return false;
 	}
 	return true;
@@ -181,15 +314,15 @@ static void give_back(tern_calls *c, size_t i)
 		l->idx[l->n++] = i;
 }
 
-static size_t *count_of(tern_calls *c, const tern_graph *fn)
+static fn_count *count_of(tern_calls *c, const tern_graph *fn)
 {
 	for (size_t i = 0; i < c->n_counts; i++)
 		if (c->counts[i].fn == fn)
-			return &c->counts[i].n;
+			return &c->counts[i];
 	if (!tern_grow((void **)&c->counts, &c->cap_counts, c->n_counts + 1, sizeof *c->counts))
 		return NULL;
-	c->counts[c->n_counts] = (fn_count){fn, 0};
-	return &c->counts[c->n_counts++].n;
+	c->counts[c->n_counts] = (fn_count){fn, 0, len_free_mask(fn)};
+	return &c->counts[c->n_counts++];
 }
 
 tern_calls *tern_calls_new(void)
@@ -253,8 +386,9 @@ static tern_status call_begin(tern_exec *caller, const tern_node *node, const te
 	tern_calls *c = calls_of(caller);
 	if (!c)
 		return tern_node_errorf(node, TERN_EINTERNAL, "a call in a plan without a pool of frames");
-	uint64_t shapes = shapes_of(in, n_in);
 	spin_acquire(&c->lock);
+	fn_count *fc = count_of(c, fn);
+	uint64_t shapes = shapes_of(in, n_in, fc ? fc->free_len : 0);
 	call_frame *pick = NULL;
 	free_list *l = find_list(c, fn, keep, shapes);
 	while (l && l->n && !pick) {
@@ -264,8 +398,7 @@ static tern_status call_begin(tern_exec *caller, const tern_node *node, const te
 	}
 	/* none planned for these shapes: a new frame, so that inputs of recurring sizes (trees of many
 	 * sizes) each find theirs planned; past the cap, a free one planned again */
-	size_t *of_fn = pick ? NULL : count_of(c, fn);
-	for (size_t i = 0; !pick && of_fn && *of_fn >= TERN_CALL_FRAMES_MAX && i < c->n_lists; i++) {
+	for (size_t i = 0; !pick && fc && fc->n >= TERN_CALL_FRAMES_MAX && i < c->n_lists; i++) {
 		free_list *o = &c->lists[i];
 		while (o->fn == fn && o->keep == keep && o->n && !pick) {
 			call_frame *f = &c->frames[o->idx[--o->n]];
@@ -294,9 +427,8 @@ static tern_status call_begin(tern_exec *caller, const tern_node *node, const te
 		}
 		e->call_slot = c->n;
 		c->frames[c->n++] = (call_frame){fn, e, shapes, 1, keep};
-		size_t *count = count_of(c, fn);
-		if (count)
-			(*count)++;
+		if ((fc = count_of(c, fn)))
+			fc->n++;
 		spin_release(&c->lock);
 	}
 	call_depth++;

@@ -23,6 +23,9 @@ typedef struct slot {
 	int alias_of; /* SLOT_ALIAS: the slot whose bytes these are */
 	size_t alias_offset; /* SLOT_ALIAS: where in them (a Concat input written in place), in bytes */
 	tern_tensor *outer; /* SLOT_OUTER: the parent's tensor */
+	/* An input or outer value whose first dimension may change length from run to run without a
+	 * re-plan: nothing planned depends on it (tern_value_len_free). */
+	int len_free;
 	int first_def; /* producing step, for the memory plan */
 	int owns; /* t.data is owned (CONST) */
 	/* DYNAMIC, made by a late step with outputs of fixed shape: the last run's bytes, kept for the

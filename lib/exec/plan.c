@@ -168,6 +168,7 @@ static tern_status bind_inputs(tern_exec *e, tern_tensor *const *inputs, int n_i
 		}
 		tern_set_shape(&s->t, in->dtype, in->rank, in->dims);
 		s->kind = SLOT_INPUT;
+		s->len_free = in->rank > 0 && tern_value_len_free(g, v);
 		s->known = 1;
 		e->input_slot[k++] = v->index;
 	}
@@ -214,6 +215,7 @@ static tern_status init_slots(tern_exec *e)
 				s->t.data = NULL;
 			/* Its shape is known when the parent planned it statically. */
 			s->known = s->outer->dtype != 0;
+			s->len_free = s->known && s->t.rank > 0 && tern_value_len_free(g, v);
 		}
 	}
 	return TERN_OK;

@@ -37,14 +37,20 @@ void tern_blas_own_threads(void)
 #endif
 }
 
-static bool same_shape(const tern_tensor *a, const tern_tensor *b)
+/* Whether a and b agree in dtype, rank and every dimension from `from` on. */
+static bool same_shape_from(const tern_tensor *a, const tern_tensor *b, int from)
 {
 	if (a->dtype != b->dtype || a->rank != b->rank)
 		return false;
-	for (int i = 0; i < a->rank; i++)
+	for (int i = from; i < a->rank; i++)
 		if (a->dims[i] != b->dims[i])
 			return false;
 	return true;
+}
+
+static bool same_shape(const tern_tensor *a, const tern_tensor *b)
+{
+	return same_shape_from(a, b, 0);
 }
 
 /* The inputs' shapes as a late step's key: per input present, dtype, rank, dims. */
@@ -282,12 +288,14 @@ tern_status tern_exec_run(tern_exec *e, tern_tensor *const *inputs, int n_inputs
 	if (!e->parent)
 		tern_calls_release_kept(e->calls);
 	bool replan = false;
-	for (int i = 0; i < n_inputs && !replan; i++)
-		replan = !same_shape(inputs[i], &e->slots[e->input_slot[i]].t);
+	for (int i = 0; i < n_inputs && !replan; i++) {
+		const slot *s = &e->slots[e->input_slot[i]];
+		replan = !same_shape_from(inputs[i], &s->t, s->len_free);
+	}
 	/* Outer values may change shape between runs of a subgraph (a Loop's carried state). */
 	for (size_t i = 0; i < e->n_slots && !replan; i++)
 		if (e->slots[i].kind == SLOT_OUTER)
-			replan = !same_shape(e->slots[i].outer, &e->slots[i].t);
+			replan = !same_shape_from(e->slots[i].outer, &e->slots[i].t, e->slots[i].len_free);
 	if (replan) {
 		tern_exec_release_for_replan(e);
 		tern_status rc = tern_exec_plan(e, inputs, n_inputs);
@@ -298,6 +306,8 @@ tern_status tern_exec_run(tern_exec *e, tern_tensor *const *inputs, int n_inputs
 		tern_tensor *t = &e->slots[e->input_slot[i]].t;
 		t->data = inputs[i]->data;
 		t->nbytes = inputs[i]->nbytes;
+		if (t->rank > 0)
+			t->dims[0] = inputs[i]->dims[0]; /* the one dimension that may differ (len_free) */
 	}
 	for (int i = 0; i < e->n_donated; i++) {
 		slot *s = &e->slots[e->donated[i]];

@@ -1542,7 +1542,10 @@ static void gather_task(void *ctx, int64_t t)
 
 static tern_status gather_kernel(const tern_kernel_args *a)
 {
-	const gather_params *g = a->params;
+	gather_params gp = *(const gather_params *)a->params, *g = &gp;
+	/* the data's length along the axis as this run gives it: a plan may serve data of any length
+	 * there (tern_value_len_free) */
+	g->n_axis = a->in[0]->dims[g->axis];
 	const tern_tensor *idx = a->in[1];
 	int64_t n_idx = tern_tensor_numel(idx);
 	tern_status st = check_all_indices(a->node, idx, g->n_axis, g->axis);

@@ -241,6 +241,47 @@ test_expect_success 'a function called with different weights computes with each
 	grep -F "y2 float[1,2] [2, 4]" out
 '
 
+# One plan of a function serves arrays of every length when it only indexes them (Gather along axis
+# 0) or passes them on: each run bounds the indices by the length it is given, and a function that
+# reads the length itself (Shape) is planned for each one.
+test_expect_success PYTHON 'a function that indexes an array runs on every length, bounded by each' '
+	cat >pick.txt <<-\EOF &&
+	<ir_version: 8, opset_import: ["" : 17, "local" : 1]>
+	g (int64[N] a, int64 k) => (int64 y, int64 n) {
+	  y = local.Pick (a, k)
+	  n = local.Len (a)
+	}
+	<domain: "local", opset_import: ["" : 17]>
+	Pick (a, k) => (y) { y = Gather <axis = 0> (a, k) }
+	<domain: "local", opset_import: ["" : 17]>
+	Len (a) => (n) {
+	  s = Shape (a)
+	  n = Squeeze (s)
+	}
+	EOF
+	"$TERN_PYTHON" -c "
+import numpy as np, onnx
+from onnx import numpy_helper as nh
+def seq(name, arrays):
+    q = onnx.SequenceProto(name=name, elem_type=onnx.SequenceProto.TENSOR)
+    q.tensor_values.extend(nh.from_array(np.array(x, dtype=np.int64)) for x in arrays)
+    open(name + \".pb\", \"wb\").write(q.SerializeToString())
+seq(\"a\", [[10, 20, 30, 40, 50], [7, 8], [1, 2, 3], [4, 5, 6, 7, 8, 9]])
+seq(\"k\", [4, 1, -1, 0])
+seq(\"far\", [4, 4])
+seq(\"a2\", [[10, 20, 30, 40, 50], [7, 8]])
+" &&
+	tern-run -i a=a.pb -i k=k.pb pick.txt -O picked &&
+	"$TERN_PYTHON" -c "
+import numpy as np
+got = [(int(np.load(\"picked/y/%d.npy\" % e)), int(np.load(\"picked/n/%d.npy\" % e))) for e in range(4)]
+assert got == [(50, 5), (8, 2), (3, 3), (4, 6)], got
+" &&
+	test_expect_code 65 tern-run -i a=a2.pb -i k=far.pb pick.txt -O far >out 2>err &&
+	test_one_error_line tern-run err &&
+	grep "Gather" err && grep "4" err
+'
+
 # A TreeRNN over a balanced tree of 255 nodes: a leaf is its word embedding, an inner node
 # tanh([left; right] W + b), against numpy's recursion; on every kernel path and on two threads,
 # where a node's two calls may run at once.
