@@ -20,12 +20,20 @@ same quarter. Medians over --rounds. Accuracy (--epochs 0 skips it): the TreeLST
 epochs with tern-run --train (shuffled), the test roots' sign (P(3) + P(4) > P(0) + P(1)) against
 logistic regression on bags of words and adjacent pairs (make_treebank.py --check). A table per model
 of --models: the TreeLSTM's over --train-steps training steps, TreeRNN's and RNTN's over
---train-steps / 4. One static
-unrolled graph per tree and batching of ready calls are not measured.
+--train-steps / 4.
+
+Unrolled (--forms unrolled, inference only): one static graph per dev tree
+(make_recursive_models.py --unroll: the tree's shape is the graph's, its words an input), each run by
+its own tern-run; a tree's time is what unrolling costs it: optimising the graph (tern-run -v), planning
+it (plan_ms) and its one run (latency), reading the file excluded. The trees/s of the runs alone (the
+graph and its plan ready, as a cache of graphs by tree shape would give at best) are printed beside.
+Unrolled training (tern-autodiff on each tree's graph) is not measured. Batching of ready calls is not
+measured.
 """
 import argparse
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -59,6 +67,29 @@ def tern_trees_per_s(args, work, threads, kind="treelstm", form="recursive"):
         sys.exit(f"bench_recursive: tern-run failed: {p.stderr[-2000:]}")
     j = json.loads(p.stdout)
     return 1000.0 / j["latency_ms"]["mean"], j["iters"]
+
+
+def unrolled_trees_per_s(args, work, threads, kind="treelstm"):
+    """One static graph per dev tree, each through its own tern-run: trees/s counting optimising,
+    planning and the one run of each tree's graph, and trees/s of the runs alone."""
+    folder = os.path.join(work, f"unrolled-{kind}")
+    if not os.path.isdir(folder):
+        subprocess.run([sys.executable, os.path.join(HERE, "make_recursive_models.py"), "--unroll", "--kind", kind,
+                        os.path.join(work, "m"), os.path.join(work, "tb", "dev"), folder], check=True)
+    n = sum(1 for f in os.listdir(folder) if f.endswith(".txt"))
+    total = runs = 0.0
+    for e in range(n):
+        p = subprocess.run([os.path.join(args.bin, "tern-run"), "-v", "--json", "--threads", str(threads),
+                            "-i", f"word={os.path.join(folder, f'{e}-word.npy')}", os.path.join(folder, f"{e}.txt")],
+                           capture_output=True, text=True)
+        if p.returncode:
+            sys.exit(f"bench_recursive: tern-run failed on unrolled tree {e}: {p.stderr[-2000:]}")
+        j = json.loads(p.stdout)
+        opt = re.search(r"optimised at level \d+ in ([0-9.]+) ms", p.stderr)
+        run = j["latency_ms"]["mean"]
+        total += (float(opt.group(1)) if opt else 0.0) + j["plan_ms"] + run
+        runs += run
+    return 1000.0 * n / total, 1000.0 * n / runs
 
 
 def read_split(work, split, names):
@@ -153,8 +184,8 @@ def main():
     ap.add_argument("--epochs", type=int, default=1)
     ap.add_argument("--models", default="treelstm,treernn,rntn",
                     help="the models to measure (treernn and rntn train over --train-steps / 4 steps)")
-    ap.add_argument("--forms", default="recursive,iterative,levels",
-                    help="tern's forms of the TreeLSTM to measure (recursive, iterative, levels)")
+    ap.add_argument("--forms", default="recursive,iterative,levels,unrolled",
+                    help="tern's forms of the models to measure (recursive, iterative, levels, unrolled)")
     ap.add_argument("--keep")
     args = ap.parse_args()
     work = args.keep or tempfile.mkdtemp(prefix="bench_recursive.")
@@ -179,13 +210,19 @@ def main():
     forms = [f for f in args.forms.split(",") if f]
     cols = forms + ["pytorch"]
     names = {"recursive": "tern recursive", "iterative": "tern iterative (Loop over nodes)",
-             "levels": "tern level-batched (Loop over heights)", "pytorch": "PyTorch eager recursion"}
+             "levels": "tern level-batched (Loop over heights)", "unrolled": "tern unrolled (a graph per tree)",
+             "pytorch": "PyTorch eager recursion"}
 
     def table(kind, steps):
         rows = []
         for threads in [int(t) for t in args.threads.split(",")]:
             row = {"threads": threads}
             for form in forms:
+                if form == "unrolled":
+                    got = [unrolled_trees_per_s(args, work, threads, kind) for _ in range(args.rounds)]
+                    row[form] = (statistics.median(g[0] for g in got), None)
+                    row["unrolled_runs"] = statistics.median(g[1] for g in got)
+                    continue
                 m = train_model(kind, form)
                 row[form] = (med(lambda: tern_trees_per_s(args, work, threads, kind, form)[0]),
                              med(lambda: tern_train_trees_per_s(args, work, threads, steps, m, form)))
@@ -196,13 +233,22 @@ def main():
               f"medians of {args.rounds} rounds (trees/s; training {steps} steps of Adam)")
         print("| threads | " + " | ".join(f"{w}: {names[c]}" for w in ("inference", "training") for c in cols) + " |")
         print("|---:|" + "---:|" * (2 * len(cols)))
+        def cell(v):
+            return "—" if v is None else f"{v:.0f}"
+
+        def ratio(a, b):
+            return "—" if a is None or b is None else f"{a / b:.2f}"
+
         for r in rows:
-            print(f"| {r['threads']} | " + " | ".join(f"{r[c][w]:.0f}" for w in (0, 1) for c in cols) + " |")
+            print(f"| {r['threads']} | " + " | ".join(cell(r[c][w]) for w in (0, 1) for c in cols) + " |")
+        if "unrolled" in forms:
+            print("unrolled, the runs alone (each tree's graph optimised and planned beforehand): " + ", ".join(
+                f"{r['unrolled_runs']:.0f} trees/s at {r['threads']} thread(s)" for r in rows))
         if "recursive" in forms:
             print("recursive against each (ratio of trees/s, inference / training):")
             for r in rows:
                 print(f"  {r['threads']} thread(s): " + ", ".join(
-                    f"{c} {r['recursive'][0] / r[c][0]:.2f} / {r['recursive'][1] / r[c][1]:.2f}"
+                    f"{c} {ratio(r['recursive'][0], r[c][0])} / {ratio(r['recursive'][1], r[c][1])}"
                     for c in cols if c != "recursive"), flush=True)
 
     for kind in [k for k in args.models.split(",") if k]:

@@ -17,6 +17,11 @@ treebank of scripts/make_treebank.py: a tree's inputs are left, right, word (int
         DIR/KIND-levels.txt (and -levels-train.txt): one Loop over the tree's heights, each trip all
         nodes of one height at once (level-by-level batching); also reads level_order and
         level_starts (make_treebank.py)
+    make_recursive_models.py --unroll [--kind treelstm|treernn|rntn] [--train] [--first N] DIR SPLIT OUT
+        OUT/E.txt for each tree E of SPLIT: one static graph of the tree (the unrolled baseline), each
+        node of the tree its own operators, the words (with --train the labels too, and the loss
+        as an output) its inputs, in OUT/E-word.npy (and OUT/E-label.npy); OUT/KIND.bin a copy of
+        DIR's weights
     make_recursive_models.py --accuracy SPLIT OUT
         the share of SPLIT's roots whose sign the logits in OUT/logits/ get right (the binary task)
     make_recursive_models.py --compare [--kind treernn|rntn] DIR SPLIT OUT
@@ -256,6 +261,94 @@ def iter_text(kind, decl, d, train, levels=False):
 """
 
 
+def unrolled_text(kind, decl, d, left, right, word, root, label=None):
+    """One tree's static graph (the unrolled baseline): every node of the tree its own operators, in
+    children-first order; the tree's shape is the graph's, its words (and with label, its labels)
+    the graph's inputs, as in the recursive model; output the root's logits, or with label also the
+    loss of KIND-train.txt."""
+    import re
+    leaf_src = LEAF["treelstm" if kind == "treelstm" else "simple"]
+    inner_src = INNER[kind].replace("D2", str(2 * d)).replace("D,", f"{d},")
+    body = []
+
+    def emit(src, k, given, outs):
+        """src's lines for node k: names it defines get the suffix _k, `given` maps its free names
+        (children's states, the word id, x) to values, `outs` its results to node k's state."""
+        lines = [ln.strip() for ln in src.strip().splitlines()]
+        defined = {n.strip() for ln in lines for n in ln.split("=", 1)[0].split(",")}
+        names = {n: f"{n}_{k}" for n in defined}
+        names.update(given)
+        names.update(outs)
+        pat = re.compile(r"\b(" + "|".join(sorted(names, key=len, reverse=True)) + r")\b")
+        for ln in lines:
+            lhs, rhs = ln.split("=", 1)
+            op, _, args = rhs.partition("(")
+            body.append(pat.sub(lambda m: names[m.group(1)], lhs) + "=" + op + "(" +
+                        pat.sub(lambda m: names[m.group(1)], args))
+
+    order, stack = [], [(int(root), False)]
+    while stack:  # children first (post-order), without Python's recursion limit
+        k, done = stack.pop()
+        if done or left[k] < 0:
+            order.append(k)
+        else:
+            stack += [(k, True), (int(right[k]), False), (int(left[k]), False)]
+    for k in order:
+        outs = {"hl" if left[k] < 0 else "hi": f"h_{k}"}
+        if kind == "treelstm":
+            outs["cl" if left[k] < 0 else "ci"] = f"c_{k}"
+        if left[k] < 0:
+            body.append(f"i_{k} = Constant <value = int64 {{{k}}}> ()")
+            body.append(f"wd_{k} = Gather <axis = 0> (word, i_{k})")
+            emit(leaf_src, k, {"wd": f"wd_{k}"}, outs)
+        else:
+            a, b = int(left[k]), int(right[k])
+            body.append(f"x_{k} = Concat <axis = 0> (h_{a}, h_{b})")
+            given = {"x": f"x_{k}", "ca": f"c_{a}", "cb": f"c_{b}"}
+            emit(inner_src, k, given, outs)
+        if label is not None:
+            body += [f"s_{k} = MatMul (h_{k}, wout)", f"z_{k} = Add (s_{k}, bout)",
+                     f"lz_{k} = LogSoftmax <axis = 0> (z_{k})",
+                     f"j_{k} = Constant <value = int64 {{{k}}}> ()",
+                     f"y_{k} = Gather <axis = 0> (label, j_{k})",
+                     f"ly_{k} = Gather <axis = 0> (lz_{k}, y_{k})"]
+    r = int(root)
+    body += [f"s = MatMul (h_{r}, wout)", "logits = Add (s, bout)"]
+    outputs = "float[5] logits"
+    if label is not None:
+        body.append("nll = Sum (" + ", ".join(f"ly_{k}" for k in order) + ")")
+        body += [f"n = Constant <value = float {{{float(len(order))}}}> ()", "mean = Div (nll, n)",
+                 "loss = Neg (mean)"]
+        outputs += ", float loss"
+    n = len(left)
+    inputs = f"int64[{n}] word" + (f", int64[{n}] label" if label is not None else "")
+    return (f'<ir_version: 8, opset_import: ["" : 17]>\n{kind}_unrolled ({inputs}) => ({outputs})\n'
+            f"   <{(',' + chr(10) + '    ').join(decl)}>\n{{\n  " + "\n  ".join(body) + "\n}\n")
+
+
+def unroll(folder, split, out, kind="treelstm", train=False, first=None):
+    """OUT/E.txt for each tree E of SPLIT (the first `first`), its inputs OUT/E-word.npy (and with
+    train OUT/E-label.npy); KIND's weights in OUT/KIND.bin (a copy of DIR's)."""
+    import re
+    import shutil
+    text = open(os.path.join(folder, kind + ".txt")).read()
+    decl = re.findall(r'float\[[0-9,]+\] \w+ = \["location": [^\]]*\]', text)
+    os.makedirs(out, exist_ok=True)
+    shutil.copyfile(os.path.join(folder, kind + ".bin"), os.path.join(out, kind + ".bin"))
+    d = load_weights(folder, kind)["emb"].shape[1]
+    trees = [read_seq(os.path.join(split, k + ".pb")) for k in ("left", "right", "word", "root")]
+    labels = read_seq(os.path.join(split, "label.pb")) if train else None
+    n = len(trees[0]) if first is None else min(first, len(trees[0]))
+    for e in range(n):
+        left, right, word, root = (t[e] for t in trees)
+        with open(os.path.join(out, f"{e}.txt"), "w") as f:
+            f.write(unrolled_text(kind, decl, d, left, right, word, root, labels[e] if train else None))
+        np.save(os.path.join(out, f"{e}-word.npy"), np.asarray(word, np.int64))
+        if train:
+            np.save(os.path.join(out, f"{e}-label.npy"), np.asarray(labels[e], np.int64))
+    return n
+
+
 def write_kind(folder, kind, v, d, seed):
     r = np.random.default_rng(seed)
     decl, offset, blobs = [], 0, []
@@ -414,8 +507,16 @@ def main():
     ap.add_argument("--compare", action="store_true")
     ap.add_argument("--accuracy", action="store_true")
     ap.add_argument("--kind", default="treelstm", choices=("treelstm", "treernn", "rntn"),
-                    help="the model --compare reads (DIR/KIND.txt)")
+                    help="the model --compare and --unroll read (DIR/KIND.txt)")
+    ap.add_argument("--unroll", action="store_true")
+    ap.add_argument("--train", action="store_true", help="--unroll: with the labels and the loss")
+    ap.add_argument("--first", type=int, help="--unroll: only the first N trees")
     a = ap.parse_args()
+    if a.unroll:
+        if len(a.rest) != 2:
+            sys.exit("usage: make_recursive_models.py --unroll [--kind K] [--train] [--first N] DIR SPLIT OUT")
+        unroll(a.dir, *a.rest, kind=a.kind, train=a.train, first=a.first)
+        return 0
     if a.accuracy:
         if len(a.rest) != 1:
             sys.exit("usage: make_recursive_models.py --accuracy SPLIT OUT")

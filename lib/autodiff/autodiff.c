@@ -717,17 +717,24 @@ tern_status tern_autodiff_impl(tern_model *m, tern_value *const *ys, tern_value 
 		else
 			st = add_part(&acc[y->index], V(one));
 	}
+	/* Room for the widest node's inputs and outputs (a Sum or a Concat of many). */
+	size_t io = 1;
+	for (size_t k = 0; k < count; k++) {
+		io = order[k]->n_inputs > io ? order[k]->n_inputs : io;
+		io = order[k]->n_outputs > io ? order[k]->n_outputs : io;
+	}
+	bool *wants = calloc(io, sizeof *wants);
+	tern_gval **room = calloc(4 * io, sizeof *room);
+	tern_value **dys = calloc(io, sizeof *dys);
+	if (!st && (!wants || !room || !dys))
+		st = tern_errorf(TERN_EOS, "out of memory");
 	/* The graph grows while rules run; only the forward nodes (the order above) are visited. */
 	for (size_t k = count; !st && k-- > 0;) {
 		tern_node *n = order[k];
 		bool flows = false, wanted = false;
 		for (size_t o = 0; o < n->n_outputs; o++)
 			flows |= n->outputs[o] && acc[n->outputs[o]->index].n > 0;
-		bool wants[32] = {false};
-		if (n->n_inputs > 32 || n->n_outputs > 32) {
-			st = tern_node_errorf(n, TERN_EDATA, "gradient: more than 32 inputs or outputs");
-			break;
-		}
+		memset(wants, 0, io * sizeof *wants);
 		for (size_t i = 0; i < n->n_inputs; i++) {
 			tern_value *x = n->inputs[i];
 			wants[i] = x && needs[x->index] && useful[x->index] && tern_g_differentiable(x->type.dtype);
@@ -742,7 +749,7 @@ tern_status tern_autodiff_impl(tern_model *m, tern_value *const *ys, tern_value 
 		if (!flows || !wanted)
 			continue;
 		if (h >= 0) {
-			tern_value *dys[32] = {NULL};
+			memset(dys, 0, io * sizeof *dys);
 			for (int o = 0; o < h && !st; o++)
 				if (n->outputs[o])
 					st = total(&seed_ctx, &acc[n->outputs[o]->index], n->outputs[o], &dys[o]);
@@ -782,7 +789,8 @@ tern_status tern_autodiff_impl(tern_model *m, tern_value *const *ys, tern_value 
 			                      op ? "" : " (not a known operator)");
 			break;
 		}
-		tern_gval *x[32], *y[32], *dy[32], *dx[32] = {NULL};
+		memset(room, 0, 4 * io * sizeof *room);
+		tern_gval **x = room, **y = room + io, **dy = room + 2 * io, **dx = room + 3 * io;
 		for (size_t i = 0; i < n->n_inputs; i++)
 			x[i] = n->inputs[i] ? G(n->inputs[i]) : NULL;
 		for (size_t o = 0; o < n->n_outputs && !st; o++) {
@@ -819,6 +827,9 @@ tern_status tern_autodiff_impl(tern_model *m, tern_value *const *ys, tern_value 
 			              &grads[i]);
 		}
 	}
+	free(wants);
+	free(room);
+	free(dys);
 	for (int i = 0; rp && i < n_wrt; i++) {
 		free(rp[i].idx);
 		free(rp[i].rows);

@@ -2040,6 +2040,8 @@ static tern_status grad_extreme(tern_grad_ctx *g)
 	}
 	const char *beaten = strcmp(g->node->op_type, "Max") == 0 ? "Less" : "Greater";
 	tern_gval *attains[32];
+	if (n > 32)
+		return tern_node_errorf(g->node, TERN_EDATA, "gradient: %s of more than 32 inputs", g->node->op_type);
 	for (int i = 0; i < n; i++)
 		attains[i] = ew_num(g, EW_G1("Not", ew_g2(g, beaten, g->x[i], y, EW_BC_SAME)));
 	tern_gval *count = ew_gop(g, "Sum", attains, n, NULL, 0);

@@ -364,7 +364,7 @@ void tern_nn_wb_run(tern_threadpool *pool, const wb_job *j, int64_t slots) {}
 tern_status tern_nn_g_done(tern_grad_ctx *g, uint32_t none)
 {
 	for (int i = 0; i < g->n_in; i++)
-		if (g->wants[i] && !g->dx[i] && !(none >> i & 1))
+		if (g->wants[i] && !g->dx[i] && !tern_mask_has(none, i))
 			return tern_g_status(g);
 	return TERN_OK;
 }

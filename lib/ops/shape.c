@@ -3011,7 +3011,7 @@ static int64_t opset_of(const tern_grad_ctx *g)
 static tern_status grad_done(tern_grad_ctx *g, uint32_t none)
 {
 	for (int i = 0; i < g->n_in; i++)
-		if (g->wants[i] && !g->dx[i] && !(none >> i & 1))
+		if (g->wants[i] && !g->dx[i] && !tern_mask_has(none, i))
 			return tern_g_status(g);
 	return TERN_OK;
 }

@@ -317,6 +317,9 @@ static void infer_call_or_if(struct slot *slots, tern_node *n)
 		release(fs, fn->n_values);
 }
 
+static void infer_plain(struct slot *slots, tern_node *n, tern_tensor *in_t, tern_tensor **in, tern_tensor *out_t,
+                        tern_tensor **out, tern_tensor *val);
+
 /* Types (and where cheap, values) of the node's outputs from its inputs. */
 static void infer_node(struct slot *slots, tern_node *n)
 {
@@ -325,13 +328,32 @@ static void infer_node(struct slot *slots, tern_node *n)
 		infer_call_or_if(slots, n);
 		return;
 	}
-	if (n->n_subgraphs || n->n_inputs > 16 || n->n_outputs > 16)
+	if (n->n_subgraphs)
 		return;
+	/* most nodes have a few inputs and outputs; a Sum or Concat of many gets room on the heap */
+	enum { FEW = 16 };
+	if (n->n_inputs <= FEW && n->n_outputs <= FEW) {
+		tern_tensor in_t[FEW], out_t[FEW], val[FEW];
+		tern_tensor *in[FEW], *out[FEW];
+		infer_plain(slots, n, in_t, in, out_t, out, val);
+		return;
+	}
+	size_t ni = n->n_inputs, no = n->n_outputs;
+	tern_tensor *t = calloc(ni + 2 * no, sizeof *t);
+	tern_tensor **p = calloc(ni + no, sizeof *p);
+	if (t && p)
+		infer_plain(slots, n, t, p, t + ni, p + ni, t + ni + no);
+	free(t);
+	free(p);
+}
+
+/* infer_node for a node without subgraphs, given room for its inputs, outputs and values. */
+static void infer_plain(struct slot *slots, tern_node *n, tern_tensor *in_t, tern_tensor **in, tern_tensor *out_t,
+                        tern_tensor **out, tern_tensor *val)
+{
 	const tern_op *op = tern_op_find(n->domain, n->op_type, n->opset);
 	if (!op || !op->prepare)
 		return;
-	tern_tensor in_t[16], out_t[16];
-	tern_tensor *in[16], *out[16];
 	bool all_data = true;
 	for (size_t i = 0; i < n->n_inputs; i++) {
 		in[i] = NULL;
@@ -363,7 +385,6 @@ static void infer_node(struct slot *slots, tern_node *n)
 		small &= small_int(out_t[o].dtype, tern_tensor_numel(&out_t[o]));
 	}
 	bool shape_only = (tern_pass_is(n, "Shape") || tern_pass_is(n, "Size")) && n->n_inputs == 1;
-	tern_tensor val[16];
 	bool have_val = false;
 	if (small && deterministic(n) && (all_data || shape_only)) {
 		have_val = tern_node_eval(n, in, (int)n->n_inputs, val, (int)n->n_outputs, NULL) == TERN_OK;

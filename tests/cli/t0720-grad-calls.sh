@@ -3,7 +3,8 @@
 # GRADIENTS OF CALLS): tern-autodiff keeps the forward calls' frames and runs F__grad on them through
 # tern.Backward; a Loop's gradient is that of the recursion of its trips. An If in the main graph
 # against numpy's SGD, Loops against finite differences; the recursive and the iterative TreeLSTM of
-# scripts/make_recursive_models.py against finite differences and PyTorch; bad handles refused.
+# scripts/make_recursive_models.py against finite differences and PyTorch, and so is one static graph
+# unrolled per tree; bad handles refused.
 test_description='gradients through If and recursive calls'
 . "$(dirname "$0")/test-lib.sh"
 
@@ -75,6 +76,21 @@ test_expect_success PYTHON 'level-by-level batching (one Loop over the heights) 
 	tern-run --train $T -i level_order=tb/train/level_order.pb -i level_starts=tb/train/level_starts.pb \
 		--steps 10 m/levels.onnx -o m/levels10.onnx &&
 	"$TERN_PYTHON" "$TEST_DIRECTORY/recursive-grad.py" tree-torch m tb 10 0.1 m/levels10.onnx
+'
+
+test_expect_success PYTHON 'one static graph unrolled per tree equals the recursive TreeLSTM and PyTorch' '
+	"$TERN_PYTHON" "$TERN_SOURCE/scripts/make_recursive_models.py" --unroll m tb/dev unrolled &&
+	mkdir -p unrolled_out/logits &&
+	for e in 0 1; do
+		tern-run -i word=unrolled/$e-word.npy unrolled/$e.txt -O unrolled_out/tree &&
+		mv unrolled_out/tree/logits.npy unrolled_out/logits/$e.npy || return 1
+	done &&
+	"$TERN_PYTHON" "$TERN_SOURCE/scripts/make_recursive_models.py" --compare m tb/dev unrolled_out &&
+	"$TERN_PYTHON" "$TERN_SOURCE/scripts/make_recursive_models.py" --unroll --train --first 1 m tb/train unrolled_train &&
+	tern-autodiff --loss-output loss --optimizer sgd --lr 0.1 unrolled_train/0.txt -o unrolled_train/0.onnx &&
+	tern-run --train -i word=unrolled_train/0-word.npy -i label=unrolled_train/0-label.npy --steps 1 \
+		unrolled_train/0.onnx -o unrolled_train/step1.onnx &&
+	"$TERN_PYTHON" "$TEST_DIRECTORY/recursive-grad.py" tree-torch m tb 1 0.1 unrolled_train/step1.onnx
 '
 
 test_expect_success 'the gradient of a Loop with scan outputs: one line, exit 65' '
