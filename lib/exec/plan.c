@@ -1059,9 +1059,9 @@ bool tern_exec_slot_static(const tern_exec *e, int slot)
 	int dt = s->t.dtype;
 	if (!s->known || dt <= 0 || dt == TERN_STRING || dt == TERN_SEQUENCE || dt == TERN_NONE)
 		return false;
-	/* a dynamic slot is known only when its maker fixed its shape (shaped_outputs); an outer one may
-	 * change between runs */
-	return s->kind != SLOT_OUTER && s->kind != SLOT_UNSET;
+	/* a dynamic slot is known only when its maker fixed its shape (shaped_outputs); an outer one, and
+	 * an input whose length may change without a re-plan (len_free), may change between runs */
+	return s->kind != SLOT_OUTER && s->kind != SLOT_UNSET && !s->len_free;
 }
 
 const tern_graph *tern_exec_graph(const tern_exec *e)
