@@ -723,9 +723,9 @@ tern_status tern_autodiff_impl(tern_model *m, tern_value *const *ys, tern_value 
 		io = order[k]->n_inputs > io ? order[k]->n_inputs : io;
 		io = order[k]->n_outputs > io ? order[k]->n_outputs : io;
 	}
-	bool *wants = calloc(io, sizeof *wants);
+	bool *wants = calloc(io + 1, sizeof *wants);
 	tern_gval **room = calloc(4 * io, sizeof *room);
-	tern_value **dys = calloc(io, sizeof *dys);
+	tern_value **dys = calloc(io + 1, sizeof *dys);
 	if (!st && (!wants || !room || !dys))
 		st = tern_errorf(TERN_EOS, "out of memory");
 	/* The graph grows while rules run; only the forward nodes (the order above) are visited. */
@@ -734,7 +734,7 @@ tern_status tern_autodiff_impl(tern_model *m, tern_value *const *ys, tern_value 
 		bool flows = false, wanted = false;
 		for (size_t o = 0; o < n->n_outputs; o++)
 			flows |= n->outputs[o] && acc[n->outputs[o]->index].n > 0;
-		memset(wants, 0, io * sizeof *wants);
+		memset(wants, 0, (n->n_inputs + 1) * sizeof *wants);
 		for (size_t i = 0; i < n->n_inputs; i++) {
 			tern_value *x = n->inputs[i];
 			wants[i] = x && needs[x->index] && useful[x->index] && tern_g_differentiable(x->type.dtype);
@@ -749,7 +749,7 @@ tern_status tern_autodiff_impl(tern_model *m, tern_value *const *ys, tern_value 
 		if (!flows || !wanted)
 			continue;
 		if (h >= 0) {
-			memset(dys, 0, io * sizeof *dys);
+			memset(dys, 0, (n->n_outputs + 1) * sizeof *dys);
 			for (int o = 0; o < h && !st; o++)
 				if (n->outputs[o])
 					st = total(&seed_ctx, &acc[n->outputs[o]->index], n->outputs[o], &dys[o]);
@@ -789,8 +789,10 @@ tern_status tern_autodiff_impl(tern_model *m, tern_value *const *ys, tern_value 
 			                      op ? "" : " (not a known operator)");
 			break;
 		}
-		memset(room, 0, 4 * io * sizeof *room);
+		/* only the node's own inputs and outputs are read: clearing the rest would make a graph of
+		 * many nodes and one wide one quadratic */
 		tern_gval **x = room, **y = room + io, **dy = room + 2 * io, **dx = room + 3 * io;
+		memset(dx, 0, n->n_inputs * sizeof *dx);
 		for (size_t i = 0; i < n->n_inputs; i++)
 			x[i] = n->inputs[i] ? G(n->inputs[i]) : NULL;
 		for (size_t o = 0; o < n->n_outputs && !st; o++) {
