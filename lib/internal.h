@@ -588,17 +588,26 @@ tern_graph *tern_function_find(const tern_model *m, const char *domain, const ch
  * it so): a plan of g then serves every length. A main graph's input whose declared first dimension is
  * a number is not. */
 bool tern_value_len_free(const tern_graph *g, const tern_value *v);
+/* The inputs of function fn that tern_value_len_free finds so, as a mask of the first 64: computed
+ * when a call is planned and given to tern_call_begin, whose frames then serve every length of them. */
+uint64_t tern_function_len_free(const tern_graph *fn);
 /* Whether two operator domains are one ("" and "ai.onnx" name the default; NULL is ""). */
 bool tern_same_domain(const char *a, const char *b);
 /* FNV-1a of a string (the IR's tables of names, the operator registry's). */
 uint64_t tern_hash_name(const char *s);
+/* Whether a tensor of dtype dt holds plain bytes: not strings (heap pointers), a sequence or an absent
+ * optional. */
+static inline bool tern_dtype_plain(int dt)
+{
+	return dt != TERN_STRING && dt != TERN_SEQUENCE && dt != TERN_NONE;
+}
 /* Bit i of a mask of at most 32 inputs or outputs (tern_prepare_args.fixed_outputs, ...). */
 static inline bool tern_mask_has(uint32_t mask, int i)
 {
 	return i >= 0 && i < 32 && (mask >> i & 1u);
 }
 tern_status tern_call_begin(tern_exec *caller, const tern_node *node, const tern_graph *fn, tern_tensor *const *in,
-                            int n_in, tern_threadpool *pool, int keep, tern_exec **frame);
+                            int n_in, tern_threadpool *pool, int keep, uint64_t free_len, tern_exec **frame);
 void tern_call_end(tern_exec *caller, tern_exec *frame);
 /* Gradient sinks (control.c, tern.Backward): where the gradients of a step's weights are summed as
  * the calls of a recursion's backward pass make them, instead of being returned up through every
@@ -606,8 +615,8 @@ void tern_call_end(tern_exec *caller, tern_exec *frame);
  * other frame sees those of the frame that calls it, found by tern_exec_sinks. */
 typedef struct tern_grad_sinks tern_grad_sinks;
 tern_status tern_call_begin_sinks(tern_exec *caller, const tern_node *node, const tern_graph *fn,
-                                  tern_tensor *const *in, int n_in, tern_threadpool *pool, tern_grad_sinks *sinks,
-                                  tern_exec **frame);
+                                  tern_tensor *const *in, int n_in, tern_threadpool *pool, uint64_t free_len,
+                                  tern_grad_sinks *sinks, tern_exec **frame);
 tern_grad_sinks *tern_exec_sinks(const tern_exec *e);
 /* Kept calls (tern.Invoke keep=1, for gradients): a frame begun with keep keeps every value (none
  * shares bytes with another) and, ended with tern_call_keep instead of tern_call_end, stays out of

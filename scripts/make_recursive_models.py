@@ -31,6 +31,8 @@ treebank of scripts/make_treebank.py: a tree's inputs are left, right, word (int
 """
 import argparse
 import os
+import re
+import shutil
 import sys
 
 import numpy as np
@@ -266,7 +268,6 @@ def unrolled_text(kind, decl, d, left, right, word, root, label=None):
     children-first order; the tree's shape is the graph's, its words (and with label, its labels)
     the graph's inputs, as in the recursive model; output the root's logits, or with label also the
     loss of KIND-train.txt."""
-    import re
     leaf_src = LEAF["treelstm" if kind == "treelstm" else "simple"]
     inner_src = INNER[kind].replace("D2", str(2 * d)).replace("D,", f"{d},")
     body = []
@@ -329,8 +330,6 @@ def unrolled_text(kind, decl, d, left, right, word, root, label=None):
 def unroll(folder, split, out, kind="treelstm", train=False, first=None):
     """OUT/E.txt for each tree E of SPLIT (the first `first`), its inputs OUT/E-word.npy (and with
     train OUT/E-label.npy); KIND's weights in OUT/KIND.bin (a copy of DIR's)."""
-    import re
-    import shutil
     text = open(os.path.join(folder, kind + ".txt")).read()
     decl = re.findall(r'float\[[0-9,]+\] \w+ = \["location": [^\]]*\]', text)
     os.makedirs(out, exist_ok=True)

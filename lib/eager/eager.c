@@ -1217,7 +1217,7 @@ static tern_status launch_or_defer(tern_ctx *c, entry *e, tern_var *const *in, t
 	for (int i = 0; i < e->n_in; i++)
 		can &= !in[i] || in[i]->t.dtype != TERN_STRING;
 	for (int o = 0; o < e->n_out; o++)
-		can &= outs[o].dtype != TERN_STRING && outs[o].dtype != TERN_SEQUENCE && outs[o].dtype != TERN_NONE;
+		can &= tern_dtype_plain(outs[o].dtype);
 	/* a few integers (a shape being computed, a count) from inputs that are ready, or from only
 	 * their shapes: made here, so that a call prepared on their values (Reshape, Expand, Slice) need
 	 * not wait for the thread */

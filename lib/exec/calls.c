@@ -59,7 +59,6 @@ typedef struct free_list {
 typedef struct fn_count {
 	const tern_graph *fn;
 	size_t n;
-	uint64_t free_len; /* len_free_mask */
 } fn_count;
 
 struct tern_calls {
@@ -210,8 +209,7 @@ bool tern_value_len_free(const tern_graph *g, const tern_value *v)
 	return len_free_in(g, v, &w, 64);
 }
 
-/* Inputs of fn that tern_value_len_free finds free, as a mask of the first 64. */
-static uint64_t len_free_mask(const tern_graph *fn)
+uint64_t tern_function_len_free(const tern_graph *fn)
 {
 	uint64_t mask = 0;
 	for (size_t i = 0; i < fn->n_inputs && i < 64; i++)
@@ -314,15 +312,15 @@ static void give_back(tern_calls *c, size_t i)
 		l->idx[l->n++] = i;
 }
 
-static fn_count *count_of(tern_calls *c, const tern_graph *fn)
+static size_t *count_of(tern_calls *c, const tern_graph *fn)
 {
 	for (size_t i = 0; i < c->n_counts; i++)
 		if (c->counts[i].fn == fn)
-			return &c->counts[i];
+			return &c->counts[i].n;
 	if (!tern_grow((void **)&c->counts, &c->cap_counts, c->n_counts + 1, sizeof *c->counts))
 		return NULL;
-	c->counts[c->n_counts] = (fn_count){fn, 0, len_free_mask(fn)};
-	return &c->counts[c->n_counts++];
+	c->counts[c->n_counts] = (fn_count){fn, 0};
+	return &c->counts[c->n_counts++].n;
 }
 
 tern_calls *tern_calls_new(void)
@@ -356,23 +354,25 @@ tern_grad_sinks *tern_exec_sinks(const tern_exec *e)
 }
 
 static tern_status call_begin(tern_exec *caller, const tern_node *node, const tern_graph *fn, tern_tensor *const *in,
-                              int n_in, tern_threadpool *pool, int keep, tern_grad_sinks *sinks, tern_exec **frame);
+                              int n_in, tern_threadpool *pool, int keep, uint64_t free_len, tern_grad_sinks *sinks,
+                              tern_exec **frame);
 
 tern_status tern_call_begin(tern_exec *caller, const tern_node *node, const tern_graph *fn, tern_tensor *const *in,
-                            int n_in, tern_threadpool *pool, int keep, tern_exec **frame)
+                            int n_in, tern_threadpool *pool, int keep, uint64_t free_len, tern_exec **frame)
 {
-	return call_begin(caller, node, fn, in, n_in, pool, keep, tern_exec_sinks(caller), frame);
+	return call_begin(caller, node, fn, in, n_in, pool, keep, free_len, tern_exec_sinks(caller), frame);
 }
 
 tern_status tern_call_begin_sinks(tern_exec *caller, const tern_node *node, const tern_graph *fn,
-                                  tern_tensor *const *in, int n_in, tern_threadpool *pool, tern_grad_sinks *sinks,
-                                  tern_exec **frame)
+                                  tern_tensor *const *in, int n_in, tern_threadpool *pool, uint64_t free_len,
+                                  tern_grad_sinks *sinks, tern_exec **frame)
 {
-	return call_begin(caller, node, fn, in, n_in, pool, 0, sinks, frame);
+	return call_begin(caller, node, fn, in, n_in, pool, 0, free_len, sinks, frame);
 }
 
 static tern_status call_begin(tern_exec *caller, const tern_node *node, const tern_graph *fn, tern_tensor *const *in,
-                              int n_in, tern_threadpool *pool, int keep, tern_grad_sinks *sinks, tern_exec **frame)
+                              int n_in, tern_threadpool *pool, int keep, uint64_t free_len, tern_grad_sinks *sinks,
+                              tern_exec **frame)
 {
 	*frame = NULL;
 	const char *name = fn->fproto && fn->fproto->name ? fn->fproto->name : "?";
@@ -386,9 +386,8 @@ static tern_status call_begin(tern_exec *caller, const tern_node *node, const te
 	tern_calls *c = calls_of(caller);
 	if (!c)
 		return tern_node_errorf(node, TERN_EINTERNAL, "a call in a plan without a pool of frames");
+	uint64_t shapes = shapes_of(in, n_in, free_len);
 	spin_acquire(&c->lock);
-	fn_count *fc = count_of(c, fn);
-	uint64_t shapes = shapes_of(in, n_in, fc ? fc->free_len : 0);
 	call_frame *pick = NULL;
 	free_list *l = find_list(c, fn, keep, shapes);
 	while (l && l->n && !pick) {
@@ -398,7 +397,8 @@ static tern_status call_begin(tern_exec *caller, const tern_node *node, const te
 	}
 	/* none planned for these shapes: a new frame, so that inputs of recurring sizes (trees of many
 	 * sizes) each find theirs planned; past the cap, a free one planned again */
-	for (size_t i = 0; !pick && fc && fc->n >= TERN_CALL_FRAMES_MAX && i < c->n_lists; i++) {
+	size_t *of_fn = pick ? NULL : count_of(c, fn);
+	for (size_t i = 0; !pick && of_fn && *of_fn >= TERN_CALL_FRAMES_MAX && i < c->n_lists; i++) {
 		free_list *o = &c->lists[i];
 		while (o->fn == fn && o->keep == keep && o->n && !pick) {
 			call_frame *f = &c->frames[o->idx[--o->n]];
@@ -427,8 +427,9 @@ static tern_status call_begin(tern_exec *caller, const tern_node *node, const te
 		}
 		e->call_slot = c->n;
 		c->frames[c->n++] = (call_frame){fn, e, shapes, 1, keep};
-		if ((fc = count_of(c, fn)))
-			fc->n++;
+		size_t *count = count_of(c, fn);
+		if (count)
+			(*count)++;
 		spin_release(&c->lock);
 	}
 	call_depth++;

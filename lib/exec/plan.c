@@ -1057,7 +1057,7 @@ bool tern_exec_slot_static(const tern_exec *e, int slot)
 		return false;
 	const struct slot *s = &e->slots[slot];
 	int dt = s->t.dtype;
-	if (!s->known || dt <= 0 || dt == TERN_STRING || dt == TERN_SEQUENCE || dt == TERN_NONE)
+	if (!s->known || dt <= 0 || !tern_dtype_plain(dt))
 		return false;
 	/* a dynamic slot is known only when its maker fixed its shape (shaped_outputs); an outer one, and
 	 * an input whose length may change without a re-plan (len_free), may change between runs */

@@ -122,7 +122,7 @@ static tern_status prepare_late(tern_exec *e, step *st)
 static void release_dynamic(tern_exec *e, slot *s)
 {
 	const step *maker = s->first_def >= 0 ? &e->steps[s->first_def] : NULL;
-	bool plain = s->t.dtype != TERN_STRING && s->t.dtype != TERN_SEQUENCE && s->t.dtype != TERN_NONE;
+	bool plain = tern_dtype_plain(s->t.dtype);
 	if (maker && maker->late && !maker->dynamic_output && !maker->alias && plain && s->t.data) {
 		free(s->spare);
 		s->spare = s->t.data;

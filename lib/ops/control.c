@@ -5,6 +5,8 @@
 #include "passes/passes.h"
 
 #include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 typedef struct body_plan {
@@ -24,7 +26,7 @@ static void free_body_plan(void *p)
 static tern_status copy_out(const tern_node *node, tern_tensor *dst, const tern_tensor *src)
 {
 	/* strings, sequences and empty optionals are copied deeply (a body's values are its own) */
-	if (src->dtype == TERN_STRING || src->dtype == TERN_SEQUENCE || src->dtype == TERN_NONE) {
+	if (!tern_dtype_plain(src->dtype)) {
 		tern_status rc = tern_tensor_copy(dst, src);
 		free(dst->name);
 		dst->name = NULL;
@@ -38,14 +40,22 @@ static tern_status copy_out(const tern_node *node, tern_tensor *dst, const tern_
 	return TERN_OK;
 }
 
-/* Unless x has the type and shape a plan gave it (want): one line, "WHAT is ..., where WHO ...". */
+/* Unless x has the type and shape a plan gave it (want): one line, "WHAT is ..., where WHO ...",
+ * WHAT formatted from `what` and the arguments after it only then (a call checks at every run). */
 static tern_status check_planned(const tern_node *node, const tern_tensor *x, const tern_tensor *want,
-                                 const char *what, const char *who)
+                                 const char *who, const char *what, ...) __attribute__((format(printf, 5, 6)));
+
+static tern_status check_planned(const tern_node *node, const tern_tensor *x, const tern_tensor *want,
+                                 const char *who, const char *what, ...)
 {
 	if (tern_pass_same_shape(x, want))
 		return TERN_OK;
-	char got[128], planned[128];
-	return tern_node_errorf(node, TERN_EDATA, "%s is %s, where %s %s", what,
+	char name[160], got[128], planned[128];
+	va_list ap;
+	va_start(ap, what);
+	vsnprintf(name, sizeof name, what, ap);
+	va_end(ap);
+	return tern_node_errorf(node, TERN_EDATA, "%s is %s, where %s %s", name,
 	                        tern_shape_str(x->dtype, x->rank, x->dims, got, sizeof got), who,
 	                        tern_shape_str(want->dtype, want->rank, want->dims, planned, sizeof planned));
 }
@@ -58,17 +68,14 @@ static tern_status take_out(const tern_node *node, tern_tensor *dst, tern_exec *
 {
 	tern_tensor *src = tern_exec_output(body, o);
 	if (fixed) {
-		char what[32];
-		snprintf(what, sizeof what, "output %d", o);
-		tern_status rc = check_planned(node, src, dst, what, "the graph declares");
+		tern_status rc = check_planned(node, src, dst, "the graph declares", "output %d", o);
 		if (rc)
 			return rc;
 		if (dst->nbytes)
 			memcpy(dst->data, src->data, dst->nbytes);
 		return TERN_OK;
 	}
-	bool alone = tern_exec_output_movable(body, o) && src->dtype != TERN_STRING && src->dtype != TERN_SEQUENCE &&
-	             src->dtype != TERN_NONE;
+	bool alone = tern_exec_output_movable(body, o) && tern_dtype_plain(src->dtype);
 	for (int k = 0; alone && k < tern_exec_num_outputs(body); k++)
 		alone = k == o || tern_exec_output(body, k) != src;
 	if (!alone)
@@ -85,8 +92,7 @@ static tern_status take_out(const tern_node *node, tern_tensor *dst, tern_exec *
 /* Whether a type is one a plan can give a place to: a numeric tensor of static shape. */
 static bool static_type(const tern_type *t)
 {
-	if (t->dtype <= 0 || t->dtype == TERN_STRING || t->dtype == TERN_SEQUENCE || t->dtype == TERN_NONE ||
-	    t->rank < 0 || t->rank > TERN_MAX_RANK)
+	if (t->dtype <= 0 || !tern_dtype_plain(t->dtype) || t->rank < 0 || t->rank > TERN_MAX_RANK)
 		return false;
 	for (int d = 0; d < t->rank; d++)
 		if (t->dims[d] < 0)
@@ -757,6 +763,7 @@ typedef struct call_params {
 	const tern_graph *fn;
 	int keep; /* tern.Invoke keep=1: the frame is kept and the last output is its handle */
 	uint32_t fixed; /* the outputs of declared types (tern_prepare_args.fixed_outputs) */
+	uint64_t free_len; /* the callee's inputs of any length (tern_function_len_free) */
 } call_params;
 
 static tern_status call_run(const tern_kernel_args *a)
@@ -768,7 +775,7 @@ static tern_status call_run(const tern_kernel_args *a)
 		return tern_node_errorf(a->node, TERN_EUSAGE, "a call of a function runs only in a plan, not one node at a time");
 	int keep = cp->keep;
 	int n_out = a->n_out - keep; /* a kept call's last output is its handle */
-	tern_status rc = tern_call_begin(a->exec, a->node, fn, a->in, a->n_in, a->pool, keep, &frame);
+	tern_status rc = tern_call_begin(a->exec, a->node, fn, a->in, a->n_in, a->pool, keep, cp->free_len, &frame);
 	for (int o = 0; !rc && o < n_out; o++)
 		if (a->out[o])
 			rc = take_out(a->node, a->out[o], frame, o, tern_mask_has(cp->fixed, o));
@@ -856,7 +863,7 @@ static tern_status call_prepare(tern_prepare_args *p)
 	p->free_params = free;
 	p->dynamic_output = 1;
 	fix_declared_outputs(p); /* a kept call's handle too: declared_type knows it */
-	*cp = (call_params){fn, keep, p->fixed_outputs};
+	*cp = (call_params){fn, keep, p->fixed_outputs, tern_function_len_free(fn)};
 	return TERN_OK;
 }
 
@@ -945,13 +952,9 @@ static tern_status saved_run(const tern_kernel_args *a)
 	tern_tensor *y = a->out[0];
 	if (!y)
 		return TERN_OK;
-	if (sp->shaped) {
-		char what[160];
-		snprintf(what, sizeof what, "the kept call's '%s'", name);
-		if ((rc = check_planned(a->node, v, y, what, "the plan expects")))
-			return rc;
-	}
-	if (v->dtype == TERN_STRING || v->dtype == TERN_SEQUENCE || v->dtype == TERN_NONE)
+	if (sp->shaped && (rc = check_planned(a->node, v, y, "the plan expects", "the kept call's '%s'", name)))
+		return rc;
+	if (!tern_dtype_plain(v->dtype))
 		return copy_out(a->node, y, v);
 	tern_set_shape(y, v->dtype, v->rank, v->dims);
 	y->data = v->data;
@@ -1007,6 +1010,7 @@ typedef struct backward_params {
 	struct {
 		const tern_graph *fwd, *grad;
 		int *pick; /* per wrt name: the gradient function's output, or -1 */
+		uint64_t free_len; /* grad's inputs of any length (tern_function_len_free) */
 	} cache[BACKWARD_CACHE];
 	int n_cache, next;
 } backward_params;
@@ -1058,6 +1062,7 @@ static tern_status backward_resolve(const tern_kernel_args *a, backward_params *
 	b->cache[slot].fwd = fwd;
 	b->cache[slot].grad = grad;
 	b->cache[slot].pick = pick;
+	b->cache[slot].free_len = tern_function_len_free(grad);
 	*at = slot;
 	return TERN_OK;
 }
@@ -1234,7 +1239,8 @@ static tern_status backward_run(const tern_kernel_args *a)
 		sinks = &own;
 	tern_exec *gf = NULL;
 	if (!rc)
-		rc = tern_call_begin_sinks(a->exec, a->node, grad, in, nx + 1 + ny, a->pool, sinks, &gf);
+		rc = tern_call_begin_sinks(a->exec, a->node, grad, in, nx + 1 + ny, a->pool, b->cache[at].free_len, sinks,
+		                           &gf);
 	for (int k = 0; !rc && k < a->n_out; k++) {
 		if (!a->out[k])
 			continue;

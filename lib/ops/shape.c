@@ -1510,7 +1510,8 @@ static tern_status pad_prepare(tern_prepare_args *p)
 
 typedef struct gather_params {
 	int axis;
-	int64_t outer, n_axis, inner; /* inner in elements */
+	int64_t outer, n_axis, inner; /* inner in elements; n_axis for the gradient (Gather's kernel reads it
+	                               * from its data at every run) */
 	size_t es;
 	bool string;
 } gather_params;
@@ -1520,6 +1521,7 @@ typedef struct gather_job {
 	const tern_tensor *idx;
 	const char *src;
 	char *dst;
+	int64_t n_axis; /* the data's length along the axis in this run (the plan may serve any) */
 	int64_t n_idx, rows, n_tasks;
 } gather_job;
 
@@ -1529,8 +1531,8 @@ static void gather_rows(const gather_job *j, int64_t lo, int64_t hi)
 	size_t block = (size_t)g->inner * g->es;
 	for (int64_t r = lo; r < hi; r++) {
 		int64_t o = r / j->n_idx, k = index_at(j->idx, r % j->n_idx);
-		k += k < 0 ? g->n_axis : 0;
-		memcpy(j->dst + (size_t)r * block, j->src + (size_t)(o * g->n_axis + k) * block, block);
+		k += k < 0 ? j->n_axis : 0;
+		memcpy(j->dst + (size_t)r * block, j->src + (size_t)(o * j->n_axis + k) * block, block);
 	}
 }
 
@@ -1542,22 +1544,22 @@ static void gather_task(void *ctx, int64_t t)
 
 static tern_status gather_kernel(const tern_kernel_args *a)
 {
-	gather_params gp = *(const gather_params *)a->params, *g = &gp;
+	const gather_params *g = a->params;
 	/* the data's length along the axis as this run gives it: a plan may serve data of any length
 	 * there (tern_value_len_free) */
-	g->n_axis = a->in[0]->dims[g->axis];
+	int64_t n_axis = a->in[0]->dims[g->axis];
 	const tern_tensor *idx = a->in[1];
 	int64_t n_idx = tern_tensor_numel(idx);
-	tern_status st = check_all_indices(a->node, idx, g->n_axis, g->axis);
+	tern_status st = check_all_indices(a->node, idx, n_axis, g->axis);
 	if (st)
 		return st;
-	gather_job j = {g, idx, a->in[0]->data, a->out[0]->data, n_idx, g->outer * n_idx, 1};
+	gather_job j = {g, idx, a->in[0]->data, a->out[0]->data, n_axis, n_idx, g->outer * n_idx, 1};
 	if (g->string) {
 		for (int64_t r = 0; r < j.rows; r++) {
 			int64_t o = r / n_idx, k = index_at(idx, r % n_idx);
-			k += k < 0 ? g->n_axis : 0;
+			k += k < 0 ? n_axis : 0;
 			st = copy_elems(a->node, (char **)j.dst + r * g->inner,
-			                (char *const *)j.src + (o * g->n_axis + k) * g->inner, g->inner, g->es, true);
+			                (char *const *)j.src + (o * n_axis + k) * g->inner, g->inner, g->es, true);
 			if (st)
 				return st;
 		}
@@ -1602,7 +1604,6 @@ static tern_status gather_prepare(tern_prepare_args *p)
 		return out_of_memory(p->node);
 	g->axis = axis;
 	g->outer = tern_numel(axis, x->dims);
-	g->n_axis = x->dims[axis];
 	g->inner = tern_numel(x->rank - axis - 1, x->dims + axis + 1);
 	g->es = elem_size(x->dtype);
 	g->string = x->dtype == TERN_STRING;
