@@ -430,7 +430,8 @@ static tern_status apply_schedule(tern_exec *e)
  * nothing else orders two steps); vector clocks answer that in O(streams). */
 typedef struct lifetime {
 	size_t slot, size, offset;
-	int def;
+	int *def;  /* per stream: first step writing it (-1 none); several with the pieces of a Concat
+	            * (concat_in_place) made on several streams */
 	int *last; /* per stream: last step using it (-1 none); INT32_MAX for graph outputs */
 } lifetime;
 
@@ -449,17 +450,28 @@ static bool happens_before(const mem_ctx *c, int x, int y)
 	return c->clock[(size_t)y * (size_t)c->n_lanes + (size_t)c->steps[x].stream] >= x;
 }
 
+/* Every step of xs (per stream, -1 none) happens before every step of ys, none the same step. */
+static bool all_before(const mem_ctx *c, const int *xs, const int *ys)
+{
+	for (int s = 0; s < c->n_lanes; s++)
+		for (int t = 0; xs[s] != -1 && t < c->n_lanes; t++)
+			if (ys[t] != -1 && (xs[s] == ys[t] || !happens_before(c, xs[s], ys[t])))
+				return false;
+	return true;
+}
+
+/* a's bytes are dead before b's are first written: every use and every write of a happens before
+ * each stream's first write of b. */
 static bool ends_before(const mem_ctx *c, const lifetime *a, const lifetime *b)
 {
+	bool b_written = false;
 	for (int s = 0; s < c->n_lanes; s++) {
-		if (a->last[s] == -1)
-			continue;
 		if (a->last[s] == INT32_MAX)
 			return false;
-		if (a->last[s] == b->def || !happens_before(c, a->last[s], b->def))
-			return false;
+		b_written |= b->def[s] != -1;
 	}
-	return a->def != b->def && happens_before(c, a->def, b->def);
+	/* a value no step writes is there from the start */
+	return b_written && all_before(c, a->last, b->def) && all_before(c, a->def, b->def);
 }
 
 static int by_size_desc(const void *a, const void *b)
@@ -497,13 +509,11 @@ static tern_status vector_clocks(tern_exec *e, mem_ctx *c)
 	return TERN_OK;
 }
 
-/* Greedy-by-size placement: biggest buffers first, each at the lowest offset that no buffer it may
- * not share with occupies. */
 /* Concat without copies: when the inputs are contiguous pieces of the output (everything before the
  * axis has one element, as at batch 1 along channels), each input becomes an alias of its piece, so
- * its producer writes straight into the output and the Concat step does nothing. Only for a plan whose
- * steps run in one total order (no schedule, not a subgraph): the memory plan then sees the output
- * live from its first piece's producer, which in one order is before every other piece's. An input
+ * its producer writes straight into the output and the Concat step does nothing. Not in a subgraph. The
+ * memory plan sees the output live from the first write of any piece on each stream (plan_memory's
+ * per-stream first writes), so pieces made on several streams of a schedule share it too. An input
  * qualifies when it is an ordinary arena value of the output's type, appears once in this Concat, is
  * not already a piece of another, and starts 64-byte aligned as arena buffers do. Pieces of a Concat that is itself a piece chain to the outer one. */
 static void concat_in_place(tern_exec *e)
@@ -642,7 +652,7 @@ static tern_status plan_memory(tern_exec *e)
 	for (size_t i = 0; i < e->n_slots; i++)
 		n += e->slots[i].kind == SLOT_ARENA;
 	lifetime *items = calloc((size_t)n + 1, sizeof *items);
-	int *lasts = malloc(((size_t)n * (size_t)S + 1) * sizeof *lasts);
+	int *lasts = malloc(((size_t)n * (size_t)S * 2 + 1) * sizeof *lasts);
 	tern_status rc = items && lasts ? vector_clocks(e, &c) : tern_errorf(TERN_EOS, "out of memory");
 	if (rc)
 		goto done;
@@ -652,10 +662,10 @@ static tern_status plan_memory(tern_exec *e)
 			continue;
 		items[k].slot = i;
 		items[k].size = (slot_bytes(&e->slots[i].t) + TERN_ALIGN - 1) / TERN_ALIGN * TERN_ALIGN;
-		items[k].def = e->slots[i].first_def;
-		items[k].last = &lasts[(size_t)k * (size_t)S];
+		items[k].last = &lasts[(size_t)k * (size_t)S * 2];
+		items[k].def = items[k].last + S;
 		for (int s = 0; s < S; s++)
-			items[k].last[s] = -1;
+			items[k].last[s] = items[k].def[s] = -1;
 		k++;
 	}
 	/* Per-stream last uses, from every step's reads (aliases count for their root). */
@@ -668,12 +678,21 @@ static tern_status plan_memory(tern_exec *e)
 		slot_item[i] = -1;
 	for (int i = 0; i < n; i++)
 		slot_item[items[i].slot] = i;
-	for (int st = 0; st < e->n_steps; st++)
+	for (int st = 0; st < e->n_steps; st++) {
+		int on = e->steps[st].stream;
 		for (int u = 0; u < e->steps[st].n_use; u++) {
 			int it = slot_item[root_slot(e, e->steps[st].use_slot[u])];
-			if (it >= 0 && items[it].last[e->steps[st].stream] < st)
-				items[it].last[e->steps[st].stream] = st;
+			if (it >= 0 && items[it].last[on] < st)
+				items[it].last[on] = st;
 		}
+		/* per stream the first step that writes it: its own producer, and the producers of the
+		 * values that alias it (pieces of a Concat; in-place outputs, which read it first anyway) */
+		for (int o = 0; o < e->steps[st].n_out; o++) {
+			int it = e->steps[st].out_slot[o] >= 0 ? slot_item[root_slot(e, e->steps[st].out_slot[o])] : -1;
+			if (it >= 0 && items[it].def[on] == -1)
+				items[it].def[on] = st;
+		}
+	}
 	for (int i = 0; i < e->n_outputs; i++) {
 		int it = slot_item[root_slot(e, e->output_slot[i])];
 		if (it >= 0)
@@ -704,6 +723,8 @@ static tern_status plan_memory(tern_exec *e)
 					items[it].last[0] = INT32_MAX;
 			}
 	free(slot_item);
+	/* greedy by size: biggest buffers first, each at the lowest offset that no buffer it may not share
+	 * with occupies */
 	qsort(items, (size_t)n, sizeof *items, by_size_desc);
 	size_t total = 0;
 	for (int i = 0; i < n; i++) {
@@ -957,7 +978,7 @@ static tern_status plan_graph(tern_exec *e, tern_tensor *const *inputs, int n_in
 		return tern_errorf(TERN_EOS, "out of memory for %zu bytes of scratch", e->scratch_bytes);
 	if (e->n_inplace && (rc = donate_inputs(e)))
 		return rc;
-	if (!e->schedule && !e->parent)
+	if (!e->parent)
 		concat_in_place(e);
 	if ((rc = plan_memory(e)))
 		return rc;

@@ -290,7 +290,7 @@ test_expect_success 'bad option values exit 64' '
 	test_expect_code 64 tern-run --threads -1 add.txt 2>err
 '
 
-test_expect_success 'Concat written in place matches the scheduled graph, which copies' '
+test_expect_success 'Concat written in place: unscheduled, scheduled on one and on two threads, the same' '
 	cat >cat.txt <<-\EOF &&
 	<ir_version: 8, opset_import: ["" : 17]>
 	cat (float[1,16,4] a, float[1,3,4] b, float[1,16,4] c) => (float[1,35,4] y, float[1,16,4] ra, float[1,35,4] z) {
@@ -307,7 +307,26 @@ test_expect_success 'Concat written in place matches the scheduled graph, which 
 	tern-schedule cat.txt | tern-run --random --seed 3 >actual.scheduled &&
 	test_cmp expect.unscheduled actual.scheduled &&
 	tern-run --random --seed 3 --optimize 0 cat.txt >actual.as-given &&
-	test_cmp expect.unscheduled actual.as-given
+	test_cmp expect.unscheduled actual.as-given &&
+	tern-schedule cat.txt | tern-run --threads 2 --iters 20 --random --seed 3 >actual.two 2>/dev/null &&
+	test_cmp expect.unscheduled actual.two
+'
+
+test_expect_success PYTHON 'pieces of a Concat made on two streams share its bytes: the arena is no larger than unscheduled' '
+	cat >wide.txt <<-\EOF &&
+	<ir_version: 8, opset_import: ["" : 17]>
+	wide (float[1,64,1024] a, float[1,64,1024] c) => (float[1,1,1] z) {
+	  ra = Relu(a)
+	  rc = Neg(c)
+	  y = Concat<axis = 1>(ra, rc)
+	  z = ReduceSum(y)
+	}
+	EOF
+	tern-schedule --streams 2 -o wide-s.onnx wide.txt &&
+	tern-show -f text wide-s.onnx >plan && grep -qE "^Neg_1[[:space:]]1[[:space:]]" plan &&
+	tern-run --json --random wide.txt >one.json &&
+	tern-run --json --threads 2 --iters 5 --random wide-s.onnx >two.json &&
+	python3 -c "import json,sys; a, b = (json.load(open(f))[\"arena_mb\"] for f in (\"one.json\", \"two.json\")); sys.exit(0 if b <= a else print(a, b) or 1)"
 '
 
 test_expect_success 'TERN_ISA caps the kernels and is reported; outputs stay within rounding' '
