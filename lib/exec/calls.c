@@ -240,10 +240,7 @@ static bool fits(const tern_exec *e, tern_tensor *const *in, int n)
 		return false;
 	for (int i = 0; i < n; i++) {
 		const slot *s = &e->slots[e->input_slot[i]];
-		int from = s->len_free ? 1 : 0;
-		if (s->t.dtype != in[i]->dtype || s->t.rank != in[i]->rank ||
-		    (s->t.rank > from && memcmp(s->t.dims + from, in[i]->dims + from,
-		                                (size_t)(s->t.rank - from) * sizeof *s->t.dims) != 0))
+		if (!tern_same_shape_from(&s->t, in[i], s->len_free))
 			return false;
 	}
 	return true;

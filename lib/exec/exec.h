@@ -26,7 +26,7 @@ typedef struct slot {
 	/* An input or outer value whose first dimension may change length from run to run without a
 	 * re-plan: nothing planned depends on it (tern_value_len_free). */
 	int len_free;
-	int first_def; /* producing step, for the memory plan */
+	int first_def; /* producing step (in-place outputs, a dynamic slot's spare bytes) */
 	int owns; /* t.data is owned (CONST) */
 	/* DYNAMIC, made by a late step with outputs of fixed shape: the last run's bytes, kept for the
 	 * next run of the same size, so that a plan run again and again (a function's frame) does not
@@ -76,6 +76,18 @@ typedef struct step {
 
 /* Whether the executor allocates output o of a step (its shape is known once prepared), rather
  * than the kernel. */
+/* Whether a and b agree in dtype, rank and every dimension from `from` on (1: past a first dimension
+ * that may change length without a re-plan, slot.len_free). */
+static inline bool tern_same_shape_from(const tern_tensor *a, const tern_tensor *b, int from)
+{
+	if (a->dtype != b->dtype || a->rank != b->rank)
+		return false;
+	for (int i = from; i < a->rank; i++)
+		if (a->dims[i] != b->dims[i])
+			return false;
+	return true;
+}
+
 static inline bool tern_step_sized_output(const step *st, int o)
 {
 	return !st->dynamic_output || tern_mask_has(st->fixed_outputs, o);

@@ -556,13 +556,6 @@ static void concat_in_place(tern_exec *e)
 		}
 		st->noop = 1;
 	}
-	/* a chain of pieces starts where its first piece's producer runs */
-	for (size_t i = 0; i < e->n_slots; i++)
-		if (e->slots[i].kind == SLOT_ALIAS) {
-			slot *root = &e->slots[root_slot(e, (int)i)];
-			if (e->slots[i].first_def < root->first_def)
-				root->first_def = e->slots[i].first_def;
-		}
 }
 
 /* In-place outputs: output slot O written into the caller's input slot I, when
@@ -652,8 +645,8 @@ static tern_status plan_memory(tern_exec *e)
 	for (size_t i = 0; i < e->n_slots; i++)
 		n += e->slots[i].kind == SLOT_ARENA;
 	lifetime *items = calloc((size_t)n + 1, sizeof *items);
-	int *lasts = malloc(((size_t)n * (size_t)S * 2 + 1) * sizeof *lasts);
-	tern_status rc = items && lasts ? vector_clocks(e, &c) : tern_errorf(TERN_EOS, "out of memory");
+	int *per_stream = malloc(((size_t)n * (size_t)S * 2 + 1) * sizeof *per_stream); /* items' last and def */
+	tern_status rc = items && per_stream ? vector_clocks(e, &c) : tern_errorf(TERN_EOS, "out of memory");
 	if (rc)
 		goto done;
 	int k = 0;
@@ -662,7 +655,7 @@ static tern_status plan_memory(tern_exec *e)
 			continue;
 		items[k].slot = i;
 		items[k].size = (slot_bytes(&e->slots[i].t) + TERN_ALIGN - 1) / TERN_ALIGN * TERN_ALIGN;
-		items[k].last = &lasts[(size_t)k * (size_t)S * 2];
+		items[k].last = &per_stream[(size_t)k * (size_t)S * 2];
 		items[k].def = items[k].last + S;
 		for (int s = 0; s < S; s++)
 			items[k].last[s] = items[k].def[s] = -1;
@@ -759,7 +752,7 @@ static tern_status plan_memory(tern_exec *e)
 	}
 done:
 	free(items);
-	free(lasts);
+	free(per_stream);
 	free(c.clock);
 	return rc;
 }

@@ -37,21 +37,6 @@ void tern_blas_own_threads(void)
 #endif
 }
 
-/* Whether a and b agree in dtype, rank and every dimension from `from` on. */
-static bool same_shape_from(const tern_tensor *a, const tern_tensor *b, int from)
-{
-	if (a->dtype != b->dtype || a->rank != b->rank)
-		return false;
-	for (int i = from; i < a->rank; i++)
-		if (a->dims[i] != b->dims[i])
-			return false;
-	return true;
-}
-
-static bool same_shape(const tern_tensor *a, const tern_tensor *b)
-{
-	return same_shape_from(a, b, 0);
-}
 
 /* The inputs' shapes as a late step's key: per input present, dtype, rank, dims. */
 static size_t late_key(const step *st, int64_t *key)
@@ -158,7 +143,7 @@ static bool sum_of_one(tern_exec *e, step *st)
 	const tern_tensor *x = st->in[keep];
 	enum slot_kind kind = e->slots[st->in_slot[keep]].kind;
 	if ((kind != SLOT_DYNAMIC && kind != SLOT_CONST && !(kind == SLOT_ARENA && st->sums_to_output)) || !x->data ||
-	    !same_shape(x, y))
+	    !tern_same_shape_from(x, y, 0))
 		return false;
 	y->data = x->data;
 	y->nbytes = x->nbytes;
@@ -290,12 +275,12 @@ tern_status tern_exec_run(tern_exec *e, tern_tensor *const *inputs, int n_inputs
 	bool replan = false;
 	for (int i = 0; i < n_inputs && !replan; i++) {
 		const slot *s = &e->slots[e->input_slot[i]];
-		replan = !same_shape_from(inputs[i], &s->t, s->len_free);
+		replan = !tern_same_shape_from(inputs[i], &s->t, s->len_free);
 	}
 	/* Outer values may change shape between runs of a subgraph (a Loop's carried state). */
 	for (size_t i = 0; i < e->n_slots && !replan; i++)
 		if (e->slots[i].kind == SLOT_OUTER)
-			replan = !same_shape_from(e->slots[i].outer, &e->slots[i].t, e->slots[i].len_free);
+			replan = !tern_same_shape_from(e->slots[i].outer, &e->slots[i].t, e->slots[i].len_free);
 	if (replan) {
 		tern_exec_release_for_replan(e);
 		tern_status rc = tern_exec_plan(e, inputs, n_inputs);
