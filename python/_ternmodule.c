@@ -230,11 +230,16 @@ static PyObject *run1_obj(const char *op, tern_var *const *in, int n_in, const t
 }
 
 /* A 1-D int64 tensor (shapes, axes, starts: what ONNX takes as inputs). */
+/* The ints of a method's argument (a shape, axes, repeats) as an int64 tensor. To the trace-only
+ * baseline they are the step's input, as sizes are to torch.jit.trace, which follows them. */
 static int ints_var(tern_ctx *ctx, const int64_t *v, int n, tern_var **out)
 {
 	int64_t dims[1] = {n};
 	tern_status rc = tern_var_from(ctx, TERN_INT64, 1, dims, v, out);
-	return rc ? fail_status(rc) : 0;
+	if (rc)
+		return fail_status(rc);
+	tern_trace_input(*out);
+	return 0;
 }
 
 /* x as dtype (a new reference; x itself when it has it already). */
@@ -3312,6 +3317,16 @@ static PyObject *mod_trace_abandon(PyObject *m, PyObject *unused)
 	Py_RETURN_NONE;
 }
 
+static PyObject *mod_trace_input(PyObject *m, PyObject *t)
+{
+	if (!Tensor_Check(t)) {
+		PyErr_Format(PyExc_TypeError, "step_input: a Tensor, not %s", Py_TYPE(t)->tp_name);
+		return NULL;
+	}
+	tern_trace_input(VAR(t));
+	Py_RETURN_NONE;
+}
+
 static PyObject *mod_trace_finish(PyObject *m, PyObject *unused)
 {
 	int rc = tern_trace_finish(g_ctx);
@@ -3407,6 +3422,8 @@ static PyMethodDef module_methods[] = {
          "_trace_start(path, steps, record_dir, verbose, package_dir, replay=False, coexec=False)\n--\n\nStarts tracing the default context."},
         {"_trace_step", mod_trace_step, METH_O, "_trace_step(begin)\n--\n\nA step begins (True) or ends (False)."},
         {"_trace_abandon", mod_trace_abandon, METH_NOARGS, "_trace_abandon()\n--\n\nThe step raised: left out."},
+        {"_trace_input", mod_trace_input, METH_O,
+         "_trace_input(tensor)\n--\n\nThe tensor is input data of the step (tern.step_input)."},
         {"_trace_finish", mod_trace_finish, METH_NOARGS,
          "_trace_finish()\n--\n\nWrites the trace if it is not written yet."},
         {"_set_hooks", mod_set_hooks, METH_VARARGS,

@@ -2306,6 +2306,8 @@ static tern_status optim_step_impl(tern_optim *p)
 		}
 		if (st)
 			break;
+		/* the optimizer's own per-step values, not the program's: the trace-only baseline feeds them */
+		p->t->ts.input = p->lr->ts.input = 1;
 		tern_attr_arg at[6];
 		int na = 0;
 		tern_var *in[6];

@@ -177,8 +177,10 @@ typedef struct tern_trace_options {
 	const char *record_dir; /* NULL, or a folder that gets every traced step's inputs and fetched outputs */
 	int verbose; /* a summary on stderr when the file is written */
 	/* the trace-only baseline (torch.jit.trace's): after the traced steps, every later step runs the
-	 * first one's operations in order on the graph's values and the host's inputs, without checking
-	 * that the program asks for them */
+	 * first one's operations in order on the graph's values, without checking that the program asks
+	 * for them; the host's tensors reach them where they were made before the step, carried from an
+	 * earlier one or marked as its input (tern_trace_input), and a tensor the host made inside the
+	 * first step without the mark is replayed as the constant it was then */
 	int replay;
 	/* after the traced steps, every later step is recorded and checked against the graph's paths as
 	 * it runs; a step that diverges (another branch, a new shape, an operation the graph lacks) is
@@ -193,6 +195,11 @@ tern_status tern_trace_step_end(tern_ctx *ctx);
 void tern_trace_step_abandon(tern_ctx *ctx);
 /* The host reads v (its values leave the graph). */
 void tern_trace_fetch(tern_var *v);
+/* v is input data of the step (a minibatch, its labels): the trace-only baseline feeds it anew at
+ * every replayed step, as torch.jit.trace does the traced function's arguments, and replays every
+ * other tensor that the host made inside the traced step as the constant it was then. Tracing and
+ * co-execution treat it as any tensor the host makes. */
+void tern_trace_input(tern_var *v);
 /* dst's bytes were overwritten with src's (an in-place update of a parameter or state). */
 void tern_trace_assign(tern_var *dst, tern_var *src);
 /* Writes the graph if steps were recorded and it is not written yet. */

@@ -58,6 +58,7 @@ typedef struct t_ext {
 	int dtype, rank;
 	int64_t dims[TERN_MAX_RANK];
 	tern_tensor value; /* a copy: the first read of each serial (initializers), every read with record_dir */
+	bool frozen; /* --trace-only: made by the host in the first step, not its input: value is replayed */
 } t_ext;
 
 typedef struct t_bind {
@@ -105,6 +106,7 @@ struct tern_trace {
 	size_t rpos;
 	tern_var **rvals; /* per operation of the first step, per output: its value in this replay */
 	size_t *roff;
+	tern_var **rfrozen; /* per external read of the first step: the constant it is replayed as */
 	int64_t replayed, beyond;
 	/* the first value read of every serial, for initializers */
 	struct {
@@ -188,6 +190,22 @@ static void replay_release(struct tern_trace *t)
 	t->replay_step = 0;
 }
 
+/* --trace-only: the constant that external read k of the first step is replayed as. */
+static tern_status frozen_value(struct tern_trace *t, int32_t k, tern_var **out)
+{
+	const t_step *s = &t->steps[0];
+	if (!t->rfrozen && !(t->rfrozen = calloc(s->n_ext + 1, sizeof *t->rfrozen)))
+		return tern_errorf(TERN_EOS, "out of memory");
+	const tern_tensor *v = &s->ext[k].value;
+	if (!t->rfrozen[k]) {
+		tern_status st = tern_var_from(t->ctx, v->dtype, v->rank, v->dims, v->data, &t->rfrozen[k]);
+		if (st)
+			return st;
+	}
+	*out = t->rfrozen[k];
+	return TERN_OK;
+}
+
 tern_status tern_trace_replay(tern_ctx *c, Onnx__AttributeProto *const *attrs, int n_attrs, tern_var *const *in,
                               int n_in, tern_var **outv, int n_out, bool *handled)
 {
@@ -218,6 +236,11 @@ tern_status tern_trace_replay(tern_ctx *c, Onnx__AttributeProto *const *attrs, i
 		x[i] = o->in[i].kind == IN_OP ? t->rvals[t->roff[o->in[i].op] + (size_t)o->in[i].out]
 		       : o->in[i].kind == IN_EXT && i < n_in ? in[i]
 		                                             : NULL;
+		if (o->in[i].kind == IN_EXT && s->ext[o->in[i].ext].frozen) {
+			tern_status st = frozen_value(t, o->in[i].ext, &x[i]);
+			if (st)
+				return st;
+		}
 		/* the program detached it (the tracer sees one value): so does the replay */
 		if (x[i] && o->in[i].kind == IN_OP && i < n_in && in[i] && !tern_var_requires_grad(in[i]) &&
 		    tern_var_requires_grad(x[i]))
@@ -250,6 +273,9 @@ void tern_trace_free(struct tern_trace *t)
 	if (!t)
 		return;
 	replay_release(t);
+	for (size_t i = 0; t->rfrozen && t->n_steps && i < t->steps[0].n_ext; i++)
+		tern_var_unref(t->rfrozen[i]);
+	free(t->rfrozen);
 	free(t->rvals);
 	free(t->roff);
 	free(t->path_rep);
@@ -511,7 +537,11 @@ static tern_status input_ref(struct tern_trace *t, t_step *s, int64_t step_no, t
 	 * (with asynchronous kernels, their bytes may still be being computed) */
 	int fi = ts->born == 0 ? first_index(t, ts->serial) : -1;
 	bool hash_bytes = ts->born == 0 && !(fi >= 0 && t->firsts[fi].bound);
-	const tern_tensor *x = hash_bytes || t->record_dir ? tern_var_read(v) : tern_var_info(v);
+	/* --trace-only, as torch.jit.trace: what the host made in the traced step, other than its input
+	 * data, is a constant of the replay */
+	bool freeze = t->replay && s == t->steps && ts->born == tern_ctx_epoch(t->ctx) && !ts->input &&
+	              tern_var_info(v)->dtype != TERN_STRING;
+	const tern_tensor *x = hash_bytes || freeze || t->record_dir ? tern_var_read(v) : tern_var_info(v);
 	if (!tern_grow((void **)&s->ext, &s->cap_ext, s->n_ext + 1, sizeof *s->ext))
 		return tern_errorf(TERN_EOS, "out of memory");
 	t_ext *e = &s->ext[s->n_ext];
@@ -533,10 +563,11 @@ static tern_status input_ref(struct tern_trace *t, t_step *s, int64_t step_no, t
 	tern_status st = TERN_OK;
 	if (ts->born == 0)
 		st = remember_first(t, ts->serial, v, 0);
-	if (!st && t->record_dir)
+	if (!st && (t->record_dir || freeze))
 		st = tern_tensor_copy(&e->value, x);
 	if (st)
 		return st;
+	e->frozen = freeze;
 	*r = (t_in){IN_EXT, 0, 0, (int32_t)s->n_ext++};
 	return TERN_OK;
 }
@@ -775,6 +806,12 @@ void tern_trace_fetch(tern_var *v)
 	o->fetched[ts->out] = 1;
 	if (o->fetch_value && tern_tensor_copy(&o->fetch_value[ts->out], tern_var_read(v)))
 		t->error = TERN_EOS;
+}
+
+void tern_trace_input(tern_var *v)
+{
+	if (v)
+		tern_var_stamp(v)->input = 1;
 }
 
 void tern_trace_assign(tern_var *dst, tern_var *src)

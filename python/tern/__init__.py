@@ -42,7 +42,8 @@ __version__ = _tern.__version__
 __all__ = [
     'Tensor', 'Parameter', 'Error', 'UsageError', 'DataError', 'op', 'tensor', 'as_tensor', 'from_numpy',
     'zeros', 'ones', 'full', 'zeros_like', 'ones_like', 'randn', 'rand', 'arange', 'cat', 'stack', 'where',
-    'manual_seed', 'no_grad', 'enable_grad', 'set_grad_enabled', 'is_grad_enabled', 'step', 'steps_taken',
+    'manual_seed', 'no_grad', 'enable_grad', 'set_grad_enabled', 'is_grad_enabled', 'step', 'step_input',
+    'steps_taken',
     'cache_stats', 'set_opset', 'op_outputs', 'nn', 'optim',
 ]  # not the dtype names: `from tern import *` would shadow the builtins bool and float
 
@@ -170,6 +171,18 @@ def as_tensor(data, dtype=None):
     if isinstance(data, Tensor) and (dtype is None or data.dtype == _tern.tensor(0, dtype=dtype).dtype):
         return data
     return tensor(data, dtype=dtype)
+
+
+def step_input(data, dtype=None):
+    """tern.tensor(data, dtype), marked as input data of the step (a minibatch, its labels). Only
+    tern-trace --trace-only tells it apart: like torch.jit.trace, which takes the traced function's
+    arguments anew at every call and keeps every other tensor made inside as the constant it was
+    when traced, the replay feeds step inputs anew and replays the other tensors that the program
+    made inside the traced step (numpy masks, host random numbers) as their first values.
+    Everywhere else it is tern.tensor(data, dtype)."""
+    t = tensor(data, dtype=dtype)
+    _tern._trace_input(t)
+    return t
 
 
 def from_numpy(array):

@@ -155,8 +155,8 @@ def run(backend, seed):
 
     def forward(ids, segs, pad, ctx):
         n, L = ids.shape
-        s, e = model(B.long(ids), B.long(segs), B.long(np.broadcast_to(np.arange(L), (n, L))),
-                     B.tensor(pad, dtype='bool'))
+        s, e = model(B.input(ids, 'int64'), B.input(segs, 'int64'), B.long(np.broadcast_to(np.arange(L), (n, L))),
+                     B.input(pad, 'bool'))
         off = B.tensor(np.where(ctx, 0.0, -1e4))  # only context tokens can start or end the answer
         return s + off, e + off
 
@@ -165,7 +165,7 @@ def run(backend, seed):
         ids, segs, pad, ctx, spans, _ = encode(vocab, [make_example(r) for _ in range(BATCH)])
         with timer.step():
             s, e = forward(ids, segs, pad, ctx)
-            loss = (F.cross_entropy(s, B.long(spans[:, 0])) + F.cross_entropy(e, B.long(spans[:, 1]))) / 2
+            loss = (F.cross_entropy(s, B.input(spans[:, 0], 'int64')) + F.cross_entropy(e, B.input(spans[:, 1], 'int64'))) / 2
             opt.zero_grad()
             loss.backward()
             opt.step()

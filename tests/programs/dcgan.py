@@ -106,8 +106,8 @@ def run(backend, seed):
     G.train()
     D.train()
     for step in range(STEPS):
-        real = B.tensor(x[rng.choice(len(x), BATCH, replace=False)])
-        z = B.tensor(rng.standard_normal((BATCH, NZ)))
+        real = B.input(x[rng.choice(len(x), BATCH, replace=False)])
+        z = B.input(rng.standard_normal((BATCH, NZ)))
         with timer.step():
             # discriminator: real -> 1, fake (no gradient into G) -> 0
             optD.zero_grad(set_to_none=True)

@@ -94,7 +94,7 @@ def run(backend, seed):
         model.train()
         with timer.step():
             opt.zero_grad(set_to_none=True)
-            loss = F.cross_entropy(model(B.tensor(x[idx]), dropblock), B.long(y[idx]))
+            loss = F.cross_entropy(model(B.input(x[idx]), dropblock), B.input(y[idx], 'int64'))
             loss.backward()
             opt.step()
             losses.append(loss.item())

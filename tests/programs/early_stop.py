@@ -80,7 +80,7 @@ def run(backend, seed):
             xb, yb = x[idx], y[idx]
             with timer.step():
                 opt.zero_grad(set_to_none=True)
-                loss = F.cross_entropy(model(B.tensor(xb)), B.long(yb))
+                loss = F.cross_entropy(model(B.input(xb)), B.input(yb, 'int64'))
                 loss.backward()
                 opt.step()
                 losses.append(loss.item())

@@ -124,8 +124,8 @@ def run(backend, seed):
         yb = np.stack([data[s + 1:s + T + 1] for s in starts])
         with timer.step():
             opt.zero_grad(set_to_none=True)
-            logits, _ = model(B.long(xb))
-            loss = F.cross_entropy(logits.reshape(BATCH * T, V), B.long(yb.reshape(-1)))
+            logits, _ = model(B.input(xb, 'int64'))
+            loss = F.cross_entropy(logits.reshape(BATCH * T, V), B.input(yb.reshape(-1), 'int64'))
             loss.backward()
             opt.step()
             losses.append(loss.item())

@@ -122,6 +122,16 @@ class Backend:
     def long(self, a):
         return self.tensor(np.asarray(a), dtype='int64')
 
+    def input(self, a, dtype=None):
+        """tensor(a, dtype) holding the step's input data (a minibatch, its labels): on tern marked
+        as such (tern.step_input), which only tern-trace --trace-only tells apart, as torch.jit.trace
+        does the traced function's arguments."""
+        if self.is_torch:
+            return self.tensor(a, dtype)
+        a = np.asarray(a)
+        return self.lib.step_input(np.ascontiguousarray(a.astype(dtype or ('float32' if a.dtype.kind == 'f' else a.dtype),
+                                                                copy=False)))
+
     def numpy(self, t):
         if isinstance(t, np.ndarray):
             return t

@@ -65,9 +65,9 @@ def run(backend, seed):
     for step in range(STEPS):
         xq, xk, _ = views(rng, protos, BATCH)
         with timer.step():
-            q = query(B.tensor(xq))
+            q = query(B.input(xq))
             with B.no_grad():
-                k = key(B.tensor(xk))
+                k = key(B.input(xk))
             pos = (q * k).sum(1).reshape(BATCH, 1)
             if bank:
                 # negatives: host-chosen (entry, row) positions in the Python list of tensors

@@ -147,7 +147,7 @@ def run(backend, seed):
     losses, n_props = [], []
     for img, gt, gl in train:
         with timer.step():
-            f, obj, deltas = model.rpn(B.tensor(img[None]))
+            f, obj, deltas = model.rpn(B.input(img[None]))
             # RPN targets on the host: IoU of anchors with the ground truth, sampled anchors
             ov = iou(anchors, gt)
             best = ov.max(1)

@@ -95,8 +95,8 @@ def run(backend, seed):
         tgt = np.concatenate([src[:, ::-1], np.full((BATCH, 1), EOS)], 1)
         inp = np.concatenate([np.full((BATCH, 1), BOS), src[:, ::-1]], 1)
         with timer.step():
-            logits, _ = model.decode(B.long(inp), model.encode(B.long(src)))
-            loss = F.cross_entropy(logits.reshape(-1, V), B.long(tgt.reshape(-1)))
+            logits, _ = model.decode(B.input(inp, 'int64'), model.encode(B.input(src, 'int64')))
+            loss = F.cross_entropy(logits.reshape(-1, V), B.input(tgt.reshape(-1), 'int64'))
             opt.zero_grad()
             loss.backward()
             opt.step()

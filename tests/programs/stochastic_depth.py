@@ -76,7 +76,7 @@ def run(backend, seed):
         drawn.append(''.join('1' if a else '0' for a in active))
         with timer.step():
             opt.zero_grad(set_to_none=True)
-            loss = F.cross_entropy(model(B.tensor(x[idx]), active), B.long(y[idx]))
+            loss = F.cross_entropy(model(B.input(x[idx]), active), B.input(y[idx], 'int64'))
             loss.backward()
             opt.step()
             losses.append(loss.item())

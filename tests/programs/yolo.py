@@ -126,13 +126,13 @@ def run(backend, seed):
         x, objs = make_batch(rng, BATCH)
         tobj, idx, tbox, tcls = targets(objs)
         with timer.step():
-            pred = model(B.tensor(x))  # [N, 5+NC, S, S]
+            pred = model(B.input(x))  # [N, 5+NC, S, S]
             cells = pred.permute(0, 2, 3, 1).reshape(-1, 5 + NC)  # [N*S*S, 5+NC]
-            loss_obj = F.binary_cross_entropy_with_logits(cells[:, 0], B.tensor(tobj))
-            resp = cells[B.long(idx)]
-            loss_xy = F.mse_loss(resp[:, 1:3].sigmoid(), B.tensor(tbox[:, :2]))
-            loss_wh = F.mse_loss(resp[:, 3:5], B.tensor(tbox[:, 2:]))
-            loss_cls = F.cross_entropy(resp[:, 5:], B.long(tcls))
+            loss_obj = F.binary_cross_entropy_with_logits(cells[:, 0], B.input(tobj))
+            resp = cells[B.input(idx, 'int64')]
+            loss_xy = F.mse_loss(resp[:, 1:3].sigmoid(), B.input(tbox[:, :2]))
+            loss_wh = F.mse_loss(resp[:, 3:5], B.input(tbox[:, 2:]))
+            loss_cls = F.cross_entropy(resp[:, 5:], B.input(tcls, 'int64'))
             loss = 5.0 * loss_obj + 5.0 * loss_xy + loss_wh + loss_cls
             opt.zero_grad()
             loss.backward()

@@ -54,7 +54,9 @@ def _np(x):
 
 
 def _i64(values):
-    return tern.tensor(np.asarray(values, dtype=np.int64))
+    """Shapes, axes, pads and slice bounds as int64: the trace-only baseline follows them as
+    torch.jit.trace follows sizes (tern.step_input)."""
+    return tern.step_input(np.asarray(values, dtype=np.int64))
 
 
 def _np_dtype(x):
