@@ -3,8 +3,9 @@
  * The schedule fixes everything a device would be told: each stream's steps in launch order, and the
  * steps of other streams each one waits for. --threads workers then run the streams as a device runs
  * its queues: a worker takes the next step of any stream whose waits are met (preferring the stream it
- * ran last, whose data is in its cache), runs it, and marks it done with the run's generation — a
- * per-step counter, as an event. A stream is held by one worker at a time, so its steps run in order.
+ * ran last, whose data is in its cache), runs it, and moves the stream's position past it: a
+ * stream's position is the event of every step in it. A stream is held by one worker at a time, so its
+ * steps run in order.
  * Launch order is topological, so some stream can always advance: no worker waits forever.
  *
  * The workers are also the kernels' thread pool (a team, lib/core/threadpool.c): a worker with no
@@ -44,9 +45,10 @@ struct stream_sync {
 	 * worker to wake (tens of microseconds on some machines) just to find nothing left to do. */
 	atomic_int active;
 	uint64_t closed; /* the last generation closed */
-	atomic_uint_fast64_t *done; /* per step: generation in which it finished */
+	int *qpos; /* per step: its place in its stream's queue; it has run once the stream's pos is past it */
 	stream_state *streams;
-	atomic_int remaining; /* steps not yet finished this generation */
+	atomic_int remaining; /* streams not yet finished this generation */
+	int n_live; /* streams with steps */
 	atomic_int failed;
 	int initialised; /* lock and conditions exist */
 	tern_status status;
@@ -64,23 +66,29 @@ static void fail(struct stream_sync *y, tern_status rc)
 	atomic_store(&y->failed, 1);
 }
 
-static bool ready(const tern_exec *e, int k, uint64_t gen)
+/* Whether the steps k waits for have run: each stream's pos, moved on (release) once a step's
+ * outputs are written, tells for all its steps. No per-step mark: a word written at every step and
+ * read by every idle worker would move between the cores at every step. */
+static bool ready(const tern_exec *e, int k)
 {
 	const step *st = &e->steps[k];
-	for (int w = 0; w < st->n_waits; w++)
-		if (atomic_load_explicit(&e->sync->done[st->waits[w]], memory_order_acquire) != gen)
+	const struct stream_sync *y = e->sync;
+	for (int w = 0; w < st->n_waits; w++) {
+		int x = st->waits[w];
+		if (atomic_load_explicit(&y->streams[e->steps[x].stream].pos, memory_order_acquire) <= y->qpos[x])
 			return false;
+	}
 	return true;
 }
 
 /* Runs the next step of stream s if its waits are met and no other worker holds s; true if it ran. */
-static bool advance(tern_exec *e, int s, int worker, uint64_t gen)
+static bool advance(tern_exec *e, int s, int worker)
 {
 	struct stream_sync *y = e->sync;
 	stream_state *ss = &y->streams[s];
 	int pos = atomic_load_explicit(&ss->pos, memory_order_acquire);
 	if (pos >= e->queue_len[s] || atomic_load_explicit(&ss->held, memory_order_relaxed) ||
-	    !ready(e, e->queue[s][pos], gen))
+	    !ready(e, e->queue[s][pos]))
 		return false;
 	int unheld = 0;
 	if (!atomic_compare_exchange_strong(&ss->held, &unheld, 1))
@@ -94,10 +102,10 @@ static bool advance(tern_exec *e, int s, int worker, uint64_t gen)
 	tern_status rc = tern_exec_run_step(e, k, e->worker_scratch[worker], worker);
 	if (rc)
 		fail(y, rc);
-	atomic_store_explicit(&y->done[k], gen, memory_order_release);
 	atomic_store_explicit(&ss->pos, pos + 1, memory_order_release);
 	atomic_store_explicit(&ss->held, 0, memory_order_release);
-	atomic_fetch_sub_explicit(&y->remaining, 1, memory_order_acq_rel);
+	if (pos + 1 == e->queue_len[s]) /* the stream's last step: one shared write a stream, not a step */
+		atomic_fetch_sub_explicit(&y->remaining, 1, memory_order_acq_rel);
 	tern_team_notify(e->kernel_pool);
 	return true;
 }
@@ -109,7 +117,6 @@ static bool generation_over(const tern_exec *e)
 
 typedef struct idle_ctx {
 	tern_exec *e;
-	uint64_t gen;
 } idle_ctx;
 
 /* For a worker about to sleep: is there anything to do after all? */
@@ -122,8 +129,7 @@ static bool has_work(void *arg)
 	/* One stream is worker 0's alone: the others only help. */
 	for (int s = 0; e->n_streams > 1 && s < e->n_streams; s++) {
 		int pos = atomic_load_explicit(&e->sync->streams[s].pos, memory_order_acquire);
-		if (pos < e->queue_len[s] && !atomic_load(&e->sync->streams[s].held) &&
-		    ready(e, e->queue[s][pos], c->gen))
+		if (pos < e->queue_len[s] && !atomic_load(&e->sync->streams[s].held) && ready(e, e->queue[s][pos]))
 			return true;
 	}
 	return false;
@@ -133,11 +139,11 @@ static bool has_work(void *arg)
  * helps with the kernels that others are running, else backs off, and after a while sleeps until a
  * step finishes or a kernel posts work. One stream: worker 0 runs it, in order and with no
  * bookkeeping per step, and the others only help. */
-static void run_worker(tern_exec *e, int worker, uint64_t gen)
+static void run_worker(tern_exec *e, int worker)
 {
 	struct stream_sync *y = e->sync;
 	int S = e->n_streams, last = worker % S, spins = 0;
-	idle_ctx ctx = {e, gen};
+	idle_ctx ctx = {e};
 	if (S == 1 && worker == 0) {
 		for (int k = 0; k < e->n_steps;) {
 			tern_status rc = tern_exec_run_next(e, &k, e->worker_scratch[0], 0);
@@ -154,7 +160,7 @@ static void run_worker(tern_exec *e, int worker, uint64_t gen)
 		bool ran = false;
 		for (int i = 0; S > 1 && i < S && !ran; i++) {
 			int s = last + i < S ? last + i : last + i - S;
-			if (advance(e, s, worker, gen)) {
+			if (advance(e, s, worker)) {
 				last = s;
 				ran = true;
 			}
@@ -200,7 +206,7 @@ static void *worker_main(void *arg)
 		}
 		atomic_fetch_add_explicit(&y->active, 1, memory_order_relaxed);
 		pthread_mutex_unlock(&y->lock);
-		run_worker(e, w->index, seen);
+		run_worker(e, w->index);
 		finish_worker(y);
 	}
 }
@@ -218,9 +224,9 @@ tern_status tern_exec_setup_streams(tern_exec *e)
 		e->sync = calloc(1, sizeof *e->sync);
 	if (!e->queue || !e->queue_len || !e->worker_scratch || !e->sync)
 		return tern_errorf(TERN_EOS, "out of memory");
-	e->sync->done = calloc((size_t)e->n_steps + 1, sizeof *e->sync->done);
+	e->sync->qpos = calloc((size_t)e->n_steps + 1, sizeof *e->sync->qpos);
 	e->sync->streams = tern_aligned_alloc((size_t)S * sizeof *e->sync->streams);
-	if (!e->sync->done || !e->sync->streams)
+	if (!e->sync->qpos || !e->sync->streams)
 		return tern_errorf(TERN_EOS, "out of memory");
 	if (!parked) {
 		pthread_mutex_init(&e->sync->lock, NULL);
@@ -237,8 +243,12 @@ tern_status tern_exec_setup_streams(tern_exec *e)
 	}
 	for (int k = 0; k < e->n_steps; k++) {
 		int s = e->steps[k].stream;
+		e->sync->qpos[k] = e->queue_len[s];
 		e->queue[s][e->queue_len[s]++] = k;
 	}
+	e->sync->n_live = 0;
+	for (int s = 0; s < S; s++)
+		e->sync->n_live += e->queue_len[s] > 0;
 	/* Any worker may run any step: each has scratch for the largest (the caller, the plan's own). */
 	e->worker_scratch[0] = e->scratch;
 	for (int w = 1; w < W; w++)
@@ -268,7 +278,7 @@ tern_status tern_exec_run_streams(tern_exec *e)
 	atomic_store_explicit(&y->active, 0, memory_order_relaxed);
 	y->status = TERN_OK;
 	atomic_store(&y->failed, 0);
-	atomic_store(&y->remaining, e->n_steps);
+	atomic_store(&y->remaining, e->n_streams > 1 ? y->n_live : 1);
 	for (int s = 0; s < e->n_streams; s++) {
 		atomic_store(&y->streams[s].pos, 0);
 		atomic_store(&y->streams[s].held, 0);
@@ -277,7 +287,7 @@ tern_status tern_exec_run_streams(tern_exec *e)
 	pthread_cond_broadcast(&y->go);
 	pthread_mutex_unlock(&y->lock);
 	tern_team_join(e->kernel_pool, 0);
-	run_worker(e, 0, gen);
+	run_worker(e, 0);
 	tern_team_join(NULL, -1);
 	pthread_mutex_lock(&y->lock);
 	y->closed = gen;
@@ -299,9 +309,9 @@ void tern_exec_park_streams(tern_exec *e)
 {
 	/* the workers wait for the next generation and touch nothing of the plan until then */
 	if (e->sync) {
-		free(e->sync->done);
+		free(e->sync->qpos);
 		free(e->sync->streams);
-		e->sync->done = NULL;
+		e->sync->qpos = NULL;
 		e->sync->streams = NULL;
 	}
 	for (int s = 0; e->queue && s < e->n_streams; s++)
