@@ -16,8 +16,13 @@ thread counts measured. Once per model the outputs of every variant are compared
 (parity tolerance). OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE are removed from the
 children's environment, as in scripts/bench.py.
 
+The overhead micro-benchmark (left out with --no-overhead) is scripts/bench.py's chain split in two:
+two chains of 500 elementwise nodes on 16 floats from one input, joined by an Add, scheduled on two
+streams and run as given. ns per step = (its time - the one-node graph's) / 1000: what the executor
+costs a step when the streams run side by side (multi) and one after another (--single-stream).
+
 Usage: .venv/bin/python scripts/bench_streams.py [--models a,b] [--threads 1,2] [--rounds R] [--iters N]
-                                                 [--quick] [--json FILE]
+                                                 [--quick] [--json FILE] [--no-overhead]
 tern-run and tern-schedule are in $TERN_BUILD/bin (TERN_BUILD defaults to build).
 """
 import argparse
@@ -124,6 +129,61 @@ def run(opt, work):
     return rows
 
 
+def write_two_chains(path, nodes):
+    """Two chains of `nodes` nodes each (bench.write_chain's Add and Relu) from x, joined by an Add."""
+    import onnx
+    from onnx import helper
+
+    chain = onnx.load(bench.write_chain(path, nodes))
+    g = chain.graph
+    ops = []
+    for c in ("a", "b"):
+        for n in g.node:
+            m = onnx.NodeProto()
+            m.CopyFrom(n)
+            m.name = f"{c}.{n.name}"
+            m.input[:] = [i if i in ("x", "c") else f"{c}.{i}" for i in n.input]
+            m.output[:] = [f"{c}.{o}" for o in n.output]
+            ops.append(m)
+    ops.append(helper.make_node("Add", ["a.y", "b.y"], ["y"], name="join"))
+    del g.node[:]
+    g.node.extend(ops)
+    onnx.checker.check_model(chain)
+    onnx.save(chain, path)
+    return path
+
+
+def run_overhead(opt, work):
+    """ns per step of the stream executor, at each thread count, on two chains of small steps."""
+    import numpy as np
+
+    half = bench.CHAIN_NODES // 2
+    x = os.path.join(work, "chains.x.npy")
+    np.save(x, np.linspace(-1, 1, bench.CHAIN_SIZE, dtype=np.float32))
+    inputs = {"x": x}
+    two = write_two_chains(os.path.join(work, "two_chains.onnx"), half)
+    scheduled = os.path.join(work, "two_chains.streams.onnx")
+    streams = schedule(opt.tern_schedule, two, "2", scheduled)
+    one_node = bench.write_chain(os.path.join(work, "chain1.onnx"), 1)
+    steps = 2 * half + 1
+    rows = []
+    for t in opt.threads:
+        bench.log(f"bench_streams: two chains of {half} nodes, {t} thread(s)")
+        runners = {
+            "multi": (lambda: bench.tern_measure(opt.tern_run, scheduled, inputs, t, 2000, 200, bench.AS_GIVEN), opt.rounds),
+            "single": (lambda: bench.tern_measure(opt.tern_run, scheduled, inputs, t, 2000, 200, ["--single-stream", *bench.AS_GIVEN]),
+                       opt.rounds),
+            "one": (lambda: bench.tern_measure(opt.tern_run, one_node, inputs, t, 2000, 200, bench.AS_GIVEN),
+                    opt.rounds),
+        }
+        res = {v: bench.summary(r) for v, r in bench.alternate(runners, opt.rounds).items()}
+        row = {"threads": t, "streams": streams, "steps": steps}
+        for v in ("multi", "single"):
+            row[v] = {"ms": res[v]["ms"], "ns_per_step": (res[v]["ms"] - res["one"]["ms"]) * 1e6 / (steps - 1)}
+        rows.append(row)
+    return rows
+
+
 def best_single(rows, model):
     """The fastest single-stream latency of a model over both single-stream variants and every thread
     count measured, and where it was."""
@@ -155,7 +215,7 @@ def cell(res, key="ms", digits=3):
     return "fails" if "error" in res else bench.fmt(res[key], digits)
 
 
-def report(opt, info, rows):
+def report(opt, info, rows, overhead):
     out = [*bench.header_lines(info),
            f"Method: {opt.rounds} alternating rounds, each a fresh tern-run process; latency = median over rounds "
            "of each round's median, batch 1; plain = the optimised graph unscheduled, single = the scheduled graph "
@@ -168,6 +228,14 @@ def report(opt, info, rows):
     errors = sorted({f"{r['model']} ({v}): {r[v]['error']}" for r in rows for v in VARIANTS if "error" in r[v]})
     if errors:
         out += ["", "Failures:", *(f"- {e}" for e in errors)]
+    if overhead:
+        out += ["", f"Overhead: two chains of {bench.CHAIN_NODES // 2} elementwise nodes on {bench.CHAIN_SIZE} floats, "
+                "scheduled on two streams and run as given; ns per step = (the run - a one-node graph's) / "
+                f"{overhead[0]['steps'] - 1}.", ""]
+        out.append(bench.markdown_table(["threads", "multi µs", "multi ns/step", "single-stream µs", "single ns/step"],
+                                        [[o["threads"], bench.fmt(o["multi"]["ms"] * 1e3, 1),
+                                          bench.fmt(o["multi"]["ns_per_step"], 1), bench.fmt(o["single"]["ms"] * 1e3, 1),
+                                          bench.fmt(o["single"]["ns_per_step"], 1)] for o in overhead]))
     out += ["", "Targets:", *targets(rows)]
     return "\n".join(out)
 
@@ -175,6 +243,7 @@ def report(opt, info, rows):
 def main():
     ap = argparse.ArgumentParser(description="Benchmark tern-run's multi-stream execution against single-stream.")
     bench.add_options(ap, DEFAULT_MODELS, ["tern-run", "tern-schedule", "tern-optimize"])
+    ap.add_argument("--no-overhead", action="store_true", help="leave the overhead micro-benchmark out")
     opt = ap.parse_args()
     import export_models
 
@@ -185,11 +254,12 @@ def main():
     with tempfile.TemporaryDirectory(prefix="tern-bench-streams.") as work:
         try:
             rows = run(opt, work)
+            overhead = [] if opt.no_overhead else run_overhead(opt, work)
         except bench.BenchError as e:
             sys.exit(f"bench_streams: {e}")
     info["load_average_end"] = os.getloadavg()
-    bench.write_results(opt.json, {"machine": info, "models": rows, "targets": targets(rows)},
-                        lambda: report(opt, info, rows))
+    bench.write_results(opt.json, {"machine": info, "models": rows, "overhead": overhead, "targets": targets(rows)},
+                        lambda: report(opt, info, rows, overhead))
     return 0
 
 
