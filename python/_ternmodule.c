@@ -229,9 +229,8 @@ static PyObject *run1_obj(const char *op, tern_var *const *in, int n_in, const t
 	return wrap_as(&TensorType, out);
 }
 
-/* A 1-D int64 tensor (shapes, axes, starts: what ONNX takes as inputs). */
-/* The ints of a method's argument (a shape, axes, repeats) as an int64 tensor. To the trace-only
- * baseline they are the step's input, as sizes are to torch.jit.trace, which follows them. */
+/* A 1-D int64 tensor (shapes, axes, starts: what ONNX takes as inputs). To the trace-only baseline
+ * they are the step's input, as sizes are to torch.jit.trace, which follows them. */
 static int ints_var(tern_ctx *ctx, const int64_t *v, int n, tern_var **out)
 {
 	int64_t dims[1] = {n};

@@ -2307,7 +2307,8 @@ static tern_status optim_step_impl(tern_optim *p)
 		if (st)
 			break;
 		/* the optimizer's own per-step values, not the program's: the trace-only baseline feeds them */
-		p->t->ts.input = p->lr->ts.input = 1;
+		tern_trace_input(p->t);
+		tern_trace_input(p->lr);
 		tern_attr_arg at[6];
 		int na = 0;
 		tern_var *in[6];

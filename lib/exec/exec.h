@@ -74,8 +74,6 @@ typedef struct step {
 	int n_waits;
 } step;
 
-/* Whether the executor allocates output o of a step (its shape is known once prepared), rather
- * than the kernel. */
 /* Whether a and b agree in dtype, rank and every dimension from `from` on (1: past a first dimension
  * that may change length without a re-plan, slot.len_free). */
 static inline bool tern_same_shape_from(const tern_tensor *a, const tern_tensor *b, int from)
@@ -88,6 +86,8 @@ static inline bool tern_same_shape_from(const tern_tensor *a, const tern_tensor 
 	return true;
 }
 
+/* Whether the executor allocates output o of a step (its shape is known once prepared), rather
+ * than the kernel. */
 static inline bool tern_step_sized_output(const step *st, int o)
 {
 	return !st->dynamic_output || tern_mask_has(st->fixed_outputs, o);

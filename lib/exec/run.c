@@ -37,7 +37,6 @@ void tern_blas_own_threads(void)
 #endif
 }
 
-
 /* The inputs' shapes as a late step's key: per input present, dtype, rank, dims. */
 static size_t late_key(const step *st, int64_t *key)
 {

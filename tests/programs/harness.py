@@ -109,15 +109,16 @@ class Backend:
 
     # ------------------------------------------------ tensors
 
-    def tensor(self, a, dtype=None):
-        """A float32 tensor (or dtype: 'float32', 'int64', 'bool', ...) holding a copy of a."""
+    def tensor(self, a, dtype=None, step_input=False):
+        """A float32 tensor (or dtype: 'float32', 'int64', 'bool', ...) holding a copy of a; on tern
+        with step_input, marked as the step's input data (tern.step_input)."""
         a = np.asarray(a)
         if dtype is None:
             dtype = 'float32' if a.dtype.kind == 'f' else str(a.dtype)
         a = np.ascontiguousarray(a.astype(dtype, copy=False))
         if self.is_torch:
             return self.lib.from_numpy(a.copy())
-        return self.lib.tensor(a)
+        return self.lib.step_input(a) if step_input else self.lib.tensor(a)
 
     def long(self, a):
         return self.tensor(np.asarray(a), dtype='int64')
@@ -126,11 +127,7 @@ class Backend:
         """tensor(a, dtype) holding the step's input data (a minibatch, its labels): on tern marked
         as such (tern.step_input), which only tern-trace --trace-only tells apart, as torch.jit.trace
         does the traced function's arguments."""
-        if self.is_torch:
-            return self.tensor(a, dtype)
-        a = np.asarray(a)
-        return self.lib.step_input(np.ascontiguousarray(a.astype(dtype or ('float32' if a.dtype.kind == 'f' else a.dtype),
-                                                                copy=False)))
+        return self.tensor(a, dtype, step_input=True)
 
     def numpy(self, t):
         if isinstance(t, np.ndarray):

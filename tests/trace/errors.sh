@@ -8,20 +8,14 @@ PY="$1"
 [ -n "${TERN_TRACE_PRELOAD:-}" ] && export LD_PRELOAD="$TERN_TRACE_PRELOAD"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-pass=0 fail=0
+. "$(dirname "$0")/tally.sh"
 check() { # NAME WANT_STATUS COMMAND...
 	name=$1 want=$2
 	shift 2
 	"$@" >"$tmp/out" 2>"$tmp/err"
 	got=$?
-	if [ "$got" = "$want" ] && [ ! -e "$tmp/g.onnx" ] && [ "$(wc -l <"$tmp/err")" -ge 1 ]; then
-		pass=$((pass + 1))
-		echo "ok $name"
-	else
-		fail=$((fail + 1))
-		echo "FAIL $name: status $got (wanted $want)"
-		cat "$tmp/err"
-	fi
+	[ "$got" = "$want" ] && [ ! -e "$tmp/g.onnx" ] && [ "$(wc -l <"$tmp/err")" -ge 1 ]
+	tally "$name" $? "status $got (wanted $want)"
 	rm -f "$tmp/g.onnx"
 }
 check "program's status" 3 "$T" -o "$tmp/g.onnx" -- "$PY" -c "import tern, sys; (tern.tensor([1.0]) * 2).item(); sys.exit(3)"
@@ -31,12 +25,9 @@ check "no -o, nothing traced" 65 "$T" -- "$PY" -c "pass"
 if "$T" -- "$PY" -c "import tern; print('hello'); print((tern.tensor([1.0, 2.0]) * 3).sum().item())" \
 	>"$tmp/stdout.onnx" 2>"$tmp/err" && "$TERN_BUILD/bin/tern-show" -f stats "$tmp/stdout.onnx" >/dev/null &&
 	grep -q hello "$tmp/err" && ! grep -q hello "$tmp/stdout.onnx"; then
-	pass=$((pass + 1))
-	echo "ok graph on standard output"
+	tally "graph on standard output" 0
 else
-	fail=$((fail + 1))
-	echo "FAIL graph on standard output"
-	cat "$tmp/err"
+	tally "graph on standard output" 1
 fi
 check "no program" 64 "$T" -o "$tmp/g.onnx"
 check "bad --steps" 64 "$T" -o "$tmp/g.onnx" --steps 0 -- "$PY" -c "pass"

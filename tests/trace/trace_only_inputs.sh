@@ -23,16 +23,10 @@ for k in range(3):
         sums.append((x + m + before).sum().item())
 print(' '.join('%g' % v for v in sums))
 P
-pass=0 fail=0
+. "$(dirname "$0")/tally.sh"
 check() { # NAME WANT GOT
-	if [ "$2" = "$3" ]; then
-		pass=$((pass + 1))
-		echo "ok $1"
-	else
-		fail=$((fail + 1))
-		echo "FAIL $1: '$3' (wanted '$2')"
-		cat "$tmp/err"
-	fi
+	[ "$2" = "$3" ]
+	tally "$1" $? "'$3' (wanted '$2')"
 }
 check "plain run" "400 444 488" "$("$PY" "$tmp/p.py" 2>"$tmp/err")"
 check "trace-only: inputs fed, in-step tensors frozen" "400 404 408" \
