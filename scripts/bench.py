@@ -60,6 +60,7 @@ class BenchError(Exception):
 
 
 TERN_ISA = None  # --isa: the instruction-set cap tern-run runs under
+TERN_ENV = {}  # more environment for tern-run (bench_kernels: TERN_WINOGRAD=0 for the direct kernel)
 ORT_PYTHON = sys.executable  # --ort-python
 
 
@@ -69,6 +70,7 @@ def child_env():
         env.pop(k, None)
     if TERN_ISA:
         env["TERN_ISA"] = TERN_ISA
+    env.update(TERN_ENV)
     return env
 
 

@@ -264,6 +264,7 @@ struct bconv {
 	tern_act act;
 	bool rows_outer; /* walk output rows outside the channel groups (the weights are small) */
 	bconv_row_fn row; /* the instruction set's kernel, chosen when planning */
+	struct wino *wino; /* 3 x 3, stride 1: Winograd's F(2 x 2, 3 x 3) (below), when it pays */
 };
 
 /* The kernel reads a padded copy of the input rather than the input in place. */
@@ -272,12 +273,15 @@ static bool padded(const bconv *c)
 	return c->in_h != c->x_h || c->in_w != c->x_w;
 }
 
+static void wino_free(struct wino *w);
+
 static void bconv_free(void *p)
 {
 	bconv *c = p;
 	if (c) {
 		free(c->wt);
 		free(c->bias);
+		wino_free(c->wino);
 	}
 	free(c);
 }
@@ -461,6 +465,271 @@ static tern_status unpacked_kernel(const tern_kernel_args *a)
 	return tern_node_errorf(a->node, TERN_EDATA, "inputs 1 and 2 (weights, bias) must be constants");
 }
 
+/* ---------------------------------------------------------------- Winograd's F(2 x 2, 3 x 3)
+ *
+ * A 3 x 3 convolution of stride 1 gets each 2 x 2 tile of outputs from the 4 x 4 inputs under it with
+ * 16 multiply-adds a pair of channels instead of 36 (Lavin and Gray, 2016): V = B'dB of each input
+ * tile d, U = GgG' of each filter g (when planning), M = the sum over input channels of U times V,
+ * position by position, and the outputs A'MA. The sums over input channels are 16 matrix products,
+ * one per position xi of the 4 x 4 tile (tiles x input channels by input channels x output channels),
+ * which BlockedConv's own kernel computes: they are a 1 x 1 convolution over a row of tiles, in a view
+ * of the convolution whose 16 rows are the positions, with row xi's weights U[xi]. The image's tiles
+ * go in chunks of whole tile rows (WINO_CHUNK), and the chunks in passes whose transformed inputs fit
+ * half the second-level cache: first the pass's input transforms, per chunk and channel block; then
+ * per pair of output blocks and chunk the 16 products and the output transform, which adds the bias
+ * and the residual and applies the activation while the products are still in the core's cache. The
+ * transforms only add and halve, so the results differ from the direct sums by rounding alone. */
+
+#define WT 16 /* positions of an input tile (4 x 4) */
+
+struct wino {
+	int64_t th, tw;           /* tile rows and columns: the outputs in pairs, the last cut at an odd edge */
+	int64_t rows, chunks, tc; /* tile rows a chunk, chunks, tiles a chunk at most */
+	int64_t pass, slots;      /* chunks a pass; slots of the products' scratch (2 x WT x tc x 16 each) */
+	float *u;                 /* WT x ocb x icb x 16 (input channel) x 16 (output channel) */
+	float *zeros;             /* ocb x 16: the products' bias */
+	bconv view;               /* the products: icb blocks to ocb, 1 x 1, over WT rows of a chunk's tiles */
+};
+
+static void wino_free(struct wino *w)
+{
+	if (w) {
+		free(w->u);
+		free(w->zeros);
+	}
+	free(w);
+}
+
+typedef struct wino_run {
+	const bconv *c;
+	const float *x, *z; /* one image's */
+	float *y, *v, *m;   /* v: the pass's chunks x icb x WT x tc x 16; m: the slots' products */
+	int64_t k0, nk; /* the pass's first chunk and its chunks */
+} wino_run;
+
+/* Chunk k's tiles: [*first, *first + *count) in row-major order. */
+static void wino_chunk(const struct wino *w, int64_t k, int64_t *first, int64_t *count)
+{
+	int64_t r0 = k * w->rows, r1 = r0 + w->rows < w->th ? r0 + w->rows : w->th;
+	*first = r0 * w->tw;
+	*count = (r1 - r0) * w->tw;
+}
+
+/* A block's 16 lanes as one vector (the compiler splits it into the path's own widths: the transforms
+ * keep few of them live at a time); WVU: the same at any alignment. */
+typedef float wv __attribute__((vector_size(64)));
+typedef float wvu __attribute__((vector_size(64), aligned(4), may_alias));
+typedef int32_t wvi __attribute__((vector_size(64)));
+
+/* Items [begin, end) of (chunk, input block): V = B'dB of the chunk's tiles, row xi of the view at
+ * ((block x WT + xi) x count + tile) x 16. Inputs outside the image (the padding) are zeros. */
+TERN_ISA_BODY void wino_in_range_body(void *ctx, int64_t begin, int64_t end)
+{
+	const wino_run *r = ctx;
+	const bconv *c = r->c;
+	const struct wino *w = c->wino;
+	for (int64_t item = begin; item < end; item++) {
+		int64_t k = item / c->icb, b = item % c->icb, first, count;
+		wino_chunk(w, r->k0 + k, &first, &count);
+		const float *xb = r->x + b * c->x_h * c->x_w * BLK;
+		float *vb = r->v + (k * c->icb * w->tc + b * count) * WT * BLK;
+		int64_t row = count * BLK; /* floats between rows xi */
+		for (int64_t t = 0; t < count; t++) {
+			int64_t i0 = (first + t) / w->tw * 2 - c->pad_t, j0 = (first + t) % w->tw * 2 - c->pad_l;
+			bool inside = i0 >= 0 && i0 + 4 <= c->x_h && j0 >= 0 && j0 + 4 <= c->x_w;
+			wv d[4][4], e[4][4];
+			for (int i = 0; i < 4; i++)
+				for (int j = 0; j < 4; j++) {
+					int64_t ih = i0 + i, iw = j0 + j;
+					if (inside || (ih >= 0 && ih < c->x_h && iw >= 0 && iw < c->x_w))
+						d[i][j] = *(const wvu *)(xb + (ih * c->x_w + iw) * BLK);
+					else
+						d[i][j] = (wv){0};
+				}
+			for (int j = 0; j < 4; j++) { /* B'd */
+				e[0][j] = d[0][j] - d[2][j];
+				e[1][j] = d[1][j] + d[2][j];
+				e[2][j] = d[2][j] - d[1][j];
+				e[3][j] = d[1][j] - d[3][j];
+			}
+			for (int i = 0; i < 4; i++) { /* (B'd)B */
+				float *o = vb + 4 * i * row + t * BLK;
+				*(wvu *)o = e[i][0] - e[i][2];
+				*(wvu *)(o + row) = e[i][1] + e[i][2];
+				*(wvu *)(o + 2 * row) = e[i][2] - e[i][1];
+				*(wvu *)(o + 3 * row) = e[i][1] - e[i][3];
+			}
+		}
+	}
+}
+TERN_ISA_VARIANTS3(void, wino_in_range, (void *ctx, int64_t begin, int64_t end), (ctx, begin, end))
+
+/* The outputs A'MA of output block o over a chunk's tiles (m: the block's WT rows of count tiles),
+ * with the bias, the residual and the activation. */
+TERN_ISA_BODY void wino_out_body(const wino_run *r, int64_t first, int64_t count, int64_t o, const float *m)
+{
+	const bconv *c = r->c;
+	const struct wino *w = c->wino;
+	bool relu = c->act.kind == TERN_ACT_RELU, other = !relu && c->act.kind != TERN_ACT_NONE;
+	wv bias = *(const wvu *)(c->bias + o * BLK);
+	int64_t row = count * BLK;
+	for (int64_t t = 0; t < count; t++) {
+		int64_t oh = (first + t) / w->tw * 2, ow = (first + t) % w->tw * 2;
+		const float *q = m + t * BLK;
+		wv s[2][4], out[2][2];
+		for (int j = 0; j < 4; j++) { /* A'M */
+			wv q0 = *(const wvu *)(q + j * row), q1 = *(const wvu *)(q + (4 + j) * row),
+			   q2 = *(const wvu *)(q + (8 + j) * row), q3 = *(const wvu *)(q + (12 + j) * row);
+			s[0][j] = q0 + q1 + q2;
+			s[1][j] = q1 - q2 - q3;
+		}
+		for (int a = 0; a < 2; a++) { /* (A'M)A, the bias */
+			out[a][0] = s[a][0] + s[a][1] + s[a][2] + bias;
+			out[a][1] = s[a][1] - s[a][2] - s[a][3] + bias;
+		}
+		for (int a = 0; a < 2 && oh + a < c->out_h; a++)
+			for (int b = 0; b < 2 && ow + b < c->out_w; b++) {
+				int64_t at = ((o * c->out_h + oh + a) * c->out_w + ow + b) * BLK;
+				wv v = out[a][b];
+				if (r->z)
+					v += *(const wvu *)(r->z + at);
+				if (relu)
+					v = (wv)((wvi)v & (v > 0));
+				*(wvu *)(r->y + at) = v;
+				if (other)
+					tern_act_run(&c->act, r->y + at, NULL, BLK);
+			}
+	}
+}
+TERN_ISA_VARIANTS3(void, wino_out, (const wino_run *r, int64_t first, int64_t count, int64_t o, const float *m),
+                   (r, first, count, o, m))
+
+/* Items [begin, end) of (pair of output blocks, chunk of the pass): the 16 products into the slot's
+ * scratch, then the outputs. Pairs outside: a pair's transformed filters stay in the cache over the
+ * pass's chunks, whose transformed inputs fit there too (a thread reads the filters of its own pairs
+ * only). */
+static void wino_gemm_slot(void *ctx, int64_t begin, int64_t end, int64_t slot)
+{
+	const wino_run *r = ctx;
+	const bconv *c = r->c;
+	const struct wino *w = c->wino;
+	float *m = r->m + slot * 2 * WT * w->tc * BLK;
+	for (int64_t item = begin; item < end; item++) {
+		int64_t k = item % r->nk, ob = item / r->nk * 2, n = c->ocb - ob < 2 ? c->ocb - ob : 2, first, count;
+		wino_chunk(w, r->k0 + k, &first, &count);
+		bconv view = w->view;
+		view.x_w = view.in_w = view.out_w = count;
+		const float *v = r->v + k * c->icb * w->tc * WT * BLK;
+		for (int xi = 0; xi < WT; xi++) { /* the pair's weights as blocks 0 and 1 of the view's */
+			view.wt = w->u + (xi * c->ocb + ob) * c->icb * BLK * BLK;
+			c->row(&view, v, 0, n, xi, m, NULL);
+		}
+		for (int64_t o = 0; o < n; o++)
+			wino_out(r, first, count, ob + o, m + o * WT * count * BLK);
+	}
+}
+
+static tern_status wino_kernel(const tern_kernel_args *a)
+{
+	const bconv *c = a->params;
+	const struct wino *w = c->wino;
+	const tern_tensor *z = a->n_in > 3 ? a->in[3] : NULL;
+	int64_t in_img = c->icb * c->x_h * c->x_w * BLK, out_img = c->ocb * c->out_h * c->out_w * BLK;
+	float *v = a->scratch, *m = v + w->pass * c->icb * w->tc * WT * BLK;
+	for (int64_t n = 0; n < c->n; n++)
+		for (int64_t k0 = 0; k0 < w->chunks; k0 += w->pass) {
+			int64_t k1 = k0 + w->pass < w->chunks ? k0 + w->pass : w->chunks;
+			wino_run r = {c, (const float *)a->in[0]->data + n * in_img,
+			              z ? (const float *)z->data + n * out_img : NULL, (float *)a->out[0]->data + n * out_img,
+			              v, m, k0, k1 - k0};
+			parallel_range(a->pool, (k1 - k0) * c->icb, grain_for(w->tc * WT * BLK * 2), wino_in_range, &r);
+			parallel_slots(a->pool, (k1 - k0) * c->groups, grain_for(2 * c->icb * BLK * BLK * WT * w->tc), w->slots,
+			               wino_gemm_slot, &r);
+		}
+	return TERN_OK;
+}
+
+/* Whether c (a 3 x 3 convolution of blocked input) runs as F(2 x 2, 3 x 3), unless TERN_WINOGRAD=0:
+ * stride and dilation 1, more than one block of input channels and outputs of at least 8 a side.
+ * Eight chained convolutions with Relu (`tern-run --threads 1`, medians of alternating runs, AVX-512
+ * and AVX2), direct against F(2 x 2, 3 x 3): 64 channels at 56 x 56 11.6 against 8.3 ms (AVX2 20.3,
+ * 15.2), 256 at 14 x 14 12.0 against 8.4 (21.0, 14.1), 384 at 8 x 8 11.4 against 9.2, 32 at 16 x 16
+ * 0.26 against 0.17. Below: 512 channels at 7 x 7 lost on AVX-512 (17.4 against 18.4: 16 products a
+ * tile of 4 outputs, over an 8 x 8 grid of them, read 16/9 of the weights for 64/49 of the outputs),
+ * and 16 channels (one block) lost on AVX2 (0.40 against 0.59 ms at 32 x 32: sums over 16 input
+ * channels are too short for the products' kernel). */
+static bool wino_wanted(const bconv *c)
+{
+	const char *env = getenv("TERN_WINOGRAD");
+	const window *w = &c->w;
+	return !(env && strcmp(env, "0") == 0) && !c->depthwise && c->lanes == BLK && c->icb > 1 && c->kh == 3 &&
+	       c->kw == 3 && w->s[1] == 1 && w->s[2] == 1 && w->d[1] == 1 && w->d[2] == 1 && c->out_h >= 8 &&
+	       c->out_w >= 8;
+}
+
+/* Tiles a chunk, about: 56 (4 of AVX-512's kernel tiles) ran faster than 28 and as fast as 112 on
+ * both paths, at 64 channels on 56 x 56 and 256 on 14 x 14. */
+#define WINO_CHUNK 56
+
+/* The plan of c's F(2 x 2, 3 x 3): tiles, chunks, the transformed filters of src (M x ch x 3 x 3),
+ * the view and the scratch. */
+static tern_status wino_plan(bconv *c, tern_prepare_args *p, const float *src, int64_t m, int64_t ch)
+{
+	struct wino *w = calloc(1, sizeof *w);
+	if (!w)
+		return no_memory(p->node);
+	c->wino = w;
+	w->th = ceil_div(c->out_h, 2);
+	w->tw = ceil_div(c->out_w, 2);
+	w->rows = ceil_div(WINO_CHUNK, w->tw);
+	w->rows = w->rows < w->th ? w->rows : w->th;
+	w->chunks = ceil_div(w->th, w->rows);
+	w->tc = w->rows * w->tw;
+	size_t un = (size_t)(WT * c->ocb * c->icb * BLK * BLK);
+	w->u = tern_aligned_alloc(un * sizeof *w->u);
+	w->zeros = tern_aligned_alloc((size_t)(c->ocb * BLK) * sizeof *w->zeros);
+	if (!w->u || !w->zeros)
+		return no_memory(p->node);
+	for (int64_t o = 0; o < m; o++)
+		for (int64_t i = 0; i < ch; i++) {
+			const float *g = src + (o * ch + i) * 9;
+			float t[4][3], u[4][4];
+			for (int j = 0; j < 3; j++) { /* Gg */
+				t[0][j] = g[j];
+				t[1][j] = 0.5f * (g[j] + g[3 + j] + g[6 + j]);
+				t[2][j] = 0.5f * (g[j] - g[3 + j] + g[6 + j]);
+				t[3][j] = g[6 + j];
+			}
+			for (int a = 0; a < 4; a++) { /* (Gg)G' */
+				u[a][0] = t[a][0];
+				u[a][1] = 0.5f * (t[a][0] + t[a][1] + t[a][2]);
+				u[a][2] = 0.5f * (t[a][0] - t[a][1] + t[a][2]);
+				u[a][3] = t[a][2];
+			}
+			for (int xi = 0; xi < WT; xi++)
+				w->u[(((xi * c->ocb + o / BLK) * c->icb + i / BLK) * BLK + i % BLK) * BLK + o % BLK] = u[xi / 4][xi % 4];
+		}
+	bconv *v = &w->view;
+	*v = *c;
+	v->wino = NULL;
+	v->wt = NULL;
+	v->bias = w->zeros;
+	v->act.kind = TERN_ACT_NONE;
+	v->kh = v->kw = 1;
+	v->w.s[1] = v->w.s[2] = v->w.d[1] = v->w.d[2] = 1;
+	v->x_h = v->in_h = v->out_h = WT;
+	v->pad_t = v->pad_l = 0;
+	/* chunks a pass: those whose transformed inputs fit half the second-level cache, or one a thread */
+	size_t chunk_bytes = (size_t)(c->icb * w->tc * WT * BLK) * sizeof(float);
+	int64_t threads = p->pool ? tern_threadpool_size(p->pool) : 1;
+	w->pass = (int64_t)((size_t)tern_l2_bytes() / 2 / chunk_bytes);
+	w->pass = w->pass > threads ? w->pass : threads;
+	w->pass = w->pass < w->chunks ? w->pass : w->chunks;
+	w->slots = slots_for(p->pool);
+	p->scratch_bytes = (size_t)w->pass * chunk_bytes + (size_t)(w->slots * 2 * WT * w->tc * BLK) * sizeof(float);
+	return TERN_OK;
+}
+
 /* The padded copy of the input, when the window needs one (or `always`): it reaches every tap of every
  * output, so its extent is the window's reach or the padded input, whichever is more. */
 static bool plan_padded(bconv *c, tern_prepare_args *p, bool always)
@@ -537,9 +806,11 @@ static tern_status bconv_prepare(tern_prepare_args *p)
 	int64_t dims[5] = {c->n, c->ocb, c->out_h, c->out_w, BLK};
 	memcpy(y->dims, dims, sizeof dims);
 	const window *w = &c->w;
-	if (depthwise) {
-		/* read in place, the edges' windows cut to the input: a padded copy would cost a pass over
-		 * the input and its writes, which is what the depthwise convolution itself costs */
+	bool wino = wt->data && (!b || b->data) && wino_wanted(c);
+	if (depthwise || wino) {
+		/* read in place, the edges' windows cut to the input (Winograd's input transform: zeros
+		 * outside it): a padded copy would cost a pass over the input and its writes, which is what
+		 * the depthwise convolution itself costs */
 		c->pad_t = w->pb[1];
 		c->pad_l = w->pb[2];
 	} else if (!plan_padded(c, p, planar_in) && c->kh == 1 && c->kw == 1 && w->s[1] == 1 && w->s[2] == 1 && c->out_w % 14 != 0 &&
@@ -562,17 +833,30 @@ static tern_status bconv_prepare(tern_prepare_args *p)
 		p->kernel = unpacked_kernel;
 		return TERN_OK;
 	}
-	size_t wn = (size_t)(c->ocb * (depthwise ? 1 : c->icb * BLK) * c->kh * c->kw * BLK);
-	c->wt = tern_aligned_alloc(wn * sizeof *c->wt);
+	size_t wn = wino ? 0 : (size_t)(c->ocb * (depthwise ? 1 : c->icb * BLK) * c->kh * c->kw * BLK);
+	c->wt = wino ? NULL : tern_aligned_alloc(wn * sizeof *c->wt);
 	c->bias = tern_aligned_alloc((size_t)(c->ocb * BLK) * sizeof *c->bias);
-	if (!c->wt || !c->bias) {
+	if ((!wino && !c->wt) || !c->bias) {
 		bconv_free(c);
 		return no_memory(node);
 	}
-	memset(c->wt, 0, wn * sizeof *c->wt);
-	memset(c->bias, 0, (size_t)(c->ocb * BLK) * sizeof *c->bias);
 	const float *src = wt->data;
 	int64_t kk = c->kh * c->kw;
+	for (int64_t o = 0; b && o < m; o++)
+		c->bias[o] = ((const float *)b->data)[o];
+	c->row = row_fn(c);
+	if (wino) {
+		if ((st = wino_plan(c, p, src, m, ch))) {
+			bconv_free(c);
+			return st;
+		}
+		tern_mapped_release(src, (size_t)(m * ch * kk) * sizeof *src);
+		p->params = c;
+		p->free_params = bconv_free;
+		p->kernel = wino_kernel;
+		p->packed_inputs = 1u << 1 | (b ? 1u << 2 : 0);
+		return TERN_OK;
+	}
 	for (int64_t o = 0; o < m; o++)
 		for (int64_t i = 0; i < ch; i++)
 			for (int64_t t = 0; t < kk; t++) {
@@ -580,14 +864,11 @@ static tern_status bconv_prepare(tern_prepare_args *p)
 				                       : (((o / BLK * c->icb + i / BLK) * kk + t) * BLK + i % BLK) * BLK + o % BLK;
 				c->wt[at] = src[(o * ch + i) * kk + t];
 			}
-	for (int64_t o = 0; b && o < m; o++)
-		c->bias[o] = ((const float *)b->data)[o];
 	/* weights mapped from external data are in the blocks now: their pages can go, as tern_pack_a's */
 	tern_mapped_release(src, (size_t)(m * ch * kk) * sizeof *src);
 	/* the weights of all channel groups fit the second-level cache: walk the rows outside, so that
 	 * each input row is read from the cache for every group */
 	c->rows_outer = !depthwise && wn * sizeof(float) <= (size_t)tern_l2_bytes() / 2;
-	c->row = row_fn(c);
 	p->params = c;
 	p->free_params = bconv_free;
 	p->kernel = bconv_kernel;

@@ -2,6 +2,7 @@
 convolutions as plain ONNX, and a small residual network for the blocked-conv pass.
 
     make-blocked.py pairs DIR     DIR/cK.plain.onnx and DIR/cK.blocked.onnx for each case K
+    make-blocked.py winograd      the cases K whose BlockedConv runs as Winograd's F(2 x 2, 3 x 3)
     make-blocked.py net FILE      a residual network: 12 convolutions, a Concat, Relu and Add between
     make-blocked.py pair2 FILE    two convolutions only (too few for the pass)
     make-blocked.py elu FILE      nine convolutions, each with Elu (an activation kept planar)
@@ -47,7 +48,13 @@ CASES = [
     (3, 17, 19, 64, 7, 2, 1, 3, 1, 1, "HardSwish", 1, 1),
     (1, 12, 12, 16, 3, 1, 1, 1, 0, 0, "", 1, 1),
     (5, 9, 13, 48, 5, 1, 2, 0, 1, 0, "Sigmoid", 1, 1),
+    # 3 x 3, stride 1, more than 16 input channels, outputs of 8 or more a side: Winograd's F(2 x 2, 3 x 3)
+    (40, 17, 13, 24, 3, 1, 1, 1, 1, 0, "Sigmoid"),
+    (64, 12, 10, 64, 3, 1, 1, 0, 0, 1, ""),
+    (33, 30, 29, 70, 3, 1, 1, 1, 1, 1, "LeakyRelu"),
+    (64, 56, 56, 32, 3, 1, 1, 1, 1, 1, "Relu"),
 ]
+WINOGRAD = [1, 28, 29, 30, 31]  # the cases above that run so
 
 
 # (channels, height, width, kernel, stride, dilation, pads, ceil_mode[, average: count_include_pad + 1])
@@ -233,6 +240,8 @@ if __name__ == "__main__":
         for i, case in enumerate(CASES):
             pair(*case, "%s/c%d" % (sys.argv[2], i))
         print(len(CASES))
+    elif sys.argv[1] == "winograd":
+        print(" ".join(map(str, WINOGRAD)))
     elif sys.argv[1] == "pools":
         for i, case in enumerate(POOLS):
             pool_pair(*case, "%s/p%d" % (sys.argv[2], i))

@@ -1,6 +1,7 @@
 #!/bin/sh
 # Convolutions on activations in blocks of 16 channels: tern.ToBlocks, tern.FromBlocks and
-# tern.BlockedConv against plain Conv on every instruction-set path, the blocked-conv pass of
+# tern.BlockedConv against plain Conv on every instruction-set path (its Winograd path against the
+# direct one too), the blocked-conv pass of
 # tern-optimize (what it converts, what it leaves, outputs unchanged), and bad blocked input.
 test_description='blocked convolutions'
 . "$(dirname "$0")/test-lib.sh"
@@ -31,6 +32,17 @@ test_expect_success PYTHON 'BlockedConv equals Conv: strides, dilations, pads, b
 			compare plain-$i-$isa/y.npy blocked-$i-$isa/y.npy || return 1
 		done
 		i=$((i + 1))
+	done
+'
+
+test_expect_success PYTHON 'Winograd F(2 x 2, 3 x 3) runs where chosen: other rounding than the direct sums, the same values' '
+	for i in $("$TERN_PYTHON" "$TEST_DIRECTORY/make-blocked.py" winograd); do
+		for isa in avx512 avx2 generic; do
+			TERN_ISA=$isa TERN_WINOGRAD=0 tern-run --random --optimize 0 --threads 2 -O direct-$i-$isa \
+				pairs/c$i.blocked.onnx &&
+			! cmp -s direct-$i-$isa/y.npy blocked-$i-$isa/y.npy &&
+			compare direct-$i-$isa/y.npy blocked-$i-$isa/y.npy || return 1
+		done
 	done
 '
 
