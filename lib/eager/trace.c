@@ -81,6 +81,7 @@ typedef struct t_step {
 	t_site *sites; /* open addressing */
 	size_t cap_sites, n_sites;
 	int path;
+	int64_t number; /* a checked step's number in the run (tern_trace_step_begin's count) */
 } t_step;
 
 struct tern_trace {
@@ -94,8 +95,11 @@ struct tern_trace {
 	t_step implicit; /* calls before any step: the graph of a program that never calls one */
 	int in_step, written, explicit_steps;
 	/* --coexec (checking): later steps are recorded and checked against the graph's paths as they go;
-	 * one that diverges joins the trace and the graph is made again */
-	int coexec, checking, diverged;
+	 * one that diverges joins the trace and its paths at once (stale: the graph is made again and
+	 * written at tern_trace_finish; making it took 15-30 ms a divergence on memory_bank, most of a
+	 * diverged step's time) */
+	int coexec, checking, diverged, stale;
+	size_t traced; /* the steps traced before checking began */
 	uint64_t candidates; /* paths the step still matches, one bit each */
 	int *path_rep, n_paths; /* per path of the graph written: its first step */
 	int64_t coexecuted, fell_back, replans, steps_begun;
@@ -410,7 +414,8 @@ tern_status tern_trace_step_begin(tern_ctx *c)
 		/* a step to check: recorded as a traced one */
 		if (!tern_grow((void **)&t->steps, &t->cap_steps, t->n_steps + 1, sizeof *t->steps))
 			return tern_errorf(TERN_EOS, "out of memory");
-		memset(&t->steps[t->n_steps++], 0, sizeof t->steps[0]);
+		memset(&t->steps[t->n_steps], 0, sizeof t->steps[0]);
+		t->steps[t->n_steps++].number = t->steps_begun;
 		t->in_step = t->checking = 1;
 		t->diverged = 0;
 		t->candidates = t->n_paths >= 64 ? ~0ull : (1ull << t->n_paths) - 1;
@@ -430,6 +435,36 @@ tern_status tern_trace_step_begin(tern_ctx *c)
 }
 
 static tern_status trace_write(struct tern_trace *t);
+static bool same_path(const t_step *a, const t_step *b);
+
+/* The graph made again with the steps that diverged, at exit. A step that the graph cannot hold with
+ * the others (trace_write fails other than for memory or the file) is left out: then the diverged
+ * steps are added one at a time, in order, each kept only if the graph holds it. */
+static tern_status trace_rewrite(struct tern_trace *t)
+{
+	t->stale = 0;
+	t->written = 0;
+	tern_status st = trace_write(t);
+	if (!st || st == TERN_EOS || st == TERN_EIO)
+		return st;
+	size_t all = t->n_steps, kept = t->traced;
+	for (size_t i = t->traced; i < all; i++) {
+		t->steps[kept++] = t->steps[i];
+		t->n_steps = kept;
+		t->written = 0;
+		st = trace_write(t);
+		if (st == TERN_EOS || st == TERN_EIO)
+			return st;
+		if (st) {
+			fprintf(stderr, "tern-trace: step %lld is left out of the graph: %s\n", (long long)t->steps[kept - 1].number,
+			        tern_error());
+			step_free(&t->steps[--kept]);
+			t->n_steps = kept;
+		}
+	}
+	t->written = 0;
+	return trace_write(t);
+}
 
 tern_status tern_trace_step_end(tern_ctx *c)
 {
@@ -457,25 +492,31 @@ tern_status tern_trace_step_end(tern_ctx *c)
 		t->fell_back++;
 		t->replans++;
 		if (t->verbose)
-			fprintf(stderr, "tern-trace: step %lld diverged: %s; the graph is made again with it\n",
+			fprintf(stderr, "tern-trace: step %lld diverged: %s; it joins the trace (the graph is made again at "
+			                "exit)\n",
 			        (long long)t->steps_begun, t->divergence);
-		t->written = 0;
-		tern_status st = trace_write(t);
-		if (st && st != TERN_EOS && st != TERN_EIO) {
-			/* a step the graph cannot hold with the others: it ran as traced; the graph stays as it was */
-			fprintf(stderr, "tern-trace: step %lld is left out of the graph: %s\n", (long long)t->steps_begun,
-			        tern_error());
-			step_free(&t->steps[--t->n_steps]);
-			t->written = 0;
-			st = trace_write(t);
+		/* its path: one the graph has (with shapes it had not seen) or a new one */
+		int p = 0;
+		while (p < t->n_paths && !same_path(&t->steps[t->path_rep[p]], s))
+			p++;
+		if (p == t->n_paths) {
+			int *rep = realloc(t->path_rep, ((size_t)p + 2) * sizeof *rep);
+			if (!rep)
+				return tern_errorf(TERN_EOS, "out of memory");
+			t->path_rep = rep;
+			t->path_rep[t->n_paths++] = (int)(t->n_steps - 1);
 		}
-		return st;
+		s->path = p;
+		t->stale = 1;
+		return TERN_OK;
 	}
 	if (!t || !t->in_step)
 		return TERN_OK;
 	t->in_step = 0;
-	if ((int)t->n_steps >= t->want_steps && !t->written)
+	if ((int)t->n_steps >= t->want_steps && !t->written) {
+		t->traced = t->n_steps;
 		return trace_write(t);
+	}
 	return TERN_OK;
 }
 
@@ -500,6 +541,8 @@ tern_status tern_trace_finish(tern_ctx *c)
 		fprintf(stderr, "tern-trace: trace-only: %lld operations replayed from the first step, %lld run as asked "
 		                "(past its end)\n",
 		        (long long)t->replayed, (long long)t->beyond);
+	if (t && t->written && t->stale)
+		return trace_rewrite(t);
 	if (!t || t->written)
 		return TERN_OK;
 	if (t->in_step) { /* the last step did not finish (an exception): it is left out */
