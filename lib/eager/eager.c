@@ -274,6 +274,8 @@ typedef struct ajob {
 #define AQ_BATCH 8 /* small calls handed over together */
 #define AQ_SMALL_ELEMS 16384 /* elements read and written below which a call is small */
 #define AQ_REAP 64 /* calls run before the caller gives back their references */
+#define AQ_INLINE_ELEMS 4096 /* elements read and written up to which a call runs on the caller's thread
+                              * when none is in flight */
 
 typedef struct async_q {
 	/* each counter on a cache line of its own: the caller writes posted, the thread done, and a line
@@ -1222,6 +1224,17 @@ static tern_status launch_or_defer(tern_ctx *c, entry *e, tern_var *const *in, t
 	 * their shapes: made here, so that a call prepared on their values (Reshape, Expand, Slice) need
 	 * not wait for the thread */
 	bool meta = !strcmp(e->node->op_type, "Shape") || !strcmp(e->node->op_type, "Size");
+	/* nothing in flight and little to do: run it here (handing a small call to the thread and back
+	 * moves cache lines between the cores, more than the call's own work costs) */
+	if (can && atomic_load(&c->aq->done) == c->aq->issued) {
+		int64_t work = 0;
+		for (int i = 0; i < e->n_in; i++)
+			work += in[i] ? tern_tensor_numel(&in[i]->t) : 0;
+		for (int o = 0; o < e->n_out; o++)
+			work += outs[o].dtype ? tern_tensor_numel(&outs[o]) : 0;
+		if (work <= AQ_INLINE_ELEMS)
+			return launch(c, e, inp, outs, p, caps);
+	}
 	bool small = can && !p->alias_input0;
 	int64_t elems = 0;
 	for (int o = 0; o < e->n_out; o++)

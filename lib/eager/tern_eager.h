@@ -38,8 +38,10 @@ void tern_ctx_set_opset(tern_ctx *ctx, int64_t opset);
 /* Asynchronous kernels (on: 1): a call checks its inputs, prepares, allocates its outputs and returns;
  * its kernel runs on a thread of the context's own, in the order of the calls, while the caller goes
  * on. Reading a tensor's bytes (tern_var_tensor) waits only for the calls that touch them. Results are
- * those of running each call at once, bit for bit. A kernel's failure (rare once a call has prepared:
- * an index out of range, memory) is returned by the next call, or by tern_ctx_sync. Off (0) waits for
+ * those of running each call at once, bit for bit. A small call (4096 elements read and written at
+ * most) made while none is in flight runs at once on the caller's thread: handing it over would cost
+ * more. A kernel's failure (rare once a call has prepared: an index out of range, memory) is returned
+ * by the call itself when it ran at once, otherwise by the next call or by tern_ctx_sync. Off (0) waits for
  * every call issued. Returns the previous setting; TERN_EAGER_ASYNC=1 in the environment turns it on
  * for every new context. */
 int tern_ctx_set_async(tern_ctx *ctx, int on);

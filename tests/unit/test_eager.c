@@ -354,13 +354,20 @@ static float async_loop(int async, float *w_out, int64_t n_w)
 	for (int64_t i = 0; i < n_w && i < tern_tensor_numel(wt); i++)
 		w_out[i] = ((const float *)wt->data)[i];
 	if (async) {
-		/* a failing kernel: reported by the next call or by the wait for all */
-		tern_var *idx = vec(c, TERN_INT64, 1, (int64_t[]){1}, (double[]){40});
-		tern_var *g = call1(c, "Gather", x, idx, NULL, 0);
-		tern_status st = tern_ctx_sync(c);
-		CHECK(st == TERN_EDATA || (g == NULL));
+		/* a failing kernel: one handed to the thread (a Gather from 16384 floats: more than a call
+		 * run on the caller's thread reads) reported by the next call or by the wait for all; a
+		 * small one, run by the caller when nothing is in flight, by the call itself */
+		tern_var *idx = vec(c, TERN_INT64, 1, (int64_t[]){1}, (double[]){40}), *big = NULL, *g = NULL;
+		CHECK_OK(tern_var_new(c, TERN_FLOAT, 2, (int64_t[]){8, 2048}, &big));
+		tern_var *in_big[2] = {big, idx}, *in_small[2] = {x, idx};
+		CHECK_OK(tern_call(c, "", "Gather", in_big, 2, NULL, 0, &g, 1));
+		CHECK(tern_ctx_sync(c) == TERN_EDATA);
 		CHECK_OK(tern_ctx_sync(c)); /* reported once */
 		tern_var_unref(g);
+		g = NULL;
+		CHECK(tern_call(c, "", "Gather", in_small, 2, NULL, 0, &g, 1) == TERN_EDATA && g == NULL);
+		CHECK_OK(tern_ctx_sync(c));
+		tern_var_unref(big);
 		tern_var_unref(idx);
 		CHECK(tern_ctx_set_async(c, 0) == 1);
 	}
