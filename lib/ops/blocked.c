@@ -474,11 +474,14 @@ static tern_status unpacked_kernel(const tern_kernel_args *a)
  * one per position xi of the 4 x 4 tile (tiles x input channels by input channels x output channels),
  * which BlockedConv's own kernel computes: they are a 1 x 1 convolution over a row of tiles, in a view
  * of the convolution whose 16 rows are the positions, with row xi's weights U[xi]. The image's tiles
- * go in chunks of whole tile rows (WINO_CHUNK), and the chunks in passes whose transformed inputs fit
- * half the second-level cache: first the pass's input transforms, per chunk and channel block; then
- * per pair of output blocks and chunk the 16 products and the output transform, which adds the bias
- * and the residual and applies the activation while the products are still in the core's cache. The
- * transforms only add and halve, so the results differ from the direct sums by rounding alone. */
+ * go in chunks of whole tile rows (WINO_CHUNK). Where every thread gets a chunk and the transformed
+ * filters fit half the second-level cache, a chunk is done whole by one thread (fused): its input
+ * transforms, then per pair of output blocks the 16 products and the output transform. Otherwise the
+ * chunks go in passes whose transformed inputs fit half that cache: first the pass's input
+ * transforms, per chunk and channel block, then per pair of output blocks and chunk the products and
+ * the outputs. The output transform adds the bias and the residual and applies the activation while
+ * the products are still in the core's cache. The transforms only add and halve, so the results
+ * differ from the direct sums by rounding alone. */
 
 #define WT 16 /* positions of an input tile (4 x 4) */
 
@@ -528,37 +531,35 @@ TERN_ISA_BODY void wino_in_body(const wino_run *r, int64_t k, int64_t b, float *
 {
 	const bconv *c = r->c;
 	const struct wino *w = c->wino;
-	{
-		int64_t first, count;
-		wino_chunk(w, k, &first, &count);
-		const float *xb = r->x + b * c->x_h * c->x_w * BLK;
-		float *vb = v + b * count * WT * BLK;
-		int64_t row = count * BLK; /* floats between rows xi */
-		for (int64_t t = 0; t < count; t++) {
-			int64_t i0 = (first + t) / w->tw * 2 - c->pad_t, j0 = (first + t) % w->tw * 2 - c->pad_l;
-			bool inside = i0 >= 0 && i0 + 4 <= c->x_h && j0 >= 0 && j0 + 4 <= c->x_w;
-			wv d[4][4], e[4][4];
-			for (int i = 0; i < 4; i++)
-				for (int j = 0; j < 4; j++) {
-					int64_t ih = i0 + i, iw = j0 + j;
-					if (inside || (ih >= 0 && ih < c->x_h && iw >= 0 && iw < c->x_w))
-						d[i][j] = *(const wvu *)(xb + (ih * c->x_w + iw) * BLK);
-					else
-						d[i][j] = (wv){0};
-				}
-			for (int j = 0; j < 4; j++) { /* B'd */
-				e[0][j] = d[0][j] - d[2][j];
-				e[1][j] = d[1][j] + d[2][j];
-				e[2][j] = d[2][j] - d[1][j];
-				e[3][j] = d[1][j] - d[3][j];
+	int64_t first, count;
+	wino_chunk(w, k, &first, &count);
+	const float *xb = r->x + b * c->x_h * c->x_w * BLK;
+	float *vb = v + b * count * WT * BLK;
+	int64_t row = count * BLK; /* floats between rows xi */
+	for (int64_t t = 0; t < count; t++) {
+		int64_t i0 = (first + t) / w->tw * 2 - c->pad_t, j0 = (first + t) % w->tw * 2 - c->pad_l;
+		bool inside = i0 >= 0 && i0 + 4 <= c->x_h && j0 >= 0 && j0 + 4 <= c->x_w;
+		wv d[4][4], e[4][4];
+		for (int i = 0; i < 4; i++)
+			for (int j = 0; j < 4; j++) {
+				int64_t ih = i0 + i, iw = j0 + j;
+				if (inside || (ih >= 0 && ih < c->x_h && iw >= 0 && iw < c->x_w))
+					d[i][j] = *(const wvu *)(xb + (ih * c->x_w + iw) * BLK);
+				else
+					d[i][j] = (wv){0};
 			}
-			for (int i = 0; i < 4; i++) { /* (B'd)B */
-				float *o = vb + 4 * i * row + t * BLK;
-				*(wvu *)o = e[i][0] - e[i][2];
-				*(wvu *)(o + row) = e[i][1] + e[i][2];
-				*(wvu *)(o + 2 * row) = e[i][2] - e[i][1];
-				*(wvu *)(o + 3 * row) = e[i][1] - e[i][3];
-			}
+		for (int j = 0; j < 4; j++) { /* B'd */
+			e[0][j] = d[0][j] - d[2][j];
+			e[1][j] = d[1][j] + d[2][j];
+			e[2][j] = d[2][j] - d[1][j];
+			e[3][j] = d[1][j] - d[3][j];
+		}
+		for (int i = 0; i < 4; i++) { /* (B'd)B */
+			float *o = vb + 4 * i * row + t * BLK;
+			*(wvu *)o = e[i][0] - e[i][2];
+			*(wvu *)(o + row) = e[i][1] + e[i][2];
+			*(wvu *)(o + 2 * row) = e[i][2] - e[i][1];
+			*(wvu *)(o + 3 * row) = e[i][1] - e[i][3];
 		}
 	}
 }
