@@ -435,7 +435,7 @@ tern_status tern_trace_step_begin(tern_ctx *c)
 }
 
 static tern_status trace_write(struct tern_trace *t);
-static bool same_path(const t_step *a, const t_step *b);
+static int path_of(const struct tern_trace *t, const int *rep, int n, const t_step *s);
 
 /* The graph made again with the steps that diverged, at exit. A step that the graph cannot hold with
  * the others (trace_write fails other than for memory or the file) is left out: then the diverged
@@ -496,9 +496,7 @@ tern_status tern_trace_step_end(tern_ctx *c)
 			                "exit)\n",
 			        (long long)t->steps_begun, t->divergence);
 		/* its path: one the graph has (with shapes it had not seen) or a new one */
-		int p = 0;
-		while (p < t->n_paths && !same_path(&t->steps[t->path_rep[p]], s))
-			p++;
+		int p = path_of(t, t->path_rep, t->n_paths, s);
 		if (p == t->n_paths) {
 			int *rep = realloc(t->path_rep, ((size_t)p + 2) * sizeof *rep);
 			if (!rep)
@@ -917,6 +915,15 @@ static bool same_path(const t_step *a, const t_step *b)
 		if (!same_op(&a->ops[j], &b->ops[j], true))
 			return false;
 	return true;
+}
+
+/* The path among n (rep: each one's first step) that step s takes; n when none does. */
+static int path_of(const struct tern_trace *t, const int *rep, int n, const t_step *s)
+{
+	int p = 0;
+	while (p < n && !same_path(&t->steps[rep[p]], s))
+		p++;
+	return p;
 }
 
 /* A growable list of pointers (nodes, inputs, ...) with an error flag for the whole build. */
@@ -1616,9 +1623,7 @@ static tern_status trace_write(struct tern_trace *t)
 		return tern_errorf(TERN_EOS, "out of memory");
 	}
 	for (size_t s = 0; s < t->n_steps; s++) {
-		int p = 0;
-		while (p < b->n_paths && !same_path(&t->steps[b->rep[p]], &t->steps[s]))
-			p++;
+		int p = path_of(t, b->rep, b->n_paths, &t->steps[s]);
 		if (p == b->n_paths) {
 			b->rep[b->n_paths] = (int)s;
 			b->len[b->n_paths++] = t->steps[s].n_ops;

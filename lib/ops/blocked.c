@@ -861,7 +861,7 @@ static tern_status bconv_prepare(tern_prepare_args *p)
 	int64_t dims[5] = {c->n, c->ocb, c->out_h, c->out_w, BLK};
 	memcpy(y->dims, dims, sizeof dims);
 	const window *w = &c->w;
-	bool wino = wt->data && (!b || b->data) && wino_wanted(c);
+	bool wino = wino_wanted(c);
 	if (depthwise || wino) {
 		/* read in place, the edges' windows cut to the input (Winograd's input transform: zeros
 		 * outside it): a padded copy would cost a pass over the input and its writes, which is what
@@ -905,28 +905,24 @@ static tern_status bconv_prepare(tern_prepare_args *p)
 			bconv_free(c);
 			return st;
 		}
-		tern_mapped_release(src, (size_t)(m * ch * kk) * sizeof *src);
-		p->params = c;
-		p->free_params = bconv_free;
-		p->kernel = wino_kernel;
-		p->packed_inputs = 1u << 1 | (b ? 1u << 2 : 0);
-		return TERN_OK;
+	} else {
+		for (int64_t o = 0; o < m; o++)
+			for (int64_t i = 0; i < ch; i++)
+				for (int64_t t = 0; t < kk; t++) {
+					int64_t at = depthwise ? (o / BLK * kk + t) * BLK + o % BLK
+					                       : (((o / BLK * c->icb + i / BLK) * kk + t) * BLK + i % BLK) * BLK +
+					                                 o % BLK;
+					c->wt[at] = src[(o * ch + i) * kk + t];
+				}
+		/* the weights of all channel groups fit the second-level cache: walk the rows outside, so
+		 * that each input row is read from the cache for every group */
+		c->rows_outer = !depthwise && wn * sizeof(float) <= (size_t)tern_l2_bytes() / 2;
 	}
-	for (int64_t o = 0; o < m; o++)
-		for (int64_t i = 0; i < ch; i++)
-			for (int64_t t = 0; t < kk; t++) {
-				int64_t at = depthwise ? (o / BLK * kk + t) * BLK + o % BLK
-				                       : (((o / BLK * c->icb + i / BLK) * kk + t) * BLK + i % BLK) * BLK + o % BLK;
-				c->wt[at] = src[(o * ch + i) * kk + t];
-			}
 	/* weights mapped from external data are in the blocks now: their pages can go, as tern_pack_a's */
 	tern_mapped_release(src, (size_t)(m * ch * kk) * sizeof *src);
-	/* the weights of all channel groups fit the second-level cache: walk the rows outside, so that
-	 * each input row is read from the cache for every group */
-	c->rows_outer = !depthwise && wn * sizeof(float) <= (size_t)tern_l2_bytes() / 2;
 	p->params = c;
 	p->free_params = bconv_free;
-	p->kernel = bconv_kernel;
+	p->kernel = wino ? wino_kernel : bconv_kernel;
 	p->packed_inputs = 1u << 1 | (b ? 1u << 2 : 0);
 	return TERN_OK;
 }
