@@ -30,8 +30,8 @@ static const struct argp_option options[] = {
         {"coexec", OPT_COEXEC, NULL, 0,
          "after the traced steps, check every later step against the graph as it runs: a divergence (another "
          "branch, a new shape, an operation the graph lacks) is found at the operation, the step runs as traced, "
-         "joins the trace and the graph is written again (-v names each); a summary at exit. The operations "
-         "still run on the program's thread in this release",
+         "joins the trace, and the graph is made again at exit (-v names each divergence); a summary at exit. "
+         "The program's own operations run (on a thread beside it), not the optimised graph, in this release",
          0},
         {"trace-only", OPT_TRACE_ONLY, NULL, 0,
          "the baseline of torch.jit.trace: trace the first step, then replay its operations in every later step "
