@@ -360,8 +360,10 @@ struct tern_packed {
 			UNROLL for (int i = 0; i < u; i++)                                                        \
 			{                                                                                         \
 				const float *bp = off ? b + off[p + i] : b + (p + i) * ldb;                       \
+				/* a step's panel column: one line of 64 bytes with AVX2, two with AVX-512 */     \
 				__builtin_prefetch(a + (p + i + COLS_PREFETCH) * 2 * VL);                         \
-				__builtin_prefetch(a + (p + i + COLS_PREFETCH) * 2 * VL + 16);                    \
+				if (2 * VL > 16)                                                                  \
+					__builtin_prefetch(a + (p + i + COLS_PREFETCH) * 2 * VL + 16);            \
 				V a0 = *(const V *)(a + (p + i) * 2 * VL),                                        \
 				  a1 = *(const V *)(a + (p + i) * 2 * VL + VL);                                   \
 				UNROLL for (int j = 0; j < nb; j++)                                               \
