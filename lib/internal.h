@@ -595,6 +595,10 @@ uint64_t tern_function_len_free(const tern_graph *fn);
 bool tern_same_domain(const char *a, const char *b);
 /* FNV-1a of a string (the IR's tables of names, the operator registry's). */
 uint64_t tern_hash_name(const char *s);
+/* A hash of n bytes from seed h, eight bytes at a time (FNV's byte at a time costs a multiply's
+ * latency a byte): the eager API's call signatures, the tracer's sites, shapes and attributes. Not
+ * stable between releases: nothing hashed with it is written out. */
+uint64_t tern_hash_bytes(const void *p, size_t n, uint64_t h);
 /* Whether a tensor of dtype dt holds plain bytes: not strings (heap pointers), a sequence or an absent
  * optional. */
 static inline bool tern_dtype_plain(int dt)

@@ -3247,10 +3247,11 @@ static void site_text(char *buf, size_t size)
 		buf[size - 1] = 0;
 }
 
-static int trace_site(void *user, char *buf, size_t size)
-{
-	(void)user;
 #if PY_VERSION_HEX >= 0x030B0000
+/* The stack's key: a hash of its frames' code objects and instruction offsets. A code object lives as
+ * long as the functions made from it; the module keeps tern's trace from outliving the program's. */
+static uint64_t stack_key(void)
+{
 	uint64_t key = 0xcbf29ce484222325ull;
 	PyFrameObject *f = PyEval_GetFrame();
 	Py_XINCREF(f);
@@ -3264,6 +3265,21 @@ static int trace_site(void *user, char *buf, size_t size)
 		Py_DECREF(f);
 		f = back;
 	}
+	return key ? key : 1;
+}
+
+static uint64_t trace_site_key(void *user)
+{
+	(void)user;
+	return stack_key();
+}
+#endif
+
+static int trace_site(void *user, char *buf, size_t size)
+{
+	(void)user;
+#if PY_VERSION_HEX >= 0x030B0000
+	uint64_t key = stack_key();
 	struct site_entry *e = &g_site_cache[key % SITE_CACHE];
 	if (e->text && e->key == key) {
 		size_t n = strlen(e->text);
@@ -3294,7 +3310,11 @@ static PyObject *mod_trace_start(PyObject *m, PyObject *args)
 	free(g_trace_pkg);
 	g_trace_pkg = pkg ? strdup(pkg) : NULL;
 	g_trace_pkg_len = pkg ? strlen(pkg) : 0;
-	tern_trace_options o = {.path = path, .steps = steps, .site = trace_site, .record_dir = record, .verbose = verbose,
+	tern_trace_options o = {.path = path, .steps = steps, .site = trace_site,
+#if PY_VERSION_HEX >= 0x030B0000
+	                        .site_key = trace_site_key,
+#endif
+	                        .record_dir = record, .verbose = verbose,
 	                        .replay = replay, .coexec = coexec};
 	int rc = tern_trace_start(g_ctx, &o);
 	if (rc)

@@ -175,6 +175,10 @@ typedef struct tern_trace_options {
 	/* The current call site as text (Python: the stack of file:line outside the tern package), into
 	 * buf; NULL: the C caller's return address */
 	int (*site)(void *user, char *buf, size_t size);
+	/* Optional: a key for the current call site, nonzero, the same whenever site would give the same
+	 * text (Python: a hash of the frames' code objects and instruction offsets); the tracer then asks
+	 * site for the text only once per key. NULL, or 0 returned: the text is asked for at every call. */
+	uint64_t (*site_key)(void *user);
 	void *user;
 	const char *record_dir; /* NULL, or a folder that gets every traced step's inputs and fetched outputs */
 	int verbose; /* a summary on stderr when the file is written */

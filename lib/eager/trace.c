@@ -37,7 +37,7 @@ typedef struct t_in {
 } t_in;
 
 typedef struct t_op {
-	char *site;
+	const char *site; /* interned: the trace's */
 	char *domain, *op_type;
 	Onnx__AttributeProto **attrs;
 	int n_attrs;
@@ -67,9 +67,23 @@ typedef struct t_bind {
 } t_bind;
 
 typedef struct t_site {
-	char *stack;
+	const char *stack; /* interned (struct tern_trace's texts): compared by address */
 	int count;
 } t_site;
+
+/* Interned strings: one copy of every distinct text, found by its hash (texts), or by the host's key
+ * for the stack (keys: site_key), or as a stack's text with an occurrence ("stack#3", sites). */
+typedef struct t_intern {
+	uint64_t key; /* keys: the host's; texts: the text's hash; sites: of ref and occ */
+	const char *ref; /* keys: the text (a texts entry); texts: the text; sites: the stack (a texts entry) */
+	char *text; /* texts and sites: owned (sites: "stack#occ"); keys: NULL */
+	int occ; /* sites: the occurrence */
+} t_intern;
+
+typedef struct t_table {
+	t_intern *slots;
+	size_t cap, n;
+} t_table;
 
 typedef struct t_step {
 	t_op *ops;
@@ -89,7 +103,9 @@ struct tern_trace {
 	char *path, *record_dir;
 	int want_steps, verbose;
 	int (*site)(void *user, char *buf, size_t size);
+	uint64_t (*site_key)(void *user);
 	void *user;
+	t_table keys, texts, sites; /* interned call sites */
 	t_step *steps;
 	size_t n_steps, cap_steps;
 	t_step implicit; /* calls before any step: the graph of a program that never calls one */
@@ -125,10 +141,7 @@ struct tern_trace {
 
 static uint64_t fnv(const void *p, size_t n, uint64_t h)
 {
-	const uint8_t *b = p;
-	for (size_t i = 0; i < n; i++)
-		h = (h ^ b[i]) * 0x100000001b3ull;
-	return h;
+	return tern_hash_bytes(p, n, h);
 }
 
 /* A hash of a tensor's bytes, for telling whether they changed between steps: four independent lanes
@@ -151,8 +164,7 @@ static uint64_t bytes_hash(const void *p, size_t n, uint64_t h)
 
 static void op_free(t_op *o)
 {
-	if (!o->borrowed) {
-		free(o->site);
+	if (!o->borrowed) { /* the site is interned: the trace's */
 		free(o->domain);
 		free(o->op_type);
 		for (int k = 0; k < o->n_attrs; k++)
@@ -175,8 +187,6 @@ static void step_free(t_step *s)
 		tern_tensor_free(&s->ext[i].value);
 	free(s->ext);
 	free(s->binds);
-	for (size_t i = 0; i < s->cap_sites; i++)
-		free(s->sites[i].stack);
 	free(s->sites);
 	memset(s, 0, sizeof *s);
 }
@@ -292,6 +302,13 @@ void tern_trace_free(struct tern_trace *t)
 	free(t->firsts);
 	free(t->path);
 	free(t->record_dir);
+	for (size_t i = 0; i < t->texts.cap; i++)
+		free(t->texts.slots[i].text);
+	for (size_t i = 0; i < t->sites.cap; i++)
+		free(t->sites.slots[i].text);
+	free(t->keys.slots);
+	free(t->texts.slots);
+	free(t->sites.slots);
 	free(t);
 }
 
@@ -304,7 +321,13 @@ static t_step *current(struct tern_trace *t)
 	return NULL;
 }
 
-/* How many times this stack has called before in the step (then counts this call). */
+static size_t ptr_hash(const void *p)
+{
+	uint64_t h = (uint64_t)(uintptr_t)p * 0x9e3779b97f4a7c15ull;
+	return (size_t)(h ^ h >> 32);
+}
+
+/* How many times this stack (interned) has called before in the step (then counts this call). */
 static int occurrence(t_step *s, const char *stack)
 {
 	if (s->n_sites * 2 >= s->cap_sites) {
@@ -315,7 +338,7 @@ static int occurrence(t_step *s, const char *stack)
 		for (size_t i = 0; i < s->cap_sites; i++) {
 			if (!s->sites[i].stack)
 				continue;
-			size_t h = (size_t)fnv(s->sites[i].stack, strlen(s->sites[i].stack), 0xcbf29ce484222325ull) & (cap - 1);
+			size_t h = ptr_hash(s->sites[i].stack) & (cap - 1);
 			while (n[h].stack)
 				h = (h + 1) & (cap - 1);
 			n[h] = s->sites[i];
@@ -324,15 +347,125 @@ static int occurrence(t_step *s, const char *stack)
 		s->sites = n;
 		s->cap_sites = cap;
 	}
-	size_t h = (size_t)fnv(stack, strlen(stack), 0xcbf29ce484222325ull) & (s->cap_sites - 1);
-	while (s->sites[h].stack && strcmp(s->sites[h].stack, stack))
+	size_t h = ptr_hash(stack) & (s->cap_sites - 1);
+	while (s->sites[h].stack && s->sites[h].stack != stack)
 		h = (h + 1) & (s->cap_sites - 1);
 	if (!s->sites[h].stack) {
-		if (!(s->sites[h].stack = tern_strdup(stack)))
-			return -1;
+		s->sites[h].stack = stack;
 		s->n_sites++;
 	}
 	return s->sites[h].count++;
+}
+
+/* The slot of table b that holds key (texts: and text; sites: stack ref and occ), or the empty one
+ * where it goes. Tables are kept at most half full. */
+static t_intern *table_find(t_table *b, uint64_t key, const char *ref, int occ, bool by_text)
+{
+	size_t mask = b->cap - 1, h = (size_t)(key ^ key >> 29) & mask;
+	for (;; h = (h + 1) & mask) {
+		t_intern *e = &b->slots[h];
+		if (!e->ref || (e->key == key && e->occ == occ && (!ref || (by_text ? !strcmp(e->ref, ref) : e->ref == ref))))
+			return e;
+	}
+}
+
+static bool table_room(t_table *b)
+{
+	if ((b->n + 1) * 2 <= b->cap)
+		return true;
+	size_t cap = b->cap ? b->cap * 2 : 256;
+	t_intern *n = calloc(cap, sizeof *n);
+	if (!n)
+		return false;
+	for (size_t i = 0; i < b->cap; i++)
+		if (b->slots[i].ref) {
+			size_t h = (size_t)(b->slots[i].key ^ b->slots[i].key >> 29) & (cap - 1);
+			while (n[h].ref)
+				h = (h + 1) & (cap - 1);
+			n[h] = b->slots[i];
+		}
+	free(b->slots);
+	b->slots = n;
+	b->cap = cap;
+	return true;
+}
+
+/* The interned copy of a stack's text. */
+static const char *intern_text(struct tern_trace *t, const char *text)
+{
+	uint64_t h = fnv(text, strlen(text), 0xcbf29ce484222325ull);
+	if (!table_room(&t->texts))
+		return NULL;
+	t_intern *e = table_find(&t->texts, h, text, 0, true);
+	if (!e->ref) {
+		if (!(e->text = tern_strdup(text)))
+			return NULL;
+		e->ref = e->text;
+		e->key = h;
+		t->texts.n++;
+	}
+	return e->ref;
+}
+
+/* The interned "stack#occurrence" of an interned stack: the operation's site. */
+static const char *intern_site(struct tern_trace *t, const char *stack, int occ)
+{
+	uint64_t h = (uint64_t)ptr_hash(stack) * 31 + (uint64_t)occ;
+	if (!table_room(&t->sites))
+		return NULL;
+	t_intern *e = table_find(&t->sites, h, stack, occ, false);
+	if (e->ref)
+		return e->text;
+	size_t len = strlen(stack);
+	char *site = malloc(len + 24);
+	if (!site)
+		return NULL;
+	memcpy(site, stack, len);
+	/* "#occurrence", written by hand: snprintf's parsing was a tenth of a small call's record */
+	char num[24], *q = num + sizeof num;
+	*--q = 0;
+	unsigned u = (unsigned)occ;
+	do
+		*--q = (char)('0' + u % 10);
+	while (u /= 10);
+	*--q = '#';
+	memcpy(site + len, q, (size_t)(num + sizeof num - q));
+	e->key = h;
+	e->occ = occ;
+	e->ref = stack;
+	e->text = site;
+	t->sites.n++;
+	return site;
+}
+
+static void default_site(char *buf, size_t size, const void *ret);
+
+/* The interned text of the current call's stack: by the host's key for it when it gives one (a few
+ * loads a frame, where the text costs its copy and hash at every call), else by its text. */
+static const char *stack_now(struct tern_trace *t)
+{
+	char stack[4096];
+	uint64_t key = t->site_key ? t->site_key(t->user) : 0;
+	t_intern *e = NULL;
+	if (key) {
+		if (!table_room(&t->keys))
+			return NULL;
+		e = table_find(&t->keys, key, NULL, 0, false);
+		if (e->ref)
+			return e->ref;
+	}
+	stack[0] = 0;
+	if (t->site)
+		t->site(t->user, stack, sizeof stack);
+	else
+		default_site(stack, sizeof stack, tern_ctx_c_site(t->ctx));
+	const char *text = intern_text(t, stack);
+	if (e && text) {
+		e->key = key;
+		e->ref = text;
+		t->keys.n++;
+	}
+	return text;
 }
 
 static void default_site(char *buf, size_t size, const void *ret)
@@ -388,6 +521,7 @@ tern_status tern_trace_start(tern_ctx *c, const tern_trace_options *o)
 	t->want_steps = o->steps > 0 ? o->steps : 1;
 	t->verbose = o->verbose;
 	t->site = o->site;
+	t->site_key = o->site_key;
 	t->user = o->user;
 	t->replay = o->replay;
 	t->coexec = o->coexec && !o->replay;
@@ -710,33 +844,13 @@ tern_status tern_trace_op(tern_ctx *c, const char *domain, const char *op_type, 
 	if (!s)
 		return TERN_OK;
 	int64_t step_no = s == &t->implicit ? -1 : (int64_t)t->n_steps;
-	char stack[4096];
-	stack[0] = 0;
-	if (t->site)
-		t->site(t->user, stack, sizeof stack);
-	else
-		default_site(stack, sizeof stack, tern_ctx_c_site(c));
-	int occ = occurrence(s, stack);
-	if (!tern_grow((void **)&s->ops, &s->cap_ops, s->n_ops + 1, sizeof *s->ops) || occ < 0)
+	const char *stack = stack_now(t);
+	int occ = stack ? occurrence(s, stack) : -1;
+	const char *site = occ >= 0 ? intern_site(t, stack, occ) : NULL;
+	if (!site || !tern_grow((void **)&s->ops, &s->cap_ops, s->n_ops + 1, sizeof *s->ops))
 		return t->error = tern_errorf(TERN_EOS, "out of memory");
 	t_op *o = &s->ops[s->n_ops];
 	memset(o, 0, sizeof *o);
-	size_t len = strlen(stack) + 24;
-	char *site = len <= sizeof stack - 24 ? stack : malloc(len); /* "stack#occurrence" */
-	if (!site)
-		return t->error = tern_errorf(TERN_EOS, "out of memory");
-	/* "#occurrence", written by hand: snprintf's parsing was a tenth of a small call's record */
-	char num[24], *q = num + sizeof num;
-	*--q = 0;
-	unsigned u = (unsigned)occ;
-	do
-		*--q = (char)('0' + u % 10);
-	while (u /= 10);
-	*--q = '#';
-	size_t sl = len - 24;
-	if (site != stack)
-		memcpy(site, stack, sl);
-	memcpy(site + sl, q, (size_t)(num + sizeof num - q));
 	uint64_t h = 0xcbf29ce484222325ull;
 	for (int k = 0; k < n_attrs; k++) {
 		size_t n = onnx__attribute_proto__get_packed_size(attrs[k]);
@@ -755,7 +869,7 @@ tern_status tern_trace_op(tern_ctx *c, const char *domain, const char *op_type, 
 		const t_step *r = &t->steps[t->path_rep[p]];
 		if ((t->candidates >> p & 1) && s->n_ops < r->n_ops) {
 			const t_op *c = &r->ops[s->n_ops];
-			if (c->attr_hash == h && c->n_attrs == n_attrs && !strcmp(c->site, site) && !strcmp(c->op_type, op_type) &&
+			if (c->attr_hash == h && c->n_attrs == n_attrs && c->site == site && !strcmp(c->op_type, op_type) &&
 			    !strcmp(c->domain, domain))
 				ref = c;
 		}
@@ -768,14 +882,11 @@ tern_status tern_trace_op(tern_ctx *c, const char *domain, const char *op_type, 
 		o->attrs = ref->attrs;
 		o->n_attrs = ref->n_attrs;
 	} else {
-		o->site = site == stack ? tern_strdup(stack) : site;
-		site = NULL;
+		o->site = site;
 		o->domain = tern_strdup(domain);
 		o->op_type = tern_strdup(op_type);
 		o->attrs = calloc((size_t)n_attrs + 1, sizeof *o->attrs);
 	}
-	if (site != stack)
-		free(site);
 	size_t no = (size_t)n_out + 1, ni = (size_t)n_in + 1;
 	char *block = calloc(1, no * TERN_MAX_RANK * sizeof *o->dims + ni * sizeof *o->in + 2 * no * sizeof(int) + no);
 	if (block) {

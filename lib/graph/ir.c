@@ -18,6 +18,23 @@ uint64_t tern_hash_name(const char *s)
 	return h;
 }
 
+uint64_t tern_hash_bytes(const void *p, size_t n, uint64_t h)
+{
+	const unsigned char *b = p;
+	size_t i = 0;
+	for (; i + 8 <= n; i += 8) {
+		uint64_t w;
+		memcpy(&w, b + i, sizeof w);
+		h = (h ^ w) * 0xff51afd7ed558ccdull;
+		h ^= h >> 29;
+	}
+	uint64_t w = (uint64_t)(n - i) << 56; /* the tail's length, so "a" and "a\0" differ */
+	for (size_t k = 0; i + k < n; k++)
+		w |= (uint64_t)b[i + k] << (8 * k);
+	h = (h ^ w) * 0x100000001b3ull;
+	return h ^ (h >> 32);
+}
+
 static bool table_insert(tern_graph *g, tern_value *v)
 {
 	if ((g->n_values + 1) * 2 > g->table_cap) {
