@@ -128,13 +128,18 @@ struct tern_trace {
 	size_t *roff;
 	tern_var **rfrozen; /* per external read of the first step: the constant it is replayed as */
 	int64_t replayed, beyond;
-	/* the first value read of every serial, for initializers */
+	/* the first value read of every serial made before tracing (or a gradient rule's constant, made
+	 * afresh at every step), for initializers; found through first_slot (open addressing, indices + 1,
+	 * 0 empty). A checked step that matched gives back those it added and did not bind: nothing refers
+	 * to them, and they had grown by ten a step on memory_bank, each read scanning them all. */
 	struct {
 		uint64_t serial;
 		tern_tensor value;
 		int bound;
 	} *firsts;
-	size_t n_firsts, cap_firsts;
+	size_t n_firsts, cap_firsts, firsts_mark;
+	int32_t *first_slot;
+	size_t first_cap;
 };
 
 /* ---------------------------------------------------------------- small helpers */
@@ -300,6 +305,7 @@ void tern_trace_free(struct tern_trace *t)
 	for (size_t i = 0; i < t->n_firsts; i++)
 		tern_tensor_free(&t->firsts[i].value);
 	free(t->firsts);
+	free(t->first_slot);
 	free(t->path);
 	free(t->record_dir);
 	for (size_t i = 0; i < t->texts.cap; i++)
@@ -477,12 +483,65 @@ static void default_site(char *buf, size_t size, const void *ret)
 		snprintf(buf, size, "%p", ret);
 }
 
+static size_t serial_slot(uint64_t serial, size_t cap)
+{
+	return (size_t)((serial * 0x9e3779b97f4a7c15ull) >> 17) & (cap - 1);
+}
+
 static int first_index(struct tern_trace *t, uint64_t serial)
 {
-	for (size_t i = 0; i < t->n_firsts; i++)
+	if (!t->first_cap)
+		return -1;
+	for (size_t h = serial_slot(serial, t->first_cap);; h = (h + 1) & (t->first_cap - 1)) {
+		int32_t i = t->first_slot[h] - 1;
+		if (i < 0)
+			return -1;
 		if (t->firsts[i].serial == serial)
-			return (int)i;
-	return -1;
+			return i;
+	}
+}
+
+/* The index of firsts made again for its entries, at twice their count at least. */
+static bool firsts_index(struct tern_trace *t)
+{
+	size_t cap = t->first_cap ? t->first_cap : 64;
+	while (cap < 2 * (t->n_firsts + 1))
+		cap *= 2;
+	int32_t *slots = calloc(cap, sizeof *slots);
+	if (!slots)
+		return false;
+	for (size_t i = 0; i < t->n_firsts; i++) {
+		size_t h = serial_slot(t->firsts[i].serial, cap);
+		while (slots[h])
+			h = (h + 1) & (cap - 1);
+		slots[h] = (int32_t)i + 1;
+	}
+	free(t->first_slot);
+	t->first_slot = slots;
+	t->first_cap = cap;
+	return true;
+}
+
+/* After a checked step that matched: the firsts it added go, but those it bound. */
+static void firsts_forget(struct tern_trace *t)
+{
+	size_t kept = t->firsts_mark;
+	for (size_t i = t->firsts_mark; i < t->n_firsts; i++) {
+		if (t->firsts[i].bound)
+			t->firsts[kept++] = t->firsts[i];
+		else
+			tern_tensor_free(&t->firsts[i].value);
+	}
+	if (kept == t->n_firsts)
+		return;
+	t->n_firsts = kept;
+	memset(t->first_slot, 0, t->first_cap * sizeof *t->first_slot);
+	for (size_t i = 0; i < t->n_firsts; i++) {
+		size_t h = serial_slot(t->firsts[i].serial, t->first_cap);
+		while (t->first_slot[h])
+			h = (h + 1) & (t->first_cap - 1);
+		t->first_slot[h] = (int32_t)i + 1;
+	}
 }
 
 /* Remembers the first value of a tensor made before tracing (an initializer's, if it becomes one). */
@@ -493,15 +552,20 @@ static tern_status remember_first(struct tern_trace *t, uint64_t serial, tern_va
 		t->firsts[i].bound |= bound;
 		return TERN_OK;
 	}
-	if (!tern_grow((void **)&t->firsts, &t->cap_firsts, t->n_firsts + 1, sizeof *t->firsts))
+	if (!tern_grow((void **)&t->firsts, &t->cap_firsts, t->n_firsts + 1, sizeof *t->firsts) ||
+	    (2 * (t->n_firsts + 1) > t->first_cap && !firsts_index(t)))
 		return tern_errorf(TERN_EOS, "out of memory");
 	memset(&t->firsts[t->n_firsts], 0, sizeof t->firsts[0]);
 	t->firsts[t->n_firsts].serial = serial;
 	t->firsts[t->n_firsts].bound = bound;
 	tern_status st = tern_tensor_copy(&t->firsts[t->n_firsts].value, tern_var_read(var));
-	if (!st)
-		t->n_firsts++;
-	return st;
+	if (st)
+		return st;
+	size_t h = serial_slot(serial, t->first_cap);
+	while (t->first_slot[h])
+		h = (h + 1) & (t->first_cap - 1);
+	t->first_slot[h] = (int32_t)t->n_firsts++ + 1;
+	return TERN_OK;
 }
 
 /* ---------------------------------------------------------------- recording */
@@ -552,6 +616,7 @@ tern_status tern_trace_step_begin(tern_ctx *c)
 		t->steps[t->n_steps++].number = t->steps_begun;
 		t->in_step = t->checking = 1;
 		t->diverged = 0;
+		t->firsts_mark = t->n_firsts;
 		t->candidates = t->n_paths >= 64 ? ~0ull : (1ull << t->n_paths) - 1;
 		return TERN_OK;
 	}
@@ -615,6 +680,7 @@ tern_status tern_trace_step_end(tern_ctx *c)
 		for (int p = 0; p < t->n_paths && p < 64 && !t->diverged; p++)
 			done |= (t->candidates >> p & 1) && t->steps[t->path_rep[p]].n_ops == s->n_ops;
 		if (done) { /* the graph had it: nothing new */
+			firsts_forget(t);
 			step_free(s);
 			t->n_steps--;
 			t->coexecuted++;
@@ -664,6 +730,7 @@ void tern_trace_step_abandon(tern_ctx *c)
 
 tern_status tern_trace_finish(tern_ctx *c)
 {
+	if (getenv("TERN_TRACE_DEBUG") && tern_ctx_trace(c)) fprintf(stderr, "firsts %zu steps %zu\n", tern_ctx_trace(c)->n_firsts, tern_ctx_trace(c)->n_steps);
 	struct tern_trace *t = tern_ctx_trace(c);
 	if (t && t->coexec && t->written)
 		fprintf(stderr, "tern-trace: co-execution: %lld steps matched the graph, %lld diverged (run as traced, "
