@@ -2,9 +2,10 @@
 """Co-execution against eager tern and PyTorch, in one run: for each of tests/programs' programs,
 the median step time (as the program measures it) of eager tern, of the program under
 `tern-trace --coexec` (its first K steps traced, every later one checked against the graph) and of
-its PyTorch twin, at each thread count.
+its PyTorch twin, at each thread count. The three take turns over --rounds rounds, and each figure
+is the median of the rounds' medians (one run of a program moves by a fifth on a noisy machine).
 
-    bench_coexec.py [--build BUILD] [--threads 1,2] [--steps K] [NAME...]
+    bench_coexec.py [--build BUILD] [--threads 1,2] [--steps K] [--rounds R] [NAME...]
 
 Prints a markdown table per thread count: milliseconds per step and the ratios coexec/eager and
 coexec/PyTorch, with their geometric means. Each tern run is a process of its own (tracing is set
@@ -14,6 +15,7 @@ import argparse
 import math
 import os
 import pickle
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -42,6 +44,7 @@ def main():
     ap.add_argument('--build', default=os.path.join(ROOT, 'build'))
     ap.add_argument('--threads', default='1,2')
     ap.add_argument('--steps', type=int, default=2)
+    ap.add_argument('--rounds', type=int, default=3)
     ap.add_argument('names', nargs='*')
     a = ap.parse_args()
     build = os.path.abspath(a.build)
@@ -55,9 +58,10 @@ def main():
             print('|---|---:|---:|---:|---:|---:|')
             r_eager, r_torch = [], []
             for name in names:
-                e = tern_ms(build, name, threads, False, a.steps, tmp)
-                c = tern_ms(build, name, threads, True, a.steps, tmp)
-                t = importlib.import_module(name).run('torch', 0)['step_ms']
+                runs = [(tern_ms(build, name, threads, False, a.steps, tmp),
+                         tern_ms(build, name, threads, True, a.steps, tmp),
+                         importlib.import_module(name).run('torch', 0)['step_ms']) for _ in range(max(1, a.rounds))]
+                e, c, t = (statistics.median(r[k] for r in runs) for k in range(3))
                 r_eager.append(c / e)
                 r_torch.append(c / t)
                 print('| %s | %.3f | %.3f | %.3f | %.2f | %.2f |' % (name, e, c, t, c / e, c / t))
