@@ -2,9 +2,11 @@
  *
  * The schedule fixes everything a device would be told: each stream's steps in launch order, and the
  * steps of other streams each one waits for. --threads workers then run the streams as a device runs
- * its queues: a worker takes the next step of any stream whose waits are met (preferring the stream it
- * ran last, whose data is in its cache), runs it, and moves the stream's position past it: a
- * stream's position is the event of every step in it. A stream is held by one worker at a time, so its
+ * its queues: a worker takes the next step of any stream whose waits are met, runs it, and moves the
+ * stream's position past it: a stream's position is the event of every step in it. Of the streams
+ * ready it takes the one whose next step has the longest way to the end of the run (its rank, from
+ * the steps' times in the first runs: set_ranks), else the one it ran last, whose data is in its
+ * cache: on a DARTS cell network at two threads, ranks took 0.98 ms to 0.92. A stream is held by one worker at a time, so its
  * steps run in order.
  * Launch order is topological, so some stream can always advance: no worker waits forever.
  *
@@ -19,6 +21,7 @@
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 struct stream_worker {
 	pthread_t thread;
@@ -47,6 +50,12 @@ struct stream_sync {
 	uint64_t closed; /* the last generation closed */
 	int *qpos; /* per step: its place in its stream's queue; it has run once the stream's pos is past it */
 	stream_state *streams;
+	/* Priorities (set_ranks): per step the least time it took in the first RANK_CALIBRATE runs, then
+	 * its rank, the longest time from its start to the end of the run along the steps that wait for
+	 * it; ranked once they are known. */
+	int64_t *cost_ns;
+	double *rank;
+	int runs, ranked;
 	atomic_int remaining; /* streams not yet finished this generation */
 	int n_live; /* streams with steps */
 	atomic_int failed;
@@ -99,15 +108,80 @@ static bool advance(tern_exec *e, int s, int worker)
 		return false;
 	}
 	int k = e->queue[s][pos];
+	double t0 = y->ranked ? 0 : tern_now_us();
 	tern_status rc = tern_exec_run_step(e, k, e->worker_scratch[worker], worker);
 	if (rc)
 		fail(y, rc);
+	if (!y->ranked) {
+		int64_t ns = (int64_t)((tern_now_us() - t0) * 1000.0);
+		if (y->cost_ns[k] < 0 || ns < y->cost_ns[k])
+			y->cost_ns[k] = ns;
+	}
 	atomic_store_explicit(&ss->pos, pos + 1, memory_order_release);
 	atomic_store_explicit(&ss->held, 0, memory_order_release);
 	if (pos + 1 == e->queue_len[s]) /* the stream's last step: one shared write a stream, not a step */
 		atomic_fetch_sub_explicit(&y->remaining, 1, memory_order_acq_rel);
 	tern_team_notify(e->kernel_pool);
 	return true;
+}
+
+static bool ranks_wanted(void)
+{
+	const char *v = getenv("TERN_STREAM_RANKS");
+	return !v || strcmp(v, "0") != 0;
+}
+
+/* Ranks from the calibration runs' times (HEFT's upward rank): in reverse launch order, a step's rank
+ * is its time plus the greatest rank of the steps that wait for it (on other streams, or next on its
+ * own). */
+#define RANK_CALIBRATE 3
+static void set_ranks(tern_exec *e)
+{
+	struct stream_sync *y = e->sync;
+	int n = e->n_steps;
+	double *after = calloc((size_t)n + 1, sizeof *after);
+	int *next_on = malloc(((size_t)e->n_streams + 1) * sizeof *next_on);
+	if (!after || !next_on) {
+		free(after);
+		free(next_on);
+		return;
+	}
+	for (int s = 0; s < e->n_streams; s++)
+		next_on[s] = -1;
+	for (int k = n; k-- > 0;) {
+		const step *st = &e->steps[k];
+		int nx = next_on[st->stream];
+		double tail = after[k];
+		if (nx >= 0 && y->rank[nx] > tail)
+			tail = y->rank[nx];
+		y->rank[k] = (double)(y->cost_ns[k] > 0 ? y->cost_ns[k] : 0) + tail;
+		for (int w = 0; w < st->n_waits; w++)
+			if (after[st->waits[w]] < y->rank[k])
+				after[st->waits[w]] = y->rank[k];
+		next_on[st->stream] = k;
+	}
+	free(after);
+	free(next_on);
+}
+
+/* The ready stream whose next step has the greatest rank (the one ran last, on a tie), -1 if none. */
+static int pick_stream(const tern_exec *e, int last)
+{
+	const struct stream_sync *y = e->sync;
+	int best = -1, S = e->n_streams;
+	double best_rank = 0;
+	for (int i = 0; i < S; i++) {
+		int s = last + i < S ? last + i : last + i - S;
+		int pos = atomic_load_explicit(&y->streams[s].pos, memory_order_acquire);
+		if (pos >= e->queue_len[s] || atomic_load_explicit(&y->streams[s].held, memory_order_relaxed))
+			continue;
+		int k = e->queue[s][pos];
+		if (ready(e, k) && (best < 0 || y->rank[k] > best_rank)) {
+			best = s;
+			best_rank = y->rank[k];
+		}
+	}
+	return best;
 }
 
 static bool generation_over(const tern_exec *e)
@@ -158,6 +232,11 @@ static void run_worker(tern_exec *e, int worker)
 	}
 	while (!generation_over(e)) {
 		bool ran = false;
+		int pick = y->ranked ? pick_stream(e, last) : -1;
+		if (pick >= 0 && advance(e, pick, worker)) {
+			last = pick;
+			ran = true;
+		}
 		for (int i = 0; S > 1 && i < S && !ran; i++) {
 			int s = last + i < S ? last + i : last + i - S;
 			if (advance(e, s, worker)) {
@@ -246,6 +325,16 @@ tern_status tern_exec_setup_streams(tern_exec *e)
 		e->sync->qpos[k] = e->queue_len[s];
 		e->queue[s][e->queue_len[s]++] = k;
 	}
+	e->sync->cost_ns = malloc(((size_t)e->n_steps + 1) * sizeof *e->sync->cost_ns);
+	e->sync->rank = malloc(((size_t)e->n_steps + 1) * sizeof *e->sync->rank);
+	if (!e->sync->cost_ns || !e->sync->rank)
+		return tern_errorf(TERN_EOS, "out of memory");
+	for (int k = 0; k < e->n_steps; k++) {
+		e->sync->cost_ns[k] = -1;
+		e->sync->rank[k] = 0;
+	}
+	e->sync->runs = 0;
+	e->sync->ranked = 0;
 	e->sync->n_live = 0;
 	for (int s = 0; s < S; s++)
 		e->sync->n_live += e->queue_len[s] > 0;
@@ -283,6 +372,11 @@ tern_status tern_exec_run_streams(tern_exec *e)
 		atomic_store(&y->streams[s].pos, 0);
 		atomic_store(&y->streams[s].held, 0);
 	}
+	/* the workers see the ranks after the lock */
+	if (e->n_streams > 1 && !y->ranked && ++y->runs > RANK_CALIBRATE && ranks_wanted()) {
+		set_ranks(e);
+		y->ranked = 1;
+	}
 	uint64_t gen = y->generation;
 	pthread_cond_broadcast(&y->go);
 	pthread_mutex_unlock(&y->lock);
@@ -311,8 +405,12 @@ void tern_exec_park_streams(tern_exec *e)
 	if (e->sync) {
 		free(e->sync->qpos);
 		free(e->sync->streams);
+		free(e->sync->cost_ns);
+		free(e->sync->rank);
 		e->sync->qpos = NULL;
 		e->sync->streams = NULL;
+		e->sync->cost_ns = NULL;
+		e->sync->rank = NULL;
 	}
 	for (int s = 0; e->queue && s < e->n_streams; s++)
 		free(e->queue[s]);

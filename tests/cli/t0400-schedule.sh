@@ -33,6 +33,15 @@ test_expect_success PYTHON 'repeated scheduled runs stay identical' '
 	for i in 1 2 3 4 5; do tern-run -i x=x.npy -O rep --iters 20 sched.onnx && cmp one/y.npy rep/y.npy || return 1; done
 '
 
+test_expect_success PYTHON 'runs after the first three, which pick streams by rank, equal single-stream runs' '
+	for i in 1 2 3; do
+		tern-run -i x=x.npy -O ranked --threads 2 --warmup 4 --iters 20 sched.onnx &&
+		cmp one/y.npy ranked/y.npy || return 1
+	done &&
+	TERN_STREAM_RANKS=0 tern-run -i x=x.npy -O unranked --threads 2 --warmup 4 --iters 20 sched.onnx &&
+	cmp one/y.npy unranked/y.npy
+'
+
 test_expect_success PYTHON '--streams 1 puts every node on one stream with no waits' '
 	tern-schedule --streams 1 branchy.onnx | tern-show -f plan >plan1 &&
 	test "$(cut -f2 plan1 | sort -u)" = 0 &&
