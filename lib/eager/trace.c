@@ -85,9 +85,17 @@ typedef struct t_table {
 	size_t cap, n;
 } t_table;
 
+/* Memory for a step's operations' small arrays, given back with the step. */
+typedef struct t_chunk {
+	struct t_chunk *next;
+	size_t cap, used;
+	_Alignas(16) char data[];
+} t_chunk;
+
 typedef struct t_step {
 	t_op *ops;
 	size_t n_ops, cap_ops;
+	t_chunk *chunks;
 	t_ext *ext;
 	size_t n_ext, cap_ext;
 	t_bind *binds;
@@ -109,6 +117,7 @@ struct tern_trace {
 	t_step *steps;
 	size_t n_steps, cap_steps;
 	t_step implicit; /* calls before any step: the graph of a program that never calls one */
+	t_step spare; /* the arrays of the last checked step that matched, empty, for the next */
 	int in_step, written, explicit_steps;
 	/* --coexec (checking): later steps are recorded and checked against the graph's paths as they go;
 	 * one that diverges joins the trace and its paths at once (stale: the graph is made again and
@@ -176,7 +185,7 @@ static void op_free(t_op *o)
 			onnx__attribute_proto__free_unpacked(o->attrs[k], &tern_pb_allocator);
 		free(o->attrs);
 	}
-	free(o->dims); /* one block: dims, in, dtype, rank, fetched */
+	/* dims, in, dtype, rank and fetched are one block of the step's chunks */
 	if (o->fetch_value)
 		for (int k = 0; k < o->n_out; k++)
 			tern_tensor_free(&o->fetch_value[k]);
@@ -193,6 +202,55 @@ static void step_free(t_step *s)
 	free(s->ext);
 	free(s->binds);
 	free(s->sites);
+	for (t_chunk *k = s->chunks, *next; k; k = next) {
+		next = k->next;
+		free(k);
+	}
+	memset(s, 0, sizeof *s);
+}
+
+/* n bytes, cleared, from the step's chunks. */
+static void *step_alloc(t_step *s, size_t n)
+{
+	n = (n + 15) & ~(size_t)15;
+	t_chunk *k = s->chunks;
+	if (!k || k->used + n > k->cap) {
+		size_t cap = n > 65536 ? n : 65536;
+		if (!(k = malloc(sizeof *k + cap)))
+			return NULL;
+		k->next = s->chunks;
+		k->cap = cap;
+		k->used = 0;
+		s->chunks = k;
+	}
+	void *p = k->data + k->used;
+	k->used += n;
+	memset(p, 0, n);
+	return p;
+}
+
+/* A checked step that matched goes, its arrays kept for the next: a step of 600 calls had grown its
+ * operations' array and its sites' table afresh each time, and made a block per call. */
+static void step_recycle(struct tern_trace *t, t_step *s)
+{
+	for (size_t i = 0; i < s->n_ops; i++)
+		op_free(&s->ops[i]);
+	for (size_t i = 0; i < s->n_ext; i++)
+		tern_tensor_free(&s->ext[i].value);
+	for (t_chunk *k = s->chunks ? s->chunks->next : NULL, *next; k; k = next) {
+		next = k->next;
+		free(k);
+	}
+	if (s->chunks) {
+		s->chunks->next = NULL;
+		s->chunks->used = 0;
+	}
+	if (s->sites)
+		memset(s->sites, 0, s->cap_sites * sizeof *s->sites);
+	step_free(&t->spare);
+	t->spare = (t_step){.ops = s->ops, .cap_ops = s->cap_ops, .chunks = s->chunks, .ext = s->ext,
+	                    .cap_ext = s->cap_ext, .binds = s->binds, .cap_binds = s->cap_binds, .sites = s->sites,
+	                    .cap_sites = s->cap_sites};
 	memset(s, 0, sizeof *s);
 }
 
@@ -302,6 +360,7 @@ void tern_trace_free(struct tern_trace *t)
 		step_free(&t->steps[i]);
 	free(t->steps);
 	step_free(&t->implicit);
+	step_free(&t->spare);
 	for (size_t i = 0; i < t->n_firsts; i++)
 		tern_tensor_free(&t->firsts[i].value);
 	free(t->firsts);
@@ -612,7 +671,8 @@ tern_status tern_trace_step_begin(tern_ctx *c)
 		/* a step to check: recorded as a traced one */
 		if (!tern_grow((void **)&t->steps, &t->cap_steps, t->n_steps + 1, sizeof *t->steps))
 			return tern_errorf(TERN_EOS, "out of memory");
-		memset(&t->steps[t->n_steps], 0, sizeof t->steps[0]);
+		t->steps[t->n_steps] = t->spare;
+		memset(&t->spare, 0, sizeof t->spare);
 		t->steps[t->n_steps++].number = t->steps_begun;
 		t->in_step = t->checking = 1;
 		t->diverged = 0;
@@ -681,7 +741,7 @@ tern_status tern_trace_step_end(tern_ctx *c)
 			done |= (t->candidates >> p & 1) && t->steps[t->path_rep[p]].n_ops == s->n_ops;
 		if (done) { /* the graph had it: nothing new */
 			firsts_forget(t);
-			step_free(s);
+			step_recycle(t, s);
 			t->n_steps--;
 			t->coexecuted++;
 			return TERN_OK;
@@ -977,7 +1037,7 @@ tern_status tern_trace_op(tern_ctx *c, const char *domain, const char *op_type, 
 		o->attrs = calloc((size_t)n_attrs + 1, sizeof *o->attrs);
 	}
 	size_t no = (size_t)n_out + 1, ni = (size_t)n_in + 1;
-	char *block = calloc(1, no * TERN_MAX_RANK * sizeof *o->dims + ni * sizeof *o->in + 2 * no * sizeof(int) + no);
+	char *block = step_alloc(s, no * TERN_MAX_RANK * sizeof *o->dims + ni * sizeof *o->in + 2 * no * sizeof(int) + no);
 	if (block) {
 		o->dims = (int64_t *)block;
 		o->in = (t_in *)(block + no * TERN_MAX_RANK * sizeof *o->dims);
