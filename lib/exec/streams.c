@@ -6,8 +6,8 @@
  * stream's position past it: a stream's position is the event of every step in it. Of the streams
  * ready it takes the one whose next step has the longest way to the end of the run (its rank, from
  * the steps' times in the first runs: set_ranks), else the one it ran last, whose data is in its
- * cache: on a DARTS cell network at two threads, ranks took 0.98 ms to 0.92. A stream is held by one worker at a time, so its
- * steps run in order.
+ * cache: on a DARTS cell network at two threads, ranks took 0.98 ms to 0.92. A stream is held by one
+ * worker at a time, so its steps run in order.
  * Launch order is topological, so some stream can always advance: no worker waits forever.
  *
  * The workers are also the kernels' thread pool (a team, lib/core/threadpool.c): a worker with no
