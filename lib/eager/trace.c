@@ -790,7 +790,6 @@ void tern_trace_step_abandon(tern_ctx *c)
 
 tern_status tern_trace_finish(tern_ctx *c)
 {
-	if (getenv("TERN_TRACE_DEBUG") && tern_ctx_trace(c)) fprintf(stderr, "firsts %zu steps %zu\n", tern_ctx_trace(c)->n_firsts, tern_ctx_trace(c)->n_steps);
 	struct tern_trace *t = tern_ctx_trace(c);
 	if (t && t->coexec && t->written)
 		fprintf(stderr, "tern-trace: co-execution: %lld steps matched the graph, %lld diverged (run as traced, "
