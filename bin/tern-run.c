@@ -788,7 +788,8 @@ int main(int argc, char **argv)
 	               "66 a file cannot be opened, 74 write failed. The environment variable TERN_ISA (avx512, "
 	               "avx2 or generic) caps the kernels' instruction set; -v and --json say which runs. TERN_WINOGRAD=0 runs "
 	               "3x3 convolutions directly instead of as Winograd's F(2x2, 3x3). TERN_STREAM_RANKS=0 has "
-	               "workers pick among ready streams by the one they ran last, not by rank.",
+	               "a worker whose last stream is not ready take the next ready one in order, not the one of "
+	               "greatest rank.",
 	        .options = options,
 	        .parser = parse_option,
 	        .input = &run,
