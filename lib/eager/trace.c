@@ -192,13 +192,19 @@ static void op_free(t_op *o)
 	free(o->fetch_value);
 }
 
-static void step_free(t_step *s)
+/* What a step's operations and reads own (not the arrays that hold them). */
+static void step_values_free(t_step *s)
 {
 	for (size_t i = 0; i < s->n_ops; i++)
 		op_free(&s->ops[i]);
-	free(s->ops);
 	for (size_t i = 0; i < s->n_ext; i++)
 		tern_tensor_free(&s->ext[i].value);
+}
+
+static void step_free(t_step *s)
+{
+	step_values_free(s);
+	free(s->ops);
 	free(s->ext);
 	free(s->binds);
 	free(s->sites);
@@ -233,10 +239,7 @@ static void *step_alloc(t_step *s, size_t n)
  * operations' array and its sites' table afresh each time, and made a block per call. */
 static void step_recycle(struct tern_trace *t, t_step *s)
 {
-	for (size_t i = 0; i < s->n_ops; i++)
-		op_free(&s->ops[i]);
-	for (size_t i = 0; i < s->n_ext; i++)
-		tern_tensor_free(&s->ext[i].value);
+	step_values_free(s);
 	for (t_chunk *k = s->chunks ? s->chunks->next : NULL, *next; k; k = next) {
 		next = k->next;
 		free(k);
@@ -560,6 +563,15 @@ static int first_index(struct tern_trace *t, uint64_t serial)
 	}
 }
 
+/* Places firsts[i] in the index. */
+static void first_slot_put(struct tern_trace *t, size_t i)
+{
+	size_t h = serial_slot(t->firsts[i].serial, t->first_cap);
+	while (t->first_slot[h])
+		h = (h + 1) & (t->first_cap - 1);
+	t->first_slot[h] = (int32_t)i + 1;
+}
+
 /* The index of firsts made again for its entries, at twice their count at least. */
 static bool firsts_index(struct tern_trace *t)
 {
@@ -569,15 +581,11 @@ static bool firsts_index(struct tern_trace *t)
 	int32_t *slots = calloc(cap, sizeof *slots);
 	if (!slots)
 		return false;
-	for (size_t i = 0; i < t->n_firsts; i++) {
-		size_t h = serial_slot(t->firsts[i].serial, cap);
-		while (slots[h])
-			h = (h + 1) & (cap - 1);
-		slots[h] = (int32_t)i + 1;
-	}
 	free(t->first_slot);
 	t->first_slot = slots;
 	t->first_cap = cap;
+	for (size_t i = 0; i < t->n_firsts; i++)
+		first_slot_put(t, i);
 	return true;
 }
 
@@ -595,12 +603,8 @@ static void firsts_forget(struct tern_trace *t)
 		return;
 	t->n_firsts = kept;
 	memset(t->first_slot, 0, t->first_cap * sizeof *t->first_slot);
-	for (size_t i = 0; i < t->n_firsts; i++) {
-		size_t h = serial_slot(t->firsts[i].serial, t->first_cap);
-		while (t->first_slot[h])
-			h = (h + 1) & (t->first_cap - 1);
-		t->first_slot[h] = (int32_t)i + 1;
-	}
+	for (size_t i = 0; i < t->n_firsts; i++)
+		first_slot_put(t, i);
 }
 
 /* Remembers the first value of a tensor made before tracing (an initializer's, if it becomes one). */
@@ -620,10 +624,7 @@ static tern_status remember_first(struct tern_trace *t, uint64_t serial, tern_va
 	tern_status st = tern_tensor_copy(&t->firsts[t->n_firsts].value, tern_var_read(var));
 	if (st)
 		return st;
-	size_t h = serial_slot(serial, t->first_cap);
-	while (t->first_slot[h])
-		h = (h + 1) & (t->first_cap - 1);
-	t->first_slot[h] = (int32_t)t->n_firsts++ + 1;
+	first_slot_put(t, t->n_firsts++);
 	return TERN_OK;
 }
 
