@@ -125,7 +125,13 @@ struct tern_trace {
 	 * diverged step's time) */
 	int coexec, checking, diverged, stale;
 	size_t traced; /* the steps traced before checking began */
-	uint64_t candidates; /* paths the step still matches, one bit each */
+	/* the paths the step may still take, checked lazily: only the current one (cur) at every
+	 * operation, another from where it was last checked (upto) once the current one fails. Checking
+	 * every path at every operation had cost memory_bank (40 paths sharing most operations) a third
+	 * of its recording. */
+	uint8_t *alive;
+	size_t *upto;
+	int cur, n_alive;
 	int *path_rep, n_paths; /* per path of the graph written: its first step */
 	int64_t coexecuted, fell_back, replans, steps_begun;
 	char divergence[512];
@@ -359,6 +365,8 @@ void tern_trace_free(struct tern_trace *t)
 	free(t->rvals);
 	free(t->roff);
 	free(t->path_rep);
+	free(t->alive);
+	free(t->upto);
 	for (size_t i = 0; i < t->n_steps; i++)
 		step_free(&t->steps[i]);
 	free(t->steps);
@@ -678,7 +686,19 @@ tern_status tern_trace_step_begin(tern_ctx *c)
 		t->in_step = t->checking = 1;
 		t->diverged = 0;
 		t->firsts_mark = t->n_firsts;
-		t->candidates = t->n_paths >= 64 ? ~0ull : (1ull << t->n_paths) - 1;
+		uint8_t *alive = realloc(t->alive, (size_t)t->n_paths);
+		size_t *upto = alive ? realloc(t->upto, (size_t)t->n_paths * sizeof *upto) : NULL;
+		if (alive)
+			t->alive = alive;
+		if (!upto)
+			return tern_errorf(TERN_EOS, "out of memory");
+		t->upto = upto;
+		memset(t->alive, 1, (size_t)t->n_paths);
+		memset(t->upto, 0, (size_t)t->n_paths * sizeof *t->upto);
+		t->n_alive = t->n_paths;
+		/* the path the last matched step took, which the next most often takes too */
+		if (t->cur < 0 || t->cur >= t->n_paths)
+			t->cur = 0;
 		return TERN_OK;
 	}
 	if (!t || t->written || t->in_step)
@@ -695,6 +715,7 @@ tern_status tern_trace_step_begin(tern_ctx *c)
 }
 
 static tern_status trace_write(struct tern_trace *t);
+static bool path_takes(struct tern_trace *t, const t_step *s);
 static int path_of(const struct tern_trace *t, const int *rep, int n, const t_step *s);
 
 /* The graph made again with the steps that diverged, at exit. A step that the graph cannot hold with
@@ -737,9 +758,7 @@ tern_status tern_trace_step_end(tern_ctx *c)
 	if (t && t->checking) {
 		t->in_step = t->checking = 0;
 		t_step *s = &t->steps[t->n_steps - 1];
-		bool done = false;
-		for (int p = 0; p < t->n_paths && p < 64 && !t->diverged; p++)
-			done |= (t->candidates >> p & 1) && t->steps[t->path_rep[p]].n_ops == s->n_ops;
+		bool done = !t->diverged && path_takes(t, s);
 		if (done) { /* the graph had it: nothing new */
 			firsts_forget(t);
 			step_recycle(t, s);
@@ -851,6 +870,16 @@ static uint64_t attr_hash(const Onnx__AttributeProto *a, uint64_t h)
 }
 
 /* Where input value v comes from in step s: an earlier operation, or an external read. */
+/* What a step's outputs carry as their step (trace.h): the context's epoch, so that no two steps
+ * share it. Not the step's index: a checked step that matched is given back and the next one takes
+ * its index, and then a tensor the last step made and the host kept (memory_bank's bank of keys)
+ * read as an output of this step's operation at the same position, a dependence that was not there
+ * (and a divergence that was not one, at a third of its steps). */
+static int64_t step_id(struct tern_trace *t)
+{
+	return tern_ctx_epoch(t->ctx) + 1;
+}
+
 static tern_status input_ref(struct tern_trace *t, t_step *s, int64_t step_no, tern_var *v, t_in *r)
 {
 	tern_trace_stamp *ts = tern_var_stamp(v);
@@ -958,39 +987,75 @@ static bool shape_seen(const struct tern_trace *t, int p, size_t j, const t_op *
 	return true;
 }
 
-/* Operation j of the step being checked against the paths it still matches: a path goes when its
- * operation there differs (site, operator, attributes, where inputs come from) or made other shapes;
- * when none is left, the step has diverged here. */
+/* Whether the step's operation j is that of path p (site, operator, attributes, where inputs come
+ * from, shapes the path has made); why not, in *why. */
+static bool path_has(const struct tern_trace *t, int p, const t_step *s, size_t j, const char **why)
+{
+	const t_op *o = &s->ops[j];
+	const t_step *r = &t->steps[t->path_rep[p]];
+	if (j >= r->n_ops)
+		*why = "an operation the graph does not have (its path ends here)";
+	else if (!same_op(&r->ops[j], o, true))
+		*why = strcmp(r->ops[j].site, o->site) || strcmp(r->ops[j].op_type, o->op_type)
+		               ? "another operation or site than the graph's (another branch)"
+		               : "the same operation with other attributes or inputs";
+	else if (!shape_seen(t, p, j, o))
+		*why = "a shape the graph has not seen";
+	else
+		return true;
+	return false;
+}
+
+/* Path p checked up to the step's operation j (included); dropped if it differs. */
+static bool path_upto(struct tern_trace *t, int p, const t_step *s, size_t j, const char **why)
+{
+	for (; t->upto[p] <= j; t->upto[p]++)
+		if (!path_has(t, p, s, t->upto[p], why)) {
+			t->alive[p] = 0;
+			t->n_alive--;
+			return false;
+		}
+	return true;
+}
+
+/* Operation j of the step being checked: against the current path, and when that one differs,
+ * against the others still possible (from where each was last checked), the first that agrees
+ * becoming the current one; when none is left, the step has diverged here. */
 static void check_op(struct tern_trace *t, const t_step *s, size_t j)
 {
 	const t_op *o = &s->ops[j];
-	const char *why = NULL;
-	for (int p = 0; p < t->n_paths && p < 64; p++) {
-		if (!(t->candidates >> p & 1))
+	const char *why = NULL, *other; /* the reason the current path differs here, which -v reports */
+	if (t->alive[t->cur] && path_upto(t, t->cur, s, j, &why))
+		return;
+	for (int p = 0; p < t->n_paths; p++)
+		if (t->alive[p] && path_upto(t, p, s, j, why ? &other : &why)) {
+			t->cur = p;
+			return;
+		}
+	t->diverged = 1;
+	const t_op *want = NULL;
+	for (int p = 0; p < t->n_paths && !want; p++)
+		if (j < t->steps[t->path_rep[p]].n_ops)
+			want = &t->steps[t->path_rep[p]].ops[j];
+	snprintf(t->divergence, sizeof t->divergence, "at operation %zu, %s at %s: %s%s%s%s%s%s", j, o->op_type, o->site,
+	         why ? why : "", want ? " (the graph has " : "", want ? want->op_type : "", want ? " at " : "",
+	         want ? want->site : "", want ? ")" : "");
+}
+
+/* At the end of a checked step that has not diverged: a path it took whole (the current one, or
+ * another of the same length that agrees everywhere), which becomes the current one. */
+static bool path_takes(struct tern_trace *t, const t_step *s)
+{
+	const char *why;
+	for (int k = -1; k < t->n_paths; k++) {
+		int p = k < 0 ? t->cur : k; /* the current path first */
+		if (!t->alive[p] || t->steps[t->path_rep[p]].n_ops != s->n_ops ||
+		    (s->n_ops && !path_upto(t, p, s, s->n_ops - 1, &why)))
 			continue;
-		const t_step *r = &t->steps[t->path_rep[p]];
-		if (j >= r->n_ops)
-			why = "an operation the graph does not have (its path ends here)";
-		else if (!same_op(&r->ops[j], o, true))
-			why = strcmp(r->ops[j].site, o->site) || strcmp(r->ops[j].op_type, o->op_type)
-			              ? "another operation or site than the graph's (another branch)"
-			              : "the same operation with other attributes or inputs";
-		else if (!shape_seen(t, p, j, o))
-			why = "a shape the graph has not seen";
-		else
-			continue;
-		t->candidates &= ~(1ull << p);
+		t->cur = p;
+		return true;
 	}
-	if (!t->candidates) {
-		t->diverged = 1;
-		const t_op *want = NULL;
-		for (int p = 0; p < t->n_paths && !want; p++)
-			if (j < t->steps[t->path_rep[p]].n_ops)
-				want = &t->steps[t->path_rep[p]].ops[j];
-		snprintf(t->divergence, sizeof t->divergence, "at operation %zu, %s at %s: %s%s%s%s%s%s", j, o->op_type,
-		         o->site, why ? why : "", want ? " (the graph has " : "", want ? want->op_type : "",
-		         want ? " at " : "", want ? want->site : "", want ? ")" : "");
-	}
+	return false;
 }
 
 tern_status tern_trace_op(tern_ctx *c, const char *domain, const char *op_type, Onnx__AttributeProto *const *attrs,
@@ -1000,7 +1065,7 @@ tern_status tern_trace_op(tern_ctx *c, const char *domain, const char *op_type, 
 	t_step *s = t && !t->error ? current(t) : NULL;
 	if (!s)
 		return TERN_OK;
-	int64_t step_no = s == &t->implicit ? -1 : (int64_t)t->n_steps;
+	int64_t step_no = step_id(t);
 	const char *stack = stack_now(t);
 	int occ = stack ? occurrence(s, stack) : -1;
 	const char *site = occ >= 0 ? intern_site(t, stack, occ) : NULL;
@@ -1014,9 +1079,10 @@ tern_status tern_trace_op(tern_ctx *c, const char *domain, const char *op_type, 
 	/* A step being checked mostly repeats the graph's operations: one that matches the operation at
 	 * this position of a path still possible shares its text and attributes instead of copies. */
 	const t_op *ref = NULL;
-	for (int p = 0; t->checking && !t->diverged && p < t->n_paths && p < 64 && !ref; p++) {
+	for (int k = -1; t->checking && !t->diverged && k < t->n_paths && !ref; k++) {
+		int p = k < 0 ? t->cur : k; /* the current path first */
 		const t_step *r = &t->steps[t->path_rep[p]];
-		if ((t->candidates >> p & 1) && s->n_ops < r->n_ops) {
+		if (t->alive[p] && s->n_ops < r->n_ops) {
 			const t_op *c = &r->ops[s->n_ops];
 			if (c->attr_hash == h && c->n_attrs == n_attrs && c->site == site && !strcmp(c->op_type, op_type) &&
 			    !strcmp(c->domain, domain))
@@ -1097,7 +1163,7 @@ void tern_trace_fetch(tern_var *v)
 	t_step *s = t && !t->error ? current(t) : NULL;
 	if (!s)
 		return;
-	int64_t step_no = s == &t->implicit ? -1 : (int64_t)t->n_steps;
+	int64_t step_no = step_id(t);
 	tern_trace_stamp *ts = tern_var_stamp(v);
 	if (ts->step != step_no || ts->op < 0 || (size_t)ts->op >= s->n_ops)
 		return;
@@ -1123,7 +1189,7 @@ void tern_trace_assign(tern_var *dst, tern_var *src)
 	t_step *s = t && !t->error ? current(t) : NULL;
 	if (!s)
 		return;
-	int64_t step_no = s == &t->implicit ? -1 : (int64_t)t->n_steps;
+	int64_t step_no = step_id(t);
 	tern_trace_stamp *d = tern_var_stamp(dst), *r = tern_var_stamp(src);
 	if (d->born != 0 || r->step != step_no || r->op < 0)
 		return; /* only tensors made before tracing are state; only traced values update them */

@@ -7,7 +7,7 @@
 
 /* What the tracer keeps on every tensor: a serial number unique in its context, the context's trace
  * epoch when it was made (0 before the first step, 2k - 1 inside step k, 2k after it), and, for
- * the output of a recorded operation, the step (1-based; 0: none), operation and output that made it.
+ * the output of a recorded operation, the step (its epoch + 1; 0: none), operation and output that made it.
  * A tensor sharing another's bytes (an alias, a saved output) carries the other's stamp. `input`: the
  * host marked it as a step's input data (tern_trace_input). */
 typedef struct tern_trace_stamp {

@@ -11,3 +11,8 @@ tally() {
 		cat "$tmp/err"
 	fi
 }
+# check NAME WANT GOT: GOT (a command's output) is WANT.
+check() {
+	[ "$2" = "$3" ]
+	tally "$1" $? "'$3' (wanted '$2')"
+}
