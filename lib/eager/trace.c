@@ -869,7 +869,6 @@ static uint64_t attr_hash(const Onnx__AttributeProto *a, uint64_t h)
 	return h;
 }
 
-/* Where input value v comes from in step s: an earlier operation, or an external read. */
 /* What a step's outputs carry as their step (trace.h): the context's epoch, so that no two steps
  * share it. Not the step's index: a checked step that matched is given back and the next one takes
  * its index, and then a tensor the last step made and the host kept (memory_bank's bank of keys)
@@ -880,6 +879,7 @@ static int64_t step_id(struct tern_trace *t)
 	return tern_ctx_epoch(t->ctx) + 1;
 }
 
+/* Where input value v comes from in step s: an earlier operation, or an external read. */
 static tern_status input_ref(struct tern_trace *t, t_step *s, int64_t step_no, tern_var *v, t_in *r)
 {
 	tern_trace_stamp *ts = tern_var_stamp(v);

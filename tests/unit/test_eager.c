@@ -386,6 +386,55 @@ static void asynchronous(void)
 	CHECK(memcmp(w0, w1, sizeof w0) == 0);
 }
 
+/* Asynchronous kernels reuse bytes in the thread's order: a tensor dropped while a call that reads it
+ * is still in flight gives its bytes back at once, and the next call's output takes them (the call
+ * runs after the reader has). A tensor the host made is freed only once its reader has run, and bytes
+ * the caller's thread writes itself (a small call run inline) wait for their last call. Every result
+ * as computed synchronously; AddressSanitizer sees any byte freed or written too early. */
+static void stream_order(void)
+{
+	tern_ctx *c = NULL;
+	CHECK_OK(tern_ctx_create(1, &c));
+	if (!c)
+		return;
+	CHECK(tern_ctx_set_async(c, 1) == 0);
+	enum { N = 1 << 15 }; /* past what a call run on the caller's thread may read */
+	double *xs = malloc(N * sizeof *xs);
+	for (int i = 0; i < N && xs; i++)
+		xs[i] = i % 97;
+	tern_var *x = vec(c, TERN_FLOAT, 1, (int64_t[]){N}, xs), *one = vec(c, TERN_FLOAT, 1, (int64_t[]){1}, (double[]){1});
+	tern_var *prods[8] = {NULL};
+	for (int r = 0; r < 8; r++) {
+		tern_var *a = call1(c, "Add", x, one, NULL, 0); /* x + 1 */
+		prods[r] = call1(c, "Mul", a, a, NULL, 0);      /* reads a, in flight */
+		tern_var_unref(a);                              /* a's bytes: free for the next call */
+		tern_var *h = vec(c, TERN_FLOAT, 1, (int64_t[]){N}, xs), *b = call1(c, "Neg", h, NULL, NULL, 0);
+		tern_var_unref(h); /* host-made bytes, read by the Neg in flight */
+		tern_var *s = call1(c, "Sub", b, one, NULL, 0); /* may take a's bytes: -x - 1 */
+		tern_var_unref(b);
+		for (int64_t i = 0; i < N; i += 4099)
+			CHECK(at(s, i) == -xs[i] - 1);
+		tern_var_unref(s);
+	}
+	for (int r = 0; r < 8; r++) {
+		for (int64_t i = 0; i < N; i += 4099)
+			CHECK(at(prods[r], i) == (xs[i] + 1) * (xs[i] + 1));
+		tern_var_unref(prods[r]);
+	}
+	/* a small call on the caller's thread, its output in bytes a call in flight still reads */
+	tern_var *big = call1(c, "Add", x, one, NULL, 0), *sq = call1(c, "Mul", big, big, NULL, 0);
+	tern_var_unref(big);
+	tern_var *small = vec(c, TERN_FLOAT, 1, (int64_t[]){4}, (double[]){1, 2, 3, 4}), *t = call1(c, "Neg", small, NULL, NULL, 0);
+	CHECK(at(t, 3) == -4);
+	CHECK(at(sq, N - 1) == (xs[N - 1] + 1) * (xs[N - 1] + 1));
+	CHECK_OK(tern_ctx_sync(c));
+	tern_var *vs[] = {sq, small, t, x, one};
+	for (size_t k = 0; k < sizeof vs / sizeof vs[0]; k++)
+		tern_var_unref(vs[k]);
+	free(xs);
+	tern_ctx_free(c);
+}
+
 int main(void)
 {
 	tern_ctx *c = NULL;
@@ -399,5 +448,6 @@ int main(void)
 	freed_context();
 	traced();
 	asynchronous();
+	stream_order();
 	return check_report("test_eager");
 }
