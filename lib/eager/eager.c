@@ -189,6 +189,8 @@ static void spare_free(void *list)
  * of 600 small calls went back to aligned_alloc for 584 of them at every step. */
 #define POOL_PER_CLASS 16
 #define POOL_CLASS_BYTES ((size_t)8 << 20)
+/* Buffers of a class looked at, newest first, for bytes the caller's thread writes itself */
+#define POOL_HOST_LOOK 8
 
 static int size_class(size_t n)
 {
@@ -199,18 +201,21 @@ static int size_class(size_t n)
 }
 
 static void aq_wait(struct async_q *q, uint64_t seq);
+static uint64_t aq_done(struct async_q *q);
 
 /* n bytes, 64-byte aligned, not cleared (kernels write every output element, as in a plan's arena;
  * TERN_EAGER_POISON=1 fills them with 0xff bytes, NaN in every float type, to show one that does not),
- * for a call's output, and in *after the last call that used them before (0: none). The thread runs calls in the order they come, so a call handed to it may take bytes
- * whose last call has not run yet: that one will have by then. So a buffer goes back to the pool
- * when its tensor goes, not when its last call has run, and the next call takes it at once, as
- * eager execution does: the thread writes bytes it has just read. Waiting for the calls to run
- * first had each call write bytes last touched a whole step earlier, out of the core's caches: the
- * thread's elementwise and normalisation kernels ran at half the speed of the same kernels inline
- * (early_stop, 4.6 against 3.8 ms of kernels a step). The caller's thread, to write them itself,
- * waits for *after. */
-static void *pool_get(tern_ctx *c, size_t n, size_t *cap, uint64_t *after)
+ * for a call's output, and in *after the last call that used them before (0: none).
+ *
+ * The thread runs calls in the order they come, so a call handed to it may take bytes whose last
+ * call has not run yet: that one will have by then. So a buffer goes back to the pool when its
+ * tensor goes, not when its last call has run, and the next call takes it at once, as eager
+ * execution does: the thread writes bytes it has just read. Waiting for the calls to run first had
+ * each call write bytes last touched a whole step earlier, out of the core's caches: the thread's
+ * elementwise and normalisation kernels ran at half the speed of the same kernels inline (early_stop,
+ * 4.6 against 3.8 ms of kernels a step). Bytes the caller's thread writes itself (host) are some
+ * whose last call has run, or new ones. */
+static void *pool_get(tern_ctx *c, size_t n, size_t *cap, bool host, uint64_t *after)
 {
 	*after = 0;
 	static int poison = -1;
@@ -220,15 +225,23 @@ static void *pool_get(tern_ctx *c, size_t n, size_t *cap, uint64_t *after)
 	}
 	int k = size_class(n ? n : 1);
 	*cap = (size_t)1 << k;
-	void *p;
-	if (c->freed[k].n > 0) {
-		c->pooled_bytes -= *cap;
-		struct pooled *e = &c->freed[k].e[--c->freed[k].n];
+	void *p = NULL;
+	/* for the caller's thread, the newest of the last few whose call has run (a shape computed here
+	 * while calls are in flight would otherwise wait for them), else new bytes */
+	uint64_t done = host && c->aq ? aq_done(c->aq) : UINT64_MAX;
+	int n_k = c->freed[k].n;
+	for (int i = n_k - 1; i >= 0 && i >= n_k - POOL_HOST_LOOK; i--) {
+		struct pooled *e = &c->freed[k].e[i];
+		if (e->after > done)
+			continue;
 		p = e->p;
 		*after = e->after;
-	} else {
-		p = aligned_alloc(64, *cap);
+		*e = c->freed[k].e[--c->freed[k].n]; /* the top in its place */
+		c->pooled_bytes -= *cap;
+		break;
 	}
+	if (!p)
+		p = aligned_alloc(64, *cap);
 	if (p && poison) {
 		if (*after && c->aq)
 			aq_wait(c->aq, *after);
@@ -391,6 +404,12 @@ static void aq_publish(async_q *q)
 		pthread_cond_signal(&q->wake);
 		pthread_mutex_unlock(&q->lock);
 	}
+}
+
+/* The calls that have run. */
+static uint64_t aq_done(async_q *q)
+{
+	return atomic_load_explicit(&q->done, memory_order_acquire);
 }
 
 /* Until call number seq (1-based) has run. */
@@ -1204,7 +1223,7 @@ static tern_status prepare(tern_ctx *c, entry *e, tern_tensor **in, tern_tensor 
  * makes none (an alias whose output shares input 0's bytes). In *after the last call that used any
  * of their bytes before (pool_get). */
 static tern_status alloc_outputs(tern_ctx *c, entry *e, tern_tensor **in, tern_tensor *outs, const tern_prepare_args *p,
-                                 size_t *caps, bool *any, uint64_t *after)
+                                 size_t *caps, bool host, bool *any, uint64_t *after)
 {
 	*any = false;
 	*after = 0;
@@ -1225,7 +1244,7 @@ static tern_status alloc_outputs(tern_ctx *c, entry *e, tern_tensor **in, tern_t
 		tern_set_shape(&outs[o], shape.dtype, shape.rank, shape.dims);
 		outs[o].nbytes = (size_t)tern_tensor_numel(&outs[o]) * tern_dtype_size(shape.dtype);
 		uint64_t a;
-		if (!(outs[o].data = pool_get(c, outs[o].nbytes, &caps[o], &a)))
+		if (!(outs[o].data = pool_get(c, outs[o].nbytes, &caps[o], host, &a)))
 			st = tern_errorf(TERN_EOS, "out of memory for %zu bytes", outs[o].nbytes);
 		else
 			outs[o].owns_data = 1;
@@ -1240,10 +1259,10 @@ static tern_status launch(tern_ctx *c, entry *e, tern_tensor **in, tern_tensor *
 {
 	bool any;
 	uint64_t after;
-	tern_status st = alloc_outputs(c, e, in, outs, p, caps, &any, &after);
+	tern_status st = alloc_outputs(c, e, in, outs, p, caps, true, &any, &after);
 	if (st || !any)
 		return st;
-	if (c->aq && after) /* written here: once the calls that used the bytes before have run */
+	if (c->aq && after) /* written here: once the calls that used the bytes before have run (they have) */
 		aq_wait(c->aq, after);
 	if (p->alias_input0) {
 		if (outs[0].nbytes)
@@ -1311,7 +1330,7 @@ static tern_status launch_or_defer(tern_ctx *c, entry *e, tern_var *const *in, t
 	}
 	bool any;
 	uint64_t after; /* before the job in the thread's order: nothing to wait for */
-	tern_status st = alloc_outputs(c, e, inp, outs, p, caps, &any, &after);
+	tern_status st = alloc_outputs(c, e, inp, outs, p, caps, false, &any, &after);
 	if (st || !any)
 		return st;
 	memset(job, 0, sizeof *job);
