@@ -1750,7 +1750,9 @@ static tern_status call_protos(tern_ctx *c, const char *domain, const char *op_t
 		e->last_seq = c->aq->issued;
 	}
 	if (c->trace)
-		(void)tern_trace_op(c, domain, op_type, attrs, n_attrs, in, n_in, outv, n_out); /* failures stop the trace */
+		/* a random call's key leaves out the seed the caller gave: then it is no signature */
+		(void)tern_trace_op(c, domain, op_type, attrs, n_attrs, in, n_in, outv, n_out,
+		                    random && seed_given ? 0 : h); /* failures stop the trace */
 	bool wants = false;
 	for (int i = 0; i < n_in; i++)
 		wants |= in[i] && in[i]->requires_grad;

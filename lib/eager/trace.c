@@ -42,6 +42,7 @@ typedef struct t_op {
 	Onnx__AttributeProto **attrs;
 	int n_attrs;
 	uint64_t attr_hash;
+	uint64_t sig; /* the eager call's signature (operator, attributes, input shapes); 0: none */
 	int n_in, n_out;
 	t_in *in;
 	int *dtype, *rank;
@@ -1059,7 +1060,7 @@ static bool path_takes(struct tern_trace *t, const t_step *s)
 }
 
 tern_status tern_trace_op(tern_ctx *c, const char *domain, const char *op_type, Onnx__AttributeProto *const *attrs,
-                          int n_attrs, tern_var *const *in, int n_in, tern_var *const *out, int n_out)
+                          int n_attrs, tern_var *const *in, int n_in, tern_var *const *out, int n_out, uint64_t sig)
 {
 	struct tern_trace *t = tern_ctx_trace(c);
 	t_step *s = t && !t->error ? current(t) : NULL;
@@ -1073,12 +1074,22 @@ tern_status tern_trace_op(tern_ctx *c, const char *domain, const char *op_type, 
 		return t->error = tern_errorf(TERN_EOS, "out of memory");
 	t_op *o = &s->ops[s->n_ops];
 	memset(o, 0, sizeof *o);
-	uint64_t h = 0xcbf29ce484222325ull;
-	for (int k = 0; k < n_attrs; k++)
-		h = attr_hash(attrs[k], h);
 	/* A step being checked mostly repeats the graph's operations: one that matches the operation at
-	 * this position of a path still possible shares its text and attributes instead of copies. */
+	 * this position of a path still possible shares its text and attributes instead of copies. The
+	 * current path's, when the eager call's signature is the one it had there: the same operator and
+	 * attributes, without hashing them again (a seventh of recording a call of rcnn's). */
 	const t_op *ref = NULL;
+	uint64_t h = 0xcbf29ce484222325ull;
+	if (sig && t->checking && !t->diverged && t->alive[t->cur]) {
+		const t_step *r = &t->steps[t->path_rep[t->cur]];
+		if (s->n_ops < r->n_ops && r->ops[s->n_ops].sig == sig && r->ops[s->n_ops].site == site &&
+		    r->ops[s->n_ops].n_attrs == n_attrs)
+			ref = &r->ops[s->n_ops];
+	}
+	if (ref)
+		h = ref->attr_hash;
+	for (int k = 0; k < n_attrs && !ref; k++)
+		h = attr_hash(attrs[k], h);
 	for (int k = -1; t->checking && !t->diverged && k < t->n_paths && !ref; k++) {
 		int p = k < 0 ? t->cur : k; /* the current path first */
 		const t_step *r = &t->steps[t->path_rep[p]];
@@ -1127,6 +1138,7 @@ tern_status tern_trace_op(tern_ctx *c, const char *domain, const char *op_type, 
 		o->n_attrs++;
 	}
 	o->attr_hash = h;
+	o->sig = sig;
 	tern_status st = TERN_OK;
 	for (int i = 0; i < n_in && !st; i++) {
 		if (in[i])

@@ -31,9 +31,11 @@ int64_t tern_ctx_opset(tern_ctx *c);
 /* The caller of the outermost public call running (tern_call, tern_backward, tern_optim_step). */
 const void *tern_ctx_c_site(tern_ctx *c);
 
-/* One call that ran (eager.c, after its outputs exist): recorded when a step is being traced. */
+/* One call that ran (eager.c, after its outputs exist): recorded when a step is being traced. sig: the
+ * call's signature (operator, attributes, input dtypes and shapes; equal signatures, equal attributes),
+ * 0 when it has none. */
 tern_status tern_trace_op(tern_ctx *c, const char *domain, const char *op_type, Onnx__AttributeProto *const *attrs,
-                          int n_attrs, tern_var *const *in, int n_in, tern_var *const *out, int n_out);
+                          int n_attrs, tern_var *const *in, int n_in, tern_var *const *out, int n_out, uint64_t sig);
 void tern_trace_free(struct tern_trace *t);
 /* --trace-only: in a replayed step the call is the first step's operation at the same position, run
  * on the replay's values (*handled); otherwise it runs as it is. */
