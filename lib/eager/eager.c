@@ -438,7 +438,7 @@ static void free_after(tern_ctx *c, void *p, uint64_t after)
 {
 	if (!p)
 		return;
-	if (c->aq && after > atomic_load_explicit(&c->aq->done, memory_order_acquire)) {
+	if (c->aq && after > aq_done(c->aq)) {
 		if (c->n_late == c->cap_late) {
 			int cap2 = c->cap_late ? c->cap_late * 2 : 16;
 			struct pooled *q = realloc(c->late, (size_t)cap2 * sizeof *q);
@@ -474,7 +474,7 @@ static void storage_release(tern_ctx *c, storage *s)
 static void aq_reap(tern_ctx *c)
 {
 	async_q *q = c->aq;
-	uint64_t d = atomic_load_explicit(&q->done, memory_order_acquire);
+	uint64_t d = aq_done(q);
 	for (int i = 0; i < c->n_late;)
 		if (c->late[i].after <= d) {
 			free(c->late[i].p);

@@ -132,7 +132,7 @@ struct tern_trace {
 	 * of its recording. */
 	uint8_t *alive;
 	size_t *upto;
-	int cur, n_alive;
+	int cur;
 	int *path_rep, n_paths; /* per path of the graph written: its first step */
 	int64_t coexecuted, fell_back, replans, steps_begun;
 	char divergence[512];
@@ -696,7 +696,6 @@ tern_status tern_trace_step_begin(tern_ctx *c)
 		t->upto = upto;
 		memset(t->alive, 1, (size_t)t->n_paths);
 		memset(t->upto, 0, (size_t)t->n_paths * sizeof *t->upto);
-		t->n_alive = t->n_paths;
 		/* the path the last matched step took, which the next most often takes too */
 		if (t->cur < 0 || t->cur >= t->n_paths)
 			t->cur = 0;
@@ -1013,7 +1012,6 @@ static bool path_upto(struct tern_trace *t, int p, const t_step *s, size_t j, co
 	for (; t->upto[p] <= j; t->upto[p]++)
 		if (!path_has(t, p, s, t->upto[p], why)) {
 			t->alive[p] = 0;
-			t->n_alive--;
 			return false;
 		}
 	return true;
