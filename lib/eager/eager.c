@@ -205,7 +205,7 @@ static uint64_t aq_done(struct async_q *q);
 
 /* n bytes, 64-byte aligned, not cleared (kernels write every output element, as in a plan's arena;
  * TERN_EAGER_POISON=1 fills them with 0xff bytes, NaN in every float type, to show one that does not),
- * for a call's output, and in *after the last call that used them before (0: none).
+ * for a call's output.
  *
  * The thread runs calls in the order they come, so a call handed to it may take bytes whose last
  * call has not run yet: that one will have by then. So a buffer goes back to the pool when its
@@ -214,10 +214,9 @@ static uint64_t aq_done(struct async_q *q);
  * each call write bytes last touched a whole step earlier, out of the core's caches: the thread's
  * elementwise and normalisation kernels ran at half the speed of the same kernels inline (early_stop,
  * 4.6 against 3.8 ms of kernels a step). Bytes the caller's thread writes itself (host) are some
- * whose last call has run, or new ones. */
-static void *pool_get(tern_ctx *c, size_t n, size_t *cap, bool host, uint64_t *after)
+ * whose last call has run, or new ones: it never waits for them. */
+static void *pool_get(tern_ctx *c, size_t n, size_t *cap, bool host)
 {
-	*after = 0;
 	static int poison = -1;
 	if (poison < 0) {
 		const char *e = getenv("TERN_EAGER_POISON");
@@ -226,6 +225,7 @@ static void *pool_get(tern_ctx *c, size_t n, size_t *cap, bool host, uint64_t *a
 	int k = size_class(n ? n : 1);
 	*cap = (size_t)1 << k;
 	void *p = NULL;
+	uint64_t after = 0;
 	/* for the caller's thread, the newest of the last few whose call has run (a shape computed here
 	 * while calls are in flight would otherwise wait for them), else new bytes */
 	uint64_t done = host && c->aq ? aq_done(c->aq) : UINT64_MAX;
@@ -235,17 +235,16 @@ static void *pool_get(tern_ctx *c, size_t n, size_t *cap, bool host, uint64_t *a
 		if (e->after > done)
 			continue;
 		p = e->p;
-		*after = e->after;
+		after = e->after;
 		*e = c->freed[k].e[--c->freed[k].n]; /* the top in its place */
 		c->pooled_bytes -= *cap;
 		break;
 	}
 	if (!p)
 		p = aligned_alloc(64, *cap);
-	if (p && poison) {
-		if (*after && c->aq)
-			aq_wait(c->aq, *after);
-		*after = 0;
+	if (p && poison) { /* written here: once the call that used them before has run */
+		if (after && c->aq)
+			aq_wait(c->aq, after);
 		memset(p, 0xff, *cap);
 	}
 	return p;
@@ -1219,14 +1218,13 @@ static tern_status prepare(tern_ctx *c, entry *e, tern_tensor **in, tern_tensor 
 	return st;
 }
 
-/* Fresh output tensors outs[] (their shapes set by prepare) for prepared call p: false when the call
- * makes none (an alias whose output shares input 0's bytes). In *after the last call that used any
- * of their bytes before (pool_get). */
+/* Fresh output tensors outs[] (their shapes set by prepare) for prepared call p, written by the
+ * caller's thread (host) or the kernels' (pool_get): false when the call makes none (an alias whose
+ * output shares input 0's bytes). */
 static tern_status alloc_outputs(tern_ctx *c, entry *e, tern_tensor **in, tern_tensor *outs, const tern_prepare_args *p,
-                                 size_t *caps, bool host, bool *any, uint64_t *after)
+                                 size_t *caps, bool host, bool *any)
 {
 	*any = false;
-	*after = 0;
 	/* an alias (Reshape, Squeeze, Identity, ...): its output shares input 0's bytes (call_protos) */
 	if (p->alias_input0 && e->n_out == 1 && in[0] && in[0]->dtype != TERN_STRING)
 		return TERN_OK;
@@ -1243,12 +1241,10 @@ static tern_status alloc_outputs(tern_ctx *c, entry *e, tern_tensor **in, tern_t
 		}
 		tern_set_shape(&outs[o], shape.dtype, shape.rank, shape.dims);
 		outs[o].nbytes = (size_t)tern_tensor_numel(&outs[o]) * tern_dtype_size(shape.dtype);
-		uint64_t a;
-		if (!(outs[o].data = pool_get(c, outs[o].nbytes, &caps[o], host, &a)))
+		if (!(outs[o].data = pool_get(c, outs[o].nbytes, &caps[o], host)))
 			st = tern_errorf(TERN_EOS, "out of memory for %zu bytes", outs[o].nbytes);
 		else
 			outs[o].owns_data = 1;
-		*after = a > *after ? a : *after;
 	}
 	return st;
 }
@@ -1258,12 +1254,9 @@ static tern_status launch(tern_ctx *c, entry *e, tern_tensor **in, tern_tensor *
                           size_t *caps)
 {
 	bool any;
-	uint64_t after;
-	tern_status st = alloc_outputs(c, e, in, outs, p, caps, true, &any, &after);
+	tern_status st = alloc_outputs(c, e, in, outs, p, caps, true, &any);
 	if (st || !any)
 		return st;
-	if (c->aq && after) /* written here: once the calls that used the bytes before have run (they have) */
-		aq_wait(c->aq, after);
 	if (p->alias_input0) {
 		if (outs[0].nbytes)
 			memcpy(outs[0].data, in[0]->data, outs[0].nbytes);
@@ -1329,8 +1322,7 @@ static tern_status launch_or_defer(tern_ctx *c, entry *e, tern_var *const *in, t
 		return launch(c, e, inp, outs, p, caps);
 	}
 	bool any;
-	uint64_t after; /* before the job in the thread's order: nothing to wait for */
-	tern_status st = alloc_outputs(c, e, inp, outs, p, caps, false, &any, &after);
+	tern_status st = alloc_outputs(c, e, inp, outs, p, caps, false, &any);
 	if (st || !any)
 		return st;
 	memset(job, 0, sizeof *job);

@@ -869,6 +869,15 @@ static uint64_t attr_hash(const Onnx__AttributeProto *a, uint64_t h)
 	return h;
 }
 
+/* A hash of an operation's attributes, in their order. */
+static uint64_t attrs_hash(Onnx__AttributeProto *const *attrs, int n)
+{
+	uint64_t h = 0xcbf29ce484222325ull;
+	for (int k = 0; k < n; k++)
+		h = attr_hash(attrs[k], h);
+	return h;
+}
+
 /* What a step's outputs carry as their step (trace.h): the context's epoch, so that no two steps
  * share it. Not the step's index: a checked step that matched is given back and the next one takes
  * its index, and then a tensor the last step made and the host kept (memory_bank's bank of keys)
@@ -1073,31 +1082,35 @@ tern_status tern_trace_op(tern_ctx *c, const char *domain, const char *op_type, 
 	t_op *o = &s->ops[s->n_ops];
 	memset(o, 0, sizeof *o);
 	/* A step being checked mostly repeats the graph's operations: one that matches the operation at
-	 * this position of a path still possible shares its text and attributes instead of copies. The
-	 * current path's, when the eager call's signature is the one it had there: the same operator and
-	 * attributes, without hashing them again (a seventh of recording a call of rcnn's). */
+	 * this position of a path still possible (the current one first) shares its text and attributes
+	 * instead of copies. One whose eager signature is the call's has the same operator and
+	 * attributes: its hash is taken, not made again (a seventh of recording a call of rcnn's). */
 	const t_op *ref = NULL;
-	uint64_t h = 0xcbf29ce484222325ull;
-	if (sig && t->checking && !t->diverged && t->alive[t->cur]) {
-		const t_step *r = &t->steps[t->path_rep[t->cur]];
-		if (s->n_ops < r->n_ops && r->ops[s->n_ops].sig == sig && r->ops[s->n_ops].site == site &&
-		    r->ops[s->n_ops].n_attrs == n_attrs)
-			ref = &r->ops[s->n_ops];
-	}
-	if (ref)
-		h = ref->attr_hash;
-	for (int k = 0; k < n_attrs && !ref; k++)
-		h = attr_hash(attrs[k], h);
+	uint64_t h = 0;
+	bool hashed = false;
 	for (int k = -1; t->checking && !t->diverged && k < t->n_paths && !ref; k++) {
-		int p = k < 0 ? t->cur : k; /* the current path first */
+		int p = k < 0 ? t->cur : k;
 		const t_step *r = &t->steps[t->path_rep[p]];
-		if (t->alive[p] && s->n_ops < r->n_ops) {
-			const t_op *c = &r->ops[s->n_ops];
-			if (c->attr_hash == h && c->n_attrs == n_attrs && c->site == site && !strcmp(c->op_type, op_type) &&
-			    !strcmp(c->domain, domain))
-				ref = c;
+		if (!t->alive[p] || s->n_ops >= r->n_ops)
+			continue;
+		const t_op *c = &r->ops[s->n_ops];
+		if (c->site != site || c->n_attrs != n_attrs)
+			continue;
+		if (sig && c->sig == sig) {
+			ref = c;
+			h = c->attr_hash;
+			hashed = true;
+			break;
 		}
+		if (!hashed) {
+			h = attrs_hash(attrs, n_attrs);
+			hashed = true;
+		}
+		if (c->attr_hash == h && !strcmp(c->op_type, op_type) && !strcmp(c->domain, domain))
+			ref = c;
 	}
+	if (!hashed)
+		h = attrs_hash(attrs, n_attrs);
 	if (ref) {
 		o->borrowed = true;
 		o->site = ref->site;
