@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "tern_config.h"
+#include "stack_key.h"
 #include "tern_eager.h"
 
 static tern_ctx *g_ctx;
@@ -3248,24 +3249,11 @@ static void site_text(char *buf, size_t size)
 }
 
 #if PY_VERSION_HEX >= 0x030B0000
-/* The stack's key: a hash of its frames' code objects and instruction offsets. A code object lives as
- * long as the functions made from it; the module keeps tern's trace from outliving the program's. */
+/* The stack's key (stack_key.c). A code object lives as long as the functions made from it; the
+ * module keeps tern's trace from outliving the program's. */
 static uint64_t stack_key(void)
 {
-	uint64_t key = 0xcbf29ce484222325ull;
-	PyFrameObject *f = PyEval_GetFrame();
-	Py_XINCREF(f);
-	while (f) {
-		PyCodeObject *code = PyFrame_GetCode(f);
-		uint64_t part[2] = {(uint64_t)(uintptr_t)code, (uint64_t)PyFrame_GetLasti(f)};
-		for (int k = 0; k < 2; k++)
-			key = (key ^ part[k]) * 0x100000001b3ull, key ^= key >> 31;
-		Py_XDECREF(code);
-		PyFrameObject *back = PyFrame_GetBack(f);
-		Py_DECREF(f);
-		f = back;
-	}
-	return key ? key : 1;
+	return tern_py_stack_key();
 }
 
 static uint64_t trace_site_key(void *user)

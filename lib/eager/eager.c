@@ -123,6 +123,7 @@ struct tern_ctx {
 	 * once it has (aq_reap) */
 	struct pooled *late;
 	int n_late, cap_late;
+	uint64_t late_min; /* the least `after` of late's entries; none below it has run while done < it */
 	/* Freed tensor and storage structs, reused (a linked list through their first bytes): every call
 	 * makes one of each per output. Not kept under AddressSanitizer, which is to see every free. */
 	void *spare_vars, *spare_storages;
@@ -449,6 +450,8 @@ static void free_after(tern_ctx *c, void *p, uint64_t after)
 			c->late = q;
 			c->cap_late = cap2;
 		}
+		if (!c->n_late || after < c->late_min)
+			c->late_min = after;
 		c->late[c->n_late++] = (struct pooled){p, after};
 		return;
 	}
@@ -474,13 +477,18 @@ static void aq_reap(tern_ctx *c)
 {
 	async_q *q = c->aq;
 	uint64_t d = aq_done(q);
-	for (int i = 0; i < c->n_late;)
-		if (c->late[i].after <= d) {
-			free(c->late[i].p);
-			c->late[i] = c->late[--c->n_late];
-		} else {
-			i++;
-		}
+	if (c->n_late && c->late_min <= d) { /* else none has run: most reaps (at every call) look no further */
+		uint64_t least = UINT64_MAX;
+		for (int i = 0; i < c->n_late;)
+			if (c->late[i].after <= d) {
+				free(c->late[i].p);
+				c->late[i] = c->late[--c->n_late];
+			} else {
+				least = c->late[i].after < least ? c->late[i].after : least;
+				i++;
+			}
+		c->late_min = least;
+	}
 	for (; q->reaped < d; q->reaped++) {
 		ajob *j = &q->ring[q->reaped % AQ_CAP];
 		if (j->free_params && j->params)

@@ -38,6 +38,8 @@ typedef struct t_in {
 
 typedef struct t_op {
 	const char *site; /* interned: the trace's */
+	const char *stack; /* interned: the site's stack, without its occurrence */
+	uint64_t key; /* the host's key for that stack (site_key); 0: none */
 	char *domain, *op_type;
 	Onnx__AttributeProto **attrs;
 	int n_attrs;
@@ -50,6 +52,10 @@ typedef struct t_op {
 	uint8_t *fetched;
 	tern_tensor *fetch_value; /* with record_dir: the fetched outputs' values */
 	bool borrowed; /* site, domain, op_type and attrs are those of the graph's operation it matched */
+	/* a path's first step's operation: per output, a bit per dimension that differs between the path's
+	 * steps (symbolic in the graph), as of the trace's paths_gen varies_gen */
+	uint8_t *varies;
+	uint64_t varies_gen;
 } t_op;
 
 typedef struct t_ext {
@@ -101,8 +107,10 @@ typedef struct t_step {
 	size_t n_ext, cap_ext;
 	t_bind *binds;
 	size_t n_binds, cap_binds;
+	uint64_t bound[4]; /* a bit per bind's serial (bind_bit): a read whose bit is clear looks no further */
 	t_site *sites; /* open addressing */
 	size_t cap_sites, n_sites;
+	size_t counted; /* the operations whose stacks sites counts (those after took their path's sites) */
 	int path;
 	int64_t number; /* a checked step's number in the run (tern_trace_step_begin's count) */
 } t_step;
@@ -134,6 +142,7 @@ struct tern_trace {
 	size_t *upto;
 	int cur;
 	int *path_rep, n_paths; /* per path of the graph written: its first step */
+	uint64_t paths_gen; /* counts changes to the steps' paths (t_op.varies) */
 	int64_t coexecuted, fell_back, replans, steps_begun;
 	char divergence[512];
 	tern_status error;
@@ -519,10 +528,9 @@ static void default_site(char *buf, size_t size, const void *ret);
 
 /* The interned text of the current call's stack: by the host's key for it when it gives one (a few
  * loads a frame, where the text costs its copy and hash at every call), else by its text. */
-static const char *stack_now(struct tern_trace *t)
+static const char *stack_now(struct tern_trace *t, uint64_t key)
 {
 	char stack[4096];
-	uint64_t key = t->site_key ? t->site_key(t->user) : 0;
 	t_intern *e = NULL;
 	if (key) {
 		if (!table_room(&t->keys))
@@ -785,6 +793,7 @@ tern_status tern_trace_step_end(tern_ctx *c)
 			t->path_rep[t->n_paths++] = (int)(t->n_steps - 1);
 		}
 		s->path = p;
+		t->paths_gen++;
 		t->stale = 1;
 		return TERN_OK;
 	}
@@ -883,6 +892,14 @@ static uint64_t attrs_hash(Onnx__AttributeProto *const *attrs, int n)
  * its index, and then a tensor the last step made and the host kept (memory_bank's bank of keys)
  * read as an output of this step's operation at the same position, a dependence that was not there
  * (and a divergence that was not one, at a third of its steps). */
+/* The bit of t_step.bound for serial. */
+static void bind_bit(uint64_t serial, int *word, uint64_t *bit)
+{
+	unsigned b = (unsigned)((serial * 0x9e3779b97f4a7c15ull) >> 56);
+	*word = (int)(b >> 6);
+	*bit = 1ull << (b & 63);
+}
+
 static int64_t step_id(struct tern_trace *t)
 {
 	return tern_ctx_epoch(t->ctx) + 1;
@@ -897,7 +914,10 @@ static tern_status input_ref(struct tern_trace *t, t_step *s, int64_t step_no, t
 		return TERN_OK;
 	}
 	/* a state updated earlier in the step: its new value */
-	for (size_t i = s->n_binds; i-- > 0;)
+	int w;
+	uint64_t bit;
+	bind_bit(ts->serial, &w, &bit);
+	for (size_t i = s->bound[w] & bit ? s->n_binds : 0; i-- > 0;)
 		if (s->binds[i].serial == ts->serial) {
 			*r = (t_in){IN_OP, s->binds[i].op, s->binds[i].out, 0};
 			return TERN_OK;
@@ -954,51 +974,61 @@ static bool same_shapes(const t_op *r, const t_op *o)
 	return true;
 }
 
-static bool shape_seen(const struct tern_trace *t, int p, size_t j, const t_op *o)
+/* The dimensions of path p's operation j that differ between the path's steps (t_op.varies), made
+ * again only when the steps' paths have changed: at every checked call, making them had scanned the
+ * path's steps (rcnn's box counts differ from its first step's at most calls). NULL: out of memory. */
+static const uint8_t *varying_dims(struct tern_trace *t, int p, size_t j)
+{
+	t_step *rep = &t->steps[t->path_rep[p]];
+	t_op *r = &rep->ops[j];
+	if (r->varies && r->varies_gen == t->paths_gen)
+		return r->varies;
+	if (!r->varies && !(r->varies = step_alloc(rep, (size_t)r->n_out + 1)))
+		return NULL;
+	memset(r->varies, 0, (size_t)r->n_out);
+	for (size_t s = 0; s + 1 < t->n_steps; s++) {
+		const t_step *st = &t->steps[s];
+		if (st == rep || st->path != p || j >= st->n_ops)
+			continue;
+		const t_op *o = &st->ops[j];
+		for (int k = 0; k < r->n_out && k < o->n_out; k++)
+			for (int d = 0; d < r->rank[k] && d < o->rank[k]; d++)
+				if (r->dims[k * TERN_MAX_RANK + d] != o->dims[k * TERN_MAX_RANK + d])
+					r->varies[k] |= (uint8_t)(1u << d);
+	}
+	r->varies_gen = t->paths_gen;
+	return r->varies;
+}
+
+/* Output k of o has the shape (and type) of operation j of the path's steps, but where a dimension
+ * differs between those steps: symbolic in the graph, any size there. */
+static bool shape_seen(struct tern_trace *t, int p, size_t j, const t_op *o)
 {
 	/* most often the path's first step made the same shapes */
-	const t_step *rep = &t->steps[t->path_rep[p]];
-	if (j < rep->n_ops && rep->ops[j].n_out == o->n_out && same_shapes(&rep->ops[j], o))
+	const t_op *first = &t->steps[t->path_rep[p]].ops[j];
+	if (first->n_out == o->n_out && same_shapes(first, o))
 		return true;
+	const uint8_t *varies = varying_dims(t, p, j);
+	bool fits = varies && first->n_out == o->n_out;
+	for (int k = 0; k < o->n_out && fits; k++) {
+		fits = first->dtype[k] == o->dtype[k] && first->rank[k] == o->rank[k];
+		for (int d = 0; d < o->rank[k] && fits; d++)
+			fits = varies[k] >> d & 1 || first->dims[k * TERN_MAX_RANK + d] == o->dims[k * TERN_MAX_RANK + d];
+	}
+	if (fits)
+		return true;
+	/* a step of the path with a rank of its own */
 	for (size_t s = 0; s + 1 < t->n_steps; s++) {
 		const t_step *st = &t->steps[s];
-		if (st->path != p || j >= st->n_ops)
-			continue;
-		if (same_shapes(&st->ops[j], o))
+		if (st->path == p && j < st->n_ops && st->ops[j].n_out == o->n_out && same_shapes(&st->ops[j], o))
 			return true;
 	}
-	/* a dimension that already differs between the path's traced steps is symbolic in the graph:
-	 * any size there; the others as traced */
-	const t_op *first = NULL;
-	bool varies[8][TERN_MAX_RANK] = {{false}};
-	for (size_t s = 0; s + 1 < t->n_steps; s++) {
-		const t_step *st = &t->steps[s];
-		if (st->path != p || j >= st->n_ops)
-			continue;
-		const t_op *r = &st->ops[j];
-		if (!first) {
-			first = r;
-			continue;
-		}
-		for (int k = 0; k < o->n_out && k < 8; k++)
-			for (int d = 0; d < r->rank[k] && d < first->rank[k]; d++)
-				varies[k][d] |= r->dims[k * TERN_MAX_RANK + d] != first->dims[k * TERN_MAX_RANK + d];
-	}
-	if (!first || o->n_out > 8)
-		return false;
-	for (int k = 0; k < o->n_out; k++) {
-		if (first->dtype[k] != o->dtype[k] || first->rank[k] != o->rank[k])
-			return false;
-		for (int d = 0; d < o->rank[k]; d++)
-			if (!varies[k][d] && first->dims[k * TERN_MAX_RANK + d] != o->dims[k * TERN_MAX_RANK + d])
-				return false;
-	}
-	return true;
+	return false;
 }
 
 /* Whether the step's operation j is that of path p (site, operator, attributes, where inputs come
  * from, shapes the path has made); why not, in *why. */
-static bool path_has(const struct tern_trace *t, int p, const t_step *s, size_t j, const char **why)
+static bool path_has(struct tern_trace *t, int p, const t_step *s, size_t j, const char **why)
 {
 	const t_op *o = &s->ops[j];
 	const t_step *r = &t->steps[t->path_rep[p]];
@@ -1074,13 +1104,34 @@ tern_status tern_trace_op(tern_ctx *c, const char *domain, const char *op_type, 
 	if (!s)
 		return TERN_OK;
 	int64_t step_no = step_id(t);
-	const char *stack = stack_now(t);
-	int occ = stack ? occurrence(s, stack) : -1;
-	const char *site = occ >= 0 ? intern_site(t, stack, occ) : NULL;
+	uint64_t key = t->site_key ? t->site_key(t->user) : 0;
+	/* A checked step on its path so far, at a call from the stack the path's operation here was called
+	 * from, calls from that site: the stacks of the operations before it are those of the path's, so
+	 * the occurrence is the same too. The stack's text and the count of its occurrences are left to
+	 * the first call off the path (interning them was a fifth of checking a call). */
+	const t_op *want = NULL;
+	if (key && t->checking && !t->diverged && t->alive[t->cur] && t->upto[t->cur] == s->n_ops &&
+	    s->n_ops < t->steps[t->path_rep[t->cur]].n_ops)
+		want = &t->steps[t->path_rep[t->cur]].ops[s->n_ops];
+	const char *stack, *site;
+	if (want && want->key == key) {
+		stack = want->stack;
+		site = want->site;
+	} else {
+		stack = stack_now(t, key);
+		for (; stack && s->counted < s->n_ops; s->counted++)
+			if (occurrence(s, s->ops[s->counted].stack) < 0)
+				stack = NULL;
+		int occ = stack ? occurrence(s, stack) : -1;
+		site = occ >= 0 ? intern_site(t, stack, occ) : NULL;
+		s->counted = s->n_ops + 1;
+	}
 	if (!site || !tern_grow((void **)&s->ops, &s->cap_ops, s->n_ops + 1, sizeof *s->ops))
 		return t->error = tern_errorf(TERN_EOS, "out of memory");
 	t_op *o = &s->ops[s->n_ops];
 	memset(o, 0, sizeof *o);
+	o->stack = stack;
+	o->key = key;
 	/* A step being checked mostly repeats the graph's operations: one that matches the operation at
 	 * this position of a path still possible (the current one first) shares its text and attributes
 	 * instead of copies. One whose eager signature is the call's has the same operator and
@@ -1221,7 +1272,10 @@ void tern_trace_assign(tern_var *dst, tern_var *src)
 		t->error = TERN_EOS;
 		return;
 	}
-	for (size_t i = 0; i < s->n_binds; i++)
+	int w;
+	uint64_t bit;
+	bind_bit(d->serial, &w, &bit);
+	for (size_t i = 0; s->bound[w] & bit && i < s->n_binds; i++)
 		if (s->binds[i].serial == d->serial) {
 			s->binds[i].op = r->op;
 			s->binds[i].out = r->out;
@@ -1232,6 +1286,7 @@ void tern_trace_assign(tern_var *dst, tern_var *src)
 		return;
 	}
 	s->binds[s->n_binds++] = (t_bind){d->serial, r->op, r->out};
+	s->bound[w] |= bit;
 }
 
 /* ---------------------------------------------------------------- merging */
@@ -1979,6 +2034,7 @@ static tern_status trace_write(struct tern_trace *t)
 		}
 		t->steps[s].path = p;
 	}
+	t->paths_gen++;
 	free(t->path_rep);
 	t->path_rep = calloc((size_t)b->n_paths + 1, sizeof *t->path_rep);
 	t->n_paths = t->path_rep ? b->n_paths : 0;
