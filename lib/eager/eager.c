@@ -1053,7 +1053,21 @@ static void key_free(keybuf *k)
 	k->p = k->local;
 }
 
-static void key_put(keybuf *k, const void *p, size_t n)
+static void key_grow(keybuf *k, const void *p, size_t n);
+
+/* Most puts are a few bytes into room there is: inlined, a call's dozen or more of them had cost as
+ * much as the rest of its signature. */
+static inline __attribute__((always_inline)) void key_put(keybuf *k, const void *p, size_t n)
+{
+	if (k->n + n <= k->cap && !k->failed) {
+		memcpy(k->p + k->n, p, n);
+		k->n += n;
+		return;
+	}
+	key_grow(k, p, n);
+}
+
+static void key_grow(keybuf *k, const void *p, size_t n)
 {
 	if (k->failed)
 		return;
@@ -1181,6 +1195,29 @@ static tern_status cache_insert(tern_ctx *c, entry *e)
 	return TERN_OK;
 }
 
+/* "e<id>_<io><k>" into buf (32 bytes), written by hand: snprintf's parsing was a twentieth of the calls
+ * of a program whose shapes change (rcnn), each new signature naming its node's values. */
+static void value_name(char *buf, unsigned long long id, char io, int k)
+{
+	char digits[24];
+	int n = 0;
+	*buf++ = 'e';
+	do
+		digits[n++] = (char)('0' + id % 10);
+	while (id /= 10);
+	while (n)
+		*buf++ = digits[--n];
+	*buf++ = '_';
+	*buf++ = io;
+	unsigned u = (unsigned)k;
+	do
+		digits[n++] = (char)('0' + u % 10);
+	while (u /= 10);
+	while (n)
+		*buf++ = digits[--n];
+	*buf = 0;
+}
+
 /* The node of a new signature: in the scratch graph, inputs and outputs named after the entry. */
 static tern_status make_node(tern_ctx *c, const char *domain, const char *op_type, int n_in, const bool *present,
                              int n_out, Onnx__AttributeProto *const *attrs, int n_attrs, tern_node **out)
@@ -1189,13 +1226,13 @@ static tern_status make_node(tern_ctx *c, const char *domain, const char *op_typ
 	const char *ins[64], *outs[64];
 	if (n_in > 64 || n_out > 64)
 		return tern_errorf(TERN_EUSAGE, "%s: more than 64 inputs or outputs", op_type);
-	long long id = (long long)c->made++;
+	unsigned long long id = c->made++;
 	for (int i = 0; i < n_in; i++) {
-		snprintf(names[0][i], sizeof names[0][i], "e%lld_i%d", id, i);
+		value_name(names[0][i], id, 'i', i);
 		ins[i] = present[i] ? names[0][i] : "";
 	}
 	for (int o = 0; o < n_out; o++) {
-		snprintf(names[1][o], sizeof names[1][o], "e%lld_o%d", id, o);
+		value_name(names[1][o], id, 'o', o);
 		outs[o] = names[1][o];
 	}
 	if (*domain && tern_model_opset(c->model, domain) < 0) {
