@@ -208,6 +208,35 @@ static void op_free(t_op *o)
 	free(o->fetch_value);
 }
 
+/* A step joining the trace: its operations' own copies of what they borrowed from the graph's
+ * operation they matched (tern_trace_op), whose step may later be left out of the graph and freed. */
+static tern_status step_own(t_step *s)
+{
+	for (size_t i = 0; i < s->n_ops; i++) {
+		t_op *o = &s->ops[i];
+		if (!o->borrowed)
+			continue;
+		char *domain = tern_strdup(o->domain), *op_type = tern_strdup(o->op_type);
+		Onnx__AttributeProto **attrs = calloc((size_t)o->n_attrs + 1, sizeof *attrs);
+		int n = 0;
+		while (attrs && n < o->n_attrs && (attrs[n] = tern_pb_copy(o->attrs[n])))
+			n++;
+		if (!domain || !op_type || !attrs || n < o->n_attrs) {
+			free(domain);
+			free(op_type);
+			for (int k = 0; k < n; k++)
+				onnx__attribute_proto__free_unpacked(attrs[k], &tern_pb_allocator);
+			free(attrs);
+			return tern_errorf(TERN_EOS, "out of memory");
+		}
+		o->domain = domain;
+		o->op_type = op_type;
+		o->attrs = attrs;
+		o->borrowed = false;
+	}
+	return TERN_OK;
+}
+
 /* What a step's operations and reads own (not the arrays that hold them). */
 static void step_values_free(t_step *s)
 {
@@ -779,6 +808,9 @@ tern_status tern_trace_step_end(tern_ctx *c)
 			                                              "path did", s->n_ops);
 		t->fell_back++;
 		t->replans++;
+		tern_status own = step_own(s);
+		if (own)
+			return own;
 		if (t->verbose)
 			fprintf(stderr, "tern-trace: step %lld diverged: %s; it joins the trace (the graph is made again at "
 			                "exit)\n",
