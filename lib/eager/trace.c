@@ -111,6 +111,9 @@ typedef struct t_step {
 	t_site *sites; /* open addressing */
 	size_t cap_sites, n_sites;
 	size_t counted; /* the operations whose stacks sites counts (those after took their path's sites) */
+	/* lazy operations: the current path's (lazy_op), whose slots hold only a NULL site and in (NULL,
+	 * or their inputs where one is a read: t_in.ext differs from the path's), until step_materialize */
+	size_t n_lazy;
 	int path;
 	int64_t number; /* a checked step's number in the run (tern_trace_step_begin's count) */
 } t_step;
@@ -143,6 +146,11 @@ struct tern_trace {
 	int cur;
 	int *path_rep, n_paths; /* per path of the graph written: its first step */
 	uint64_t paths_gen; /* counts changes to the steps' paths (t_op.varies) */
+	int lazy_path; /* the path the step's lazy operations are of */
+	struct lazy_fetch {
+		int32_t op, out;
+	} *lf; /* fetches of lazy operations, until they are made */
+	size_t n_lf, cap_lf;
 	int64_t coexecuted, fell_back, replans, steps_begun;
 	char divergence[512];
 	tern_status error;
@@ -241,7 +249,8 @@ static tern_status step_own(t_step *s)
 static void step_values_free(t_step *s)
 {
 	for (size_t i = 0; i < s->n_ops; i++)
-		op_free(&s->ops[i]);
+		if (!s->n_lazy || s->ops[i].site) /* a lazy operation owns nothing */
+			op_free(&s->ops[i]);
 	for (size_t i = 0; i < s->n_ext; i++)
 		tern_tensor_free(&s->ext[i].value);
 }
@@ -404,6 +413,7 @@ void tern_trace_free(struct tern_trace *t)
 	free(t->rvals);
 	free(t->roff);
 	free(t->path_rep);
+	free(t->lf);
 	free(t->alive);
 	free(t->upto);
 	for (size_t i = 0; i < t->n_steps; i++)
@@ -723,6 +733,7 @@ tern_status tern_trace_step_begin(tern_ctx *c)
 		t->steps[t->n_steps++].number = t->steps_begun;
 		t->in_step = t->checking = 1;
 		t->diverged = 0;
+		t->n_lf = 0;
 		t->firsts_mark = t->n_firsts;
 		uint8_t *alive = realloc(t->alive, (size_t)t->n_paths);
 		size_t *upto = alive ? realloc(t->upto, (size_t)t->n_paths * sizeof *upto) : NULL;
@@ -752,7 +763,8 @@ tern_status tern_trace_step_begin(tern_ctx *c)
 }
 
 static tern_status trace_write(struct tern_trace *t);
-static bool path_takes(struct tern_trace *t, const t_step *s);
+static bool path_takes(struct tern_trace *t, t_step *s);
+static bool step_materialize(struct tern_trace *t, t_step *s);
 static int path_of(const struct tern_trace *t, const int *rep, int n, const t_step *s);
 
 /* The graph made again with the steps that diverged, at exit. A step that the graph cannot hold with
@@ -796,6 +808,8 @@ tern_status tern_trace_step_end(tern_ctx *c)
 		t->in_step = t->checking = 0;
 		t_step *s = &t->steps[t->n_steps - 1];
 		bool done = !t->diverged && path_takes(t, s);
+		if (t->error)
+			return t->error;
 		if (done) { /* the graph had it: nothing new */
 			firsts_forget(t);
 			step_recycle(t, s);
@@ -808,6 +822,8 @@ tern_status tern_trace_step_end(tern_ctx *c)
 			                                              "path did", s->n_ops);
 		t->fell_back++;
 		t->replans++;
+		if (s->n_lazy && !step_materialize(t, s))
+			return tern_errorf(TERN_EOS, "out of memory");
 		tern_status own = step_own(s);
 		if (own)
 			return own;
@@ -919,11 +935,6 @@ static uint64_t attrs_hash(Onnx__AttributeProto *const *attrs, int n)
 	return h;
 }
 
-/* What a step's outputs carry as their step (trace.h): the context's epoch, so that no two steps
- * share it. Not the step's index: a checked step that matched is given back and the next one takes
- * its index, and then a tensor the last step made and the host kept (memory_bank's bank of keys)
- * read as an output of this step's operation at the same position, a dependence that was not there
- * (and a divergence that was not one, at a third of its steps). */
 /* The bit of t_step.bound for serial. */
 static void bind_bit(uint64_t serial, int *word, uint64_t *bit)
 {
@@ -932,28 +943,41 @@ static void bind_bit(uint64_t serial, int *word, uint64_t *bit)
 	*bit = 1ull << (b & 63);
 }
 
+/* What a step's outputs carry as their step (trace.h): the context's epoch, so that no two steps
+ * share it. Not the step's index: a checked step that matched is given back and the next one takes
+ * its index, and then a tensor the last step made and the host kept (memory_bank's bank of keys)
+ * read as an output of this step's operation at the same position, a dependence that was not there
+ * (and a divergence that was not one, at a third of its steps). */
 static int64_t step_id(struct tern_trace *t)
 {
 	return tern_ctx_epoch(t->ctx) + 1;
 }
 
-/* Where input value v comes from in step s: an earlier operation, or an external read. */
-static tern_status input_ref(struct tern_trace *t, t_step *s, int64_t step_no, tern_var *v, t_in *r)
+/* Whether value v (stamp ts) is an earlier operation's output in step s (*r), as made or as the new
+ * value of a state the step updated; else it is a read. */
+static bool op_ref(const t_step *s, int64_t step_no, const tern_trace_stamp *ts, t_in *r)
 {
-	tern_trace_stamp *ts = tern_var_stamp(v);
 	if (ts->step == step_no && ts->op >= 0 && (size_t)ts->op < s->n_ops) {
 		*r = (t_in){IN_OP, ts->op, ts->out, 0};
-		return TERN_OK;
+		return true;
 	}
-	/* a state updated earlier in the step: its new value */
 	int w;
 	uint64_t bit;
 	bind_bit(ts->serial, &w, &bit);
 	for (size_t i = s->bound[w] & bit ? s->n_binds : 0; i-- > 0;)
 		if (s->binds[i].serial == ts->serial) {
 			*r = (t_in){IN_OP, s->binds[i].op, s->binds[i].out, 0};
-			return TERN_OK;
+			return true;
 		}
+	return false;
+}
+
+/* Where input value v comes from in step s: an earlier operation, or an external read. */
+static tern_status input_ref(struct tern_trace *t, t_step *s, int64_t step_no, tern_var *v, t_in *r)
+{
+	tern_trace_stamp *ts = tern_var_stamp(v);
+	if (op_ref(s, step_no, ts, r))
+		return TERN_OK;
 	/* only a tensor made before tracing and never updated can be a constant, which is what the hash
 	 * of its bytes tells: the others are fed or states whatever their bytes, and are not waited for
 	 * (with asynchronous kernels, their bytes may still be being computed) */
@@ -966,14 +990,23 @@ static tern_status input_ref(struct tern_trace *t, t_step *s, int64_t step_no, t
 	const tern_tensor *x = hash_bytes || freeze || t->record_dir ? tern_var_read(v) : tern_var_info(v);
 	if (!tern_grow((void **)&s->ext, &s->cap_ext, s->n_ext + 1, sizeof *s->ext))
 		return tern_errorf(TERN_EOS, "out of memory");
+	/* every field set, not the whole cleared: a read's record was a tenth of checking one */
 	t_ext *e = &s->ext[s->n_ext];
-	memset(e, 0, sizeof *e);
 	e->serial = ts->serial;
 	e->born = ts->born;
 	e->dtype = x->dtype;
 	e->rank = x->rank;
 	memcpy(e->dims, x->dims, (size_t)x->rank * sizeof *x->dims);
-	e->hash = fnv(x->dims, (size_t)x->rank * sizeof *x->dims, fnv(&x->dtype, sizeof x->dtype, 0xcbf29ce484222325ull));
+	memset(e->dims + x->rank, 0, (size_t)(TERN_MAX_RANK - x->rank) * sizeof *e->dims);
+	memset(&e->value, 0, sizeof e->value);
+	e->frozen = false;
+	/* the type and shape, a word at a time */
+	uint64_t h = (0xcbf29ce484222325ull ^ (uint64_t)(uint32_t)x->dtype) * 0x100000001b3ull;
+	for (int d = 0; d < x->rank; d++) {
+		h = (h ^ (uint64_t)x->dims[d]) * 0x100000001b3ull;
+		h ^= h >> 29;
+	}
+	e->hash = h;
 	if (x->dtype == TERN_STRING) {
 		for (int64_t i = 0; i < tern_tensor_numel(x); i++) {
 			const char *str = ((char *const *)x->data)[i];
@@ -1091,12 +1124,16 @@ static bool path_upto(struct tern_trace *t, int p, const t_step *s, size_t j, co
 /* Operation j of the step being checked: against the current path, and when that one differs,
  * against the others still possible (from where each was last checked), the first that agrees
  * becoming the current one; when none is left, the step has diverged here. */
-static void check_op(struct tern_trace *t, const t_step *s, size_t j)
+static void check_op(struct tern_trace *t, t_step *s, size_t j)
 {
 	const t_op *o = &s->ops[j];
 	const char *why = NULL, *other; /* the reason the current path differs here, which -v reports */
 	if (t->alive[t->cur] && path_upto(t, t->cur, s, j, &why))
 		return;
+	if (s->n_lazy && !step_materialize(t, s)) { /* the other paths read the step's record */
+		t->error = TERN_EOS;
+		return;
+	}
 	for (int p = 0; p < t->n_paths; p++)
 		if (t->alive[p] && path_upto(t, p, s, j, why ? &other : &why)) {
 			t->cur = p;
@@ -1114,11 +1151,15 @@ static void check_op(struct tern_trace *t, const t_step *s, size_t j)
 
 /* At the end of a checked step that has not diverged: a path it took whole (the current one, or
  * another of the same length that agrees everywhere), which becomes the current one. */
-static bool path_takes(struct tern_trace *t, const t_step *s)
+static bool path_takes(struct tern_trace *t, t_step *s)
 {
 	const char *why;
 	for (int k = -1; k < t->n_paths; k++) {
 		int p = k < 0 ? t->cur : k; /* the current path first */
+		if (k == 0 && s->n_lazy && !step_materialize(t, s)) { /* the others read the step's record */
+			t->error = TERN_EOS;
+			return false;
+		}
 		if (!t->alive[p] || t->steps[t->path_rep[p]].n_ops != s->n_ops ||
 		    (s->n_ops && !path_upto(t, p, s, s->n_ops - 1, &why)))
 			continue;
@@ -1126,6 +1167,112 @@ static bool path_takes(struct tern_trace *t, const t_step *s)
 		return true;
 	}
 	return false;
+}
+
+/* The step's lazy operations made, as copies of their path's (sharing its names and attributes),
+ * with the fetches they had; false: out of memory. */
+static bool step_materialize(struct tern_trace *t, t_step *s)
+{
+	const t_step *rep = &t->steps[t->path_rep[t->lazy_path]];
+	for (size_t j = 0; j < s->n_ops && s->n_lazy; j++) {
+		t_op *o = &s->ops[j];
+		if (o->site)
+			continue;
+		const t_op *r = &rep->ops[j];
+		const t_in *in = o->in ? o->in : r->in;
+		size_t no = (size_t)r->n_out + 1, ni = (size_t)r->n_in + 1;
+		char *block = step_alloc(s, no * TERN_MAX_RANK * sizeof *o->dims + ni * sizeof *o->in + 2 * no * sizeof(int) + no);
+		if (!block)
+			return false;
+		*o = *r;
+		o->borrowed = true;
+		o->varies = NULL;
+		o->varies_gen = 0;
+		o->fetch_value = NULL;
+		o->dims = (int64_t *)block;
+		o->in = (t_in *)(block + no * TERN_MAX_RANK * sizeof *o->dims);
+		o->dtype = (int *)((char *)o->in + ni * sizeof *o->in);
+		o->rank = o->dtype + no;
+		o->fetched = (uint8_t *)(o->rank + no);
+		memcpy(o->dims, r->dims, no * TERN_MAX_RANK * sizeof *o->dims);
+		memcpy(o->in, in, ni * sizeof *o->in);
+		memcpy(o->dtype, r->dtype, no * sizeof *o->dtype);
+		memcpy(o->rank, r->rank, no * sizeof *o->rank);
+		s->n_lazy--;
+	}
+	for (size_t i = 0; i < t->n_lf; i++)
+		s->ops[t->lf[i].op].fetched[t->lf[i].out] = 1;
+	t->n_lf = 0;
+	return true;
+}
+
+/* A call of a checked step that is its path's next operation in every respect the path's check
+ * looks at (the caller has found the same stack): the same eager signature (operator, attributes,
+ * input shapes), inputs from the same operations (or reads where the path read), the same output
+ * shapes. It is not recorded (*done), only counted, its outputs stamped and its reads noted: the
+ * step's record is made from the path's when the step needs it (step_materialize), which a step
+ * that matches never does. Recording and checking each call had cost a co-executed call of rcnn's
+ * about 290 ns, more than its eager preparation. Non-zero: out of memory. */
+static int lazy_op(struct tern_trace *t, t_step *s, int64_t step_no, const t_op *want, int n_attrs,
+                   tern_var *const *in, int n_in, tern_var *const *out, int n_out, uint64_t sig, bool *done)
+{
+	if (!sig || want->sig != sig || want->n_attrs != n_attrs || want->n_in != n_in || want->n_out != n_out ||
+	    t->record_dir || n_in > 64 || !want->site || (s->n_lazy && t->lazy_path != t->cur))
+		return 0;
+	for (int k = 0; k < n_out; k++) {
+		if (!out[k]) {
+			if (want->dtype[k])
+				return 0;
+			continue;
+		}
+		const tern_tensor *y = tern_var_info(out[k]);
+		if (want->dtype[k] != y->dtype || want->rank[k] != y->rank ||
+		    memcmp(&want->dims[k * TERN_MAX_RANK], y->dims, (size_t)y->rank * sizeof *y->dims))
+			return 0;
+	}
+	t_in ref[64];
+	bool reads = false;
+	for (int i = 0; i < n_in; i++) {
+		if (!in[i]) {
+			if (want->in[i].kind != IN_NONE)
+				return 0;
+			ref[i] = (t_in){IN_NONE, 0, 0, 0};
+		} else if (op_ref(s, step_no, tern_var_stamp(in[i]), &ref[i])) {
+			if (want->in[i].kind != IN_OP || want->in[i].op != ref[i].op || want->in[i].out != ref[i].out)
+				return 0;
+		} else if (want->in[i].kind != IN_EXT) {
+			return 0;
+		} else {
+			reads = true;
+		}
+	}
+	/* it is the path's: its reads recorded as any call's are */
+	for (int i = 0; i < n_in && reads; i++)
+		if (in[i] && want->in[i].kind == IN_EXT && input_ref(t, s, step_no, in[i], &ref[i]))
+			return -1;
+	if (!tern_grow((void **)&s->ops, &s->cap_ops, s->n_ops + 1, sizeof *s->ops))
+		return -1;
+	t_op *o = &s->ops[s->n_ops];
+	o->site = NULL;
+	o->in = NULL;
+	if (reads) {
+		if (!(o->in = step_alloc(s, ((size_t)n_in + 1) * sizeof *o->in)))
+			return -1;
+		memcpy(o->in, ref, (size_t)n_in * sizeof *o->in);
+	}
+	for (int k = 0; k < n_out; k++)
+		if (out[k]) {
+			tern_trace_stamp *ts = tern_var_stamp(out[k]);
+			ts->step = step_no;
+			ts->op = (int32_t)s->n_ops;
+			ts->out = k;
+		}
+	t->lazy_path = t->cur;
+	s->n_ops++;
+	s->n_lazy++;
+	t->upto[t->cur] = s->n_ops;
+	*done = true;
+	return 0;
 }
 
 tern_status tern_trace_op(tern_ctx *c, const char *domain, const char *op_type, Onnx__AttributeProto *const *attrs,
@@ -1145,15 +1292,24 @@ tern_status tern_trace_op(tern_ctx *c, const char *domain, const char *op_type, 
 	if (key && t->checking && !t->diverged && t->alive[t->cur] && t->upto[t->cur] == s->n_ops &&
 	    s->n_ops < t->steps[t->path_rep[t->cur]].n_ops)
 		want = &t->steps[t->path_rep[t->cur]].ops[s->n_ops];
+	bool done = false;
+	if (want && want->key == key && lazy_op(t, s, step_no, want, n_attrs, in, n_in, out, n_out, sig, &done))
+		return t->error = TERN_EOS;
+	if (done)
+		return TERN_OK;
 	const char *stack, *site;
 	if (want && want->key == key) {
 		stack = want->stack;
 		site = want->site;
 	} else {
 		stack = stack_now(t, key);
-		for (; stack && s->counted < s->n_ops; s->counted++)
-			if (occurrence(s, s->ops[s->counted].stack) < 0)
+		for (; stack && s->counted < s->n_ops; s->counted++) {
+			const t_op *done_op = &s->ops[s->counted];
+			if (!done_op->site) /* lazy: its path's */
+				done_op = &t->steps[t->path_rep[t->lazy_path]].ops[s->counted];
+			if (occurrence(s, done_op->stack) < 0)
 				stack = NULL;
+		}
 		int occ = stack ? occurrence(s, stack) : -1;
 		site = occ >= 0 ? intern_site(t, stack, occ) : NULL;
 		s->counted = s->n_ops + 1;
@@ -1273,6 +1429,14 @@ void tern_trace_fetch(tern_var *v)
 	tern_trace_stamp *ts = tern_var_stamp(v);
 	if (ts->step != step_no || ts->op < 0 || (size_t)ts->op >= s->n_ops)
 		return;
+	if (s->n_lazy && !s->ops[ts->op].site) { /* a lazy operation's: noted for when it is made */
+		if (!tern_grow((void **)&t->lf, &t->cap_lf, t->n_lf + 1, sizeof *t->lf)) {
+			t->error = TERN_EOS;
+			return;
+		}
+		t->lf[t->n_lf++] = (struct lazy_fetch){ts->op, ts->out};
+		return;
+	}
 	t_op *o = &s->ops[ts->op];
 	if (o->fetched[ts->out])
 		return;
