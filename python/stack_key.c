@@ -4,7 +4,7 @@
  * On CPython 3.11 the interpreter's own frames are walked (tstate->cframe->current_frame and each
  * one's previous): a load or two a frame. The public API (PyEval_GetFrame, PyFrame_GetBack, ...)
  * makes a frame object for every frame it passes and takes and drops a reference to each, which was
- * a third of checking a co-executed call. Other versions take the public walk. This file alone is
+ * a tenth of checking memory_bank's co-executed calls (callgrind). Other versions take the public walk. This file alone is
  * built against the interpreter's internal frame layout. */
 #include <Python.h>
 #include <stdint.h>

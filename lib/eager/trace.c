@@ -990,7 +990,7 @@ static tern_status input_ref(struct tern_trace *t, t_step *s, int64_t step_no, t
 	const tern_tensor *x = hash_bytes || freeze || t->record_dir ? tern_var_read(v) : tern_var_info(v);
 	if (!tern_grow((void **)&s->ext, &s->cap_ext, s->n_ext + 1, sizeof *s->ext))
 		return tern_errorf(TERN_EOS, "out of memory");
-	/* every field set, not the whole cleared: a read's record was a tenth of checking one */
+	/* every field set, not the whole cleared */
 	t_ext *e = &s->ext[s->n_ext];
 	e->serial = ts->serial;
 	e->born = ts->born;
@@ -1041,7 +1041,7 @@ static bool same_shapes(const t_op *r, const t_op *o)
 
 /* The dimensions of path p's operation j that differ between the path's steps (t_op.varies), made
  * again only when the steps' paths have changed: at every checked call, making them had scanned the
- * path's steps (rcnn's box counts differ from its first step's at most calls). NULL: out of memory. */
+ * path's steps (rcnn's box counts differ from its first step's at many calls). NULL: out of memory. */
 static const uint8_t *varying_dims(struct tern_trace *t, int p, size_t j)
 {
 	t_step *rep = &t->steps[t->path_rep[p]];
@@ -1211,8 +1211,8 @@ static bool step_materialize(struct tern_trace *t, t_step *s)
  * input shapes), inputs from the same operations (or reads where the path read), the same output
  * shapes. It is not recorded (*done), only counted, its outputs stamped and its reads noted: the
  * step's record is made from the path's when the step needs it (step_materialize), which a step
- * that matches never does. Recording and checking each call had cost a co-executed call of rcnn's
- * about 290 ns, more than its eager preparation. Non-zero: out of memory. */
+ * that keeps to one path never does. Recording and checking had cost rcnn's co-executed calls about
+ * 290 ns each (against asynchronous eager). Non-zero: out of memory. */
 static int lazy_op(struct tern_trace *t, t_step *s, int64_t step_no, const t_op *want, int n_attrs,
                    tern_var *const *in, int n_in, tern_var *const *out, int n_out, uint64_t sig, bool *done)
 {
@@ -1287,7 +1287,7 @@ tern_status tern_trace_op(tern_ctx *c, const char *domain, const char *op_type, 
 	/* A checked step on its path so far, at a call from the stack the path's operation here was called
 	 * from, calls from that site: the stacks of the operations before it are those of the path's, so
 	 * the occurrence is the same too. The stack's text and the count of its occurrences are left to
-	 * the first call off the path (interning them was a fifth of checking a call). */
+	 * the first call off the path (interning them was 5 % of checking memory_bank's calls). */
 	const t_op *want = NULL;
 	if (key && t->checking && !t->diverged && t->alive[t->cur] && t->upto[t->cur] == s->n_ops &&
 	    s->n_ops < t->steps[t->path_rep[t->cur]].n_ops)
