@@ -1159,11 +1159,21 @@ static uint64_t hash_bytes(const char *p, size_t n)
 
 static bool is_random(const char *domain, const char *op)
 {
-	if (*domain || (op[0] != 'R' && op[0] != 'B' && op[0] != 'M' && op[0] != 'D')) /* at every call */
+	if (*domain) /* at every call: by the first letter, then one name or two */
 		return false;
-	return (!strcmp(op, "RandomNormal") || !strcmp(op, "RandomUniform") || !strcmp(op, "RandomNormalLike") ||
-	                    !strcmp(op, "RandomUniformLike") || !strcmp(op, "Bernoulli") || !strcmp(op, "Multinomial") ||
-	                    !strcmp(op, "Dropout"));
+	switch (op[0]) {
+	case 'R':
+		return !strcmp(op, "RandomNormal") || !strcmp(op, "RandomUniform") || !strcmp(op, "RandomNormalLike") ||
+		       !strcmp(op, "RandomUniformLike");
+	case 'B':
+		return !strcmp(op, "Bernoulli");
+	case 'M':
+		return !strcmp(op, "Multinomial");
+	case 'D':
+		return !strcmp(op, "Dropout");
+	default:
+		return false;
+	}
 }
 
 static entry *cache_find(tern_ctx *c, uint64_t h, const char *key, size_t n)
