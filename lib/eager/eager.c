@@ -867,9 +867,12 @@ static tern_var *var_share(tern_var *src, const tern_tensor *shape)
 	return v;
 }
 
-/* A tensor of that type and shape holding data's bytes, or zeros. Fixed-size elements take bytes from
- * the context's pool, as calls' outputs do: a scalar the host makes at every call (x * 0.5) had
- * cost an aligned allocation and its free, about 450 instructions of the 860 of making it. */
+/* A tensor of that type and shape holding data's bytes, or zeros. Small ones of fixed-size elements
+ * take bytes from the context's pool, as calls' outputs do: a scalar the host makes at every call
+ * (x * 0.5) had cost an aligned allocation and its free, about 450 instructions of the 860 of making
+ * it. Large ones (a model's weights) keep their exact size, not the pool's next power of two. */
+#define VAR_POOL_BYTES 65536 /* host-made tensors up to this size from the pool */
+
 static tern_status var_make(tern_ctx *c, int dtype, int rank, const int64_t *dims, const void *data,
                             tern_var **out)
 {
@@ -880,8 +883,8 @@ static tern_status var_make(tern_ctx *c, int dtype, int rank, const int64_t *dim
 	bool ok = elem && rank >= 0 && rank <= TERN_MAX_RANK;
 	for (int d = 0; ok && d < rank; d++)
 		ok = dims[d] >= 0 && !__builtin_mul_overflow(n, (size_t)dims[d], &n);
-	if (!ok || __builtin_mul_overflow(n, elem, &n) || n > ((size_t)1 << 40)) {
-		/* strings, sequences and shapes out of range: as tensors make them (and say what is wrong) */
+	if (!ok || __builtin_mul_overflow(n, elem, &n) || n > VAR_POOL_BYTES) {
+		/* large, strings, sequences, shapes out of range: as tensors make them (and say what is wrong) */
 		tern_tensor t = {0};
 		tern_status st = tern_tensor_alloc(&t, dtype, rank, dims);
 		if (st)
