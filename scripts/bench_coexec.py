@@ -8,7 +8,7 @@ is the median of the rounds' medians (one run of a program moves by a fifth on a
     bench_coexec.py [--build BUILD] [--threads 1,2] [--steps K] [--rounds R] [NAME...]
 
 Prints a markdown table per thread count: milliseconds per step and the ratios coexec/eager and
-coexec/PyTorch, with their geometric means. Each tern run is a process of its own (tracing is set
+coexec/PyTorch, with their geometric means; every round's figures go to standard error. Each tern run is a process of its own (tracing is set
 up when tern is imported); the PyTorch twin runs in this process.
 """
 import argparse
@@ -62,6 +62,9 @@ def main():
                          tern_ms(build, name, threads, True, a.steps, tmp),
                          importlib.import_module(name).run('torch', 0)['step_ms']) for _ in range(max(1, a.rounds))]
                 e, c, t = (statistics.median(r[k] for r in runs) for k in range(3))
+                # every round's figures on stderr: a median hides one slow round, not two
+                print('%s, %d thread(s), rounds (eager, coexec, PyTorch ms): %s' % (
+                    name, threads, '; '.join('%.3f %.3f %.3f' % r for r in runs)), file=sys.stderr)
                 r_eager.append(c / e)
                 r_torch.append(c / t)
                 print('| %s | %.3f | %.3f | %.3f | %.2f | %.2f |' % (name, e, c, t, c / e, c / t))
