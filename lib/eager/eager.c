@@ -1139,8 +1139,7 @@ static void key_str(keybuf *k, const char *s)
  * doc string is left out. */
 static void key_attr(keybuf *k, const Onnx__AttributeProto *a)
 {
-	if (a->t || a->g || a->sparse_tensor || a->tp || a->n_tensors || a->n_graphs || a->n_sparse_tensors ||
-	    a->n_type_protos) {
+	if (tern_attr_nested(a)) {
 		size_t size = onnx__attribute_proto__get_packed_size(a);
 		uint8_t small[256], *buf = size <= sizeof small ? small : malloc(size);
 		if (!buf) {
@@ -1249,28 +1248,14 @@ static tern_status cache_insert(tern_ctx *c, entry *e)
 	return TERN_OK;
 }
 
-/* "e<id>_<io><k>" into buf (32 bytes), written by hand: snprintf had been 7 % of the instructions of
- * rcnn's calls with asynchronous kernels, a program whose shapes change, each new signature naming
- * its node's values. */
-static void value_name(char *buf, unsigned long long id, char io, int k)
+/* "e<id>_<io><k>" into buf (32 bytes): a new signature's node's value names. */
+static void value_name(char *buf, unsigned long long id, char io, unsigned k)
 {
-	char digits[24];
-	int n = 0;
-	*buf++ = 'e';
-	do
-		digits[n++] = (char)('0' + id % 10);
-	while (id /= 10);
-	while (n)
-		*buf++ = digits[--n];
-	*buf++ = '_';
-	*buf++ = io;
-	unsigned u = (unsigned)k;
-	do
-		digits[n++] = (char)('0' + u % 10);
-	while (u /= 10);
-	while (n)
-		*buf++ = digits[--n];
-	*buf = 0;
+	buf[0] = 'e';
+	char *p = tern_put_uint(buf + 1, id);
+	*p++ = '_';
+	*p++ = io;
+	tern_put_uint(p, k);
 }
 
 /* The node of a new signature: in the scratch graph, inputs and outputs named after the entry. */
@@ -1283,11 +1268,11 @@ static tern_status make_node(tern_ctx *c, const char *domain, const char *op_typ
 		return tern_errorf(TERN_EUSAGE, "%s: more than 64 inputs or outputs", op_type);
 	unsigned long long id = c->made++;
 	for (int i = 0; i < n_in; i++) {
-		value_name(names[0][i], id, 'i', i);
+		value_name(names[0][i], id, 'i', (unsigned)i);
 		ins[i] = present[i] ? names[0][i] : "";
 	}
 	for (int o = 0; o < n_out; o++) {
-		value_name(names[1][o], id, 'o', o);
+		value_name(names[1][o], id, 'o', (unsigned)o);
 		outs[o] = names[1][o];
 	}
 	if (*domain && tern_model_opset(c->model, domain) < 0) {

@@ -112,7 +112,8 @@ typedef struct t_step {
 	size_t cap_sites, n_sites;
 	size_t counted; /* the operations whose stacks sites counts (those after took their path's sites) */
 	/* lazy operations: the current path's (lazy_op), whose slots hold only a NULL site and in (NULL,
-	 * or their inputs where one is a read: t_in.ext differs from the path's), until step_materialize */
+	 * or their inputs where one is a read: t_in.ext differs from the path's), until step_materialize.
+	 * The current path does not change while there are any: checking another path makes them first. */
 	size_t n_lazy;
 	int path;
 	int64_t number; /* a checked step's number in the run (tern_trace_step_begin's count) */
@@ -146,7 +147,6 @@ struct tern_trace {
 	int cur;
 	int *path_rep, n_paths; /* per path of the graph written: its first step */
 	uint64_t paths_gen; /* counts changes to the steps' paths (t_op.varies) */
-	int lazy_path; /* the path the step's lazy operations are of */
 	struct lazy_fetch {
 		int32_t op, out;
 	} *lf; /* fetches of lazy operations, until they are made */
@@ -546,15 +546,8 @@ static const char *intern_site(struct tern_trace *t, const char *stack, int occ)
 	if (!site)
 		return NULL;
 	memcpy(site, stack, len);
-	/* "#occurrence", written by hand: snprintf's parsing was a tenth of a small call's record */
-	char num[24], *q = num + sizeof num;
-	*--q = 0;
-	unsigned u = (unsigned)occ;
-	do
-		*--q = (char)('0' + u % 10);
-	while (u /= 10);
-	*--q = '#';
-	memcpy(site + len, q, (size_t)(num + sizeof num - q));
+	site[len] = '#';
+	tern_put_uint(site + len + 1, (unsigned)occ);
 	e->key = h;
 	e->occ = occ;
 	e->ref = stack;
@@ -900,8 +893,7 @@ tern_status tern_trace_finish(tern_ctx *c)
  * (packing them all, as before, was a sixth of a small call's record). */
 static uint64_t attr_hash(const Onnx__AttributeProto *a, uint64_t h)
 {
-	if (a->t || a->g || a->sparse_tensor || a->tp || a->n_tensors || a->n_graphs || a->n_sparse_tensors ||
-	    a->n_type_protos) {
+	if (tern_attr_nested(a)) {
 		size_t n = onnx__attribute_proto__get_packed_size(a);
 		uint8_t small[512], *buf = n <= sizeof small ? small : malloc(n);
 		if (buf) {
@@ -1169,11 +1161,32 @@ static bool path_takes(struct tern_trace *t, t_step *s)
 	return false;
 }
 
+/* Operation o's arrays (dims, in, dtype, rank, fetched), cleared, in one block of step s's; false:
+ * out of memory (they stay NULL). */
+static bool op_arrays(t_step *s, t_op *o, int n_in, int n_out)
+{
+	size_t no = (size_t)n_out + 1, ni = (size_t)n_in + 1;
+	char *block = step_alloc(s, no * TERN_MAX_RANK * sizeof *o->dims + ni * sizeof *o->in + 2 * no * sizeof(int) + no);
+	if (!block) {
+		o->dims = NULL;
+		o->in = NULL;
+		o->dtype = o->rank = NULL;
+		o->fetched = NULL;
+		return false;
+	}
+	o->dims = (int64_t *)block;
+	o->in = (t_in *)(block + no * TERN_MAX_RANK * sizeof *o->dims);
+	o->dtype = (int *)((char *)o->in + ni * sizeof *o->in);
+	o->rank = o->dtype + no;
+	o->fetched = (uint8_t *)(o->rank + no);
+	return true;
+}
+
 /* The step's lazy operations made, as copies of their path's (sharing its names and attributes),
  * with the fetches they had; false: out of memory. */
 static bool step_materialize(struct tern_trace *t, t_step *s)
 {
-	const t_step *rep = &t->steps[t->path_rep[t->lazy_path]];
+	const t_step *rep = &t->steps[t->path_rep[t->cur]];
 	for (size_t j = 0; j < s->n_ops && s->n_lazy; j++) {
 		t_op *o = &s->ops[j];
 		if (o->site)
@@ -1181,19 +1194,13 @@ static bool step_materialize(struct tern_trace *t, t_step *s)
 		const t_op *r = &rep->ops[j];
 		const t_in *in = o->in ? o->in : r->in;
 		size_t no = (size_t)r->n_out + 1, ni = (size_t)r->n_in + 1;
-		char *block = step_alloc(s, no * TERN_MAX_RANK * sizeof *o->dims + ni * sizeof *o->in + 2 * no * sizeof(int) + no);
-		if (!block)
-			return false;
 		*o = *r;
 		o->borrowed = true;
 		o->varies = NULL;
 		o->varies_gen = 0;
 		o->fetch_value = NULL;
-		o->dims = (int64_t *)block;
-		o->in = (t_in *)(block + no * TERN_MAX_RANK * sizeof *o->dims);
-		o->dtype = (int *)((char *)o->in + ni * sizeof *o->in);
-		o->rank = o->dtype + no;
-		o->fetched = (uint8_t *)(o->rank + no);
+		if (!op_arrays(s, o, r->n_in, r->n_out))
+			return false;
 		memcpy(o->dims, r->dims, no * TERN_MAX_RANK * sizeof *o->dims);
 		memcpy(o->in, in, ni * sizeof *o->in);
 		memcpy(o->dtype, r->dtype, no * sizeof *o->dtype);
@@ -1217,7 +1224,7 @@ static int lazy_op(struct tern_trace *t, t_step *s, int64_t step_no, const t_op 
                    tern_var *const *in, int n_in, tern_var *const *out, int n_out, uint64_t sig, bool *done)
 {
 	if (!sig || want->sig != sig || want->n_attrs != n_attrs || want->n_in != n_in || want->n_out != n_out ||
-	    t->record_dir || n_in > 64 || !want->site || (s->n_lazy && t->lazy_path != t->cur))
+	    t->record_dir || n_in > 64)
 		return 0;
 	for (int k = 0; k < n_out; k++) {
 		if (!out[k]) {
@@ -1267,7 +1274,6 @@ static int lazy_op(struct tern_trace *t, t_step *s, int64_t step_no, const t_op 
 			ts->op = (int32_t)s->n_ops;
 			ts->out = k;
 		}
-	t->lazy_path = t->cur;
 	s->n_ops++;
 	s->n_lazy++;
 	t->upto[t->cur] = s->n_ops;
@@ -1306,7 +1312,7 @@ tern_status tern_trace_op(tern_ctx *c, const char *domain, const char *op_type, 
 		for (; stack && s->counted < s->n_ops; s->counted++) {
 			const t_op *done_op = &s->ops[s->counted];
 			if (!done_op->site) /* lazy: its path's */
-				done_op = &t->steps[t->path_rep[t->lazy_path]].ops[s->counted];
+				done_op = &t->steps[t->path_rep[t->cur]].ops[s->counted];
 			if (occurrence(s, done_op->stack) < 0)
 				stack = NULL;
 		}
@@ -1363,15 +1369,7 @@ tern_status tern_trace_op(tern_ctx *c, const char *domain, const char *op_type, 
 		o->op_type = tern_strdup(op_type);
 		o->attrs = calloc((size_t)n_attrs + 1, sizeof *o->attrs);
 	}
-	size_t no = (size_t)n_out + 1, ni = (size_t)n_in + 1;
-	char *block = step_alloc(s, no * TERN_MAX_RANK * sizeof *o->dims + ni * sizeof *o->in + 2 * no * sizeof(int) + no);
-	if (block) {
-		o->dims = (int64_t *)block;
-		o->in = (t_in *)(block + no * TERN_MAX_RANK * sizeof *o->dims);
-		o->dtype = (int *)((char *)o->in + ni * sizeof *o->in);
-		o->rank = o->dtype + no;
-		o->fetched = (uint8_t *)(o->rank + no);
-	}
+	op_arrays(s, o, n_in, n_out);
 	if (t->record_dir)
 		o->fetch_value = calloc((size_t)n_out + 1, sizeof *o->fetch_value);
 	o->n_out = n_out;

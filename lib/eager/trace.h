@@ -31,6 +31,29 @@ int64_t tern_ctx_opset(tern_ctx *c);
 /* The caller of the outermost public call running (tern_call, tern_backward, tern_optim_step). */
 const void *tern_ctx_c_site(tern_ctx *c);
 
+/* The decimal digits of u at p, then a NUL; the NUL's address. Written by hand: snprintf's parsing
+ * had been a tenth of recording a small call, and of naming a new signature's values. */
+static inline char *tern_put_uint(char *p, unsigned long long u)
+{
+	char digits[24];
+	int n = 0;
+	do
+		digits[n++] = (char)('0' + u % 10);
+	while (u /= 10);
+	while (n)
+		*p++ = digits[--n];
+	*p = 0;
+	return p;
+}
+
+/* Whether attribute a holds a tensor, a graph or a type: what hashes and signatures of attributes
+ * (trace.c, eager.c) take packed; the others they read field by field. */
+static inline bool tern_attr_nested(const Onnx__AttributeProto *a)
+{
+	return a->t || a->g || a->sparse_tensor || a->tp || a->n_tensors || a->n_graphs || a->n_sparse_tensors ||
+	       a->n_type_protos;
+}
+
 /* One call that ran (eager.c, after its outputs exist): recorded when a step is being traced. sig: the
  * call's signature (operator, attributes, input dtypes and shapes; equal signatures, equal attributes),
  * 0 when it has none. */

@@ -5,12 +5,8 @@
 # the next, which then read the carried tensor as the output of its own operation at the same
 # position: a dependence that was not there, and a divergence at every other step.
 set -u
-T="$TERN_BUILD/bin/tern-trace"
-PY="$1"
-[ -n "${TERN_TRACE_PRELOAD:-}" ] && export LD_PRELOAD="$TERN_TRACE_PRELOAD"
-export PYTHONPATH="$TERN_BUILD/python${PYTHONPATH:+:$PYTHONPATH}"
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+. "$(dirname "$0")/tally.sh"
+trace_setup "$1"
 cat >"$tmp/p.py" <<'P'
 import numpy as np
 import tern
@@ -24,7 +20,6 @@ for k in range(8):
         prev = a
 print(' '.join('%g' % v for v in sums))
 P
-. "$(dirname "$0")/tally.sh"
 check "plain run" "0 8 24 40 56 72 88 104" "$("$PY" "$tmp/p.py" 2>"$tmp/err")"
 check "co-execution: the plain run's results" "0 8 24 40 56 72 88 104" \
 	"$("$T" --coexec -v --steps 2 -o "$tmp/g.onnx" -- "$PY" "$tmp/p.py" 2>"$tmp/err")"

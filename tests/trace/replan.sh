@@ -5,12 +5,8 @@
 # the one that tracing every step makes: the same inputs (and their shapes), outputs, initializers
 # and operators; among the outputs, a value that only the diverging step read, before it diverged.
 set -u
-T="$TERN_BUILD/bin/tern-trace"
-PY="$1"
-[ -n "${TERN_TRACE_PRELOAD:-}" ] && export LD_PRELOAD="$TERN_TRACE_PRELOAD"
-export PYTHONPATH="$TERN_BUILD/python${PYTHONPATH:+:$PYTHONPATH}"
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+. "$(dirname "$0")/tally.sh"
+trace_setup "$1"
 cat >"$tmp/p.py" <<'P'
 import numpy as np
 import tern
@@ -50,7 +46,6 @@ def summary(path):
 a, b = summary(sys.argv[1]), summary(sys.argv[2])
 print('same' if a == b else 'traced %s\nco-executed %s' % (a, b))
 P
-. "$(dirname "$0")/tally.sh"
 plain=$("$PY" "$tmp/p.py" 2>"$tmp/err")
 check "co-execution: the plain run's results" "$plain" \
 	"$("$T" --coexec -v --steps 2 -o "$tmp/co.onnx" -- "$PY" "$tmp/p.py" 2>"$tmp/err")"

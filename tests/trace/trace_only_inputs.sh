@@ -5,12 +5,8 @@
 # program's own. Step k adds input k, an in-step tensor 10 k and a tensor made before of 100, four
 # elements each: the plain run sums 400 + 44 k, the replay 400 + 4 k.
 set -u
-T="$TERN_BUILD/bin/tern-trace"
-PY="$1"
-[ -n "${TERN_TRACE_PRELOAD:-}" ] && export LD_PRELOAD="$TERN_TRACE_PRELOAD"
-export PYTHONPATH="$TERN_BUILD/python${PYTHONPATH:+:$PYTHONPATH}" # the plain run's; tern-trace adds it itself
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+. "$(dirname "$0")/tally.sh"
+trace_setup "$1" # the build's module on the path is the plain run's; tern-trace adds it itself
 cat >"$tmp/p.py" <<'P'
 import numpy as np
 import tern
@@ -23,7 +19,6 @@ for k in range(3):
         sums.append((x + m + before).sum().item())
 print(' '.join('%g' % v for v in sums))
 P
-. "$(dirname "$0")/tally.sh"
 check "plain run" "400 444 488" "$("$PY" "$tmp/p.py" 2>"$tmp/err")"
 check "trace-only: inputs fed, in-step tensors frozen" "400 404 408" \
 	"$("$T" --trace-only -o "$tmp/g.onnx" -- "$PY" "$tmp/p.py" 2>"$tmp/err")"
