@@ -351,6 +351,12 @@ tern_status tern_text_print_model(const Onnx__ModelProto *model, int with_weight
 /* Calls fn(ctx, i) for i in [0, n) spread over the pool; returns when all are done. fn must not
  * call tern_parallel_for on the same pool. A NULL pool runs serially. */
 void tern_parallel_for(tern_threadpool *pool, int64_t n, void (*fn)(void *ctx, int64_t i), void *ctx);
+/* The threads whose work a kernel may sum in parts: a kernel that would keep a partial sum per thread
+ * (and so round differently with each count) keeps that many, not tern_threadpool_size's. A pool's
+ * size, unless tern_threadpool_sum_as_one made it 1: a pool whose kernels must give the results of
+ * the pool of one (eager's asynchronous team) while sharing out work whose parts do not add up. */
+int tern_threadpool_sums(const tern_threadpool *pool);
+void tern_threadpool_sum_as_one(tern_threadpool *pool);
 
 /* A team: a pool of n_members threads that the caller provides (the stream workers). Each member
  * calls tern_team_join once; its parallel_for jobs are then run by it and by any member calling
@@ -359,6 +365,11 @@ void tern_parallel_for(tern_threadpool *pool, int64_t n, void (*fn)(void *ctx, i
 tern_status tern_team_create(int n_members, tern_threadpool **out);
 void tern_team_join(const tern_threadpool *team, int index);
 int tern_team_help(tern_threadpool *team);
+/* Member `me` of a team that is not one of its threads' own (a thread waiting on another that is
+ * a member, lending its core meanwhile): runs chunks of the jobs posted while *gen stays at seen,
+ * spinning between them; returns as tern_spin_until_moved does, its 200 microseconds counted from
+ * the last chunk run. */
+bool tern_team_help_until_moved(tern_threadpool *team, int me, const atomic_uint_fast64_t *gen, uint64_t seen);
 /* Waiting for work without losing a wake-up: a member that found nothing to do calls tern_team_idle,
  * which helps with a posted job, or backs off and returns, or after a while sleeps unless has_work(ctx)
  * says otherwise, until the next tern_team_notify; whoever makes work (a finished step) calls that

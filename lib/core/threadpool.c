@@ -44,6 +44,7 @@ static _Thread_local int my_index = -1;
 
 struct tern_threadpool {
 	int n_threads; /* workers + the caller */
+	int sums; /* the threads whose work a kernel may sum in parts (tern_threadpool_sums) */
 	pthread_t *workers;
 	pthread_mutex_t lock;
 	pthread_cond_t wake, done;
@@ -100,13 +101,19 @@ static int64_t now_ns(void)
 	return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
 }
 
-/* Spins until done(arg) or SPIN_NS have passed; true if done. */
-static bool spin_until(bool (*done)(const void *), const void *arg)
+/* Spins until done(arg) or SPIN_NS have passed without help(help_arg) (when given) finding work;
+ * true if done. */
+static bool spin_helping(bool (*done)(const void *), const void *arg, int (*help)(void *), void *help_arg)
 {
 	int64_t t0 = 0;
 	for (int round = 0;; round++) {
 		if (done(arg))
 			return true;
+		if (help && help(help_arg)) {
+			t0 = 0; /* the wait is being used: it starts again */
+			round = 0;
+			continue;
+		}
 		for (int i = 0; i < 16; i++)
 			tern_cpu_relax();
 		if (round % 16 == 0) {
@@ -117,6 +124,11 @@ static bool spin_until(bool (*done)(const void *), const void *arg)
 				return done(arg);
 		}
 	}
+}
+
+static bool spin_until(bool (*done)(const void *), const void *arg)
+{
+	return spin_helping(done, arg, NULL, NULL);
 }
 
 typedef struct gen_wait {
@@ -183,7 +195,7 @@ tern_status tern_threadpool_create(int n_threads, tern_threadpool **out)
 		free(p);
 		return tern_errorf(TERN_EOS, "out of memory");
 	}
-	p->n_threads = n_threads;
+	p->n_threads = p->sums = n_threads;
 	pthread_mutex_init(&p->lock, NULL);
 	pthread_mutex_init(&p->busy, NULL);
 	pthread_cond_init(&p->wake, NULL);
@@ -216,7 +228,7 @@ tern_status tern_team_create(int n_members, tern_threadpool **out)
 		free(parts);
 		return tern_errorf(TERN_EOS, "out of memory");
 	}
-	p->n_threads = n_members;
+	p->n_threads = p->sums = n_members;
 	p->team = slots;
 	pthread_mutex_init(&p->lock, NULL);
 	pthread_cond_init(&p->wake, NULL);
@@ -306,21 +318,44 @@ void tern_team_idle(tern_threadpool *p, bool (*has_work)(void *), void *ctx, int
 	*spins = 0;
 }
 
-int tern_team_help(tern_threadpool *p)
+static int team_help_as(tern_threadpool *p, int me)
 {
 	int helped = 0;
 	for (int m = 0; m < p->n_threads; m++) {
 		team_slot *t = &p->team[m];
-		if (m == my_index || !atomic_load_explicit(&t->active, memory_order_acquire))
+		if (m == me || !atomic_load_explicit(&t->active, memory_order_acquire))
 			continue;
 		atomic_fetch_add(&t->refs, 1);
 		if (atomic_load(&t->active) && slot_has_work(p, t)) {
-			run_slot_chunks(p, t, my_index);
+			run_slot_chunks(p, t, me);
 			helped = 1;
 		}
 		atomic_fetch_sub_explicit(&t->refs, 1, memory_order_release);
 	}
 	return helped;
+}
+
+int tern_team_help(tern_threadpool *p)
+{
+	return team_help_as(p, my_index);
+}
+
+typedef struct team_guest {
+	tern_threadpool *team;
+	int me;
+} team_guest;
+
+static int guest_helps(void *arg)
+{
+	team_guest *g = arg;
+	return team_help_as(g->team, g->me);
+}
+
+bool tern_team_help_until_moved(tern_threadpool *p, int me, const atomic_uint_fast64_t *gen, uint64_t seen)
+{
+	gen_wait w = {gen, seen};
+	team_guest g = {p, me};
+	return spin_helping(gen_moved, &w, guest_helps, &g);
 }
 
 static void team_parallel_for(tern_threadpool *p, int64_t n, void (*fn)(void *ctx, int64_t i), void *ctx)
@@ -378,6 +413,16 @@ void tern_threadpool_free(tern_threadpool *p)
 int tern_threadpool_size(const tern_threadpool *p)
 {
 	return p ? p->n_threads : 1;
+}
+
+int tern_threadpool_sums(const tern_threadpool *p)
+{
+	return p ? p->sums : 1;
+}
+
+void tern_threadpool_sum_as_one(tern_threadpool *p)
+{
+	p->sums = 1;
 }
 
 void tern_parallel_for(tern_threadpool *p, int64_t n, void (*fn)(void *ctx, int64_t i), void *ctx)

@@ -87,7 +87,7 @@ struct entry {
 	void (*free_params)(void *);
 	size_t scratch_bytes;
 	int dynamic_output, alias;
-	int serial; /* prepared for, and run on, the pool of one (small inputs) */
+	tern_threadpool *pool; /* the pool it was prepared for and runs on */
 	tern_tensor *out_shape; /* n_out; dtype 0 where the output is left out */
 	uint64_t last_seq; /* asynchronous kernels: the last call of it issued */
 };
@@ -100,6 +100,10 @@ struct tern_ctx {
 	 * the pool's threads sleep, and waking them costs more than a small call's whole work (a plan keeps
 	 * them running instead); prepare and kernel see the same pool. */
 	tern_threadpool *serial_pool;
+	/* With asynchronous kernels: the team of the kernels' thread (member 0) and the caller's (member
+	 * 1), which runs chunks of the kernel in flight while it waits for a call to have run, instead of
+	 * spinning. Kept until the context goes (prepared calls hold it). */
+	tern_threadpool *team;
 	tern_model *model; /* the scratch graph that holds the cached nodes */
 	int64_t opset;
 	uint64_t rng;
@@ -319,6 +323,7 @@ typedef struct ajob {
 #define AQ_BATCH 8 /* small calls handed over together */
 #define AQ_SMALL_ELEMS 16384 /* elements read and written below which a call is small */
 #define AQ_REAP 64 /* calls run before the caller gives back their references */
+#define AQ_TEAM_ELEMS 8192 /* input elements from which a call runs on the team (tern_ctx.team) */
 #define AQ_INLINE_ELEMS 4096 /* elements read and written up to which a call runs on the caller's thread
                               * when none is in flight */
 
@@ -330,6 +335,7 @@ typedef struct async_q {
 	_Alignas(64) uint64_t reaped;             /* calls whose references the caller gave back */
 	uint64_t issued;                          /* calls in the ring; posted lags behind by a few small ones */
 	atomic_int sleeping, waiting, stop, failed;
+	tern_threadpool *team; /* the context's */
 	pthread_t thread;
 	pthread_mutex_t lock;
 	pthread_cond_t wake, progress;
@@ -371,6 +377,7 @@ static void *aq_main(void *arg)
 {
 	async_q *q = arg;
 	uint64_t d = 0;
+	tern_team_join(q->team, 0);
 	for (;;) {
 		if (atomic_load(&q->posted) == d) {
 			tern_spin_until_moved(&q->posted, d);
@@ -423,7 +430,7 @@ static void aq_wait(async_q *q, uint64_t seq)
 		uint64_t d = atomic_load(&q->done);
 		if (d >= seq)
 			return;
-		if (tern_spin_until_moved(&q->done, d))
+		if (q->team ? tern_team_help_until_moved(q->team, 1, &q->done, d) : tern_spin_until_moved(&q->done, d))
 			continue;
 		pthread_mutex_lock(&q->lock);
 		atomic_fetch_add(&q->waiting, 1);
@@ -669,9 +676,14 @@ int tern_ctx_set_async(tern_ctx *c, int on)
 	}
 	if (was)
 		return was;
+	if (!c->team && tern_team_create(2, &c->team))
+		c->team = NULL; /* the kernels' thread alone */
+	if (c->team) /* it runs calls that would run on the pool of one (prepare) */
+		tern_threadpool_sum_as_one(c->team);
 	async_q *q = tern_aligned_alloc(sizeof *q); /* 64-byte aligned (its counters), zeroed */
 	if (!q)
 		return was;
+	q->team = c->team;
 	pthread_mutex_init(&q->lock, NULL);
 	pthread_cond_init(&q->wake, NULL);
 	pthread_cond_init(&q->progress, NULL);
@@ -723,6 +735,7 @@ static void ctx_release(tern_ctx *c)
 	tern_model_free(c->model);
 	tern_threadpool_free(c->pool);
 	tern_threadpool_free(c->serial_pool);
+	tern_threadpool_free(c->team);
 	free(c);
 }
 
@@ -1345,8 +1358,12 @@ static tern_status prepare(tern_ctx *c, entry *e, tern_tensor **in, tern_tensor 
 	int64_t elems = 0;
 	for (int i = 0; i < e->n_in; i++)
 		elems += in[i] && in[i]->dtype != TERN_SEQUENCE && in[i]->dtype != TERN_NONE ? tern_tensor_numel(in[i]) : 0;
-	e->serial = c->serial_pool && elems < EAGER_PARALLEL_ELEMS;
-	p->pool = e->serial ? c->serial_pool : c->pool;
+	bool one = c->serial_pool ? elems < EAGER_PARALLEL_ELEMS : tern_threadpool_size(c->pool) == 1;
+	if (one && c->aq && c->team && elems >= AQ_TEAM_ELEMS)
+		e->pool = c->team; /* the calls that would run on one thread, on the team that sums as one */
+	else
+		e->pool = one && c->serial_pool ? c->serial_pool : c->pool;
+	p->pool = e->pool;
 	tern_status st = e->op->prepare(p);
 	if (st && p->params && p->free_params) {
 		p->free_params(p->params);
@@ -1405,8 +1422,7 @@ static tern_status launch(tern_ctx *c, entry *e, tern_tensor **in, tern_tensor *
 		tern_tensor *out[64] = {NULL};
 		for (int o = 0; o < e->n_out; o++)
 			out[o] = outs[o].dtype || p->dynamic_output ? &outs[o] : NULL;
-		tern_threadpool *pool = e->serial ? c->serial_pool : c->pool; /* as prepare had it */
-		tern_kernel_args a = {e->node, in, e->n_in, out, e->n_out, p->params, c->scratch, pool, NULL};
+		tern_kernel_args a = {e->node, in, e->n_in, out, e->n_out, p->params, c->scratch, e->pool, NULL};
 		st = p->kernel(&a);
 	}
 	return st;
@@ -1470,7 +1486,7 @@ static tern_status launch_or_defer(tern_ctx *c, entry *e, tern_var *const *in, t
 	job->kernel = p->alias_input0 ? NULL : p->kernel;
 	job->params = p->params;
 	job->node = e->node;
-	job->pool = e->serial ? c->serial_pool : c->pool;
+	job->pool = e->pool;
 	job->scratch_bytes = p->scratch_bytes;
 	for (int i = 0; i < e->n_in; i++)
 		if (inp[i]) {

@@ -2016,7 +2016,8 @@ static tern_status conv_grad_weight_prepare(tern_prepare_args *p)
 		if ((st = depthwise_rows(node, cp)))
 			return st;
 	} else {
-		cp->img_slots = by_images(p->pool, cp);
+		/* a partial dW per slot: only where the pool's threads may round in parts */
+		cp->img_slots = tern_threadpool_sums(p->pool) > 1 ? by_images(p->pool, cp) : 0;
 		cp->img_elems = cp->pointwise ? 0 : (size_t)(cp->cg * cp->kk * cp->out_sp);
 		/* float 1-D and 2-D: the column matrix made from phase planes (after it in the scratch) */
 		cp->gw_phases = !cp->pointwise && x->dtype != TERN_DOUBLE && cp->w.k[0] == 1 && cp->w.in[0] == 1;

@@ -1082,7 +1082,7 @@ static tern_status layer_norm_grad_prepare(tern_prepare_args *p)
 			return tern_node_errorf(node, TERN_EDATA, "output 2 (dB) needs input 3 (B, for its shape)");
 		tern_set_shape(p->out[2], bias->dtype, bias->rank, bias->dims);
 	}
-	gp->slots = slots_for(p->pool);
+	gp->slots = tern_threadpool_sums(p->pool) > 1 ? slots_for(p->pool) : 1; /* partial sums */
 	p->scratch_bytes = (size_t)(gp->slots * 2 * lp->cols) * sizeof(double);
 	p->kernel = layer_norm_grad_kernel;
 	return tern_nn_stage_halves(p);

@@ -303,17 +303,43 @@ static void traced(void)
 	tern_ctx_free(c);
 }
 
+/* A context of `threads` threads, with asynchronous kernels or not. */
+static tern_ctx *async_ctx(int threads, int async)
+{
+	tern_ctx *c = NULL;
+	CHECK_OK(tern_ctx_create(threads, &c));
+	if (c)
+		CHECK(tern_ctx_set_async(c, async) == 0);
+	return c;
+}
+
+/* An optimizer of KIND ("sgd", "adam") with lr 0.01 and the defaults, over w. */
+static tern_optim *optim_of(tern_ctx *c, const char *kind, tern_var *w)
+{
+	tern_optim_options o = {.kind = kind, .lr = 0.01, .momentum = -1, .weight_decay = -1, .beta1 = -1, .beta2 = -1,
+	                        .eps = -1, .lr_decay = -1};
+	tern_optim *opt = NULL;
+	CHECK_OK(tern_optim_create(c, &o, &w, 1, &opt));
+	return opt;
+}
+
+/* The first n floats of w, into out. */
+static void floats_of(tern_var *w, float *out, int64_t n)
+{
+	const tern_tensor *t = tern_var_tensor(w);
+	for (int64_t i = 0; i < n && i < tern_tensor_numel(t); i++)
+		out[i] = ((const float *)t->data)[i];
+}
+
 /* A training loop of MatMul, Add, Relu, Softmax, Dropout, Reshape of a computed shape, backward and
  * Adam, run on a synchronous and on an asynchronous context: every loss, gradient and final weight
  * the same bit for bit. The asynchronous one reads its loss right after the call (the read waits), and
  * a kernel's failure (Gather out of range) comes back from the next call or tern_ctx_sync. */
 static float async_loop(int async, float *w_out, int64_t n_w)
 {
-	tern_ctx *c = NULL;
-	CHECK_OK(tern_ctx_create(2, &c));
+	tern_ctx *c = async_ctx(2, async);
 	if (!c)
 		return 0;
-	CHECK(tern_ctx_set_async(c, async) == 0);
 	tern_ctx_manual_seed(c, 7);
 	double xs[8 * 16], ws[16 * 16];
 	for (int i = 0; i < 8 * 16; i++)
@@ -322,10 +348,7 @@ static float async_loop(int async, float *w_out, int64_t n_w)
 		ws[i] = 0.1 * cos(0.11 * i);
 	tern_var *x = vec(c, TERN_FLOAT, 2, (int64_t[]){8, 16}, xs), *w = vec(c, TERN_FLOAT, 2, (int64_t[]){16, 16}, ws);
 	CHECK_OK(tern_var_set_requires_grad(w, 1));
-	tern_optim_options o = {.kind = "adam", .lr = 0.01, .momentum = -1, .weight_decay = -1, .beta1 = -1, .beta2 = -1,
-	                        .eps = -1, .lr_decay = -1};
-	tern_optim *opt = NULL;
-	CHECK_OK(tern_optim_create(c, &o, &w, 1, &opt));
+	tern_optim *opt = optim_of(c, "adam", w);
 	float sum = 0;
 	for (int step = 0; step < 6 && opt; step++) {
 		tern_var *h = call1(c, "MatMul", x, w, NULL, 0), *r = call1(c, "Relu", h, NULL, NULL, 0);
@@ -350,9 +373,7 @@ static float async_loop(int async, float *w_out, int64_t n_w)
 		for (size_t k = 0; k < sizeof vs / sizeof vs[0]; k++)
 			tern_var_unref(vs[k]);
 	}
-	const tern_tensor *wt = tern_var_tensor(w);
-	for (int64_t i = 0; i < n_w && i < tern_tensor_numel(wt); i++)
-		w_out[i] = ((const float *)wt->data)[i];
+	floats_of(w, w_out, n_w);
 	if (async) {
 		/* a failing kernel: one handed to the thread (a Gather from 16384 floats: more than a call
 		 * run on the caller's thread reads) reported by the next call or by the wait for all; a
@@ -382,6 +403,58 @@ static void asynchronous(void)
 {
 	float w0[256], w1[256];
 	float l0 = async_loop(0, w0, 256), l1 = async_loop(1, w1, 256);
+	CHECK(l0 == l1 && l0 != 0);
+	CHECK(memcmp(w0, w1, sizeof w0) == 0);
+}
+
+/* A convolution trained on a context of one thread, synchronous and asynchronous. With asynchronous
+ * kernels the caller, waiting for each step's loss, runs parts of the kernels in flight (the team of
+ * the kernels' thread and the caller's); a kernel that would keep a partial sum per thread (the
+ * weight gradient, by images) keeps one as on one thread: every loss and weight the same bit for bit. */
+static float team_loop(int async, float *w_out, int64_t n_w)
+{
+	tern_ctx *c = async_ctx(1, async);
+	if (!c)
+		return 0;
+	enum { N = 16, C = 8, S = 8 }; /* 8192 input elements: the team's size of call */
+	double *xs = malloc(N * C * S * S * sizeof *xs), ws[C * C * 9];
+	for (int i = 0; i < N * C * S * S && xs; i++)
+		xs[i] = sin(0.013 * i);
+	for (int i = 0; i < C * C * 9; i++)
+		ws[i] = 0.05 * cos(0.7 * i);
+	tern_var *x = xs ? vec(c, TERN_FLOAT, 4, (int64_t[]){N, C, S, S}, xs) : NULL;
+	tern_var *w = vec(c, TERN_FLOAT, 4, (int64_t[]){C, C, 3, 3}, ws);
+	CHECK_OK(tern_var_set_requires_grad(w, 1));
+	tern_optim *opt = optim_of(c, "sgd", w);
+	float sum = 0;
+	int64_t pads[4] = {1, 1, 1, 1};
+	tern_attr_arg pad = {.name = "pads", .kind = TERN_ATTR_INTS, .ints = pads, .n = 4};
+	for (int step = 0; step < 5 && opt && x; step++) {
+		tern_var *y = call1(c, "Conv", x, w, &pad, 1), *r = call1(c, "Tanh", y, NULL, NULL, 0);
+		tern_var *sq = call1(c, "Mul", r, r, NULL, 0), *loss = call1(c, "ReduceSum", sq, NULL, NULL, 0);
+		float l = loss ? (float)at(loss, 0) : 0;
+		sum += l;
+		if (loss)
+			CHECK_OK(tern_backward(loss, NULL));
+		CHECK_OK(tern_optim_step(opt));
+		tern_optim_zero_grad(opt);
+		tern_var *vs[] = {y, r, sq, loss};
+		for (size_t k = 0; k < sizeof vs / sizeof vs[0]; k++)
+			tern_var_unref(vs[k]);
+	}
+	floats_of(w, w_out, n_w);
+	tern_optim_free(opt);
+	tern_var_unref(x);
+	tern_var_unref(w);
+	free(xs);
+	tern_ctx_free(c);
+	return sum;
+}
+
+static void team(void)
+{
+	float w0[8 * 8 * 9], w1[8 * 8 * 9];
+	float l0 = team_loop(0, w0, 8 * 8 * 9), l1 = team_loop(1, w1, 8 * 8 * 9);
 	CHECK(l0 == l1 && l0 != 0);
 	CHECK(memcmp(w0, w1, sizeof w0) == 0);
 }
@@ -448,6 +521,7 @@ int main(void)
 	freed_context();
 	traced();
 	asynchronous();
+	team();
 	stream_order();
 	return check_report("test_eager");
 }
