@@ -353,10 +353,15 @@ tern_status tern_text_print_model(const Onnx__ModelProto *model, int with_weight
 void tern_parallel_for(tern_threadpool *pool, int64_t n, void (*fn)(void *ctx, int64_t i), void *ctx);
 /* The threads whose work a kernel may sum in parts: a kernel that would keep a partial sum per thread
  * (and so round differently with each count) keeps that many, not tern_threadpool_size's. A pool's
- * size, unless tern_threadpool_sum_as_one made it 1: a pool whose kernels must give the results of
- * the pool of one (eager's asynchronous team) while sharing out work whose parts do not add up. */
+ * size; 1 on a team of guests. */
 int tern_threadpool_sums(const tern_threadpool *pool);
-void tern_threadpool_sum_as_one(tern_threadpool *pool);
+/* A team of guests: member 0 is a thread of its own, the others threads that wait for it and join its
+ * parallel loops meanwhile (tern_team_help_until_moved): eager's asynchronous kernels and the caller.
+ * Its kernels give the results of the pool of one (tern_threadpool_sums is 1) while sharing out work
+ * whose parts do not add up, and may hand out smaller parts, the guests being awake when they help
+ * at all (tern_threadpool_guests: nonzero). */
+tern_status tern_team_create_guests(int n_members, tern_threadpool **out);
+int tern_threadpool_guests(const tern_threadpool *pool);
 
 /* A team: a pool of n_members threads that the caller provides (the stream workers). Each member
  * calls tern_team_join once; its parallel_for jobs are then run by it and by any member calling

@@ -45,6 +45,7 @@ static _Thread_local int my_index = -1;
 struct tern_threadpool {
 	int n_threads; /* workers + the caller */
 	int sums; /* the threads whose work a kernel may sum in parts (tern_threadpool_sums) */
+	int guests; /* a team of guests (tern_team_create_guests) */
 	pthread_t *workers;
 	pthread_mutex_t lock;
 	pthread_cond_t wake, done;
@@ -420,9 +421,19 @@ int tern_threadpool_sums(const tern_threadpool *p)
 	return p ? p->sums : 1;
 }
 
-void tern_threadpool_sum_as_one(tern_threadpool *p)
+int tern_threadpool_guests(const tern_threadpool *p)
 {
-	p->sums = 1;
+	return p ? p->guests : 0;
+}
+
+tern_status tern_team_create_guests(int n_members, tern_threadpool **out)
+{
+	tern_status st = tern_team_create(n_members, out);
+	if (!st) {
+		(*out)->sums = 1;
+		(*out)->guests = 1;
+	}
+	return st;
 }
 
 void tern_parallel_for(tern_threadpool *p, int64_t n, void (*fn)(void *ctx, int64_t i), void *ctx)

@@ -676,10 +676,8 @@ int tern_ctx_set_async(tern_ctx *c, int on)
 	}
 	if (was)
 		return was;
-	if (!c->team && tern_team_create(2, &c->team))
+	if (!c->team && tern_team_create_guests(2, &c->team)) /* it runs calls that would run on one thread */
 		c->team = NULL; /* the kernels' thread alone */
-	if (c->team) /* it runs calls that would run on the pool of one (prepare) */
-		tern_threadpool_sum_as_one(c->team);
 	async_q *q = tern_aligned_alloc(sizeof *q); /* 64-byte aligned (its counters), zeroed */
 	if (!q)
 		return was;

@@ -531,7 +531,10 @@ static tern_status plan_run(const tern_node *node, const copy_plan *c, void *dst
 	plan_outer(c, od, &n_outer);
 	int64_t bytes = tern_numel(c->rank, c->dims) * (int64_t)c->es;
 	int threads = pool ? tern_threadpool_size(pool) : 1;
-	if (c->string || threads <= 1 || n_outer < 2 || bytes < PARALLEL_MIN_BYTES)
+	/* a team of guests (eager's asynchronous kernels and the waiting caller) hands out smaller copies:
+	 * 32 KiB gained gpt_sample's co-executed step 11 % (median of 9 alternating runs) */
+	int64_t least = tern_threadpool_guests(pool) ? PARALLEL_MIN_BYTES / 8 : PARALLEL_MIN_BYTES;
+	if (c->string || threads <= 1 || n_outer < 2 || bytes < least)
 		return copy_range(node, c, dst, src, 0, n_outer);
 	copy_job job = {c, dst, src, n_outer, n_outer < 4 * threads ? n_outer : 4 * threads};
 	tern_parallel_for(pool, job.n_tasks, copy_task, &job);
