@@ -319,7 +319,9 @@ void tern_team_idle(tern_threadpool *p, bool (*has_work)(void *), void *ctx, int
 	*spins = 0;
 }
 
-static int team_help_as(tern_threadpool *p, int me)
+/* Member me runs chunks of the jobs posted; with gen, only while *gen is still seen once it has
+ * joined a job (see tern_team_help_until_moved). */
+static int team_help_as(tern_threadpool *p, int me, const atomic_uint_fast64_t *gen, uint64_t seen)
 {
 	int helped = 0;
 	for (int m = 0; m < p->n_threads; m++) {
@@ -327,7 +329,7 @@ static int team_help_as(tern_threadpool *p, int me)
 		if (m == me || !atomic_load_explicit(&t->active, memory_order_acquire))
 			continue;
 		atomic_fetch_add(&t->refs, 1);
-		if (atomic_load(&t->active) && slot_has_work(p, t)) {
+		if (atomic_load(&t->active) && slot_has_work(p, t) && (!gen || atomic_load(gen) == seen)) {
 			run_slot_chunks(p, t, me);
 			helped = 1;
 		}
@@ -338,25 +340,28 @@ static int team_help_as(tern_threadpool *p, int me)
 
 int tern_team_help(tern_threadpool *p)
 {
-	return team_help_as(p, my_index);
+	return team_help_as(p, my_index, NULL, 0);
 }
 
 typedef struct team_guest {
 	tern_threadpool *team;
 	int me;
+	gen_wait w;
 } team_guest;
 
 static int guest_helps(void *arg)
 {
 	team_guest *g = arg;
-	return team_help_as(g->team, g->me);
+	return team_help_as(g->team, g->me, g->w.gen, g->w.seen);
 }
 
+/* A job a guest sees posted, with *gen still at seen after joining it, was posted before gen moved
+ * past seen + 1: the waiter (gen counting the jobs' owners' work done) helps with the work it waits
+ * for, never with what comes after it while its own has finished. */
 bool tern_team_help_until_moved(tern_threadpool *p, int me, const atomic_uint_fast64_t *gen, uint64_t seen)
 {
-	gen_wait w = {gen, seen};
-	team_guest g = {p, me};
-	return spin_helping(gen_moved, &w, guest_helps, &g);
+	team_guest g = {p, me, {gen, seen}};
+	return spin_helping(gen_moved, &g.w, guest_helps, &g);
 }
 
 static void team_parallel_for(tern_threadpool *p, int64_t n, void (*fn)(void *ctx, int64_t i), void *ctx)
