@@ -3,7 +3,8 @@
 the median step time (as the program measures it) of eager tern, of the program under
 `tern-trace --coexec` (its first K steps traced, every later one checked against the graph) and of
 its PyTorch twin, at each thread count. The three take turns over --rounds rounds, and each figure
-is the median of the rounds' medians (one run of a program moves by a fifth on a noisy machine).
+is the median of the rounds' medians (five by default: one run of a program moves by a fifth on a
+noisy machine, a co-executed one, on two cores, by more where the machine takes time from either).
 
     bench_coexec.py [--build BUILD] [--threads 1,2] [--steps K] [--rounds R] [NAME...]
 
@@ -44,7 +45,7 @@ def main():
     ap.add_argument('--build', default=os.path.join(ROOT, 'build'))
     ap.add_argument('--threads', default='1,2')
     ap.add_argument('--steps', type=int, default=2)
-    ap.add_argument('--rounds', type=int, default=3)
+    ap.add_argument('--rounds', type=int, default=5)
     ap.add_argument('names', nargs='*')
     a = ap.parse_args()
     build = os.path.abspath(a.build)
