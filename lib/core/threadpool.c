@@ -6,7 +6,10 @@
  * members are the stream workers; a kernel's parallel_for posts the job in its worker's slot and runs
  * it, and members with nothing to run (waiting on another stream, or done with their queue) help
  * with the posted jobs. So a kernel gets every core that its phase of the graph leaves idle, and no
- * core is ever asked to do two things at once. */
+ * core is ever asked to do two things at once.
+ *
+ * A team of guests has one thread of its own (eager's asynchronous kernels); the other members are
+ * threads that wait for it (the program's, for a value) and run chunks of its jobs meanwhile. */
 #include "internal.h"
 
 #include <pthread.h>
