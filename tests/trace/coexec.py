@@ -4,7 +4,9 @@ under --coexec (K traced steps, every later step checked against the graph), and
 identical (losses at every step, final parameters, outputs: the same bits); the divergences found and
 the closing summary are printed.
 
-    coexec.py --build BUILD [--steps K] [NAME...]
+    coexec.py --build BUILD [--steps K] [--threads N] [NAME...]
+
+--threads sets TERN_THREADS for both runs (default: the environment's, else tern's one).
 
 Exit 1 when any result differs or a run fails."""
 import argparse
@@ -21,11 +23,12 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument('--build', required=True)
     ap.add_argument('--steps', type=int, default=2)
+    ap.add_argument('--threads', type=int)
     ap.add_argument('names', nargs='*')
     a = ap.parse_args()
     import harness
     build = os.path.abspath(a.build)
-    env = tern_env(build)
+    env = tern_env(build, **({'TERN_THREADS': str(a.threads)} if a.threads else {}))
     runner = RUNNER
     failed = 0
     with tempfile.TemporaryDirectory() as tmp:
