@@ -47,8 +47,7 @@ static _Thread_local int my_index = -1;
 
 struct tern_threadpool {
 	int n_threads; /* workers + the caller */
-	int sums; /* the threads whose work a kernel may sum in parts (tern_threadpool_sums) */
-	int guests; /* a team of guests (tern_team_create_guests) */
+	int guests; /* a team of guests (tern_team_create_guests): it sums as one thread */
 	pthread_t *workers;
 	pthread_mutex_t lock;
 	pthread_cond_t wake, done;
@@ -199,7 +198,7 @@ tern_status tern_threadpool_create(int n_threads, tern_threadpool **out)
 		free(p);
 		return tern_errorf(TERN_EOS, "out of memory");
 	}
-	p->n_threads = p->sums = n_threads;
+	p->n_threads = n_threads;
 	pthread_mutex_init(&p->lock, NULL);
 	pthread_mutex_init(&p->busy, NULL);
 	pthread_cond_init(&p->wake, NULL);
@@ -232,7 +231,7 @@ tern_status tern_team_create(int n_members, tern_threadpool **out)
 		free(parts);
 		return tern_errorf(TERN_EOS, "out of memory");
 	}
-	p->n_threads = p->sums = n_members;
+	p->n_threads = n_members;
 	p->team = slots;
 	pthread_mutex_init(&p->lock, NULL);
 	pthread_cond_init(&p->wake, NULL);
@@ -426,7 +425,7 @@ int tern_threadpool_size(const tern_threadpool *p)
 
 int tern_threadpool_sums(const tern_threadpool *p)
 {
-	return p ? p->sums : 1;
+	return p && !p->guests ? p->n_threads : 1;
 }
 
 int tern_threadpool_guests(const tern_threadpool *p)
@@ -437,10 +436,8 @@ int tern_threadpool_guests(const tern_threadpool *p)
 tern_status tern_team_create_guests(int n_members, tern_threadpool **out)
 {
 	tern_status st = tern_team_create(n_members, out);
-	if (!st) {
-		(*out)->sums = 1;
+	if (!st)
 		(*out)->guests = 1;
-	}
 	return st;
 }
 

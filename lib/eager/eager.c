@@ -676,8 +676,8 @@ int tern_ctx_set_async(tern_ctx *c, int on)
 	}
 	if (was)
 		return was;
-	if (!c->team && tern_team_create_guests(2, &c->team)) /* it runs calls that would run on one thread */
-		c->team = NULL; /* the kernels' thread alone */
+	if (!c->team) /* it runs calls that would run on one thread; NULL if it cannot be made: the kernels' thread alone */
+		tern_team_create_guests(2, &c->team);
 	async_q *q = tern_aligned_alloc(sizeof *q); /* 64-byte aligned (its counters), zeroed */
 	if (!q)
 		return was;
@@ -1356,9 +1356,10 @@ static tern_status prepare(tern_ctx *c, entry *e, tern_tensor **in, tern_tensor 
 	int64_t elems = 0;
 	for (int i = 0; i < e->n_in; i++)
 		elems += in[i] && in[i]->dtype != TERN_SEQUENCE && in[i]->dtype != TERN_NONE ? tern_tensor_numel(in[i]) : 0;
-	bool one = c->serial_pool ? elems < EAGER_PARALLEL_ELEMS : tern_threadpool_size(c->pool) == 1;
+	/* on one thread: a context of one (no serial pool), or a small call */
+	bool one = !c->serial_pool || elems < EAGER_PARALLEL_ELEMS;
 	if (one && c->aq && c->team && elems >= AQ_TEAM_ELEMS)
-		e->pool = c->team; /* the calls that would run on one thread, on the team that sums as one */
+		e->pool = c->team; /* on the team that sums as one */
 	else
 		e->pool = one && c->serial_pool ? c->serial_pool : c->pool;
 	p->pool = e->pool;
