@@ -45,7 +45,7 @@ def main():
     ap.add_argument('--build', default=os.path.join(ROOT, 'build'))
     ap.add_argument('--threads', default='1,2')
     ap.add_argument('--steps', type=int, default=2)
-    ap.add_argument('--rounds', type=int, default=5)
+    ap.add_argument('--rounds', type=int, default=5, help='rounds the three runs take turns over (default 5)')
     ap.add_argument('names', nargs='*')
     a = ap.parse_args()
     build = os.path.abspath(a.build)
