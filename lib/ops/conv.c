@@ -1819,16 +1819,44 @@ TERN_ISA_BODY void col_rows_body(const conv_params *cp, const float *planes, flo
 }
 TERN_ISA_VARIANTS3(void, col_rows, (const conv_params *cp, const float *planes, float *col), (cp, planes, col))
 
-static void col_from_phases(tern_threadpool *pool, const conv_params *cp, const float *x, float *col)
+/* buf: room for the phase planes when cp->split */
+static void col_from_phases(tern_threadpool *pool, const conv_params *cp, const float *x, float *col, float *buf)
 {
 	const float *planes = x;
 	if (cp->split) {
-		float *buf = col + cp->cg * cp->kk * cp->out_sp;
 		phase_ctx pc = {cp, x, buf};
 		parallel_range(pool, cp->cg, grain_for(cp->n_phases * cp->hq * cp->wq), phase_planes, &pc);
 		planes = buf;
 	}
 	col_rows(cp, planes, col);
+}
+
+/* A float weight gradient's batch of images: image i's column matrix, and its dY_g rows put side by
+ * side with the other images' (rows: NULL with one image, which is read in place). */
+typedef struct gw_cols_ctx {
+	const conv_params *cp;
+	tern_threadpool *pool; /* for the one image's own loops; NULL when the images are shared out */
+	const float *x, *dy;
+	float *cols, *planes, *rows;
+	int64_t nb;
+} gw_cols_ctx;
+
+static void gw_cols_image(void *ctx, int64_t i)
+{
+	const gw_cols_ctx *c = ctx;
+	const conv_params *cp = c->cp;
+	int64_t ck = cp->cg * cp->kk, osp = cp->out_sp;
+	if (!cp->pointwise) {
+		const float *xi = c->x + i * cp->cin * cp->in_sp;
+		float *ci = c->cols + i * ck * osp;
+		if (cp->gw_phases)
+			col_from_phases(c->pool, cp, xi, ci, c->planes + i * cp->cg * cp->n_phases * cp->hq * cp->wq);
+		else
+			im2col(c->pool, &cp->w, sizeof(float), cp->cg, xi, ci);
+	}
+	if (c->rows)
+		for (int64_t m = 0; m < cp->mg; m++)
+			memcpy(c->rows + (m * c->nb + i) * osp, c->dy + (i * cp->cout + m) * osp, (size_t)osp * sizeof *c->rows);
 }
 
 /* The weight gradient of images [begin, end) into dw (cout x cg*kk), their sum: per group dY_g
@@ -1859,29 +1887,16 @@ static bool grad_weight_images(tern_threadpool *pool, const conv_params *cp, int
 		for (int64_t n = begin; n < end; n += cp->gw_batch) {
 			int64_t nb = end - n < cp->gw_batch ? end - n : cp->gw_batch;
 			const float *xg = (const float *)x + (n * cp->cin + g * cp->cg) * cp->in_sp;
-			const float *col = xg;
-			float *cols = col_buf;
-			if (!cp->pointwise) {
-				for (int64_t i = 0; i < nb; i++) {
-					const float *xi = xg + i * cp->cin * cp->in_sp;
-					float *ci = cols + i * ck * osp;
-					if (cp->gw_phases)
-						col_from_phases(pool, cp, xi, ci);
-					else
-						im2col(pool, &cp->w, es, cp->cg, xi, ci);
-				}
-				col = cols;
-			}
 			/* A = dY_g of the batch's images side by side: row m is image i's channel g*mg + m at i*osp */
 			const float *a = (const float *)dy + (n * cp->cout + g * cp->mg) * osp;
+			float *cols = col_buf, *planes = cols + (cp->pointwise ? 0 : cp->gw_batch * ck * osp);
+			float *rows = planes + (cp->gw_phases && cp->split ? cp->gw_batch * cp->cg * cp->n_phases * cp->hq * cp->wq : 0);
+			/* the images' columns and rows are copies: any thread may make any of them */
+			gw_cols_ctx cc = {cp, nb > 1 ? NULL : pool, xg, a, cols, planes, nb > 1 ? rows : NULL, nb};
+			tern_parallel_for(nb > 1 ? pool : NULL, nb, gw_cols_image, &cc);
+			const float *col = cp->pointwise ? xg : cols;
 			int64_t lda = osp;
 			if (nb > 1) {
-				float *rows = cols;
-				if (!cp->pointwise)
-					rows += cp->gw_batch * ck * osp + (cp->gw_phases && cp->split ? cp->cg * cp->n_phases * cp->hq * cp->wq : 0);
-				for (int64_t m = 0; m < cp->mg; m++)
-					for (int64_t i = 0; i < nb; i++)
-						memcpy(rows + (m * nb + i) * osp, a + (i * cp->cout + m) * osp, (size_t)osp * sizeof *rows);
 				a = rows;
 				lda = nb * osp;
 			}
@@ -1989,6 +2004,8 @@ static tern_status grad_weight_batch(const tern_node *node, conv_params *cp)
 			cp->gw_rows[i * osp + q] = i * image + q;
 	if (!cp->pointwise)
 		cp->img_elems += (size_t)((nb - 1) * ck * osp);
+	if (cp->gw_phases && cp->split) /* phase planes per image, made at once */
+		cp->img_elems += (size_t)((nb - 1) * cp->cg * cp->n_phases * cp->hq * cp->wq);
 	if (nb > 1)
 		cp->img_elems += (size_t)(nb * cp->mg * osp);
 	return TERN_OK;
