@@ -959,10 +959,13 @@ static tern_status phase_setup(const tern_node *node, conv_params *cp, int64_t c
  * on 8x8 images at batch 64 are some 37,000 per image. */
 #define BY_IMAGES_MAX_WORK ((int64_t)1 << 16)
 
-/* Slots of scratch for sharing out the images (0: not worth it, or one thread). */
+/* Slots of scratch for sharing out the images (0: not worth it, or one thread). On a team of guests
+ * (asynchronous eager) always: its guest comes and goes, and whole images are what it can take
+ * without a wait of the thread that posted them on each product's parts. */
 static int64_t by_images(tern_threadpool *pool, const conv_params *cp)
 {
-	if (!pool || tern_threadpool_size(pool) < 2 || cp->n < 2 || cp->mg * cp->cg * cp->kk * cp->out_sp >= BY_IMAGES_MAX_WORK)
+	if (!pool || tern_threadpool_size(pool) < 2 || cp->n < 2 ||
+	    (!tern_threadpool_guests(pool) && cp->mg * cp->cg * cp->kk * cp->out_sp >= BY_IMAGES_MAX_WORK))
 		return 0;
 	int64_t slots = slots_for(pool);
 	return slots < cp->n ? slots : cp->n;
