@@ -1809,10 +1809,10 @@ static tern_status conv_grad_input_prepare(tern_prepare_args *p)
 /* A float 1-D or 2-D column matrix (cg * kk rows of out_sp) through the phase planes: each row is
  * its plane shifted by row_off, read output row by output row with no bounds to test. The planes
  * lie past the column matrix in col's buffer. */
-TERN_ISA_BODY void col_rows_body(const conv_params *cp, const float *planes, float *col)
+TERN_ISA_BODY void col_rows_body(const conv_params *cp, const float *planes, float *col, int64_t begin, int64_t end)
 {
 	int64_t o1n = cp->w.out[1], o2n = cp->w.out[2], wq = cp->wq;
-	for (int64_t r = 0; r < cp->cg * cp->kk; r++) {
+	for (int64_t r = begin; r < end; r++) {
 		const float *restrict src = planes + cp->row_off[r];
 		float *restrict dst = col + r * cp->out_sp;
 		for (int64_t o1 = 0; o1 < o1n; o1++)
@@ -1820,7 +1820,20 @@ TERN_ISA_BODY void col_rows_body(const conv_params *cp, const float *planes, flo
 				dst[o1 * o2n + o2] = src[o1 * wq + o2];
 	}
 }
-TERN_ISA_VARIANTS3(void, col_rows, (const conv_params *cp, const float *planes, float *col), (cp, planes, col))
+TERN_ISA_VARIANTS3(void, col_rows, (const conv_params *cp, const float *planes, float *col, int64_t begin, int64_t end),
+                   (cp, planes, col, begin, end))
+
+typedef struct col_rows_ctx {
+	const conv_params *cp;
+	const float *planes;
+	float *col;
+} col_rows_ctx;
+
+static void col_rows_range(void *ctx, int64_t begin, int64_t end)
+{
+	const col_rows_ctx *c = ctx;
+	col_rows(c->cp, c->planes, c->col, begin, end);
+}
 
 /* buf: room for the phase planes when cp->split */
 static void col_from_phases(tern_threadpool *pool, const conv_params *cp, const float *x, float *col, float *buf)
@@ -1831,7 +1844,8 @@ static void col_from_phases(tern_threadpool *pool, const conv_params *cp, const 
 		parallel_range(pool, cp->cg, grain_for(cp->n_phases * cp->hq * cp->wq), phase_planes, &pc);
 		planes = buf;
 	}
-	col_rows(cp, planes, col);
+	col_rows_ctx cc = {cp, planes, col};
+	parallel_range(pool, cp->cg * cp->kk, grain_for(cp->out_sp), col_rows_range, &cc);
 }
 
 /* A float weight gradient's batch of images: image i's column matrix, and its dY_g rows put side by
