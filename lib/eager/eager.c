@@ -334,7 +334,8 @@ typedef struct async_q {
 	_Alignas(64) atomic_uint_fast64_t done;   /* calls run */
 	_Alignas(64) uint64_t reaped;             /* calls whose references the caller gave back */
 	uint64_t issued;                          /* calls in the ring; posted lags behind by a few small ones */
-	atomic_int sleeping, waiting, stop, failed;
+	/* read by the thread at every call: not on the caller's line above */
+	_Alignas(64) atomic_int sleeping, waiting, stop, failed;
 	tern_threadpool *team; /* the context's */
 	pthread_t thread;
 	pthread_mutex_t lock;
