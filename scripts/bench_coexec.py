@@ -2,9 +2,11 @@
 """Co-execution against eager tern and PyTorch, in one run: for each of tests/programs' programs,
 the median step time (as the program measures it) of eager tern, of the program under
 `tern-trace --coexec` (its first K steps traced, every later one checked against the graph) and of
-its PyTorch twin, at each thread count. The three take turns over --rounds rounds, and each figure
-is the median of the rounds' medians (five by default: one run of a program moves by a fifth on a
-noisy machine, a co-executed one, on two cores, by more where the machine takes time from either).
+its PyTorch twin, at each thread count. The three take turns over --rounds rounds (five by default:
+one run of a program moves by a fifth on a noisy machine, a co-executed one, on two cores, by more
+where the machine takes time from either), in the reverse order every other round. Each time is the
+median of the rounds' medians; each ratio is the median of the rounds' ratios, the three runs of a
+round being close in time.
 
     bench_coexec.py [--build BUILD] [--threads 1,2] [--steps K] [--rounds R] [NAME...]
 
@@ -59,16 +61,27 @@ def main():
             print('|---|---:|---:|---:|---:|---:|')
             r_eager, r_torch = [], []
             for name in names:
-                runs = [(tern_ms(build, name, threads, False, a.steps, tmp),
-                         tern_ms(build, name, threads, True, a.steps, tmp),
-                         importlib.import_module(name).run('torch', 0)['step_ms']) for _ in range(max(1, a.rounds))]
+                runs = []
+                for i in range(max(1, a.rounds)):
+                    # the order turns round every other round: what runs first or after which does not
+                    # always fall on the same one
+                    order = (0, 1, 2) if i % 2 == 0 else (2, 1, 0)
+                    ms = {}
+                    for k in order:
+                        ms[k] = (tern_ms(build, name, threads, k == 1, a.steps, tmp) if k < 2
+                                 else importlib.import_module(name).run('torch', 0)['step_ms'])
+                    runs.append((ms[0], ms[1], ms[2]))
                 e, c, t = (statistics.median(r[k] for r in runs) for k in range(3))
                 # every round's figures on stderr: a median hides one slow round, not two
                 print('%s, %d thread(s), rounds (eager, coexec, PyTorch ms): %s' % (
                     name, threads, '; '.join('%.3f %.3f %.3f' % r for r in runs)), file=sys.stderr)
-                r_eager.append(c / e)
-                r_torch.append(c / t)
-                print('| %s | %.3f | %.3f | %.3f | %.2f | %.2f |' % (name, e, c, t, c / e, c / t))
+                # a ratio is the median of the rounds' ratios: the runs of one round are close in time,
+                # and what slows the machine for a while slows all three
+                ce = statistics.median(r[1] / r[0] for r in runs)
+                ct = statistics.median(r[1] / r[2] for r in runs)
+                r_eager.append(ce)
+                r_torch.append(ct)
+                print('| %s | %.3f | %.3f | %.3f | %.2f | %.2f |' % (name, e, c, t, ce, ct))
             gm = lambda v: math.exp(sum(map(math.log, v)) / len(v))  # noqa: E731
             print('| **geometric mean** | | | | **%.2f** | **%.2f** |' % (gm(r_eager), gm(r_torch)))
 
