@@ -347,6 +347,16 @@ typedef struct async_q {
 	ajob ring[AQ_CAP];
 } async_q;
 
+/* Asks for the cache lines of [p, p + n): to write them (write = 1) or to read them. */
+static inline void prefetch_lines(const void *p, size_t n, int write)
+{
+	for (size_t off = 0; off < n; off += 64)
+		if (write)
+			__builtin_prefetch((const char *)p + off, 1, 3);
+		else
+			__builtin_prefetch((const char *)p + off, 0, 3);
+}
+
 static void aq_run(async_q *q, ajob *j)
 {
 	if (atomic_load_explicit(&q->failed, memory_order_relaxed))
@@ -391,6 +401,9 @@ static void *aq_main(void *arg)
 			if (atomic_load(&q->posted) == d)
 				break; /* stopped, nothing left */
 		}
+		/* the next job, when posted, on its way from the caller's core while this one runs */
+		if (atomic_load_explicit(&q->posted, memory_order_relaxed) > d + 1)
+			prefetch_lines(&q->ring[(d + 1) % AQ_CAP], sizeof(ajob), 0);
 		aq_run(q, &q->ring[d % AQ_CAP]);
 		atomic_store(&q->done, ++d);
 		if (atomic_load(&q->waiting)) {
@@ -593,6 +606,9 @@ static void aq_post(tern_ctx *c, ajob *j, tern_var *const *in, int n_in, tern_va
 	}
 	ajob_place(&q->ring[seq % AQ_CAP], j);
 	q->issued = no;
+	/* The next job's slot was last read by the thread, on its core: taken back for writing now, while
+	 * the program goes on, rather than line by line when the next call fills it. */
+	prefetch_lines(&q->ring[no % AQ_CAP], sizeof(ajob), 1);
 	/* Each hand-over moves cache lines between the cores (the counter, the job): small calls go over
 	 * a few at a time, a larger one (or a wait) at once. */
 	if (elems > AQ_SMALL_ELEMS || no - atomic_load_explicit(&q->posted, memory_order_relaxed) >= AQ_BATCH)
