@@ -1806,9 +1806,9 @@ static tern_status conv_grad_input_prepare(tern_prepare_args *p)
 	return tern_nn_stage_halves(p);
 }
 
-/* A float 1-D or 2-D column matrix (cg * kk rows of out_sp) through the phase planes: each row is
- * its plane shifted by row_off, read output row by output row with no bounds to test. The planes
- * lie past the column matrix in col's buffer. */
+/* Rows [begin, end) of a float 1-D or 2-D column matrix (cg * kk rows of out_sp) through the phase
+ * planes: each row is its plane shifted by row_off, read output row by output row with no bounds to
+ * test. */
 TERN_ISA_BODY void col_rows_body(const conv_params *cp, const float *planes, float *col, int64_t begin, int64_t end)
 {
 	int64_t o1n = cp->w.out[1], o2n = cp->w.out[2], wq = cp->wq;
@@ -1878,8 +1878,8 @@ static void gw_cols_image(void *ctx, int64_t i)
 
 /* The weight gradient of images [begin, end) into dw (cout x cg*kk), their sum: per group dY_g
  * times the transpose of X_g's column matrix. Double image by image; float gw_batch images per
- * product, their column matrices side by side (in col_buf, then their dY_g rows copied after them)
- * and read through gw_rows. False when out of memory. */
+ * product, their column matrices side by side (in col_buf, then each image's phase planes, then their
+ * dY_g rows copied side by side) and read through gw_rows. False when out of memory. */
 static bool grad_weight_images(tern_threadpool *pool, const conv_params *cp, int dtype, const char *dy,
                                const char *x, char *dw, void *col_buf, int64_t begin, int64_t end)
 {
