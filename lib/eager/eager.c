@@ -334,6 +334,7 @@ typedef struct async_q {
 	_Alignas(64) atomic_uint_fast64_t done;   /* calls run */
 	_Alignas(64) uint64_t reaped;             /* calls whose references the caller gave back */
 	uint64_t issued;                          /* calls in the ring; posted lags behind by a few small ones */
+	uint64_t seen;                            /* done, as the caller last read it (aq_done) */
 	/* read by the thread at every call: not on the caller's line above */
 	_Alignas(64) atomic_int sleeping, waiting, stop, failed;
 	tern_threadpool *team; /* the context's */
@@ -440,17 +441,17 @@ static void aq_publish(async_q *q)
 /* The calls that have run. */
 static uint64_t aq_done(async_q *q)
 {
-	return atomic_load_explicit(&q->done, memory_order_acquire);
+	return q->seen = atomic_load_explicit(&q->done, memory_order_acquire);
 }
 
 /* Until call number seq (1-based) has run. */
 static void aq_wait(async_q *q, uint64_t seq)
 {
-	if (atomic_load(&q->done) >= seq)
+	if (aq_done(q) >= seq)
 		return;
 	aq_publish(q);
 	for (;;) {
-		uint64_t d = atomic_load(&q->done);
+		uint64_t d = aq_done(q);
 		if (d >= seq)
 			return;
 		if (q->team ? tern_team_help_until_moved(q->team, 1, &q->done, d) : tern_spin_until_moved(&q->done, d))
@@ -1474,8 +1475,13 @@ static tern_status launch_or_defer(tern_ctx *c, entry *e, tern_var *const *in, t
 	const char *op = e->node->op_type; /* at every call: a letter first, two strcmp were 2 % of it */
 	bool meta = op[0] == 'S' && (!strcmp(op, "Shape") || !strcmp(op, "Size"));
 	/* nothing in flight and little to do: run it here (handing a small call to the thread and back
-	 * moves cache lines between the cores, more than the call's own work costs) */
-	if (can && atomic_load(&c->aq->done) == c->aq->issued) {
+	 * moves cache lines between the cores, more than the call's own work costs). Known from the
+	 * count of calls run as last read (after a wait, at a reap), not read again here: the thread
+	 * writes it after every call, and reading it at every call took its line from the thread's core
+	 * each time: 120 to 550 ns a round trip between the two cores of a virtual machine, as its host
+	 * moves them. In paired blocks of one process, co-executed steps within 2 % of reading it, either
+	 * way (memory_bank, seq2seq_sample, rcnn, yolo, gpt_sample) */
+	if (can && c->aq->seen == c->aq->issued) {
 		int64_t work = 0;
 		for (int i = 0; i < e->n_in; i++)
 			work += in[i] ? tern_tensor_numel(&in[i]->t) : 0;
@@ -1491,7 +1497,7 @@ static tern_status launch_or_defer(tern_ctx *c, entry *e, tern_var *const *in, t
 			small &= outs[o].dtype == TERN_INT64 || outs[o].dtype == TERN_INT32 || outs[o].dtype == TERN_BOOL;
 			elems += tern_tensor_numel(&outs[o]);
 		}
-	uint64_t done = small && !meta ? atomic_load(&c->aq->done) : 0;
+	uint64_t done = small && !meta ? c->aq->seen : 0;
 	for (int i = 0; i < e->n_in && small && !meta; i++)
 		small &= !in[i] || !in[i]->st || in[i]->st->write_seq <= done;
 	if (!can || (small && elems <= 64)) {
