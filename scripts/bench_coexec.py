@@ -68,7 +68,8 @@ def main():
             r_eager, r_torch = [], []
             for name in names:
                 runs = []
-                n_rounds = max(1, a.rounds)
+                least = max(1, a.rounds)
+                n_rounds = least
                 i = 0
                 while i < n_rounds:
                     # the order turns round every other round: what runs first or after which does not
@@ -82,7 +83,7 @@ def main():
                     runs.append((ms[0], ms[1], ms[2]))
                     if i == 0:  # the count is set by the first round's length only, not by its figures
                         wall = time.monotonic() - t0
-                        n_rounds = max(n_rounds, min(4 * n_rounds, math.ceil(a.min_seconds / max(wall, 1e-3))))
+                        n_rounds = max(least, min(4 * least, math.ceil(a.min_seconds / max(wall, 1e-3))))
                     i += 1
                 e, c, t = (statistics.median(r[k] for r in runs) for k in range(3))
                 # every round's figures on stderr: a median hides one slow round, not two

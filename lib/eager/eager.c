@@ -1478,9 +1478,8 @@ static tern_status launch_or_defer(tern_ctx *c, entry *e, tern_var *const *in, t
 	 * moves cache lines between the cores, more than the call's own work costs). Known from the
 	 * count of calls run as last read (after a wait, at a reap), not read again here: the thread
 	 * writes it after every call, and reading it at every call took its line from the thread's core
-	 * each time: 120 to 550 ns a round trip between the two cores of a virtual machine, as its host
-	 * moves them. In paired blocks of one process, co-executed steps within 2 % of reading it, either
-	 * way (memory_bank, seq2seq_sample, rcnn, yolo, gpt_sample) */
+	 * each time (50 to 1080 ns a round trip between the two cores of a virtual machine, as its host
+	 * moves them) */
 	if (can && c->aq->seen == c->aq->issued) {
 		int64_t work = 0;
 		for (int i = 0; i < e->n_in; i++)
